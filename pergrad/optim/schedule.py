@@ -1,0 +1,95 @@
+"""Learning-rate schedules and batch-size scaling of the hyper-parameters.
+
+Batch-size scaling: with κ_B = B / B_ref and κ = 0, 1/2, 1 for lr_scaling
+none / sqrt / linear, the peak learning rate is
+
+    lr = base_lr · κ_B^κ,
+
+and the whole schedule (warmup and decay) is multiplied by this factor.
+
+With `sde_scaling` (only with sqrt, the SDE rule of Malladi et al. 2022, "On the SDEs
+and scaling rules for adaptive gradient algorithms"), the EMA constants and ε follow:
+
+    1 - β  ->  min(κ_B (1 - β), 1)      (so β stays in [0, 1); β = 0 stays 0)
+    ε      ->  ε / sqrt(κ_B),   eps_root -> eps_root / κ_B   (eps_root sits inside the sqrt)
+
+Schedule shape (step k = 0 is the first update, W warmup steps, N total steps):
+
+    warmup  lr_k = peak · (k + 1) / W                        for k < W
+    cosine  lr_k = peak · (f + (1 - f) · (1 + cos(π t)) / 2), t = (k - W) / (N - W) in [0, 1]
+    constant lr_k = peak                                     for k >= W
+
+with f = final_lr_frac. The warmup starts at peak/W, not 0, so no step is wasted.
+A run shorter than its warmup (a smoke test) simply ends during the warmup.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax.numpy as jnp
+import optax
+
+LR_SCALINGS = {"none": 0.0, "sqrt": 0.5, "linear": 1.0}
+SCHEDULES = ("cosine", "constant")
+
+
+@dataclasses.dataclass(frozen=True)
+class ScaledHparams:
+  """Hyper-parameters after batch-size scaling (log these with the run)."""
+
+  peak_lr: float
+  b1: float
+  b2: float
+  eps: float
+  eps_root: float
+  batch_ratio: float  # κ_B = B / B_ref
+
+
+def scale_hparams(*, lr: float, b1: float, b2: float, eps: float, eps_root: float,
+                  lr_scaling: str, sde_scaling: bool, batch_size: int,
+                  ref_batch_size: int) -> ScaledHparams:
+  """Applies the batch-size rules of the module docstring."""
+  if lr_scaling not in LR_SCALINGS:
+    raise ValueError(f"unknown lr_scaling {lr_scaling!r}; choose one of {tuple(LR_SCALINGS)}")
+  if batch_size < 1 or ref_batch_size < 1:
+    raise ValueError(
+        f"batch_size={batch_size} and ref_batch_size={ref_batch_size} must be positive")
+  if sde_scaling and lr_scaling != "sqrt":
+    raise ValueError(
+        f"sde_scaling=true goes with lr_scaling=sqrt (Malladi et al.), got lr_scaling="
+        f"{lr_scaling}; set optimizer.lr_scaling=sqrt or optimizer.sde_scaling=false")
+  kappa_b = batch_size / ref_batch_size
+  peak = lr * kappa_b ** LR_SCALINGS[lr_scaling]
+  if sde_scaling:
+    b1, b2 = (1.0 - min(kappa_b * (1.0 - b), 1.0) for b in (b1, b2))
+    eps, eps_root = eps / math.sqrt(kappa_b), eps_root / kappa_b
+  return ScaledHparams(peak_lr=peak, b1=b1, b2=b2, eps=eps, eps_root=eps_root,
+                       batch_ratio=kappa_b)
+
+
+def make_schedule(name: str, peak_lr: float, *, total_steps: int, warmup_steps: int,
+                  final_lr_frac: float) -> optax.Schedule:
+  """Linear warmup then cosine decay (or constant); see the module docstring."""
+  if name not in SCHEDULES:
+    raise ValueError(f"unknown schedule {name!r}; choose one of {SCHEDULES}")
+  if total_steps < 1:
+    raise ValueError(f"total_steps={total_steps} must be >= 1")
+  if warmup_steps < 0:
+    raise ValueError(f"schedule.warmup_steps={warmup_steps} must be >= 0")
+  if not 0.0 <= final_lr_frac <= 1.0:
+    raise ValueError(f"schedule.final_lr_frac={final_lr_frac} must be in [0, 1]")
+  decay_steps = max(total_steps - warmup_steps, 1)
+
+  def schedule(step):
+    k = jnp.asarray(step, jnp.float32)
+    warm = jnp.minimum((k + 1.0) / warmup_steps, 1.0) if warmup_steps else 1.0
+    if name == "constant":
+      shape = 1.0
+    else:
+      t = jnp.clip((k - warmup_steps) / decay_steps, 0.0, 1.0)
+      shape = final_lr_frac + (1.0 - final_lr_frac) * 0.5 * (1.0 + jnp.cos(jnp.pi * t))
+    return jnp.asarray(peak_lr * warm * shape, jnp.float32)
+
+  return schedule
