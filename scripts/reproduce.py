@@ -1,0 +1,81 @@
+#!/usr/bin/env python
+"""Reproduces one experiment of the paper (or all): sweep -> table -> results/EXPERIMENT/.
+
+    python scripts/reproduce.py sign_placement --preset cpu
+    python scripts/reproduce.py all --preset ci --dry-run
+    python scripts/reproduce.py preconditioner --preset cpu --launcher joblib --n-jobs 2
+
+Launches a Hydra multirun of scripts/train.py per grid block (deterministic run dirs
+under runs/sweeps/EXPERIMENT/PRESET/), skipping runs that already finished, so an
+interrupted sweep resumes where it stopped. Then aggregates every metrics.jsonl into
+table.csv (one row per run and step) and writes CSVs, PNGs and a README.md under
+results/EXPERIMENT/ (under the sweep dir's report/ for --preset ci).
+
+Launchers: basic (sequential, in-process), joblib (parallel local jobs), submitit (SLURM;
+needs `pip install -e '.[slurm]'`; pass partition/time with
+`--hydra-arg hydra.launcher.partition=... --hydra-arg hydra.launcher.timeout_min=...`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from experiments import common, runner  # noqa: E402
+
+
+def main(argv=None) -> int:
+  argv = list(sys.argv[1:] if argv is None else argv)
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("experiment", help=f"one of {runner.EXPERIMENTS} or 'all'")
+  p.add_argument("--preset", default="cpu", choices=common.PRESETS)
+  p.add_argument("--launcher", default="basic", choices=common.LAUNCHERS)
+  p.add_argument("--n-jobs", type=int, default=2, help="parallel jobs (joblib launcher)")
+  p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+  p.add_argument("--analyze-only", action="store_true",
+                 help="launch nothing; rebuild the table and results from existing runs")
+  p.add_argument("--sweeps-root", type=Path, default=None,
+                 help="where sweeps go (default runs/sweeps)")
+  p.add_argument("--results-dir", type=Path, default=None,
+                 help="where results go (default results/EXPERIMENT; ci: <sweep>/report)")
+  p.add_argument("--train-script", type=Path, default=None, help=argparse.SUPPRESS)
+  p.add_argument("--hydra-arg", action="append", default=[],
+                 help="extra override passed to every run (e.g. logging.wandb.mode=offline)")
+  a = p.parse_args(argv)
+  names = runner.EXPERIMENTS if a.experiment == "all" else (a.experiment,)
+  for n in names:
+    if n not in runner.EXPERIMENTS:
+      p.error(f"unknown experiment {n!r}; choose one of {runner.EXPERIMENTS} or 'all'")
+  if a.results_dir and len(names) > 1:
+    p.error("--results-dir needs a single experiment")
+  failed, errors = [], []
+  for n in names:
+    try:
+      out = runner.run_experiment(
+        n, a.preset, launcher=a.launcher, n_jobs=a.n_jobs, dry_run=a.dry_run,
+          sweeps_root=a.sweeps_root, results_dir=a.results_dir, train_script=a.train_script,
+          extra=tuple(a.hydra_arg), analyze_only=a.analyze_only,
+          command=f"python scripts/reproduce.py {n} --preset {a.preset}"
+          + (f" --launcher {a.launcher}" if a.launcher != "basic" else ""))
+    except (FileNotFoundError, RuntimeError, ValueError) as e:
+      if len(names) == 1:
+        raise
+      print(f"[error] {n}: {e}")
+      errors.append(n)
+      continue
+    if out.report:
+      print(f"[{n}] verdict: {out.report['verdict']}. {out.report['finding']}")
+      print(f"[{n}] results in {out.results_dir}")
+    failed += out.log.failed
+  if failed:
+    print(f"[warn] {len(failed)} run(s) did not complete: {failed}")
+  if errors:
+    print(f"[error] experiments that could not run: {errors}")
+  return 1 if errors else 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
