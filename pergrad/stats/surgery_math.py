@@ -1,0 +1,204 @@
+"""Statistics of per-example / per-token gradients from layer inputs and cotangents.
+
+Pure functions used by the backward pass of `pergrad.stats.surgery`. Every input is
+already laid out with the example axis first and the token ("row") axes flattened,
+cast to float32 and scaled so that each sample is a gradient sample (the surgery
+module multiplies the cotangents by B for per-example samples and by B*T for
+per-token samples). Each function returns a dict with the requested entries of
+{"sq": Σ_n g_n², "sign": Σ_n sign(g_n), "norms": ‖g_b‖² (float32[B])}, where n runs
+over the samples: examples b, or tokens (b, t).
+
+Notation: an outer-product layer (Dense, DenseGeneral, Embed.attend) contributes
+g = Σ_r l_r r_rᵀ over its rows r, with l = layer input and r = output cotangent (or
+the reverse for `attend`). For φ = square or sign, φ(l rᵀ) = φ(l) φ(r)ᵀ, hence the
+per-token sums Σ_n φ(l_n r_nᵀ) = φ(L)ᵀ φ(R): one extra matmul per statistic.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+_PHI = {"sq": jnp.square, "sign": jnp.sign}
+
+
+def _phis(want):
+  return [k for k in ("sq", "sign") if k in want]
+
+
+# --- outer-product layers (kernels) -------------------------------------------
+def _row_chunks(B: int, R: int, width: int, max_elems: int) -> int:
+  """Smallest number of chunks C | R with B·(R/C)·width ≤ max_elems (1 if it fits)."""
+  for c in range(1, R + 1):
+    if R % c == 0 and B * (R // c) * width <= max_elems:
+      return c
+  return R
+
+
+def outer_token_stats(left_BxRxP, right_BxRxQ, want, scale: float = 1.0,
+                      max_elems: int = 1 << 20):
+  """Σ_{b,r} φ(s·l_br r_brᵀ) = φ(s)·φ(L)ᵀ φ(R)  (P×Q), one matmul per φ.
+
+  φ(L), φ(R) are formed over chunks of the token axis (lax.scan) so that at most
+  ~max_elems of them live at once: no per-token tensor beyond an activation slice.
+  """
+  phis = _phis(want)
+  if not phis:
+    return {}
+  B, R, P = left_BxRxP.shape
+  Q = right_BxRxQ.shape[-1]
+  C = _row_chunks(B, R, len(phis) * (P + Q), max_elems)
+
+  def chunk_stats(l_BxRcxP, r_BxRcxQ):
+    return {k: jnp.einsum("brp,brq->pq", _PHI[k](l_BxRcxP), _PHI[k](r_BxRcxQ)) for k in phis}
+
+  if C == 1:
+    out = chunk_stats(left_BxRxP, right_BxRxQ)
+  else:
+    rc = R // C
+
+    def step(acc, i):
+      sl = lambda a: jax.lax.dynamic_slice_in_dim(a, i * rc, rc, axis=1)
+      st = chunk_stats(sl(left_BxRxP), sl(right_BxRxQ))
+      return {k: acc[k] + st[k] for k in phis}, None
+
+    acc0 = {k: jnp.zeros((P, Q), jnp.float32) for k in phis}
+    out, _ = jax.lax.scan(step, acc0, jnp.arange(C))
+  if "sq" in out:
+    out["sq"] = out["sq"] * (scale * scale)
+  return out
+
+
+def ghost_norm_is_cheaper(R: int, P: int, Q: int) -> bool:
+  """FLOPs of ⟨L Lᵀ, R Rᵀ⟩ (2R²(P+Q) + R²) vs materialising Lᵀ R (2RPQ + PQ)."""
+  return 2 * R * R * (P + Q) + R * R < 2 * R * P * Q + P * Q
+
+
+def outer_example_stats(left_BxRxP, right_BxRxQ, want, scale: float = 1.0):
+  """Per-example G_b = s·L_bᵀ R_b (P×Q): Σ_b φ(G_b) and ‖G_b‖².
+
+  Materialises G (B×P×Q, transient) when sq/sign are asked or when it is cheaper;
+  otherwise ‖G_b‖² = s²⟨L_b L_bᵀ, R_b R_bᵀ⟩ (the "ghost norm", Goodfellow 2015).
+  """
+  out = {}
+  _, R, P = left_BxRxP.shape
+  Q = right_BxRxQ.shape[-1]
+  phis = _phis(want)
+  if phis or ("norms" in want and not ghost_norm_is_cheaper(R, P, Q)):
+    g_BxPxQ = jnp.einsum("brp,brq->bpq", left_BxRxP, right_BxRxQ) * scale
+    for k in phis:
+      out[k] = _PHI[k](g_BxPxQ).sum(axis=0)
+    if "norms" in want:
+      out["norms"] = jnp.square(g_BxPxQ).sum(axis=(1, 2))
+  elif "norms" in want:
+    gram_l_BxRxR = jnp.einsum("brp,bsp->brs", left_BxRxP, left_BxRxP)
+    gram_r_BxRxR = jnp.einsum("brq,bsq->brs", right_BxRxQ, right_BxRxQ)
+    out["norms"] = (gram_l_BxRxR * gram_r_BxRxR).sum(axis=(1, 2)) * (scale * scale)
+  return out
+
+
+# --- row-sum layers (biases, norm scales) --------------------------------------
+def rowsum_token_stats(v_NxP, want):
+  """Samples are the rows themselves: Σ_n φ(v_n)."""
+  return {k: _PHI[k](v_NxP).sum(axis=0) for k in _phis(want)}
+
+
+def rowsum_example_stats(v_BxRxP, want):
+  """g_b = Σ_r v_br: Σ_b φ(g_b) and ‖g_b‖²."""
+  g_BxP = v_BxRxP.sum(axis=1)
+  out = {k: _PHI[k](g_BxP).sum(axis=0) for k in _phis(want)}
+  if "norms" in want:
+    out["norms"] = jnp.square(g_BxP).sum(axis=-1)
+  return out
+
+
+# --- embedding lookups -----------------------------------------------------------
+def lookup_token_stats(ids_N, rows_NxD, num_rows: int, want):
+  """Token n adds rows_n to table row ids_n: Σ_n φ(·) = scatter-add of φ(rows_n)."""
+  D = rows_NxD.shape[-1]
+  return {k: jnp.zeros((num_rows, D), jnp.float32).at[ids_N].add(_PHI[k](rows_NxD))
+          for k in _phis(want)}
+
+
+def combine_repeated_ids(ids_BxR, rows_BxRxD):
+  """Per-example segment-sum of rows over equal ids (sort-based, no B×V×D tensor).
+
+  Returns (slot_ids (B*R), slots (B*R)×D): example b owns slots b*R..b*R+R-1; each
+  distinct id of example b gets one slot holding the sum of its rows; unused slots
+  hold zero vectors (and id 0), which add nothing since φ(0) = 0 for sq and sign.
+  """
+  B, R = ids_BxR.shape
+  order_BxR = jnp.argsort(ids_BxR, axis=1)
+  sids_BxR = jnp.take_along_axis(ids_BxR, order_BxR, axis=1)
+  srows_BxRxD = jnp.take_along_axis(rows_BxRxD, order_BxR[..., None], axis=1)
+  new_BxR = jnp.concatenate(
+      [jnp.ones((B, 1), bool), sids_BxR[:, 1:] != sids_BxR[:, :-1]], axis=1)
+  seg_N = (jnp.cumsum(new_BxR, axis=1) - 1 + R * jnp.arange(B)[:, None]).reshape(-1)
+  slots_NxD = jax.ops.segment_sum(
+      srows_BxRxD.reshape(B * R, -1), seg_N, num_segments=B * R, indices_are_sorted=True)
+  slot_ids_N = jnp.zeros((B * R,), ids_BxR.dtype).at[seg_N].set(sids_BxR.reshape(-1))
+  return slot_ids_N, slots_NxD
+
+
+def lookup_example_stats(ids_BxR, rows_BxRxD, num_rows: int, want):
+  """Per-example gradient of a lookup table: G_b[v] = Σ_{r: ids_br = v} rows_br.
+
+  Sparse: repeated ids in one example are combined before φ (sign(0) = 0 for rows
+  the example does not touch).
+  """
+  B, R, D = rows_BxRxD.shape
+  slot_ids_N, slots_NxD = combine_repeated_ids(ids_BxR, rows_BxRxD)
+  out = lookup_token_stats(slot_ids_N, slots_NxD, num_rows, want)
+  if "norms" in want:
+    out["norms"] = jnp.square(slots_NxD).reshape(B, R * D).sum(axis=-1)
+  return out
+
+
+# --- tied input/output embedding ------------------------------------------------------
+def tied_token_own_row(ids_N, dout_NxV, x_NxD):
+  """u_n = dout_n[ids_n] x_n: row ids_n of token n's output-projection sample."""
+  return jnp.take_along_axis(dout_NxV, ids_N[:, None], axis=1) * x_NxD
+
+
+def tied_token_lookup_stats(ids_N, din_NxD, u_NxD, num_rows: int, want):
+  """Correction at row ids_n for a tied table.
+
+  Token n's sample is e_{id_n} din_nᵀ + dout_n x_nᵀ (both uses summed within the
+  token). Its φ differs from the output part's φ(dout_n) φ(x_n)ᵀ (accounted for by
+  `outer_token_stats`) only on row id_n, by φ(din_n + u_n) - φ(u_n).
+  """
+  D = din_NxD.shape[-1]
+  return {k: jnp.zeros((num_rows, D), jnp.float32).at[ids_N].add(
+      _PHI[k](din_NxD + u_NxD) - _PHI[k](u_NxD)) for k in _phis(want)}
+
+
+def tied_example_stats(ids_BxR, din_BxRxD, dout_BxSxV, x_BxSxD, want):
+  """Per-example G_b = dout_bᵀ x_b + scatter(ids_b, din_b) (V×D), summed before φ.
+
+  sq/sign: G_b is materialised one example at a time (lax.scan, V×D live).
+  norms only: ‖G_b‖² = ‖dout_bᵀx_b‖² + 2 Σ_{s,t} dout_b[s, id_bt] ⟨x_bs, din_bt⟩
+  + ‖scatter(ids_b, din_b)‖², the first term by the ghost norm when cheaper.
+  """
+  V, D = dout_BxSxV.shape[-1], x_BxSxD.shape[-1]
+  phis = _phis(want)
+  if phis:
+    def step(acc, ex):
+      ids_R, din_RxD, dout_SxV, x_SxD = ex
+      g_VxD = (dout_SxV.T @ x_SxD).at[ids_R].add(din_RxD)
+      acc = {k: acc[k] + _PHI[k](g_VxD) for k in phis}
+      return acc, jnp.square(g_VxD).sum()
+    acc0 = {k: jnp.zeros((V, D), jnp.float32) for k in phis}
+    out, norms_B = jax.lax.scan(step, acc0, (ids_BxR, din_BxRxD, dout_BxSxV, x_BxSxD))
+    if "norms" in want:
+      out["norms"] = norms_B
+    return out
+  if "norms" not in want:
+    return {}
+  dense_B = outer_example_stats(dout_BxSxV, x_BxSxD, ("norms",))["norms"]  # pre-scaled
+  dout_at_ids_BxSxR = jnp.take_along_axis(
+      dout_BxSxV, jnp.broadcast_to(ids_BxR[:, None, :], dout_BxSxV.shape[:2] + ids_BxR.shape[1:]),
+      axis=2)
+  x_din_BxSxR = jnp.einsum("bsd,brd->bsr", x_BxSxD, din_BxRxD)
+  cross_B = (dout_at_ids_BxSxR * x_din_BxSxR).sum(axis=(1, 2))
+  sparse_B = lookup_example_stats(ids_BxR, din_BxRxD, V, ("norms",))["norms"]
+  return {"norms": dense_B + 2.0 * cross_B + sparse_B}

@@ -1,0 +1,271 @@
+"""Parity of the surgery backend with independent references on every parameter leaf.
+
+- per-example: a Python loop of jax.grad over single examples;
+- per-token: each intercepted layer's input x and output cotangent δ are captured by
+  a different mechanism (a zero added to the layer output), and every token's
+  contribution is formed explicitly as the VJP of the layer's own Flax apply with δ
+  masked to that token (tied embedding: the lookup and attend contributions of the
+  same token are summed), then squared / signed and summed.
+"""
+
+import functools
+import os
+import subprocess
+import sys
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pergrad.loss import make_loss_fn
+from pergrad.model import ModelSpec, Transformer, init_params
+from pergrad.stats import surgery_math as sm
+from pergrad.stats.surgery import surgery_stats
+
+V, T = 17, 5
+CONFIGS = {
+    "untied-ln-learned-bias": dict(norm="layernorm", positions="learned", use_bias=True),
+    "tied-rms-rope": dict(norm="rmsnorm", positions="rope", tie_embeddings=True),
+    "tied-ln-learned-bias": dict(norm="layernorm", positions="learned", use_bias=True,
+                                 tie_embeddings=True),
+}
+ALL = ("mean", "sq", "sign", "norms")
+# Every B for the two configurations that together cover each option; B=3 for the third.
+CASES = [(name, B) for name in list(CONFIGS)[:2] for B in (1, 3, 8)] + [
+    (list(CONFIGS)[2], 3)]
+
+
+@functools.lru_cache(maxsize=None)
+def _model(name):
+  spec = ModelSpec(n_layers=1, d_model=12, n_heads=3, d_ff=20, vocab_size=V, seq_len=T,
+                   **CONFIGS[name])
+  model = Transformer(spec)
+  params = jax.jit(init_params, static_argnums=0)(spec, jax.random.PRNGKey(0))
+  # Non-zero biases and norm offsets so that every leaf has a generic gradient.
+  rng = np.random.default_rng(0)
+  params = jax.tree.map(lambda p: p + 0.1 * rng.standard_normal(p.shape, np.float32), params)
+  return model, make_loss_fn(model), params
+
+
+def _setup(name, B):
+  rng = np.random.default_rng(B)
+  ids = rng.integers(0, 6, (B, T), dtype=np.int32)  # few distinct ids: repeats in a sequence
+  targets = rng.integers(0, V, (B, T), dtype=np.int32)
+  return _model(name) + ({"inputs": jnp.asarray(ids), "targets": jnp.asarray(targets)},)
+
+
+@functools.lru_cache(maxsize=None)
+def _jitted_grad(loss_fn):
+  return jax.jit(jax.grad(lambda p, b: loss_fn(p, b).mean()))
+
+
+@functools.partial(jax.jit, static_argnums=(0, 3, 4))
+def _surgery(loss_fn, params, batch, want, granularity):
+  return surgery_stats(loss_fn, params, batch, want=want, granularity=granularity)
+
+
+def _per_example_reference(loss_fn, params, batch):
+  """Per-example gradients stacked on a leading axis (Python loop)."""
+  grad = _jitted_grad(loss_fn)
+  B = batch["inputs"].shape[0]
+  gs = [grad(params, jax.tree.map(lambda a: a[b:b + 1], batch)) for b in range(B)]
+  return jax.tree.map(lambda *g: jnp.stack(g), *gs)
+
+
+_HANDLED = (nn.Dense, nn.DenseGeneral, nn.Embed, nn.LayerNorm, nn.RMSNorm)
+
+
+def _per_token_reference(model, params, batch):
+  """Per-token contributions B·T · vjp_θ(layer)(δ ⊙ 1_bt), leaves (B*T, *shape)."""
+  B, _ = batch["inputs"].shape
+  calls = []
+
+  def objective(eps):
+    xs = []
+
+    def icp(next_fun, args, kwargs, ctx):
+      if type(ctx.module) not in _HANDLED or ctx.method_name not in ("__call__", "attend"):
+        return next_fun(*args, **kwargs)
+      x = args[0]
+      y = next_fun(*args, **kwargs)
+      shared = x.ndim == 1  # the position embedding, called on arange(T)
+      if shared:
+        y = jnp.broadcast_to(y, (B,) + y.shape)
+      if eps is None:
+        calls.append((ctx.module.path, ctx.module.clone(parent=None), ctx.method_name,
+                      shared, y.shape))
+      xs.append(x)
+      return y if eps is None else y + eps[len(xs) - 1]
+
+    with nn.intercept_methods(icp):
+      return make_loss_fn(model)(params, batch).mean(), xs
+
+  objective(None)
+  eps = [jnp.zeros(c[-1]) for c in calls]
+  deltas, xs = jax.grad(objective, has_aux=True)(eps)
+  masks_NxBxT = jnp.eye(B * T).reshape(B * T, B, T)
+  per_token = {}
+  for (path, mod, method, shared, _), x, d in zip(calls, xs, deltas):
+    sub = params
+    for k in path:
+      sub = sub[k]
+
+    def layer(p, mod=mod, method=method, shared=shared, x=x):
+      y = mod.apply({"params": p}, x, method=method)
+      return jnp.broadcast_to(y, (B,) + y.shape) if shared else y
+
+    _, vjp = jax.vjp(layer, sub)
+    g = jax.vmap(lambda m, d=d, vjp=vjp: vjp(d * m.reshape(m.shape + (1,) * (d.ndim - 2)))[0])(
+        masks_NxBxT)
+    g = jax.tree.map(lambda a: a * (B * T), g)
+    per_token[path] = g if path not in per_token else jax.tree.map(jnp.add, per_token[path], g)
+
+  def at(path_leaf):
+    path, leaf = tuple(str(k.key) for k in path_leaf[:-1]), path_leaf[-1].key
+    return per_token[path][leaf]
+
+  return jax.tree_util.tree_map_with_path(lambda kp, _: at(kp), params)
+
+
+def _check(stats, samples, want, batch_grad):
+  """Compares every requested statistic with the stacked samples, leaf by leaf."""
+  stats, samples, batch_grad = jax.device_get((stats, samples, batch_grad))
+  n = jax.tree.leaves(samples)[0].shape[0]
+  assert float(stats.count) == n
+  scale = max(float(np.abs(g).max()) for g in jax.tree.leaves(samples))
+  check = functools.partial(np.testing.assert_allclose, rtol=1e-4)
+  for kp, g in jax.tree_util.tree_flatten_with_path(samples)[0]:
+    get = lambda tree: functools.reduce(lambda t, k: t[k.key], kp, tree)
+    name = jax.tree_util.keystr(kp)
+    check(get(stats.mean), get(batch_grad), atol=1e-6 * scale, err_msg=f"mean {name}")
+    check(get(stats.mean), g.mean(0), atol=1e-6 * scale, err_msg=f"sample mean {name}")
+    if "sq" in want:
+      check(get(stats.sum_sq), np.square(g).sum(0), atol=1e-6 * scale**2, err_msg=f"sq {name}")
+    if "sign" in want:
+      a = np.abs(g)
+      ok = np.all((a == 0) | (a > 1e-5 * scale), axis=0)  # no sample near a sign flip
+      np.testing.assert_allclose(np.where(ok, get(stats.sum_sign), 0),
+                                 np.where(ok, np.sign(g).sum(0), 0), atol=1e-5,
+                                 err_msg=f"sign {name}")
+    if "norms" in want:
+      check(get(stats.sq_norms), np.square(g).reshape(n, -1).sum(-1), atol=1e-6 * scale**2,
+            err_msg=f"norms {name}")
+
+
+@pytest.mark.parametrize("name,B", CASES)
+def test_per_example_matches_loop(name, B):
+  _, loss_fn, params, batch = _setup(name, B)
+  samples = _per_example_reference(loss_fn, params, batch)
+  batch_grad = _jitted_grad(loss_fn)(params, batch)
+  loss, stats = _surgery(loss_fn, params, batch, ALL, "example")
+  np.testing.assert_allclose(loss, loss_fn(params, batch).mean(), rtol=1e-6)
+  _check(stats, samples, ALL, batch_grad)
+  if B != 3:
+    return
+  # Norms alone take the Gram ("ghost") route where it is cheaper: same answer.
+  _, norms_only = _surgery(loss_fn, params, batch, ("norms",), "example")
+  _check(norms_only, samples, ("norms",), batch_grad)
+
+
+@pytest.mark.parametrize("name,B", CASES)
+def test_per_token_matches_explicit_contributions(name, B):
+  model, loss_fn, params, batch = _setup(name, B)
+  samples = jax.jit(functools.partial(_per_token_reference, model))(params, batch)
+  batch_grad = _jitted_grad(loss_fn)(params, batch)
+  _, stats = _surgery(loss_fn, params, batch, ("mean", "sq", "sign"), "token")
+  assert stats.sq_norms is None
+  _check(stats, samples, ("sq", "sign"), batch_grad)
+
+
+def test_ghost_and_materialised_norms_agree():
+  left = jax.random.normal(jax.random.PRNGKey(0), (4, 3, 7))
+  right = jax.random.normal(jax.random.PRNGKey(1), (4, 3, 5))
+  ref = jnp.square(jnp.einsum("brp,brq->bpq", left, right)).sum((1, 2))
+  assert sm.ghost_norm_is_cheaper(3, 7, 5) and not sm.ghost_norm_is_cheaper(30, 7, 5)
+  np.testing.assert_allclose(sm.outer_example_stats(left, right, ("norms",))["norms"], ref,
+                             rtol=1e-5)
+  np.testing.assert_allclose(sm.outer_example_stats(left, right, ("sq", "norms"))["norms"], ref,
+                             rtol=1e-5)
+
+
+class _Scaled(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    return x * self.param("w", nn.initializers.ones, (x.shape[-1],))
+
+
+class _Net(nn.Module):
+  custom: bool = True
+
+  @nn.compact
+  def __call__(self, tokens):
+    x = nn.Embed(7, 4)(tokens)
+    if self.custom:
+      return nn.Dense(7)(_Scaled()(x))
+    dense = nn.Dense(4)
+    return dense(dense(x))  # one layer used twice
+
+
+def _tiny_net(custom):
+  net = _Net(custom)
+  batch = {"inputs": jnp.zeros((2, 3), jnp.int32), "targets": jnp.zeros((2, 3), jnp.int32)}
+  params = net.init(jax.random.PRNGKey(0), batch["inputs"])["params"]
+  return make_loss_fn(net), params, batch
+
+
+def test_unsupported_layer_gives_clear_error():
+  loss_fn, params, batch = _tiny_net(custom=True)
+  with pytest.raises(ValueError, match=r"cannot handle _Scaled at '_Scaled_0'.*backend='vmap'"):
+    surgery_stats(loss_fn, params, batch, want=("sq",), granularity="example")
+  loss_fn, params, batch = _tiny_net(custom=False)
+  with pytest.raises(ValueError, match=r"'Dense_0' is used 2 times.*backend='vmap'"):
+    surgery_stats(loss_fn, params, batch, want=("sq",), granularity="example")
+
+
+@pytest.mark.parametrize("want,granularity,msg", [
+    (("mean", "var"), "example", "unknown statistic"),
+    (("sq",), "sequence", "granularity"),
+    (("norms",), "token", "only at granularity='example'"),
+])
+def test_invalid_requests(want, granularity, msg):
+  _, loss_fn, params, batch = _setup("tied-rms-rope", 3)
+  with pytest.raises(ValueError, match=msg):
+    surgery_stats(loss_fn, params, batch, want=want, granularity=granularity)
+
+
+def test_chunked_per_token_outer_stats_match_one_shot():
+  left = jax.random.normal(jax.random.PRNGKey(0), (2, 6, 3))
+  right = jax.random.normal(jax.random.PRNGKey(1), (2, 6, 4))
+  one = sm.outer_token_stats(left, right, ("sq", "sign"), scale=2.0)
+  chunked = sm.outer_token_stats(left, right, ("sq", "sign"), scale=2.0, max_elems=30)
+  sq_ref = np.square(2.0 * np.einsum("brp,brq->brpq", left, right)).sum((0, 1))
+  np.testing.assert_allclose(one["sq"], sq_ref, rtol=1e-5)
+  for k in one:
+    np.testing.assert_allclose(chunked[k], one[k], rtol=1e-5)
+
+
+_SHARDED = """
+import jax, numpy as np, sys
+sys.path.insert(0, "tests")
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+import test_surgery as ts
+assert jax.device_count() == 2
+_, loss_fn, params, batch = ts._setup("tied-rms-rope", 8)
+for want, gran in [(ts.ALL, "example"), (("mean", "sq", "sign"), "token")]:
+  f = jax.jit(lambda p, b: ts.surgery_stats(loss_fn, p, b, want=want, granularity=gran))
+  ref = f(params, batch)
+  out = f(params, jax.device_put(batch, NamedSharding(Mesh(np.array(jax.devices()), ("data",)), P("data"))))
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6 * abs(b).max()), out, ref)
+print("ok")
+"""
+
+
+def test_batch_sharded_over_two_devices_matches_one_device():
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2",
+             JAX_PLATFORMS="cpu")
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  r = subprocess.run([sys.executable, "-c", _SHARDED], env=env, cwd=root, capture_output=True,
+                     text=True, timeout=300)
+  assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-2000:]
