@@ -1,0 +1,23 @@
+"""Per-example / per-token gradient statistics (see `api.compute`).
+
+    import pergrad.stats as ps
+    loss, stats = ps.compute(loss_fn, params, batch, want=("mean", "sq", "sign", "norms"))
+    stats.mean, stats.variance, stats.sign_mean, stats.sq_norms
+    ps.summaries.layer_summaries(stats)   # scalars for logging
+"""
+
+from pergrad.stats import summaries
+from pergrad.stats.api import (
+    BACKENDS,
+    GRANULARITIES,
+    compute,
+    normalize_want,
+    resolve_backend,
+    surgery_available,
+)
+from pergrad.stats.types import STATISTICS, GradStats
+
+__all__ = [
+    "BACKENDS", "GRANULARITIES", "STATISTICS", "GradStats", "compute", "normalize_want",
+    "resolve_backend", "summaries", "surgery_available",
+]

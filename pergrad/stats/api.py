@@ -1,0 +1,240 @@
+"""`compute`: one entry point for per-example / per-token gradient statistics.
+
+    loss, stats = compute(loss_fn, params, batch, want=("mean", "sq"), backend="auto")
+
+`loss_fn(params, batch) -> float32[B]` gives per-example losses (`pergrad.loss`); the
+batch loss is their mean, so the batch gradient ḡ is the mean of the per-example
+gradients g_1..g_B. `stats` is a `GradStats` (sums + count, see `types.py`); "mean" is
+always filled, "sq" / "sign" / "norms" when asked.
+
+Backends (all return the same `GradStats`):
+  - "vmap":    per-example gradients by `jax.vmap(jax.grad)`, reduced in the same jit
+               (`vmap.py`); granularity "example" only; supports `per_example_clip`.
+  - "surgery": one backward pass with custom VJPs that emit the statistics
+               (`surgery.py`); granularities "example" and "token".
+  - "loop":    a Python loop over examples (`loop.py`); a reference for tests.
+  - "auto":    the cheapest backend that can supply the request (`resolve_backend`):
+               surgery for token granularity, vmap for example granularity.
+A request for "mean" alone (example granularity, no clipping) takes the plain
+`jax.value_and_grad` path whatever the backend, since the mean needs nothing more.
+
+`microbatch_size` splits the batch into chunks processed one after the other
+(`optax.microbatching.microbatch`, a `fori_loop`), bounding the memory of per-example
+quantities; chunk statistics merge by addition (sums, counts) and concatenation
+(per-example norms).
+
+Everything static (`want`, `granularity`, `backend`, `microbatch_size`,
+`per_example_clip`) is plain Python, so `compute` can be called inside `jax.jit`.
+With the batch sharded over a ('data',) mesh, sums over the batch axis are global
+sums, so the statistics are those of the whole global batch.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from optax import microbatching
+
+from pergrad.stats.types import STATISTICS, GradStats
+
+PyTree = Any
+LossFn = Callable[[PyTree, dict], jax.Array]
+
+BACKENDS = ("auto", "vmap", "surgery", "loop")
+GRANULARITIES = ("example", "token")
+# What each concrete backend can supply (surgery's is the agreed contract with
+# pergrad/stats/surgery.py; it raises its own error for a layer it cannot handle).
+_SUPPORTS = {
+    "vmap": dict(granularity=("example",), clip=True),
+    "loop": dict(granularity=("example",), clip=True),
+    "surgery": dict(granularity=("example", "token"), clip=False),
+}
+
+
+def surgery_available() -> bool:
+  """Whether the surgery backend (pergrad/stats/surgery.py) is installed."""
+  return importlib.util.find_spec("pergrad.stats.surgery") is not None
+
+
+def normalize_want(want: str | Sequence[str]) -> tuple[str, ...]:
+  """`want` as a sorted tuple of statistic names that always contains "mean"."""
+  if isinstance(want, str):
+    want = (want,)
+  want = tuple(getattr(w, "value", w) for w in want)  # accept config enums
+  unknown = [w for w in want if w not in STATISTICS]
+  if unknown:
+    raise ValueError(
+        f"unknown statistic(s) {unknown} in want={want}; valid statistics are {STATISTICS} "
+        "(variance, sign mean, etc. are derived from 'mean', 'sq', 'sign' by GradStats).")
+  return tuple(s for s in STATISTICS if s in set(want) | {"mean"})
+
+
+def resolve_backend(want: Sequence[str], granularity: str = "example", backend: str = "auto",
+                    per_example_clip: float | None = None) -> str:
+  """The backend that `compute` will run: "value_and_grad", "vmap", "surgery" or "loop".
+
+  Rule for "auto" (from results/bench_stats/README.md, measured on XLA:CPU):
+    - "mean" only, example granularity, no clipping -> "value_and_grad";
+    - token granularity -> "surgery" (the only backend with per-token statistics);
+    - example granularity -> "vmap": on the tiny and medium presets it was faster than
+      surgery for every statistic set (sq+sign, norms, all), at equal or lower XLA
+      FLOPs and memory. Re-measure on an accelerator before changing this.
+  Raises ValueError for an invalid request, naming the backend that supports it.
+  """
+  want = normalize_want(want)
+  granularity = getattr(granularity, "value", granularity)
+  backend = getattr(backend, "value", backend)
+  if granularity not in GRANULARITIES:
+    raise ValueError(f"unknown granularity={granularity!r}; valid: {GRANULARITIES}.")
+  if backend not in BACKENDS:
+    raise ValueError(f"unknown backend={backend!r}; valid: {BACKENDS}.")
+  if per_example_clip is not None and not per_example_clip > 0:
+    raise ValueError(f"per_example_clip={per_example_clip} must be a positive norm or None.")
+  if per_example_clip is not None and granularity == "token":
+    raise ValueError(
+        "per_example_clip with granularity='token' is supported by no backend: clipping acts "
+        "on per-example gradients; use granularity='example' (backend 'vmap' or 'loop').")
+  if granularity == "token" and "norms" in want:
+    raise ValueError(
+        "'norms' (per-example squared norms) exist only at granularity='example'; drop "
+        "'norms' from want or use granularity='example'.")
+  if backend == "auto":
+    if want == ("mean",) and granularity == "example" and per_example_clip is None:
+      return "value_and_grad"
+    backend = "surgery" if granularity == "token" else "vmap"
+  sup = _SUPPORTS[backend]
+  if granularity not in sup["granularity"]:
+    raise ValueError(
+        f"granularity='{granularity}' is not supported by backend='{backend}' (it computes "
+        "per-example gradients only); use backend='surgery' (or 'auto') for per-token "
+        "statistics.")
+  if per_example_clip is not None and not sup["clip"]:
+    raise ValueError(
+        f"per_example_clip is not supported by backend='{backend}' (its statistics are reduced "
+        "before any per-example gradient exists); use backend='vmap' (or 'loop').")
+  if backend == "surgery" and not surgery_available():
+    raise ValueError(
+        "backend='surgery' is not available (pergrad/stats/surgery.py is missing); use "
+        "backend='vmap' for per-example statistics.")
+  if want == ("mean",) and granularity == "example" and per_example_clip is None:
+    return "value_and_grad"
+  return backend
+
+
+def batch_size(batch: PyTree) -> int:
+  """The common leading axis of the batch's leaves; ValueError if there is none."""
+  sizes = {x.shape[0] if getattr(x, "ndim", 0) else None for x in jax.tree.leaves(batch)}
+  if not sizes or None in sizes or len(sizes) != 1:
+    shapes = jax.tree.map(lambda x: getattr(x, "shape", ()), batch)
+    raise ValueError(
+        f"every batch leaf must have the same leading (example) axis; got shapes {shapes}.")
+  (size,) = sizes
+  if size < 1:
+    raise ValueError("the batch is empty (leading axis of size 0).")
+  return size
+
+
+def compute(
+    loss_fn: LossFn,
+    params: PyTree,
+    batch: PyTree,
+    *,
+    want: str | Sequence[str] = ("mean",),
+    granularity: str = "example",
+    backend: str = "auto",
+    microbatch_size: int | None = None,
+    per_example_clip: float | None = None,
+) -> tuple[jax.Array, GradStats]:
+  """Mean loss and gradient statistics of `loss_fn` over `batch`.
+
+  Args:
+    loss_fn: (params, batch) -> float32[B] per-example losses.
+    params: the parameters (any pytree of float arrays).
+    batch: pytree of arrays with a leading example axis B.
+    want: subset of ("mean", "sq", "sign", "norms"); "mean" is always computed.
+    granularity: "example" (samples g_b, n = B) or "token" (per-token contributions,
+      n = B·T, surgery only).
+    backend: "auto" | "vmap" | "surgery" | "loop".
+    microbatch_size: process the batch in chunks of this many examples (must divide B).
+    per_example_clip: clip each g_b to global norm C, g_b · min(1, C/‖g_b‖), before
+      every statistic (vmap / loop); the loss is not affected.
+
+  Returns:
+    (loss, stats): loss = (1/B) Σ_b loss_b (float32 scalar) and a `GradStats`.
+  """
+  want = normalize_want(want)
+  granularity = getattr(granularity, "value", granularity)
+  which = resolve_backend(want, granularity, backend, per_example_clip)
+  B = batch_size(batch)
+  if microbatch_size is not None:
+    if not (isinstance(microbatch_size, int) and microbatch_size > 0 and B % microbatch_size == 0):
+      raise ValueError(
+          f"microbatch_size={microbatch_size} must be a positive divisor of the batch size "
+          f"B={B}; choose a divisor of B or None.")
+    if microbatch_size == B:
+      microbatch_size = None
+  out = jax.eval_shape(loss_fn, params, batch)
+  if getattr(out, "shape", None) != (B,):
+    raise ValueError(
+        f"loss_fn must return per-example losses of shape ({B},), got "
+        f"{getattr(out, 'shape', out)}; use pergrad.loss.make_loss_fn (no mean over the batch).")
+
+  if which == "value_and_grad":
+    return _value_and_grad_stats(loss_fn, params, batch)
+  if which == "loop":  # already one example at a time: microbatching changes nothing
+    from pergrad.stats import loop
+    return loop.loop_stats(loss_fn, params, batch, want=want, per_example_clip=per_example_clip)
+  if which == "vmap":
+    from pergrad.stats import vmap
+    chunk_fn = lambda p, b: vmap.vmap_stats(
+        loss_fn, p, b, want=want, per_example_clip=per_example_clip)
+  else:
+    from pergrad.stats import surgery
+    chunk_fn = lambda p, b: surgery.surgery_stats(
+        loss_fn, p, b, want=want, granularity=granularity)
+  if microbatch_size is None:
+    return chunk_fn(params, batch)
+  return _microbatched(chunk_fn, params, batch, microbatch_size)
+
+
+def _value_and_grad_stats(loss_fn: LossFn, params: PyTree, batch: PyTree):
+  """The plain path: ḡ = ∇ (1/B) Σ_b loss_b; sum = B ḡ, count = B."""
+  B = batch_size(batch)
+  loss, grads = jax.value_and_grad(lambda p: loss_fn(p, batch).mean())(params)
+  stats = GradStats(count=jnp.asarray(B, jnp.float32),
+                    sum=jax.tree.map(lambda g: g * B, grads))
+  return loss, stats
+
+
+def _microbatched(chunk_fn: Callable, params: PyTree, batch: PyTree, microbatch_size: int):
+  """Runs `chunk_fn` on chunks of `microbatch_size` examples and merges the results.
+
+  Uses `optax.microbatching.microbatch` (a fori_loop; chunks are strided slices so
+  that a batch sharded over devices stays sharded): sums and counts are added,
+  per-example norms concatenated back in example order.
+  """
+  B = batch_size(batch)
+  SUM, CONCAT = microbatching.AccumulationType.SUM, microbatching.AccumulationType.CONCAT
+  granularity = []
+
+  def fn(p, b):
+    loss, stats = chunk_fn(p, b)
+    granularity.append(stats.granularity)
+    out = dict(loss_sum=loss * batch_size(b), count=stats.count, sum=stats.sum)
+    for k in ("sum_sq", "sum_sign", "sq_norms"):
+      if getattr(stats, k) is not None:
+        out[k] = getattr(stats, k)
+    return out
+
+  shapes = jax.eval_shape(fn, params, jax.tree.map(lambda x: x[:microbatch_size], batch))
+  acc = {k: CONCAT if k == "sq_norms" else SUM for k in shapes}
+  out = microbatching.microbatch(fn, argnums=1, microbatch_size=microbatch_size,
+                                 accumulator=acc)(params, batch)
+  stats = GradStats(count=out["count"], sum=out["sum"], sum_sq=out.get("sum_sq"),
+                    sum_sign=out.get("sum_sign"), sq_norms=out.get("sq_norms"),
+                    granularity=granularity[-1])
+  return out["loss_sum"] / B, stats

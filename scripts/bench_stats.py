@@ -1,0 +1,242 @@
+"""Overhead of gradient statistics: every backend × granularity × statistic set.
+
+For each model preset and batch size, every variant is compiled once and then timed
+side by side in this process (round-robin over variants, median of --reps runs after
+a warm-up). Reported per variant, each also as a ratio to the plain
+`jax.value_and_grad` step of the same preset and batch size:
+  time_s     median wall time of one jitted step
+  flops      XLA's `compiled.cost_analysis()["flops"]`
+  mem_bytes  `compiled.memory_analysis()`: temp + argument + output bytes
+  rss_mb     process resident memory after the variant's warm-up (process-wide, so
+             only indicative; XLA's numbers are the per-variant ones)
+and `time_vs_micro_grad`: time over `optax.microbatching.micro_grad` computing the same
+statistics (per-example gradients with a leading batch axis, summed by micro_grad).
+
+  .venv/bin/python scripts/bench_stats.py                    # full run (minutes)
+  .venv/bin/python scripts/bench_stats.py --quick            # smoke test (seconds)
+  .venv/bin/python scripts/bench_stats.py --out results/bench_stats/cpu.json
+
+Prints one JSON document (rows + the issue's "done when" checks) and a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import pergrad.stats as ps  # noqa: E402
+from pergrad.loss import make_loss_fn  # noqa: E402
+from pergrad.model import ModelSpec, Transformer, count_params, init_params  # noqa: E402
+from pergrad.stats import vmap as vmap_backend  # noqa: E402
+
+PRESETS = {
+    "micro": (ModelSpec(n_layers=1, d_model=32, n_heads=2, d_ff=64, vocab_size=64, seq_len=16),
+              16),
+    "tiny": (ModelSpec(n_layers=2, d_model=128, n_heads=4, d_ff=512, vocab_size=1024,
+                       seq_len=128), 128),
+    "medium": (ModelSpec(n_layers=4, d_model=256, n_heads=4, d_ff=1024, vocab_size=1024,
+                         seq_len=256), 256),
+    # configs/model/small.yaml and paper.yaml (for an accelerator; minutes on a CPU).
+    "small": (ModelSpec(n_layers=4, d_model=256, n_heads=4, d_ff=1024, vocab_size=4096,
+                        seq_len=256, positions="rope"), 256),
+    "paper": (ModelSpec(n_layers=6, d_model=512, n_heads=8, d_ff=2048, vocab_size=32768,
+                        seq_len=512, positions="rope", compute_dtype="bfloat16"), 512),
+}
+STAT_SETS = {
+    "sq+sign": ("mean", "sq", "sign"),
+    "norms": ("mean", "norms"),
+    "all": ("mean", "sq", "sign", "norms"),
+}
+
+
+def micro_grad_fn(loss_fn, want):
+  """The same statistics from optax.microbatching.micro_grad (reference for speed)."""
+  def transform(g):
+    out = {"sum": g}
+    if "sq" in want:
+      out["sum_sq"] = jax.tree.map(jnp.square, g)
+    if "sign" in want:
+      out["sum_sign"] = jax.tree.map(jnp.sign, g)
+    return out
+  metrics = ((lambda g: jax.tree.map(lambda x: jnp.sum(jnp.square(x)), g))
+             if "norms" in want else (lambda g: None))
+  mg = optax.microbatching.micro_grad(
+      lambda p, ex: loss_fn(p, ex)[0], batch_argnums=1,
+      accumulator=optax.microbatching.AccumulationType.SUM, transform_fn=transform,
+      metrics_fn=metrics)
+
+  def f(p, b):
+    out, aux = mg(p, b)
+    return aux.values.mean(), out, aux.metrics
+  return f
+
+
+def variants(loss_fn, stat_sets, with_layout_first: bool):
+  """[(backend, granularity, stat set name, fn(params, batch))]."""
+  out = [("value_and_grad", "example", "mean",
+          lambda p, b: ps.compute(loss_fn, p, b, want=("mean",)))]
+  surgery = ps.surgery_available()
+  for name in stat_sets:
+    want = STAT_SETS[name]
+    out.append(("vmap", "example", name,
+                lambda p, b, w=want: ps.compute(loss_fn, p, b, want=w, backend="vmap")))
+    if with_layout_first:
+      out.append(("vmap-first", "example", name,
+                  lambda p, b, w=want: vmap_backend.vmap_stats(loss_fn, p, b, want=w,
+                                                               layout="first")))
+    out.append(("micro_grad", "example", name, micro_grad_fn(loss_fn, want)))
+    if surgery:
+      out.append(("surgery", "example", name,
+                  lambda p, b, w=want: ps.compute(loss_fn, p, b, want=w, backend="surgery")))
+      if "norms" not in want:
+        out.append(("surgery", "token", name,
+                    lambda p, b, w=want: ps.compute(loss_fn, p, b, want=w, backend="surgery",
+                                                    granularity="token")))
+  return out
+
+
+def rss_mb() -> float:
+  try:
+    with open("/proc/self/status") as f:
+      for line in f:
+        if line.startswith("VmRSS:"):
+          return int(line.split()[1]) / 1024
+  except OSError:
+    pass
+  return float("nan")
+
+
+def cost(compiled) -> tuple[float, int]:
+  ca = compiled.cost_analysis()
+  if isinstance(ca, (list, tuple)):
+    ca = ca[0]
+  ma = compiled.memory_analysis()
+  mem = ma.temp_size_in_bytes + ma.argument_size_in_bytes + ma.output_size_in_bytes
+  return float(ca.get("flops", float("nan"))), int(mem)
+
+
+def bench_group(preset: str, B: int, args) -> list[dict]:
+  spec, T = PRESETS[preset]
+  params = init_params(spec, jax.random.key(0))
+  loss_fn = make_loss_fn(Transformer(spec))
+  rng = np.random.default_rng(0)
+  batch = {k: jnp.asarray(rng.integers(0, spec.vocab_size, (B, T)), jnp.int32)
+           for k in ("inputs", "targets")}
+  vs = variants(loss_fn, args.stat_sets, args.layout_first)
+  rows, compiled = [], []
+  for backend, gran, sset, fn in vs:
+    t0 = time.perf_counter()
+    c = jax.jit(fn).lower(params, batch).compile()
+    compile_s = time.perf_counter() - t0
+    flops, mem = cost(c)
+    jax.block_until_ready(c(params, batch))  # warm-up
+    compiled.append(c)
+    rows.append(dict(preset=preset, B=B, T=T, n_params=count_params(params), backend=backend,
+                     granularity=gran, stats=sset, flops=flops, mem_bytes=mem,
+                     rss_mb=round(rss_mb(), 1), compile_s=round(compile_s, 2), times=[]))
+  for _ in range(args.reps):  # interleaved: drift and contention hit every variant alike
+    for row, c in zip(rows, compiled, strict=True):
+      t0 = time.perf_counter()
+      jax.block_until_ready(c(params, batch))
+      row["times"].append(time.perf_counter() - t0)
+  base = rows[0]
+  base_t = float(np.median(base["times"]))
+  micro = {r["stats"]: float(np.median(r["times"])) for r in rows if r["backend"] == "micro_grad"}
+  for r in rows:
+    r["time_s"] = float(np.median(r["times"]))
+    r["time_ratio"] = r["time_s"] / base_t
+    r["flops_ratio"] = r["flops"] / base["flops"]
+    r["mem_ratio"] = r["mem_bytes"] / base["mem_bytes"]
+    r["time_vs_micro_grad"] = r["time_s"] / micro[r["stats"]] if r["stats"] in micro else None
+    r["times"] = [round(t, 4) for t in r["times"]]
+  return rows
+
+
+def checks(rows: list[dict]) -> list[dict]:
+  """The issue's "done when" conditions, evaluated on the measured rows."""
+  out = []
+  for r in rows:
+    where = f'{r["preset"]} B={r["B"]} {r["backend"]}/{r["granularity"]}/{r["stats"]}'
+    if r["backend"] == "surgery" and (
+        (r["granularity"] == "token" and r["stats"] == "sq+sign")
+        or (r["granularity"] == "example" and r["stats"] == "norms")):
+      ratio = r["time_ratio"] / r["flops_ratio"]
+      out.append(dict(check="surgery time_ratio <= 1.15 * flops_ratio", where=where,
+                      value=round(ratio, 3), ok=ratio <= 1.15))
+    if r["backend"] == "surgery" and r["granularity"] == "token":
+      out.append(dict(check="surgery per-token mem_ratio <= 1.1", where=where,
+                      value=round(r["mem_ratio"], 3), ok=r["mem_ratio"] <= 1.1))
+    if r["backend"] == "vmap" and r["time_vs_micro_grad"] is not None:
+      out.append(dict(check="vmap time <= micro_grad time", where=where,
+                      value=round(r["time_vs_micro_grad"], 3), ok=r["time_vs_micro_grad"] <= 1.0))
+  return out
+
+
+def table(rows: list[dict]) -> str:
+  head = (f'{"preset":7} {"B":>3} {"backend":15} {"gran":8} {"stats":8} {"time_s":>8} '
+          f'{"t/vag":>6} {"flop/vag":>8} {"mem/vag":>7} {"t/micro":>7} {"rss_mb":>7}')
+  lines = [head, "-" * len(head)]
+  for r in rows:
+    tm = "" if r["time_vs_micro_grad"] is None else f'{r["time_vs_micro_grad"]:.2f}'
+    lines.append(
+        f'{r["preset"]:7} {r["B"]:>3} {r["backend"]:15} {r["granularity"]:8} {r["stats"]:8} '
+        f'{r["time_s"]:8.4f} {r["time_ratio"]:6.2f} {r["flops_ratio"]:8.2f} '
+        f'{r["mem_ratio"]:7.2f} {tm:>7} {r["rss_mb"]:7.0f}')
+  return "\n".join(lines)
+
+
+def main(argv=None) -> dict:
+  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+  p.add_argument("--quick", action="store_true", help="micro preset, B=4, 2 reps, 'all' only")
+  p.add_argument("--presets", default="tiny,medium")
+  p.add_argument("--batch-sizes", default="8,32", help="for tiny; medium uses --medium-batch-sizes")
+  p.add_argument("--medium-batch-sizes", default="8")
+  p.add_argument("--reps", type=int, default=5)
+  p.add_argument("--stat-sets", default="sq+sign,norms,all")
+  p.add_argument("--no-layout-first", dest="layout_first", action="store_false")
+  p.add_argument("--out", default=None, help="write the JSON document here")
+  args = p.parse_args(argv)
+  args.stat_sets = args.stat_sets.split(",")
+  if args.quick:
+    args.presets, args.batch_sizes, args.reps = "micro", "4", 2
+    args.stat_sets, args.layout_first = ["all", "sq+sign"], False
+  rows = []
+  for preset in args.presets.split(","):
+    sizes = args.medium_batch_sizes if preset == "medium" else args.batch_sizes
+    for B in map(int, sizes.split(",")):
+      rows += bench_group(preset, B, args)
+      print(table([r for r in rows if r["preset"] == preset and r["B"] == B]), file=sys.stderr)
+  doc = dict(
+      argv=sys.argv[1:], jax=jax.__version__, optax=optax.__version__,
+      backend=jax.default_backend(), devices=[str(d) for d in jax.devices()],
+      machine=dict(platform=platform.platform(), cpus=os.cpu_count(),
+                   loadavg_at_end=os.getloadavg()),
+      surgery_available=ps.surgery_available(),
+      spec={k: dataclasses.asdict(v[0]) | {"T": v[1]} for k, v in PRESETS.items()},
+      rows=rows, checks=checks(rows))
+  print(json.dumps(doc))
+  print("\n" + table(rows), file=sys.stderr)
+  for c in doc["checks"]:
+    print(f'{"OK  " if c["ok"] else "FAIL"} {c["check"]:45} {c["value"]:>7}  {c["where"]}',
+          file=sys.stderr)
+  if args.out:
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+      json.dump(doc, f, indent=1)
+  return doc
+
+
+if __name__ == "__main__":
+  main()

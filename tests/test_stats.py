@@ -1,0 +1,357 @@
+"""Parity of every statistics backend with independent references, on every leaf.
+
+References: per-example gradients from a Python loop of `jax.grad` (one example at a
+time) reduced in NumPy float64; `optax.microbatching.micro_grad`; `jax.grad` of the
+batch loss. The surgery backend joins the parity tests automatically once
+pergrad/stats/surgery.py exists.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from omegaconf import OmegaConf
+
+import pergrad.stats as ps
+from pergrad.config import StatsConfig
+from pergrad.loss import make_loss_fn
+from pergrad.model import ModelSpec, Transformer, init_params
+from pergrad.stats import loop as loop_backend
+from pergrad.stats import vmap as vmap_backend
+from pergrad.stats.summaries import layer_summaries, leaf_name
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ALL = ("mean", "sq", "sign", "norms")
+T = 5  # tokens per example; every axis size differs: B∈{1,3,8}, T=5, V=17, D=12, F=20
+SPECS = {
+    "untied-layernorm-learned": ModelSpec(
+        n_layers=1, d_model=12, n_heads=2, d_ff=20, vocab_size=17, seq_len=7),
+    "tied-rmsnorm-rope-bias": ModelSpec(
+        n_layers=2, d_model=12, n_heads=2, d_ff=20, vocab_size=17, seq_len=7,
+        norm="rmsnorm", positions="rope", tie_embeddings=True, use_bias=True),
+}
+
+
+@functools.lru_cache(maxsize=None)
+def setup(name: str, B: int):
+  spec = SPECS[name]
+  params = init_params(spec, jax.random.key(1))
+  loss_fn = make_loss_fn(Transformer(spec))
+  rng = np.random.default_rng(B)
+  batch = {k: jnp.asarray(rng.integers(0, spec.vocab_size, (B, T)), jnp.int32)
+           for k in ("inputs", "targets")}
+  return params, loss_fn, batch
+
+
+@functools.lru_cache(maxsize=None)
+def per_example(name: str, B: int):
+  """Per-example losses and gradients (float64 NumPy, leaves with a leading B axis).
+
+  The Python loop of `jax.grad` over examples (shared with the loop backend, whose
+  own part is the accumulation); statistics are then reduced here in NumPy.
+  """
+  params, loss_fn, batch = setup(name, B)
+  outs = loop_backend.per_example_grads(loss_fn, params, batch)  # jax.grad, one example each
+  losses = np.array([float(l) for l, _ in outs])
+  grads = jax.tree.map(lambda *g: np.stack([np.asarray(x, np.float64) for x in g]),
+                       *[g for _, g in outs])
+  return losses, grads
+
+
+def reference_stats(grads, clip=None):
+  """NumPy sums of (optionally clipped) per-example gradients."""
+  B = jax.tree.leaves(grads)[0].shape[0]
+  if clip is not None:
+    norms = np.sqrt(sum(np.square(g).reshape(B, -1).sum(1) for g in jax.tree.leaves(grads)))
+    w = np.minimum(1.0, clip / norms)
+    grads = jax.tree.map(lambda g: g * w.reshape((B,) + (1,) * (g.ndim - 1)), grads)
+  return dict(
+      grads=grads,
+      sum=jax.tree.map(lambda g: g.sum(0), grads),
+      sum_sq=jax.tree.map(lambda g: np.square(g).sum(0), grads),
+      sum_sign=jax.tree.map(lambda g: np.sign(g).sum(0), grads),
+      sq_norms=jax.tree.map(lambda g: np.square(g).reshape(B, -1).sum(1), grads),
+  )
+
+
+def assert_close(actual, expected, what, rtol=1e-4):
+  """allclose per leaf, atol scaled to the leaf's magnitude (float32 cancellation)."""
+  flat_e = jax.tree_util.tree_flatten_with_path(expected)[0]
+  flat_a = jax.tree.leaves(actual)
+  assert len(flat_a) == len(flat_e), what
+  for (path, e), a in zip(flat_e, flat_a, strict=True):
+    e = np.asarray(e)
+    np.testing.assert_allclose(np.asarray(a, np.float64), e, rtol=rtol,
+                               atol=1e-5 * np.abs(e).max() + 1e-12,
+                               err_msg=f"{what} at {leaf_name(path)}")
+
+
+def assert_signs_close(actual, ref, what):
+  """Σ sign g_b: exact where every |g_b| is not tiny; elsewhere within 2·#tiny."""
+  flat_g = jax.tree_util.tree_flatten_with_path(ref["grads"])[0]
+  leaves_a, leaves_e = jax.tree.leaves(actual), jax.tree.leaves(ref["sum_sign"])
+  for (path, g), a, e in zip(flat_g, leaves_a, leaves_e, strict=True):
+    tiny = np.abs(g) <= 1e-6 * np.abs(g).max()
+    n_tiny = tiny.sum(0)
+    diff = np.abs(np.asarray(a, np.float64) - e)
+    assert (diff[n_tiny == 0] < 1e-3).all(), f"{what} at {leaf_name(path)}"
+    assert (diff <= 2 * n_tiny + 1e-3).all(), f"{what} at {leaf_name(path)} (tiny coords)"
+    assert (n_tiny == 0).mean() > 0.5 or g.shape[0] == 1 or "embed" in leaf_name(path)
+
+
+def check_all(loss, stats, name, B, clip=None, what=""):
+  losses, grads = per_example(name, B)
+  ref = reference_stats(grads, clip)
+  np.testing.assert_allclose(float(loss), losses.mean(), rtol=1e-5)
+  assert float(stats.count) == B and stats.granularity == "example"
+  assert_close(stats.sum, ref["sum"], f"{what} sum")
+  assert_close(stats.sum_sq, ref["sum_sq"], f"{what} sum_sq")
+  assert_close(stats.sq_norms, ref["sq_norms"], f"{what} sq_norms")
+  assert_signs_close(stats.sum_sign, ref, f"{what} sum_sign")
+
+
+# --- backends under test -------------------------------------------------------------
+def _cases():
+  """(backend, microbatching, B); microbatching is trivial at B = 1."""
+  backends = ["loop", "vmap"] + (["surgery"] if ps.surgery_available() else [])
+  cases = [(b, None, 1) for b in backends]
+  for B in (3, 8):
+    cases += [(b, None, B) for b in backends]
+    cases += [(b, "half", B) for b in backends if b != "loop"]
+  return cases + [("vmap-first", None, 8)]
+
+
+@functools.lru_cache(maxsize=None)
+def run_backend(backend, mb, name, B, want=ALL, clip=None):
+  """(loss, stats) of one backend; mb="half": chunks of B/2 (B even) or 1 example."""
+  params, loss_fn, batch = setup(name, B)
+  microbatch_size = None if mb is None else max(1, B // 2 if B % 2 == 0 else 1)
+  if backend == "vmap-first":  # the other reduction layout, called directly
+    fn = lambda p, b: vmap_backend.vmap_stats(loss_fn, p, b, want=want, per_example_clip=clip,
+                                              layout="first")
+  elif backend == "loop":  # eager: the reference loop is not meant to be jitted
+    return ps.compute(loss_fn, params, batch, want=want, backend="loop", per_example_clip=clip)
+  else:
+    fn = lambda p, b: ps.compute(loss_fn, p, b, want=want, backend=backend,
+                                 microbatch_size=microbatch_size, per_example_clip=clip)
+  return jax.jit(fn)(params, batch)
+
+
+@pytest.mark.parametrize("name", list(SPECS))
+@pytest.mark.parametrize("backend,mb,B", _cases())
+def test_backend_matches_per_example_loop(backend, mb, B, name):
+  loss, stats = run_backend(backend, mb, name, B)
+  check_all(loss, stats, name, B, what=f"{backend}/mb={mb}")
+
+
+@pytest.mark.parametrize("name", list(SPECS))
+def test_mean_equals_grad_of_batch_loss(name):
+  B = 8
+  params, loss_fn, batch = setup(name, B)
+  loss_ref, grad_ref = jax.jit(jax.value_and_grad(lambda p, b: loss_fn(p, b).mean()))(
+      params, batch)
+  backends = [("auto", ("mean",)), ("vmap", ALL)]
+  backends += [("surgery", ALL)] if ps.surgery_available() else []
+  for backend, want in backends:
+    loss, stats = run_backend(backend, None, name, B, want)
+    np.testing.assert_allclose(float(loss), float(loss_ref), rtol=1e-6)
+    assert_close(stats.mean, grad_ref, f"{backend}/{want} mean", rtol=1e-5)
+  _, stats = run_backend("auto", None, name, B, ("mean",))  # mean only: the plain path
+  assert stats.sum_sq is None and stats.sum_sign is None and stats.sq_norms is None
+
+
+@pytest.mark.parametrize("name", list(SPECS))
+@pytest.mark.parametrize("B", [3, 8])
+def test_vmap_matches_optax_micro_grad(name, B):
+  params, loss_fn, batch = setup(name, B)
+  micro = optax.microbatching.micro_grad(
+      lambda p, ex: loss_fn(p, ex)[0], batch_argnums=1,
+      accumulator=optax.microbatching.AccumulationType.SUM,
+      transform_fn=lambda g: (g, jax.tree.map(jnp.square, g), jax.tree.map(jnp.sign, g)),
+      metrics_fn=lambda g: jax.tree.map(lambda x: jnp.sum(jnp.square(x)), g))
+  (s, sq, sg), aux = jax.jit(micro)(params, batch)
+  loss, stats = run_backend("vmap", None, name, B)
+  np.testing.assert_allclose(float(loss), float(aux.values.mean()), rtol=1e-6)
+  assert_close(stats.sum, s, "sum vs micro_grad")
+  assert_close(stats.sum_sq, sq, "sum_sq vs micro_grad")
+  assert_close(stats.sq_norms, aux.metrics, "sq_norms vs micro_grad")
+  _, grads = per_example(name, B)
+  assert_signs_close(stats.sum_sign, dict(grads=grads, sum_sign=jax.tree.map(np.asarray, sg)),
+                     "sum_sign vs micro_grad")
+
+
+def test_merge_of_two_parts_equals_whole():
+  name, B = "tied-rmsnorm-rope-bias", 8
+  params, loss_fn, batch = setup(name, B)
+  run = jax.jit(lambda p, b: ps.compute(loss_fn, p, b, want=ALL, backend="vmap"))
+  _, whole = run_backend("vmap", None, name, B)
+  _, first = run(params, jax.tree.map(lambda x: x[:3], batch))
+  _, rest = run(params, jax.tree.map(lambda x: x[3:], batch))
+  merged = first.merge(rest)
+  assert float(merged.count) == B
+  for f in ("sum", "sum_sq", "sum_sign", "sq_norms"):
+    assert_close(getattr(merged, f), jax.tree.map(np.asarray, getattr(whole, f)), f"merged {f}")
+  assert_close(merged.variance, jax.tree.map(np.asarray, whole.variance), "merged variance")
+
+
+@pytest.mark.parametrize("backend,mb", [("loop", None), ("vmap", None), ("vmap", "half"),
+                                        ("vmap-first", None)])
+def test_per_example_clip(backend, mb):
+  name, B = "untied-layernorm-learned", 8
+  _, grads = per_example(name, B)
+  norms = np.sqrt(sum(np.square(g).reshape(B, -1).sum(1) for g in jax.tree.leaves(grads)))
+  clip = float(np.median(norms))  # about half of the examples are clipped
+  assert (norms > clip).sum() >= 3 and (norms < clip).sum() >= 3
+  loss, stats = run_backend(backend, mb, name, B, clip=clip)
+  check_all(loss, stats, name, B, clip=clip, what=f"clipped {backend}/mb={mb}")
+  np.testing.assert_array_less(np.sqrt(np.asarray(stats.total_sq_norms)), clip * (1 + 1e-5))
+  # mean only with clipping still needs per-example gradients (not the plain path)
+  if backend != "vmap" or mb is not None:
+    return
+  _, mean_only = run_backend("auto", None, name, B, ("mean",), clip)
+  assert_close(mean_only.sum, reference_stats(grads, clip)["sum"], "clipped mean-only sum")
+
+
+# --- summaries -----------------------------------------------------------------------
+def numpy_summaries(stats):
+  n = float(stats.count)
+  out = {}
+  tot_dom, tot_coords = 0, 0
+  flat = jax.tree_util.tree_flatten_with_path(stats.sum)[0]
+  sqs, norms = jax.tree.leaves(stats.sum_sq), jax.tree.leaves(stats.sq_norms)
+  for (path, s), q, sqn in zip(flat, sqs, norms, strict=True):
+    key = f"stats/{leaf_name(path)}"
+    m = np.asarray(s, np.float64).ravel() / n
+    v = n / (n - 1) * np.maximum(np.asarray(q, np.float64).ravel() / n - m**2, 0)
+    sd = np.sqrt(v)
+    out[f"{key}/mean_sq_median"] = np.median(m**2)
+    out[f"{key}/var_median"] = np.median(v)
+    out[f"{key}/var_over_n_median"] = np.median(v / n)
+    out[f"{key}/snr_median"] = np.median(np.abs(m[sd > 0]) / sd[sd > 0])
+    out[f"{key}/frac_mean_dominated"] = np.mean(m**2 > v / n)
+    tot_dom, tot_coords = tot_dom + np.sum(m**2 > v / n), tot_coords + m.size
+    for p in (10, 50, 90):
+      out[f"{key}/norm_p{p}"] = np.percentile(np.sqrt(np.asarray(sqn, np.float64)), p)
+  out["stats/total/frac_mean_dominated"] = tot_dom / tot_coords
+  total_B = sum(np.asarray(x, np.float64) for x in norms)
+  for p in (10, 50, 90):
+    out[f"stats/total/norm_p{p}"] = np.percentile(np.sqrt(total_B), p)
+  B = total_B.size
+  P = total_B.mean()
+  gbar2 = sum(np.sum((np.asarray(s, np.float64) / n) ** 2) for s in jax.tree.leaves(stats.sum))
+  G2, S = (B * gbar2 - P) / (B - 1), (P - gbar2) / (1 - 1 / B)
+  out.update({"stats/total/gns_G2": G2, "stats/total/gns_S": S,
+              "stats/total/gns_b_simple": S / G2})
+  return out
+
+
+def test_layer_summaries_match_numpy():
+  name, B = "tied-rmsnorm-rope-bias", 8
+  _, stats = run_backend("vmap", None, name, B)
+  got = jax.jit(layer_summaries)(stats)
+  ref = numpy_summaries(stats)
+  assert set(got) == set(ref)
+  n_leaves = len(jax.tree.leaves(stats.sum))
+  assert len(got) == 8 * n_leaves + 7
+  for k in ref:
+    # fractions compare ḡ² with σ̂²/n: a coordinate at the float32 boundary may flip
+    tol = dict(atol=2 / 100) if "frac" in k else dict(rtol=2e-3)
+    np.testing.assert_allclose(float(got[k]), ref[k], err_msg=k, **tol)
+  # without "sq"/"norms" only the mean-based keys remain
+  _, mean_only = run_backend("auto", None, name, B, ("mean",))
+  assert set(layer_summaries(mean_only)) == {k for k in ref if k.endswith("mean_sq_median")}
+
+
+def test_noise_scale_recovers_known_values():
+  """B_simple on synthetic per-example 'gradients' g_b = G + noise with known |G|², tr Σ."""
+  rng = np.random.default_rng(0)
+  B, D, sigma = 4000, 6, 0.5
+  G = np.array([1.0, -2.0, 0.5, 0.0, 0.0, 1.5])
+  g = G + sigma * rng.standard_normal((B, D))
+  out = ps.summaries.noise_scale(jnp.asarray((g**2).sum(1)), {"w": jnp.asarray(g.mean(0))})
+  np.testing.assert_allclose(float(out["stats/total/gns_G2"]), (G**2).sum(), rtol=0.05)
+  np.testing.assert_allclose(float(out["stats/total/gns_S"]), D * sigma**2, rtol=0.05)
+
+
+# --- invalid requests ----------------------------------------------------------------
+INVALID = [
+    (dict(want=("mean", "kurtosis")), "unknown statistic"),
+    (dict(want="sq", granularity="token", backend="vmap"), "backend='surgery'"),
+    (dict(want="sq", granularity="token", backend="loop"), "backend='surgery'"),
+    (dict(granularity="sentence"), "unknown granularity"),
+    (dict(want=("sq", "norms"), granularity="token"), "only at granularity='example'"),
+    (dict(backend="pmap"), "unknown backend"),
+    (dict(want="sq", backend="vmap", microbatch_size=3), "positive divisor of the batch size"),
+    (dict(want="sq", backend="vmap", microbatch_size=0), "positive divisor"),
+    (dict(want="sq", backend="surgery", per_example_clip=1.0), "backend='vmap'"),
+    (dict(per_example_clip=-1.0), "must be a positive norm"),
+    (dict(want="sq", granularity="token", per_example_clip=1.0), "granularity='example'"),
+]
+
+
+@pytest.mark.parametrize("kwargs,match", INVALID)
+def test_invalid_requests(kwargs, match):
+  params, loss_fn, batch = setup("untied-layernorm-learned", 8)
+  with pytest.raises(ValueError, match=match):
+    ps.compute(loss_fn, params, batch, **kwargs)
+
+
+def test_invalid_inputs():
+  params, loss_fn, batch = setup("untied-layernorm-learned", 3)
+  with pytest.raises(ValueError, match="per-example losses of shape"):
+    ps.compute(lambda p, b: loss_fn(p, b).mean(), params, batch, want="sq", backend="vmap")
+  bad = dict(batch, targets=batch["targets"][:2])
+  with pytest.raises(ValueError, match="same leading"):
+    ps.compute(loss_fn, params, bad)
+  if not ps.surgery_available():
+    with pytest.raises(ValueError, match="backend='vmap'"):
+      ps.compute(loss_fn, params, batch, want="sq", backend="surgery")
+  with pytest.raises(ValueError, match="without 'sq'"):
+    _ = ps.GradStats(count=jnp.float32(3), sum=params).variance
+
+
+def test_auto_backend_rule():
+  assert ps.resolve_backend(("mean",)) == "value_and_grad"
+  assert ps.resolve_backend(("mean",), per_example_clip=1.0) == "vmap"
+  assert ps.resolve_backend(("sq",), per_example_clip=1.0) == "vmap"
+  assert ps.resolve_backend(("sq", "sign")) == "vmap"  # measured fastest on CPU
+  assert ps.resolve_backend(("norms",)) == "vmap"
+  if ps.surgery_available():
+    assert ps.resolve_backend(("sq",), granularity="token") == "surgery"
+
+
+# --- configs and benchmark -----------------------------------------------------------
+def test_stats_configs_merge_into_schema():
+  folder = os.path.join(ROOT, "configs", "stats")
+  names = sorted(f for f in os.listdir(folder) if f.endswith(".yaml"))
+  assert names
+  for f in names:
+    cfg = OmegaConf.merge(OmegaConf.structured(StatsConfig),
+                          OmegaConf.load(os.path.join(folder, f)))
+    ps.resolve_backend(tuple(cfg.want) or ("mean",), cfg.granularity.value,
+                       "vmap" if cfg.backend.value == "surgery" and not ps.surgery_available()
+                       else cfg.backend.value)
+
+
+@pytest.mark.slow
+def test_bench_stats_quick_smoke(tmp_path):
+  out = tmp_path / "bench.json"
+  proc = subprocess.run(
+      [sys.executable, os.path.join(ROOT, "scripts", "bench_stats.py"), "--quick",
+       "--out", str(out)], capture_output=True, text=True, timeout=300, cwd=ROOT)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  doc = json.loads(out.read_text())
+  rows = doc["rows"]
+  assert {r["backend"] for r in rows} >= {"value_and_grad", "vmap", "micro_grad"}
+  for r in rows:
+    assert r["time_s"] > 0 and r["flops"] > 0 and r["time_ratio"] > 0
+    assert r["mem_bytes"] > 0 and r["mem_ratio"] > 0
