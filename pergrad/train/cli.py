@@ -1,0 +1,77 @@
+"""Command-line entry: `python scripts/train.py [overrides]` (= `pergrad-train`).
+
+    python scripts/train.py model=tiny train.steps=200 optimizer.lr=3e-3 logging.wandb.mode=disabled
+    python scripts/train.py -m optimizer.lr=1e-3,3e-3 data.batch_size=16,32
+
+Hydra composes `configs/config.yaml` against the typed schema of `pergrad.config`, so a
+typo'd key, a wrong type or an unknown option stops here with Hydra's message naming
+the key (or the valid options), before JAX is even imported. The run writes to
+`train.out_dir` (default: Hydra's run directory, `outputs/<date>/<time>`, or
+`multirun/<date>/<time>/<overrides>` for a sweep point). Re-running the same command
+on the same directory resumes it; a completed run is skipped.
+
+Errors of the run itself (a bad setting found at start-up, a missing dataset, a
+non-finite loss) print one line `error: ...` and exit with status 1; set
+HYDRA_FULL_ERROR=1 for the traceback. In a multirun a failed point does not stop the
+others: Hydra reports the failure after the last point.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig
+
+from pergrad import config as pconfig
+
+pconfig.register()
+
+# The repository's configs/ (absolute: Hydra would read a relative path as a python
+# package, since this module is imported as `pergrad.train.cli`).
+CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "configs")
+
+
+def _hydra_info() -> dict:
+  hc = HydraConfig.get()
+  return {
+      "choices": {k: v for k, v in hc.runtime.choices.items() if not k.startswith("hydra/")},
+      "overrides": list(hc.overrides.task),
+      "override_dirname": hc.job.override_dirname,
+      "output_dir": hc.runtime.output_dir,
+  }
+
+
+@hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
+def _main(cfg: DictConfig) -> float | None:
+  from pergrad.train.loop import NonFiniteLossError, run
+
+  hc = HydraConfig.get()
+  hydra_dir = Path(hc.runtime.output_dir)
+  out_dir = Path(cfg.train.out_dir) if cfg.train.out_dir else hydra_dir
+  if out_dir.resolve() != hydra_dir.resolve() and (hydra_dir / ".hydra").exists():
+    shutil.copytree(hydra_dir / ".hydra", out_dir / ".hydra", dirs_exist_ok=True)
+  try:
+    summary = run(cfg, out_dir, hydra_info=_hydra_info())
+  except (ValueError, NonFiniteLossError) as e:  # incl. pergrad.data.DataError
+    if os.environ.get("HYDRA_FULL_ERROR") == "1":
+      raise
+    print(f"error: {e}", file=sys.stderr, flush=True)
+    if hc.mode == RunMode.MULTIRUN:
+      raise  # Hydra runs the other points, then reports this one
+    sys.exit(1)
+  return summary.get("final_eval_loss")
+
+
+def main() -> None:
+  """Console-script entry point (`pergrad-train`)."""
+  _main()
+
+
+if __name__ == "__main__":
+  main()
