@@ -70,7 +70,7 @@ def _per_example_reference(loss_fn, params, batch):
   """Per-example gradients stacked on a leading axis (Python loop)."""
   grad = _jitted_grad(loss_fn)
   B = batch["inputs"].shape[0]
-  gs = [grad(params, jax.tree.map(lambda a: a[b:b + 1], batch)) for b in range(B)]
+  gs = [grad(params, jax.tree.map(lambda a, b=b: a[b:b + 1], batch)) for b in range(B)]
   return jax.tree.map(lambda *g: jnp.stack(g), *gs)
 
 
@@ -107,7 +107,7 @@ def _per_token_reference(model, params, batch):
   deltas, xs = jax.grad(objective, has_aux=True)(eps)
   masks_NxBxT = jnp.eye(B * T).reshape(B * T, B, T)
   per_token = {}
-  for (path, mod, method, shared, _), x, d in zip(calls, xs, deltas):
+  for (path, mod, method, shared, _), x, d in zip(calls, xs, deltas, strict=True):
     sub = params
     for k in path:
       sub = sub[k]
@@ -137,7 +137,7 @@ def _check(stats, samples, want, batch_grad):
   scale = max(float(np.abs(g).max()) for g in jax.tree.leaves(samples))
   check = functools.partial(np.testing.assert_allclose, rtol=1e-4)
   for kp, g in jax.tree_util.tree_flatten_with_path(samples)[0]:
-    get = lambda tree: functools.reduce(lambda t, k: t[k.key], kp, tree)
+    get = lambda tree, kp=kp: functools.reduce(lambda t, k: t[k.key], kp, tree)
     name = jax.tree_util.keystr(kp)
     check(get(stats.mean), get(batch_grad), atol=1e-6 * scale, err_msg=f"mean {name}")
     check(get(stats.mean), g.mean(0), atol=1e-6 * scale, err_msg=f"sample mean {name}")
@@ -256,8 +256,10 @@ _, loss_fn, params, batch = ts._setup("tied-rms-rope", 8)
 for want, gran in [(ts.ALL, "example"), (("mean", "sq", "sign"), "token")]:
   f = jax.jit(lambda p, b: ts.surgery_stats(loss_fn, p, b, want=want, granularity=gran))
   ref = f(params, batch)
-  out = f(params, jax.device_put(batch, NamedSharding(Mesh(np.array(jax.devices()), ("data",)), P("data"))))
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6 * abs(b).max()), out, ref)
+  sharding = NamedSharding(Mesh(np.array(jax.devices()), ("data",)), P("data"))
+  out = f(params, jax.device_put(batch, sharding))
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6 * abs(b).max()),
+               out, ref)
 print("ok")
 """
 

@@ -108,7 +108,7 @@ def _struct(x, lead=None):
 
 
 def _example_axis(s1, s2, b1, b2):
-  diff = [i for i, (u, v) in enumerate(zip(s1, s2)) if u != v]
+  diff = [i for i, (u, v) in enumerate(zip(s1, s2, strict=True)) if u != v]
   if not diff:
     return None
   if len(diff) != 1 or (s1[diff[0]], s2[diff[0]]) != (b1, b2):
@@ -128,7 +128,7 @@ def _plan(loss_fn, params, batch, B: int, flat_params: dict) -> list[_Site]:
     if t not in _KIND:
       name = t.__name__ if t else "a module never called"
       raise _unsupported(f"cannot handle {name} at '{'/'.join(owner)}', which owns parameters")
-  calls = [(c1, c2) for c1, c2 in zip(log1, log2) if c1["path"] in owners]
+  calls = [(c1, c2) for c1, c2 in zip(log1, log2, strict=True) if c1["path"] in owners]
   by_path: dict[tuple, list[str]] = {}
   for c1, _ in calls:
     by_path.setdefault(c1["path"], []).append(c1["method"])
@@ -324,7 +324,7 @@ def surgery_stats(loss_fn, params, batch, *, want: tuple[str, ...], granularity:
 
   path_leaves, treedef = jax.tree_util.tree_flatten_with_path(params)
   keys = [tuple(str(getattr(k, "key", k)) for k in kp) for kp, _ in path_leaves]
-  flat_params = dict(zip(keys, (v for _, v in path_leaves)))
+  flat_params = dict(zip(keys, (v for _, v in path_leaves), strict=True))
   sites = _plan(loss_fn, params, batch, B, flat_params)
   rows = {s.rows for s in sites}
   if token and len(rows) > 1:
@@ -347,7 +347,8 @@ def surgery_stats(loss_fn, params, batch, *, want: tuple[str, ...], granularity:
         return next_fun(*args, **kwargs)
       site = sites[state["i"]]
       state["i"] += 1
-      if (site.path, site.kind == "attend") != (tuple(ctx.module.path), ctx.method_name == "attend"):
+      here = (tuple(ctx.module.path), ctx.method_name == "attend")
+      if (site.path, site.kind == "attend") != here:
         raise RuntimeError(f"surgery: call order changed at {ctx.module.path}")
       x = args[0] if args else next(iter(kwargs.values()))
       y = next_fun(*args, **kwargs)
