@@ -260,3 +260,19 @@ def test_wandb_failure_only_warns(tmp_path, tiny_overrides, monkeypatch, capsys)
   assert summary["status"] == "completed"
   err = capsys.readouterr().err
   assert err.count("[warning] W&B init failed (RuntimeError: no network)") == 1
+
+
+def test_throughput_benchmark_prints_json():
+  """scripts/bench_throughput.py measures the trainer's own step and prints one JSON object."""
+  from conftest import TINY
+  proc = subprocess.run(
+      [sys.executable, str(REPO / "scripts" / "bench_throughput.py"), "--steps", "2",
+       "--warmup", "1", *TINY, "optimizer=adam_family", "optimizer.variant=micro_adam"],
+      cwd=REPO, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  out = json.loads(proc.stdout)
+  assert out["tokens_per_s"] > 0 and out["step_s"] > 0
+  assert out["tokens_per_s"] == pytest.approx(out["batch_size"] * out["seq_len"] / out["step_s"],
+                                              rel=1e-3)
+  assert out["memory_analysis"]["peak_estimate_bytes"] > 0 and out["peak_rss_bytes"] > 0
+  assert out["stats_request"] == ["mean", "sq"]  # micro_adam asks for per-example squares
