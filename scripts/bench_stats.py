@@ -91,7 +91,6 @@ def variants(loss_fn, stat_sets, with_layout_first: bool):
   """[(backend, granularity, stat set name, fn(params, batch))]."""
   out = [("value_and_grad", "example", "mean",
           lambda p, b: ps.compute(loss_fn, p, b, want=("mean",)))]
-  surgery = ps.surgery_available()
   for name in stat_sets:
     want = STAT_SETS[name]
     out.append(("vmap", "example", name,
@@ -101,13 +100,12 @@ def variants(loss_fn, stat_sets, with_layout_first: bool):
                   lambda p, b, w=want: vmap_backend.vmap_stats(loss_fn, p, b, want=w,
                                                                layout="first")))
     out.append(("micro_grad", "example", name, micro_grad_fn(loss_fn, want)))
-    if surgery:
-      out.append(("surgery", "example", name,
-                  lambda p, b, w=want: ps.compute(loss_fn, p, b, want=w, backend="surgery")))
-      if "norms" not in want:
-        out.append(("surgery", "token", name,
-                    lambda p, b, w=want: ps.compute(loss_fn, p, b, want=w, backend="surgery",
-                                                    granularity="token")))
+    out.append(("surgery", "example", name,
+                lambda p, b, w=want: ps.compute(loss_fn, p, b, want=w, backend="surgery")))
+    if "norms" not in want:
+      out.append(("surgery", "token", name,
+                  lambda p, b, w=want: ps.compute(loss_fn, p, b, want=w, backend="surgery",
+                                                  granularity="token")))
   return out
 
 
@@ -211,7 +209,8 @@ def checks(rows: list[dict]) -> list[dict]:
 
 def table(rows: list[dict]) -> str:
   head = (f'{"preset":7} {"B":>3} {"backend":15} {"gran":8} {"stats":8} {"time_s":>8} '
-          f'{"t/vag":>6} {"flop/vag":>8} {"mem/vag":>7} {"mem-out":>7} {"t/micro":>7} {"rss_mb":>7}')
+          f'{"t/vag":>6} {"flop/vag":>8} {"mem/vag":>7} {"mem-out":>7} {"t/micro":>7} '
+          f'{"rss_mb":>7}')
   lines = [head, "-" * len(head)]
   for r in rows:
     tm = "" if r["time_vs_micro_grad"] is None else f'{r["time_vs_micro_grad"]:.2f}'
@@ -248,7 +247,6 @@ def main(argv=None) -> dict:
       backend=jax.default_backend(), devices=[str(d) for d in jax.devices()],
       machine=dict(platform=platform.platform(), cpus=os.cpu_count(),
                    loadavg_at_end=os.getloadavg()),
-      surgery_available=ps.surgery_available(),
       spec={k: dataclasses.asdict(v[0]) | {"T": v[1]} for k, v in PRESETS.items()},
       rows=rows, checks=checks(rows))
   print(json.dumps(doc))

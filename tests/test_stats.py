@@ -2,8 +2,7 @@
 
 References: per-example gradients from a Python loop of `jax.grad` (one example at a
 time) reduced in NumPy float64; `optax.microbatching.micro_grad`; `jax.grad` of the
-batch loss. The surgery backend joins the parity tests automatically once
-pergrad/stats/surgery.py exists.
+batch loss. Every backend (loop, vmap in both layouts, surgery) is checked against them.
 """
 
 from __future__ import annotations
@@ -122,7 +121,7 @@ def check_all(loss, stats, name, B, clip=None, what=""):
 # --- backends under test -------------------------------------------------------------
 def _cases():
   """(backend, microbatching, B); microbatching is trivial at B = 1."""
-  backends = ["loop", "vmap"] + (["surgery"] if ps.surgery_available() else [])
+  backends = ["loop", "vmap", "surgery"]
   cases = [(b, None, 1) for b in backends]
   for B in (3, 8):
     cases += [(b, None, B) for b in backends]
@@ -159,8 +158,7 @@ def test_mean_equals_grad_of_batch_loss(name):
   params, loss_fn, batch = setup(name, B)
   loss_ref, grad_ref = jax.jit(jax.value_and_grad(lambda p, b: loss_fn(p, b).mean()))(
       params, batch)
-  backends = [("auto", ("mean",)), ("vmap", ALL)]
-  backends += [("surgery", ALL)] if ps.surgery_available() else []
+  backends = [("auto", ("mean",)), ("vmap", ALL), ("surgery", ALL)]
   for backend, want in backends:
     loss, stats = run_backend(backend, None, name, B, want)
     np.testing.assert_allclose(float(loss), float(loss_ref), rtol=1e-6)
@@ -312,9 +310,6 @@ def test_invalid_inputs():
   bad = dict(batch, targets=batch["targets"][:2])
   with pytest.raises(ValueError, match="same leading"):
     ps.compute(loss_fn, params, bad)
-  if not ps.surgery_available():
-    with pytest.raises(ValueError, match="backend='vmap'"):
-      ps.compute(loss_fn, params, batch, want="sq", backend="surgery")
   with pytest.raises(ValueError, match="without 'sq'"):
     _ = ps.GradStats(count=jnp.float32(3), sum=params).variance
 
@@ -325,8 +320,7 @@ def test_auto_backend_rule():
   assert ps.resolve_backend(("sq",), per_example_clip=1.0) == "vmap"
   assert ps.resolve_backend(("sq", "sign")) == "vmap"  # measured fastest on CPU
   assert ps.resolve_backend(("norms",)) == "vmap"
-  if ps.surgery_available():
-    assert ps.resolve_backend(("sq",), granularity="token") == "surgery"
+  assert ps.resolve_backend(("sq",), granularity="token") == "surgery"
 
 
 # --- configs and benchmark -----------------------------------------------------------
@@ -338,8 +332,7 @@ def test_stats_configs_merge_into_schema():
     cfg = OmegaConf.merge(OmegaConf.structured(StatsConfig),
                           OmegaConf.load(os.path.join(folder, f)))
     ps.resolve_backend(tuple(cfg.want) or ("mean",), cfg.granularity.value,
-                       "vmap" if cfg.backend.value == "surgery" and not ps.surgery_available()
-                       else cfg.backend.value)
+                       cfg.backend.value)
 
 
 @pytest.mark.slow

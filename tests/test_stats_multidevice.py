@@ -30,10 +30,9 @@ replicated = jax.device_put(params, NamedSharding(mesh, P()))
 one = jax.devices()[0]
 cases = [dict(want=("mean",)), dict(want=("mean", "sq", "sign", "norms"), backend="vmap"),
          dict(want=("mean", "sq", "norms"), backend="vmap", microbatch_size=2),
-         dict(want=("mean", "sq"), backend="vmap", per_example_clip=0.5)]
-if ps.surgery_available():
-  cases += [dict(want=("mean", "sq", "sign", "norms"), backend="surgery"),
-            dict(want=("mean", "sq", "sign"), backend="surgery", granularity="token")]
+         dict(want=("mean", "sq"), backend="vmap", per_example_clip=0.5),
+         dict(want=("mean", "sq", "sign", "norms"), backend="surgery"),
+         dict(want=("mean", "sq", "sign"), backend="surgery", granularity="token")]
 out = []
 for kw in cases:
   fn = jax.jit(lambda p, b: ps.compute(loss_fn, p, b, **kw))

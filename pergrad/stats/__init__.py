@@ -13,11 +13,10 @@ from pergrad.stats.api import (
     compute,
     normalize_want,
     resolve_backend,
-    surgery_available,
 )
 from pergrad.stats.types import STATISTICS, GradStats
 
 __all__ = [
     "BACKENDS", "GRANULARITIES", "STATISTICS", "GradStats", "compute", "normalize_want",
-    "resolve_backend", "summaries", "surgery_available",
+    "resolve_backend", "summaries",
 ]

@@ -31,7 +31,6 @@ sums, so the statistics are those of the whole global batch.
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -46,18 +45,13 @@ LossFn = Callable[[PyTree, dict], jax.Array]
 
 BACKENDS = ("auto", "vmap", "surgery", "loop")
 GRANULARITIES = ("example", "token")
-# What each concrete backend can supply (surgery's is the agreed contract with
-# pergrad/stats/surgery.py; it raises its own error for a layer it cannot handle).
+# What each concrete backend can supply (surgery raises its own error, naming the layer,
+# for a model it cannot handle).
 _SUPPORTS = {
     "vmap": dict(granularity=("example",), clip=True),
     "loop": dict(granularity=("example",), clip=True),
     "surgery": dict(granularity=("example", "token"), clip=False),
 }
-
-
-def surgery_available() -> bool:
-  """Whether the surgery backend (pergrad/stats/surgery.py) is installed."""
-  return importlib.util.find_spec("pergrad.stats.surgery") is not None
 
 
 def normalize_want(want: str | Sequence[str]) -> tuple[str, ...]:
@@ -116,10 +110,6 @@ def resolve_backend(want: Sequence[str], granularity: str = "example", backend: 
     raise ValueError(
         f"per_example_clip is not supported by backend='{backend}' (its statistics are reduced "
         "before any per-example gradient exists); use backend='vmap' (or 'loop').")
-  if backend == "surgery" and not surgery_available():
-    raise ValueError(
-        "backend='surgery' is not available (pergrad/stats/surgery.py is missing); use "
-        "backend='vmap' for per-example statistics.")
   if want == ("mean",) and granularity == "example" and per_example_clip is None:
     return "value_and_grad"
   return backend

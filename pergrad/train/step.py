@@ -29,7 +29,7 @@ from jax.sharding import Mesh
 import pergrad.stats as pstats
 from pergrad.loss import make_loss_fn
 from pergrad.model import ModelSpec, Transformer
-from pergrad.optim import Optimizer, StatsRequest, diagnostics
+from pergrad.optim import Optimizer, diagnostics
 from pergrad.train import mesh as mesh_lib
 from pergrad.train.state import TrainState, make_init_fn
 
@@ -135,8 +135,3 @@ class Steps:
     return jax.device_put(
         {k: batch[k] for k in ("inputs", "targets")}, self.batch_sharding)
 
-
-def check_request(request: StatsRequest, backend: str) -> str:
-  """The backend the train step will use (ValueError, one line, if none can)."""
-  return pstats.resolve_backend(request.want, request.granularity, backend,
-                                request.per_example_clip)
