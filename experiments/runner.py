@@ -163,6 +163,39 @@ def _run_info(out_dir, name, preset, sweep_dir, log, wall, command, launcher) ->
   return info
 
 
+def describe_setup(mod, preset: str) -> str:
+  """The settings of an experiment at `preset`, as Markdown, from its own definitions."""
+  if not hasattr(mod, "sweep"):
+    args = " ".join(getattr(mod, "BENCH_ARGS", {}).get(preset, []))
+    return f"`python scripts/bench_stats.py {args}` (no training runs)."
+  sw = mod.sweep(preset)
+  cfg = common.REPO / "configs" / "experiment" / f"{mod.NAME}.yaml"
+  lines = []
+  if cfg.exists():
+    body = [ln for ln in cfg.read_text().splitlines() if ln.strip() and not ln.startswith("#")]
+    lines += [f"Experiment config `configs/experiment/{mod.NAME}.yaml`:", "", "```yaml",
+              *body, "```", ""]
+  lines.append("Every run (preset `" + preset + "`): "
+               + ", ".join(f"`{k}={common.fmt(v)}`" for k, v in sw.base.items()
+                           if k != "experiment") + ".")
+  lines.append("")
+  for i, bl in enumerate(sw.blocks):
+    grid = "; ".join(f"`{k}` ∈ {{{', '.join(common.fmt(v) for v in vals)}}}"
+                     for k, vals in bl.grid.items())
+    fixed = (" with " + ", ".join(f"`{k}={common.fmt(v)}`" for k, v in bl.fixed.items())
+             if bl.fixed else "")
+    lines.append(f"- grid {i + 1}: {grid}{fixed}")
+  ls = sw.lr_search
+  if ls:
+    lines += ["", f"Learning-rate search per ({', '.join(f'`{k}`' for k in ls.group_keys)}): "
+              f"a grid whose best value lies at an edge is extended by a factor {ls.factor:g} "
+              f"past that edge, up to {ls.max_extend} times"
+              + (f"; then `{ls.seed_key}` ∈ {{{', '.join(map(str, ls.seeds))}}} is added at "
+                 "each group's best learning rate (chosen on the first seed)." if ls.seeds
+                 else ".")]
+  return "\n".join(lines)
+
+
 def write_readme(mod, out_dir: Path, report: dict, info: dict) -> None:
   figs = sorted(p.name for p in out_dir.glob("*.png"))
   csvs = sorted(p.name for p in out_dir.glob("*.csv"))
@@ -180,7 +213,7 @@ def write_readme(mod, out_dir: Path, report: dict, info: dict) -> None:
       "",
       "## Setup",
       "",
-      report.get("setup_md", getattr(mod, "SETUP", "")),
+      report.get("setup_md") or describe_setup(mod, info["preset"]),
       "",
       "## Figures",
       "",

@@ -40,7 +40,7 @@ def sweep(preset: str) -> common.Sweep:
       common.Block({"optimizer.placement": ["batch", "ema"], "optimizer.lr": late,
                     "train.seed": [0]}),
   )
-  return common.Sweep(base, blocks, common.LrSearch(GROUP, max_extend=2, seeds=(1,)),
+  return common.Sweep(base, blocks, common.LrSearch(GROUP, max_extend=3, seeds=(1,)),
                       wall_estimate_min=25 if preset == "cpu" else None)
 
 
