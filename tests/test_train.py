@@ -206,6 +206,21 @@ def test_bad_sizes_are_one_line_errors_before_compute(tmp_path, tiny_overrides):
   assert not (tmp_path / "checkpoints").exists()
 
 
+@pytest.mark.parametrize("extra,match", [
+    (("optimizer=sign", "optimizer.placement=token", "stats.backend=vmap"),
+     r"granularity='token' is not supported by backend='vmap'.*backend='surgery'"),
+    (("optimizer=adam_family", "optimizer.variant=micro_adam", "stats.backend=surgery",
+      "optimizer.per_example_clip=1.0"), r"per_example_clip is not supported by backend='surgery'"),
+    (("optimizer=sign", "optimizer.b1=1.0"), r"optimizer.b1=1.0 is outside \[0, 1\)"),
+    (("optimizer=adam_family", "optimizer.eps=-1"), r"optimizer.eps=-1.0 .* must be >= 0"),
+])
+def test_optimizer_and_backend_mismatch_fails_before_compute(tmp_path, tiny_overrides, extra,
+                                                              match):
+  with pytest.raises(ValueError, match=match):
+    _train(tmp_path, tiny_overrides, extra)
+  assert not (tmp_path / "checkpoints").exists() and not (tmp_path / "metrics.jsonl").exists()
+
+
 def test_multirun_2x2_grid(tmp_path, tiny_overrides):
   sweep = tmp_path / "sweep"
   fixed = [o for o in tiny_overrides if not o.startswith("data.batch_size=")]
