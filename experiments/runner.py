@@ -22,7 +22,8 @@ import pandas as pd
 
 from experiments import common
 
-EXPERIMENTS = ("overhead", "sign_placement", "preconditioner", "batch_scaling", "snr", "moments")
+EXPERIMENTS = ("overhead", "sign_placement", "preconditioner", "msq_eps", "batch_scaling", "snr",
+               "moments")
 
 
 def load(name: str):
@@ -245,7 +246,7 @@ CLAIMS = (
     ("2. Sign placement: the later the sign, the better (SignEMA wins), following the SNR",
      ("sign_placement", "snr")),
     ("3. Adam's preconditioner is best when dominated by the mean squared μ², not σ²",
-     ("preconditioner", "moments")),
+     ("preconditioner", "msq_eps", "moments")),
     ("4. sqrt(B) learning-rate scaling collapses loss-vs-examples curves for small/medium B",
      ("batch_scaling",)),
 )
