@@ -17,6 +17,11 @@ with m̂ = m/(1-β1^t), v̂ = v/(1-β2^t), and the second-moment statistic s:
 Since ḡ² = μ̂² + σ̂²/B and q = ḡ² + (B-1)/B·σ̂² = μ̂² + σ̂² hold exactly for the sample
 statistics, the named variants are mix(1, 1/B), mix(1, 1), mix(0, 1) and mix(1, 0).
 
+micro_adam_msq (and mix with b = 0) has s = 0 on every coordinate whose batch mean is
+noise-dominated (ḡ² ≤ σ̂²/B), where the update is then m̂/ε: ε is its floor. With
+Adam's ε = 1e-8 it diverges within a few steps at any learning rate; ε = 1e-4 trains
+as well as Adam on the cpu preset (results/msq_eps).
+
 "MicroAdam" here is the per-example Adam of Roulet & Agarwala (arXiv 2510.00236), equal
 to the Micro-Adam of optax's `examples/aggregate.ipynb` and to the batch-size-invariant
 Adam of Wang & Aitchison (2024, arXiv 2402.18824). It is NOT IST-DASLab's MicroAdam
