@@ -502,27 +502,33 @@ def plot_u_curves(ax, fin: pd.DataFrame, group_keys, lr_key: str, labeler=label,
                   metric: str = "final_eval_loss"):
   """Final loss vs learning rate per group (mean over seeds, error bar = std).
 
-  Diverged runs are drawn as crosses at the top of the axis.
+  Diverged runs are drawn as crosses at the top of the axis; runs that finished far above
+  the best (more than `window` nats) as triangles there, so they do not squash the rest.
   """
+  window = 3.0
   finite = fin[np.isfinite(fin[metric])]
   top = finite[metric].max() if not finite.empty else 1.0
   lo = finite[metric].min() if not finite.empty else 0.0
+  top = min(top, lo + window)
   cap = top + 0.1 * (top - lo + 1e-9)
   for gvals, g in fin.groupby(list(group_keys), sort=False, dropna=False):
     gvals = gvals if isinstance(gvals, tuple) else (gvals,)
     agg = g.groupby(lr_key)[metric].agg(
         mean=lambda s: s.mean(), std=lambda s: s[np.isfinite(s)].std()).sort_index()
+    high = np.isfinite(agg["mean"]) & (agg["mean"] > top)
+    agg.loc[high, "mean"] = np.nan  # drawn as a triangle at the top, not on the curve
     ok = np.isfinite(agg["mean"])
     line, = ax.plot(agg.index[ok], agg["mean"][ok], "o-",
                     label=labeler(dict(zip(group_keys, gvals, strict=False))))
     if ok.any():
       ax.errorbar(agg.index[ok], agg["mean"][ok], yerr=agg["std"][ok].fillna(0), fmt="none",
                   ecolor=line.get_color(), capsize=2)
-    if (~ok).any():
-      ax.plot(agg.index[~ok], [cap] * int((~ok).sum()), "x", color=line.get_color(), ms=8)
+    for mask, marker in ((~ok & ~high, "x"), (high, "^")):
+      if mask.any():
+        ax.plot(agg.index[mask], [cap] * int(mask.sum()), marker, color=line.get_color(), ms=8)
   ax.set_xscale("log")
   ax.set_xlabel(lr_key)
-  ax.set_ylabel(metric.replace("_", " ") + " (x = diverged)")
+  ax.set_ylabel(metric.replace("_", " ") + f" (x diverged, ^ > best + {window:g})")
   ax.grid(alpha=0.3)
 
 

@@ -118,5 +118,5 @@ def report(out_dir: Path) -> dict:
       "finding": finding,
       "claim_row": " < ".join(f"{k} {common.fmt_num(loss[k])}" for k in ranking)
       + " (final eval loss at best lr)",
-      "numbers_md": common.md_table(num.rename(columns=lambda c: c.split(".")[-1])),
+      "numbers_md": common.md_table(num.rename(columns=lambda c: c.removeprefix("optimizer."))),
   }
