@@ -139,8 +139,8 @@ def counted_flops(fn, params, batch) -> float:
   """FLOPs of `fn`, with its scans unrolled: XLA's cost analysis counts a loop body once
   (the surgery backend chunks per-token statistics with lax.scan), so the FLOPs of the
   compiled step itself would be undercounted. Time and memory come from the real step."""
-  with surgery_math.unrolled_scans():
-    return flops_of(jax.jit(fn).lower(params, batch).compile())
+  with surgery_math.unrolled_scans():  # a new function object: jit must trace it anew
+    return flops_of(jax.jit(lambda p, b: fn(p, b)).lower(params, batch).compile())
 
 
 def bench_group(preset: str, B: int, args) -> list[dict]:
