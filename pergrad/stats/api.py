@@ -71,12 +71,14 @@ def resolve_backend(want: Sequence[str], granularity: str = "example", backend: 
                     per_example_clip: float | None = None) -> str:
   """The backend that `compute` will run: "value_and_grad", "vmap", "surgery" or "loop".
 
-  Rule for "auto" (from results/bench_stats/README.md, measured on XLA:CPU):
+  Rule for "auto" (from results/overhead, `scripts/reproduce.py overhead --preset cpu`,
+  measured on XLA:CPU):
     - "mean" only, example granularity, no clipping -> "value_and_grad";
     - token granularity -> "surgery" (the only backend with per-token statistics);
-    - example granularity -> "vmap": on the tiny and medium presets it was faster than
-      surgery for every statistic set (sq+sign, norms, all), at equal or lower XLA
-      FLOPs and memory. Re-measure on an accelerator before changing this.
+    - example granularity -> "vmap": on the tiny and medium presets it took 0.90-1.15x
+      the time of value_and_grad for sq+sign and for all statistics, where surgery took
+      1.38-1.47x; for norms alone the two tie (0.95-1.06x vs 0.99-1.01x). Re-measure on
+      an accelerator before changing this.
   Raises ValueError for an invalid request, naming the backend that supports it.
   """
   want = normalize_want(want)
