@@ -298,9 +298,11 @@ def write_index(results_root: Path) -> Path:
       "|---|---|---|---|",
       *times,
       "",
-      "Regenerate everything: `python scripts/reproduce.py all --preset cpu` (resumable: "
-      "finished runs are skipped). Redraw the figures from the CSVs: "
-      "`notebooks/figures.ipynb`.",
+      "Wall times are those of the launches that made the committed results, often with "
+      "other jobs sharing the 2 cores (preconditioner and batch_scaling ran with "
+      "`--launcher joblib --n-jobs 2`). Regenerate everything: `python scripts/reproduce.py "
+      "all --preset cpu` (resumable: finished runs are skipped; about 2.5 hours). Redraw the "
+      "figures from the CSVs: `notebooks/figures.ipynb`.",
       "",
   ])
   path = results_root / "README.md"
