@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -10,6 +11,10 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("WANDB_MODE", "disabled")
+# The corrupt-checkpoint tests make Orbax's restore fail on purpose; the asyncio futures of
+# that failed read are garbage-collected later and would log "Future exception was never
+# retrieved" with a page-long tensorstore spec at interpreter exit.
+logging.getLogger("asyncio").setLevel(logging.CRITICAL)
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs"
