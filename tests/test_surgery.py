@@ -246,6 +246,27 @@ def test_chunked_per_token_outer_stats_match_one_shot():
     np.testing.assert_allclose(chunked[k], one[k], rtol=1e-5)
 
 
+
+def test_unrolled_scans_count_every_chunk_and_change_nothing():
+  """bench_stats counts FLOPs under unrolled_scans(): XLA's cost analysis counts a loop
+  body once, so the chunked statistics would look cheaper than they are."""
+  left = jax.random.normal(jax.random.PRNGKey(0), (2, 16, 8))
+  right = jax.random.normal(jax.random.PRNGKey(1), (2, 16, 12))
+  fn = lambda l, r: sm.outer_token_stats(l, r, ("sq", "sign"), max_elems=2 * 4 * 40)  # 4 chunks
+
+  def flops(f):
+    ca = jax.jit(f).lower(left, right).compile().cost_analysis()
+    return (ca[0] if isinstance(ca, (list, tuple)) else ca)["flops"]
+
+  rolled, out = flops(fn), jax.jit(fn)(left, right)
+  with sm.unrolled_scans():
+    g = lambda l, r: fn(l, r)  # a new function: traced again, now unrolled
+    unrolled, out_u = flops(g), jax.jit(g)(left, right)
+  assert unrolled > 3 * rolled  # 4 chunks of matmuls instead of 1 counted
+  for k in out:
+    np.testing.assert_allclose(out_u[k], out[k], rtol=1e-6)
+
+
 _SHARDED = """
 import jax, numpy as np, sys
 sys.path.insert(0, "tests")
