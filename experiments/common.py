@@ -36,6 +36,8 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 import pandas as pd
 
+from pergrad.train.metrics import read_records
+
 REPO = Path(__file__).resolve().parents[1]
 PRESETS = ("ci", "cpu", "paper")
 LAUNCHERS = ("basic", "joblib", "submitit")
@@ -292,27 +294,13 @@ def _quote(s: str) -> str:
 # --------------------------------------------------------------------------- reading runs
 
 
-def read_metrics(path: Path) -> list[dict]:
-  """Records of a metrics.jsonl; a torn last line (killed writer) is ignored."""
-  out = []
-  for line in Path(path).read_text().splitlines():
-    line = line.strip()
-    if not line:
-      continue
-    try:
-      out.append(json.loads(line))
-    except json.JSONDecodeError:
-      continue
-  return out
-
-
 def run_table(run_dir: Path) -> pd.DataFrame:
   """One run's metrics as rows per step: `train/<k>`, `eval/<k>`, and stats keys as-is.
 
   If a run was resumed, a step logged twice keeps its last value. A NaN loss is stored
   as inf, so that NaN keeps meaning "not logged at this step".
   """
-  recs = read_metrics(run_dir / METRICS)
+  recs = read_records(run_dir / METRICS)
   rows: dict[int, dict] = {}
   for r in recs:
     step = int(r.get("step", -1))

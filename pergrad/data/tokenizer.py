@@ -12,8 +12,6 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
-import numpy as np
-
 
 class ByteTokenizer:
   """Token = one UTF-8 byte (vocabulary 256, no special tokens); documents are
@@ -24,9 +22,6 @@ class ByteTokenizer:
 
   def encode(self, text: str) -> list[int]:
     return list(text.encode("utf-8"))
-
-  def encode_np(self, text: str) -> np.ndarray:
-    return np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
 
   def decode(self, ids) -> str:
     return bytes(int(i) for i in ids).decode("utf-8", errors="replace")
@@ -49,9 +44,6 @@ class SentencePieceTokenizer:
 
   def encode(self, text: str) -> list[int]:
     return self._sp.encode(text)
-
-  def encode_np(self, text: str) -> np.ndarray:
-    return np.asarray(self._sp.encode(text), dtype=np.int32)
 
   def decode(self, ids) -> str:
     return self._sp.decode([int(i) for i in ids])
