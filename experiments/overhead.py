@@ -124,7 +124,7 @@ def _config_label(df: pd.DataFrame) -> pd.Series:
 
 def figures(out_dir: Path) -> list[Path]:
   df = pd.read_csv(Path(out_dir) / "overhead.csv")
-  ratios = [c for c in (_col(df, "time_ratio"), _col(df, "mem_ratio", "memory_ratio"),
+  ratios = [c for c in (_col(df, "time_ratio"), _col(df, "peak_ratio", "mem_ratio"),
                         _col(df, "flops_ratio")) if c]
   pyplot = common.plt()
   fig, axes = pyplot.subplots(1, max(len(ratios), 1), figsize=(5 * max(len(ratios), 1), 5),
@@ -141,11 +141,36 @@ def figures(out_dir: Path) -> list[Path]:
   return [common.savefig(fig, Path(out_dir) / "overhead.png")]
 
 
+_MEMORY = {
+    "peak_ratio": "memory = XLA's peak of simultaneously live buffers",
+    "mem_ratio_wo_outputs": "memory = XLA's temp + argument + output bytes, without the "
+                            "statistics' own outputs",
+    "mem_ratio": "memory = XLA's temp + argument + output bytes",
+}
+
+
+def checks_md(out_dir: Path) -> str:
+  """The benchmark's "done when" checks as a markdown table ('' if it wrote none)."""
+  path = Path(out_dir) / "bench.json"
+  doc = json.loads(path.read_text()) if path.exists() else {}
+  rows = doc.get("checks") or []
+  if not rows:
+    return ""
+  df = pd.DataFrame(rows)
+  if "gating" in df:
+    df["result"] = [("OK" if ok else "FAIL") if g else ("(within)" if ok else "(over)")
+                    for ok, g in zip(df["ok"], df["gating"], strict=True)]
+  else:
+    df["result"] = ["OK" if ok else "FAIL" for ok in df["ok"]]
+  return ("Checks (parenthesised rows are shown beside a check, not checks):\n\n"
+          + common.md_table(df[["check", "where", "value", "result"]]) + "\n\n")
+
+
 def report(out_dir: Path) -> dict:
   df = pd.read_csv(Path(out_dir) / "overhead.csv")
-  # Memory without the statistics' own result trees (one params-sized tree per statistic,
-  # which any method must return) when the benchmark reports it.
-  t, m = _col(df, "time_ratio"), _col(df, "mem_ratio_wo_outputs", "mem_ratio", "memory_ratio")
+  # Memory: XLA's live peak when the benchmark reports it; else the footprint without the
+  # statistics' own result trees (one params-sized tree per statistic).
+  t, m = _col(df, "time_ratio"), _col(df, "peak_ratio", "mem_ratio_wo_outputs", "mem_ratio")
   f = _col(df, "flops_ratio")
   if t is None or "backend" not in df:
     return {"verdict": "not measured", "finding": "the benchmark JSON has no time ratios.",
@@ -169,8 +194,7 @@ def report(out_dir: Path) -> dict:
   verdict = ("reproduced" if cheap and viable else "partly reproduced" if cheap or viable
              else "not reproduced")
   finding = "; ".join(lines) + (
-      " (ratios to a plain value_and_grad step in the same process; memory = XLA's temp + "
-      "argument + output bytes" + (", without the statistics' own outputs" if m and
-                                   "wo_outputs" in m else "") + ").")
+      " (ratios to a plain value_and_grad step in the same process; "
+      + _MEMORY.get(m.rsplit(".", 1)[-1] if m else "", "memory not measured") + ").")
   return {"verdict": verdict, "finding": finding, "claim_row": finding,
-          "numbers_md": common.md_table(df)}
+          "numbers_md": checks_md(out_dir) + common.md_table(df)}

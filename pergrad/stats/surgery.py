@@ -214,6 +214,9 @@ def _tap(y, res: dict, probes: dict, stats_fn: Callable, carrier_shapes=()):
 
   def bwd(res, cts):
     dy, dcarriers = cts
+    z = sm.zero_after(dy)  # what reads res waits for dy (see sm.zero_after)
+    res = jax.tree.map(
+        lambda r: r + z.astype(r.dtype) if jnp.issubdtype(r.dtype, jnp.inexact) else r, res)
     probe_cts, res_cts = stats_fn(res, dy, dcarriers)
     res_cts = {k: res_cts[k] if k in res_cts else jax.tree.map(_zero_ct, v)
                for k, v in res.items()}
@@ -269,9 +272,11 @@ def _stats_fn(site: _Site, B: int, token: bool, want, scale: float, shapes: dict
     elif site.kind == "lookup":
       ids = _lead(res["x"], site.in_axis, B).reshape(B, -1)
       d = _rows(dy, site.out_axis, B) * scale
-      if token:
-        u = dcarriers[0].reshape(d.shape) if site.tied else jnp.zeros_like(d)
+      if token and site.tied:
+        u = dcarriers[0].reshape(d.shape)
         st = sm.tied_token_lookup_stats(ids.reshape(-1), flat(d), flat(u), site.num_rows, want)
+      elif token:
+        st = sm.lookup_token_stats(ids.reshape(-1), flat(d), site.num_rows, want)
       elif site.tied:
         st = sm.tied_example_stats(ids, d, dcarriers[0], dcarriers[1], want)
       else:

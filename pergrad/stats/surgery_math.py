@@ -39,6 +39,22 @@ def unrolled_scans():
     _SCAN_UNROLL[0] = 1
 
 
+def zero_after(x):
+  """A float32 zero computed from x: a data dependence that keeps XLA from scheduling
+  what uses it before x exists (its value is 0 whatever x holds, NaN and inf included).
+
+  XLA:CPU drops `lax.optimization_barrier`, and its scheduler otherwise computes
+  anything that reads only forward values (φ of an activation, a zero accumulator)
+  early in the backward pass, while every activation is still live: +10-20% peak.
+  """
+  return jnp.isfinite(x.reshape(-1)[0]).astype(jnp.float32) * 0.0
+
+
+def zeros_after(x, shape):
+  """zeros(shape, float32) that XLA cannot allocate and fill before x exists."""
+  return jnp.full(shape, zero_after(x), jnp.float32)
+
+
 def _phis(want):
   return [k for k in ("sq", "sign") if k in want]
 
@@ -56,18 +72,26 @@ def outer_token_stats(left_BxRxP, right_BxRxQ, want, scale: float = 1.0,
                       max_elems: int = 1 << 20):
   """Σ_{b,r} φ(s·l_br r_brᵀ) = φ(s)·φ(L)ᵀ φ(R)  (P×Q), one matmul per φ.
 
-  φ(L), φ(R) are formed over chunks of the token axis (lax.scan) so that at most
-  ~max_elems of them live at once: no per-token tensor beyond an activation slice.
+  φ(L), φ(R) are formed over chunks of the token axis (lax.scan), one φ after the
+  other, so that at most ~max_elems of them live at once: no per-token tensor beyond
+  an activation slice.
   """
   phis = _phis(want)
   if not phis:
     return {}
   B, R, P = left_BxRxP.shape
   Q = right_BxRxQ.shape[-1]
-  C = _row_chunks(B, R, len(phis) * (P + Q), max_elems)
+  C = _row_chunks(B, R, P + Q, max_elems)
 
   def chunk_stats(l_BxRcxP, r_BxRcxQ):
-    return {k: jnp.einsum("brp,brq->pq", _PHI[k](l_BxRcxP), _PHI[k](r_BxRcxQ)) for k in phis}
+    out = {}
+    for k in phis:  # one φ at a time: the next one waits for this one's matmul
+      if out:
+        z = zero_after(out[prev])
+        l_BxRcxP, r_BxRcxQ = l_BxRcxP + z, r_BxRcxQ + z
+      out[k] = jnp.einsum("brp,brq->pq", _PHI[k](l_BxRcxP), _PHI[k](r_BxRcxQ))
+      prev = k
+    return out
 
   if C == 1:
     out = chunk_stats(left_BxRxP, right_BxRxQ)
@@ -79,7 +103,7 @@ def outer_token_stats(left_BxRxP, right_BxRxQ, want, scale: float = 1.0,
       st = chunk_stats(sl(left_BxRxP), sl(right_BxRxQ))
       return {k: acc[k] + st[k] for k in phis}, None
 
-    acc0 = {k: jnp.zeros((P, Q), jnp.float32) for k in phis}
+    acc0 = {k: zeros_after(right_BxRxQ, (P, Q)) for k in phis}
     out, _ = jax.lax.scan(step, acc0, jnp.arange(C), unroll=_SCAN_UNROLL[0])
   if "sq" in out:
     out["sq"] = out["sq"] * (scale * scale)
@@ -133,7 +157,7 @@ def rowsum_example_stats(v_BxRxP, want):
 def lookup_token_stats(ids_N, rows_NxD, num_rows: int, want):
   """Token n adds rows_n to table row ids_n: Σ_n φ(·) = scatter-add of φ(rows_n)."""
   D = rows_NxD.shape[-1]
-  return {k: jnp.zeros((num_rows, D), jnp.float32).at[ids_N].add(_PHI[k](rows_NxD))
+  return {k: zeros_after(rows_NxD, (num_rows, D)).at[ids_N].add(_PHI[k](rows_NxD))
           for k in _phis(want)}
 
 
@@ -185,7 +209,7 @@ def tied_token_lookup_stats(ids_N, din_NxD, u_NxD, num_rows: int, want):
   `outer_token_stats`) only on row id_n, by φ(din_n + u_n) - φ(u_n).
   """
   D = din_NxD.shape[-1]
-  return {k: jnp.zeros((num_rows, D), jnp.float32).at[ids_N].add(
+  return {k: zeros_after(din_NxD, (num_rows, D)).at[ids_N].add(
       _PHI[k](din_NxD + u_NxD) - _PHI[k](u_NxD)) for k in _phis(want)}
 
 
@@ -204,7 +228,7 @@ def tied_example_stats(ids_BxR, din_BxRxD, dout_BxSxV, x_BxSxD, want):
       g_VxD = (dout_SxV.T @ x_SxD).at[ids_R].add(din_RxD)
       acc = {k: acc[k] + _PHI[k](g_VxD) for k in phis}
       return acc, jnp.square(g_VxD).sum()
-    acc0 = {k: jnp.zeros((V, D), jnp.float32) for k in phis}
+    acc0 = {k: zeros_after(din_BxRxD, (V, D)) for k in phis}
     out, norms_B = jax.lax.scan(step, acc0, (ids_BxR, din_BxRxD, dout_BxSxV, x_BxSxD),
                                 unroll=_SCAN_UNROLL[0])
     if "norms" in want:
