@@ -214,11 +214,16 @@ def _tap(y, res: dict, probes: dict, stats_fn: Callable, carrier_shapes=()):
 
   def bwd(res, cts):
     dy, dcarriers = cts
-    z = sm.zero_after(dy)  # what reads res waits for dy (see sm.zero_after)
+    # Scheduling (see sm.zero_after): what reads the forward residuals waits for dy, and
+    # the layer input's cotangent (a zero added to it) waits for this layer's
+    # statistics, so the backward pass computes them layer by layer, when they are due,
+    # instead of early (while every activation is live) or all at once.
+    z = sm.zero_after(dy)
     res = jax.tree.map(
         lambda r: r + z.astype(r.dtype) if jnp.issubdtype(r.dtype, jnp.inexact) else r, res)
     probe_cts, res_cts = stats_fn(res, dy, dcarriers)
-    res_cts = {k: res_cts[k] if k in res_cts else jax.tree.map(_zero_ct, v)
+    done = sum(sm.zero_after(v) for v in jax.tree.leaves(probe_cts))
+    res_cts = {k: res_cts[k] if k in res_cts else jax.tree.map(lambda a: _zero_ct(a, done), v)
                for k, v in res.items()}
     return dy, res_cts, probe_cts
 
@@ -226,9 +231,10 @@ def _tap(y, res: dict, probes: dict, stats_fn: Callable, carrier_shapes=()):
   return f(y, res, probes)
 
 
-def _zero_ct(x):
+def _zero_ct(x, zero=0.0):
+  """A zero cotangent for x (float0 for integer x); `zero` may be a traced 0."""
   if jnp.issubdtype(x.dtype, jnp.inexact):
-    return jnp.zeros_like(x)
+    return jnp.full_like(x, zero)
   return np.zeros(x.shape, jax.dtypes.float0)
 
 
@@ -265,8 +271,8 @@ def _stats_fn(site: _Site, B: int, token: bool, want, scale: float, shapes: dict
       put(outer(a, d), "kernel")
       put(rowsum(flat(d * scale), want), "bias")
     elif site.kind == "norm":
-      x = _rows(res["x"], site.in_axis, B)
       d = _rows(dy, site.out_axis, B) * scale
+      x = _rows(res["x"], site.in_axis, B)
       put(rowsum(flat(d * _normalized(x, *site.norm)), want), "scale")
       put(rowsum(flat(d), want), "bias")
     elif site.kind == "lookup":

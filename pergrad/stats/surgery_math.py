@@ -46,6 +46,7 @@ def zero_after(x):
   XLA:CPU drops `lax.optimization_barrier`, and its scheduler otherwise computes
   anything that reads only forward values (φ of an activation, a zero accumulator)
   early in the backward pass, while every activation is still live: +10-20% peak.
+  The addition `x + zero_after(y)` fuses into x's consumer: no copy of x.
   """
   return jnp.isfinite(x.reshape(-1)[0]).astype(jnp.float32) * 0.0
 
@@ -85,8 +86,8 @@ def outer_token_stats(left_BxRxP, right_BxRxQ, want, scale: float = 1.0,
 
   def chunk_stats(l_BxRcxP, r_BxRcxQ):
     out = {}
-    for k in phis:  # one φ at a time: the next one waits for this one's matmul
-      if out:
+    for k in phis:  # each φ waits for the previous one's matmul (see zero_after), so
+      if out:       # one pair φ(L), φ(R) lives at a time
         z = zero_after(out[prev])
         l_BxRcxP, r_BxRcxQ = l_BxRcxP + z, r_BxRcxQ + z
       out[k] = jnp.einsum("brp,brq->pq", _PHI[k](l_BxRcxP), _PHI[k](r_BxRcxQ))
