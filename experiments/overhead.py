@@ -60,6 +60,23 @@ def parse_json_output(text: str):
   raise ValueError("scripts/bench_stats.py printed no JSON; run it by hand to see why.")
 
 
+SETUP_MD = """`python scripts/bench_stats.py --presets tiny,medium` (no training runs): each
+variant is compiled once and timed side by side with a plain `jax.value_and_grad` step of
+the same model and batch (median of 5 interleaved runs). Memory columns:
+
+- `peak_bytes`: XLA's peak of simultaneously live buffers (arguments, temporaries,
+  outputs) over the compiled step's schedule, from its buffer-liveness analysis: what
+  the step's buffers need at once; `peak_ratio` is the figure checked.
+- `mem_bytes`: temp + argument + output bytes of `memory_analysis()`, what XLA:CPU
+  actually reserves (output buffers sit beside the temp arena for the whole step), so
+  each statistic's params-sized result tree counts as if it were live at the
+  activations' peak.
+  `mem_ratio_wo_outputs` is the same without the statistics' own result trees.
+- `flops`: XLA's cost analysis; for surgery, of the step traced with unrolled scans
+  (XLA counts a loop body once).
+"""
+
+
 def launch(preset: str, sweep_dir: Path, *, dry_run: bool = False, echo=print):
   """Runs the benchmark once (skipped when its JSON already exists in the sweep dir)."""
   log = common.LaunchLog()
@@ -197,4 +214,4 @@ def report(out_dir: Path) -> dict:
       " (ratios to a plain value_and_grad step in the same process; "
       + _MEMORY.get(m.rsplit(".", 1)[-1] if m else "", "memory not measured") + ").")
   return {"verdict": verdict, "finding": finding, "claim_row": finding,
-          "numbers_md": checks_md(out_dir) + common.md_table(df)}
+          "numbers_md": checks_md(out_dir) + common.md_table(df), "setup_md": SETUP_MD}

@@ -9,13 +9,13 @@ a warm-up). Reported per variant, each also as a ratio to the plain
              traced with unrolled scans (XLA counts a loop body once, not per trip)
   peak_bytes XLA's peak of simultaneously live buffers (arguments, temporaries and
              outputs) over the compiled step's schedule, from the buffer-liveness
-             analysis XLA writes with its dumps (`*-live-range.txt`): the memory the
-             step needs. `memory_analysis().peak_memory_in_bytes` would be the API for
-             it, but on XLA:CPU it holds only argument + output bytes.
+             analysis XLA writes with its dumps (`*-live-range.txt`): what the step's
+             buffers need at once. (`memory_analysis().peak_memory_in_bytes` would be
+             the API for it, but on XLA:CPU it holds only argument + output bytes.)
   mem_bytes  `compiled.memory_analysis()`: temp + argument + output bytes, what XLA:CPU
-             allocates (outputs are buffers of their own, beside the temp arena), so an
-             upper bound on the peak: it counts the result trees as if they were live
-             at the activations' peak, although they are written after it
+             actually reserves (output buffers sit beside the temp arena for the whole
+             step), so the result trees count as if they were live at the
+             activations' peak, although they are written after it
              (mem_ratio_wo_outputs: the same with the baseline's outputs, i.e. without
              the statistics' own params-sized result trees)
   rss_mb     process resident memory after the variant's warm-up (process-wide, so

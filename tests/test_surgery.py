@@ -252,7 +252,8 @@ def test_unrolled_scans_count_every_chunk_and_change_nothing():
   body once, so the chunked statistics would look cheaper than they are."""
   left = jax.random.normal(jax.random.PRNGKey(0), (2, 16, 8))
   right = jax.random.normal(jax.random.PRNGKey(1), (2, 16, 12))
-  fn = lambda l, r: sm.outer_token_stats(l, r, ("sq", "sign"), max_elems=2 * 4 * 40)  # 4 chunks
+  fn = lambda l, r: sm.outer_token_stats(  # B·(R/4)·(P+Q): 4 chunks
+      l, r, ("sq", "sign"), max_elems=2 * 4 * 20)
 
   def flops(f):
     ca = jax.jit(f).lower(left, right).compile().cost_analysis()
