@@ -154,7 +154,11 @@ def _run_info(out_dir, name, preset, sweep_dir, log, wall, command, launcher) ->
       "n_runs_completed": n_done,
       "runs_compute_s": round(compute_s, 1),
       "last_invocation_wall_s": round(wall, 1),
-      "launch_wall_s_total": round(prev.get("launch_wall_s_total", 0.0) + log.wall_s, 1),
+      # Summed over the invocations that built this sweep; one that launched every run
+      # itself (none skipped) starts the sum afresh.
+      "launch_wall_s_total": round(
+          (0.0 if log.launched and not log.skipped else prev.get("launch_wall_s_total", 0.0))
+          + log.wall_s, 1),
       "last_invocation_skipped": len(log.skipped),
       "last_invocation_launched": len(log.launched),
       "last_invocation_failed": log.failed,
