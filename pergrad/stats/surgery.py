@@ -271,8 +271,8 @@ def _stats_fn(site: _Site, B: int, token: bool, want, scale: float, shapes: dict
       put(outer(a, d), "kernel")
       put(rowsum(flat(d * scale), want), "bias")
     elif site.kind == "norm":
-      d = _rows(dy, site.out_axis, B) * scale
       x = _rows(res["x"], site.in_axis, B)
+      d = _rows(dy, site.out_axis, B) * scale
       put(rowsum(flat(d * _normalized(x, *site.norm)), want), "scale")
       put(rowsum(flat(d), want), "bias")
     elif site.kind == "lookup":
