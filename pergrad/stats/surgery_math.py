@@ -43,9 +43,9 @@ def zero_after(x):
   """A float32 zero computed from x: a data dependence that keeps XLA from scheduling
   what uses it before x exists (its value is 0 whatever x holds, NaN and inf included).
 
-  XLA:CPU drops `lax.optimization_barrier`, and its scheduler otherwise computes
-  anything that reads only forward values (φ of an activation, a zero accumulator)
-  early in the backward pass, while every activation is still live (+10-19% peak
+  XLA:CPU's scheduler (unmoved by `lax.optimization_barrier`, tried) otherwise
+  computes anything that reads only forward values (φ of an activation, a zero
+  accumulator) early in the backward pass, while every activation is still live (+10-19% peak
   memory for per-token statistics on the benchmark models; +2% with it). The addition
   `x + zero_after(y)` fuses into x's consumer: no copy of x. With y sharded over
   devices, reading its first element may cost one scalar collective per use.
