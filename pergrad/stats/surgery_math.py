@@ -45,10 +45,10 @@ def zero_after(x):
 
   XLA:CPU's scheduler (unmoved by `lax.optimization_barrier`, tried) otherwise
   computes anything that reads only forward values (φ of an activation, a zero
-  accumulator) early in the backward pass, while every activation is still live (+10-19% peak
-  memory for per-token statistics on the benchmark models; +2% with it). The addition
-  `x + zero_after(y)` fuses into x's consumer: no copy of x. With y sharded over
-  devices, reading its first element may cost one scalar collective per use.
+  accumulator) early in the backward pass, while every activation is still live:
+  +10-19% peak memory for per-token statistics on the benchmark models, +2% with it.
+  The addition `x + zero_after(y)` fuses into x's consumer: no copy of x. With y
+  sharded over devices, reading its first element may cost one scalar collective.
   """
   return jnp.isfinite(x.reshape(-1)[0]).astype(jnp.float32) * 0.0
 
