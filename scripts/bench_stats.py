@@ -8,10 +8,8 @@ a warm-up). Reported per variant, each also as a ratio to the plain
   flops      XLA's `compiled.cost_analysis()["flops"]`; for surgery, of the same step
              traced with unrolled scans (XLA counts a loop body once, not per trip)
   peak_bytes XLA's peak of simultaneously live buffers (arguments, temporaries and
-             outputs) over the compiled step's schedule, from the buffer-liveness
-             analysis XLA writes with its dumps (`*-live-range.txt`): what the step's
-             buffers need at once. (`memory_analysis().peak_memory_in_bytes` would be
-             the API for it, but on XLA:CPU it holds only argument + output bytes.)
+             outputs) over the compiled step's schedule (`pergrad.xla_costs`): what
+             the step's buffers need at once
   mem_bytes  `compiled.memory_analysis()`: temp + argument + output bytes, what XLA:CPU
              actually reserves (output buffers sit beside the temp arena for the whole
              step), so the result trees count as if they were live at the
@@ -34,13 +32,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import glob
 import json
 import os
 import platform
-import re
 import sys
-import tempfile
 import time
 
 import jax
@@ -55,6 +50,7 @@ from pergrad.loss import make_loss_fn  # noqa: E402
 from pergrad.model import ModelSpec, Transformer, count_params, init_params  # noqa: E402
 from pergrad.stats import surgery_math  # noqa: E402
 from pergrad.stats import vmap as vmap_backend  # noqa: E402
+from pergrad.xla_costs import compile_with_peak, flops_of, memory_of  # noqa: E402
 
 PRESETS = {
     "micro": (ModelSpec(n_layers=1, d_model=32, n_heads=2, d_ff=64, vocab_size=64, seq_len=16),
@@ -129,37 +125,6 @@ def rss_mb() -> float:
   except OSError:
     pass
   return float("nan")
-
-
-def flops_of(compiled) -> float:
-  ca = compiled.cost_analysis()
-  if isinstance(ca, (list, tuple)):
-    ca = ca[0]
-  return float(ca.get("flops", float("nan")))
-
-
-def memory_of(compiled) -> dict:
-  """XLA's memory analysis: mem_bytes = temp + argument + output bytes."""
-  ma = compiled.memory_analysis()
-  out = dict(temp_bytes=int(ma.temp_size_in_bytes), out_bytes=int(ma.output_size_in_bytes))
-  out["mem_bytes"] = out["temp_bytes"] + int(ma.argument_size_in_bytes) + out["out_bytes"]
-  return out
-
-
-_PEAK_RE = re.compile(r"Stack trace breakdown for peak usage: ([\d ]+) bytes")
-
-
-def compile_with_peak(lowered):
-  """(compiled, peak_bytes): compiles once with an XLA dump, from which peak_bytes is
-  read (None if this XLA version writes no parsable live-range report)."""
-  with tempfile.TemporaryDirectory() as d:
-    compiled = lowered.compile(compiler_options={"xla_dump_to": d})
-    reports = glob.glob(os.path.join(d, "*after_optimizations-live-range.txt"))
-    if len(reports) != 1:
-      return compiled, None
-    with open(reports[0]) as f:
-      m = _PEAK_RE.search(f.read())
-  return compiled, (int(m.group(1).replace(" ", "")) if m else None)
 
 
 def counted_flops(fn, params, batch) -> float:

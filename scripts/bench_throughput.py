@@ -11,9 +11,10 @@ measures the step alone: the same `pergrad.train.step.Steps` the trainer uses (s
 shardings over all local devices, same donation), `--warmup` untimed steps after an
 ahead-of-time compile, then `--steps` timed steps, the device synchronised at both ends.
 
-Memory: XLA's `compiled.memory_analysis()` of the train step (arguments, outputs,
-temporaries, generated code; `peak_estimate_bytes` = argument + output + temp - alias),
-the process's peak RSS, and on GPU/TPU the device allocator's `peak_bytes_in_use`.
+Memory (`pergrad.xla_costs`): XLA's peak of simultaneously live buffers of the train
+step (`peak_bytes`) and its footprint `mem_bytes` = argument + output + temp - alias
+bytes of `memory_analysis()`; the process's peak RSS; on GPU/TPU the device allocator's
+`peak_bytes_in_use`.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ def main(argv=None) -> dict:
   from pergrad.train.loop import validate
   from pergrad.train.mesh import make_mesh
   from pergrad.train.step import Steps
+  from pergrad.xla_costs import compile_with_peak, memory_of
 
   mesh = make_mesh()
   spec = validate(cfg, mesh.devices.size)
@@ -69,18 +71,9 @@ def main(argv=None) -> dict:
 
   state = steps.init(jnp.int32(0))
   t0 = time.perf_counter()
-  compiled = steps.train.lower(state, batch).compile()
-  compile_s = time.perf_counter() - t0
-  mem = compiled.memory_analysis()
-  mem_d = {}
-  if mem is not None:
-    for k in ("argument_size_in_bytes", "output_size_in_bytes", "temp_size_in_bytes",
-              "alias_size_in_bytes", "generated_code_size_in_bytes"):
-      mem_d[k] = int(getattr(mem, k, 0) or 0)
-    mem_d["peak_estimate_bytes"] = (mem_d["argument_size_in_bytes"]
-                                    + mem_d["output_size_in_bytes"]
-                                    + mem_d["temp_size_in_bytes"]
-                                    - mem_d["alias_size_in_bytes"])
+  compiled, peak_bytes = compile_with_peak(steps.train.lower(state, batch))
+  compile_s = time.perf_counter() - t0  # includes writing the XLA dump the peak is read from
+  mem_d = memory_of(compiled) | {"peak_bytes": peak_bytes}
 
   for _ in range(args.warmup):
     state, m = compiled(state, batch)
@@ -105,7 +98,7 @@ def main(argv=None) -> dict:
       "devices": f"{mesh.devices.size}x {dev.platform} ({dev.device_kind})",
       "compile_s": round(compile_s, 3),
       "timed_steps": args.steps,
-      "step_s": round(dt / args.steps, 5),
+      "step_s": float(f"{dt / args.steps:.6g}"),  # 6 significant digits, not decimals
       "tokens_per_s": round(args.steps * B * T / dt, 1),
       "examples_per_s": round(args.steps * B / dt, 2),
       "final_loss": float(m["loss"]),

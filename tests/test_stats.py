@@ -27,6 +27,7 @@ from pergrad.model import ModelSpec, Transformer, init_params
 from pergrad.stats import loop as loop_backend
 from pergrad.stats import vmap as vmap_backend
 from pergrad.stats.summaries import layer_summaries, leaf_name
+from pergrad import xla_costs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ALL = ("mean", "sq", "sign", "norms")
@@ -350,15 +351,6 @@ def test_bench_stats_quick_smoke(tmp_path):
     assert r["mem_bytes"] > 0 and r["mem_ratio"] > 0 and r["peak_bytes"] > 0
 
 
-def _bench_stats():
-  sys.path.insert(0, os.path.join(ROOT, "scripts"))
-  try:
-    import bench_stats
-  finally:
-    sys.path.pop(0)
-  return bench_stats
-
-
 @pytest.mark.parametrize("tied", [False, True])
 def test_surgery_per_token_peak_memory(tied):
   """XLA's peak of live buffers for per-token sq+sign stays within 1.1x of the plain step.
@@ -368,7 +360,6 @@ def test_surgery_per_token_peak_memory(tied):
   XLA computes φ(activations) and the zero accumulators early in the backward pass,
   while every activation is live (1.19x on this model).
   """
-  bench = _bench_stats()
   spec = ModelSpec(n_layers=2, d_model=64, n_heads=4, d_ff=256, vocab_size=256, seq_len=64,
                    tie_embeddings=tied)
   params = init_params(spec, jax.random.key(0))
@@ -380,7 +371,7 @@ def test_surgery_per_token_peak_memory(tied):
                    ("token", dict(want=("mean", "sq", "sign"), backend="surgery",
                                   granularity="token"))]:
     fn = jax.jit(lambda p, b, kw=kw: ps.compute(loss_fn, p, b, **kw))
-    _, peak[name] = bench.compile_with_peak(fn.lower(params, batch))
+    _, peak[name] = xla_costs.compile_with_peak(fn.lower(params, batch))
   if peak["vag"] is None:
     pytest.skip("this XLA version writes no live-range report")
   assert peak["token"] <= 1.1 * peak["vag"], (peak, peak["token"] / peak["vag"])

@@ -289,5 +289,6 @@ def test_throughput_benchmark_prints_json():
   assert out["tokens_per_s"] > 0 and out["step_s"] > 0
   assert out["tokens_per_s"] == pytest.approx(out["batch_size"] * out["seq_len"] / out["step_s"],
                                               rel=1e-3)
-  assert out["memory_analysis"]["peak_estimate_bytes"] > 0 and out["peak_rss_bytes"] > 0
+  mem = out["memory_analysis"]
+  assert mem["mem_bytes"] > 0 and mem["peak_bytes"] > 0 and out["peak_rss_bytes"] > 0
   assert out["stats_request"] == ["mean", "sq"]  # micro_adam asks for per-example squares
