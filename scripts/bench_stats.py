@@ -10,7 +10,7 @@ a warm-up). Reported per variant, each also as a ratio to the plain
   peak_bytes XLA's peak of simultaneously live buffers (arguments, temporaries and
              outputs) over the compiled step's schedule (`pergrad.xla_costs`): what
              the step's buffers need at once
-  mem_bytes  `compiled.memory_analysis()`: temp + argument + output bytes, what XLA:CPU
+  mem_bytes  `compiled.memory_analysis()`: temp + argument + output (- alias) bytes, what XLA:CPU
              actually reserves (output buffers sit beside the temp arena for the whole
              step), so the result trees count as if they were live at the
              activations' peak, although they are written after it
