@@ -114,8 +114,11 @@ def outer_token_stats(left_BxRxP, right_BxRxQ, want, scale: float = 1.0,
 
 
 def ghost_norm_is_cheaper(R: int, P: int, Q: int) -> bool:
-  """FLOPs of ⟨L Lᵀ, R Rᵀ⟩ (2R²(P+Q) + R²) vs materialising Lᵀ R (2RPQ + PQ)."""
-  return 2 * R * R * (P + Q) + R * R < 2 * R * P * Q + P * Q
+  """⟨L Lᵀ, R Rᵀ⟩ (2R²(P+Q) + R² FLOPs, two R×R Grams per example) vs materialising
+  Lᵀ R (2RPQ + PQ FLOPs, P×Q per example): fewer FLOPs, or at most 25% more FLOPs
+  and a smaller temporary (an output layer with a large vocabulary, say)."""
+  ghost, dense = 2 * R * R * (P + Q) + R * R, 2 * R * P * Q + P * Q
+  return ghost < dense or (ghost <= 1.25 * dense and 2 * R * R < P * Q)
 
 
 def outer_example_stats(left_BxRxP, right_BxRxQ, want, scale: float = 1.0):
@@ -178,8 +181,9 @@ def combine_repeated_ids(ids_BxR, rows_BxRxD):
   new_BxR = jnp.concatenate(
       [jnp.ones((B, 1), bool), sids_BxR[:, 1:] != sids_BxR[:, :-1]], axis=1)
   seg_N = (jnp.cumsum(new_BxR, axis=1) - 1 + R * jnp.arange(B)[:, None]).reshape(-1)
-  slots_NxD = jax.ops.segment_sum(
-      srows_BxRxD.reshape(B * R, -1), seg_N, num_segments=B * R, indices_are_sorted=True)
+  srows_NxD = srows_BxRxD.reshape(B * R, -1)
+  slots_NxD = zeros_after(srows_NxD, srows_NxD.shape).at[seg_N].add(  # a segment-sum
+      srows_NxD, indices_are_sorted=True)
   slot_ids_N = jnp.zeros((B * R,), ids_BxR.dtype).at[seg_N].set(sids_BxR.reshape(-1))
   return slot_ids_N, slots_NxD
 
