@@ -75,9 +75,9 @@ def resolve_backend(want: Sequence[str], granularity: str = "example", backend: 
   measured on XLA:CPU):
     - "mean" only, example granularity, no clipping -> "value_and_grad";
     - token granularity -> "surgery" (the only backend with per-token statistics);
-    - example granularity -> "vmap": on the tiny and medium presets it took 0.93-1.11x
+    - example granularity -> "vmap": on the tiny and medium presets it took 0.95-1.13x
       the time of value_and_grad for sq+sign and for all statistics, where surgery took
-      1.41-1.52x; for norms alone the two tie (0.95-1.04x vs 0.98-1.06x). Re-measure on
+      1.43-1.48x; for norms alone the two tie (0.95-1.06x vs 0.99-1.07x). Re-measure on
       an accelerator before changing this.
   Raises ValueError for an invalid request, naming the backend that supports it.
   """
