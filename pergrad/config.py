@@ -4,8 +4,11 @@ Every YAML file under `configs/` is merged into these dataclasses, so a typo in 
 key or a value of the wrong type fails at start-up with a message naming the key
 (and, for the enum-valued fields, the valid choices), before anything is compiled.
 
-The library itself never reads a config object deep inside: the entry point
-(`pergrad.train.cli`) turns the config into plain arguments once.
+Only the entry points and the plan builder (`pergrad.plan`) import this module: the
+plan builder turns the composed config into plain, validated objects once, and the
+library takes those. The optimizer and schedule schemas live with their code
+(`pergrad.optim.configs`, `pergrad.optim.schedule`): one dataclass per optimizer,
+each checked against `configs/optimizer/<name>.yaml` through `<name>_schema`.
 """
 
 from __future__ import annotations
@@ -16,6 +19,10 @@ from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
+
+from pergrad.optim import configs as optim_configs
+from pergrad.optim.configs import OptimizerConfig
+from pergrad.optim.schedule import ScheduleConfig
 
 
 class Norm(str, enum.Enum):
@@ -70,70 +77,6 @@ class DataConfig:
   batch_size: int = 32  # global batch (B), split across devices
   eval_batch_size: int = 32
   seed: int = 0  # data order; batch k is a pure function of (seed, k)
-
-
-class OptimizerName(str, enum.Enum):
-  sgd = "sgd"
-  momentum = "momentum"
-  adam = "adam"
-  adamw = "adamw"
-  sign = "sign"  # the sign-placement family (pergrad.optim.sign)
-  adam_family = "adam_family"  # Adam / MicroAdam / MicroAdamVar / MicroAdamMSQ / mix
-
-
-class Placement(str, enum.Enum):
-  example = "example"  # EMA(mean_i sign(g_i))
-  token = "token"  # EMA(mean_t sign(token contributions))
-  batch = "batch"  # EMA(sign(mean g))
-  ema = "ema"  # sign(EMA(mean g)) = SignEMA = optax.signum
-
-
-class AdamVariant(str, enum.Enum):
-  adam = "adam"
-  micro_adam = "micro_adam"
-  micro_adam_var = "micro_adam_var"
-  micro_adam_msq = "micro_adam_msq"
-  mix = "mix"
-
-
-class LrScaling(str, enum.Enum):
-  none = "none"
-  sqrt = "sqrt"
-  linear = "linear"
-
-
-@dataclasses.dataclass
-class OptimizerConfig:
-  """One schema for every optimizer; each family reads the fields it needs."""
-
-  name: OptimizerName = OptimizerName.adamw
-  lr: float = 3e-3  # peak learning rate at batch size `ref_batch_size`
-  b1: float = 0.9  # momentum / first-moment EMA decay (sign family: the EMA beta)
-  b2: float = 0.95
-  eps: float = 1e-8
-  eps_root: float = 0.0  # epsilon inside the square root
-  weight_decay: float = 0.0  # decoupled (AdamW-style); applied by every family
-  clip_norm: float | None = None  # global-norm clipping of the mean gradient
-  per_example_clip: float | None = None  # clip each g_i before statistics (adam_family)
-  placement: Placement = Placement.ema  # sign family
-  variant: AdamVariant = AdamVariant.adam  # adam_family
-  mix_a: float = 1.0  # variant=mix: s = mix_a * mu2_hat + mix_b * sigma2_hat
-  mix_b: float = 0.0
-  lr_scaling: LrScaling = LrScaling.none
-  ref_batch_size: int = 32  # B_ref of lr = lr * (B / B_ref) ** kappa
-  sde_scaling: bool = False  # with lr_scaling=sqrt, also scale 1-b and eps (Malladi et al.)
-
-
-class ScheduleName(str, enum.Enum):
-  cosine = "cosine"
-  constant = "constant"
-
-
-@dataclasses.dataclass
-class ScheduleConfig:
-  name: ScheduleName = ScheduleName.cosine
-  warmup_steps: int = 20
-  final_lr_frac: float = 0.1  # cosine decays to final_lr_frac * peak
 
 
 class WandbMode(str, enum.Enum):
@@ -215,7 +158,8 @@ def register() -> None:
   cs.store(name="pergrad_schema", node=Config)
   cs.store(group="model", name="schema", node=ModelConfig)
   cs.store(group="data", name="schema", node=DataConfig)
-  cs.store(group="optimizer", name="schema", node=OptimizerConfig)
+  for name, entry in optim_configs.REGISTRY.items():
+    cs.store(group="optimizer", name=f"{name}_schema", node=entry.config)
   cs.store(group="schedule", name="schema", node=ScheduleConfig)
   cs.store(group="logging", name="schema", node=LoggingConfig)
   cs.store(group="stats", name="schema", node=StatsConfig)

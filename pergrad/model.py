@@ -18,12 +18,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from pergrad.config import ModelConfig
-
 
 @dataclasses.dataclass(frozen=True)
 class ModelSpec:
-  """Plain, hashable model hyper-parameters (built from `ModelConfig`)."""
+  """Plain, hashable model hyper-parameters; checked on construction (ValueError)."""
 
   n_layers: int = 2
   d_model: int = 128
@@ -38,16 +36,7 @@ class ModelSpec:
   param_dtype: str = "float32"
   compute_dtype: str = "float32"
 
-  @classmethod
-  def from_config(cls, cfg: ModelConfig) -> "ModelSpec":
-    kw = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cls)}
-    kw["norm"] = getattr(kw["norm"], "value", kw["norm"])
-    kw["positions"] = getattr(kw["positions"], "value", kw["positions"])
-    spec = cls(**kw)
-    spec.validate()
-    return spec
-
-  def validate(self) -> None:
+  def __post_init__(self):
     if self.d_model % self.n_heads:
       raise ValueError(
           f"model.d_model={self.d_model} is not divisible by model.n_heads={self.n_heads}; "

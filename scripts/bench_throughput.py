@@ -4,17 +4,27 @@
     python scripts/bench_throughput.py model=tiny data.batch_size=32
     python scripts/bench_throughput.py model=small data.seq_len=256 --steps 20
     python scripts/bench_throughput.py optimizer=adam_family optimizer.variant=micro_adam
+    python scripts/bench_throughput.py --compare stats=example data.seq_len=64 --steps 200
 
-Arguments are Hydra overrides of configs/config.yaml (model, data sizes, optimizer,
-stats backend...). The batches are random tokens (no data preparation), so this
-measures the step alone: the same `pergrad.train.step.Steps` the trainer uses (same
-shardings over all local devices, same donation), `--warmup` untimed steps after an
-ahead-of-time compile, then `--steps` timed steps, the device synchronised at both ends.
+Arguments are Hydra overrides of configs/config.yaml. The default mode measures the
+step alone: the trainer's own `pergrad.train.step.Steps` (same shardings over all local
+devices, same donation, compiled ahead of time) on random tokens (no data
+preparation), `--warmup` untimed steps, then `--steps` timed steps, the device
+synchronised at both ends.
 
-Memory (`pergrad.xla_costs`): XLA's peak of simultaneously live buffers of the train
-step (`peak_bytes`) and its footprint `mem_bytes` = argument + output + temp - alias
-bytes of `memory_analysis()`; the process's peak RSS; on GPU/TPU the device allocator's
-`peak_bytes_in_use`.
+`--compare` measures, back to back in this process, at the same config:
+  bare        the plain train step as above;
+  loop        the full training loop (`pergrad.train.run`: real batches, metric pulls,
+              logging, progress) with statistics logging off, tokens/s as the loop
+              reports it (evaluation and checkpoints excluded);
+  loop_stats  the same loop with the statistics logging of the overrides (e.g.
+              `stats=example`: the logging variant of the step every stats.log_every);
+and prints the ratios loop/bare and loop_stats/loop. Each is the median of --reps.
+
+Memory (`pergrad.bench.xla_costs`): XLA's peak of simultaneously live buffers of the
+train step (`peak_bytes`) and its footprint `mem_bytes` = argument + output + temp -
+alias bytes of `memory_analysis()`; the process's peak RSS; on GPU/TPU the device
+allocator's `peak_bytes_in_use`.
 """
 
 from __future__ import annotations
@@ -23,7 +33,9 @@ import argparse
 import json
 import platform
 import resource
+import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -31,82 +43,105 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 
-def main(argv=None) -> dict:
-  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  p.add_argument("--steps", type=int, default=10, help="timed steps")
-  p.add_argument("--warmup", type=int, default=2, help="untimed steps after compiling")
-  args, overrides = p.parse_known_args(argv)
-
-  from hydra import compose, initialize_config_dir
-
-  from pergrad import config
-
-  config.register()
-  with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
-    cfg = compose(config_name="config", overrides=overrides)
-
+def bare_step(plan, steps: int, warmup: int) -> dict:
+  """Tokens/s of the compiled plain train step on random tokens."""
   import jax
   import jax.numpy as jnp
   import numpy as np
 
-  from pergrad.model import count_params
-  from pergrad.optim import build_optimizer
-  from pergrad.train.loop import validate
+  from pergrad.bench.xla_costs import compile_with_peak, memory_of
   from pergrad.train.mesh import make_mesh
   from pergrad.train.step import Steps
-  from pergrad.xla_costs import compile_with_peak, memory_of
 
   mesh = make_mesh()
-  spec = validate(cfg, mesh.devices.size)
-  B, T = cfg.data.batch_size, cfg.data.seq_len
-  opt = build_optimizer(cfg.optimizer, cfg.schedule, total_steps=args.warmup + args.steps,
-                        batch_size=B, track_snr=bool(cfg.stats.track_snr))
-  backend = getattr(cfg.stats.backend, "value", cfg.stats.backend)
-  steps = Steps(spec, opt, mesh, seq_len=T, backend=backend,
-                microbatch_size=cfg.stats.microbatch_size)
-  rng = np.random.default_rng(0)
-  tokens = rng.integers(0, spec.vocab_size, (B, T + 1), dtype=np.int32)
-  host_batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:]}
-  batch = steps.put_batch(host_batch)
-
-  state = steps.init(jnp.int32(0))
+  st = Steps(plan, mesh)
+  B, T = plan.data.batch_size, plan.data.seq_len
+  tokens = np.random.default_rng(0).integers(0, plan.model.vocab_size, (B, T + 1),
+                                             dtype=np.int32)
+  batch = st.put_batch({"inputs": tokens[:, :-1], "targets": tokens[:, 1:]})
+  state = st.init(jnp.int32(0))
   t0 = time.perf_counter()
-  compiled, peak_bytes = compile_with_peak(steps.train.lower(state, batch))
-  compile_s = time.perf_counter() - t0  # includes writing the XLA dump the peak is read from
-  mem_d = memory_of(compiled) | {"peak_bytes": peak_bytes}
-
-  for _ in range(args.warmup):
+  # The trainer's plain step, compiled once more to read XLA's buffer-liveness peak.
+  compiled, peak_bytes = compile_with_peak(st.train_jit.lower(state, batch))
+  compile_s = time.perf_counter() - t0
+  for _ in range(warmup):
     state, m = compiled(state, batch)
   jax.block_until_ready((state, m))
   t0 = time.perf_counter()
-  for _ in range(args.steps):
+  for _ in range(steps):
     state, m = compiled(state, batch)
   jax.block_until_ready((state, m))
   dt = time.perf_counter() - t0
+  return {"step_s": float(f"{dt / steps:.6g}"), "tokens_per_s": round(steps * B * T / dt, 1),
+          "examples_per_s": round(steps * B / dt, 2), "compile_s": round(compile_s, 3),
+          "final_loss": float(m["loss"]), "n_params": sum(x.size for x in
+                                                        jax.tree.leaves(state.params)),
+          "memory_analysis": memory_of(compiled) | {"peak_bytes": peak_bytes},
+          "devices": f"{mesh.devices.size}x {jax.devices()[0].platform} "
+                     f"({jax.devices()[0].device_kind})"}
 
+
+def loop_tokens_per_s(overrides: list[str], steps: int) -> float:
+  """Tokens/s of the full training loop, as the loop reports it."""
+  import jax
+
+  from pergrad.configure import build_plan, compose
+  from pergrad.train import run
+
+  with tempfile.TemporaryDirectory() as d:
+    cfg = compose([*overrides, f"train.steps={steps}", "train.eval_batches=0",
+                   "train.checkpoint_every=0", "logging.progress=false",
+                   "logging.wandb.mode=disabled"])
+    summary = run(build_plan(cfg, jax.device_count()), d, echo=lambda s: None)
+  return float(summary["tokens_per_s"])
+
+
+def main(argv=None) -> dict:
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("--steps", type=int, default=10, help="timed steps")
+  p.add_argument("--warmup", type=int, default=2, help="untimed steps after compiling")
+  p.add_argument("--compare", action="store_true",
+                 help="bare step vs full loop vs loop with statistics logging (ratios)")
+  p.add_argument("--reps", type=int, default=3, help="repetitions of each --compare variant")
+  args, overrides = p.parse_known_args(argv)
+
+  import jax
+
+  from pergrad.configure import build_plan, compose
+
+  plan = build_plan(compose(overrides), jax.device_count())
+  out = {
+      "model": plan.config["model"]["name"],
+      "optimizer": plan.config["optimizer"]["name"],
+      "stats_request": list(plan.stats.request.want),
+      "batch_size": plan.data.batch_size,
+      "seq_len": plan.data.seq_len,
+      **bare_step(plan, args.steps, args.warmup),
+  }
+  if args.compare:
+    no_log = [*overrides, "stats.log_every=0"]
+    rows = {"bare": [], "loop": [], "loop_stats": []}
+    for _ in range(args.reps):  # round-robin, so drifts of the machine hit all alike
+      rows["bare"].append(bare_step(plan, args.steps, args.warmup)["tokens_per_s"])
+      rows["loop"].append(loop_tokens_per_s(no_log, args.steps))
+      rows["loop_stats"].append(loop_tokens_per_s(overrides, args.steps))
+    med = {k: statistics.median(v) for k, v in rows.items()}
+    out["compare"] = {
+        "tokens_per_s": rows, "median_tokens_per_s": med,
+        "stats_log_every": plan.stats.log_every,
+        "stats_logged": list(plan.stats.log_request.want) if plan.stats.log_request else [],
+        "loop_over_bare": round(med["loop"] / med["bare"], 4),
+        "loop_stats_over_loop": round(med["loop_stats"] / med["loop"], 4),
+    }
+  maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
   dev = jax.devices()[0]
   dev_stats = dev.memory_stats() if hasattr(dev, "memory_stats") else None
-  maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-  rss_bytes = maxrss if platform.system() == "Darwin" else maxrss * 1024
-  out = {
-      "model": cfg.model.name,
-      "n_params": count_params(state.params),
-      "optimizer": getattr(cfg.optimizer.name, "value", cfg.optimizer.name),
-      "stats_request": list(opt.request.want),
-      "batch_size": B,
-      "seq_len": T,
-      "devices": f"{mesh.devices.size}x {dev.platform} ({dev.device_kind})",
-      "compile_s": round(compile_s, 3),
+  out.update({
       "timed_steps": args.steps,
-      "step_s": float(f"{dt / args.steps:.6g}"),  # 6 significant digits, not decimals
-      "tokens_per_s": round(args.steps * B * T / dt, 1),
-      "examples_per_s": round(args.steps * B / dt, 2),
-      "final_loss": float(m["loss"]),
-      "memory_analysis": mem_d,
-      "peak_rss_bytes": int(rss_bytes),
+      "peak_rss_bytes": int(maxrss if platform.system() == "Darwin" else maxrss * 1024),
       "device_peak_bytes_in_use": (dev_stats or {}).get("peak_bytes_in_use"),
       "overrides": overrides,
-  }
+  })
   print(json.dumps(out, indent=1))
   return out
 

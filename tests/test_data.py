@@ -13,22 +13,21 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from pergrad.config import DataConfig, Dataset, Tokenizer
-from pergrad.data import DataError, LMData, make_data
+from pergrad.data import DataError, DataSpec, LMData, make_data
 from pergrad.data.corpus import split_documents
 from tests.conftest import REPO, compose
 
 B, T, EB = 5, 24, 3  # batch, sequence length, eval batch: all different
 
 
-def _cfg(tfds_dir, **kw) -> DataConfig:
+def _cfg(tfds_dir, **kw) -> DataSpec:
   base = dict(tfds_dir=str(tfds_dir), seq_len=T, batch_size=B, eval_batch_size=EB)
-  return DataConfig(**{**base, **kw})
+  return DataSpec(**{**base, **kw})
 
 
 @pytest.fixture(scope="session")
-def bpe_cfg(tfds_dir) -> DataConfig:
-  return _cfg(tfds_dir, tokenizer=Tokenizer.bpe, vocab_size=1024)
+def bpe_cfg(tfds_dir) -> DataSpec:
+  return _cfg(tfds_dir, tokenizer="bpe", vocab_size=1024)
 
 
 @pytest.fixture(scope="session")
@@ -76,7 +75,7 @@ def test_shakespeare_splits_hold_out_whole_works(bpe_data, tfds_dir):
 
 
 def test_byte_tokenizer_round_trip(tfds_dir):
-  tok = make_data(_cfg(tfds_dir, tokenizer=Tokenizer.byte)).tokenizer
+  tok = make_data(_cfg(tfds_dir, tokenizer="byte")).tokenizer
   text = "Ay, there's the rub —\n\tÆther ünïcode 🎭 end "
   ids = tok.encode(text)
   assert ids == list(text.encode("utf-8")) and tok.decode(ids) == text
@@ -128,7 +127,7 @@ def test_train_batch_is_pure_function_of_seed_and_step(bpe_data, bpe_cfg):
 
 def test_txt_folder(tmp_path, tfds_dir):
   folder = _corpus(tmp_path)
-  cfg = _cfg(tfds_dir, name=Dataset.txt_folder, path=str(folder), tokenizer=Tokenizer.byte)
+  cfg = _cfg(tfds_dir, name="txt_folder", path=str(folder), tokenizer="byte")
   data = make_data(cfg)
   assert data.vocab_size == 256 and data.train_batch(0)["inputs"].shape == (B, T)
   assert "txt_folder" in data.describe() and str(folder) in data.describe()
@@ -138,7 +137,7 @@ def test_txt_folder(tmp_path, tfds_dir):
       str(p.relative_to(folder)) for p in folder.rglob("*.txt"))
   assert meta["validation"]["docs"] == 1 and meta["train"]["docs"] == 3
   # BPE on a tiny corpus: a smaller vocabulary than asked rather than a failure.
-  small = make_data(dataclasses.replace(cfg, tokenizer=Tokenizer.bpe, vocab_size=300))
+  small = make_data(dataclasses.replace(cfg, tokenizer="bpe", vocab_size=300))
   text = "word3 é1 second line\n"
   assert small.tokenizer.decode(small.tokenizer.encode(text)) == text
   assert small.vocab_size <= 300
@@ -147,9 +146,9 @@ def test_txt_folder(tmp_path, tfds_dir):
 def test_txt_folder_concurrent_prepare(tmp_path):
   """Two processes preparing the same corpus at once both succeed and agree."""
   folder, out = _corpus(tmp_path, n_files=3), tmp_path / "tfds"
-  code = ("import sys, numpy as np; from pergrad.config import DataConfig; "
+  code = ("import sys, numpy as np; from pergrad.data import DataSpec; "
           "from pergrad.data import make_data; "
-          f"d = make_data(DataConfig(name='txt_folder', path='{folder}', tfds_dir='{out}', "
+          f"d = make_data(DataSpec(name='txt_folder', path='{folder}', tfds_dir='{out}', "
           f"tokenizer='byte', seq_len={T}, batch_size={B})); "
           "np.save(sys.argv[1], d.train_batch(5)['inputs'])")
   procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path / f"b{i}.npy")],
@@ -173,7 +172,7 @@ def test_txt_folder_errors(tmp_path, n_files, path, match):
       (tmp_path / "corpus" / f"{i}.txt").write_text("text")
   full = None if path is None else str(tmp_path / path)
   with pytest.raises(DataError, match=match) as e:
-    make_data(_cfg(tmp_path / "tfds", name=Dataset.txt_folder, path=full))
+    make_data(_cfg(tmp_path / "tfds", name="txt_folder", path=full))
   assert "\n" not in str(e.value) and "data.path" in str(e.value)
   assert not (tmp_path / "tfds").exists()  # nothing prepared
 
@@ -181,7 +180,7 @@ def test_txt_folder_errors(tmp_path, n_files, path, match):
 @pytest.mark.parametrize("name,tfds_name", [("lm1b", "lm1b"), ("c4", "c4/en")])
 def test_unprepared_tfds_dataset_is_a_clear_error(tmp_path, no_download, name, tfds_name):
   with pytest.raises(DataError, match="not prepared under") as e:
-    make_data(_cfg(tmp_path, name=Dataset(name)))
+    make_data(_cfg(tmp_path, name=name))
   msg = str(e.value)
   assert "\n" not in msg and f"'{tfds_name}'" in msg and "array_record" in msg
 
@@ -211,4 +210,4 @@ def test_tfds_dataset_through_mock_data(tmp_path, no_download, name):
 def test_data_configs_compose(group):
   cfg = compose([f"data={group}"]).data
   assert getattr(cfg.name, "value", cfg.name) == group
-  assert cfg.seq_len > 0 and cfg.tokenizer in ("bpe", "byte", Tokenizer.bpe, Tokenizer.byte)
+  assert cfg.seq_len > 0 and cfg.tokenizer in ("bpe", "byte")

@@ -13,19 +13,20 @@ import optax
 import pytest
 
 from pergrad import config as config_lib
-from pergrad.config import OptimizerConfig, ScheduleConfig
 from pergrad.optim import (
-    NAMES,
     PLACEMENTS,
     VARIANTS,
+    ScheduleConfig,
     build_optimizer,
     diagnostics,
+    optimizer_config,
     scale_by_adam_family,
     scale_by_sign_placement,
     scaled_hparams,
     second_moment_statistic,
     track_snr,
 )
+from pergrad.optim.configs import names as optimizer_names
 from pergrad.stats.types import GradStats
 
 SHAPES = {"a": (3,), "blk": {"kernel": (4, 5)}, "c": (2, 3, 2)}
@@ -169,7 +170,7 @@ def test_sign_ema_equals_optax_signum():
   samples = _samples(seed=2, n=B)
   mine = optax.chain(scale_by_sign_placement("ema", 0.85), optax.scale_by_learning_rate(0.01))
   _assert_equal(_run(mine, samples)[0], _optax_run(optax.signum(0.01, beta=0.85), samples))
-  opt = build_optimizer(OptimizerConfig(name="sign", placement="ema", b1=0.85, lr=0.01),
+  opt = build_optimizer(optimizer_config(name="sign", placement="ema", b1=0.85, lr=0.01),
                         ScheduleConfig(name="constant", warmup_steps=0), total_steps=STEPS,
                         batch_size=B)
   _assert_equal(_run(opt.tx, samples)[0], _optax_run(optax.signum(0.01, beta=0.85), samples))
@@ -177,7 +178,7 @@ def test_sign_ema_equals_optax_signum():
 
 def test_sign_batch_beta0_equals_optax_sign_sgd():
   samples = _samples(seed=3, n=B)
-  opt = build_optimizer(OptimizerConfig(name="sign", placement="batch", b1=0.0, lr=0.02),
+  opt = build_optimizer(optimizer_config(name="sign", placement="batch", b1=0.0, lr=0.02),
                         ScheduleConfig(name="constant", warmup_steps=0), total_steps=STEPS,
                         batch_size=B)
   _assert_equal(_run(opt.tx, samples)[0], _optax_run(optax.sign_sgd(0.02), samples))
@@ -204,11 +205,11 @@ def test_adam_variant_equals_optax_adam_exactly():
   _assert_equal(_run(mine, samples)[0], _optax_run(optax.adam(0.01, **kw), samples))
   # Through build_optimizer: AdamW with weight decay, and Adam with global-norm clipping.
   const = ScheduleConfig(name="constant", warmup_steps=0)
-  adamw = build_optimizer(OptimizerConfig(name="adamw", lr=0.01, weight_decay=0.1, **kw), const,
+  adamw = build_optimizer(optimizer_config(name="adamw", lr=0.01, weight_decay=0.1, **kw), const,
                           total_steps=STEPS, batch_size=B)
   _assert_equal(_run(adamw.tx, samples)[0],
                 _optax_run(optax.adamw(0.01, weight_decay=0.1, **kw), samples))
-  clipped = build_optimizer(OptimizerConfig(name="adam", lr=0.01, clip_norm=0.5, **kw), const,
+  clipped = build_optimizer(optimizer_config(name="adam", lr=0.01, clip_norm=0.5, **kw), const,
                             total_steps=STEPS, batch_size=B)
   _assert_equal(_run(clipped.tx, samples)[0],
                 _optax_run(optax.chain(optax.clip_by_global_norm(0.5), optax.adam(0.01, **kw)),
@@ -255,7 +256,7 @@ def test_adam_family_clip_scales_statistics_consistently():
 
 @pytest.mark.parametrize("scaling,ratio", [("sqrt", 2.0), ("linear", 4.0), ("none", 1.0)])
 def test_lr_scaling_ratio_at_every_step(scaling, ratio):
-  opt_cfg = OptimizerConfig(name="sgd", lr=0.1, lr_scaling=scaling, ref_batch_size=16)
+  opt_cfg = optimizer_config(name="sgd", lr=0.1, lr_scaling=scaling, ref_batch_size=16)
   sched = ScheduleConfig(name="cosine", warmup_steps=5, final_lr_frac=0.1)
   small = build_optimizer(opt_cfg, sched, total_steps=30, batch_size=8)
   large = build_optimizer(opt_cfg, sched, total_steps=30, batch_size=32)
@@ -278,7 +279,7 @@ def test_lr_scaling_ratio_at_every_step(scaling, ratio):
 
 
 def test_sde_scaling():
-  cfg = OptimizerConfig(name="adam", lr=1e-3, b1=0.9, b2=0.99, eps=1e-8, eps_root=1e-10,
+  cfg = optimizer_config(name="adam", lr=1e-3, b1=0.9, b2=0.99, eps=1e-8, eps_root=1e-10,
                         lr_scaling="sqrt", sde_scaling=True, ref_batch_size=16)
   hp = scaled_hparams(cfg, batch_size=64)
   np.testing.assert_allclose([hp.peak_lr, hp.b1, hp.b2, hp.eps, hp.eps_root],
@@ -300,13 +301,13 @@ def test_sde_scaling():
 
 
 def _all_options():
-  opts = [OptimizerConfig(name=n) for n in NAMES if n not in ("sign", "adam_family")]
-  opts += [OptimizerConfig(name="sign", placement=p, lr=1e-3) for p in PLACEMENTS]
-  opts += [OptimizerConfig(name="adam_family", variant=v, mix_b=0.5) for v in VARIANTS]
-  opts += [OptimizerConfig(name="adam_family", variant="micro_adam", clip_norm=1.0,
+  opts = [optimizer_config(name=n) for n in optimizer_names() if n not in ("sign", "adam_family")]
+  opts += [optimizer_config(name="sign", placement=p, lr=1e-3) for p in PLACEMENTS]
+  opts += [optimizer_config(name="adam_family", variant=v, mix_b=0.5) for v in VARIANTS]
+  opts += [optimizer_config(name="adam_family", variant="micro_adam", clip_norm=1.0,
                            per_example_clip=2.0, weight_decay=0.1, lr_scaling="sqrt",
                            sde_scaling=True),
-           OptimizerConfig(name="sign", placement="example", clip_norm=1.0, weight_decay=0.1,
+           optimizer_config(name="sign", placement="example", clip_norm=1.0, weight_decay=0.1,
                            lr_scaling="linear")]
   return opts
 
@@ -339,7 +340,7 @@ def test_build_optimizer_every_option(track):
 
 
 def test_request_per_option():
-  build = lambda **kw: build_optimizer(OptimizerConfig(**kw), ScheduleConfig(),
+  build = lambda **kw: build_optimizer(optimizer_config(**kw), ScheduleConfig(),
                                        total_steps=STEPS, batch_size=B).request
   assert build(name="sign", placement="example").want == ("mean", "sign")
   assert build(name="sign", placement="token").granularity == "token"
@@ -381,22 +382,22 @@ def test_missing_statistic_gives_clear_error():
 ])
 def test_bad_settings_raise_before_compute(kw, match):
   with pytest.raises(ValueError, match=match):
-    build_optimizer(OptimizerConfig(**kw), ScheduleConfig(), total_steps=STEPS, batch_size=B)
+    build_optimizer(optimizer_config(**kw), ScheduleConfig(), total_steps=STEPS, batch_size=B)
 
 
 def test_bad_schedule_raises():
   with pytest.raises(ValueError, match="warmup_steps"):
-    build_optimizer(OptimizerConfig(), ScheduleConfig(warmup_steps=-1), total_steps=10,
+    build_optimizer(optimizer_config(), ScheduleConfig(warmup_steps=-1), total_steps=10,
                     batch_size=B)
   with pytest.raises(ValueError, match="total_steps"):
-    build_optimizer(OptimizerConfig(), ScheduleConfig(), total_steps=0, batch_size=B)
+    build_optimizer(optimizer_config(), ScheduleConfig(), total_steps=0, batch_size=B)
   # A run shorter than its warmup ends during the warmup (smoke tests).
-  short = build_optimizer(OptimizerConfig(lr=1.0), ScheduleConfig(warmup_steps=20),
+  short = build_optimizer(optimizer_config(lr=1.0), ScheduleConfig(warmup_steps=20),
                           total_steps=5, batch_size=B)
   np.testing.assert_allclose([short.learning_rate(k) for k in range(5)],
                              np.arange(1, 6) / 20, rtol=1e-6)
   with pytest.raises(ValueError, match="unknown schedule"):
-    build_optimizer(OptimizerConfig(), ScheduleConfig(name="linear"), total_steps=10,
+    build_optimizer(optimizer_config(), ScheduleConfig(name="linear"), total_steps=10,
                     batch_size=B)
 
 
@@ -443,7 +444,7 @@ def test_diagnostics_match_numpy():
 
 
 def test_diagnostics_without_sq_reports_only_what_it_can():
-  opt = build_optimizer(OptimizerConfig(name="sign", placement="ema"), ScheduleConfig(),
+  opt = build_optimizer(optimizer_config(name="sign", placement="ema"), ScheduleConfig(),
                         total_steps=STEPS, batch_size=B)
   _, state = _run(opt.tx, _samples(seed=15, n=B, steps=2), want=("mean",))
   assert diagnostics(state, _stats(_samples(seed=16, n=B, steps=1)[0], want=("mean",))) == {}
@@ -462,13 +463,13 @@ def test_yaml_options_compose_and_build(tmp_path):
   (tmp_path / "probe.yaml").write_text(
       "defaults:\n  - pergrad_schema\n  - optimizer: adamw\n  - schedule: cosine\n  - _self_\n")
   names = sorted(p.stem for p in (CONFIGS / "optimizer").glob("*.yaml"))
-  assert set(names) == set(NAMES)
+  assert set(names) == set(optimizer_names())
   with initialize_config_dir(config_dir=str(tmp_path), version_base="1.3"):
     for name in names:
       for sched in ("cosine", "constant"):
         cfg = compose("probe", overrides=[f"optimizer={name}", f"schedule={sched}"])
         obj = OmegaConf.to_object(cfg)
-        assert obj.optimizer.name.value == name and obj.schedule.name.value == sched
+        assert obj.optimizer.name == name and obj.schedule.name.value == sched
         assert isinstance(obj.optimizer.lr, float)
         build_optimizer(obj.optimizer, obj.schedule, total_steps=100, batch_size=32)
         build_optimizer(cfg.optimizer, cfg.schedule, total_steps=100, batch_size=32)

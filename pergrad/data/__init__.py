@@ -1,11 +1,11 @@
 """Data: TFDS datasets -> tokenizer -> batches that are a pure function of (seed, step).
 
-  data = make_data(cfg.data)          # prepares + caches on first use, else loads
+  data = make_data(DataSpec(...))     # prepares + caches on first use, else loads
   data.train_batch(k)                 # {"inputs", "targets"}: int32[B, T]
   data.eval_batches(n)                # n fixed validation batches
 """
 
 from pergrad.data.errors import DataError
-from pergrad.data.pipeline import LMData, make_data
+from pergrad.data.pipeline import DataSpec, LMData, make_data
 
-__all__ = ["DataError", "LMData", "make_data"]
+__all__ = ["DataError", "DataSpec", "LMData", "make_data"]

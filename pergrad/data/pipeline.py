@@ -31,16 +31,16 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 
+from pergrad import files
 from pergrad.data import corpus
 from pergrad.data.errors import DataError
 from pergrad.data.tokenizer import (
   ByteTokenizer,
   SentencePieceTokenizer,
-  atomic_write_bytes,
   train_bpe,
 )
 
@@ -54,44 +54,35 @@ BPE_SAMPLE_CHARS = 20_000_000  # lm1b/c4: train the BPE model on about this much
 BPE_SAMPLE_DOCS = 200_000
 
 
-def _value(x):
-  return getattr(x, "value", x)
-
-
 @dataclasses.dataclass(frozen=True)
-class _Spec:
-  """The data config, normalised to plain Python values."""
-  name: str
-  path: str | None
-  tfds_dir: str
-  tokenizer: str
-  vocab_size: int
-  seq_len: int
-  batch_size: int
-  eval_batch_size: int
-  seed: int
+class DataSpec:
+  """Which text, tokenizer and batch shapes; checked on construction (DataError, one line)."""
 
-  @classmethod
-  def of(cls, cfg: Any) -> _Spec:
-    s = cls(name=str(_value(cfg.name)), path=getattr(cfg, "path", None),
-            tfds_dir=os.path.expanduser(str(cfg.tfds_dir)),
-            tokenizer=str(_value(cfg.tokenizer)), vocab_size=int(cfg.vocab_size),
-            seq_len=int(cfg.seq_len), batch_size=int(cfg.batch_size),
-            eval_batch_size=int(cfg.eval_batch_size), seed=int(cfg.seed))
-    if s.name not in (*LOCAL, *TFDS_DATASETS):
-      raise DataError(f"data.name={s.name} is unknown; choose one of "
+  name: str = "shakespeare"  # shakespeare | txt_folder | lm1b | c4
+  path: str | None = None  # folder of .txt files for name=txt_folder
+  tfds_dir: str = "~/.cache/pergrad/tfds"  # where TFDS datasets are prepared / looked up
+  tokenizer: str = "bpe"  # bpe | byte
+  vocab_size: int = 1024
+  seq_len: int = 128  # tokens per training sequence (T)
+  batch_size: int = 32  # global batch (B)
+  eval_batch_size: int = 32
+  seed: int = 0  # data order; batch k is a pure function of (seed, k)
+
+  def __post_init__(self):
+    object.__setattr__(self, "tfds_dir", os.path.expanduser(str(self.tfds_dir)))
+    if self.name not in (*LOCAL, *TFDS_DATASETS):
+      raise DataError(f"data.name={self.name} is unknown; choose one of "
                       f"{', '.join((*LOCAL, *TFDS_DATASETS))}.")
-    if s.tokenizer not in ("bpe", "byte"):
-      raise DataError(f"data.tokenizer={s.tokenizer} is unknown; choose bpe or byte.")
+    if self.tokenizer not in ("bpe", "byte"):
+      raise DataError(f"data.tokenizer={self.tokenizer} is unknown; choose bpe or byte.")
     for key in ("seq_len", "batch_size", "eval_batch_size"):
-      if getattr(s, key) < 1:
-        raise DataError(f"data.{key}={getattr(s, key)} must be positive.")
-    if s.seed < 0:
-      raise DataError(f"data.seed={s.seed} must be non-negative.")
-    if s.tokenizer == "bpe" and not 8 <= s.vocab_size <= 2**31 - 1:
-      raise DataError(f"data.vocab_size={s.vocab_size} is too small for a BPE vocabulary; "
+      if getattr(self, key) < 1:
+        raise DataError(f"data.{key}={getattr(self, key)} must be positive.")
+    if self.seed < 0:
+      raise DataError(f"data.seed={self.seed} must be non-negative.")
+    if self.tokenizer == "bpe" and not 8 <= self.vocab_size <= 2**31 - 1:
+      raise DataError(f"data.vocab_size={self.vocab_size} is too small for a BPE vocabulary; "
                       "use a few hundred or more, or data.tokenizer=byte.")
-    return s
 
   @property
   def tok_key(self) -> str:
@@ -217,14 +208,12 @@ def _locked(directory: Path):
 def _save_npy(path: Path, array: np.ndarray) -> None:
   buf = io.BytesIO()
   np.save(buf, array)
-  atomic_write_bytes(path, buf.getvalue())
+  files.write_bytes(path, buf.getvalue())
 
 
-def make_data(cfg: Any) -> LMData:
-  """The data of `cfg` (a `pergrad.config.DataConfig` or an equivalent DictConfig),
-  prepared and cached on first use. Raises DataError (one line: problem and fix) for a
-  missing or unusable dataset, before any compute."""
-  spec = _Spec.of(cfg)
+def make_data(spec: DataSpec) -> LMData:
+  """The data of `spec`, prepared and cached on first use. Raises DataError (one line:
+  problem and fix) for a missing or unusable dataset, before any compute."""
   if spec.name in TFDS_DATASETS:
     return _tfds_data(spec)
   if spec.name == "txt_folder":
@@ -256,13 +245,13 @@ def make_data(cfg: Any) -> LMData:
       description=f"{label}: {counts}; tokenizer {tokenizer.name}; cache {cache}")
 
 
-def _tokenizer(spec: _Spec, cache: Path) -> Tokenizer:
+def _tokenizer(spec: DataSpec, cache: Path) -> Tokenizer:
   if spec.tokenizer == "byte":
     return ByteTokenizer()
   return SentencePieceTokenizer(cache / f"spm_bpe_{spec.vocab_size}.model")
 
 
-def _train_tokenizer(spec: _Spec, cache: Path, texts) -> Tokenizer:
+def _train_tokenizer(spec: DataSpec, cache: Path, texts) -> Tokenizer:
   """Trains the BPE model if it is not cached yet (call under the cache lock)."""
   model = cache / f"spm_bpe_{spec.vocab_size}.model"
   if spec.tokenizer == "bpe" and not model.exists():
@@ -276,7 +265,7 @@ def _train_tokenizer(spec: _Spec, cache: Path, texts) -> Tokenizer:
   return _tokenizer(spec, cache)
 
 
-def _prepare_local(spec: _Spec, key: str, cache: Path, meta_path: Path) -> None:
+def _prepare_local(spec: DataSpec, key: str, cache: Path, meta_path: Path) -> None:
   from pergrad.data import builder as builder_lib
 
   t0 = time.perf_counter()
@@ -300,10 +289,10 @@ def _prepare_local(spec: _Spec, key: str, cache: Path, meta_path: Path) -> None:
     meta[s] = {"docs": len(split_docs), "tokens": int(len(tokens)),
                "names": [n for n, _ in split_docs]}
   meta["prepare_seconds"] = round(time.perf_counter() - t0, 2)
-  atomic_write_bytes(meta_path, json.dumps(meta, indent=1).encode())
+  files.write_bytes(meta_path, json.dumps(meta, indent=1).encode())
 
 
-def _tfds_data(spec: _Spec) -> LMData:
+def _tfds_data(spec: DataSpec) -> LMData:
   """lm1b / c4 read in place from a TFDS directory where they were prepared."""
   import tensorflow_datasets as tfds
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import io
 import os
-import tempfile
 from collections.abc import Iterable
-from pathlib import Path
+
+from pergrad import files
 
 
 class ByteTokenizer:
@@ -79,17 +79,4 @@ def train_bpe(texts: Iterable[str], vocab_size: int, model_path: str | os.PathLi
       unk_id=0, eos_id=1, bos_id=-1, pad_id=-1, normalization_rule_name="identity",
       remove_extra_whitespaces=False, add_dummy_prefix=False, user_defined_symbols=["\n"],
       byte_fallback=False)
-  atomic_write_bytes(Path(model_path), model.getvalue())
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-  """Writes `data` to a temporary file next to `path`, then renames it into place."""
-  path.parent.mkdir(parents=True, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-  try:
-    with os.fdopen(fd, "wb") as f:
-      f.write(data)
-    os.replace(tmp, path)
-  except BaseException:
-    Path(tmp).unlink(missing_ok=True)
-    raise
+  files.write_bytes(model_path, model.getvalue())

@@ -42,8 +42,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from pergrad.optim.common import f32, require_stats
-from pergrad.optim.sign import check_beta
+from pergrad.optim.common import check_beta, f32, require_stats
+from pergrad.stats.request import StatsRequest
 from pergrad.stats.types import GradStats
 
 VARIANTS = ("adam", "micro_adam", "micro_adam_var", "micro_adam_msq", "mix")
@@ -158,6 +158,6 @@ def scale_by_adam_family(variant: str = "adam", b1: float = 0.9, b2: float = 0.9
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
 
-def request_for_variant(variant: str) -> tuple[str, ...]:
-  """Statistics that `scale_by_adam_family(variant)` reads."""
-  return ("mean", "sq") if variant in NEEDS_SQ else ("mean",)
+def request_for_variant(variant: str) -> StatsRequest:
+  """The statistics that `scale_by_adam_family(variant)` reads."""
+  return StatsRequest(want=("mean", "sq") if variant in NEEDS_SQ else ("mean",))

@@ -1,4 +1,4 @@
-"""`build_optimizer`: config -> (transformation, statistics request, learning-rate schedule).
+"""`build_optimizer`: optimizer config -> (transformation, statistics request, schedule).
 
 Every optimizer is one optax chain
 
@@ -8,46 +8,49 @@ whose update the train step calls alike for all of them:
 
     updates, state = opt.tx.update(stats.mean, state, params, grad_stats=stats)
 
-Directions: sgd: ḡ; momentum: optax.trace(b1) (heavy ball); adam/adamw:
-`scale_by_adam_family("adam")` (= optax.scale_by_adam); sign:
-`scale_by_sign_placement`; adam_family: `scale_by_adam_family(variant)`. Weight
-decay is decoupled and multiplied by the learning rate (optax.adamw's convention),
-on every parameter. adam and adamw differ only in their config defaults.
+The direction and the statistics it reads come from the optimizer's registry entry
+(`pergrad.optim.configs.REGISTRY`, builders below for the built-ins): sgd: ḡ; momentum:
+optax.trace(b1) (heavy ball); adam/adamw: `scale_by_adam_family("adam")` (=
+optax.scale_by_adam); sign: `scale_by_sign_placement`; adam_family:
+`scale_by_adam_family(variant)`. Weight decay is decoupled and multiplied by the
+learning rate (optax.adamw's convention), on every parameter. adam and adamw differ
+only in their config defaults. A builder may return a direction that clips ḡ itself
+(`clips=True`), so that the statistics follow the clipping.
 """
 
 from __future__ import annotations
 
-import enum
-from typing import Any
+import importlib
+from typing import NamedTuple
 
 import optax
 
-from pergrad.config import OptimizerConfig, ScheduleConfig
+from pergrad.optim import configs
 from pergrad.optim.adam_family import request_for_variant, scale_by_adam_family
-from pergrad.optim.common import with_float32_state
+from pergrad.optim.common import check_beta, with_float32_state
 from pergrad.optim.diagnostics import track_snr as track_snr_tx
-from pergrad.optim.schedule import ScaledHparams, make_schedule, scale_hparams
-from pergrad.optim.sign import check_beta, request_for_placement, scale_by_sign_placement
-from pergrad.optim.types import Optimizer, StatsRequest
-
-NAMES = ("sgd", "momentum", "adam", "adamw", "sign", "adam_family")
-
-
-def _value(x: Any) -> Any:
-  """Enum members (from the typed config) -> their string values."""
-  return x.value if isinstance(x, enum.Enum) else x
+from pergrad.optim.schedule import ScaledHparams, ScheduleConfig, make_schedule, scale_hparams
+from pergrad.optim.sign import request_for_placement, scale_by_sign_placement
+from pergrad.optim.types import Optimizer
+from pergrad.stats.request import StatsRequest
 
 
-def scaled_hparams(opt: OptimizerConfig, batch_size: int) -> ScaledHparams:
+class Direction(NamedTuple):
+  """What an optimizer's builder returns."""
+
+  tx: optax.GradientTransformation  # maps ḡ (and grad_stats) to the update direction
+  request: StatsRequest = StatsRequest()  # the statistics tx reads from grad_stats
+  clips: bool = False  # tx applies optimizer.clip_norm itself
+
+
+def scaled_hparams(opt: configs.OptimizerConfig, batch_size: int) -> ScaledHparams:
   """Learning rate, β's and ε after batch-size scaling, for logging."""
   return scale_hparams(lr=opt.lr, b1=opt.b1, b2=opt.b2, eps=opt.eps, eps_root=opt.eps_root,
-                       lr_scaling=_value(opt.lr_scaling), sde_scaling=bool(opt.sde_scaling),
+                       lr_scaling=opt.lr_scaling, sde_scaling=bool(opt.sde_scaling),
                        batch_size=batch_size, ref_batch_size=opt.ref_batch_size)
 
 
-def _check(opt: OptimizerConfig, name: str) -> None:
-  if name not in NAMES:
-    raise ValueError(f"unknown optimizer {name!r}; choose one of {NAMES}")
+def _check(opt: configs.OptimizerConfig) -> None:
   if not opt.lr > 0:
     raise ValueError(f"optimizer.lr={opt.lr} must be positive")
   if opt.weight_decay < 0:
@@ -59,64 +62,78 @@ def _check(opt: OptimizerConfig, name: str) -> None:
   if opt.eps < 0 or opt.eps_root < 0:
     raise ValueError(f"optimizer.eps={opt.eps} and optimizer.eps_root={opt.eps_root} "
                      "must be >= 0")
-  if name == "sign" and _value(opt.placement) == "token" and opt.per_example_clip is not None:
-    raise ValueError("optimizer.per_example_clip clips whole examples and cannot go with "
-                     "placement=token; set optimizer.per_example_clip=null")
 
 
-def build_optimizer(opt: OptimizerConfig, sched: ScheduleConfig, *, total_steps: int,
+def _builder(name: str):
+  build = configs.entry(name).build
+  if isinstance(build, str):
+    module, _, fn = build.partition(":")
+    build = getattr(importlib.import_module(module), fn)
+  return build
+
+
+def build_optimizer(opt: configs.OptimizerConfig, sched: ScheduleConfig, *, total_steps: int,
                     batch_size: int, track_snr: bool = False) -> Optimizer:
   """Builds the optimizer of `opt` with the schedule of `sched` (module docstring).
 
   Args:
-    opt: optimizer config (dataclass or DictConfig with the same fields).
+    opt: the optimizer's config dataclass (`pergrad.optim.optimizer_config(name, ...)`).
     sched: schedule config.
     total_steps: number of updates (the cosine decays over it).
     batch_size: global batch size B (for lr_scaling).
-    track_snr: add `track_snr(b1)` to the chain, so that
-      `pergrad.optim.diagnostics` can report the EMA SNR; it adds 'sq' to the request.
+    track_snr: add `track_snr(b1)` to the chain, so that `pergrad.optim.diagnostics` can
+      report the EMA SNR; it adds 'sq' to the request.
 
   Returns:
-    Optimizer(tx, request, learning_rate); raises ValueError on a bad setting,
-    before any compute.
+    Optimizer(tx, request, learning_rate); raises ValueError on a bad setting, before
+    any compute.
   """
-  name = _value(opt.name)
-  _check(opt, name)
+  build = _builder(opt.name)
+  _check(opt)
   hp = scaled_hparams(opt, batch_size)
-  lr = make_schedule(_value(sched.name), hp.peak_lr, total_steps=total_steps,
+  lr = make_schedule(sched.name, hp.peak_lr, total_steps=total_steps,
                      warmup_steps=sched.warmup_steps, final_lr_frac=sched.final_lr_frac)
-
-  clip_inside = name in ("adam", "adamw", "adam_family")  # clipping that the stats follow
-  want, granularity = ("mean",), "example"
-  if name == "sgd":
-    direction = optax.identity()
-  elif name == "momentum":
-    direction = optax.trace(decay=hp.b1)
-  elif name in ("adam", "adamw"):
-    direction = scale_by_adam_family("adam", hp.b1, hp.b2, hp.eps, hp.eps_root,
-                                     clip_norm=opt.clip_norm)
-  elif name == "sign":
-    placement = _value(opt.placement)
-    direction = scale_by_sign_placement(placement, hp.b1)
-    want, granularity = request_for_placement(placement)
-  else:
-    variant = _value(opt.variant)
-    direction = scale_by_adam_family(variant, hp.b1, hp.b2, hp.eps, hp.eps_root, opt.mix_a,
-                                     opt.mix_b, clip_norm=opt.clip_norm)
-    want = request_for_variant(variant)
-
-  parts = []
-  if track_snr:
-    parts.append(track_snr_tx(hp.b1))
-    want = want if "sq" in want else want + ("sq",)
-  if opt.clip_norm is not None and not clip_inside:
+  direction = build(opt, hp)
+  request = StatsRequest(want=direction.request.want + (("sq",) if track_snr else ()),
+                         granularity=direction.request.granularity,
+                         per_example_clip=opt.per_example_clip)
+  parts = [track_snr_tx(hp.b1)] if track_snr else []
+  if opt.clip_norm is not None and not direction.clips:
     parts.append(optax.clip_by_global_norm(opt.clip_norm))
-  parts.append(direction)
+  parts.append(direction.tx)
   if opt.weight_decay > 0:
     parts.append(optax.add_decayed_weights(opt.weight_decay))
   parts.append(optax.scale_by_learning_rate(lr))
-
-  request = StatsRequest(want=want, granularity=granularity,
-                         per_example_clip=opt.per_example_clip)
   return Optimizer(tx=with_float32_state(optax.chain(*parts)), request=request,
                    learning_rate=lr)
+
+
+# --- the built-in optimizers' builders (registered in configs.py) ----------------------
+def sgd(cfg, hp: ScaledHparams) -> Direction:
+  del cfg, hp
+  return Direction(optax.identity())
+
+
+def momentum(cfg, hp: ScaledHparams) -> Direction:
+  del cfg
+  return Direction(optax.trace(decay=hp.b1))
+
+
+def adam(cfg, hp: ScaledHparams) -> Direction:
+  return Direction(scale_by_adam_family("adam", hp.b1, hp.b2, hp.eps, hp.eps_root,
+                                        clip_norm=cfg.clip_norm), clips=True)
+
+
+adamw = adam
+
+
+def sign(cfg: configs.SignConfig, hp: ScaledHparams) -> Direction:
+  placement = cfg.placement
+  return Direction(scale_by_sign_placement(placement, hp.b1), request_for_placement(placement))
+
+
+def adam_family(cfg: configs.AdamFamilyConfig, hp: ScaledHparams) -> Direction:
+  variant = cfg.variant
+  tx = scale_by_adam_family(variant, hp.b1, hp.b2, hp.eps, hp.eps_root, cfg.mix_a, cfg.mix_b,
+                            clip_norm=cfg.clip_norm)
+  return Direction(tx, request_for_variant(variant), clips=True)

@@ -8,9 +8,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from pergrad.stats import registry
 from pergrad.stats.types import GradStats
-
-_FIELDS = {"sq": "sum_sq", "sign": "sum_sign", "norms": "sq_norms"}
 
 
 def require_stats(grad_stats: GradStats | None, who: str, *, need: tuple[str, ...] = (),
@@ -21,7 +20,9 @@ def require_stats(grad_stats: GradStats | None, who: str, *, need: tuple[str, ..
         f"{who} needs per-example statistics: call tx.update(stats.mean, state, params, "
         "grad_stats=stats) with the GradStats computed for Optimizer.request")
   for name in need:
-    if getattr(grad_stats, _FIELDS[name]) is None:
+    if name != "mean":
+      registry.get(name)  # any registered statistic; one-line ValueError if unknown
+    if not grad_stats.has(name):
       raise ValueError(
           f"{who} needs the '{name}' statistic but grad_stats was computed without it; "
           f"ask the statistics engine for Optimizer.request.want (which includes '{name}')")
@@ -30,6 +31,12 @@ def require_stats(grad_stats: GradStats | None, who: str, *, need: tuple[str, ..
         f"{who} needs {granularity}-level statistics but got granularity="
         f"'{grad_stats.granularity}'; use Optimizer.request.granularity")
   return grad_stats
+
+
+def check_beta(beta: float, name: str = "beta") -> None:
+  """ValueError unless `beta` is an EMA decay in [0, 1)."""
+  if not 0.0 <= beta < 1.0:
+    raise ValueError(f"{name}={beta} is outside [0, 1); choose an EMA decay in [0, 1)")
 
 
 def f32(tree: Any) -> Any:

@@ -40,8 +40,7 @@ import jax.numpy as jnp
 import optax
 
 from pergrad.optim.adam_family import ScaleByAdamFamilyState
-from pergrad.optim.common import f32, require_stats
-from pergrad.optim.sign import check_beta
+from pergrad.optim.common import check_beta, f32, require_stats
 from pergrad.stats.types import GradStats
 
 _TINY = float(jnp.finfo(jnp.float32).tiny)

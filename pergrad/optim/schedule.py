@@ -26,6 +26,7 @@ A run shorter than its warmup (a smoke test) simply ends during the warmup.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 
 import jax.numpy as jnp
@@ -33,6 +34,20 @@ import optax
 
 LR_SCALINGS = {"none": 0.0, "sqrt": 0.5, "linear": 1.0}
 SCHEDULES = ("cosine", "constant")
+
+
+class ScheduleName(str, enum.Enum):
+  cosine = "cosine"
+  constant = "constant"
+
+
+@dataclasses.dataclass
+class ScheduleConfig:
+  """The learning-rate schedule's shape (also Hydra's schema of configs/schedule/)."""
+
+  name: ScheduleName = ScheduleName.cosine
+  warmup_steps: int = 20
+  final_lr_frac: float = 0.1  # cosine decays to final_lr_frac * peak
 
 
 @dataclasses.dataclass(frozen=True)

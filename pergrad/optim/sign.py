@@ -25,14 +25,10 @@ from __future__ import annotations
 
 import optax
 
-from pergrad.optim.common import f32, require_stats
+from pergrad.optim.common import check_beta, f32, require_stats
+from pergrad.stats.request import StatsRequest
 
 PLACEMENTS = ("example", "token", "batch", "ema")
-
-
-def check_beta(beta: float, name: str = "beta") -> None:
-  if not 0.0 <= beta < 1.0:
-    raise ValueError(f"{name}={beta} is outside [0, 1); choose an EMA decay in [0, 1)")
 
 
 def sign_mean_from_stats(granularity: str) -> optax.GradientTransformationExtraArgs:
@@ -72,8 +68,8 @@ def scale_by_sign_placement(placement: str, beta: float, *, debias: bool = True
   return optax.chain(sign_mean_from_stats(placement), optax.ema(beta, debias=debias))
 
 
-def request_for_placement(placement: str) -> tuple[tuple[str, ...], str]:
-  """(statistics wanted, granularity) that `scale_by_sign_placement(placement)` reads."""
+def request_for_placement(placement: str) -> StatsRequest:
+  """The statistics that `scale_by_sign_placement(placement)` reads."""
   if placement in ("example", "token"):
-    return ("mean", "sign"), placement
-  return ("mean",), "example"
+    return StatsRequest(want=("mean", "sign"), granularity=placement)
+  return StatsRequest()

@@ -5,7 +5,8 @@
 
 Hydra composes `configs/config.yaml` against the typed schema of `pergrad.config`, so a
 typo'd key, a wrong type or an unknown option stops here with Hydra's message naming
-the key (or the valid options), before JAX is even imported. The run writes to
+the key (or the valid options); then `pergrad.configure.build_plan` checks every
+cross-field rule, before any data is read or anything compiled. The run writes to
 `train.out_dir` (default: Hydra's run directory, `outputs/<date>/<time>`, or
 `multirun/<date>/<time>/<overrides>` for a sweep point). Re-running the same command
 on the same directory resumes it; a completed run is skipped.
@@ -49,6 +50,9 @@ def _hydra_info() -> dict:
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
 def _main(cfg: DictConfig) -> float | None:
+  import jax
+
+  from pergrad.configure import build_plan
   from pergrad.train.loop import NonFiniteLossError, run
 
   hc = HydraConfig.get()
@@ -57,7 +61,8 @@ def _main(cfg: DictConfig) -> float | None:
   if out_dir.resolve() != hydra_dir.resolve() and (hydra_dir / ".hydra").exists():
     shutil.copytree(hydra_dir / ".hydra", out_dir / ".hydra", dirs_exist_ok=True)
   try:
-    summary = run(cfg, out_dir, hydra_info=_hydra_info())
+    plan = build_plan(cfg, jax.device_count())
+    summary = run(plan, out_dir, hydra_info=_hydra_info())
   except (ValueError, NonFiniteLossError) as e:  # incl. pergrad.data.DataError
     if os.environ.get("HYDRA_FULL_ERROR") == "1":
       raise

@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from pergrad import files
+
 METRICS = "metrics.jsonl"
 
 
@@ -64,16 +66,14 @@ def truncate(path: str | Path, last_step: int) -> int:
       dedup = [d for d in dedup if (d.get("step"), d.get("split")) != key]
     seen.add(key)
     dedup.append(r)
-  tmp = path.with_suffix(".jsonl.tmp")
-  tmp.write_text("".join(json.dumps(r) + "\n" for r in dedup))
-  tmp.replace(path)
+  files.write_text(path, "".join(json.dumps(r) + "\n" for r in dedup))
   return len(recs) - len(dedup)
 
 
 class MetricsLogger:
   """Appends records to metrics.jsonl and logs them to W&B (if it works)."""
 
-  def __init__(self, run_dir: str | Path, *, resume_step: int | None, wandb_cfg: Any = None,
+  def __init__(self, run_dir: str | Path, *, resume_step: int | None, wandb: Any = None,
                config: dict | None = None, name: str | None = None):
     self.run_dir = Path(run_dir)
     self.path = self.run_dir / METRICS
@@ -81,8 +81,8 @@ class MetricsLogger:
     self._file = open(self.path, "a")
     self.wandb_dir: Path | None = None
     self._wandb = None
-    if wandb_cfg is not None:
-      self._init_wandb(wandb_cfg, config or {}, name)
+    if wandb is not None and wandb.mode != "disabled":
+      self._init_wandb(wandb, config or {}, name)
 
   # ------------------------------------------------------------------ W&B
   def _warn(self, what: str, e: Exception) -> None:
@@ -91,15 +91,12 @@ class MetricsLogger:
           f"{self.path} only.", file=sys.stderr)
 
   def _init_wandb(self, cfg: Any, config: dict, name: str | None) -> None:
-    mode = getattr(cfg.mode, "value", cfg.mode)
-    if mode == "disabled":
-      return
     try:
       import wandb
 
       self._wandb = wandb.init(
           project=cfg.project, entity=cfg.entity, group=cfg.group, tags=list(cfg.tags or []),
-          name=name, mode=mode, dir=str(self.run_dir), config=config,
+          name=name, mode=cfg.mode, dir=str(self.run_dir), config=config,
           settings=wandb.Settings(console="off", silent=True))
       self.wandb_dir = Path(self._wandb.dir).parent if self._wandb is not None else None
     except Exception as e:  # noqa: BLE001 - W&B must never stop training

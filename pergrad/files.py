@@ -1,0 +1,34 @@
+"""Atomic file writes: a reader (or a killed writer) never sees a half-written file."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+
+def write_bytes(path: str | Path, data: bytes) -> None:
+  """Writes `data` to a temporary file next to `path`, then renames it into place."""
+  path = Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+  try:
+    with os.fdopen(fd, "wb") as f:
+      f.write(data)
+    os.replace(tmp, path)
+  except BaseException:
+    Path(tmp).unlink(missing_ok=True)
+    raise
+
+
+def write_text(path: str | Path, text: str) -> None:
+  write_bytes(path, text.encode())
+
+
+def write_json(path: str | Path, obj) -> None:
+  write_text(path, json.dumps(obj, indent=1, default=str) + "\n")
+
+
+def read_json(path: str | Path):
+  return json.loads(Path(path).read_text())

@@ -1,0 +1,67 @@
+"""A run's figure, drawn from its `metrics.jsonl` alone: `plot_run(run_dir) -> curves.png`.
+
+Panel 1: train and eval loss against tokens seen. When statistics were logged, one
+more panel per summary (`SUMMARIES`, the first ones present), one line per layer
+("stats/<leaf>/<name>" records, the median over a layer's parameter leaves).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+from pergrad.train.metrics import METRICS, read_records
+
+FIGURE = "curves.png"
+# Per-layer summaries worth a look, in order of preference (pergrad.stats.summaries).
+SUMMARIES = ("frac_mean_dominated", "snr_median", "var_over_n_median", "norm_p50")
+MAX_PANELS = 2
+
+
+def _layer(leaf: str) -> str:
+  """'block_0/mlp/fc1/kernel' -> 'block_0/mlp/fc1' (a layer holds kernel, bias, ...)."""
+  return leaf.rsplit("/", 1)[0] if "/" in leaf else leaf
+
+
+def plot_run(run_dir: str | Path) -> Path:
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  import numpy as np
+
+  run_dir = Path(run_dir)
+  recs = read_records(run_dir / METRICS)
+  train = [r for r in recs if r.get("split") == "train"]
+  tokens_per_step = train[-1]["tokens_seen"] / train[-1]["step"] if train else 0.0
+  stats = [r for r in recs if r.get("split") == "stats"]
+  names = [n for n in SUMMARIES if stats and any(k.endswith("/" + n) for k in stats[-1])]
+  names = names[:MAX_PANELS]
+  fig, axes = plt.subplots(1, 1 + len(names), figsize=(4.5 * (1 + len(names)), 3.4),
+                           squeeze=False)
+  ax = axes[0, 0]
+  ax.plot([r["tokens_seen"] for r in train], [r["loss"] for r in train], label="train")
+  evals = [r for r in recs if r.get("split") == "eval"]
+  ax.plot([r["step"] * tokens_per_step for r in evals], [r["loss"] for r in evals], "o-",
+          label="eval")
+  ax.set(xlabel="tokens", ylabel="loss", title=run_dir.name[-40:])
+  ax.legend()
+  for ax, name in zip(axes[0, 1:], names, strict=True):
+    series = defaultdict(lambda: defaultdict(list))  # layer -> step -> values of its leaves
+    for r in stats:
+      for k, v in r.items():
+        if k.startswith("stats/") and k.endswith("/" + name) and not k.startswith("stats/total"):
+          series[_layer(k[len("stats/"):-len(name) - 1])][r["step"]].append(v)
+    for layer, by_step in sorted(series.items()):
+      steps = sorted(by_step)
+      ax.plot([s * tokens_per_step for s in steps], [np.median(by_step[s]) for s in steps],
+              label=layer, lw=1)
+    ax.set(xlabel="tokens", title=name)
+    if name.endswith("median") or name.startswith("norm"):
+      ax.set_yscale("log")
+    ax.legend(fontsize=5, ncol=2)
+  fig.tight_layout()
+  path = run_dir / FIGURE
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return path

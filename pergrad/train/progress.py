@@ -1,0 +1,73 @@
+"""Wall-clock throughput and the progress bar of the training loop.
+
+`Clock` counts tokens per second of training only: the first recorded step (which
+includes compilation) starts it, and time spent inside `paused()` (evaluation,
+checkpoints) is left out.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+
+class Clock:
+  def __init__(self, tokens_per_step: int):
+    self.tokens_per_step = tokens_per_step
+    self._t0 = self._k0 = None  # first recorded step
+    self._t_log = self._k_log = None  # last rate_since_last_log
+    self._k = None
+    self._paused = self._paused_at_log = 0.0
+
+  def tick(self, k: int) -> None:
+    """Step k's metrics have reached the host."""
+    if self._t0 is None:
+      self._t0 = self._t_log = time.perf_counter()
+      self._k0 = self._k_log = k
+    self._k = k
+
+  @contextlib.contextmanager
+  def paused(self):
+    t = time.perf_counter()
+    try:
+      yield
+    finally:
+      self._paused += time.perf_counter() - t
+
+  def _rate(self, t_from: float, k_from: int, paused: float) -> float | None:
+    if self._k is None or self._k <= k_from:
+      return None
+    dt = time.perf_counter() - t_from - paused
+    return (self._k - k_from) * self.tokens_per_step / max(dt, 1e-9)
+
+  def rate(self) -> float | None:
+    """Tokens/s since the first recorded step (None before two steps)."""
+    return None if self._t0 is None else self._rate(self._t0, self._k0, self._paused)
+
+  def rate_since_last_log(self, k: int) -> float | None:
+    """Tokens/s since the previous call (or the first step); restarts the interval."""
+    if self._t0 is None:
+      return None
+    out = self._rate(self._t_log, self._k_log, self._paused - self._paused_at_log)
+    if out is not None:
+      self._t_log, self._k_log, self._paused_at_log = time.perf_counter(), k, self._paused
+    return out
+
+
+class Progress:
+  """A tqdm bar over the run's steps (off with logging.progress=false)."""
+
+  def __init__(self, total: int, start: int, logging_spec):
+    from tqdm.auto import tqdm
+
+    self._bar = tqdm(total=total, initial=start, disable=not logging_spec.progress,
+                     desc=logging_spec.name, unit="step", dynamic_ncols=True, mininterval=0.5)
+
+  def show(self, k_and_postfix: tuple[int, dict]) -> None:
+    k, postfix = k_and_postfix
+    self._bar.update(k - self._bar.n)
+    if postfix:
+      self._bar.set_postfix(postfix, refresh=False)
+
+  def close(self) -> None:
+    self._bar.close()
