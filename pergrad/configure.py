@@ -85,9 +85,9 @@ def build_plan(cfg: Any, n_devices: int = 1) -> RunPlan:
   except ValueError as e:
     raise ValueError(f"stats.{e}") from None
 
-  opt = build_optimizer(_optimizer_config(cfg, c["optimizer"]), _spec(ScheduleConfig, c["schedule"]),
-                        total_steps=t["steps"], batch_size=data.batch_size,
-                        track_snr=s["track_snr"])
+  opt = build_optimizer(_optimizer_config(cfg, c["optimizer"]),
+                        _spec(ScheduleConfig, c["schedule"]), total_steps=t["steps"],
+                        batch_size=data.batch_size, track_snr=s["track_snr"])
   stats = _stats_plan(opt.request, s)
   w = lg["wandb"]
   logging = LoggingSpec(name=c["name"], log_every=lg["log_every"], progress=lg["progress"],

@@ -34,8 +34,3 @@ def make_loss_fn(model: nn.Module) -> PerExampleLossFn:
     return per_example_xent(logits_BxTxV, batch["targets"])
 
   return loss_fn
-
-
-def batch_loss(loss_fn: PerExampleLossFn) -> Callable[[object, Batch], jax.Array]:
-  """(params, batch) -> mean over examples of `loss_fn`."""
-  return lambda params, batch: loss_fn(params, batch).mean()

@@ -21,13 +21,13 @@ import pytest
 from omegaconf import OmegaConf
 
 import pergrad.stats as ps
+from pergrad.bench import xla_costs
 from pergrad.config import StatsConfig
 from pergrad.loss import make_loss_fn
 from pergrad.model import ModelSpec, Transformer, init_params
-from pergrad.stats import loop as loop_backend
+from pergrad.stats import reference as loop_backend
 from pergrad.stats import vmap as vmap_backend
 from pergrad.stats.summaries import layer_summaries, leaf_name
-from pergrad import xla_costs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ALL = ("mean", "sq", "sign", "norms")
@@ -316,12 +316,13 @@ def test_invalid_inputs():
 
 
 def test_auto_backend_rule():
-  assert ps.resolve_backend(("mean",)) == "value_and_grad"
-  assert ps.resolve_backend(("mean",), per_example_clip=1.0) == "vmap"
-  assert ps.resolve_backend(("sq",), per_example_clip=1.0) == "vmap"
-  assert ps.resolve_backend(("sq", "sign")) == "vmap"  # measured fastest on CPU
-  assert ps.resolve_backend(("norms",)) == "vmap"
-  assert ps.resolve_backend(("sq",), granularity="token") == "surgery"
+  R = ps.StatsRequest
+  assert ps.resolve_backend(R(("mean",))) == "value_and_grad"
+  assert ps.resolve_backend(R(("mean",), per_example_clip=1.0)) == "vmap"
+  assert ps.resolve_backend(R(("sq",), per_example_clip=1.0)) == "vmap"
+  assert ps.resolve_backend(R(("sq", "sign"))) == "vmap"  # measured fastest on CPU
+  assert ps.resolve_backend(R(("norms",))) == "vmap"
+  assert ps.resolve_backend(R(("sq",), granularity="token")) == "surgery"
 
 
 # --- configs and benchmark -----------------------------------------------------------
@@ -332,7 +333,7 @@ def test_stats_configs_merge_into_schema():
   for f in names:
     cfg = OmegaConf.merge(OmegaConf.structured(StatsConfig),
                           OmegaConf.load(os.path.join(folder, f)))
-    ps.resolve_backend(tuple(cfg.want) or ("mean",), cfg.granularity.value,
+    ps.resolve_backend(ps.StatsRequest(tuple(cfg.want) or ("mean",), cfg.granularity.value),
                        cfg.backend.value)
 
 

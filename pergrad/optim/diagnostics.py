@@ -26,7 +26,8 @@ shares of the current step's μ̂², σ̂²/n and σ̂² relative to the debiase
 (statistics before any clipping). Adam's v estimates μ² + σ²/B, MicroAdam's μ² + σ².
 
 Every quantity is reduced to its median over the coordinates of each parameter leaf
-("opt/<leaf path>/<name>") and over all coordinates ("opt/all/<name>"). A quantity is
+("opt/<leaf path>/<name>") and over all coordinates ("opt/all/<name>"), sampled
+beyond `summaries.MEDIAN_SAMPLE` coordinates as the statistics' summaries are. A quantity is
 left out when what it needs is absent (no 'sq' statistic, no tracker, no Adam state),
 so the function is jittable for a fixed (opt_state, stats) structure.
 """
@@ -41,6 +42,7 @@ import optax
 
 from pergrad.optim.adam_family import ScaleByAdamFamilyState
 from pergrad.optim.common import check_beta, f32, require_stats
+from pergrad.stats import summaries
 from pergrad.stats.types import GradStats
 
 _TINY = float(jnp.finfo(jnp.float32).tiny)
@@ -113,7 +115,10 @@ def diagnostics(opt_state: Any, stats: GradStats) -> dict[str, jax.Array]:
     leaves_with_path = jax.tree_util.tree_flatten_with_path(tree)[0]
     for path, leaf in leaves_with_path:
       key = jax.tree_util.keystr(path, simple=True, separator="/")
-      out[f"opt/{key}/{name}"] = jnp.median(leaf)
-    out[f"opt/all/{name}"] = jnp.median(
-        jnp.concatenate([jnp.ravel(leaf) for _, leaf in leaves_with_path]))
+      out[f"opt/{key}/{name}"] = summaries.median(leaf)
+    # Over all coordinates: each leaf sampled in proportion to its size.
+    total = sum(leaf.size for _, leaf in leaves_with_path)
+    out[f"opt/all/{name}"] = jnp.nanmedian(jnp.concatenate([
+        summaries.sample_coords(leaf, max(1, summaries.MEDIAN_SAMPLE * leaf.size // total))
+        for _, leaf in leaves_with_path]))
   return out

@@ -7,16 +7,12 @@
 """
 
 from pergrad.stats import summaries
-from pergrad.stats.api import (
-    BACKENDS,
-    GRANULARITIES,
-    compute,
-    normalize_want,
-    resolve_backend,
-)
+from pergrad.stats.api import BACKENDS, check_microbatch, compute, resolve_backend
+from pergrad.stats.registry import Statistic, register, unregister
+from pergrad.stats.request import GRANULARITIES, StatsRequest
 from pergrad.stats.types import STATISTICS, GradStats
 
 __all__ = [
-    "BACKENDS", "GRANULARITIES", "STATISTICS", "GradStats", "compute", "normalize_want",
-    "resolve_backend", "summaries",
+    "BACKENDS", "GRANULARITIES", "STATISTICS", "GradStats", "StatsRequest", "check_microbatch",
+    "Statistic", "compute", "register", "resolve_backend", "summaries", "unregister",
 ]

@@ -12,7 +12,7 @@ Backends (all return the same `GradStats`):
                (`vmap.py`); granularity "example" only; supports `per_example_clip`.
   - "surgery": one backward pass with custom VJPs that emit the statistics
                (`surgery.py`); granularities "example" and "token".
-  - "loop":    a Python loop over examples (`loop.py`); a reference for tests.
+  - "loop":    a Python loop over examples (`reference.py`); a reference for tests.
   - "auto":    the cheapest backend that can supply the request (`resolve_backend`):
                surgery for token granularity, vmap for example granularity.
 A request for "mean" alone (example granularity, no clipping) takes the plain
@@ -38,13 +38,13 @@ import jax
 import jax.numpy as jnp
 from optax import microbatching
 
-from pergrad.stats.types import STATISTICS, GradStats
+from pergrad.stats.request import StatsRequest
+from pergrad.stats.types import GradStats
 
 PyTree = Any
 LossFn = Callable[[PyTree, dict], jax.Array]
 
 BACKENDS = ("auto", "vmap", "surgery", "loop")
-GRANULARITIES = ("example", "token")
 # What each concrete backend can supply (surgery raises its own error, naming the layer,
 # for a model it cannot handle).
 _SUPPORTS = {
@@ -54,22 +54,8 @@ _SUPPORTS = {
 }
 
 
-def normalize_want(want: str | Sequence[str]) -> tuple[str, ...]:
-  """`want` as a sorted tuple of statistic names that always contains "mean"."""
-  if isinstance(want, str):
-    want = (want,)
-  want = tuple(getattr(w, "value", w) for w in want)  # accept config enums
-  unknown = [w for w in want if w not in STATISTICS]
-  if unknown:
-    raise ValueError(
-        f"unknown statistic(s) {unknown} in want={want}; valid statistics are {STATISTICS} "
-        "(variance, sign mean, etc. are derived from 'mean', 'sq', 'sign' by GradStats).")
-  return tuple(s for s in STATISTICS if s in set(want) | {"mean"})
-
-
-def resolve_backend(want: Sequence[str], granularity: str = "example", backend: str = "auto",
-                    per_example_clip: float | None = None) -> str:
-  """The backend that `compute` will run: "value_and_grad", "vmap", "surgery" or "loop".
+def resolve_backend(request: StatsRequest, backend: str = "auto") -> str:
+  """The backend that serves `request`: "value_and_grad", "vmap", "surgery" or "loop".
 
   Rule for "auto" (from results/overhead, `scripts/reproduce.py overhead --preset cpu`,
   measured on XLA:CPU):
@@ -79,41 +65,24 @@ def resolve_backend(want: Sequence[str], granularity: str = "example", backend: 
       the time of value_and_grad for sq+sign and for all statistics, where surgery took
       1.43-1.48x; for norms alone the two tie (0.95-1.06x vs 0.99-1.07x). Re-measure on
       an accelerator before changing this.
-  Raises ValueError for an invalid request, naming the backend that supports it.
+  Raises ValueError when `backend` cannot serve the request, naming one that can.
   """
-  want = normalize_want(want)
-  granularity = getattr(granularity, "value", granularity)
-  backend = getattr(backend, "value", backend)
-  if granularity not in GRANULARITIES:
-    raise ValueError(f"unknown granularity={granularity!r}; valid: {GRANULARITIES}.")
   if backend not in BACKENDS:
     raise ValueError(f"unknown backend={backend!r}; valid: {BACKENDS}.")
-  if per_example_clip is not None and not per_example_clip > 0:
-    raise ValueError(f"per_example_clip={per_example_clip} must be a positive norm or None.")
-  if per_example_clip is not None and granularity == "token":
-    raise ValueError(
-        "per_example_clip with granularity='token' is supported by no backend: clipping acts "
-        "on per-example gradients; use granularity='example' (backend 'vmap' or 'loop').")
-  if granularity == "token" and "norms" in want:
-    raise ValueError(
-        "'norms' (per-example squared norms) exist only at granularity='example'; drop "
-        "'norms' from want or use granularity='example'.")
+  if request.mean_only:
+    return "value_and_grad"
   if backend == "auto":
-    if want == ("mean",) and granularity == "example" and per_example_clip is None:
-      return "value_and_grad"
-    backend = "surgery" if granularity == "token" else "vmap"
+    return "surgery" if request.granularity == "token" else "vmap"
   sup = _SUPPORTS[backend]
-  if granularity not in sup["granularity"]:
+  if request.granularity not in sup["granularity"]:
     raise ValueError(
-        f"granularity='{granularity}' is not supported by backend='{backend}' (it computes "
-        "per-example gradients only); use backend='surgery' (or 'auto') for per-token "
-        "statistics.")
-  if per_example_clip is not None and not sup["clip"]:
+        f"granularity='{request.granularity}' is not supported by backend='{backend}' (it "
+        "computes per-example gradients only); use backend='surgery' (or 'auto') for "
+        "per-token statistics.")
+  if request.per_example_clip is not None and not sup["clip"]:
     raise ValueError(
         f"per_example_clip is not supported by backend='{backend}' (its statistics are reduced "
         "before any per-example gradient exists); use backend='vmap' (or 'loop').")
-  if want == ("mean",) and granularity == "example" and per_example_clip is None:
-    return "value_and_grad"
   return backend
 
 
@@ -130,6 +99,16 @@ def batch_size(batch: PyTree) -> int:
   return size
 
 
+def check_microbatch(microbatch_size: int | None, B: int) -> None:
+  """ValueError (one line) unless `microbatch_size` is None or a positive divisor of B."""
+  if microbatch_size is None:
+    return
+  if not (isinstance(microbatch_size, int) and microbatch_size > 0 and B % microbatch_size == 0):
+    raise ValueError(
+        f"microbatch_size={microbatch_size} must be a positive divisor of the batch size "
+        f"B={B}; choose a divisor of B or null.")
+
+
 def compute(
     loss_fn: LossFn,
     params: PyTree,
@@ -140,6 +119,7 @@ def compute(
     backend: str = "auto",
     microbatch_size: int | None = None,
     per_example_clip: float | None = None,
+    request: StatsRequest | None = None,
 ) -> tuple[jax.Array, GradStats]:
   """Mean loss and gradient statistics of `loss_fn` over `batch`.
 
@@ -147,28 +127,29 @@ def compute(
     loss_fn: (params, batch) -> float32[B] per-example losses.
     params: the parameters (any pytree of float arrays).
     batch: pytree of arrays with a leading example axis B.
-    want: subset of ("mean", "sq", "sign", "norms"); "mean" is always computed.
+    want: statistic names (`STATISTICS`); "mean" is always computed.
     granularity: "example" (samples g_b, n = B) or "token" (per-token contributions,
       n = B·T, surgery only).
-    backend: "auto" | "vmap" | "surgery" | "loop".
+    backend: "auto" | "vmap" | "surgery" | "loop" (or an already resolved
+      "value_and_grad").
     microbatch_size: process the batch in chunks of this many examples (must divide B).
     per_example_clip: clip each g_b to global norm C, g_b · min(1, C/‖g_b‖), before
       every statistic (vmap / loop); the loss is not affected.
+    request: a `StatsRequest` in place of (want, granularity, per_example_clip).
 
   Returns:
     (loss, stats): loss = (1/B) Σ_b loss_b (float32 scalar) and a `GradStats`.
   """
-  want = normalize_want(want)
-  granularity = getattr(granularity, "value", granularity)
-  which = resolve_backend(want, granularity, backend, per_example_clip)
+  if request is None:
+    request = StatsRequest(want=want, granularity=granularity,
+                           per_example_clip=per_example_clip)
+  want, granularity = request.want, request.granularity
+  per_example_clip = request.per_example_clip
+  which = backend if backend == "value_and_grad" else resolve_backend(request, backend)
   B = batch_size(batch)
-  if microbatch_size is not None:
-    if not (isinstance(microbatch_size, int) and microbatch_size > 0 and B % microbatch_size == 0):
-      raise ValueError(
-          f"microbatch_size={microbatch_size} must be a positive divisor of the batch size "
-          f"B={B}; choose a divisor of B or None.")
-    if microbatch_size == B:
-      microbatch_size = None
+  check_microbatch(microbatch_size, B)
+  if microbatch_size == B:
+    microbatch_size = None
   out = jax.eval_shape(loss_fn, params, batch)
   if getattr(out, "shape", None) != (B,):
     raise ValueError(
@@ -178,7 +159,7 @@ def compute(
   if which == "value_and_grad":
     return _value_and_grad_stats(loss_fn, params, batch)
   if which == "loop":  # already one example at a time: microbatching changes nothing
-    from pergrad.stats import loop
+    from pergrad.stats import reference as loop
     return loop.loop_stats(loss_fn, params, batch, want=want, per_example_clip=per_example_clip)
   if which == "vmap":
     from pergrad.stats import vmap
@@ -206,8 +187,9 @@ def _microbatched(chunk_fn: Callable, params: PyTree, batch: PyTree, microbatch_
   """Runs `chunk_fn` on chunks of `microbatch_size` examples and merges the results.
 
   Uses `optax.microbatching.microbatch` (a fori_loop; chunks are strided slices so
-  that a batch sharded over devices stays sharded): sums and counts are added,
-  per-example norms concatenated back in example order.
+  that a batch sharded over devices stays sharded): sums, counts and every coordinate
+  statistic are added, every example statistic (per-example norms, ...) concatenated
+  back in example order.
   """
   B = batch_size(batch)
   SUM, CONCAT = microbatching.AccumulationType.SUM, microbatching.AccumulationType.CONCAT
@@ -217,16 +199,17 @@ def _microbatched(chunk_fn: Callable, params: PyTree, batch: PyTree, microbatch_
     loss, stats = chunk_fn(p, b)
     granularity.append(stats.granularity)
     out = dict(loss_sum=loss * batch_size(b), count=stats.count, sum=stats.sum)
-    for k in ("sum_sq", "sum_sign", "sq_norms"):
-      if getattr(stats, k) is not None:
-        out[k] = getattr(stats, k)
+    if stats.coordinate_stats:
+      out["coordinate_stats"] = stats.coordinate_stats
+    if stats.example_stats:
+      out["example_stats"] = stats.example_stats
     return out
 
   shapes = jax.eval_shape(fn, params, jax.tree.map(lambda x: x[:microbatch_size], batch))
-  acc = {k: CONCAT if k == "sq_norms" else SUM for k in shapes}
+  acc = {k: CONCAT if k == "example_stats" else SUM for k in shapes}
   out = microbatching.microbatch(fn, argnums=1, microbatch_size=microbatch_size,
                                  accumulator=acc)(params, batch)
-  stats = GradStats(count=out["count"], sum=out["sum"], sum_sq=out.get("sum_sq"),
-                    sum_sign=out.get("sum_sign"), sq_norms=out.get("sq_norms"),
-                    granularity=granularity[-1])
+  stats = GradStats(count=out["count"], sum=out["sum"],
+                    coordinate_stats=out.get("coordinate_stats"),
+                    example_stats=out.get("example_stats"), granularity=granularity[-1])
   return out["loss_sum"] / B, stats

@@ -1,8 +1,10 @@
-"""loop backend: a plain Python loop over examples. A reference for tests, not fast.
+"""Reference backend ("loop"): a plain Python loop over examples. For tests, not fast.
 
 For b = 1..B: g_b = ∇ loss_b (one `jax.value_and_grad` per example, batch of one),
-optionally clipped ĝ_b = g_b · min(1, C/‖g_b‖), then accumulated:
-Σ ĝ_b, Σ ĝ_b², Σ sign(ĝ_b) and ‖ĝ_b‖² per leaf.
+optionally clipped ĝ_b = g_b · min(1, C/‖g_b‖), then accumulated: Σ ĝ_b and, for every
+requested registered statistic (`pergrad.stats.registry`), Σ_b φ(ĝ_b) per coordinate
+(kind "coordinate") or Σ_coords φ(ĝ_b) per leaf, stacked over examples (kind "example").
+Clipping acts on ĝ_b itself, so it applies to any statistic (no `clip_power` needed).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 
+from pergrad.stats import registry
 from pergrad.stats.types import GradStats
 
 
@@ -31,7 +34,11 @@ def per_example_grads(loss_fn, params, batch):
 def loop_stats(loss_fn, params, batch, *, want: Sequence[str] = ("mean",),
                per_example_clip: float | None = None):
   """(mean loss, GradStats) of `batch`, one example at a time."""
-  losses, sums, sums_sq, sums_sign, sq_norms = [], None, None, None, []
+  coord_names = registry.select(want, "coordinate")
+  example_names = registry.select(want, "example")
+  losses, sums = [], None
+  coord = dict.fromkeys(coord_names)
+  example = {k: [] for k in example_names}
   add = lambda acc, x: x if acc is None else jax.tree.map(jnp.add, acc, x)
   for loss_b, g in per_example_grads(loss_fn, params, batch):
     if per_example_clip is not None:
@@ -40,15 +47,16 @@ def loop_stats(loss_fn, params, batch, *, want: Sequence[str] = ("mean",),
       g = jax.tree.map(lambda x, s=scale: x * s, g)
     losses.append(loss_b)
     sums = add(sums, g)
-    if "sq" in want:
-      sums_sq = add(sums_sq, jax.tree.map(jnp.square, g))
-    if "sign" in want:
-      sums_sign = add(sums_sign, jax.tree.map(jnp.sign, g))
-    sq_norms.append(jax.tree.map(lambda x: jnp.sum(jnp.square(x)), g))
+    for k in coord_names:
+      coord[k] = add(coord[k], jax.tree.map(registry.get(k).phi, g))
+    for k in example_names:
+      phi = registry.get(k).phi
+      example[k].append(jax.tree.map(lambda x, phi=phi: jnp.sum(phi(x)), g))
   stats = GradStats(
       count=jnp.asarray(len(losses), jnp.float32),
-      sum=sums, sum_sq=sums_sq, sum_sign=sums_sign,
-      sq_norms=jax.tree.map(lambda *n: jnp.stack(n), *sq_norms) if "norms" in want else None,
+      sum=sums,
+      coordinate_stats=coord,
+      example_stats={k: jax.tree.map(lambda *n: jnp.stack(n), *v) for k, v in example.items()},
       granularity="example",
   )
   return jnp.mean(jnp.stack(losses)), stats

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from pergrad.stats import types
+from pergrad.stats import registry, types
 
 GRANULARITIES = ("example", "token")
 
@@ -51,10 +51,12 @@ class StatsRequest:
           "per_example_clip clips whole examples and cannot go with granularity='token' "
           "(e.g. the sign placement 'token'); set per_example_clip=null or use "
           "granularity='example'.")
-    if self.granularity == "token" and "norms" in self.want:
+    per_example = [w for w in self.want if w in registry.names("example")]
+    if self.granularity == "token" and per_example:
       raise ValueError(
-          "'norms' (per-example squared norms) exist only at granularity='example'; drop "
-          "'norms' from want or use granularity='example'.")
+          f"{per_example} (per-example statistics, e.g. 'norms', the per-example squared "
+          f"norms) exist only at granularity='example'; drop them from want or use "
+          "granularity='example'.")
 
   @property
   def mean_only(self) -> bool:

@@ -23,6 +23,9 @@ Samples (GradStats.count = n):
   the sum of its two uses, e_{id_bt} δin_btᵀ + δout_bt x_btᵀ, before φ.
   A position embedding called on arange(T) (no example axis) has sample δ_bt at row t.
 
+Every registered statistic (`pergrad.stats.registry`) is computed: at granularity
+"example" any of them; at granularity "token" the coordinate statistics whose φ is
+multiplicative (φ(A)ᵀφ(Δ) per dense layer).
 Per-example statistics materialise one layer's B×K×L per-example gradients at a time
 (transient) or, for norms only, use the Gram "ghost norm" when it takes fewer FLOPs.
 Embedding tables use a per-example sort-based segment-sum (repeated ids combine before
@@ -43,6 +46,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from pergrad.stats import registry
 from pergrad.stats import surgery_math as sm
 from pergrad.stats.types import STATISTICS, GradStats
 
@@ -313,7 +317,7 @@ def surgery_stats(loss_fn, params, batch, *, want: tuple[str, ...], granularity:
       modules of the supported types (Dense, DenseGeneral, Embed, LayerNorm, RMSNorm).
     params: the parameter tree.
     batch: pytree of arrays whose leaves with a leading axis share the example axis B.
-    want: subset of ("mean", "sq", "sign", "norms").
+    want: statistic names: "mean" and registered statistics (`STATISTICS`).
     granularity: "example" (n = B samples) or "token" (n = B·T samples).
   Returns:
     (mean loss, GradStats) with sum = n · ∇(mean loss) and the requested sums.
@@ -324,9 +328,17 @@ def surgery_stats(loss_fn, params, batch, *, want: tuple[str, ...], granularity:
     raise ValueError(f"unknown statistic(s) {bad}; choose from {STATISTICS}.")
   if granularity not in ("example", "token"):
     raise ValueError(f"granularity={granularity!r}; choose 'example' or 'token'.")
-  if granularity == "token" and "norms" in want:
-    raise ValueError("per-example norms exist only at granularity='example'; "
-                     "drop 'norms' from want or use granularity='example'.")
+  if granularity == "token":
+    for k in registry.select(want):
+      st = registry.get(k)
+      if st.kind == "example":
+        raise ValueError(
+            f"'{k}' is a per-example statistic: it exists only at granularity='example'; "
+            f"drop '{k}' from want or use granularity='example'.")
+      if not st.multiplicative:
+        raise ValueError(
+            f"statistic '{k}' has a non-multiplicative φ, so backend 'surgery' cannot compute "
+            "it per token; use granularity='example' (backend 'surgery', 'vmap' or 'loop').")
   leads = {x.shape[0] for x in jax.tree.leaves(batch) if np.ndim(x)}
   if len(leads) != 1:
     raise ValueError(f"batch leaves must share one leading example axis, got sizes {leads}.")
@@ -345,8 +357,9 @@ def surgery_stats(loss_fn, params, batch, *, want: tuple[str, ...], granularity:
   count = B * T if token else B
   scale = float(count)
 
-  stat_keys = [k for k in ("sq", "sign", "norms") if k in want]
-  probes = {k: {key: jnp.zeros((B,) if k == "norms" else v.shape, _F32)
+  stat_keys = list(registry.select(want))
+  example_keys = set(registry.select(want, "example"))
+  probes = {k: {key: jnp.zeros((B,) if k in example_keys else v.shape, _F32)
                 for key, v in flat_params.items()} for k in stat_keys}
 
   def objective(p, probes):
@@ -397,8 +410,7 @@ def surgery_stats(loss_fn, params, batch, *, want: tuple[str, ...], granularity:
   return loss, GradStats(
       count=jnp.asarray(count, _F32),
       sum=jax.tree.map(lambda g: g.astype(_F32) * scale, grads),
-      sum_sq=tree(probe_cts["sq"]) if "sq" in want else None,
-      sum_sign=tree(probe_cts["sign"]) if "sign" in want else None,
-      sq_norms=tree(probe_cts["norms"]) if "norms" in want else None,
+      coordinate_stats={k: tree(probe_cts[k]) for k in stat_keys if k not in example_keys},
+      example_stats={k: tree(probe_cts[k]) for k in stat_keys if k in example_keys},
       granularity=granularity,
   )

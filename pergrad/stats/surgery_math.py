@@ -4,14 +4,18 @@ Pure functions used by the backward pass of `pergrad.stats.surgery`. Every input
 already laid out with the example axis first and the token ("row") axes flattened,
 cast to float32 and scaled so that each sample is a gradient sample (the surgery
 module multiplies the cotangents by B for per-example samples and by B*T for
-per-token samples). Each function returns a dict with the requested entries of
-{"sq": Σ_n g_n², "sign": Σ_n sign(g_n), "norms": ‖g_b‖² (float32[B])}, where n runs
-over the samples: examples b, or tokens (b, t).
+per-token samples). `want` names registered statistics (`pergrad.stats.registry`);
+each function returns a dict with the requested entries: Σ_n φ(g_n) per coordinate
+for a statistic of kind "coordinate" (e.g. "sq": Σ_n g_n², "sign": Σ_n sign(g_n)),
+Σ_coords φ(g_b) per example (float32[B]) for one of kind "example" (e.g. "norms":
+‖g_b‖²), where n runs over the samples: examples b, or tokens (b, t).
 
 Notation: an outer-product layer (Dense, DenseGeneral, Embed.attend) contributes
 g = Σ_r l_r r_rᵀ over its rows r, with l = layer input and r = output cotangent (or
-the reverse for `attend`). For φ = square or sign, φ(l rᵀ) = φ(l) φ(r)ᵀ, hence the
-per-token sums Σ_n φ(l_n r_nᵀ) = φ(L)ᵀ φ(R): one extra matmul per statistic.
+the reverse for `attend`). For a multiplicative φ (square, sign, abs, ...),
+φ(l rᵀ) = φ(l) φ(r)ᵀ, hence the per-token sums Σ_n φ(l_n r_nᵀ) = φ(L)ᵀ φ(R): one extra
+matmul per statistic. Per-example statistics work for any φ with φ(0) = 0; "norms"
+may use the Gram ("ghost norm") form, specific to squares.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import contextlib
 import jax
 import jax.numpy as jnp
 
-_PHI = {"sq": jnp.square, "sign": jnp.sign}
+from pergrad.stats import registry
 
 # `unroll` of the scans below. XLA's cost analysis counts a while-loop body once, not
 # once per trip, so a benchmark that reports FLOPs traces under `unrolled_scans()`:
@@ -59,7 +63,30 @@ def zeros_after(x, shape):
 
 
 def _phis(want):
-  return [k for k in ("sq", "sign") if k in want]
+  """The coordinate statistics in `want`, in registration order (e.g. ["sq", "sign"])."""
+  return list(registry.select(want, "coordinate"))
+
+
+def _examples(want):
+  """The example statistics in `want`, in registration order (e.g. ["norms"])."""
+  return list(registry.select(want, "example"))
+
+
+def _phi(name):
+  return registry.get(name).phi
+
+
+def _needs_materialised(want, ghost_ok: bool) -> bool:
+  """Whether per-example gradients must be formed: a coordinate statistic, an example
+  statistic other than "norms", or "norms" where the ghost norm is not an option."""
+  ex = _examples(want)
+  return bool(_phis(want)) or any(k != "norms" for k in ex) or ("norms" in ex and not ghost_ok)
+
+
+def _phi_of_scalar(name, scale: float) -> float:
+  """φ(s) for a positive Python scalar s (with φ multiplicative, φ(s·x) = φ(s)·φ(x))."""
+  with jax.ensure_compile_time_eval():
+    return float(_phi(name)(jnp.asarray(scale, jnp.float32)))
 
 
 # --- outer-product layers (kernels) -------------------------------------------
@@ -73,7 +100,7 @@ def _row_chunks(B: int, R: int, width: int, max_elems: int) -> int:
 
 def outer_token_stats(left_BxRxP, right_BxRxQ, want, scale: float = 1.0,
                       max_elems: int = 1 << 20):
-  """Σ_{b,r} φ(s·l_br r_brᵀ) = φ(s)·φ(L)ᵀ φ(R)  (P×Q), one matmul per φ.
+  """Σ_{b,r} φ(s·l_br r_brᵀ) = φ(s)·φ(L)ᵀ φ(R)  (P×Q), one matmul per φ (multiplicative).
 
   φ(L), φ(R) are formed over chunks of the token axis (lax.scan), one φ after the
   other, so that at most ~max_elems of them live at once: no per-token tensor beyond
@@ -87,12 +114,13 @@ def outer_token_stats(left_BxRxP, right_BxRxQ, want, scale: float = 1.0,
   C = _row_chunks(B, R, P + Q, max_elems)
 
   def chunk_stats(l_BxRcxP, r_BxRcxQ):
-    out = {}
+    out, prev = {}, None
     for k in phis:  # each φ waits for the previous one's matmul (see zero_after), so
       if out:       # one pair φ(L), φ(R) lives at a time
         z = zero_after(out[prev])
         l_BxRcxP, r_BxRcxQ = l_BxRcxP + z, r_BxRcxQ + z
-      out[k] = jnp.einsum("brp,brq->pq", _PHI[k](l_BxRcxP), _PHI[k](r_BxRcxQ))
+      phi = _phi(k)
+      out[k] = jnp.einsum("brp,brq->pq", phi(l_BxRcxP), phi(r_BxRcxQ))
       prev = k
     return out
 
@@ -108,8 +136,11 @@ def outer_token_stats(left_BxRxP, right_BxRxQ, want, scale: float = 1.0,
 
     acc0 = {k: zeros_after(right_BxRxQ, (P, Q)) for k in phis}
     out, _ = jax.lax.scan(step, acc0, jnp.arange(C), unroll=_SCAN_UNROLL[0])
-  if "sq" in out:
-    out["sq"] = out["sq"] * (scale * scale)
+  for k in phis:
+    if k == "sq":
+      out[k] = out[k] * (scale * scale)
+    elif (f := _phi_of_scalar(k, scale)) != 1.0:
+      out[k] = out[k] * f
   return out
 
 
@@ -122,22 +153,23 @@ def ghost_norm_is_cheaper(R: int, P: int, Q: int) -> bool:
 
 
 def outer_example_stats(left_BxRxP, right_BxRxQ, want, scale: float = 1.0):
-  """Per-example G_b = s·L_bᵀ R_b (P×Q): Σ_b φ(G_b) and ‖G_b‖².
+  """Per-example G_b = s·L_bᵀ R_b (P×Q): Σ_b φ(G_b) and Σ_coords φ(G_b) (e.g. ‖G_b‖²).
 
-  Materialises G (B×P×Q, transient) when sq/sign are asked or when it is cheaper;
-  otherwise ‖G_b‖² = s²⟨L_b L_bᵀ, R_b R_bᵀ⟩ (the "ghost norm", Goodfellow 2015).
+  Materialises G (B×P×Q, transient) when a coordinate statistic or an example
+  statistic other than norms is asked, or when it is cheaper; otherwise
+  ‖G_b‖² = s²⟨L_b L_bᵀ, R_b R_bᵀ⟩ (the "ghost norm", Goodfellow 2015).
   """
   out = {}
   _, R, P = left_BxRxP.shape
   Q = right_BxRxQ.shape[-1]
-  phis = _phis(want)
-  if phis or ("norms" in want and not ghost_norm_is_cheaper(R, P, Q)):
+  phis, examples = _phis(want), _examples(want)
+  if _needs_materialised(want, ghost_norm_is_cheaper(R, P, Q)):
     g_BxPxQ = jnp.einsum("brp,brq->bpq", left_BxRxP, right_BxRxQ) * scale
     for k in phis:
-      out[k] = _PHI[k](g_BxPxQ).sum(axis=0)
-    if "norms" in want:
-      out["norms"] = jnp.square(g_BxPxQ).sum(axis=(1, 2))
-  elif "norms" in want:
+      out[k] = _phi(k)(g_BxPxQ).sum(axis=0)
+    for k in examples:
+      out[k] = _phi(k)(g_BxPxQ).sum(axis=(1, 2))
+  elif "norms" in examples:
     gram_l_BxRxR = jnp.einsum("brp,bsp->brs", left_BxRxP, left_BxRxP)
     gram_r_BxRxR = jnp.einsum("brq,bsq->brs", right_BxRxQ, right_BxRxQ)
     out["norms"] = (gram_l_BxRxR * gram_r_BxRxR).sum(axis=(1, 2)) * (scale * scale)
@@ -147,15 +179,15 @@ def outer_example_stats(left_BxRxP, right_BxRxQ, want, scale: float = 1.0):
 # --- row-sum layers (biases, norm scales) --------------------------------------
 def rowsum_token_stats(v_NxP, want):
   """Samples are the rows themselves: Σ_n φ(v_n)."""
-  return {k: _PHI[k](v_NxP).sum(axis=0) for k in _phis(want)}
+  return {k: _phi(k)(v_NxP).sum(axis=0) for k in _phis(want)}
 
 
 def rowsum_example_stats(v_BxRxP, want):
-  """g_b = Σ_r v_br: Σ_b φ(g_b) and ‖g_b‖²."""
+  """g_b = Σ_r v_br: Σ_b φ(g_b) and Σ_coords φ(g_b) (e.g. ‖g_b‖²)."""
   g_BxP = v_BxRxP.sum(axis=1)
-  out = {k: _PHI[k](g_BxP).sum(axis=0) for k in _phis(want)}
-  if "norms" in want:
-    out["norms"] = jnp.square(g_BxP).sum(axis=-1)
+  out = {k: _phi(k)(g_BxP).sum(axis=0) for k in _phis(want)}
+  for k in _examples(want):
+    out[k] = _phi(k)(g_BxP).sum(axis=-1)
   return out
 
 
@@ -163,7 +195,7 @@ def rowsum_example_stats(v_BxRxP, want):
 def lookup_token_stats(ids_N, rows_NxD, num_rows: int, want):
   """Token n adds rows_n to table row ids_n: Σ_n φ(·) = scatter-add of φ(rows_n)."""
   D = rows_NxD.shape[-1]
-  return {k: zeros_after(rows_NxD, (num_rows, D)).at[ids_N].add(_PHI[k](rows_NxD))
+  return {k: zeros_after(rows_NxD, (num_rows, D)).at[ids_N].add(_phi(k)(rows_NxD))
           for k in _phis(want)}
 
 
@@ -172,7 +204,7 @@ def combine_repeated_ids(ids_BxR, rows_BxRxD):
 
   Returns (slot_ids (B*R), slots (B*R)×D): example b owns slots b*R..b*R+R-1; each
   distinct id of example b gets one slot holding the sum of its rows; unused slots
-  hold zero vectors (and id 0), which add nothing since φ(0) = 0 for sq and sign.
+  hold zero vectors (and id 0), which add nothing since φ(0) = 0 (a registry rule).
   """
   B, R = ids_BxR.shape
   order_BxR = jnp.argsort(ids_BxR, axis=1)
@@ -197,8 +229,8 @@ def lookup_example_stats(ids_BxR, rows_BxRxD, num_rows: int, want):
   B, R, D = rows_BxRxD.shape
   slot_ids_N, slots_NxD = combine_repeated_ids(ids_BxR, rows_BxRxD)
   out = lookup_token_stats(slot_ids_N, slots_NxD, num_rows, want)
-  if "norms" in want:
-    out["norms"] = jnp.square(slots_NxD).reshape(B, R * D).sum(axis=-1)
+  for k in _examples(want):
+    out[k] = _phi(k)(slots_NxD).reshape(B, R * D).sum(axis=-1)
   return out
 
 
@@ -217,31 +249,30 @@ def tied_token_lookup_stats(ids_N, din_NxD, u_NxD, num_rows: int, want):
   """
   D = din_NxD.shape[-1]
   return {k: zeros_after(din_NxD, (num_rows, D)).at[ids_N].add(
-      _PHI[k](din_NxD + u_NxD) - _PHI[k](u_NxD)) for k in _phis(want)}
+      _phi(k)(din_NxD + u_NxD) - _phi(k)(u_NxD)) for k in _phis(want)}
 
 
 def tied_example_stats(ids_BxR, din_BxRxD, dout_BxSxV, x_BxSxD, want):
   """Per-example G_b = dout_bᵀ x_b + scatter(ids_b, din_b) (V×D), summed before φ.
 
-  sq/sign: G_b is materialised one example at a time (lax.scan, V×D live).
+  Coordinate statistics or example statistics other than norms: G_b is materialised
+  one example at a time (lax.scan, V×D live).
   norms only: ‖G_b‖² = ‖dout_bᵀx_b‖² + 2 Σ_{s,t} dout_b[s, id_bt] ⟨x_bs, din_bt⟩
   + ‖scatter(ids_b, din_b)‖², the first term by the ghost norm when cheaper.
   """
   V, D = dout_BxSxV.shape[-1], x_BxSxD.shape[-1]
-  phis = _phis(want)
-  if phis:
+  phis, examples = _phis(want), _examples(want)
+  if _needs_materialised(want, ghost_ok=True):
     def step(acc, ex):
       ids_R, din_RxD, dout_SxV, x_SxD = ex
       g_VxD = (dout_SxV.T @ x_SxD).at[ids_R].add(din_RxD)
-      acc = {k: acc[k] + _PHI[k](g_VxD) for k in phis}
-      return acc, jnp.square(g_VxD).sum()
+      acc = {k: acc[k] + _phi(k)(g_VxD) for k in phis}
+      return acc, {k: _phi(k)(g_VxD).sum() for k in examples}
     acc0 = {k: zeros_after(din_BxRxD, (V, D)) for k in phis}
-    out, norms_B = jax.lax.scan(step, acc0, (ids_BxR, din_BxRxD, dout_BxSxV, x_BxSxD),
-                                unroll=_SCAN_UNROLL[0])
-    if "norms" in want:
-      out["norms"] = norms_B
-    return out
-  if "norms" not in want:
+    out, per_example = jax.lax.scan(step, acc0, (ids_BxR, din_BxRxD, dout_BxSxV, x_BxSxD),
+                                    unroll=_SCAN_UNROLL[0])
+    return {**out, **per_example}
+  if "norms" not in examples:
     return {}
   dense_B = outer_example_stats(dout_BxSxV, x_BxSxD, ("norms",))["norms"]  # pre-scaled
   dout_at_ids_BxSxR = jnp.take_along_axis(

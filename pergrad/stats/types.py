@@ -11,8 +11,11 @@ merge by addition (`merge`); means and variances are derived at the end:
     sign mean     s   = (1/n) Σ sign(g_i)
     squared mean  μ̂²  = ḡ² - σ̂²/n                   (unbiased estimate of μ²)
 
-`sq_norms` holds per-example squared norms ‖g_b‖² per parameter leaf, each leaf an
-array float32[B] (examples, never tokens).
+Every other statistic comes from the registry (`pergrad.stats.registry`), stored by
+name: `coordinate_stats[name]` = Σ_n φ(g_n), a tree like params (kind "coordinate",
+merged by addition), and `example_stats[name]` = Σ_coords φ(g_b) per parameter leaf,
+leaves float32[B] (kind "example", examples never tokens, merged by concatenation).
+`sum_sq`, `sum_sign` and `sq_norms` read the built-ins "sq", "sign", "norms".
 """
 
 from __future__ import annotations
@@ -23,19 +26,80 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
+from pergrad.stats import registry
+
 PyTree = Any
 
-STATISTICS = ("mean", "sq", "sign", "norms")
+# ("mean", *registered statistics): a live view of the registry, in registration order.
+STATISTICS = registry.STATISTICS
 
 
 @flax.struct.dataclass
 class GradStats:
   count: jax.Array  # float32 scalar: number of samples n
   sum: PyTree = None  # Σ g_i, like params
-  sum_sq: PyTree = None  # Σ g_i², like params (None unless asked)
-  sum_sign: PyTree = None  # Σ sign(g_i), like params (None unless asked)
-  sq_norms: PyTree = None  # ‖g_b‖² per leaf, leaves float32[B] (None unless asked)
+  # name -> Σ_n φ(g_n), like params (registered statistics of kind "coordinate")
+  coordinate_stats: dict = flax.struct.field(default_factory=dict)
+  # name -> Σ_coords φ(g_b) per leaf, leaves float32[B] (kind "example")
+  example_stats: dict = flax.struct.field(default_factory=dict)
   granularity: str = flax.struct.field(pytree_node=False, default="example")
+
+  def __init__(self, count, sum=None, coordinate_stats=None, example_stats=None,
+               granularity: str = "example", *, sum_sq=None, sum_sign=None, sq_norms=None):
+    """Also takes the built-ins by their field names of old: sum_sq, sum_sign, sq_norms."""
+    coord = dict(coordinate_stats or {})
+    example = dict(example_stats or {})
+    for name, value, into in (("sq", sum_sq, coord), ("sign", sum_sign, coord),
+                              ("norms", sq_norms, example)):
+      if value is not None:
+        into[name] = value
+    object.__setattr__(self, "count", count)
+    object.__setattr__(self, "sum", sum)
+    object.__setattr__(self, "coordinate_stats", coord)
+    object.__setattr__(self, "example_stats", example)
+    object.__setattr__(self, "granularity", granularity)
+
+  # --- generic access ---------------------------------------------------------
+  def has(self, name: str) -> bool:
+    """Whether statistic `name` ("mean" or a registered one) was computed."""
+    if name == "mean":
+      return self.sum is not None
+    return name in self.coordinate_stats or name in self.example_stats
+
+  def coord(self, name: str) -> PyTree:
+    """Σ_n φ(g_n) of coordinate statistic `name`, a tree like params."""
+    _need(self.coordinate_stats.get(name), name)
+    return self.coordinate_stats[name]
+
+  def per_example(self, name: str) -> PyTree:
+    """Σ_coords φ(g_b) of example statistic `name`, leaves float32[B]."""
+    _need(self.example_stats.get(name), name)
+    return self.example_stats[name]
+
+  def get(self, name: str) -> PyTree:
+    """The stored value of `name`: the gradient sum Σ_n g_n for "mean", else by kind."""
+    if name == "mean":
+      return self.sum
+    if registry.get(name).kind == "example":
+      return self.per_example(name)
+    return self.coord(name)
+
+  def coord_mean(self, name: str) -> PyTree:
+    """(1/n) Σ_n φ(g_n) of coordinate statistic `name`."""
+    return jax.tree.map(lambda s: s / self.count, self.coord(name))
+
+  # --- the built-ins by their historical names ---------------------------------
+  @property
+  def sum_sq(self) -> PyTree:  # Σ g_i², like params (None unless asked)
+    return self.coordinate_stats.get("sq")
+
+  @property
+  def sum_sign(self) -> PyTree:  # Σ sign(g_i), like params (None unless asked)
+    return self.coordinate_stats.get("sign")
+
+  @property
+  def sq_norms(self) -> PyTree:  # ‖g_b‖² per leaf, leaves float32[B] (None unless asked)
+    return self.example_stats.get("norms")
 
   # --- derived statistics -------------------------------------------------
   @property
@@ -74,18 +138,25 @@ class GradStats:
 
   # --- merging --------------------------------------------------------------
   def merge(self, other: "GradStats") -> "GradStats":
-    """Statistics of the union of two disjoint sets of samples."""
+    """Statistics of the union of two disjoint sets of samples.
+
+    Coordinate statistics (and the sum) add; example statistics concatenate along the
+    example axis (self's examples first)."""
     if self.granularity != other.granularity:
       raise ValueError(f"cannot merge {self.granularity} and {other.granularity} statistics")
+    mine = set(self.coordinate_stats) | set(self.example_stats)
+    theirs = set(other.coordinate_stats) | set(other.example_stats)
+    if mine != theirs:
+      raise ValueError(f"cannot merge GradStats holding different statistics {sorted(mine)} "
+                       f"and {sorted(theirs)}; compute both with the same `want`")
     add = lambda a, b: None if a is None else jax.tree.map(jnp.add, a, b)
-    cat = lambda a, b: None if a is None else jax.tree.map(
-        lambda x, y: jnp.concatenate([x, y], axis=-1), a, b)
+    cat = lambda a, b: jax.tree.map(lambda x, y: jnp.concatenate([x, y], axis=-1), a, b)
     return GradStats(
         count=self.count + other.count,
         sum=add(self.sum, other.sum),
-        sum_sq=add(self.sum_sq, other.sum_sq),
-        sum_sign=add(self.sum_sign, other.sum_sign),
-        sq_norms=cat(self.sq_norms, other.sq_norms),
+        coordinate_stats={k: add(v, other.coordinate_stats[k])
+                          for k, v in self.coordinate_stats.items()},
+        example_stats={k: cat(v, other.example_stats[k]) for k, v in self.example_stats.items()},
         granularity=self.granularity,
     )
 

@@ -5,7 +5,10 @@ exist transiently inside the compiled step; XLA fuses the reductions
 
     sum Σ_b g_b,   sum_sq Σ_b g_b²,   sum_sign Σ_b sign(g_b),   sq_norms_b = Σ_coords g_b²
 
-into the backward pass. On XLA:CPU a reduction over a *leading* batch axis is much
+into the backward pass, and likewise every registered statistic
+(`pergrad.stats.registry`): Σ_b φ(g_b) per coordinate (kind "coordinate") or
+Σ_coords φ(g_b) per example and leaf (kind "example"). On XLA:CPU a reduction over a
+*leading* batch axis is much
 slower than over the last axis, so the example axis is put last
 (`vmap(..., out_axes=-1)`) and reduced there (layout "last", the default), or kept
 first and reduced by a matmul with a vector of ones/weights (layout "first"):
@@ -13,16 +16,19 @@ scripts/bench_stats.py measures both.
 
 Per-example clipping, ĝ_b = g_b · w_b with w_b = min(1, C/‖g_b‖) (‖·‖ over the whole
 model), enters every statistic through the weights: Σ_b ĝ_b = Σ_b w_b g_b,
-Σ_b ĝ_b² = Σ_b w_b² g_b², sign(ĝ_b) = sign(g_b), ‖ĝ_b‖² = w_b² ‖g_b‖².
+Σ_b ĝ_b² = Σ_b w_b² g_b², sign(ĝ_b) = sign(g_b), ‖ĝ_b‖² = w_b² ‖g_b‖²; in general
+φ(w_b g_b) = w_b^p φ(g_b) with p the statistic's `clip_power`.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
 
+from pergrad.stats import registry
 from pergrad.stats.types import GradStats
 
 
@@ -55,24 +61,46 @@ def vmap_stats(loss_fn, params, batch, *, want: Sequence[str] = ("mean",),
     w_B = jnp.ones((B,), x.dtype) if w_B is None else w_B
     return jnp.tensordot(w_B, x, axes=1)
 
-  def sq_norms_of(g):
+  def example_sum(phi, g):  # Σ_coords φ(g_b), float32[B]
     if layout == "last":
-      return jnp.square(g).reshape(-1, B).sum(0)
-    return jnp.square(g).reshape(B, -1).sum(1)
+      return phi(g).reshape(-1, B).sum(0)
+    return phi(g).reshape(B, -1).sum(1)
 
-  need_norms = "norms" in want or per_example_clip is not None
-  sq_norms = jax.tree.map(sq_norms_of, grads) if need_norms else None
-  w_B = None
+  def weights(p):  # w_b^p, None for no weighting
+    if w_B is None or p == 0:
+      return None
+    return w_B if p == 1 else jnp.square(w_B) if p == 2 else w_B ** p
+
+  coord_names = registry.select(want, "coordinate")
+  example_names = registry.select(want, "example")
+  w_B, sq_norms = None, None
   if per_example_clip is not None:
+    for k in coord_names + example_names:
+      if registry.get(k).clip_power is None:
+        raise ValueError(
+            f"statistic '{k}' has no clip_power, so backend 'vmap' cannot apply "
+            "per_example_clip to it; use backend='loop', which clips each gradient explicitly.")
+    sq_norms = jax.tree.map(functools.partial(example_sum, jnp.square), grads)
     w_B = clip_weights(sum(jax.tree.leaves(sq_norms)), per_example_clip)
-    sq_norms = jax.tree.map(lambda n: n * jnp.square(w_B), sq_norms)
+  coordinate_stats = {}
+  for k in coord_names:
+    st = registry.get(k)
+    w = weights(st.clip_power)
+    coordinate_stats[k] = jax.tree.map(lambda g, phi=st.phi, w=w: bsum(phi(g), w), grads)
+  example_stats = {}
+  for k in example_names:
+    st = registry.get(k)
+    if sq_norms is not None and st.phi is jnp.square:
+      vals = sq_norms  # already computed for the clip weights
+    else:
+      vals = jax.tree.map(functools.partial(example_sum, st.phi), grads)
+    w = weights(st.clip_power)
+    example_stats[k] = vals if w is None else jax.tree.map(lambda n, w=w: n * w, vals)
   stats = GradStats(
       count=jnp.asarray(B, jnp.float32),
       sum=jax.tree.map(lambda g: bsum(g, w_B), grads),
-      sum_sq=(jax.tree.map(lambda g: bsum(jnp.square(g), None if w_B is None else jnp.square(w_B)),
-                           grads) if "sq" in want else None),
-      sum_sign=jax.tree.map(lambda g: bsum(jnp.sign(g)), grads) if "sign" in want else None,
-      sq_norms=sq_norms if "norms" in want else None,
+      coordinate_stats=coordinate_stats,
+      example_stats=example_stats,
       granularity="example",
   )
   return losses_B.mean(), stats

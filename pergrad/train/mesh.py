@@ -27,14 +27,3 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
 
 def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P())
-
-
-def check_divisible(batch_size: int, mesh: Mesh, what: str = "data.batch_size") -> None:
-  """ValueError (one line) unless `batch_size` splits evenly over the mesh."""
-  n = mesh.devices.size
-  if batch_size % n:
-    lo, hi = (batch_size // n) * n, (batch_size // n + 1) * n
-    fix = f"{lo} or {hi}" if lo else f"{hi}"
-    raise ValueError(
-        f"{what}={batch_size} is not divisible by the {n} devices of the ('data',) mesh; "
-        f"use a multiple of {n} (e.g. {what}={fix}).")

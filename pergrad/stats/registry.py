@@ -1,0 +1,169 @@
+"""The registry of gradient statistics: each statistic is defined once, here (or in user code).
+
+How to add a statistic
+----------------------
+1. Register it, in this file (next to the built-ins at the bottom) or from your own code
+   before `compute` is called:
+
+       import jax.numpy as jnp
+       import pergrad.stats as ps
+       ps.register(ps.Statistic(
+           name="abs", kind="coordinate", phi=jnp.abs, clip_power=1, multiplicative=True,
+           doc="Σ_n |g_n| per coordinate"))
+
+   Every backend then computes it: `ps.compute(..., want=("mean", "abs"))` with backend
+   "vmap", "loop" or "surgery" (per token too, when φ is multiplicative), with
+   microbatching, per-example clipping (when `clip_power` is set) and `GradStats.merge`;
+   `summaries.layer_summaries` logs `stats/<leaf>/abs_mean` (or what `summarize` returns).
+2. Read it where it is used, e.g. in an optimizer: `grad_stats.coord("abs")` (a tree like
+   params, Σ_n φ(g_n)), `grad_stats.per_example("l1")` (leaves float32[B]), or
+   `grad_stats.get(name)`; `pergrad.optim.common.require_stats(..., need=("abs",))`
+   checks that it was computed.
+3. Optionally, a dedicated summary: pass `summarize=` to the `Statistic`.
+
+Kinds (n samples g_1..g_n: examples, or tokens at granularity "token"):
+  - "coordinate": Σ_n φ(g_n) per parameter coordinate, a tree like params; merged over
+    microbatches / devices / `GradStats.merge` by addition.
+  - "example": Σ_coords φ(g_b) per example and per parameter leaf, leaves float32[B];
+    merged by concatenation along the example axis (granularity "example" only).
+
+Requirements on φ (elementwise, float32 -> float32): φ(0) = 0 (the sparse embedding and
+padding paths of the surgery backend rely on it). `clip_power` p states φ(w·g) = w^p φ(g)
+for w ≥ 0 (per-example clipping in the vmap backend; None: not expressible, only the loop
+backend clips such a statistic). `multiplicative` states φ(a·b) = φ(a)·φ(b), which the
+surgery backend's per-token trick Σ_t φ(a_t δ_tᵀ) = φ(A)ᵀφ(Δ) needs.
+
+"mean" is not a registered statistic: the gradient sum is always computed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+KINDS = ("coordinate", "example")
+
+
+@dataclasses.dataclass(frozen=True)
+class Statistic:
+  """One registered statistic; see the module docstring for the meaning of each field.
+
+  Attributes:
+    name: the key in `want` and in `GradStats` (not "mean").
+    kind: "coordinate" (Σ_n φ(g_n), like params, merged by addition) or "example"
+      (Σ_coords φ(g_b), float32[B] per leaf, merged by concatenation).
+    phi: the elementwise φ (float32 array -> float32 array), with φ(0) = 0.
+    clip_power: p with φ(w·g) = w^p φ(g) for a clip weight w ≥ 0; None if none exists.
+    multiplicative: φ(a·b) = φ(a)·φ(b) (needed for per-token statistics by surgery).
+    doc: one line of math, e.g. "Σ_n g_n² per coordinate".
+    summarize: optional (leaf value, count n) -> {suffix: scalar}, logged per leaf as
+      "stats/<leaf>/<suffix>"; None: the generic summary (`summaries.layer_summaries`).
+  """
+
+  name: str
+  kind: str
+  phi: Callable[[jax.Array], jax.Array]
+  clip_power: float | None = None
+  multiplicative: bool = False
+  doc: str = ""
+  summarize: Callable[[jax.Array, jax.Array], dict[str, Any]] | None = None
+
+  def __post_init__(self):
+    if not isinstance(self.name, str) or not self.name.isidentifier() or self.name == "mean":
+      raise ValueError(f"Statistic name {self.name!r} must be an identifier other than 'mean'.")
+    if self.kind not in KINDS:
+      raise ValueError(f"Statistic '{self.name}': kind={self.kind!r} must be one of {KINDS}.")
+    if not callable(self.phi):
+      raise ValueError(f"Statistic '{self.name}': phi must be callable (elementwise φ).")
+    if self.clip_power is not None and not self.clip_power >= 0:
+      raise ValueError(f"Statistic '{self.name}': clip_power={self.clip_power} must be >= 0 "
+                       "or None.")
+
+
+_REGISTRY: dict[str, Statistic] = {}
+_BUILTIN = ("sq", "sign", "norms")
+
+
+def register(stat: Statistic, *, replace: bool = False) -> Statistic:
+  """Adds `stat` to the registry (ValueError if its name is taken, unless replace=True)."""
+  if not isinstance(stat, Statistic):
+    raise TypeError(f"register() takes a Statistic, got {type(stat).__name__}.")
+  if stat.name in _REGISTRY and not replace:
+    raise ValueError(f"statistic '{stat.name}' is already registered; pass replace=True to "
+                     "redefine it.")
+  if stat.name in _BUILTIN and stat.name in _REGISTRY:
+    raise ValueError(f"the built-in statistic '{stat.name}' cannot be redefined (backends "
+                     "special-case it); register the variant under a new name.")
+  _REGISTRY[stat.name] = stat
+  return stat
+
+
+def unregister(name: str) -> None:
+  """Removes a registered statistic (not a built-in one); no error if it is absent."""
+  if name in _BUILTIN:
+    raise ValueError(f"the built-in statistic '{name}' cannot be unregistered.")
+  _REGISTRY.pop(name, None)
+
+
+def get(name: str) -> Statistic:
+  """The registered statistic `name` (ValueError naming the valid ones if unknown)."""
+  try:
+    return _REGISTRY[name]
+  except KeyError:
+    raise ValueError(f"unknown statistic '{name}'; registered statistics are "
+                     f"{tuple(_REGISTRY)} (add one with pergrad.stats.register).") from None
+
+
+def names(kind: str | None = None) -> tuple[str, ...]:
+  """Registered statistic names in registration order (of one kind if given); no "mean"."""
+  return tuple(k for k, s in _REGISTRY.items() if kind is None or s.kind == kind)
+
+
+def select(want: Sequence[str], kind: str | None = None) -> tuple[str, ...]:
+  """The registered statistics in `want` (of one kind if given), in registration order."""
+  want = set(want)
+  return tuple(k for k in names(kind) if k in want)
+
+
+class _StatisticsView(Sequence):
+  """Live, ordered view ("mean", *registered names): `STATISTICS` in `pergrad.stats`."""
+
+  def _names(self) -> tuple[str, ...]:
+    return ("mean",) + names()
+
+  def __getitem__(self, i):
+    return self._names()[i]
+
+  def __len__(self) -> int:
+    return 1 + len(_REGISTRY)
+
+  def __iter__(self) -> Iterator[str]:
+    return iter(self._names())
+
+  def __contains__(self, x) -> bool:
+    return x == "mean" or x in _REGISTRY
+
+  def __eq__(self, other) -> bool:
+    return isinstance(other, (tuple, list, _StatisticsView)) and tuple(self) == tuple(other)
+
+  def __hash__(self):
+    return hash(tuple(self))
+
+  def __repr__(self) -> str:
+    return repr(self._names())
+
+
+STATISTICS = _StatisticsView()
+
+
+# --- built-ins -----------------------------------------------------------------------------
+register(Statistic("sq", "coordinate", jnp.square, clip_power=2, multiplicative=True,
+                   doc="Σ_n g_n² per coordinate (second moment, variance)"))
+register(Statistic("sign", "coordinate", jnp.sign, clip_power=0, multiplicative=True,
+                   doc="Σ_n sign(g_n) per coordinate (sign agreement)"))
+register(Statistic("norms", "example", jnp.square, clip_power=2, multiplicative=True,
+                   doc="‖g_b‖² = Σ_coords g_b² per example and leaf"))
