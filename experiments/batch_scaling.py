@@ -12,7 +12,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from experiments import common
+from experiments.figures import plot_curves, plt, savefig, style
+from experiments.report_md import fmt_num, md_table
+from experiments.runs import x_examples
+from experiments.sweep import Block, Sweep, base_for, scale_value
 
 NAME = "batch_scaling"
 TITLE = "square-root learning-rate scaling with batch size"
@@ -21,36 +24,43 @@ CLAIM = ("With lr ∝ sqrt(B), Adam's loss-vs-examples curves nearly coincide fo
 KEY = "data.batch_size"
 
 
+SIZES = {"ci": [4, 16], "cpu": [8, 16, 32, 64, 128, 256],
+         "paper": [32, 64, 128, 256, 512, 1024, 2048]}
+
+
 def _plan(preset: str):
-  """(batch sizes, reference batch, examples per run, warmup examples, seeds)."""
-  if preset == "ci":
-    return [4, 16], 8, 160, 16, [0]
-  if preset == "cpu":
-    return [8, 16, 32, 64, 128, 256], 32, 12800, 640, [0, 1]
-  return [32, 64, 128, 256, 512, 1024, 2048], 256, 256 * 20000, 256 * 1000, [0, 1]
+  """(batch sizes, reference batch, examples per run, warmup examples, seeds).
+
+  The reference run is the preset's scale (configs/scale/<preset>.yaml): its batch size,
+  its steps and warmup steps times that batch size.
+  """
+  ref = int(scale_value(preset, "data.batch_size"))
+  examples = ref * int(scale_value(preset, "train.steps"))
+  warm = ref * int(scale_value(preset, "schedule.warmup_steps"))
+  return SIZES[preset], ref, examples, warm, [0] if preset == "ci" else [0, 1]
 
 
-def sweep(preset: str) -> common.Sweep:
+def sweep(preset: str) -> Sweep:
   sizes, ref, examples, warm, seeds = _plan(preset)
-  base = common.base_for(NAME, preset, **{"optimizer.ref_batch_size": ref})
+  base = base_for(NAME, preset, **{"optimizer.ref_batch_size": ref})
   blocks = []
   for b in sizes:
     steps = max(examples // b, 1)
     evals = 4 if preset == "ci" else 10
-    blocks.append(common.Block(
+    blocks.append(Block(
         {KEY: [b], "train.seed": seeds},
         fixed={"train.steps": steps, "train.eval_every": max(steps // evals, 1),
                "train.checkpoint_every": max(steps // 4, 1),
                "logging.log_every": max(steps // 40, 1),
                "schedule.warmup_steps": max(warm // b, 1)}))
-  return common.Sweep(base, tuple(blocks), wall_estimate_min={"ci": 0.5, "cpu": 20}.get(preset))
+  return Sweep(base, tuple(blocks), wall_estimate_min={"ci": 0.5, "cpu": 20}.get(preset))
 
 
 def analyze(table: pd.DataFrame, fin: pd.DataFrame, out_dir: Path) -> None:
   out_dir = Path(out_dir)
   fin.to_csv(out_dir / "finals.csv", index=False)
   t = table.copy()
-  t["examples_seen"] = common.x_examples(t)
+  t["examples_seen"] = x_examples(t)
   cols = [c for c in ("train/loss", "eval/loss", "train/lr") if c in t]
   t[["run", KEY, "train.seed", "step", "examples_seen", *cols]].to_csv(
       out_dir / "curves.csv", index=False)
@@ -91,10 +101,10 @@ def figures(out_dir: Path) -> list[Path]:
   out_dir = Path(out_dir)
   curves = pd.read_csv(out_dir / "curves.csv")
   col = pd.read_csv(out_dir / "collapse.csv")
-  pyplot = common.plt()
+  pyplot = plt()
   fig, axes = pyplot.subplots(1, 2, figsize=(11, 4.2))
   lab = lambda g: f"B={int(g[KEY])}"
-  common.plot_curves(axes[0], curves, [KEY], "eval/loss", labeler=lab)
+  plot_curves(axes[0], curves, [KEY], "eval/loss", labeler=lab)
   axes[0].set_title("Adam, lr ∝ sqrt(B): eval loss vs examples seen")
   y = curves["eval/loss"].dropna()
   if not y.empty:
@@ -104,11 +114,9 @@ def figures(out_dir: Path) -> list[Path]:
     axes[1].errorbar(col[KEY], col["final_eval_loss"], yerr=col["final_eval_loss_std"],
                      fmt="o-", capsize=3)
     axes[1].set_xscale("log", base=2)
-  axes[1].set_xlabel("batch size B")
-  axes[1].set_ylabel("final eval loss (same examples seen)")
-  axes[1].set_title("final eval loss vs batch size")
-  axes[1].grid(alpha=0.3)
-  return [common.savefig(fig, out_dir / "batch_scaling.png")]
+  style(axes[1], xlabel="batch size B", ylabel="final eval loss (same examples seen)",
+        title="final eval loss vs batch size", grid=True)
+  return [savefig(fig, out_dir / "batch_scaling.png")]
 
 
 def report(out_dir: Path) -> dict:
@@ -134,10 +142,10 @@ def report(out_dir: Path) -> dict:
   else:
     verdict = "not reproduced"
   finding = ("Final eval loss after the same number of examples: " + ", ".join(
-      f"B={int(b)}: {common.fmt_num(finals[b])}" for b in sizes)
-      + f". Spread over B ≤ {int(small[-1])}: {common.fmt_num(spread_small)} nats "
-      f"(tolerance {common.fmt_num(tol)} = max(0.02, 2× their largest seed std)); the two "
+      f"B={int(b)}: {fmt_num(finals[b])}" for b in sizes)
+      + f". Spread over B ≤ {int(small[-1])}: {fmt_num(spread_small)} nats "
+      f"(tolerance {fmt_num(tol)} = max(0.02, 2× their largest seed std)); the two "
       f"largest B are worse "
-      f"than the best by up to {common.fmt_num(worst_large)} nats.")
+      f"than the best by up to {fmt_num(worst_large)} nats.")
   return {"verdict": verdict, "finding": finding, "claim_row": finding,
-          "numbers_md": common.md_table(col.rename(columns={KEY: "B"}))}
+          "numbers_md": md_table(col.rename(columns={KEY: "B"}))}

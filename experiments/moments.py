@@ -13,7 +13,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from experiments import common
+from experiments.figures import plot_curves, plt, savefig, style
+from experiments.report_md import fmt_num, md_table
+from experiments.runs import leaf_of, stat_columns, x_examples
+from experiments.sweep import Sweep, logged_run
 
 NAME = "moments"
 TITLE = "μ², σ²/B and σ² in Adam's second moment over training"
@@ -31,12 +34,8 @@ QUANTITIES = {
 SHARES = {"share_mu2": "share_mu2", "share_var_b": "share_var_b", "share_var": "share_var"}
 
 
-def sweep(preset: str) -> common.Sweep:
-  log_every = {"ci": 5, "cpu": 10, "paper": 100}[preset]
-  base = common.base_for(NAME, preset, **{"stats.log_every": log_every})
-  seeds = [0] if preset == "ci" else [0, 1]
-  blocks = (common.Block({"optimizer.variant": ["adam"], "train.seed": seeds}),)
-  return common.Sweep(base, blocks, wall_estimate_min={"ci": 0.3, "cpu": 5}.get(preset))
+def sweep(preset: str) -> Sweep:
+  return logged_run(NAME, preset, {"optimizer.variant": "adam"})
 
 
 def analyze(table: pd.DataFrame, fin: pd.DataFrame, out_dir: Path) -> None:
@@ -47,14 +46,14 @@ def analyze(table: pd.DataFrame, fin: pd.DataFrame, out_dir: Path) -> None:
   """
   out_dir = Path(out_dir)
   t = table.copy()
-  t["examples_seen"] = common.x_examples(t)
+  t["examples_seen"] = x_examples(t)
   ids = ["run", "train.seed", "step", "examples_seen"]
   rows = []
   for q, name, prefix in [*((q, n, "stats") for q, n in QUANTITIES.items()),
                           *((q, n, "opt") for q, n in SHARES.items())]:
-    for col in common.stat_columns(t, name, prefix):
+    for col in stat_columns(t, name, prefix):
       sub = t[ids + [col]].dropna(subset=[col])
-      rows.append(sub.rename(columns={col: "value"}).assign(quantity=q, leaf=common.leaf_of(col)))
+      rows.append(sub.rename(columns={col: "value"}).assign(quantity=q, leaf=leaf_of(col)))
   long = (pd.concat(rows, ignore_index=True) if rows else
           pd.DataFrame(columns=[*ids, "value", "quantity", "leaf"]))
   if not long.empty:
@@ -72,28 +71,24 @@ def analyze(table: pd.DataFrame, fin: pd.DataFrame, out_dir: Path) -> None:
 def figures(out_dir: Path) -> list[Path]:
   out_dir = Path(out_dir)
   med = pd.read_csv(out_dir / "moments_median.csv")
-  pyplot = common.plt()
+  pyplot = plt()
   fig, axes = pyplot.subplots(1, 2, figsize=(11, 4.2))
   mag = med[med["quantity"].isin(["gbar2", "mu2", "sigma2_over_b", "sigma2"])].copy()
   mag["median"] = mag["median"].where(mag["median"] > 0)  # μ̂² can be < 0: not drawn on log
   if not mag.empty:
-    common.plot_curves(axes[0], mag, ["quantity"], "median", labeler=lambda g: g["quantity"])
-  axes[0].set_yscale("log")
-  axes[0].set_ylabel("median over layers of the per-layer median")
-  axes[0].set_title("ḡ², μ̂², σ̂²/B, σ̂² during an Adam run")
-  axes[0].legend(fontsize=8)
+    plot_curves(axes[0], mag, ["quantity"], "median", labeler=lambda g: g["quantity"])
+  style(axes[0], yscale="log", ylabel="median over layers of the per-layer median",
+        title="ḡ², μ̂², σ̂²/B, σ̂² during an Adam run", legend=8)
   frac = med[med["quantity"] == "frac_mean_dominated"]
   if not frac.empty:
-    common.plot_curves(axes[1], frac, ["quantity"], "median",
-                       labeler=lambda g: "frac. coords with ḡ² > σ̂²/B")
+    plot_curves(axes[1], frac, ["quantity"], "median",
+                labeler=lambda g: "frac. coords with ḡ² > σ̂²/B")
   shares = med[med["quantity"].isin(list(SHARES))]
   if not shares.empty:
-    common.plot_curves(axes[1], shares, ["quantity"], "median", labeler=lambda g: g["quantity"])
-  axes[1].set_yscale("log")
-  axes[1].set_ylabel("fraction / share (median layer)")
-  axes[1].set_title("shares of μ̂², σ̂²/B, σ̂² in Adam's v̂")
-  axes[1].legend(fontsize=7)
-  return [common.savefig(fig, out_dir / "moments_over_training.png")]
+    plot_curves(axes[1], shares, ["quantity"], "median", labeler=lambda g: g["quantity"])
+  style(axes[1], yscale="log", ylabel="fraction / share (median layer)",
+        title="shares of μ̂², σ̂²/B, σ̂² in Adam's v̂", legend=7)
+  return [savefig(fig, out_dir / "moments_over_training.png")]
 
 
 def report(out_dir: Path) -> dict:
@@ -106,11 +101,11 @@ def report(out_dir: Path) -> dict:
   ratio = float((late["mu2"] / late["sigma2_over_b"]).median())
   ratio_full = (float((late["mu2"] / late["sigma2"]).median()) if "sigma2" in late else np.nan)
   frac = float(late["frac_mean_dominated"].median()) if "frac_mean_dominated" in late else np.nan
-  finding = (f"Second half of training, median layer: μ̂²/(σ̂²/B) = {common.fmt_num(ratio)} "
+  finding = (f"Second half of training, median layer: μ̂²/(σ̂²/B) = {fmt_num(ratio)} "
              f"(Adam's v is {'mean' if ratio > 1 else 'variance'}-dominated), μ̂²/σ̂² = "
-             f"{common.fmt_num(ratio_full)} (MicroAdam's v is "
+             f"{fmt_num(ratio_full)} (MicroAdam's v is "
              f"{'mean' if ratio_full > 1 else 'variance'}-dominated); fraction of "
-             f"mean-dominated coordinates {common.fmt_num(frac)}.")
+             f"mean-dominated coordinates {fmt_num(frac)}.")
   num = piv.iloc[np.unique(np.linspace(0, len(piv) - 1, 6).astype(int))].reset_index()
   return {"verdict": "measured (descriptive)", "finding": finding, "claim_row": finding,
-          "numbers_md": common.md_table(num)}
+          "numbers_md": md_table(num)}

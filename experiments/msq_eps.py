@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from experiments import common
+from experiments import lr_search
+from experiments.report_md import fmt_num
+from experiments.sweep import Block, LrSearch, Sweep, base_for, fmt
 
 NAME = "msq_eps"
 TITLE = "MicroAdamMSQ with a floor ε under its preconditioner"
@@ -24,34 +26,34 @@ CLAIM = ("A preconditioner dominated by μ² works at least as well as Adam's μ
 GROUP = ("optimizer.variant", "optimizer.eps")
 
 
-def sweep(preset: str) -> common.Sweep:
-  base = common.base_for(NAME, preset)
+def sweep(preset: str) -> Sweep:
+  base = base_for(NAME, preset)
   if preset == "ci":
-    blocks = (common.Block({"optimizer.variant": ["micro_adam_msq"], "optimizer.eps": [1e-4],
+    blocks = (Block({"optimizer.variant": ["micro_adam_msq"], "optimizer.eps": [1e-4],
                             "optimizer.lr": [3e-3], "train.seed": [0]}),)
-    return common.Sweep(base, blocks, common.LrSearch(GROUP, max_extend=0),
+    return Sweep(base, blocks, LrSearch(GROUP, max_extend=0),
                         wall_estimate_min=0.3)
   lrs = [1e-3, 3e-3, 1e-2] if preset == "cpu" else [3e-4, 1e-3, 3e-3]
   blocks = (
-      common.Block({"optimizer.variant": ["adam"], "optimizer.eps": [1e-8, 1e-4],
+      Block({"optimizer.variant": ["adam"], "optimizer.eps": [1e-8, 1e-4],
                     "optimizer.lr": lrs, "train.seed": [0]}),
-      common.Block({"optimizer.variant": ["micro_adam_msq"], "optimizer.eps": [1e-8, 1e-5, 1e-4],
+      Block({"optimizer.variant": ["micro_adam_msq"], "optimizer.eps": [1e-8, 1e-5, 1e-4],
                     "optimizer.lr": lrs, "train.seed": [0]}),
   )
-  return common.Sweep(base, blocks, common.LrSearch(GROUP, max_extend=1),
+  return Sweep(base, blocks, LrSearch(GROUP, max_extend=1),
                       wall_estimate_min=20 if preset == "cpu" else None)
 
 
 def _label(g: dict) -> str:
-  return f"{g['optimizer.variant']}, eps={common.fmt(float(g['optimizer.eps']))}"
+  return f"{g['optimizer.variant']}, eps={fmt(float(g['optimizer.eps']))}"
 
 
 def analyze(table: pd.DataFrame, fin: pd.DataFrame, out_dir: Path) -> None:
-  common.lr_sweep_analyze(table, fin, out_dir, GROUP)
+  lr_search.analyze(table, fin, out_dir, GROUP)
 
 
 def figures(out_dir: Path) -> list[Path]:
-  return common.lr_sweep_figures(out_dir, GROUP, "MicroAdamMSQ vs Adam by ε", labeler=_label)
+  return lr_search.figures(out_dir, GROUP, "MicroAdamMSQ vs Adam by ε", labeler=_label)
 
 
 def report(out_dir: Path) -> dict:
@@ -73,14 +75,14 @@ def report(out_dir: Path) -> dict:
   else:
     verdict = "not reproduced"
   finding = ("Final eval loss at each (variant, ε)'s best lr ranks "
-             + " < ".join(f"{k} ({common.fmt_num(loss[k])})" for k in ranking)
-             + f". Best MicroAdamMSQ {common.fmt_num(msq_best)} vs best Adam "
-             f"{common.fmt_num(adam_best)}.")
+             + " < ".join(f"{k} ({fmt_num(loss[k])})" for k in ranking)
+             + f". Best MicroAdamMSQ {fmt_num(msq_best)} vs best Adam "
+             f"{fmt_num(adam_best)}.")
   if diverged:
     finding += f" Diverged at every lr: {diverged}."
   edges = list(best.loc[best["at_edge"], "label"])
   if edges:
     finding += f" Caution: best lr at a grid edge for {edges}."
   return {"verdict": verdict, "finding": finding,
-          "claim_row": " < ".join(f"{k} {common.fmt_num(loss[k])}" for k in ranking),
-          "numbers_md": common.best_md(best.drop(columns="label"), GROUP)}
+          "claim_row": " < ".join(f"{k} {fmt_num(loss[k])}" for k in ranking),
+          "numbers_md": lr_search.best_md(best.drop(columns="label"), GROUP)}

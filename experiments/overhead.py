@@ -1,23 +1,24 @@
 """Claim 1: per-example statistics are cheap.
 
-Runs `scripts/bench_stats.py` (the statistics benchmark: time, peak memory and XLA FLOPs
-of each backend × granularity × statistic set, as ratios to a plain `value_and_grad`
-step measured in the same process, and to `optax.microbatching.micro_grad`) and turns its
-JSON into a table and a figure. No training runs.
+Runs the statistics benchmark (`pergrad.bench.stats.run`: time, peak memory and XLA
+FLOPs of each backend × granularity × statistic set, as ratios to a plain
+`value_and_grad` step measured in the same process, and to
+`optax.microbatching.micro_grad`) and turns its JSON document into a table and a
+figure. No training runs.
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from experiments import common
+from experiments.figures import plt, savefig
+from experiments.launch import LaunchLog
+from experiments.report_md import fmt_num, md_table
 
 NAME = "overhead"
 TITLE = "the cost of per-example gradient statistics"
@@ -25,39 +26,14 @@ CLAIM = ("Per-example statistics are cheap: graph surgery costs almost nothing o
          "mini-batch gradient for per-token (factorable) statistics, and vmap is viable for "
          "transformers (a third-party summary reports ~17% compute, no extra peak memory, at "
          "1.2B parameters).")
-SCRIPT = common.REPO / "scripts" / "bench_stats.py"
-# Arguments of scripts/bench_stats.py per preset.
+# Options of pergrad.bench.stats.run per preset.
 # ci: a seconds-long smoke run; cpu: the tiny and medium models of this machine's
 # reproduction; paper: the `small` and `paper` model presets at larger batches (GPU/TPU).
-BENCH_ARGS = {
-    "ci": ["--quick"],
-    "cpu": ["--presets", "tiny,medium"],
-    "paper": ["--presets", "small,paper", "--batch-sizes", "32,128"],
+BENCH = {
+    "ci": {"quick": True},
+    "cpu": {"presets": ("tiny", "medium")},
+    "paper": {"presets": ("small", "paper"), "batch_sizes": (32, 128)},
 }
-
-
-def parse_json_output(text: str):
-  """The JSON document printed by the benchmark (whole output, or its last JSON block)."""
-  text = text.strip()
-  try:
-    return json.loads(text)
-  except json.JSONDecodeError:
-    pass
-  lines = text.splitlines()
-  for i in range(len(lines)):  # the longest suffix that parses, starting at a '{' or '['
-    chunk = "\n".join(lines[i:]).strip()
-    if chunk[:1] in "{[":
-      try:
-        return json.loads(chunk)
-      except json.JSONDecodeError:
-        continue
-  for line in reversed(lines):
-    if line.strip()[:1] in "{[":
-      try:
-        return json.loads(line)
-      except json.JSONDecodeError:
-        continue
-  raise ValueError("scripts/bench_stats.py printed no JSON; run it by hand to see why.")
 
 
 SETUP_MD = """`python scripts/bench_stats.py --presets tiny,medium` (no training runs): each
@@ -79,32 +55,39 @@ the same model and batch (median of 5 interleaved runs). Memory columns:
 
 def launch(preset: str, sweep_dir: Path, *, dry_run: bool = False, echo=print):
   """Runs the benchmark once (skipped when its JSON already exists in the sweep dir)."""
-  log = common.LaunchLog()
+  log = LaunchLog()
   sweep_dir.mkdir(parents=True, exist_ok=True)
   out = sweep_dir / "bench.json"
   if out.exists():
     echo(f"[skip] {out} exists (delete it to re-measure)")
     log.skipped.append("bench")
     return log
-  if not SCRIPT.exists() and not dry_run:
-    raise FileNotFoundError(f"{SCRIPT} does not exist; the statistics benchmark is needed.")
-  cmd = [sys.executable, str(SCRIPT), *BENCH_ARGS[preset]]
-  log.commands.append(cmd)
-  echo("[launch] " + " ".join(cmd[1:]))
+  args = [f"{k}={v!r}" for k, v in BENCH[preset].items()]
+  log.commands.append(["pergrad.bench.stats.run", *args])
+  echo(f"[launch] pergrad.bench.stats.run({', '.join(args)})")
   if dry_run:
     log.launched.append("bench")
     return log
+  from pergrad.bench import stats  # imports JAX: only when measuring
+
   t0 = time.time()
-  proc = subprocess.run(cmd, cwd=common.REPO, capture_output=True, text=True)
-  log.wall_s = time.time() - t0
-  (sweep_dir / "bench.log").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
-  if proc.returncode:
+  try:
+    doc = stats.run(**BENCH[preset], echo=echo)
+  except Exception as e:  # one line for `reproduce.py all`, which goes on with the others
     log.failed.append("bench")
-    raise RuntimeError(f"bench_stats.py failed (code {proc.returncode}); see "
-                       f"{sweep_dir / 'bench.log'}:\n{proc.stderr[-2000:]}")
-  out.write_text(json.dumps(parse_json_output(proc.stdout), indent=1))
+    raise RuntimeError(f"the statistics benchmark failed: {type(e).__name__}: {e}") from e
+  log.wall_s = time.time() - t0
+  out.write_text(json.dumps(doc, indent=1))
   log.launched.append("bench")
   return log
+
+
+def describe_setup(preset: str) -> str:
+  """The benchmark's command line at `preset` (the README's setup if the report has none)."""
+  from pergrad.bench import stats
+
+  args = " ".join(stats.as_argv(**BENCH[preset]))
+  return f"`python scripts/bench_stats.py {args}` (no training runs)."
 
 
 def records(doc) -> pd.DataFrame:
@@ -143,7 +126,7 @@ def figures(out_dir: Path) -> list[Path]:
   df = pd.read_csv(Path(out_dir) / "overhead.csv")
   ratios = [c for c in (_col(df, "time_ratio"), _col(df, "peak_ratio", "mem_ratio"),
                         _col(df, "flops_ratio")) if c]
-  pyplot = common.plt()
+  pyplot = plt()
   fig, axes = pyplot.subplots(1, max(len(ratios), 1), figsize=(5 * max(len(ratios), 1), 5),
                               squeeze=False)
   lab = _config_label(df)
@@ -155,7 +138,7 @@ def figures(out_dir: Path) -> list[Path]:
     ax.set_xlabel(f"{c} (1 = plain value_and_grad)")
     ax.grid(alpha=0.3, axis="x")
   fig.suptitle("Cost of per-example statistics relative to the mini-batch gradient")
-  return [common.savefig(fig, Path(out_dir) / "overhead.png")]
+  return [savefig(fig, Path(out_dir) / "overhead.png")]
 
 
 _MEMORY = {
@@ -180,7 +163,7 @@ def checks_md(out_dir: Path) -> str:
   else:
     df["result"] = ["OK" if ok else "FAIL" for ok in df["ok"]]
   return ("Checks (parenthesised rows are shown beside a check, not checks):\n\n"
-          + common.md_table(df[["check", "where", "value", "result"]]) + "\n\n")
+          + md_table(df[["check", "where", "value", "result"]]) + "\n\n")
 
 
 def report(out_dir: Path) -> dict:
@@ -191,7 +174,7 @@ def report(out_dir: Path) -> dict:
   f = _col(df, "flops_ratio")
   if t is None or "backend" not in df:
     return {"verdict": "not measured", "finding": "the benchmark JSON has no time ratios.",
-            "numbers_md": common.md_table(df.head(30))}
+            "numbers_md": md_table(df.head(30))}
   lines = []
   sur = df[df["backend"] == "surgery"]
   vm = df[df["backend"] == "vmap"]
@@ -202,10 +185,10 @@ def report(out_dir: Path) -> dict:
   vmap_m = float(vm[m].median()) if m and len(vm) else np.nan
   surg_f = float(tok[f].median()) if f and len(tok) else np.nan
   vmap_f = float(vm[f].median()) if f and len(vm) else np.nan
-  lines.append(f"surgery per-token statistics: median time ratio {common.fmt_num(surg_t)} "
-               f"(FLOP ratio {common.fmt_num(surg_f)}), memory ratio {common.fmt_num(surg_m)}")
-  lines.append(f"vmap per-example statistics: median time ratio {common.fmt_num(vmap_t)} "
-               f"(FLOP ratio {common.fmt_num(vmap_f)}), memory ratio {common.fmt_num(vmap_m)}")
+  lines.append(f"surgery per-token statistics: median time ratio {fmt_num(surg_t)} "
+               f"(FLOP ratio {fmt_num(surg_f)}), memory ratio {fmt_num(surg_m)}")
+  lines.append(f"vmap per-example statistics: median time ratio {fmt_num(vmap_t)} "
+               f"(FLOP ratio {fmt_num(vmap_f)}), memory ratio {fmt_num(vmap_m)}")
   cheap = np.isfinite(surg_t) and surg_t <= 1.25 and (not np.isfinite(surg_m) or surg_m <= 1.1)
   viable = np.isfinite(vmap_t) and vmap_t <= 2.0
   verdict = ("reproduced" if cheap and viable else "partly reproduced" if cheap or viable
@@ -214,4 +197,4 @@ def report(out_dir: Path) -> dict:
       " (ratios to a plain value_and_grad step in the same process; "
       + _MEMORY.get(m.rsplit(".", 1)[-1] if m else "", "memory not measured") + ").")
   return {"verdict": verdict, "finding": finding, "claim_row": finding,
-          "numbers_md": checks_md(out_dir) + common.md_table(df), "setup_md": SETUP_MD}
+          "numbers_md": checks_md(out_dir) + md_table(df), "setup_md": SETUP_MD}

@@ -14,7 +14,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from experiments import common
+from experiments import lr_search
+from experiments.report_md import fmt_num, md_table
+from experiments.sweep import Block, LrSearch, Sweep, base_for, fmt
 
 NAME = "preconditioner"
 TITLE = "mean- vs variance-dominated Adam preconditioners"
@@ -26,34 +28,34 @@ MEAN_DOMINATED = ("adam", "micro_adam_msq")
 VAR_DOMINATED = ("micro_adam", "micro_adam_var")
 
 
-def sweep(preset: str) -> common.Sweep:
-  base = common.base_for(NAME, preset)
+def sweep(preset: str) -> Sweep:
+  base = base_for(NAME, preset)
   variants = ["adam", "micro_adam", "micro_adam_var", "micro_adam_msq"]
   if preset == "ci":
-    blocks = (common.Block({"optimizer.variant": ["adam", "micro_adam_var"],
+    blocks = (Block({"optimizer.variant": ["adam", "micro_adam_var"],
                             "optimizer.clip_norm": [None], "optimizer.lr": [3e-3],
                             "train.seed": [0]}),)
-    return common.Sweep(base, blocks, common.LrSearch(GROUP, max_extend=0),
+    return Sweep(base, blocks, LrSearch(GROUP, max_extend=0),
                         wall_estimate_min=0.5)
   lrs = [1e-3, 3e-3, 1e-2, 3e-2] if preset == "cpu" else [3e-4, 1e-3, 3e-3, 1e-2]
-  blocks = (common.Block({"optimizer.variant": variants, "optimizer.clip_norm": [None, 1.0],
+  blocks = (Block({"optimizer.variant": variants, "optimizer.clip_norm": [None, 1.0],
                           "optimizer.lr": lrs, "train.seed": [0]}),)
-  return common.Sweep(base, blocks, common.LrSearch(GROUP, max_extend=2, seeds=(1,)),
+  return Sweep(base, blocks, LrSearch(GROUP, max_extend=2, seeds=(1,)),
                       wall_estimate_min=50 if preset == "cpu" else None)
 
 
 def _label(g: dict) -> str:
   clip = g.get("optimizer.clip_norm")
   clip = None if clip is None or (isinstance(clip, float) and np.isnan(clip)) else clip
-  return f"{g['optimizer.variant']}" + (f" + clip {common.fmt(clip)}" if clip else "")
+  return f"{g['optimizer.variant']}" + (f" + clip {fmt(clip)}" if clip else "")
 
 
 def analyze(table: pd.DataFrame, fin: pd.DataFrame, out_dir: Path) -> None:
-  common.lr_sweep_analyze(table, fin, out_dir, GROUP)
+  lr_search.analyze(table, fin, out_dir, GROUP)
 
 
 def figures(out_dir: Path) -> list[Path]:
-  return common.lr_sweep_figures(out_dir, GROUP, "Adam preconditioners", labeler=_label)
+  return lr_search.figures(out_dir, GROUP, "Adam preconditioners", labeler=_label)
 
 
 def _stable_width(fin: pd.DataFrame, tol: float = 0.05) -> pd.Series:
@@ -102,7 +104,7 @@ def report(out_dir: Path) -> dict:
     verdict = "not tested (too few variants in this preset)"
   ranking = sorted(loss, key=loss.get)
   finding = ("Final eval loss at each variant's best lr ranks "
-             + " < ".join(f"{k} ({common.fmt_num(loss[k])})" for k in ranking)
+             + " < ".join(f"{k} ({fmt_num(loss[k])})" for k in ranking)
              + f". Mean-dominated (adam, msq) all beat variance-dominated (micro_adam, var) "
              f"without clipping: {all_mean_beat_all_var}; with clipping the variance-dominated "
              f"variants still trail Adam: {clipped_var_trail}; clipping improves them: "
@@ -116,7 +118,7 @@ def report(out_dir: Path) -> dict:
   return {
       "verdict": verdict,
       "finding": finding,
-      "claim_row": " < ".join(f"{k} {common.fmt_num(loss[k])}" for k in ranking)
+      "claim_row": " < ".join(f"{k} {fmt_num(loss[k])}" for k in ranking)
       + " (final eval loss at best lr)",
-      "numbers_md": common.md_table(num.rename(columns=lambda c: c.removeprefix("optimizer."))),
+      "numbers_md": md_table(num.rename(columns=lambda c: c.removeprefix("optimizer."))),
   }

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from experiments import common
+from experiments import lr_search
+from experiments.report_md import fmt_num
+from experiments.sweep import Block, LrSearch, Sweep, base_for
 
 NAME = "sign_placement"
 TITLE = "where to put the sign in signSGD"
@@ -22,12 +24,12 @@ GROUP = ("optimizer.placement",)
 ORDER = ("example", "token", "batch", "ema")  # early -> late
 
 
-def sweep(preset: str) -> common.Sweep:
-  base = common.base_for(NAME, preset)
+def sweep(preset: str) -> Sweep:
+  base = base_for(NAME, preset)
   if preset == "ci":
-    blocks = (common.Block({"optimizer.placement": ["example", "ema"],
+    blocks = (Block({"optimizer.placement": ["example", "ema"],
                             "optimizer.lr": [1e-2], "train.seed": [0]}),)
-    return common.Sweep(base, blocks, common.LrSearch(GROUP, max_extend=0, seeds=(1,)),
+    return Sweep(base, blocks, LrSearch(GROUP, max_extend=0, seeds=(1,)),
                         wall_estimate_min=0.5)
   # Per-example signs average to ~sqrt(2/pi)·μ/σ << 1, so early placements need larger lrs.
   early = [3e-4, 1e-3, 3e-3, 1e-2]
@@ -35,21 +37,21 @@ def sweep(preset: str) -> common.Sweep:
   if preset == "paper":
     early, late = [1e-4, 3e-4, 1e-3, 3e-3], [3e-5, 1e-4, 3e-4, 1e-3]
   blocks = (
-      common.Block({"optimizer.placement": ["example", "token"], "optimizer.lr": early,
+      Block({"optimizer.placement": ["example", "token"], "optimizer.lr": early,
                     "train.seed": [0]}),
-      common.Block({"optimizer.placement": ["batch", "ema"], "optimizer.lr": late,
+      Block({"optimizer.placement": ["batch", "ema"], "optimizer.lr": late,
                     "train.seed": [0]}),
   )
-  return common.Sweep(base, blocks, common.LrSearch(GROUP, max_extend=3, seeds=(1,)),
+  return Sweep(base, blocks, LrSearch(GROUP, max_extend=3, seeds=(1,)),
                       wall_estimate_min=25 if preset == "cpu" else None)
 
 
 def analyze(table: pd.DataFrame, fin: pd.DataFrame, out_dir: Path) -> None:
-  common.lr_sweep_analyze(table, fin, out_dir, GROUP)
+  lr_search.analyze(table, fin, out_dir, GROUP)
 
 
 def figures(out_dir: Path) -> list[Path]:
-  return common.lr_sweep_figures(out_dir, GROUP, "sign placement")
+  return lr_search.figures(out_dir, GROUP, "sign placement")
 
 
 def report(out_dir: Path) -> dict:
@@ -71,7 +73,7 @@ def report(out_dir: Path) -> dict:
   edges = [p for p in present if bool(best.loc[p, "at_edge"])]
   finding = (
       "At each placement's best lr, final eval loss ranks "
-      + " < ".join(f"{p} ({common.fmt_num(losses[p])}±{common.fmt_num(stds[p], 2)})"
+      + " < ".join(f"{p} ({fmt_num(losses[p])}±{fmt_num(stds[p], 2)})"
                    for p in ranking)
       + f". Winner: `{winner}`; monotone in placement (example→batch→ema): {later_better}.")
   if edges:
@@ -80,7 +82,7 @@ def report(out_dir: Path) -> dict:
   return {
       "verdict": verdict,
       "finding": finding,
-      "claim_row": " < ".join(f"{p} {common.fmt_num(losses[p])}" for p in ranking)
+      "claim_row": " < ".join(f"{p} {fmt_num(losses[p])}" for p in ranking)
       + " (final eval loss at each placement's best lr, mean over seeds)",
-      "numbers_md": common.best_md(best.reset_index(), GROUP),
+      "numbers_md": lr_search.best_md(best.reset_index(), GROUP),
   }

@@ -21,7 +21,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from experiments import common
+from experiments.figures import plot_curves, plt, savefig, style
+from experiments.report_md import fmt_num, md_table
+from experiments.runs import leaf_of, stat_columns, x_examples
+from experiments.sweep import Sweep, logged_run
 
 NAME = "snr"
 TITLE = "measured SNR at each stage of the sign chain"
@@ -30,27 +33,23 @@ CLAIM = ("The ranking of sign placements follows the SNR at each stage: per-exam
 STAGES = ("snr_example", "snr_batch", "snr_ema")
 
 
-def sweep(preset: str) -> common.Sweep:
-  log_every = {"ci": 5, "cpu": 10, "paper": 100}[preset]
-  base = common.base_for(NAME, preset, **{"stats.log_every": log_every})
-  seeds = [0] if preset == "ci" else [0, 1]
-  blocks = (common.Block({"optimizer.placement": ["ema"], "train.seed": seeds}),)
-  return common.Sweep(base, blocks, wall_estimate_min={"ci": 0.3, "cpu": 5}.get(preset))
+def sweep(preset: str) -> Sweep:
+  return logged_run(NAME, preset, {"optimizer.placement": "ema"})
 
 
 def _stage_table(table: pd.DataFrame) -> pd.DataFrame:
   """Long table: run, seed, step, examples_seen, stage, leaf, snr."""
   t = table.copy()
-  t["examples_seen"] = common.x_examples(t)
+  t["examples_seen"] = x_examples(t)
   rows = []
   for stage in STAGES:
-    for col in common.stat_columns(t, stage):
-      if common.leaf_of(col) in ("all", "total"):  # whole-model medians: not a layer
+    for col in stat_columns(t, stage):
+      if leaf_of(col) in ("all", "total"):  # whole-model medians: not a layer
         continue
       sub = t[["run", "train.seed", "step", "examples_seen", col]].dropna(subset=[col])
       sub = sub.rename(columns={col: "snr"})
       sub["stage"] = stage
-      sub["leaf"] = common.leaf_of(col)
+      sub["leaf"] = leaf_of(col)
       rows.append(sub)
   if not rows:
     return pd.DataFrame(columns=["run", "train.seed", "step", "examples_seen", "stage", "leaf",
@@ -71,15 +70,13 @@ def figures(out_dir: Path) -> list[Path]:
   out_dir = Path(out_dir)
   med = pd.read_csv(out_dir / "snr_median.csv")
   per_leaf = pd.read_csv(out_dir / "snr_per_leaf.csv")
-  pyplot = common.plt()
+  pyplot = plt()
   fig, ax = pyplot.subplots(figsize=(6.5, 4.2))
   if not med.empty:
-    common.plot_curves(ax, med, ["stage"], "median_snr", labeler=lambda g: g["stage"])
-  ax.set_yscale("log")
-  ax.set_ylabel("median over layers of per-layer median SNR")
-  ax.set_title("SNR at each stage of the sign chain (SignEMA run)")
-  ax.legend(fontsize=8)
-  paths = [common.savefig(fig, out_dir / "snr_over_training.png")]
+    plot_curves(ax, med, ["stage"], "median_snr", labeler=lambda g: g["stage"])
+  style(ax, yscale="log", ylabel="median over layers of per-layer median SNR",
+        title="SNR at each stage of the sign chain (SignEMA run)", legend=8)
+  paths = [savefig(fig, out_dir / "snr_over_training.png")]
   fig, ax = pyplot.subplots(figsize=(9, 4.2))
   if not per_leaf.empty:
     last = per_leaf[per_leaf["step"] == per_leaf["step"].max()]
@@ -88,7 +85,7 @@ def figures(out_dir: Path) -> list[Path]:
     piv.plot.bar(ax=ax, logy=True, width=0.8)
     ax.set_xticklabels([l[-28:] for l in piv.index], rotation=70, fontsize=6)
   ax.set_title("per-layer SNR at the last logged step")
-  paths.append(common.savefig(fig, out_dir / "snr_per_layer.png"))
+  paths.append(savefig(fig, out_dir / "snr_per_layer.png"))
   return paths
 
 
@@ -105,14 +102,14 @@ def report(out_dir: Path) -> dict:
   verdict = ("reproduced" if frac >= 0.9 else "partly reproduced" if frac >= 0.5
              else "not reproduced")
   finding = ("Median SNR over training: " + ", ".join(
-      f"{s} {common.fmt_num(float(overall[s]))}" for s in piv.columns)
+      f"{s} {fmt_num(float(overall[s]))}" for s in piv.columns)
       + f"; the order example < batch < ema holds at {frac:.0%} of logged steps.")
   if {"snr_batch", "snr_ema"} <= set(piv.columns):
     gain = float((piv["snr_ema"] / piv["snr_batch"]).median())
     finding += (f" The EMA raises the SNR over one batch mean by a median factor "
-                f"{common.fmt_num(gain)} (a mean gradient constant across steps would give "
+                f"{fmt_num(gain)} (a mean gradient constant across steps would give "
                 f"√((1+β)/(1−β)) ≈ 4.36 at β = 0.9; batch/example = √B by construction).")
   num = piv.iloc[np.unique(np.linspace(0, len(piv) - 1, 6).astype(int))].reset_index()
   return {"verdict": verdict, "finding": finding, "claim_row": finding,
           "numbers_md": "Median over layers (and seeds) of the per-layer median SNR:\n\n"
-          + common.md_table(num)}
+          + md_table(num)}

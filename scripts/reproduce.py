@@ -3,13 +3,17 @@
 
     python scripts/reproduce.py sign_placement --preset cpu
     python scripts/reproduce.py all --preset ci --dry-run
+    python scripts/reproduce.py snr moments --preset ci
     python scripts/reproduce.py preconditioner --preset cpu --launcher joblib --n-jobs 2
 
-Launches a Hydra multirun of scripts/train.py per grid block (deterministic run dirs
-under runs/sweeps/EXPERIMENT/PRESET/), skipping runs that already finished, so an
-interrupted sweep resumes where it stopped. Then aggregates every metrics.jsonl into
-table.csv (one row per run and step) and writes CSVs, PNGs and a README.md under
-results/EXPERIMENT/ (under the sweep dir's report/ for --preset ci).
+Launches a Hydra multirun of `python -m pergrad.train scale=PRESET ...` per grid block
+(deterministic run dirs under runs/sweeps/EXPERIMENT/PRESET/), skipping runs that
+already finished, so an interrupted sweep resumes where it stopped. Then aggregates every
+metrics.jsonl into table.csv (one row per run and step) and writes CSVs, PNGs and a
+README.md under results/EXPERIMENT/ (under the sweep dir's report/ for --preset ci).
+Extra overrides that change the runs' config (`--hydra-arg data=txt_folder ...`, not
+hydra.*, logging.* or data.tfds_dir) give the sweep its own directory, PRESET-<hash of them>,
+recorded in its sweep.json, and results go to results/EXPERIMENT-<hash>.
 
 Launchers: basic (sequential, in-process), joblib (parallel local jobs), submitit (SLURM;
 needs `pip install -e '.[slurm]'`; pass partition/time with
@@ -19,20 +23,23 @@ needs `pip install -e '.[slurm]'`; pass partition/time with
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from experiments import common, runner  # noqa: E402
+from experiments import runner  # noqa: E402
+from experiments.launch import LAUNCHERS  # noqa: E402
+from experiments.sweep import PRESETS  # noqa: E402
 
 
 def main(argv=None) -> int:
   argv = list(sys.argv[1:] if argv is None else argv)
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  p.add_argument("experiment", help=f"one of {runner.EXPERIMENTS} or 'all'")
-  p.add_argument("--preset", default="cpu", choices=common.PRESETS)
-  p.add_argument("--launcher", default="basic", choices=common.LAUNCHERS)
+  p.add_argument("experiment", nargs="+", help=f"one or more of {runner.EXPERIMENTS}, or 'all'")
+  p.add_argument("--preset", default="cpu", choices=PRESETS)
+  p.add_argument("--launcher", default="basic", choices=LAUNCHERS)
   p.add_argument("--n-jobs", type=int, default=2, help="parallel jobs (joblib launcher)")
   p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
   p.add_argument("--analyze-only", action="store_true",
@@ -41,11 +48,10 @@ def main(argv=None) -> int:
                  help="where sweeps go (default runs/sweeps)")
   p.add_argument("--results-dir", type=Path, default=None,
                  help="where results go (default results/EXPERIMENT; ci: <sweep>/report)")
-  p.add_argument("--train-script", type=Path, default=None, help=argparse.SUPPRESS)
   p.add_argument("--hydra-arg", action="append", default=[],
                  help="extra override passed to every run (e.g. logging.wandb.mode=offline)")
   a = p.parse_args(argv)
-  names = runner.EXPERIMENTS if a.experiment == "all" else (a.experiment,)
+  names = runner.EXPERIMENTS if a.experiment == ["all"] else tuple(a.experiment)
   for n in names:
     if n not in runner.EXPERIMENTS:
       p.error(f"unknown experiment {n!r}; choose one of {runner.EXPERIMENTS} or 'all'")
@@ -55,11 +61,12 @@ def main(argv=None) -> int:
   for n in names:
     try:
       out = runner.run_experiment(
-        n, a.preset, launcher=a.launcher, n_jobs=a.n_jobs, dry_run=a.dry_run,
-          sweeps_root=a.sweeps_root, results_dir=a.results_dir, train_script=a.train_script,
+          n, a.preset, launcher=a.launcher, n_jobs=a.n_jobs, dry_run=a.dry_run,
+          sweeps_root=a.sweeps_root, results_dir=a.results_dir,
           extra=tuple(a.hydra_arg), analyze_only=a.analyze_only,
           command=f"python scripts/reproduce.py {n} --preset {a.preset}"
-          + (f" --launcher {a.launcher}" if a.launcher != "basic" else ""))
+          + (f" --launcher {a.launcher}" if a.launcher != "basic" else "")
+          + "".join(f" --hydra-arg {shlex.quote(x)}" for x in a.hydra_arg))
     except (FileNotFoundError, RuntimeError, ValueError) as e:
       if len(names) == 1:
         raise

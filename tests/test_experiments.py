@@ -1,34 +1,45 @@
 """Tests of the experiment machinery (experiments/, scripts/reproduce.py, notebooks/).
 
 Fast part (no JAX): a fake Hydra training entry checks launch / skip / resume / aggregate
-logic, including a sweep killed part-way and restarted. Slow part: the `ci` preset of
-every experiment through the real scripts/train.py, a kill-and-restart of a real sweep,
-and both notebooks executed with nbclient on a ci sweep (one shared sweep root).
+logic, including a sweep killed part-way and restarted; the scale presets compose to the
+values they always had; a sweep's directory follows its config-changing extra overrides.
+Slow part: the `ci` preset of every experiment through the real `python -m pergrad.train`
+and the statistics benchmark, a kill-and-restart of a real sweep, and both notebooks
+executed with nbclient, all on the one session-wide sweep of `ci_sweeps` (tests/conftest.py).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import compose, kill_and_restart
+from omegaconf import OmegaConf
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from experiments import common, runner  # noqa: E402
+from experiments import launch, lr_search, runner, runs  # noqa: E402
+from experiments.sweep import (  # noqa: E402
+    PRESETS,
+    SWEEP_JSON,
+    Block,
+    LrSearch,
+    Sweep,
+    record_sweep,
+    run_dirname,
+    scale_file,
+)
 
 PY = sys.executable
 
 FAKE_TRAIN = textwrap.dedent('''
-    """A stand-in for scripts/train.py: same run-dir contract, no JAX."""
+    """A stand-in for `python -m pergrad.train`: same run-dir contract, no JAX."""
     import dataclasses, json, os, time
     from pathlib import Path
     import hydra
@@ -86,73 +97,58 @@ def fake_train(tmp_path):
   return path
 
 
+def _fake_cmd(fake_train: Path) -> tuple:
+  return (PY, str(fake_train))
+
+
 def _sweep():
-  blocks = (common.Block({"optimizer.placement": ["example", "ema"],
-                          "optimizer.lr": [0.03, 0.1, 0.3], "seed": [0]}),)
-  return common.Sweep({"steps": 3}, blocks, common.LrSearch(
+  blocks = (Block({"optimizer.placement": ["example", "ema"],
+                   "optimizer.lr": [0.03, 0.1, 0.3], "seed": [0]}),)
+  return Sweep({"steps": 3}, blocks, LrSearch(
       ("optimizer.placement",), seed_key="seed", max_extend=1, seeds=(1,)))
 
 
 def test_run_dirname_matches_hydra_and_aggregate(tmp_path, fake_train):
   sweep = _sweep()
-  log = common.launch_blocks(tmp_path / "s", sweep.base, sweep.blocks, train_script=fake_train,
-                             echo=lambda *_: None)
+  log = launch.launch_blocks(tmp_path / "s", sweep.base, sweep.blocks,
+                             train_cmd=_fake_cmd(fake_train), echo=lambda *_: None)
   assert len(log.launched) == 6 and not log.failed and not log.skipped
   names = sorted(p.name for p in (tmp_path / "s").iterdir() if p.is_dir())
-  expect = sorted(common.run_dirname(p) for p in sweep.blocks[0].points())
+  expect = sorted(run_dirname(p) for p in sweep.blocks[0].points())
   assert [n for n in names if not n.startswith(".")] == expect  # same names as Hydra's
-  table = common.aggregate(tmp_path / "s")
+  table = runs.aggregate(tmp_path / "s")
   assert len(table) == 6 * 3  # one row per run and step
   assert {"train/loss", "eval/loss", "stats/dense/kernel/snr_median", "optimizer.lr",
           "optimizer.placement", "seed"} <= set(table.columns)
-  fin = common.finals(table)
-  best = common.best_lr(fin, ["optimizer.placement"], "optimizer.lr", seed_key="seed")
+  fin = runs.finals(table)
+  best = lr_search.best_lr(fin, ["optimizer.placement"], "optimizer.lr", seed_key="seed")
   assert set(best["optimizer.lr"]) == {0.1} and not best["at_edge"].any()
   # Second launch: everything is skipped, nothing is re-run.
-  log2 = common.launch_blocks(tmp_path / "s", sweep.base, sweep.blocks,
-                              train_script=fake_train, echo=lambda *_: None)
+  log2 = launch.launch_blocks(tmp_path / "s", sweep.base, sweep.blocks,
+                              train_cmd=_fake_cmd(fake_train), echo=lambda *_: None)
   assert sorted(log2.skipped) == expect and not log2.launched
   # Follow-up stage: best lr not at an edge -> seeds at the best lr.
-  blocks, kind = common.follow_up_blocks(sweep, fin, 0)
+  blocks, kind = lr_search.follow_up_blocks(sweep, fin, 0)
   assert kind == "seeds"
-  assert sorted(common.run_dirname(p) for b in blocks for p in b.points()) == sorted(
+  assert sorted(run_dirname(p) for b in blocks for p in b.points()) == sorted(
       f"optimizer.lr=0.1,optimizer.placement={p},seed=1" for p in ("ema", "example"))
 
 
 def test_follow_up_extends_grid_past_edge_and_flags_divergence(tmp_path, fake_train):
-  blocks = (common.Block({"optimizer.placement": ["ema"], "optimizer.lr": [0.01, 0.03],
-                          "seed": [0]}),
-            common.Block({"optimizer.placement": ["example"], "optimizer.lr": [0.3, 3.0],
-                          "seed": [0]}))
-  sweep = common.Sweep({"steps": 2}, blocks, common.LrSearch(
+  blocks = (Block({"optimizer.placement": ["ema"], "optimizer.lr": [0.01, 0.03], "seed": [0]}),
+            Block({"optimizer.placement": ["example"], "optimizer.lr": [0.3, 3.0], "seed": [0]}))
+  sweep = Sweep({"steps": 2}, blocks, LrSearch(
       ("optimizer.placement",), seed_key="seed", max_extend=1))
   d = tmp_path / "s"
-  common.launch_blocks(d, sweep.base, sweep.blocks, train_script=fake_train,
+  launch.launch_blocks(d, sweep.base, sweep.blocks, train_cmd=_fake_cmd(fake_train),
                        echo=lambda *_: None)
-  fin = common.finals(common.aggregate(d))
+  fin = runs.finals(runs.aggregate(d))
   assert fin.loc[fin["optimizer.lr"] == 3.0, "diverged"].all()
-  new, kind = common.follow_up_blocks(sweep, fin, 0)
+  new, kind = lr_search.follow_up_blocks(sweep, fin, 0)
   assert kind == "extend"
   pts = [p for b in new for p in b.points()]
   assert pts == [{"optimizer.placement": "ema", "optimizer.lr": 0.09, "seed": 0},
                  {"optimizer.placement": "example", "optimizer.lr": 0.1, "seed": 0}]
-
-
-def _kill_and_restart(cmd, sweep_dir: Path, env=None, timeout=600):
-  """Starts `cmd`, kills it once a first run has finished, restarts it; returns both logs."""
-  proc = subprocess.Popen(cmd, cwd=REPO, env=env, start_new_session=True,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-  t0 = time.time()
-  while not list(sweep_dir.glob(f"*/{common.SUMMARY}")):
-    assert proc.poll() is None, "the sweep ended before any run finished"
-    assert time.time() - t0 < timeout
-    time.sleep(0.2)
-  os.killpg(proc.pid, signal.SIGKILL)
-  proc.wait()
-  first = {p.parent.name: p.stat().st_mtime_ns for p in sweep_dir.glob(f"*/{common.SUMMARY}")}
-  out = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
-  assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-  return first, out.stdout
 
 
 def test_killed_sweep_restarts_only_missing_runs_fake(tmp_path, fake_train):
@@ -161,21 +157,22 @@ def test_killed_sweep_restarts_only_missing_runs_fake(tmp_path, fake_train):
   code = textwrap.dedent(f"""
       import sys; sys.path.insert(0, {str(REPO)!r})
       from pathlib import Path
-      from experiments import common
-      blocks = (common.Block({{"optimizer.placement": ["example", "ema"],
-                               "optimizer.lr": [0.03, 0.1, 0.3], "seed": [0]}}),)
-      log = common.launch_blocks(Path({str(d)!r}), {{"steps": 3}}, blocks,
-                                 train_script=Path({str(fake_train)!r}))
+      from experiments.launch import launch_blocks
+      from experiments.sweep import Block
+      blocks = (Block({{"optimizer.placement": ["example", "ema"],
+                        "optimizer.lr": [0.03, 0.1, 0.3], "seed": [0]}}),)
+      log = launch_blocks(Path({str(d)!r}), {{"steps": 3}}, blocks,
+                          train_cmd=({PY!r}, {str(fake_train)!r}))
       print("SKIPPED", sorted(log.skipped))
   """)
   env = {**os.environ, "FAKE_SLEEP": "0.3"}
-  first, stdout = _kill_and_restart([PY, "-c", code], d, env=env)
-  all_names = sorted(common.run_dirname(p) for p in sweep.blocks[0].points())
+  first, stdout = kill_and_restart([PY, "-c", code], d, env=env)
+  all_names = sorted(run_dirname(p) for p in sweep.blocks[0].points())
   assert f"SKIPPED {sorted(first)}" in stdout
   for name in all_names:
-    assert common.run_status(d / name) == "completed"
+    assert runs.run_status(d / name) == "completed"
   for name, mtime in first.items():  # finished runs were not run again
-    assert (d / name / common.SUMMARY).stat().st_mtime_ns == mtime
+    assert (d / name / runs.SUMMARY).stat().st_mtime_ns == mtime
     assert (d / name / "launches.txt").read_text().count("x") == 1
 
 
@@ -187,9 +184,10 @@ def test_presets_are_well_formed():
       assert hasattr(mod, attr), (name, attr)
     if hasattr(mod, "launch"):
       continue
-    for preset in common.PRESETS:
+    for preset in PRESETS:
       sweep = mod.sweep(preset)
-      pts = [common.run_dirname(p) for b in sweep.blocks for p in b.points()]
+      assert sweep.base["scale"] == preset and sweep.base["experiment"] == name
+      pts = [run_dirname(p) for b in sweep.blocks for p in b.points()]
       assert len(pts) == len(set(pts)), (name, preset)  # distinct run dirs
       if preset == "ci":
         assert 1 <= len(pts) <= 4, (name, len(pts))
@@ -202,62 +200,137 @@ def test_unknown_experiment_or_preset_is_one_clear_error():
     runner.run_experiment("snr", "huge")
 
 
+# --------------------------------------------------------------------------- scale presets
+
+# The scale of every preset as it was set before configs/scale/ (command-line overrides
+# of every run): `scale=<preset>` must resolve to exactly these values.
+OLD_SCALE = {
+    "ci": {
+        "model.n_layers": 1, "model.d_model": 32, "model.n_heads": 2, "model.d_ff": 64,
+        "model.vocab_size": 256, "model.seq_len": 32,
+        "data.tokenizer": "byte", "data.vocab_size": 256, "data.seq_len": 32,
+        "data.batch_size": 8, "data.eval_batch_size": 8,
+        "train.steps": 20, "train.eval_every": 10, "train.eval_batches": 2,
+        "train.checkpoint_every": 10, "schedule.warmup_steps": 2,
+        "logging.log_every": 5, "logging.progress": False, "logging.wandb.mode": "disabled",
+    },
+    "cpu": {
+        "model.n_layers": 2, "model.d_model": 128, "model.n_heads": 4, "model.d_ff": 512,
+        "model.vocab_size": 1024, "model.seq_len": 64,
+        "data.tokenizer": "bpe", "data.vocab_size": 1024, "data.seq_len": 64,
+        "data.batch_size": 32, "data.eval_batch_size": 32,
+        "train.steps": 400, "train.eval_every": 50, "train.eval_batches": 4,
+        "train.checkpoint_every": 100, "schedule.warmup_steps": 20,
+        "logging.log_every": 10, "logging.progress": False, "logging.wandb.mode": "disabled",
+    },
+    "paper": {
+        "model.n_layers": 6, "model.d_model": 512, "model.n_heads": 8, "model.d_ff": 2048,
+        "model.vocab_size": 32768, "model.seq_len": 512, "model.compute_dtype": "bfloat16",
+        "data.name": "c4", "data.tokenizer": "bpe", "data.vocab_size": 32768,
+        "data.seq_len": 512, "data.batch_size": 256, "data.eval_batch_size": 256,
+        "train.steps": 20000, "train.eval_every": 1000, "train.eval_batches": 16,
+        "train.checkpoint_every": 1000, "schedule.warmup_steps": 1000,
+        "logging.log_every": 50, "logging.progress": False, "logging.wandb.mode": "offline",
+    },
+}
+
+
+def _value(cfg, key):
+  v = OmegaConf.select(cfg, key)
+  return getattr(v, "value", v)  # enums of the typed schema -> their string
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_scale_presets_compose_to_the_old_values(preset):
+  assert set(PRESETS) == set(OLD_SCALE) == {p.stem for p in scale_file("ci").parent.glob("*.yaml")}
+  for experiment in (None, *[n for n in runner.EXPERIMENTS if hasattr(runner.load(n), "sweep")]):
+    overrides = [f"scale={preset}"] + ([f"experiment={experiment}"] if experiment else [])
+    cfg = compose(overrides)
+    got = {k: _value(cfg, k) for k in OLD_SCALE[preset]}
+    assert got == OLD_SCALE[preset], (experiment, preset)
+    if experiment:  # the experiment's own settings still apply on top of the scale
+      assert cfg.experiment == experiment
+
+
+def test_multirun_command_runs_the_installed_entry_at_a_scale(tmp_path):
+  sweep = runner.load("snr").sweep("ci")
+  cmd = launch.multirun_command(tmp_path, sweep.base, sweep.blocks[0],
+                                extra=["logging.log_every=7"])
+  assert cmd[:4] == [sys.executable, "-m", "pergrad.train", "-m"]
+  assert "scale=ci" in cmd and "experiment=snr" in cmd and "logging.log_every=7" in cmd
+  exclude = next(c for c in cmd if c.startswith("hydra.job.config.override_dirname.exclude"))
+  assert "scale" in exclude and "logging.log_every" in exclude
+  assert (REPO / "pergrad" / "train" / "__main__.py").exists()
+
+
+# --------------------------------------------------------------------------- sweep dirs
+
+
+def _dry(name, root, *extra):
+  out = runner.run_experiment(name, "ci", dry_run=True, sweeps_root=root, extra=extra,
+                              echo=lambda *_: None)
+  return out.sweep_dir
+
+
+def test_sweep_dir_depends_on_config_changing_extras(tmp_path):
+  base = _dry("snr", tmp_path)
+  assert base == tmp_path / "snr" / "ci"
+  # Launcher-only, logging and data-cache overrides do not change what the runs compute.
+  assert _dry("snr", tmp_path, "hydra.launcher.n_jobs=3", "hydra/launcher=joblib",
+              "logging.wandb.mode=offline", "logging=quiet", "data.tfds_dir=/x") == base
+  assert _dry("snr", tmp_path, "data.tfds=/x") != base  # a prefix of a key is not the key
+  txt = ("data=txt_folder", "data.path=/corpus")
+  other = _dry("snr", tmp_path, *txt)
+  assert other.parent == base.parent and other.name.startswith("ci-") and other != base
+  # Stable: independent of the order and of neutral extras; another value, another dir.
+  assert _dry("snr", tmp_path, *reversed(txt), "logging.log_every=3") == other
+  assert _dry("snr", tmp_path, "data=txt_folder", "data.path=/other") not in (base, other)
+  # The dry-run command carries the extras to every run.
+  log = runner.run_experiment("snr", "ci", dry_run=True, sweeps_root=tmp_path, extra=txt,
+                              echo=lambda *_: None).log
+  assert all(set(txt) <= set(c) for c in log.commands) and log.commands
+  # Only the training sweeps depend on extras (the benchmark does not take them).
+  assert _dry("overhead", tmp_path, *txt) == tmp_path / "overhead" / "ci"
+
+
+def test_sweep_json_records_the_config_and_refuses_another(tmp_path):
+  extra = ("data.path=/corpus", "data=txt_folder", "hydra.launcher.n_jobs=2")
+  d = tmp_path / "s"
+  record_sweep(d, "ci", {"experiment": "snr", "scale": "ci", "stats.log_every": 5}, extra)
+  doc = json.loads((d / SWEEP_JSON).read_text())
+  assert doc == {"preset": "ci",
+                 "base": {"experiment": "snr", "scale": "ci", "stats.log_every": "5"},
+                 "extra": ["data.path=/corpus", "data=txt_folder"]}
+  record_sweep(d, "ci", {"experiment": "snr", "scale": "ci"}, extra[::-1])  # same config
+  with pytest.raises(ValueError, match="holds runs of preset 'ci' with extra") as e:
+    record_sweep(d, "ci", {"experiment": "snr", "scale": "ci"}, ("data=lm1b",))
+  assert "\n" not in str(e.value)
+
+
 # --------------------------------------------------------------------------- real sweeps
 
-TRAIN = REPO / "scripts" / "train.py"
-needs_train = pytest.mark.skipif(not TRAIN.exists(), reason="scripts/train.py not written yet")
-TRAINING = [n for n in runner.EXPERIMENTS if not hasattr(runner.load(n), "launch")]
+TRAINING = [n for n in runner.EXPERIMENTS if hasattr(runner.load(n), "sweep")]
 
 
-def _reproduce(*args, timeout=900):
-  env = {**os.environ, "WANDB_MODE": "disabled"}
-  return subprocess.run([PY, str(REPO / "scripts" / "reproduce.py"), *args], cwd=REPO, env=env,
-                        capture_output=True, text=True, timeout=timeout)
-
-
-@pytest.fixture(scope="module")
-def ci_root(tmp_path_factory):
-  """One shared root with the ci sweep of every training experiment.
-
-  sign_placement is first killed after its first run finished and restarted; the restart
-  must skip exactly the finished run(s) (checked in test_killed_real_sweep_*).
-  """
-  if not TRAIN.exists():
-    pytest.skip("scripts/train.py not written yet")
-  root = tmp_path_factory.mktemp("sweeps")
-  sweep_dir = root / "sign_placement" / "ci"
-  cmd = [PY, str(REPO / "scripts" / "reproduce.py"), "sign_placement", "--preset", "ci",
-         "--sweeps-root", str(root)]
-  first, stdout = _kill_and_restart(cmd, sweep_dir, env={**os.environ, "WANDB_MODE": "disabled"})
-  for name in TRAINING:
-    if name == "sign_placement":
-      continue
-    out = _reproduce(name, "--preset", "ci", "--sweeps-root", str(root))
-    assert out.returncode == 0, f"{name}:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
-  return {"root": root, "killed_first": first, "restart_stdout": stdout}
-
-
-@needs_train
 @pytest.mark.slow
-def test_killed_real_sweep_restarts_only_missing_runs(ci_root):
-  sweep_dir = ci_root["root"] / "sign_placement" / "ci"
-  first = ci_root["killed_first"]
+def test_killed_real_sweep_restarts_only_missing_runs(ci_sweeps):
+  sweep_dir = ci_sweeps["root"] / "sign_placement" / "ci"
+  first = ci_sweeps["killed_first"]
   assert first, "no run had finished before the kill"
   for name in first:
-    assert f"[skip] {name} (completed)" in ci_root["restart_stdout"]
-    assert (sweep_dir / name / common.SUMMARY).stat().st_mtime_ns == first[name]
-  runs = [p.parent.name for p in sweep_dir.glob(f"*/{common.METRICS}")]
-  assert runs and all(common.run_status(sweep_dir / r) == "completed" for r in runs)
+    assert f"[skip] {name} (completed)" in ci_sweeps["restart_stdout"]
+    assert (sweep_dir / name / runs.SUMMARY).stat().st_mtime_ns == first[name]
+  names = [p.parent.name for p in sweep_dir.glob(f"*/{runs.METRICS}")]
+  assert names and all(runs.run_status(sweep_dir / r) == "completed" for r in names)
 
 
-@needs_train
 @pytest.mark.slow
 @pytest.mark.parametrize("name", TRAINING)
-def test_ci_preset_writes_results(ci_root, name):
-  sweep_dir = ci_root["root"] / name / "ci"
+def test_ci_preset_writes_results(ci_sweeps, name):
+  sweep_dir = ci_sweeps["root"] / name / "ci"
   table = pd.read_csv(sweep_dir / "table.csv")
   sweep = runner.load(name).sweep("ci")
-  expected = {common.run_dirname(p) for b in sweep.blocks for p in b.points()}
+  expected = {run_dirname(p) for b in sweep.blocks for p in b.points()}
   assert expected <= set(table["run"])  # every first-stage point ran and is in the table
   assert not table.duplicated(["run", "step"]).any()  # one row per run and step
   assert table["train/loss"].notna().any() and table["eval/loss"].notna().any()
@@ -266,30 +339,32 @@ def test_ci_preset_writes_results(ci_root, name):
   readme = (report / "README.md").read_text()
   verdict = json.loads((report / "report.json").read_text())["verdict"]
   assert verdict in readme and f"scripts/reproduce.py {name} --preset ci" in readme
+  assert json.loads((sweep_dir / SWEEP_JSON).read_text())["base"]["scale"] == "ci"
+  # Every run composed the ci scale (configs/scale/ci.yaml).
+  cfg = OmegaConf.load(sweep_dir / sorted(expected)[0] / "config.yaml")
+  assert (cfg.model.n_layers, cfg.model.d_model, cfg.data.tokenizer) == (1, 32, "byte")
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not (REPO / "scripts" / "bench_stats.py").exists(),
-                    reason="scripts/bench_stats.py not written yet")
-def test_overhead_ci(tmp_path):
-  out = _reproduce("overhead", "--preset", "ci", "--sweeps-root", str(tmp_path))
-  assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-  report = tmp_path / "overhead" / "ci" / "report"
+def test_overhead_ci(ci_sweeps):
+  sweep_dir = ci_sweeps["root"] / "overhead" / "ci"
+  report = sweep_dir / "report"
   df = pd.read_csv(report / "overhead.csv")
   assert len(df) and (report / "overhead.png").exists()
+  doc = json.loads((sweep_dir / "bench.json").read_text())  # from pergrad.bench.stats.run
+  assert doc["argv"] == ["--quick"] and doc["rows"] and "checks" in doc
 
 
-@needs_train
 @pytest.mark.slow
-def test_notebooks_execute_on_ci_sweep(ci_root, tmp_path):
+def test_notebooks_execute_on_ci_sweep(ci_sweeps, tmp_path):
   import nbformat
   from nbclient import NotebookClient
   results = tmp_path / "results"
   results.mkdir()
-  for name in TRAINING:
-    (results / name).symlink_to(ci_root["root"] / name / "ci" / "report")
+  for name in runner.EXPERIMENTS:
+    (results / name).symlink_to(ci_sweeps["root"] / name / "ci" / "report")
   for nb_name, env in (("inspect_runs", {"PERGRAD_SWEEP_DIR": str(
-      ci_root["root"] / "sign_placement" / "ci")}), ("figures", {
+      ci_sweeps["root"] / "sign_placement" / "ci")}), ("figures", {
           "PERGRAD_RESULTS_ROOT": str(results)})):
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)

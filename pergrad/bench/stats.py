@@ -8,7 +8,7 @@ a warm-up). Reported per variant, each also as a ratio to the plain
   flops      XLA's `compiled.cost_analysis()["flops"]`; for surgery, of the same step
              traced with unrolled scans (XLA counts a loop body once, not per trip)
   peak_bytes XLA's peak of simultaneously live buffers (arguments, temporaries and
-             outputs) over the compiled step's schedule (`pergrad.xla_costs`): what
+             outputs) over the compiled step's schedule (`pergrad.bench.xla_costs`): what
              the step's buffers need at once
   mem_bytes  `compiled.memory_analysis()`: temp + argument + output (- alias) bytes, what XLA:CPU
              actually reserves (output buffers sit beside the temp arena for the whole
@@ -21,36 +21,33 @@ a warm-up). Reported per variant, each also as a ratio to the plain
 and `time_vs_micro_grad`: time over `optax.microbatching.micro_grad` computing the same
 statistics (per-example gradients with a leading batch axis, summed by micro_grad).
 
-  .venv/bin/python scripts/bench_stats.py                    # full run (minutes)
-  .venv/bin/python scripts/bench_stats.py --quick            # smoke test (seconds)
-  .venv/bin/python scripts/reproduce.py overhead --preset cpu   # -> results/overhead/
+  run(presets=("tiny", "medium"))   # -> the JSON document (rows + the issue's checks)
+  run(quick=True)                    # smoke test (seconds)
 
-Prints one JSON document (rows + the issue's "done when" checks) and a table.
+  .venv/bin/python scripts/bench_stats.py                    # CLI: prints the document
+  .venv/bin/python scripts/bench_stats.py --quick
+  .venv/bin/python scripts/reproduce.py overhead --preset cpu   # -> results/overhead/
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
 import os
 import platform
-import sys
 import time
+from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-import pergrad.stats as ps  # noqa: E402
-from pergrad.loss import make_loss_fn  # noqa: E402
-from pergrad.model import ModelSpec, Transformer, count_params, init_params  # noqa: E402
-from pergrad.stats import surgery_math  # noqa: E402
-from pergrad.stats import vmap as vmap_backend  # noqa: E402
-from pergrad.xla_costs import compile_with_peak, flops_of, memory_of  # noqa: E402
+import pergrad.stats as ps
+from pergrad.bench.xla_costs import compile_with_peak, flops_of, memory_of
+from pergrad.loss import make_loss_fn
+from pergrad.model import ModelSpec, Transformer, count_params, init_params
+from pergrad.stats import surgery_math
+from pergrad.stats import vmap as vmap_backend
 
 PRESETS = {
     "micro": (ModelSpec(n_layers=1, d_model=32, n_heads=2, d_ff=64, vocab_size=64, seq_len=16),
@@ -135,14 +132,15 @@ def counted_flops(fn, params, batch) -> float:
     return flops_of(jax.jit(lambda p, b: fn(p, b)).lower(params, batch).compile())
 
 
-def bench_group(preset: str, B: int, args) -> list[dict]:
+def bench_group(preset: str, B: int, stat_sets: Sequence[str], layout_first: bool,
+                reps: int) -> list[dict]:
   spec, T = PRESETS[preset]
   params = init_params(spec, jax.random.key(0))
   loss_fn = make_loss_fn(Transformer(spec))
   rng = np.random.default_rng(0)
   batch = {k: jnp.asarray(rng.integers(0, spec.vocab_size, (B, T)), jnp.int32)
            for k in ("inputs", "targets")}
-  vs = variants(loss_fn, args.stat_sets, args.layout_first)
+  vs = variants(loss_fn, stat_sets, layout_first)
   rows, compiled = [], []
   for backend, gran, sset, fn in vs:
     t0 = time.perf_counter()
@@ -155,7 +153,7 @@ def bench_group(preset: str, B: int, args) -> list[dict]:
                      granularity=gran, stats=sset, flops=flops, peak_bytes=peak,
                      **memory_of(c),
                      rss_mb=round(rss_mb(), 1), compile_s=round(compile_s, 2), times=[]))
-  for _ in range(args.reps):  # interleaved: drift and contention hit every variant alike
+  for _ in range(reps):  # interleaved: drift and contention hit every variant alike
     for row, c in zip(rows, compiled, strict=True):
       t0 = time.perf_counter()
       jax.block_until_ready(c(params, batch))
@@ -222,45 +220,51 @@ def table(rows: list[dict]) -> str:
   return "\n".join(lines)
 
 
-def main(argv=None) -> dict:
-  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-  p.add_argument("--quick", action="store_true", help="micro preset, B=4, 2 reps, 'all' only")
-  p.add_argument("--presets", default="tiny,medium")
-  p.add_argument("--batch-sizes", default="8,32", help="for tiny; medium uses --medium-batch-sizes")
-  p.add_argument("--medium-batch-sizes", default="8")
-  p.add_argument("--reps", type=int, default=5)
-  p.add_argument("--stat-sets", default="sq+sign,norms,all")
-  p.add_argument("--no-layout-first", dest="layout_first", action="store_false")
-  p.add_argument("--out", default=None, help="write the JSON document here")
-  args = p.parse_args(argv)
-  args.stat_sets = args.stat_sets.split(",")
-  if args.quick:
-    args.presets, args.batch_sizes, args.reps = "micro", "4", 2
-    args.stat_sets, args.layout_first = ["all", "sq+sign"], False
+DEFAULTS = dict(presets=("tiny", "medium"), batch_sizes=(8, 32), medium_batch_sizes=(8,),
+                reps=5, stat_sets=("sq+sign", "norms", "all"), layout_first=True)
+QUICK = dict(presets=("micro",), batch_sizes=(4,), reps=2, stat_sets=("all", "sq+sign"),
+             layout_first=False)
+
+
+def as_argv(quick: bool = False, **kw) -> list[str]:
+  """The `scripts/bench_stats.py` arguments that make the same measurement as run(**kw)."""
+  if quick:
+    return ["--quick"]
+  out = []
+  for k, v in kw.items():
+    if k == "layout_first":
+      out += [] if v else ["--no-layout-first"]
+    else:
+      out += ["--" + k.replace("_", "-"),
+              ",".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)]
+  return out
+
+
+def run(*, quick: bool = False, argv: Sequence[str] | None = None,
+        echo: Callable[[str], None] | None = None, **kw) -> dict:
+  """Measures every variant; returns the JSON document (rows + the issue's checks).
+
+  Keywords as in DEFAULTS (presets, batch_sizes, medium_batch_sizes, reps, stat_sets,
+  layout_first); quick=True: the micro preset, B=4, 2 reps, 'all' and 'sq+sign' only.
+  argv: recorded in the document (default: the equivalent command-line arguments).
+  echo: called with each (preset, B) group's table as it is measured.
+  """
+  unknown = set(kw) - set(DEFAULTS)
+  if unknown:
+    raise TypeError(f"unknown benchmark option(s) {sorted(unknown)}; known: {list(DEFAULTS)}")
+  o = {**DEFAULTS, **kw, **(QUICK if quick else {})}
   rows = []
-  for preset in args.presets.split(","):
-    sizes = args.medium_batch_sizes if preset == "medium" else args.batch_sizes
-    for B in map(int, sizes.split(",")):
-      rows += bench_group(preset, B, args)
-      print(table([r for r in rows if r["preset"] == preset and r["B"] == B]), file=sys.stderr)
-  doc = dict(
-      argv=sys.argv[1:], jax=jax.__version__, optax=optax.__version__,
-      backend=jax.default_backend(), devices=[str(d) for d in jax.devices()],
+  for preset in o["presets"]:
+    sizes = o["medium_batch_sizes"] if preset == "medium" else o["batch_sizes"]
+    for B in map(int, sizes):
+      rows += bench_group(preset, B, o["stat_sets"], o["layout_first"], o["reps"])
+      if echo:
+        echo(table([r for r in rows if r["preset"] == preset and r["B"] == B]))
+  return dict(
+      argv=list(as_argv(quick, **kw) if argv is None else argv), jax=jax.__version__,
+      optax=optax.__version__, backend=jax.default_backend(),
+      devices=[str(d) for d in jax.devices()],
       machine=dict(platform=platform.platform(), cpus=os.cpu_count(),
                    loadavg_at_end=os.getloadavg()),
       spec={k: dataclasses.asdict(v[0]) | {"T": v[1]} for k, v in PRESETS.items()},
       rows=rows, checks=checks(rows))
-  print(json.dumps(doc))
-  print("\n" + table(rows), file=sys.stderr)
-  for c in doc["checks"]:
-    mark = ("OK  " if c["ok"] else "FAIL") if c["gating"] else ("ok  " if c["ok"] else "over")
-    print(f'{mark} {c["check"]:45} {c["value"]!s:>7}  {c["where"]}', file=sys.stderr)
-  if args.out:
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-      json.dump(doc, f, indent=1)
-  return doc
-
-
-if __name__ == "__main__":
-  main()

@@ -3,7 +3,7 @@
     compiled, peak = compile_with_peak(jax.jit(f).lower(*args))
     flops_of(compiled), memory_of(compiled)
 
-Shared by the benchmarks (`scripts/bench_stats.py`, `scripts/bench_throughput.py`).
+Shared by the benchmarks (`pergrad.bench.stats`, `scripts/bench_throughput.py`).
 Two memory figures, both from XLA's buffer assignment of the compiled program:
   - peak (`compile_with_peak`): the largest total of simultaneously live buffers
     (arguments, temporaries, outputs) over the program's schedule, from the

@@ -1,0 +1,121 @@
+"""Launching a sweep: one Hydra multirun of `python -m pergrad.train` per grid block.
+
+Points whose run directory already holds a finished run are skipped; a block with any
+point left is launched whole, since the training entry exits at once for a completed
+run and resumes a partial one from its checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+from experiments.runs import DONE, run_status
+from experiments.sweep import REPO, Block, fmt, override_key, run_dirname
+
+LAUNCHERS = ("basic", "joblib", "submitit")
+TRAIN_CMD = (sys.executable, "-m", "pergrad.train")  # the installed training entry
+
+
+def launcher_overrides(launcher: str, n_jobs: int) -> list[str]:
+  if launcher == "basic":
+    return []
+  if launcher == "joblib":
+    return ["hydra/launcher=joblib", f"hydra.launcher.n_jobs={n_jobs}"]
+  if launcher == "submitit":
+    # Needs the `slurm` extra (hydra-submitit-launcher); partition/time via extra overrides.
+    return ["hydra/launcher=submitit_slurm"]
+  raise ValueError(f"unknown launcher {launcher!r}; choose one of {LAUNCHERS}.")
+
+
+def multirun_command(
+    sweep_dir: Path,
+    base: dict,
+    block: Block,
+    *,
+    train_cmd: Sequence[str] = TRAIN_CMD,
+    launcher: str = "basic",
+    n_jobs: int = 2,
+    extra: Sequence[str] = (),
+) -> list[str]:
+  """The `python -m pergrad.train -m ...` command that runs every point of `block`."""
+  fixed = {k: v for k, v in {**base, **block.fixed}.items() if k not in block.grid}
+  exclude = sorted(set(fixed) | {override_key(e) for e in extra})
+  cmd = [*train_cmd, "-m"]
+  cmd += [f"{k}={fmt(v)}" for k, v in fixed.items()]
+  cmd += [f"{k}={','.join(fmt(v) for v in vals)}" for k, vals in block.grid.items()]
+  cmd += list(extra)
+  cmd += [
+      f"hydra.sweep.dir={sweep_dir}",
+      "hydra.sweep.subdir=${hydra.job.override_dirname}",
+      f"hydra.job.config.override_dirname.exclude_keys=[{','.join(exclude)}]",
+  ]
+  cmd += launcher_overrides(launcher, n_jobs)
+  return cmd
+
+
+@dataclasses.dataclass
+class LaunchLog:
+  """What one `launch` call did: points already done, points run, failures."""
+
+  skipped: list = dataclasses.field(default_factory=list)
+  launched: list = dataclasses.field(default_factory=list)
+  failed: list = dataclasses.field(default_factory=list)
+  wall_s: float = 0.0
+  commands: list = dataclasses.field(default_factory=list)
+
+
+def launch_blocks(
+    sweep_dir: Path,
+    base: dict,
+    blocks: Iterable[Block],
+    *,
+    train_cmd: Sequence[str] = TRAIN_CMD,
+    launcher: str = "basic",
+    n_jobs: int = 2,
+    extra: Sequence[str] = (),
+    dry_run: bool = False,
+    log: LaunchLog | None = None,
+    echo: Callable[[str], None] = print,
+) -> LaunchLog:
+  """Launches each block whose points are not all done; records skipped points."""
+  log = log or LaunchLog()
+  sweep_dir.mkdir(parents=True, exist_ok=True)
+  for block in blocks:
+    todo, done = [], []
+    for p in block.points():
+      name = run_dirname(p)
+      (done if run_status(sweep_dir / name) in DONE else todo).append(name)
+    log.skipped += done
+    for name in done:
+      echo(f"[skip] {name} ({run_status(sweep_dir / name)})")
+    if not todo:
+      continue
+    cmd = multirun_command(sweep_dir, base, block, train_cmd=train_cmd, launcher=launcher,
+                           n_jobs=n_jobs, extra=extra)
+    log.commands.append(cmd)
+    echo(f"[launch] {len(todo)} run(s): " + " ".join(_quote(c) for c in cmd[1:]))
+    if dry_run:
+      log.launched += todo
+      continue
+    t0 = time.time()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.run(cmd, cwd=REPO, env=env)
+    log.wall_s += time.time() - t0
+    log.launched += todo
+    for name in todo:
+      if run_status(sweep_dir / name) != "completed":
+        log.failed.append(name)
+    if proc.returncode:
+      echo(f"[warn] multirun exited with code {proc.returncode}; failed: "
+           f"{[n for n in todo if n in log.failed]}")
+  return log
+
+
+def _quote(s: str) -> str:
+  return f"'{s}'" if any(c in s for c in " ${}[]*") else s

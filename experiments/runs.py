@@ -1,0 +1,165 @@
+"""Reading run directories: status, one run's metrics, a sweep's tidy table, final numbers.
+
+A run directory holds `metrics.jsonl` (one JSON record per logged step and split) and,
+once it ended, `summary.json` (its status). `aggregate` turns every run of a sweep into
+one table: one row per (run, step), the swept values of the run as columns.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+import pandas as pd
+
+from experiments.sweep import parse_dirname
+from pergrad.train.metrics import read_records
+
+SUMMARY = "summary.json"
+METRICS = "metrics.jsonl"
+DONE = ("completed", "diverged")  # statuses that are not launched again
+
+
+def run_status(run_dir: Path) -> str:
+  """'completed' | a summary's other status (e.g. 'diverged') | 'partial' | 'missing'."""
+  summ = run_dir / SUMMARY
+  if summ.exists():
+    try:
+      return str(json.loads(summ.read_text()).get("status", "unknown"))
+    except json.JSONDecodeError:
+      return "partial"
+  return "partial" if (run_dir / METRICS).exists() else "missing"
+
+
+def run_table(run_dir: Path) -> pd.DataFrame:
+  """One run's metrics as rows per step: `train/<k>`, `eval/<k>`, and stats keys as-is.
+
+  If a run was resumed, a step logged twice keeps its last value. A NaN loss is stored
+  as inf, so that NaN keeps meaning "not logged at this step".
+  """
+  recs = read_records(run_dir / METRICS)
+  rows: dict[int, dict] = {}
+  for r in recs:
+    step = int(r.get("step", -1))
+    split = r.get("split", "train")
+    row = rows.setdefault(step, {"step": step})
+    for k, v in r.items():
+      if k in ("step", "split"):
+        continue
+      if k == "loss" and (v is None or (isinstance(v, float) and math.isnan(v))):
+        v = math.inf  # a logged non-finite loss; NaN in the table means "not logged"
+      if split == "stats" or "/" in k:
+        row[k] = v
+      else:
+        row[f"{split}/{k}"] = v
+  return pd.DataFrame(sorted(rows.values(), key=lambda r: r["step"]))
+
+
+def _coerce(v: str):
+  if v in ("null", "None"):
+    return np.nan
+  for t in (int, float):
+    try:
+      return t(v)
+    except ValueError:
+      pass
+  return v
+
+
+def from_table(v):
+  """A value read back from a table as the plain Python value of an override."""
+  if isinstance(v, float) and math.isnan(v):
+    return None
+  if isinstance(v, (np.integer,)):
+    return int(v)
+  if isinstance(v, (np.floating,)):
+    return float(v)
+  return v
+
+
+def aggregate(sweep_dir: Path, names: Iterable[str] | None = None) -> pd.DataFrame:
+  """The tidy table of a sweep: one row per (run, step), swept values as columns."""
+  sweep_dir = Path(sweep_dir)
+  if names is None:
+    names = sorted(p.parent.name for p in sweep_dir.glob(f"*/{METRICS}"))
+  frames = []
+  for name in names:
+    rd = sweep_dir / name
+    if not (rd / METRICS).exists():
+      continue
+    df = run_table(rd)
+    if df.empty:
+      continue
+    for k, v in parse_dirname(name).items():
+      df.insert(0, k, _coerce(v))
+    df.insert(0, "status", run_status(rd))
+    df.insert(0, "run", name)
+    frames.append(df)
+  if not frames:
+    return pd.DataFrame(columns=["run", "status", "step"])
+  return pd.concat(frames, ignore_index=True, sort=False)
+
+
+def x_examples(df: pd.DataFrame) -> pd.Series:
+  """Examples seen at each row (from train/examples_seen, else step * batch size)."""
+  if "train/examples_seen" in df:
+    ex = df.groupby("run")["train/examples_seen"].transform(lambda s: s.ffill())
+    if ex.notna().any():
+      return ex
+  bs = df["data.batch_size"] if "data.batch_size" in df else 1
+  return df["step"] * bs
+
+
+def finals(table: pd.DataFrame, tail: int = 3) -> pd.DataFrame:
+  """One row per run: swept values, status, final eval loss, smoothed final train loss.
+
+  A run whose losses became non-finite (or whose summary says diverged) gets
+  `final_eval_loss = inf` so that it ranks last and shows at the top of a U-curve.
+  """
+  if table.empty:
+    return pd.DataFrame()
+  id_cols = [c for c in table.columns if c in ("run", "status") or "." in c and "/" not in c]
+  out = []
+  for _run, df in table.groupby("run", sort=False):
+    row = {c: df[c].iloc[0] for c in id_cols}
+    ev = df["eval/loss"].dropna() if "eval/loss" in df else pd.Series(dtype=float)
+    tr = df["train/loss"].dropna() if "train/loss" in df else pd.Series(dtype=float)
+    nonfinite = bool((~np.isfinite(ev)).any() or (~np.isfinite(tr)).any())
+    diverged = nonfinite or row["status"] == "diverged"
+    row["final_step"] = int(df["step"].max())
+    row["final_eval_loss"] = math.inf if diverged or ev.empty else float(ev.iloc[-1])
+    row["final_train_loss"] = math.inf if diverged or tr.empty else float(tr.iloc[-tail:].mean())
+    row["diverged"] = diverged
+    out.append(row)
+  return pd.DataFrame(out)
+
+
+def curves_at(table: pd.DataFrame, best: pd.DataFrame, keys: Sequence[str],
+              cols: Sequence[str]) -> pd.DataFrame:
+  """Rows of `table` whose (keys) match a row of `best`, with an `examples_seen` column."""
+  t = table.copy()
+  t["examples_seen"] = x_examples(t)
+  b = best[list(keys)].copy()
+  for k in keys:  # align dtypes (NaN-able keys)
+    b[k] = b[k].astype(t[k].dtype) if k in t else b[k]
+  m = t.merge(b, on=list(keys), how="inner")
+  keep = ["run", *[c for c in t.columns if "." in c and "/" not in c], "step", "examples_seen",
+          *[c for c in cols if c in m]]
+  return m[list(dict.fromkeys(keep))]
+
+
+def stat_columns(table: pd.DataFrame, name: str, prefix: str | None = None) -> list[str]:
+  """Columns `<prefix>/<leaf path>/<name>` (prefix 'stats' or 'opt'; any if None)."""
+  out = []
+  for c in table.columns:
+    parts = c.split("/")
+    if len(parts) >= 3 and parts[-1] == name and (prefix is None or parts[0] == prefix):
+      out.append(c)
+  return out
+
+
+def leaf_of(col: str) -> str:
+  return "/".join(col.split("/")[1:-1])
