@@ -140,6 +140,16 @@ class TrainConfig:
 
 
 @dataclasses.dataclass
+class DistConfig:
+  """Multi-process runs (`pergrad.train.distributed`): one process per host or GPU."""
+
+  coordinator_address: str | None = None  # host:port of process 0; null: single process
+  num_processes: int | None = None
+  process_id: int | None = None
+  auto: bool = True  # initialize from a multi-task SLURM job or TPU slice's environment
+
+
+@dataclasses.dataclass
 class Config:
   model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
   data: DataConfig = dataclasses.field(default_factory=DataConfig)
@@ -148,6 +158,7 @@ class Config:
   logging: LoggingConfig = dataclasses.field(default_factory=LoggingConfig)
   stats: StatsConfig = dataclasses.field(default_factory=StatsConfig)
   train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+  dist: DistConfig = dataclasses.field(default_factory=DistConfig)
   name: str = "run"  # free-form run name (W&B run name, sweep tables)
   experiment: Any = None  # set by configs/experiment/*.yaml (free-form tag)
 

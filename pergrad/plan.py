@@ -28,7 +28,7 @@ from pergrad.stats import StatsRequest
 CONFIG = "config.yaml"
 SUMMARY = "summary.json"
 # Keys (or key prefixes) that may differ between a run and its resumption.
-RESUMABLE = ("logging", "name", "experiment", "data.tfds_dir", "train.out_dir",
+RESUMABLE = ("logging", "name", "experiment", "dist", "data.tfds_dir", "train.out_dir",
              "train.eval_every", "train.eval_batches", "train.checkpoint_every",
              "train.keep_checkpoints", "stats.log_every", "stats.want", "stats.granularity",
              "stats.backend", "stats.microbatch_size")

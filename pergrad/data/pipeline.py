@@ -100,11 +100,13 @@ class Tokenizer(Protocol):
 
 
 class _Windows(Protocol):
-  """A split that yields windows of L tokens (`int32[n, L]`)."""
+  """A split that yields windows of L tokens (`int32[n, L]`); `rows` picks some of the n
+  (the same windows whatever the slice: the starts of all n are drawn first)."""
 
-  def random(self, rng: np.random.Generator, n: int, length: int) -> np.ndarray: ...
+  def random(self, rng: np.random.Generator, n: int, length: int,
+             rows: slice = slice(None)) -> np.ndarray: ...
 
-  def spaced(self, n: int, length: int) -> np.ndarray: ...
+  def spaced(self, n: int, length: int, rows: slice = slice(None)) -> np.ndarray: ...
 
 
 class TokenStream:
@@ -113,13 +115,13 @@ class TokenStream:
   def __init__(self, tokens: np.ndarray):
     self.tokens = tokens
 
-  def random(self, rng, n, length):
+  def random(self, rng, n, length, rows=slice(None)):
     offsets = rng.integers(0, len(self.tokens) - length + 1, size=n)
-    return self._take(offsets, length)
+    return self._take(offsets[rows], length)
 
-  def spaced(self, n, length):
+  def spaced(self, n, length, rows=slice(None)):
     offsets = np.linspace(0, len(self.tokens) - length, n).round().astype(np.int64)
-    return self._take(offsets, length)
+    return self._take(offsets[rows], length)
 
   def _take(self, offsets, length):
     return np.stack([self.tokens[o:o + length] for o in offsets]).astype(np.int32)
@@ -132,12 +134,12 @@ class DocumentWindows:
   def __init__(self, source, tokenizer: Tokenizer):
     self.source, self.tokenizer = source, tokenizer
 
-  def random(self, rng, n, length):
-    return self._take(rng.integers(0, len(self.source), size=n), length)
+  def random(self, rng, n, length, rows=slice(None)):
+    return self._take(rng.integers(0, len(self.source), size=n)[rows], length)
 
-  def spaced(self, n, length):
-    return self._take(np.linspace(0, len(self.source) - 1, n).round().astype(np.int64),
-                      length)
+  def spaced(self, n, length, rows=slice(None)):
+    starts = np.linspace(0, len(self.source) - 1, n).round().astype(np.int64)
+    return self._take(starts[rows], length)
 
   def _take(self, starts, length):
     return np.stack([self._window(int(s), length) for s in starts]).astype(np.int32)
@@ -167,20 +169,32 @@ class LMData:
     self.eval_batch_size, self.seed = eval_batch_size, seed
     self._train, self._validation, self._description = train, validation, description
 
-  def train_batch(self, step: int) -> dict[str, np.ndarray]:
-    """Training batch `step`: a pure function of (seed, step)."""
+  def train_batch(self, step: int, part: tuple[int, int] = (0, 1)) -> dict[str, np.ndarray]:
+    """Training batch `step`, a pure function of (seed, step); with part = (i, P) only
+    its i-th of P equal row blocks (what process i of P loads)."""
     rng = np.random.default_rng([self.seed, int(step)])
-    return _batch(self._train.random(rng, self.batch_size, self.seq_len + 1))
+    return _batch(self._train.random(rng, self.batch_size, self.seq_len + 1,
+                                     _rows(self.batch_size, part)))
 
-  def eval_batches(self, n: int) -> list[dict[str, np.ndarray]]:
-    """n fixed validation batches (evenly spaced windows; independent of the seed)."""
+  def eval_batches(self, n: int, part: tuple[int, int] = (0, 1)) -> list[dict[str, np.ndarray]]:
+    """n fixed validation batches (evenly spaced windows; independent of the seed), or
+    their i-th row blocks for part = (i, P)."""
     if n <= 0:
       return []
-    w = self._validation.spaced(n * self.eval_batch_size, self.seq_len + 1)
-    return [_batch(b) for b in np.split(w, n)]
+    E = self.eval_batch_size
+    w = self._validation.spaced(n * E, self.seq_len + 1)
+    return [_batch(b[_rows(E, part)]) for b in np.split(w, n)]
 
   def describe(self) -> str:
     return self._description
+
+
+def _rows(batch_size: int, part: tuple[int, int]) -> slice:
+  i, count = part
+  if batch_size % count:
+    raise DataError(f"a batch of {batch_size} cannot be split into {count} equal parts.")
+  size = batch_size // count
+  return slice(i * size, (i + 1) * size)
 
 
 def _batch(windows_BxL: np.ndarray) -> dict[str, np.ndarray]:

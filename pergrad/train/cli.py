@@ -53,6 +53,7 @@ def _main(cfg: DictConfig) -> float | None:
   import jax
 
   from pergrad.configure import build_plan
+  from pergrad.train import distributed
   from pergrad.train.loop import NonFiniteLossError, run
 
   hc = HydraConfig.get()
@@ -61,6 +62,12 @@ def _main(cfg: DictConfig) -> float | None:
   if out_dir.resolve() != hydra_dir.resolve() and (hydra_dir / ".hydra").exists():
     shutil.copytree(hydra_dir / ".hydra", out_dir / ".hydra", dirs_exist_ok=True)
   try:
+    d = cfg.dist
+    distributed.initialize(d.coordinator_address, d.num_processes, d.process_id, auto=d.auto)
+    if jax.process_count() > 1 and not cfg.train.out_dir:
+      raise ValueError(
+          f"a run of {jax.process_count()} processes needs one run directory for all: set "
+          "train.out_dir (Hydra's default directory is named by each process's clock).")
     plan = build_plan(cfg, jax.device_count())
     summary = run(plan, out_dir, hydra_info=_hydra_info())
   except (ValueError, NonFiniteLossError) as e:  # incl. pergrad.data.DataError

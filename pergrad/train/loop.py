@@ -38,6 +38,7 @@ from omegaconf import OmegaConf
 from pergrad import files
 from pergrad.model import count_params
 from pergrad.plan import CONFIG, SUMMARY, RunPlan, resume_decision
+from pergrad.train import distributed
 from pergrad.train.checkpoint import Checkpoints
 from pergrad.train.metrics import MetricsLogger, read_records
 from pergrad.train.progress import Clock, Progress
@@ -54,6 +55,8 @@ def run(plan: RunPlan, out_dir: str | Path, *, hydra_info: dict | None = None,
   for name in ("absl", "jax"):  # Orbax logs every file at INFO; JAX its backend search
     logging.getLogger(name).setLevel(logging.WARNING)
   out_dir = Path(out_dir)
+  main = distributed.is_main()
+  echo = echo if main else (lambda _: None)
   if resume_decision(out_dir, plan) == "completed":
     echo(f"already completed: {out_dir}")
     return files.read_json(out_dir / SUMMARY)
@@ -65,7 +68,8 @@ def run(plan: RunPlan, out_dir: str | Path, *, hydra_info: dict | None = None,
   data = make_data(plan.data)
   _check_vocab(data.vocab_size, plan.model.vocab_size, plan.data, echo)
   out_dir.mkdir(parents=True, exist_ok=True)
-  OmegaConf.save(OmegaConf.create(plan.config), out_dir / CONFIG)
+  if main:
+    files.write_text(out_dir / CONFIG, OmegaConf.to_yaml(OmegaConf.create(plan.config)))
   mesh = make_mesh()
   steps = Steps(plan, mesh)
   ckpt = Checkpoints(out_dir / "checkpoints", keep=plan.train.keep_checkpoints)
@@ -77,15 +81,16 @@ def run(plan: RunPlan, out_dir: str | Path, *, hydra_info: dict | None = None,
     echo(f"[pergrad] resuming {out_dir} from the checkpoint of step {start}.")
   config = {**plan.config, **({"hydra": hydra_info} if hydra_info else {})}
   logger = MetricsLogger(out_dir, resume_step=start or None, wandb=plan.logging.wandb,
-                         config=config, name=plan.logging.name)
-  history = History.of(read_records(logger.path))
+                         config=config, name=plan.logging.name, enabled=main)
+  history = History.of(read_records(logger.path) if main else [])
   B, T = plan.data.batch_size, plan.data.seq_len
   echo(f"[pergrad] {count_params(state.params):,} parameters, {mesh.devices.size} device(s) "
        f"({jax.devices()[0].platform}), B={B} T={T}, {plan.train.steps} steps; data: "
        f"{data.describe()}")
   echo(f"[pergrad] run directory: {out_dir}")
 
-  evaluate = Evaluator(steps, data.eval_batches(plan.train.eval_batches))
+  part = distributed.part()  # this process loads its rows of every batch
+  evaluate = Evaluator(steps, data.eval_batches(plan.train.eval_batches, part))
   clock = Clock(tokens_per_step=B * T)
   recorder = Recorder(plan, logger, history, clock, start)
   progress = Progress(plan.train.steps, start, plan.logging)
@@ -95,7 +100,7 @@ def run(plan: RunPlan, out_dir: str | Path, *, hydra_info: dict | None = None,
       recorder.eval(0, evaluate(state.params))
     pending = []  # (k, metrics on the device), pulled in batches one step late
     for k in range(start + 1, plan.train.steps + 1):
-      batch = steps.put_batch(data.train_batch(k - 1))
+      batch = steps.put_batch(data.train_batch(k - 1, part))
       state, metrics = steps.step(state, batch, k)
       pending.append((k, metrics))
       evals, ckpts = plan.train.evals_at(k), plan.train.checkpoints_at(k)
@@ -119,9 +124,9 @@ def run(plan: RunPlan, out_dir: str | Path, *, hydra_info: dict | None = None,
     summary = _summary(plan, out_dir, status, error, recorder, clock, start, ckpt, logger,
                        time.time() - t_begin, count_params(state.params), mesh.devices.size)
     ckpt.close()
-    if status == "completed":
+    if status == "completed" and main:
       summary["figure"] = _figure(out_dir, echo)
-    if status == "completed" or error:
+    if (status == "completed" or error) and main:
       logger.summary({k: v for k, v in summary.items() if isinstance(v, (int, float))})
       files.write_json(out_dir / SUMMARY, summary)
     logger.close(exit_code=0 if status == "completed" else 1)

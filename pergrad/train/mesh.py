@@ -1,4 +1,4 @@
-"""The device mesh: one axis, 'data', over all local devices.
+"""The device mesh: one axis, 'data', over every device of every process.
 
 The batch is split along its leading (example) axis across the mesh; parameters and
 optimizer state are replicated. On one device every sharding is a no-op.
@@ -15,8 +15,8 @@ AXIS = "data"
 
 
 def make_mesh(devices=None) -> Mesh:
-  """A 1-D ('data',) mesh of `devices` (default: every local device)."""
-  devices = list(devices if devices is not None else jax.local_devices())
+  """A 1-D ('data',) mesh of `devices` (default: all devices, of all processes)."""
+  devices = list(devices if devices is not None else jax.devices())
   return Mesh(np.asarray(devices), (AXIS,))
 
 

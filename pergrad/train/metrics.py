@@ -74,13 +74,18 @@ class MetricsLogger:
   """Appends records to metrics.jsonl and logs them to W&B (if it works)."""
 
   def __init__(self, run_dir: str | Path, *, resume_step: int | None, wandb: Any = None,
-               config: dict | None = None, name: str | None = None):
+               config: dict | None = None, name: str | None = None, enabled: bool = True):
+    """`enabled=False` (processes other than 0 of a multi-process run): writes nothing."""
     self.run_dir = Path(run_dir)
     self.path = self.run_dir / METRICS
-    truncate(self.path, -1 if resume_step is None else resume_step)
-    self._file = open(self.path, "a")
+    self.enabled = enabled
+    self._file = None
     self.wandb_dir: Path | None = None
     self._wandb = None
+    if not enabled:
+      return
+    truncate(self.path, -1 if resume_step is None else resume_step)
+    self._file = open(self.path, "a")
     if wandb is not None and wandb.mode != "disabled":
       self._init_wandb(wandb, config or {}, name)
 
@@ -105,6 +110,8 @@ class MetricsLogger:
 
   # ------------------------------------------------------------------ records
   def write(self, record: dict) -> None:
+    if not self.enabled:
+      return
     record = {k: _plain(v) for k, v in record.items()}
     self._file.write(json.dumps(record) + "\n")
     self._file.flush()
@@ -126,7 +133,8 @@ class MetricsLogger:
         self._warn("summary", e)
 
   def close(self, exit_code: int = 0) -> None:
-    self._file.close()
+    if self._file is not None:
+      self._file.close()
     if self._wandb is not None:
       try:
         self._wandb.finish(exit_code=exit_code)

@@ -123,6 +123,6 @@ class Steps:
                         self.abstract_state, self.state_shardings)
 
   def put_batch(self, batch: dict) -> dict:
-    """Host batch -> device arrays split over the 'data' axis."""
-    return jax.device_put(
-        {k: batch[k] for k in ("inputs", "targets")}, self.batch_sharding)
+    """This process's rows of the global batch -> global arrays split over 'data'."""
+    return {k: jax.make_array_from_process_local_data(self.batch_sharding, batch[k])
+            for k in ("inputs", "targets")}
