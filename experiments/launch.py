@@ -18,7 +18,7 @@ from typing import Callable, Iterable, Sequence
 from experiments.runs import DONE, run_status
 from experiments.sweep import REPO, Block, fmt, override_key, run_dirname
 
-LAUNCHERS = ("basic", "joblib", "submitit")
+LAUNCHERS = ("basic", "joblib", "submitit", "submitit_local")
 TRAIN_CMD = (sys.executable, "-m", "pergrad.train")  # the installed training entry
 
 
@@ -27,9 +27,10 @@ def launcher_overrides(launcher: str, n_jobs: int) -> list[str]:
     return []
   if launcher == "joblib":
     return ["hydra/launcher=joblib", f"hydra.launcher.n_jobs={n_jobs}"]
-  if launcher == "submitit":
-    # Needs the `slurm` extra (hydra-submitit-launcher); partition/time via extra overrides.
-    return ["hydra/launcher=submitit_slurm"]
+  if launcher == "submitit":  # configs/hydra/launcher/slurm_gpu.yaml (the `slurm` extra)
+    return ["hydra/launcher=slurm_gpu"]
+  if launcher == "submitit_local":  # configs/hydra/launcher/local.yaml
+    return ["hydra/launcher=local"]
   raise ValueError(f"unknown launcher {launcher!r}; choose one of {LAUNCHERS}.")
 
 

@@ -5,19 +5,24 @@
     python scripts/reproduce.py all --preset ci --dry-run
     python scripts/reproduce.py snr moments --preset ci
     python scripts/reproduce.py preconditioner --preset cpu --launcher joblib --n-jobs 2
+    python scripts/reproduce.py --render-readme     # README.md's claims from results/
 
 Launches a Hydra multirun of `python -m pergrad.train scale=PRESET ...` per grid block
 (deterministic run dirs under runs/sweeps/EXPERIMENT/PRESET/), skipping runs that
 already finished, so an interrupted sweep resumes where it stopped. Then aggregates every
 metrics.jsonl into table.csv (one row per run and step) and writes CSVs, PNGs and a
-README.md under results/EXPERIMENT/ (under the sweep dir's report/ for --preset ci).
+README.md under results/EXPERIMENT/ (under the sweep dir's report/ for --preset ci), and
+then rewrites results/README.md and the claims block of the top-level README.md (between
+<!-- claims:begin --> and <!-- claims:end -->) from every results/*/report.json.
 Extra overrides that change the runs' config (`--hydra-arg data=txt_folder ...`, not
 hydra.*, logging.* or data.tfds_dir) give the sweep its own directory, PRESET-<hash of them>,
 recorded in its sweep.json, and results go to results/EXPERIMENT-<hash>.
 
-Launchers: basic (sequential, in-process), joblib (parallel local jobs), submitit (SLURM;
-needs `pip install -e '.[slurm]'`; pass partition/time with
-`--hydra-arg hydra.launcher.partition=... --hydra-arg hydra.launcher.timeout_min=...`).
+Launchers: basic (sequential, in-process), joblib (parallel local jobs), submitit (a GPU
+SLURM cluster, configs/hydra/launcher/slurm_gpu.yaml; needs `pip install -e '.[gpu,slurm]'`;
+set partition/account/time with `--hydra-arg hydra.launcher.partition=...
+--hydra-arg hydra.launcher.account=... --hydra-arg hydra.launcher.timeout_min=...`),
+submitit_local (the same path on this machine, configs/hydra/launcher/local.yaml).
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from experiments import runner  # noqa: E402
+from experiments import report_md, runner  # noqa: E402
 from experiments.launch import LAUNCHERS  # noqa: E402
 from experiments.sweep import PRESETS  # noqa: E402
 
@@ -37,7 +42,10 @@ from experiments.sweep import PRESETS  # noqa: E402
 def main(argv=None) -> int:
   argv = list(sys.argv[1:] if argv is None else argv)
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  p.add_argument("experiment", nargs="+", help=f"one or more of {runner.EXPERIMENTS}, or 'all'")
+  p.add_argument("experiment", nargs="*", help=f"one or more of {runner.EXPERIMENTS}, or 'all'")
+  p.add_argument("--render-readme", action="store_true",
+                 help="rewrite README.md's claims block from results/*/report.json (alone: "
+                 "run nothing else)")
   p.add_argument("--preset", default="cpu", choices=PRESETS)
   p.add_argument("--launcher", default="basic", choices=LAUNCHERS)
   p.add_argument("--n-jobs", type=int, default=2, help="parallel jobs (joblib launcher)")
@@ -51,6 +59,12 @@ def main(argv=None) -> int:
   p.add_argument("--hydra-arg", action="append", default=[],
                  help="extra override passed to every run (e.g. logging.wandb.mode=offline)")
   a = p.parse_args(argv)
+  if not a.experiment:
+    if not a.render_readme:
+      p.error("name an experiment (or 'all'), or pass --render-readme")
+    changed = report_md.render_readme()
+    print(f"[readme] {report_md.REPO / 'README.md'} " + ("rewritten" if changed else "unchanged"))
+    return 0
   names = runner.EXPERIMENTS if a.experiment == ["all"] else tuple(a.experiment)
   for n in names:
     if n not in runner.EXPERIMENTS:
@@ -58,6 +72,7 @@ def main(argv=None) -> int:
   if a.results_dir and len(names) > 1:
     p.error("--results-dir needs a single experiment")
   failed, errors = [], []
+  wrote_results = False
   for n in names:
     try:
       out = runner.run_experiment(
@@ -77,6 +92,10 @@ def main(argv=None) -> int:
       print(f"[{n}] verdict: {out.report['verdict']}. {out.report['finding']}")
       print(f"[{n}] results in {out.results_dir}")
     failed += out.log.failed
+    wrote_results |= out.report != {} and out.results_dir.parent == report_md.REPO / "results"
+  if wrote_results or a.render_readme:
+    changed = report_md.render_readme()
+    print(f"[readme] {report_md.REPO / 'README.md'} " + ("rewritten" if changed else "unchanged"))
   if failed:
     print(f"[warn] {len(failed)} run(s) did not complete: {failed}")
   if errors:

@@ -18,7 +18,7 @@ from conftest import REPO
 
 from pergrad.train.metrics import read_records
 
-pytestmark = pytest.mark.multiprocess
+pytestmark = pytest.mark.multiprocess  # see pyproject.toml
 
 BASE = ("train.steps=12", "train.eval_every=6", "train.checkpoint_every=6",
         "logging.log_every=1", "optimizer.lr=1e-2")
@@ -139,3 +139,25 @@ def test_killed_process_resumes_to_the_same_parameters(tmp_path, tiny_overrides)
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))  # bit-exact
   steps = [r["step"] for r in _records(run, "train")]
   assert steps == sorted(set(steps)) and steps[-1] == 60
+
+
+def test_submitit_local_sweep_end_to_end(tmp_path, tiny_overrides):
+  """hydra/launcher=local (submitit's local executor): two runs, read back as a sweep."""
+  from experiments.runs import aggregate, run_status
+
+  sweep = tmp_path / "sweep"
+  fixed = [o for o in tiny_overrides] + ["train.steps=4", "train.eval_every=4"]
+  exclude = ",".join(o.split("=")[0] for o in fixed)
+  env = {**os.environ, "WANDB_MODE": "disabled"}
+  out = subprocess.run(
+      [sys.executable, "-m", "pergrad.train", "-m", "hydra/launcher=local", *fixed,
+       "optimizer.lr=1e-3,3e-3", f"hydra.sweep.dir={sweep}",
+       f"hydra.job.config.override_dirname.exclude_keys=[{exclude}]"],
+      cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+  assert out.returncode == 0, out.stderr[-3000:]
+  runs = sorted(p.name for p in sweep.iterdir() if (p / "summary.json").exists())
+  assert runs == ["optimizer.lr=0.001", "optimizer.lr=0.003"], runs
+  assert all(run_status(sweep / r) == "completed" for r in runs)
+  table = aggregate(sweep)
+  assert set(table["optimizer.lr"].astype(float)) == {1e-3, 3e-3}
+  assert (sweep / ".submitit").is_dir()  # it really went through submitit

@@ -64,7 +64,7 @@ def _main(cfg: DictConfig) -> float | None:
   try:
     d = cfg.dist
     distributed.initialize(d.coordinator_address, d.num_processes, d.process_id, auto=d.auto)
-    if jax.process_count() > 1 and not cfg.train.out_dir:
+    if jax.process_count() > 1 and not cfg.train.out_dir and hc.mode == RunMode.RUN:
       raise ValueError(
           f"a run of {jax.process_count()} processes needs one run directory for all: set "
           "train.out_dir (Hydra's default directory is named by each process's clock).")
