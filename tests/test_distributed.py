@@ -18,7 +18,7 @@ from conftest import REPO
 
 from pergrad.train.metrics import read_records
 
-pytestmark = pytest.mark.multiprocess  # see pyproject.toml
+pytestmark = pytest.mark.extended  # see pyproject.toml
 
 BASE = ("train.steps=12", "train.eval_every=6", "train.checkpoint_every=6",
         "logging.log_every=1", "optimizer.lr=1e-2")
