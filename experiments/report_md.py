@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 import pandas as pd
+from omegaconf import OmegaConf
 
 from experiments.sweep import REPO, fmt, scale_file
 
@@ -36,13 +37,48 @@ def _yaml_block(path: Path, title: str) -> list[str]:
   return [f"{title} `{path.relative_to(REPO)}`:", "", "```yaml", *body, "```", ""]
 
 
+def resolved_config(name: str, preset: str) -> dict:
+  """The optimizer, schedule and scale of `experiment=name scale=preset` as composed by
+  Hydra (before a sweep's per-run overrides), as plain values."""
+  from pergrad.configure import compose, to_plain
+
+  c = to_plain(compose([f"experiment={name}", f"scale={preset}"]))
+  m, d, t = c["model"], c["data"], c["train"]
+  scale = {"model": {k: m[k] for k in ("n_layers", "d_model", "n_heads", "d_ff", "vocab_size",
+                                       "seq_len") if k in m},
+           "data": {k: d[k] for k in ("name", "tokenizer", "vocab_size", "seq_len",
+                                      "batch_size", "eval_batch_size") if k in d},
+           "train": {k: t[k] for k in ("steps", "eval_every", "eval_batches",
+                                       "checkpoint_every") if k in t}}
+  return {"optimizer": c["optimizer"], "schedule": c["schedule"], **scale}
+
+
+def _resolved_md(name: str, preset: str) -> list[str]:
+  try:
+    r = resolved_config(name, preset)
+  except Exception as e:  # noqa: BLE001 - the README still gets written
+    return [f"Resolved config: could not compose `experiment={name} scale={preset}` ({e}).", ""]
+  lines = [f"Resolved (`experiment={name} scale={preset}`, before each run's swept values):", ""]
+  for part, vals in r.items():
+    lines.append(f"- {part}: " + ", ".join(f"`{k}={fmt(v)}`" for k, v in vals.items()))
+  return [*lines, ""]
+
+
+def _lr_policy() -> str:
+  from experiments import lr_search  # imports this module: import here, not at the top
+
+  return getattr(lr_search, "POLICY", "each group's lr is chosen on its first seed")
+
+
 def describe_setup(mod, preset: str) -> str:
-  """The settings of an experiment at `preset`, as Markdown, from its own definitions."""
+  """The settings of an experiment at `preset`, as Markdown, from its own definitions:
+  its config and scale files, the resolved optimizer, schedule and scale, the grids."""
   if not hasattr(mod, "sweep"):
     return mod.describe_setup(preset)
   sw = mod.sweep(preset)
   lines = [*_yaml_block(REPO / "configs" / "experiment" / f"{mod.NAME}.yaml", "Experiment config"),
-           *_yaml_block(scale_file(preset), "Scale")]
+           *_yaml_block(scale_file(preset), "Scale"),
+           *_resolved_md(mod.NAME, preset)]
   lines.append("Every run (preset `" + preset + "`): "
                + ", ".join(f"`{k}={fmt(v)}`" for k, v in sw.base.items()
                            if k != "experiment") + ".")
@@ -58,10 +94,16 @@ def describe_setup(mod, preset: str) -> str:
     lines += ["", f"Learning-rate search per ({', '.join(f'`{k}`' for k in ls.group_keys)}): "
               f"a grid whose best value lies at an edge is extended by a factor {ls.factor:g} "
               f"past that edge, up to {ls.max_extend} times"
-              + (f"; then `{ls.seed_key}` ∈ {{{', '.join(map(str, ls.seeds))}}} is added at "
-                 "each group's best learning rate (chosen on the first seed)." if ls.seeds
-                 else ".")]
+              + (f"; then `{ls.seed_key}` ∈ {{{', '.join(map(str, ls.seeds))}}} is run at "
+                 "each group's chosen learning rate" if ls.seeds else "")
+              + f". Policy: {_lr_policy()}."]
+  if sw.wall_estimate_min is not None:
+    lines += ["", f"Estimated wall time at this preset: {sw.wall_estimate_min:g} min on 2 cores "
+              "(`sweep().wall_estimate_min`)."]
   return "\n".join(lines)
+
+
+REPORT_KEYS = ("verdict", "finding", "claim_row", "rule")  # what report.json keeps
 
 
 def write_readme(mod, out_dir: Path, report: dict, info: dict) -> None:
@@ -75,6 +117,7 @@ def write_readme(mod, out_dir: Path, report: dict, info: dict) -> None:
       "",
       f"**Verdict: {report['verdict']}.** {report['finding']}",
       "",
+      *([f"**Rule.** {report['rule']}", ""] if report.get("rule") else []),
       "## Numbers",
       "",
       report.get("numbers_md", ""),
@@ -104,7 +147,7 @@ def write_readme(mod, out_dir: Path, report: dict, info: dict) -> None:
   ]
   (out_dir / "README.md").write_text("\n".join(lines))
   (out_dir / "report.json").write_text(json.dumps(
-      {k: v for k, v in report.items() if k in ("verdict", "finding", "claim_row")}, indent=1))
+      {k: v for k, v in report.items() if k in REPORT_KEYS}, indent=1))
 
 
 CLAIMS = (
@@ -119,8 +162,15 @@ CLAIMS = (
 )
 
 
-def write_index(results_root: Path, experiments: tuple) -> Path:
-  """results/README.md: one row per claim, from the committed results only."""
+README_BEGIN = "<!-- claims:begin -->"
+README_END = "<!-- claims:end -->"
+
+
+def claims_table(results_root: Path, link_prefix: str = "") -> str:
+  """The table of claims: one row per claim, every number and verdict from the experiments'
+  `report.json` (`claim_row`, else `finding`; `verdict`), nothing else. `link_prefix` is
+  prepended to the figure links (`"results/"` in the top-level README)."""
+  results_root = Path(results_root)
   rows = ["| Claim | What we measured | Figures | Verdict |", "|---|---|---|---|"]
   for claim, names in CLAIMS:
     measured, figs, verdicts = [], [], []
@@ -133,9 +183,105 @@ def write_index(results_root: Path, experiments: tuple) -> Path:
       d = json.loads(rep.read_text())
       measured.append(f"`{n}`: {d.get('claim_row') or d['finding']}")
       verdicts.append(f"{n}: **{d['verdict']}**")
-      figs += [f"[{p.name}]({n}/{p.name})" for p in sorted((results_root / n).glob("*.png"))]
+      figs += [f"[{p.name}]({link_prefix}{n}/{p.name})"
+               for p in sorted((results_root / n).glob("*.png"))]
     rows.append(f"| {claim} | {'<br>'.join(measured)} | {' '.join(figs) or '—'} | "
                 f"{'<br>'.join(verdicts)} |")
+  return "\n".join(rows)
+
+
+def _seeds(d: Path) -> str | None:
+  """Seeds behind an experiment's reported numbers, from its CSVs ("2", "1-2")."""
+  for csv, col in (("best.csv", "n_seeds"), ("collapse.csv", "n_seeds")):
+    if (d / csv).exists():
+      df = pd.read_csv(d / csv)
+      if col in df and df[col].notna().any():
+        lo, hi = int(df[col].min()), int(df[col].max())
+        return str(lo) if lo == hi else f"{lo}-{hi}"
+  if (d / "finals.csv").exists():
+    df = pd.read_csv(d / "finals.csv")
+    if "train.seed" in df:
+      return str(df["train.seed"].nunique())
+  return None
+
+
+def _n_params(model) -> int:
+  import jax
+
+  from pergrad.model import init_params
+
+  shapes = jax.eval_shape(lambda: init_params(model, jax.random.key(0)))
+  return int(sum(math.prod(x.shape) for x in jax.tree.leaves(shapes)))
+
+
+def setup_text(results_root: Path, preset: str = "cpu") -> str:
+  """The setup behind the claims table, from the configs (the `preset` scale composed with
+  the defaults) and the committed CSVs (seeds) and run_info.json (wall times)."""
+  from pergrad.configure import build_plan, compose
+
+  results_root = Path(results_root)
+  cfg = compose([f"scale={preset}"])
+  p = build_plan(cfg)
+  m, d = cfg.model, cfg.data
+  model_name = OmegaConf.select(cfg, "model.name") or "the"
+  tok = getattr(d.tokenizer, "value", d.tokenizer)
+  seeds = [(n, _seeds(results_root / n)) for n in _experiments()]
+  seeds_text = ", ".join(f"{n} {s}" for n, s in seeds if s)
+  wall = 0.0
+  for n in _experiments():
+    f = results_root / n / "run_info.json"
+    if f.exists():
+      wall += json.loads(f.read_text()).get("launch_wall_s_total", 0.0)
+  return (
+      f"Setup (preset `{preset}`, `configs/scale/{preset}.yaml` over the defaults): the "
+      f"`{model_name}` transformer ({m.n_layers} layers, width {m.d_model}, {m.n_heads} heads, "
+      f"{_n_params(p.model):,} parameters) on `{getattr(d.name, 'value', d.name)}` with a "
+      f"{d.vocab_size}-token {tok} vocabulary, B = {d.batch_size} sequences of "
+      f"T = {d.seq_len} tokens, {cfg.train.steps} steps (`batch_scaling` sets its own steps "
+      f"per batch size), each experiment's own grids and learning rates (its README). Seeds "
+      f"behind the reported numbers: {seeds_text or 'none yet'}. The committed results took "
+      f"{wall / 60:.0f} min of launches on 2 cores (per experiment: the cost table of "
+      "`results/README.md`); "
+      f"`python scripts/reproduce.py all --preset {preset}` regenerates them (resumable). "
+      "The paper trained far larger models on TPUs: these are statements about this scale "
+      "only.")
+
+
+def _experiments() -> tuple:
+  from experiments.runner import EXPERIMENTS
+
+  return EXPERIMENTS
+
+
+def claims_block(results_root: Path, link_prefix: str = "") -> str:
+  """The setup paragraph and the claims table: the README's generated block."""
+  return setup_text(results_root) + "\n\n" + claims_table(results_root, link_prefix)
+
+
+def render_readme(readme: Path = REPO / "README.md", results_root: Path = REPO / "results",
+                  link_prefix: str = "results/") -> bool:
+  """Rewrites the block of `readme` between README_BEGIN and README_END with
+  `claims_block`; returns whether the file changed. ValueError without both markers."""
+  text = Path(readme).read_text()
+  if text.count(README_BEGIN) != 1 or text.count(README_END) != 1:
+    raise ValueError(f"{readme} needs one {README_BEGIN} and one {README_END} line.")
+  head, rest = text.split(README_BEGIN)
+  _, tail = rest.split(README_END)
+  new = (head + README_BEGIN + "\n" + claims_block(results_root, link_prefix) + "\n"
+         + README_END + tail)
+  if new != text:
+    Path(readme).write_text(new)
+  return new != text
+
+
+def readme_block(readme: Path = REPO / "README.md") -> str:
+  """What `readme` holds between its markers (without them and the newlines around)."""
+  text = Path(readme).read_text()
+  return text.split(README_BEGIN, 1)[1].split(README_END, 1)[0].strip("\n")
+
+
+def index_text(results_root: Path, experiments: tuple) -> str:
+  """results/README.md: the claims (`claims_block`) and the cost of each experiment."""
   times = []
   for n in experiments:
     p = results_root / n / "run_info.json"
@@ -145,7 +291,7 @@ def write_index(results_root: Path, experiments: tuple) -> Path:
                    f"{d['n_runs_completed']} |")
     else:
       times.append(f"| `{n}` | `python scripts/reproduce.py {n} --preset cpu` | not yet run | — |")
-  text = "\n".join([
+  return "\n".join([
       "# Results",
       "",
       "Reproduction of the findings of Roulet & Agarwala, *Per-example gradients: a new "
@@ -157,7 +303,7 @@ def write_index(results_root: Path, experiments: tuple) -> Path:
       "holds at this small scale, nothing more. Each experiment's own README gives the "
       "setup, numbers, figures and the exact command.",
       "",
-      *rows,
+      claims_block(results_root),
       "",
       "## Cost of each experiment (cpu preset, this machine)",
       "",
@@ -165,13 +311,16 @@ def write_index(results_root: Path, experiments: tuple) -> Path:
       "|---|---|---|---|",
       *times,
       "",
-      "Wall times are those of the launches that made the committed results, often with "
-      "other jobs sharing the 2 cores (preconditioner and batch_scaling ran with "
-      "`--launcher joblib --n-jobs 2`). Regenerate everything: `python scripts/reproduce.py "
-      "all --preset cpu` (resumable: finished runs are skipped; about 2.5 hours). Redraw the "
-      "figures from the CSVs: `notebooks/figures.ipynb`.",
+      "Wall times are those of the launches that made the committed results (`run_info.json`"
+      " of each experiment), often with other jobs sharing the 2 cores. Regenerate "
+      "everything: `python scripts/reproduce.py all --preset cpu` (resumable: finished runs "
+      "are skipped). Redraw the figures from the CSVs: `notebooks/figures.ipynb`.",
       "",
   ])
-  path = results_root / "README.md"
-  path.write_text(text)
+
+
+def write_index(results_root: Path, experiments: tuple) -> Path:
+  """Writes results/README.md (`index_text`), from the committed results only."""
+  path = Path(results_root) / "README.md"
+  path.write_text(index_text(results_root, experiments))
   return path

@@ -97,7 +97,7 @@ def run_experiment(
     if not analyze_only:
       launch_blocks(sdir, sweep.base, sweep.blocks, **kw)
     # Follow-up stages: extend lr grids past edges, then extra seeds at the best lr.
-    n_rounds = (sweep.lr_search.max_extend + 1) if sweep.lr_search else 0
+    n_rounds = sweep.lr_search.rounds if sweep.lr_search else 0
     for r in range(n_rounds):
       if dry_run or analyze_only:
         break

@@ -2,8 +2,16 @@
 
 Placements (see `pergrad.optim`): `example` u = EMA(mean_i sign g_i), `token` the same
 with per-token contributions, `batch` u = EMA(sign ḡ), `ema` u = sign(EMA ḡ) (SignEMA).
-Each placement is compared at its own best learning rate (U-curves over a grid that is
-extended automatically past an edge), then re-run with a second seed at that rate.
+Each placement's learning rate is chosen on seed 0 (U-curves over a grid that is extended
+automatically past an edge, and downward while every run diverged), then the placement is
+re-run at that rate with fresh seeds (1, 2, 3 at the cpu preset), whose final eval losses
+alone are reported and compared (`experiments.lr_search`).
+
+Verdict (`RULE`): the claim predicts the two chains ema < batch < example and
+ema < batch < token (final eval loss, lower is better); every adjacent pair of both
+chains (ema–batch, batch–example, batch–token) is decided by the seed-noise rule of
+`experiments.verdict`, and none is dropped (a placement this preset does not run is
+named, and its pairs are undetermined).
 """
 
 from __future__ import annotations
@@ -13,8 +21,8 @@ from pathlib import Path
 import pandas as pd
 
 from experiments import lr_search
-from experiments.report_md import fmt_num
 from experiments.sweep import Block, LrSearch, Sweep, base_for
+from experiments.verdict import chains, pairs_md
 
 NAME = "sign_placement"
 TITLE = "where to put the sign in signSGD"
@@ -22,6 +30,14 @@ CLAIM = ("The later the sign in the chain per-example -> batch mean -> EMA, the 
          "SignEMA (sign of the EMA) wins, per-example sign is slowest/least stable.")
 GROUP = ("optimizer.placement",)
 ORDER = ("example", "token", "batch", "ema")  # early -> late
+CHAINS = (("ema", "batch", "example"), ("ema", "batch", "token"))  # predicted, best first
+SEEDS = (1, 2, 3)  # fresh seeds at each placement's chosen lr (cpu, paper)
+RULE = ("Expected ema < batch < example and ema < batch < token in final eval loss on the "
+        "fresh seeds (1, 2, 3; seed 0 only picks the lr), each adjacent pair a win when its "
+        "gap of seed means exceeds √(s_A² + s_B²) (diverged runs lose, < 2 seeds: "
+        "undetermined): reproduced if every pair is a win, not reproduced if any pair is a "
+        "significant win the other way, undetermined if every pair is, partly reproduced "
+        "otherwise.")
 
 
 def sweep(preset: str) -> Sweep:
@@ -42,8 +58,8 @@ def sweep(preset: str) -> Sweep:
       Block({"optimizer.placement": ["batch", "ema"], "optimizer.lr": late,
                     "train.seed": [0]}),
   )
-  return Sweep(base, blocks, LrSearch(GROUP, max_extend=3, seeds=(1,)),
-                      wall_estimate_min=25 if preset == "cpu" else None)
+  return Sweep(base, blocks, LrSearch(GROUP, max_extend=3, seeds=SEEDS),
+                      wall_estimate_min=35 if preset == "cpu" else None)
 
 
 def analyze(table: pd.DataFrame, fin: pd.DataFrame, out_dir: Path) -> None:
@@ -54,35 +70,35 @@ def figures(out_dir: Path) -> list[Path]:
   return lr_search.figures(out_dir, GROUP, "sign placement")
 
 
+def _label(g: dict) -> str:
+  return str(g["optimizer.placement"])
+
+
 def report(out_dir: Path) -> dict:
-  best = pd.read_csv(Path(out_dir) / "best.csv")
-  best = best.set_index("optimizer.placement")
-  present = [p for p in ORDER if p in best.index]
-  losses = {p: float(best.loc[p, "loss_mean"]) for p in present}
-  stds = {p: float(best.loc[p, "loss_std"]) for p in present}
-  ranking = sorted(present, key=lambda p: losses[p])
-  later_better = all(losses[a] >= losses[b] for a, b in zip(present, present[1:], strict=False)
-                     if a != "token" and b != "token")
-  winner = ranking[0]
-  if winner == "ema" and later_better:
-    verdict = "reproduced"
-  elif winner == "ema" or (later_better and "ema" in present):
-    verdict = "partly reproduced"
+  best = lr_search.load_best(out_dir, GROUP)
+  groups = lr_search.by_label(best, _label)
+  orders = [[p for p in chain if p in groups] for chain in CHAINS]
+  orders = [o for o in orders if len(o) > 1]
+  absent = [p for p in ORDER if p not in groups]
+  if not orders:
+    verdict, pairs = "not tested (fewer than two placements in this preset)", []
   else:
-    verdict = "not reproduced"
-  edges = [p for p in present if bool(best.loc[p, "at_edge"])]
-  finding = (
-      "At each placement's best lr, final eval loss ranks "
-      + " < ".join(f"{p} ({fmt_num(losses[p])}±{fmt_num(stds[p], 2)})"
-                   for p in ranking)
-      + f". Winner: `{winner}`; monotone in placement (example→batch→ema): {later_better}.")
-  if edges:
-    finding += (f" Caution: best lr at the edge of the grid for {edges} (grid extended "
-                "as far as allowed; see best.csv).")
+    verdict, pairs = chains(groups, orders)
+  finding = " ".join(x for x in [
+      f"Rule: {RULE}",
+      f"Fresh-seed final eval loss per placement ({lr_search.POLICY}): "
+      + lr_search.group_lines(best, _label) + ".",
+      *(p.sentence() + "." for p in pairs),
+      f"Not run in this preset: {absent} (their pairs are not compared)." if absent else "",
+      lr_search.search_notes(best, _label)] if x)
+  claim_row = ("; ".join(f"{p.a} vs {p.b}: {p.outcome}" for p in pairs)
+               + " (fresh seeds at each placement's lr; " + lr_search.group_lines(best, _label)
+               + ")")
   return {
       "verdict": verdict,
+      "rule": RULE,
       "finding": finding,
-      "claim_row": " < ".join(f"{p} {fmt_num(losses[p])}" for p in ranking)
-      + " (final eval loss at each placement's best lr, mean over seeds)",
-      "numbers_md": lr_search.best_md(best.reset_index(), GROUP),
+      "claim_row": claim_row,
+      "numbers_md": lr_search.best_md(best, GROUP)
+      + ("\n\nPairs of the predicted chains:\n\n" + pairs_md(pairs) if pairs else ""),
   }

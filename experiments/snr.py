@@ -1,17 +1,34 @@
-"""Claim 2, mechanism: the measured signal-to-noise ratio at each stage of the chain.
+"""Claim 2, mechanism: the measured signal-to-noise ratio at each stage of the sign chain.
 
-Per layer and coordinate (logged by the sign family's diagnostics as
-`opt/<leaf>/snr_example|snr_batch|snr_ema`): per example |ḡ|/σ̂, batch mean √B·|ḡ|/σ̂,
-and after the EMA. The paper's argument: the sign costs least where the SNR is highest,
-so a placement is better the higher the SNR at its stage. Runs: SignEMA at a fixed lr
-with statistics logged every few steps, two seeds.
+Estimators (`pergrad.optim.diagnostics`, logged as `opt/<leaf>/snr2_<stage>` per
+parameter leaf and `opt/all/snr2_<stage>` over all coordinates): squared SNRs as RATIOS
+OF SUMS over coordinates, bias-corrected in the numerator,
 
-What is and is not evidence here: snr_batch = √B · snr_example by construction (the
-batch mean of B independent samples), so that step of the order always holds. The EMA
-step is the measured one: for a mean gradient constant across steps the EMA would gain
-a factor √((1+β)/(1-β)) (≈ 4.4 at β = 0.9) over one batch; drift of the mean gradient
-during training shrinks the gain, and can reverse it. The report gives the measured
-EMA/batch ratio next to that bound.
+    example  Σ(ḡ² − σ̂²/B) / Σσ̂²       estimates Σμ²/Σσ²
+    batch    Σ(ḡ² − σ̂²/B) / Σ(σ̂²/B)   estimates Σμ²/(Σσ²/B)   (= B × example, by construction)
+    ema      Σ(m² − V) / ΣV             SNR² of the EMA m = EMA_β(ḡ), V its tracked variance
+
+Why these and not the median over coordinates of |value|/std, used before: that puts the
+noisy estimate in the numerator, so a coordinate without signal still reads |t| (median
+≈ 0.67 for the batch mean); the committed medians (batch 0.79, EMA 0.73) sat at that
+floor. The ratios of sums read ≈ 0 without signal (they are signed; never clipped before
+aggregating) and are validated against known truth in `tests/test_estimators.py`.
+
+Runs: SignEMA (placement ema, β = 0.9) at its own best lr (3e-3, results/sign_placement,
+weight decay 0 as there), statistics every few steps, 3 seeds (1 at ci).
+
+Figures: `snr_over_training.png`, left, the whole-model SNR √max(snr2, 0) of each stage
+(ratio of sums over all coordinates; mean over seeds, band = min-max); right, the EMA gain
+SNR_ema/SNR_batch against √((1+β)/(1−β)), its value for a mean gradient constant across
+steps (a drifting mean gives less: √((1+βρ)/(1−βρ)) for an AR(1) drift of coefficient ρ).
+`snr_per_layer.png`: the per-leaf snr2 of each stage over the second half of training
+(ratio of sums within the leaf; mean over logged steps and seeds), on a symmetric log
+axis since it may be < 0 where a leaf has no detectable signal.
+
+Verdict (noise-aware, `experiments.verdict.ordering` over seeds, higher is better): on
+each seed's mean over the second half of training of `opt/all/snr2_<stage>`, the expected
+order is ema > batch > example. batch > example is significant exactly when the signal
+is detected (batch = B × example); ema > batch is the measured step of the mechanism.
 """
 
 from __future__ import annotations
@@ -20,96 +37,134 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from omegaconf import OmegaConf
 
+from experiments import verdict as vd
 from experiments.figures import plot_curves, plt, savefig, style
 from experiments.report_md import fmt_num, md_table
 from experiments.runs import leaf_of, stat_columns, x_examples
-from experiments.sweep import Sweep, logged_run
+from experiments.sweep import REPO, Block, Sweep, base_for
+from pergrad.optim.diagnostics import ema_gain
 
 NAME = "snr"
 TITLE = "measured SNR at each stage of the sign chain"
 CLAIM = ("The ranking of sign placements follows the SNR at each stage: per-example SNR < "
          "batch-mean SNR < EMA SNR, so the sign is best applied after the EMA.")
-STAGES = ("snr_example", "snr_batch", "snr_ema")
+STAGES = ("snr2_example", "snr2_batch", "snr2_ema")  # worst first
+BETA = float(OmegaConf.load(REPO / "configs" / "experiment" / "snr.yaml").optimizer.b1)
+SEEDS = {"ci": (0,), "cpu": (0, 1, 2), "paper": (0, 1, 2)}
+IDS = ["run", "train.seed", "step", "examples_seen"]
+
+
+def constant_mean_gain(beta: float = BETA) -> float:
+  """SNR_ema / SNR_batch for a mean gradient constant across steps, once stationary."""
+  return float(np.sqrt((1 + beta) / (1 - beta)))
 
 
 def sweep(preset: str) -> Sweep:
-  return logged_run(NAME, preset, {"optimizer.placement": "ema"})
+  """SignEMA at its best lr (in configs/experiment/snr.yaml), statistics logged, seeds."""
+  log_every = {"ci": 5, "cpu": 10, "paper": 100}[preset]
+  base = base_for(NAME, preset, **{"stats.log_every": log_every})
+  blocks = (Block({"optimizer.placement": ["ema"], "train.seed": list(SEEDS[preset])}),)
+  return Sweep(base, blocks, wall_estimate_min={"ci": 0.3, "cpu": 8}.get(preset))
 
 
-def _stage_table(table: pd.DataFrame) -> pd.DataFrame:
-  """Long table: run, seed, step, examples_seen, stage, leaf, snr."""
+def _long(table: pd.DataFrame, leaves: bool) -> pd.DataFrame:
+  """run, seed, step, examples_seen, stage, [leaf,] snr2: per leaf, or opt/all."""
   t = table.copy()
   t["examples_seen"] = x_examples(t)
   rows = []
   for stage in STAGES:
-    for col in stat_columns(t, stage):
-      if leaf_of(col) in ("all", "total"):  # whole-model medians: not a layer
+    for col in stat_columns(t, stage, "opt"):
+      leaf = leaf_of(col)
+      if (leaf == "all") == leaves:
         continue
-      sub = t[["run", "train.seed", "step", "examples_seen", col]].dropna(subset=[col])
-      sub = sub.rename(columns={col: "snr"})
-      sub["stage"] = stage
-      sub["leaf"] = leaf_of(col)
-      rows.append(sub)
-  if not rows:
-    return pd.DataFrame(columns=["run", "train.seed", "step", "examples_seen", "stage", "leaf",
-                                 "snr"])
-  return pd.concat(rows, ignore_index=True)
+      sub = t[IDS + [col]].dropna(subset=[col]).rename(columns={col: "snr2"})
+      rows.append(sub.assign(stage=stage, **({"leaf": leaf} if leaves else {})))
+  cols = IDS + ["stage"] + (["leaf"] if leaves else []) + ["snr2"]
+  return pd.concat(rows, ignore_index=True)[cols] if rows else pd.DataFrame(columns=cols)
 
 
 def analyze(table: pd.DataFrame, fin: pd.DataFrame, out_dir: Path) -> None:
+  """snr_per_leaf.csv (per leaf) and snr_all.csv (whole model), long tables of snr2."""
   out_dir = Path(out_dir)
-  long = _stage_table(table)
-  long.to_csv(out_dir / "snr_per_leaf.csv", index=False)
-  med = long.groupby(["run", "train.seed", "step", "examples_seen", "stage"])["snr"].median()
-  med.rename("median_snr").reset_index().to_csv(out_dir / "snr_median.csv", index=False)
+  _long(table, leaves=True).to_csv(out_dir / "snr_per_leaf.csv", index=False)
+  _long(table, leaves=False).to_csv(out_dir / "snr_all.csv", index=False)
   fin.to_csv(out_dir / "finals.csv", index=False)
+
+
+def _second_half(df: pd.DataFrame) -> pd.DataFrame:
+  return df[df["step"] > df["step"].max() / 2] if len(df) else df
+
+
+def per_seed(all_df: pd.DataFrame) -> pd.DataFrame:
+  """Seed x stage: mean over the second half of the logged steps of opt/all snr2."""
+  late = _second_half(all_df)
+  return late.groupby(["train.seed", "stage"])["snr2"].mean().unstack("stage")
 
 
 def figures(out_dir: Path) -> list[Path]:
   out_dir = Path(out_dir)
-  med = pd.read_csv(out_dir / "snr_median.csv")
+  if not (out_dir / "snr_all.csv").exists():  # results of the old (median) estimators
+    return []
+  all_df = pd.read_csv(out_dir / "snr_all.csv")
   per_leaf = pd.read_csv(out_dir / "snr_per_leaf.csv")
   pyplot = plt()
-  fig, ax = pyplot.subplots(figsize=(6.5, 4.2))
-  if not med.empty:
-    plot_curves(ax, med, ["stage"], "median_snr", labeler=lambda g: g["stage"])
-  style(ax, yscale="log", ylabel="median over layers of per-layer median SNR",
-        title="SNR at each stage of the sign chain (SignEMA run)", legend=8)
+  fig, axes = pyplot.subplots(1, 2, figsize=(12, 4.2))
+  if not all_df.empty:
+    snr = all_df.assign(snr=np.sqrt(all_df["snr2"].clip(lower=0)))
+    plot_curves(axes[0], snr[snr["snr"] > 0], ["stage"], "snr",
+                labeler=lambda g: g["stage"].replace("snr2_", ""))
+    wide = all_df.pivot_table(index=IDS, columns="stage", values="snr2").reset_index()
+    if {"snr2_ema", "snr2_batch"} <= set(wide.columns):
+      wide = wide.assign(gain=ema_gain(wide["snr2_ema"], wide["snr2_batch"]), what="gain")
+      plot_curves(axes[1], wide, ["what"], "gain",
+                  labeler=lambda g: "measured SNR_ema / SNR_batch")
+  style(axes[0], yscale="log", ylabel="√max(SNR², 0), ratio of sums over all coordinates",
+        title="SNR at each stage (SignEMA run)", legend=8)
+  axes[1].axhline(constant_mean_gain(), color="k", ls="--",
+                  label=f"constant mean: √((1+β)/(1−β)) = {constant_mean_gain():.2f}")
+  axes[1].axhline(1.0, color="gray", ls=":", label="no gain")
+  style(axes[1], yscale="log", ylabel="EMA gain", title="EMA gain over one batch mean",
+        legend=8)
   paths = [savefig(fig, out_dir / "snr_over_training.png")]
   fig, ax = pyplot.subplots(figsize=(9, 4.2))
   if not per_leaf.empty:
-    last = per_leaf[per_leaf["step"] == per_leaf["step"].max()]
-    piv = last.groupby(["leaf", "stage"])["snr"].mean().unstack("stage")
+    piv = _second_half(per_leaf).groupby(["leaf", "stage"])["snr2"].mean().unstack("stage")
     piv = piv[[s for s in STAGES if s in piv]]
-    piv.plot.bar(ax=ax, logy=True, width=0.8)
-    ax.set_xticklabels([l[-28:] for l in piv.index], rotation=70, fontsize=6)
-  ax.set_title("per-layer SNR at the last logged step")
+    piv.plot.bar(ax=ax, width=0.8)
+    ax.set_yscale("symlog", linthresh=1e-2)
+    ax.axhline(0, color="k", lw=0.5)
+    ax.set_xticklabels([lbl[-28:] for lbl in piv.index], rotation=70, fontsize=6)
+  ax.set_title("per-leaf SNR² (Σ signal / Σ noise in the leaf), second half of training")
   paths.append(savefig(fig, out_dir / "snr_per_layer.png"))
   return paths
 
 
 def report(out_dir: Path) -> dict:
-  med = pd.read_csv(Path(out_dir) / "snr_median.csv")
-  if med.empty:
-    return {"verdict": "not measured", "finding": "no SNR statistics were logged "
-            "(opt/<leaf>/snr_* keys missing from metrics.jsonl).", "numbers_md": ""}
-  piv = med.groupby(["step", "stage"])["median_snr"].mean().unstack("stage")
-  piv = piv[[s for s in STAGES if s in piv]]
-  ordered = (piv.diff(axis=1).iloc[:, 1:] > 0).all(axis=1)
-  frac = float(ordered.mean())
-  overall = piv.median()
-  verdict = ("reproduced" if frac >= 0.9 else "partly reproduced" if frac >= 0.5
-             else "not reproduced")
-  finding = ("Median SNR over training: " + ", ".join(
-      f"{s} {fmt_num(float(overall[s]))}" for s in piv.columns)
-      + f"; the order example < batch < ema holds at {frac:.0%} of logged steps.")
-  if {"snr_batch", "snr_ema"} <= set(piv.columns):
-    gain = float((piv["snr_ema"] / piv["snr_batch"]).median())
-    finding += (f" The EMA raises the SNR over one batch mean by a median factor "
-                f"{fmt_num(gain)} (a mean gradient constant across steps would give "
-                f"√((1+β)/(1−β)) ≈ 4.36 at β = 0.9; batch/example = √B by construction).")
-  num = piv.iloc[np.unique(np.linspace(0, len(piv) - 1, 6).astype(int))].reset_index()
+  path = Path(out_dir) / "snr_all.csv"
+  all_df = pd.read_csv(path) if path.exists() else pd.DataFrame()
+  if all_df.empty:
+    return {"verdict": "not measured", "finding": "no SNR² statistics were logged "
+            "(opt/all/snr2_* keys missing from metrics.jsonl, or results of the old median "
+            "estimators: rerun).", "numbers_md": ""}
+  seeds = per_seed(all_df)
+  stages = [s for s in STAGES if s in seeds]
+  groups = {s.replace("snr2_", ""): seeds[s].dropna().tolist() for s in stages}
+  best_first = [s.replace("snr2_", "") for s in reversed(stages)]
+  verdict, pairs = vd.ordering(groups, best_first, lower_is_better=False)
+  mean = seeds.mean()
+  finding = (f"Whole-model SNR² (Σ signal / Σ noise over all coordinates, mean over "
+             f"{len(seeds)} seed(s) of the second half of training): "
+             + ", ".join(f"{s.replace('snr2_', '')} {fmt_num(float(mean[s]))}" for s in stages)
+             + ". Rule: " + vd.RULE + " Here, higher SNR² is better: "
+             + "; ".join(p.sentence() for p in pairs) + ".")
+  if {"snr2_ema", "snr2_batch"} <= set(stages):
+    gain = float(ema_gain(mean["snr2_ema"], mean["snr2_batch"]))
+    finding += (f" EMA gain SNR_ema/SNR_batch = {fmt_num(gain)} (a mean gradient constant "
+                f"across steps gives √((1+β)/(1−β)) = {constant_mean_gain():.2f} at β = "
+                f"{BETA:g}, a drifting one less; batch = B × example by construction).")
+  num = seeds.reset_index()
   return {"verdict": verdict, "finding": finding, "claim_row": finding,
-          "numbers_md": "Median over layers (and seeds) of the per-layer median SNR:\n\n"
-          + md_table(num)}
+          "numbers_md": "Per seed, mean over the second half of training of the whole-model "
+          "SNR² (ratio of sums over all coordinates; signed):\n\n" + md_table(num)}

@@ -62,13 +62,23 @@ class Block:
 
 @dataclasses.dataclass(frozen=True)
 class LrSearch:
-  """Per-group learning-rate search: extend the grid past an edge, then add seeds.
+  """Per-group learning-rate search on one seed, then fresh seeds at the chosen lr.
+
+  The lr policy (`experiments.lr_search`): each group's lr is chosen on the selection
+  seed alone (the first `seed_key` value of the sweep's blocks); a grid whose best lr lies
+  at an edge is extended past it, up to `max_extend` times per side; a group whose every
+  run diverged is extended DOWNWARD by `factor` until a run trains or the lowest lr is
+  `diverged_floor` times below the lowest lr of its first grid; then `seeds` (fresh seeds,
+  never the selection seed) are run at each group's chosen lr, and the reported numbers
+  are those fresh seeds' only.
 
   group_keys: the keys that define a variant (e.g. ("optimizer.placement",)).
   lr_key: the swept learning-rate key.
   factor: ratio between neighbouring grid values (used to extend past an edge).
-  max_extend: how many times the grid may be extended on each side.
-  seeds: extra values of `seed_key` run at each group's best learning rate.
+  max_extend: how many times the grid may be extended past an edge on each side.
+  seed_key: the seed key; its first value in the blocks is the selection seed.
+  seeds: the fresh seeds run at each group's chosen lr (the reported numbers).
+  diverged_floor: how far below its first grid an all-diverged group is searched.
   """
 
   group_keys: tuple
@@ -77,6 +87,16 @@ class LrSearch:
   max_extend: int = 2
   seed_key: str = "train.seed"
   seeds: tuple = ()
+  diverged_floor: float = 100.0
+
+  @property
+  def rounds(self) -> int:
+    """Follow-up rounds that can add runs: edge extensions, downward extensions of an
+    all-diverged group (the larger of the two), and the fresh seeds."""
+    import math
+
+    down = math.ceil(math.log(self.diverged_floor) / math.log(self.factor) - 1e-9)
+    return max(self.max_extend, down) + 1
 
 
 @dataclasses.dataclass(frozen=True)

@@ -60,27 +60,23 @@ def _clean(values: Sequence[float]) -> np.ndarray:
 def compare(a: Sequence[float], b: Sequence[float], names: tuple[str, str] = ("A", "B"),
             *, lower_is_better: bool = True) -> Comparison:
   """A vs B over seeds by the module's rule."""
-  xa, xb = _clean(a), _clean(b)
-  if not lower_is_better:
-    xa, xb = -xa, -xb
+  xa, xb = _clean(a), _clean(b)  # diverged -> +inf (the worst, whichever way is better)
+
+  def mean(x):  # as reported: the values' own mean (inf when a seed diverged)
+    return math.nan if len(x) == 0 else math.inf if np.isinf(x).any() else float(np.mean(x))
+
+  ma, mb = mean(xa), mean(xb)
   if len(xa) == 0 or len(xb) == 0:  # not measured: never a win, never a loss
-    ma = float(np.mean(xa)) if len(xa) else math.nan
-    mb = float(np.mean(xb)) if len(xb) else math.nan
-    sign = 1.0 if lower_is_better else -1.0
-    return Comparison(*names, UNDETERMINED, sign * ma, sign * mb, math.nan)
+    return Comparison(*names, UNDETERMINED, ma, mb, math.nan)
   inf_a, inf_b = bool(np.isinf(xa).any()), bool(np.isinf(xb).any())
-  ma = float(np.mean(xa)) if not inf_a else math.inf
-  mb = float(np.mean(xb)) if not inf_b else math.inf
   if inf_a or inf_b:
     outcome = TIE if inf_a and inf_b else (LOSS if inf_a else WIN)
     return Comparison(*names, outcome, ma, mb, math.nan)
   if len(xa) < 2 or len(xb) < 2:
     return Comparison(*names, UNDETERMINED, ma, mb, math.nan)
   noise = math.sqrt(float(np.var(xa, ddof=1)) + float(np.var(xb, ddof=1)))
-  gap = mb - ma
+  gap = (mb - ma) if lower_is_better else (ma - mb)  # > 0: A is better
   outcome = WIN if gap > noise else LOSS if -gap > noise else TIE
-  if not lower_is_better:
-    ma, mb = -ma, -mb
   return Comparison(*names, outcome, ma, mb, noise)
 
 
@@ -145,8 +141,9 @@ class Summary:
       return "no seeds"
     if self.n_diverged:
       return f"diverged ({self.n_diverged}/{self.n} seeds)"
-    std = f"{self.std:.2g}" if math.isfinite(self.std) else "?"
-    return f"{self.mean:.3f} ± {std} (n={self.n})"
+    if self.n == 1:
+      return f"{self.mean:.3f} (n=1: no spread)"
+    return f"{self.mean:.3f} ± {self.std:.2g} (n={self.n})"
 
 
 def summarize(values: Sequence[float]) -> Summary:

@@ -123,7 +123,7 @@ class StatsConfig:
   log_every: int = 0  # 0: never log statistics
   microbatch_size: int | None = None
   # Track the EMA SNR (pergrad.optim.track_snr) so that the logged diagnostics include
-  # opt/<leaf>/snr_ema. It needs 'sq' at EVERY step (per-example statistics in the train
+  # opt/<leaf>/snr2_ema. It needs 'sq' at EVERY step (per-example statistics in the train
   # step), so it is off unless an experiment asks for it.
   track_snr: bool = False
 

@@ -24,7 +24,10 @@ def main(argv=None) -> dict:
   p = argparse.ArgumentParser(description=stats.__doc__,
                               formatter_class=argparse.RawTextHelpFormatter)
   p.add_argument("--quick", action="store_true", help="micro preset, B=4, 2 reps, 'all' only")
-  p.add_argument("--presets", default="tiny,medium")
+  p.add_argument("--presets", "--preset", default="tiny,medium",
+                 help="comma-separated: micro, tiny, medium, small, paper")
+  p.add_argument("--peak-flops", type=float, default=None,
+                 help="device peak FLOP/s for MFU (default: pergrad.bench.mfu's table)")
   p.add_argument("--batch-sizes", default="8,32", help="for tiny; medium uses --medium-batch-sizes")
   p.add_argument("--medium-batch-sizes", default="8")
   p.add_argument("--reps", type=int, default=5)
@@ -36,6 +39,7 @@ def main(argv=None) -> dict:
       quick=args.quick, presets=args.presets.split(","), batch_sizes=args.batch_sizes.split(","),
       medium_batch_sizes=args.medium_batch_sizes.split(","), reps=args.reps,
       stat_sets=args.stat_sets.split(","), layout_first=args.layout_first,
+      peak_flops=args.peak_flops,
       argv=sys.argv[1:], echo=lambda s: print(s, file=sys.stderr))
   print(json.dumps(doc))
   print("\n" + stats.table(doc["rows"]), file=sys.stderr)

@@ -21,6 +21,12 @@ synchronised at both ends.
               `stats=example`: the logging variant of the step every stats.log_every);
 and prints the ratios loop/bare and loop_stats/loop. Each is the median of --reps.
 
+`--preset tiny|small|paper` picks a model and batch (README); MFU (`pergrad.bench.mfu`):
+model FLOPs per token 6N + 12·L·T·d times tokens/s over the device's peak (a table of
+known peaks; `--peak-flops` overrides; none for CPUs). XLA's own FLOP count of the step
+is printed beside it. With `dist.*` overrides it runs as one process of a multi-process
+job (`scripts/bench_scaling.py` launches those).
+
 Memory (`pergrad.bench.xla_costs`): XLA's peak of simultaneously live buffers of the
 train step (`peak_bytes`) and its footprint `mem_bytes` = argument + output + temp -
 alias bytes of `memory_analysis()`; the process's peak RSS; on GPU/TPU the device
@@ -49,7 +55,7 @@ def bare_step(plan, steps: int, warmup: int) -> dict:
   import jax.numpy as jnp
   import numpy as np
 
-  from pergrad.bench.xla_costs import compile_with_peak, memory_of
+  from pergrad.bench.xla_costs import compile_with_peak, flops_of, memory_of
   from pergrad.train.mesh import make_mesh
   from pergrad.train.step import Steps
 
@@ -72,7 +78,8 @@ def bare_step(plan, steps: int, warmup: int) -> dict:
     state, m = compiled(state, batch)
   jax.block_until_ready((state, m))
   dt = time.perf_counter() - t0
-  return {"step_s": float(f"{dt / steps:.6g}"), "tokens_per_s": round(steps * B * T / dt, 1),
+  return {"xla_flops_per_step": flops_of(compiled),
+          "step_s": float(f"{dt / steps:.6g}"), "tokens_per_s": round(steps * B * T / dt, 1),
           "examples_per_s": round(steps * B / dt, 2), "compile_s": round(compile_s, 3),
           "final_loss": float(m["loss"]), "n_params": sum(x.size for x in
                                                         jax.tree.leaves(state.params)),
@@ -96,20 +103,38 @@ def loop_tokens_per_s(overrides: list[str], steps: int) -> float:
   return float(summary["tokens_per_s"])
 
 
+# --preset: the model presets' sizes (random tokens: no dataset is read in the default mode).
+PRESETS = {
+    "tiny": ["scale=cpu"],
+    "small": ["model=small", "data.seq_len=256", "data.batch_size=32"],
+    "paper": ["scale=paper"],
+}
+
+
 def main(argv=None) -> dict:
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("--preset", choices=tuple(PRESETS), default=None,
+                 help="model/batch preset (overrides given after it still apply)")
+  p.add_argument("--peak-flops", type=float, default=None,
+                 help="device peak FLOP/s for MFU (default: pergrad.bench.mfu's table)")
   p.add_argument("--steps", type=int, default=10, help="timed steps")
   p.add_argument("--warmup", type=int, default=2, help="untimed steps after compiling")
   p.add_argument("--compare", action="store_true",
                  help="bare step vs full loop vs loop with statistics logging (ratios)")
   p.add_argument("--reps", type=int, default=3, help="repetitions of each --compare variant")
   args, overrides = p.parse_known_args(argv)
+  overrides = [*PRESETS.get(args.preset, []), *overrides]
 
   import jax
 
+  from pergrad.bench import mfu
   from pergrad.configure import build_plan, compose
+  from pergrad.train import distributed
 
-  plan = build_plan(compose(overrides), jax.device_count())
+  cfg = compose(overrides)
+  distributed.initialize(cfg.dist.coordinator_address, cfg.dist.num_processes,
+                         cfg.dist.process_id, auto=cfg.dist.auto)
+  plan = build_plan(cfg, jax.device_count())
   out = {
       "model": plan.config["model"]["name"],
       "optimizer": plan.config["optimizer"]["name"],
@@ -133,8 +158,16 @@ def main(argv=None) -> dict:
         "loop_over_bare": round(med["loop"] / med["bare"], 4),
         "loop_stats_over_loop": round(med["loop_stats"] / med["loop"], 4),
     }
+  m = plan.model
+  per_token = mfu.model_flops_per_token(out["n_params"], m.n_layers, plan.data.seq_len,
+                                        m.d_model)
+  peak = mfu.peak_flops(jax.devices()[0].device_kind, args.peak_flops)
+  out.update(model_flops_per_token=per_token, peak_flops_per_device=peak,
+             mfu=mfu.mfu(out["tokens_per_s"], per_token, jax.device_count(), peak),
+             xla_flops_per_step=out.pop("xla_flops_per_step"),
+             processes=jax.process_count())
   maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-  dev = jax.devices()[0]
+  dev = jax.local_devices()[0]
   dev_stats = dev.memory_stats() if hasattr(dev, "memory_stats") else None
   out.update({
       "timed_steps": args.steps,
@@ -142,7 +175,8 @@ def main(argv=None) -> dict:
       "device_peak_bytes_in_use": (dev_stats or {}).get("peak_bytes_in_use"),
       "overrides": overrides,
   })
-  print(json.dumps(out, indent=1))
+  if jax.process_index() == 0:
+    print(json.dumps(out, indent=1))
   return out
 
 

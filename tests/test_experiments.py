@@ -346,6 +346,25 @@ def test_ci_preset_writes_results(ci_sweeps, name):
 
 
 @pytest.mark.slow
+def test_batch_scaling_ci_compares_scalings(ci_sweeps):
+  from experiments import batch_scaling as bs
+  report = ci_sweeps["root"] / "batch_scaling" / "ci" / "report"
+  plan = bs.plan("ci")
+  col = pd.read_csv(report / "collapse.csv")
+  assert set(col[bs.SCALING]) == set(plan.scalings) and set(col[bs.KEY]) == set(plan.sizes)
+  steps = col.drop_duplicates(bs.KEY).set_index(bs.KEY)["steps"].to_dict()
+  assert steps == {b: plan.steps(b) for b in plan.sizes}  # same examples for every B
+  assert (col["examples"] == plan.examples).all()
+  points = pd.read_csv(report / "collapse_points.csv")
+  assert (points["examples_seen"] > plan.examples / 2).all() and len(points)
+  doc = json.loads((report / "report.json").read_text())
+  assert doc["rule"] == bs.RULE and doc["verdict"] == "undetermined"  # one seed at ci
+  readme = (report / "README.md").read_text()
+  assert "**Rule.**" in readme and "Resolved (`experiment=batch_scaling scale=ci`" in readme
+  assert "`lr=0.03`" in readme and "`weight_decay=0`" in readme
+
+
+@pytest.mark.slow
 def test_overhead_ci(ci_sweeps):
   sweep_dir = ci_sweeps["root"] / "overhead" / "ci"
   report = sweep_dir / "report"

@@ -335,7 +335,7 @@ def test_build_optimizer_every_option(track):
       assert np.all(lrs > 0) and np.all(np.isfinite(lrs))
       stats = _stats(_samples(seed=12, n=n, steps=1)[0], req.granularity, req.want)
       diag = jax.jit(diagnostics)(state, stats)
-      assert ("opt/all/snr_ema" in diag) == track
+      assert ("opt/all/snr2_ema" in diag) == track
       assert all(np.isfinite(v) for v in diag.values())
 
 
@@ -425,22 +425,24 @@ def test_diagnostics_match_numpy():
   v_hat = [x / (1 - b2**STEPS) for x in v]
   g = [x.astype(np.float64) for x in samples[-1]]
   mean, var = [x.mean(0) for x in g], [np.var(x, axis=0, ddof=1) for x in g]
-  want = {
-      "snr_example": [np.abs(a) / np.sqrt(s) for a, s in zip(mean, var, strict=True)],
-      "snr_batch": [np.sqrt(B) * np.abs(a) / np.sqrt(s) for a, s in zip(mean, var, strict=True)],
-      "snr_ema": [np.abs(a) / np.sqrt(s) for a, s in zip(m, w, strict=True)],
-      "share_mu2": [(a**2 - s / B) / d for a, s, d in zip(mean, var, v_hat, strict=True)],
-      "share_var_b": [s / B / d for s, d in zip(var, v_hat, strict=True)],
-      "share_var": [s / d for s, d in zip(var, v_hat, strict=True)],
+  mu2 = [a**2 - s / B for a, s in zip(mean, var, strict=True)]
+  want = {  # name -> per leaf (numerator, denominator) of the ratio of sums
+      "snr2_example": [(u, s) for u, s in zip(mu2, var, strict=True)],
+      "snr2_batch": [(u, s / B) for u, s in zip(mu2, var, strict=True)],
+      "snr2_ema": [(a**2 - s, s) for a, s in zip(m, w, strict=True)],
+      "share_mu2": [(u, d) for u, d in zip(mu2, v_hat, strict=True)],
+      "share_var_b": [(s / B, d) for s, d in zip(var, v_hat, strict=True)],
+      "share_var": [(s, d) for s, d in zip(var, v_hat, strict=True)],
   }
   assert len(got) == len(want) * (len(keys) + 1)
   for name, per_leaf in want.items():
-    for key, x in zip(keys, per_leaf, strict=True):
-      np.testing.assert_allclose(got[f"opt/{key}/{name}"], np.median(x), rtol=1e-4,
+    for key, (a, b) in zip(keys, per_leaf, strict=True):
+      np.testing.assert_allclose(got[f"opt/{key}/{name}"], a.sum() / b.sum(), rtol=1e-4,
                                  err_msg=f"{key}/{name}")
-    np.testing.assert_allclose(got[f"opt/all/{name}"],
-                               np.median(np.concatenate([x.ravel() for x in per_leaf])),
-                               rtol=1e-4, err_msg=name)
+    num, den = sum(a.sum() for a, _ in per_leaf), sum(b.sum() for _, b in per_leaf)
+    np.testing.assert_allclose(got[f"opt/all/{name}"], num / den, rtol=1e-4, err_msg=name)
+  np.testing.assert_allclose(got["opt/all/snr2_batch"], B * got["opt/all/snr2_example"],
+                             rtol=1e-5)  # by construction
 
 
 def test_diagnostics_without_sq_reports_only_what_it_can():

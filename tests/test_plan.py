@@ -13,8 +13,8 @@ import optax
 import pytest
 from conftest import REPO, compose
 
-from pergrad.configure import build_plan
 import pergrad.stats as ps
+from pergrad.configure import build_plan
 from pergrad.optim import Direction, OptimizerConfig, configs
 from pergrad.stats import StatsRequest
 from pergrad.train import run

@@ -291,7 +291,8 @@ def test_throughput_benchmark_prints_json():
   from conftest import TINY
   proc = subprocess.run(
       [sys.executable, str(REPO / "scripts" / "bench_throughput.py"), "--steps", "2",
-       "--warmup", "1", *TINY, "optimizer=adam_family", "optimizer.variant=micro_adam"],
+       "--warmup", "1", "--peak-flops", "1e12", *TINY, "optimizer=adam_family",
+       "optimizer.variant=micro_adam"],
       cwd=REPO, capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr[-2000:]
   out = json.loads(proc.stdout)
@@ -301,6 +302,12 @@ def test_throughput_benchmark_prints_json():
   mem = out["memory_analysis"]
   assert mem["mem_bytes"] > 0 and mem["peak_bytes"] > 0 and out["peak_rss_bytes"] > 0
   assert out["stats_request"] == ["mean", "sq"]  # micro_adam asks for per-example squares
+  # MFU: model FLOPs (6N + 12·L·T·d per token) x tokens/s over the given peak
+  n, t, d, layers = out["n_params"], out["seq_len"], 32, 1
+  assert out["model_flops_per_token"] == 6 * n + 12 * layers * t * d
+  assert out["mfu"] == pytest.approx(out["tokens_per_s"] * out["model_flops_per_token"] / 1e12,
+                                     rel=1e-6)
+  assert out["xla_flops_per_step"] > 0
 
 
 def test_different_config_in_a_completed_run_dir_is_one_line_error(base_run, tiny_overrides):

@@ -6,7 +6,19 @@ import math
 
 import pytest
 
-from experiments.verdict import LOSS, TIE, UNDETERMINED, WIN, compare, ordering
+from experiments.verdict import (
+    LOSS,
+    TIE,
+    UNDETERMINED,
+    WIN,
+    chains,
+    compare,
+    decide,
+    ordering,
+    pairs_md,
+    summarize,
+    verdict_of,
+)
 
 
 def test_gap_beyond_combined_spread_is_a_win_else_a_tie():
@@ -41,3 +53,48 @@ def test_ordering_verdicts():
   assert ordering(g, ["ema", "batch", "example"])[0] == "partly reproduced"
   with pytest.raises(ValueError, match="no values for"):
     ordering(g, ["ema", "token"])
+
+
+def test_missing_values_and_all_undetermined():
+  c = compare([], [4.0, 4.1], ("token", "batch"))
+  assert c.outcome == UNDETERMINED and math.isnan(c.mean_a)
+  assert "n/a vs 4.05" in c.sentence()
+  assert compare([math.inf], []).outcome == UNDETERMINED  # nothing to lose against
+  g = {"ema": [4.0], "batch": [4.3]}  # one seed each
+  assert ordering(g, ["ema", "batch"])[0] == "undetermined"
+
+
+def test_decide_and_chains_name_every_pair():
+  g = {"ema": [4.0, 4.01, 4.02], "batch": [4.3, 4.31, 4.29], "example": [3.0, 3.01, 3.02],
+       "token": [6.0, 6.1, 6.2]}
+  verdict, pairs = chains(g, [["ema", "batch", "example"], ["ema", "batch", "token"]])
+  assert [(p.a, p.b) for p in pairs] == [("ema", "batch"), ("batch", "example"),
+                                         ("batch", "token")]  # the shared pair once
+  assert [p.outcome for p in pairs] == [WIN, LOSS, WIN] and verdict == "not reproduced"
+  # A group that is absent: its pair is kept, undetermined; the verdict is not "reproduced".
+  verdict, pairs = decide({"ema": g["ema"], "batch": g["batch"]},
+                          [("ema", "batch"), ("batch", "token")])
+  assert [p.outcome for p in pairs] == [WIN, UNDETERMINED] and verdict == "partly reproduced"
+  assert verdict_of([compare([1.0, 1.1], [1.05, 1.0])]) == "partly reproduced"  # a tie
+  with pytest.raises(ValueError, match="no expected pair"):
+    decide(g, [])
+
+
+def test_summarize_and_pairs_md():
+  s = summarize([4.0, 4.2, 4.4])
+  assert (s.n, s.n_diverged) == (3, 0) and s.mean == pytest.approx(4.2)
+  assert s.std == pytest.approx(0.2) and s.text() == "4.200 ± 0.2 (n=3)"
+  assert summarize([4.0]).text() == "4.000 (n=1: no spread)"
+  assert summarize([4.0, math.nan]).text() == "diverged (1/2 seeds)"
+  assert summarize([]).text() == "no seeds"
+  md = pairs_md([compare([4.0, 4.01], [5.0, 5.01], ("a", "b")), compare([math.inf], [4.0])])
+  assert "| a | b | win (as expected) | 4.005 | 5.005 |" in md
+  assert "| A | B | LOSS (against) | diverged | 4.000 | n/a |" in md
+
+
+def test_higher_is_better_reports_the_values_themselves():
+  c = compare([25.5], [2.05], ("ema", "batch"), lower_is_better=False)
+  assert c.outcome == UNDETERMINED and (c.mean_a, c.mean_b) == (25.5, 2.05)
+  c = compare([25.0, 26.0], [2.0, 2.1], ("ema", "batch"), lower_is_better=False)
+  assert c.outcome == WIN and c.mean_a == 25.5
+  assert compare([math.nan, 3.0], [2.0, 2.1], lower_is_better=False).outcome == LOSS

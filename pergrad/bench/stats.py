@@ -43,6 +43,7 @@ import numpy as np
 import optax
 
 import pergrad.stats as ps
+from pergrad.bench import mfu
 from pergrad.bench.xla_costs import compile_with_peak, flops_of, memory_of
 from pergrad.loss import make_loss_fn
 from pergrad.model import ModelSpec, Transformer, count_params, init_params
@@ -133,7 +134,7 @@ def counted_flops(fn, params, batch) -> float:
 
 
 def bench_group(preset: str, B: int, stat_sets: Sequence[str], layout_first: bool,
-                reps: int) -> list[dict]:
+                reps: int, peak_flops: float | None = None) -> list[dict]:
   spec, T = PRESETS[preset]
   params = init_params(spec, jax.random.key(0))
   loss_fn = make_loss_fn(Transformer(spec))
@@ -173,6 +174,9 @@ def bench_group(preset: str, B: int, stat_sets: Sequence[str], layout_first: boo
     r["mem_ratio_wo_outputs"] = (r["mem_bytes"] - r["out_bytes"] + base["out_bytes"]) / base[
         "mem_bytes"]
     r["time_vs_micro_grad"] = r["time_s"] / micro[r["stats"]] if r["stats"] in micro else None
+    # MFU of the model's own training FLOPs (statistics' extra work not counted: it lowers it)
+    per_token = mfu.model_flops_per_token(r["n_params"], spec.n_layers, T, spec.d_model)
+    r["mfu"] = mfu.mfu(B * T / r["time_s"], per_token, 1, peak_flops)
     r["times"] = [round(t, 4) for t in r["times"]]
   return rows
 
@@ -221,7 +225,8 @@ def table(rows: list[dict]) -> str:
 
 
 DEFAULTS = dict(presets=("tiny", "medium"), batch_sizes=(8, 32), medium_batch_sizes=(8,),
-                reps=5, stat_sets=("sq+sign", "norms", "all"), layout_first=True)
+                reps=5, stat_sets=("sq+sign", "norms", "all"), layout_first=True,
+                peak_flops=None)
 QUICK = dict(presets=("micro",), batch_sizes=(4,), reps=2, stat_sets=("all", "sq+sign"),
              layout_first=False)
 
@@ -234,6 +239,8 @@ def as_argv(quick: bool = False, **kw) -> list[str]:
   for k, v in kw.items():
     if k == "layout_first":
       out += [] if v else ["--no-layout-first"]
+    elif v is None:
+      continue
     else:
       out += ["--" + k.replace("_", "-"),
               ",".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)]
@@ -257,7 +264,8 @@ def run(*, quick: bool = False, argv: Sequence[str] | None = None,
   for preset in o["presets"]:
     sizes = o["medium_batch_sizes"] if preset == "medium" else o["batch_sizes"]
     for B in map(int, sizes):
-      rows += bench_group(preset, B, o["stat_sets"], o["layout_first"], o["reps"])
+      rows += bench_group(preset, B, o["stat_sets"], o["layout_first"], o["reps"],
+                          mfu.peak_flops(jax.devices()[0].device_kind, o["peak_flops"]))
       if echo:
         echo(table([r for r in rows if r["preset"] == preset and r["B"] == B]))
   return dict(

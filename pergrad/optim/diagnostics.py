@@ -1,35 +1,50 @@
 """Diagnostics for the signal-to-noise argument and the Adam second-moment decomposition.
 
-Per coordinate, from the statistics of one step (n samples, mean ḡ, unbiased
-variance σ̂², μ̂² = ḡ² - σ̂²/n):
+Every quantity is a RATIO OF SUMS over the coordinates j of a parameter leaf
+("opt/<leaf path>/<name>") and over all coordinates ("opt/all/<name>"): Σ_j signal_j /
+Σ_j noise_j. It estimates Σ_j μ_j² / Σ_j (noise variance)_j, is unbiased in its numerator
+and consistent (relative bias O(1/D) over D coordinates), costs two sums per leaf (no
+sort), and reads ≈ 0 on a leaf without signal. (The median over coordinates of a ratio
+with the noisy |ḡ| in the numerator, logged before, sits on a noise floor instead: with
+μ = 0, √n|ḡ|/σ̂ is |t_{n−1}|, median ≈ 0.67-0.69, whatever the leaf.)
 
-    snr_example = |ḡ| / σ̂                 SNR of one sample (example or token)
-    snr_batch   = sqrt(n) |ḡ| / σ̂         SNR of the batch mean (its std is σ̂/sqrt(n))
-    snr_ema     = |m| / sqrt(V)            SNR of the EMA m = EMA_β(ḡ) (un-debiased)
+Per coordinate, from the statistics of one step (n samples, mean ḡ, unbiased variance
+σ̂², μ̂² = ḡ² − σ̂²/n, unbiased for μ² since E ḡ² = μ² + σ²/n):
 
-where V is tracked by `track_snr` along with m:
+    snr2_example = Σ μ̂² / Σ σ̂²            estimates Σμ²/Σσ²: the SNR² of one sample
+    snr2_batch   = Σ μ̂² / Σ (σ̂²/n)        estimates Σμ²/(Σσ²/n): the SNR² of ḡ
+                 = n · snr2_example         exactly, by construction (not a measurement)
+    snr2_ema     = Σ (m² − V) / Σ V         SNR² of the EMA m (needs `track_snr`)
 
-    m_t = β m_{t-1} + (1-β) ḡ_t,      V_t = β² V_{t-1} + (1-β)² σ̂_t²/n_t.
+where `track_snr` tracks, along the updates,
 
-V_t is the variance of m_t when the batch means of different steps are independent
-with variances σ̂_t²/n_t (no stationarity assumed); debiasing m would scale m and
-sqrt(V) alike, so the ratio needs none. Each SNR is |value at that stage| / (estimated
-std of that value), so all three read on one scale (the sign of a stage loses little
-when its SNR is >> 1). These estimators are this project's reading of the paper's SNR
-argument (its text is unavailable).
+    m_t = β m_{t−1} + (1−β) ḡ_t   (un-debiased),    V_t = β² V_{t−1} + (1−β)² σ̂_t²/n_t.
+
+V_t estimates Var m_t without bias when the batch means of different steps are
+independent with variances σ_t²/n_t (no stationarity assumed), so m² − V estimates
+(E m_t)² without bias. Debiasing would divide m by (1−β^t) and V by (1−β^t)²: the ratio
+needs none. The EMA gain `ema_gain(snr2_ema, snr2_batch)` = SNR_ema / SNR_batch is
+√((1+β)/(1−β)) for a mean constant over steps once stationary (≈ 4.36 at β = 0.9; after
+t updates from m_0 = V_0 = 0 its square carries the factor (1−β^t)/(1+β^t)), and smaller
+when the mean drifts: √((1+βρ)/(1−βρ)) for a mean drifting as an AR(1) of coefficient ρ
+(`pergrad.stats.synthetic.ema_gain2`).
+
+All three are SIGNED: on coordinates without signal their estimate is negative about as
+often as positive. They are logged and aggregated unclipped; take √max(·, 0) only to draw an SNR.
 
 For the Adam family (states of `scale_by_adam_family`, which Adam/AdamW use too), the
-shares of the current step's μ̂², σ̂²/n and σ̂² relative to the debiased v̂:
+shares of the current step's μ̂², σ̂²/n and σ̂² in the debiased v̂, as ratios of sums:
 
-    share_mu2 = μ̂² / v̂,   share_var_b = (σ̂²/n) / v̂,   share_var = σ̂² / v̂
+    share_mu2 = Σ μ̂² / Σ v̂,   share_var_b = Σ (σ̂²/n) / Σ v̂,   share_var = Σ σ̂² / Σ v̂
 
-(statistics before any clipping). Adam's v estimates μ² + σ²/B, MicroAdam's μ² + σ².
+(statistics before any clipping). Adam's v estimates μ² + σ²/B (share_mu2 + share_var_b
+≈ 1 for a stationary mean), MicroAdam's μ² + σ² (share_mu2 + share_var ≈ 1).
 
-Every quantity is reduced to its median over the coordinates of each parameter leaf
-("opt/<leaf path>/<name>") and over all coordinates ("opt/all/<name>"), sampled
-beyond `summaries.MEDIAN_SAMPLE` coordinates as the statistics' summaries are. A quantity is
-left out when what it needs is absent (no 'sq' statistic, no tracker, no Adam state),
-so the function is jittable for a fixed (opt_state, stats) structure.
+A quantity is left out when what it needs is absent (no 'sq' statistic, no tracker, no
+Adam state), so the function is jittable for a fixed (opt_state, stats) structure. These
+estimators are this project's reading of the paper's SNR argument (its text is
+unavailable); `tests/test_estimators.py` checks each against the known truth of
+`pergrad.stats.synthetic`.
 """
 
 from __future__ import annotations
@@ -38,11 +53,11 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from pergrad.optim.adam_family import ScaleByAdamFamilyState
 from pergrad.optim.common import check_beta, f32, require_stats
-from pergrad.stats import summaries
 from pergrad.stats.types import GradStats
 
 _TINY = float(jnp.finfo(jnp.float32).tiny)
@@ -87,38 +102,44 @@ def _ratio(num, den):
   return num / jnp.maximum(den, _TINY)
 
 
+def ema_gain(snr2_ema, snr2_batch):
+  """SNR_ema / SNR_batch = √(snr2_ema / snr2_batch), NaN unless both are > 0 (works on
+  floats, NumPy and pandas values alike)."""
+  ok = (snr2_ema > 0) & (snr2_batch > 0)
+  return np.sqrt(np.where(ok, snr2_ema, np.nan) / np.where(ok, snr2_batch, np.nan))
+
+
 def diagnostics(opt_state: Any, stats: GradStats) -> dict[str, jax.Array]:
-  """Medians of the SNRs and second-moment shares (module docstring), keyed "opt/<leaf>/<name>"."""
+  """Ratios of sums of the SNRs² and second-moment shares (module docstring), keyed
+  "opt/<leaf>/<name>" per parameter leaf and "opt/all/<name>" over all coordinates."""
   require_stats(stats, "diagnostics")
-  quantities: dict[str, Any] = {}  # name -> pytree like params
+  # name -> (numerator tree, denominator tree), both like params
+  quantities: dict[str, tuple[Any, Any]] = {}
   has_sq = stats.sum_sq is not None
   if has_sq:
     n = stats.count
     mean, var = f32(stats.mean), f32(stats.variance)
-    std = jax.tree.map(jnp.sqrt, var)
-    quantities["snr_example"] = jax.tree.map(lambda m, s: _ratio(jnp.abs(m), s), mean, std)
-    quantities["snr_batch"] = jax.tree.map(lambda r: jnp.sqrt(n) * r, quantities["snr_example"])
+    mu2 = jax.tree.map(lambda m, v: jnp.square(m) - v / n, mean, var)
+    var_b = jax.tree.map(lambda v: v / n, var)
+    quantities["snr2_example"] = (mu2, var)
+    quantities["snr2_batch"] = (mu2, var_b)
   tracker = _find(opt_state, SnrTrackerState)
   if tracker is not None:
-    quantities["snr_ema"] = jax.tree.map(lambda m, w: _ratio(jnp.abs(m), jnp.sqrt(w)),
-                                         tracker.mu, tracker.var_mu)
+    quantities["snr2_ema"] = (jax.tree.map(lambda m, w: jnp.square(m) - w, tracker.mu,
+                                           tracker.var_mu), tracker.var_mu)
   adam = _find(opt_state, ScaleByAdamFamilyState)
   if adam is not None and has_sq:
     v_hat = jax.tree.map(lambda v: v / jnp.maximum(adam.nu_weight, _TINY), adam.nu)
-    mu2 = jax.tree.map(lambda m, v: jnp.square(m) - v / n, mean, var)
-    quantities["share_mu2"] = jax.tree.map(_ratio, mu2, v_hat)
-    quantities["share_var_b"] = jax.tree.map(lambda v, d: _ratio(v / n, d), var, v_hat)
-    quantities["share_var"] = jax.tree.map(_ratio, var, v_hat)
+    quantities["share_mu2"] = (mu2, v_hat)
+    quantities["share_var_b"] = (var_b, v_hat)
+    quantities["share_var"] = (var, v_hat)
 
   out = {}
-  for name, tree in quantities.items():
-    leaves_with_path = jax.tree_util.tree_flatten_with_path(tree)[0]
-    for path, leaf in leaves_with_path:
+  for name, (num, den) in quantities.items():
+    num_sums = jax.tree_util.tree_flatten_with_path(jax.tree.map(jnp.sum, num))[0]
+    den_sums = jax.tree.leaves(jax.tree.map(jnp.sum, den))
+    for (path, a), b in zip(num_sums, den_sums, strict=True):
       key = jax.tree_util.keystr(path, simple=True, separator="/")
-      out[f"opt/{key}/{name}"] = summaries.median(leaf)
-    # Over all coordinates: each leaf sampled in proportion to its size.
-    total = sum(leaf.size for _, leaf in leaves_with_path)
-    out[f"opt/all/{name}"] = jnp.nanmedian(jnp.concatenate([
-        summaries.sample_coords(leaf, max(1, summaries.MEDIAN_SAMPLE * leaf.size // total))
-        for _, leaf in leaves_with_path]))
+      out[f"opt/{key}/{name}"] = _ratio(a, b)
+    out[f"opt/all/{name}"] = _ratio(sum(a for _, a in num_sums), sum(den_sums))
   return out

@@ -1,26 +1,36 @@
 """Scalar summaries of `GradStats` for logging (W&B, metrics.jsonl). Jittable.
 
 Per parameter leaf (key "stats/<leaf path>/<name>"), with n samples (B examples, or
-B·T tokens), ḡ the mean, σ̂² the unbiased variance (both per coordinate):
-  mean_sq_median        median over coordinates of ḡ²
-  var_median            median of σ̂²                                      (needs "sq")
-  var_over_n_median     median of σ̂²/n, the variance of ḡ as an estimate   (needs "sq")
-  snr_median            median of |ḡ|/σ̂ over coordinates with σ̂ > 0       (needs "sq")
-  frac_mean_dominated   fraction of coordinates with ḡ² > σ̂²/n            (needs "sq")
+B·T tokens), ḡ the mean, σ̂² the unbiased variance, μ̂² = ḡ² − σ̂²/n the unbiased squared
+mean (all per coordinate), and sums / means over the leaf's D coordinates:
+  gbar2_mean            (1/D) Σ ḡ²           (what Adam's v averages; E = mean μ² + σ²/n)
+  mu2_mean              (1/D) Σ μ̂²           signed, unbiased for mean μ²     (needs "sq")
+  var_mean              (1/D) Σ σ̂²           unbiased for mean σ²             (needs "sq")
+  mu2_over_var_b        Σ μ̂² / Σ (σ̂²/n)     estimates Σμ²/(Σσ²/n), signed    (needs "sq")
+  mu2_over_var          Σ μ̂² / Σ σ̂²         estimates Σμ²/Σσ², signed        (needs "sq")
+  frac_mean_dominated   fraction of coordinates with ḡ² > σ̂²/n               (needs "sq")
   norm_p10/p50/p90      percentiles over examples of ‖g_b‖ in this leaf   (needs "norms")
+mu2_over_var_b is the squared SNR of the batch mean, the same ratio of sums as the
+optimizer diagnostics' `snr2_batch` (`pergrad.optim.diagnostics`): μ² over Adam's σ²/B
+term (the moments experiment's quantity); mu2_over_var = mu2_over_var_b / n is μ² over
+MicroAdam's σ² term. Being ratios of sums they read ≈ 0 (and may be < 0) on a leaf
+without signal; the median over coordinates of |ḡ|/σ̂ that was logged before sat at a
+noise floor instead (median |t_{n−1}|/√n for μ = 0: 0.68/√n at n = 32).
+frac_mean_dominated has a floor too: with μ = 0 it is P(|t_{n−1}| > 1) (0.325 at
+n = 32, 0.317 for large n); read it as descriptive only.
 Whole model (key "stats/total/<name>"):
-  norm_p10/p50/p90, frac_mean_dominated, and the gradient noise scale
+  mu2_over_var_b, mu2_over_var and frac_mean_dominated over all coordinates,
+  norm_p10/p50/p90, and the gradient noise scale
   B_simple = S/|G|² (McCandlish et al. 2018, per-example form of Gray et al.,
   arXiv 2411.00999) from P = (1/B) Σ_b ‖g_b‖² and ‖ḡ‖²:
-    |G|² = (B‖ḡ‖² − P)/(B − 1)   (unbiased ‖E g‖²)
-    S    = (P − ‖ḡ‖²)/(1 − 1/B)  (unbiased tr Σ)
-  logged as gns_G2, gns_S, gns_b_simple (one step's ratio; average the two terms over
-  steps, e.g. with an EMA, before dividing for a stable estimate). NaN when B = 1.
-Medians over the coordinates of a leaf with more than MEDIAN_SAMPLE coordinates are
-taken over MEDIAN_SAMPLE of them at fixed pseudo-random positions (`sample_coords`): a
-sort of every coordinate made a logging step of the cpu preset cost about 35 plain
-steps; the sampled median's standard error is about 1.25·s/√4096 ≈ 2% of the spread s
-of the quantity around its median (asymptotic, for a density that is smooth there).
+    |G|² = (B‖ḡ‖² − P)/(B − 1)   (unbiased ‖E g‖² = Σμ²; = Σ μ̂² over all coordinates)
+    S    = (P − ‖ḡ‖²)/(1 − 1/B)  (unbiased tr Σ = Σσ²; = Σ σ̂²)
+  logged as gns_G2, gns_S, gns_b_simple (one step's ratio, = 1/mu2_over_var of the whole
+  model; average the two terms over steps, e.g. with an EMA, before dividing for a stable
+  estimate). NaN when B = 1.
+No per-coordinate median is logged: every summary above is a sum or a count (medians of
+noisy per-coordinate ratios sit on a noise floor, and a sort of every coordinate made a
+logging step of the cpu preset cost about 35 plain steps).
 Any other registered statistic present in the GradStats (`pergrad.stats.registry`;
 "sq", "sign", "norms" have the dedicated summaries above, "sign" none), per leaf:
   <name>_mean           kind "coordinate": mean over coordinates of (1/n) Σ_n φ(g_n);
@@ -33,13 +43,11 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from pergrad.stats import registry
 from pergrad.stats.types import GradStats
 
 PERCENTILES = (10, 50, 90)
-MEDIAN_SAMPLE = 4096
 # Statistics with dedicated summaries in `layer_summaries` ("sign": none, by choice).
 DEDICATED = ("sq", "sign", "norms")
 
@@ -57,24 +65,14 @@ def leaf_name(path) -> str:
   return "/".join(parts)
 
 
-def sample_coords(x: jax.Array, n: int = MEDIAN_SAMPLE) -> jax.Array:
-  """x flattened, or n of its entries at fixed pseudo-random positions if it has more."""
-  x = x.ravel()
-  if x.size <= n:
-    return x
-  idx = np.sort(np.random.default_rng(x.size).choice(x.size, n, replace=False))
-  return x[idx]
-
-
-def median(x: jax.Array) -> jax.Array:
-  """Median over the coordinates of x (sampled beyond MEDIAN_SAMPLE; NaNs ignored)."""
-  return jnp.nanmedian(sample_coords(x))
-
-
 def _norm_percentiles(sq_norms_B: jax.Array, prefix: str) -> dict[str, jax.Array]:
   norms_B = jnp.sqrt(sq_norms_B)
   qs = jnp.percentile(norms_B, jnp.asarray(PERCENTILES, jnp.float32))
   return {f"{prefix}/norm_p{p}": qs[i] for i, p in enumerate(PERCENTILES)}
+
+
+def _ratio(num, den):
+  return num / jnp.maximum(den, jnp.finfo(jnp.float32).tiny)
 
 
 def layer_summaries(stats: GradStats) -> dict[str, jax.Array]:
@@ -85,27 +83,29 @@ def layer_summaries(stats: GradStats) -> dict[str, jax.Array]:
   mean = stats.mean
   var = stats.variance if has_sq else None
   paths = jax.tree_util.tree_flatten_with_path(mean)[0]
-  n_dominated, n_coords = 0.0, 0
+  n_dominated, n_coords, sum_mu2, sum_var = 0.0, 0, 0.0, 0.0
   for i, (path, m) in enumerate(paths):
     key = f"stats/{leaf_name(path)}"
-    m2 = jnp.square(m).ravel()
-    out[f"{key}/mean_sq_median"] = median(m2)
+    m2 = jnp.square(m.astype(jnp.float32))
+    out[f"{key}/gbar2_mean"] = jnp.mean(m2)
     if has_sq:
-      v = jax.tree.leaves(var)[i].ravel()
-      sd = jnp.sqrt(v)
-      v_s, m_s, sd_s = sample_coords(v), sample_coords(m), sample_coords(sd)
-      out[f"{key}/var_median"] = jnp.median(v_s)
-      out[f"{key}/var_over_n_median"] = jnp.median(v_s / n)
-      out[f"{key}/snr_median"] = jnp.nanmedian(
-          jnp.where(sd_s > 0, jnp.abs(m_s) / jnp.where(sd_s > 0, sd_s, 1.0), jnp.nan))
+      v = jax.tree.leaves(var)[i].astype(jnp.float32)
+      s_mu2, s_var = jnp.sum(m2 - v / n), jnp.sum(v)
+      out[f"{key}/mu2_mean"] = s_mu2 / m2.size
+      out[f"{key}/var_mean"] = s_var / m2.size
+      out[f"{key}/mu2_over_var_b"] = _ratio(s_mu2, s_var / n)
+      out[f"{key}/mu2_over_var"] = _ratio(s_mu2, s_var)
       dominated = jnp.sum(m2 > v / n)
       out[f"{key}/frac_mean_dominated"] = dominated / m2.size
       n_dominated, n_coords = n_dominated + dominated, n_coords + m2.size
+      sum_mu2, sum_var = sum_mu2 + s_mu2, sum_var + s_var
     if has_norms:
       out.update(_norm_percentiles(jax.tree.leaves(stats.sq_norms)[i], key))
   out.update(registered_summaries(stats))
   if has_sq:
     out["stats/total/frac_mean_dominated"] = n_dominated / n_coords
+    out["stats/total/mu2_over_var_b"] = _ratio(sum_mu2, sum_var / n)
+    out["stats/total/mu2_over_var"] = _ratio(sum_mu2, sum_var)
   if has_norms:
     sq_norms_B = stats.total_sq_norms
     out.update(_norm_percentiles(sq_norms_B, "stats/total"))

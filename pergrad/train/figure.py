@@ -14,7 +14,7 @@ from pergrad.train.metrics import METRICS, read_records
 
 FIGURE = "curves.png"
 # Per-layer summaries worth a look, in order of preference (pergrad.stats.summaries).
-SUMMARIES = ("frac_mean_dominated", "snr_median", "var_over_n_median", "norm_p50")
+SUMMARIES = ("mu2_over_var_b", "frac_mean_dominated", "var_mean", "norm_p50")
 MAX_PANELS = 2
 
 

@@ -1,0 +1,341 @@
+"""Every `report()` of sign_placement, preconditioner, msq_eps and overhead, and the lr policy
+of experiments.lr_search, on constructed CSVs in tmp dirs (no training runs).
+
+The finals table of a constructed sweep holds, per group, seed 0 over an lr grid (the
+selection seed) and fresh seeds at the lr seed 0 picks; best.csv is derived from it exactly
+as `lr_search.analyze` does.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from experiments import lr_search, msq_eps, overhead, preconditioner, sign_placement  # noqa: E402
+from experiments.sweep import Block, LrSearch, Sweep, run_dirname  # noqa: E402
+
+INF = math.inf
+GRID = (1e-3, 3e-3, 1e-2)
+
+
+def _row(group: dict, lr: float, seed: int, loss: float) -> dict:
+  point = {**group, "optimizer.lr": lr, "train.seed": seed}
+  return {"run": run_dirname(point), "status": "completed" if math.isfinite(loss) else "diverged",
+          **point, "final_eval_loss": loss, "diverged": not math.isfinite(loss)}
+
+
+def group_runs(group: dict, fresh=(), *, seed0: float = 4.0, best: float = 3e-3,
+               grid=GRID, diverged_all: bool = False) -> list[dict]:
+  """Seed 0 over `grid` (lowest, `seed0`, at `best`), `fresh` losses for seeds 1, 2, ..."""
+  rows = []
+  for lr in grid:
+    loss = INF if diverged_all else seed0 + 0.2 * abs(math.log(lr / best))
+    rows.append(_row(group, lr, 0, loss))
+  rows += [_row(group, best, s, v) for s, v in enumerate(fresh, start=1)]
+  return rows
+
+
+def write(out: Path, rows: list[dict], group_keys) -> Path:
+  """finals.csv and best.csv as `lr_search.analyze` writes them."""
+  out.mkdir(parents=True, exist_ok=True)
+  fin = pd.DataFrame(rows)
+  fin.to_csv(out / "finals.csv", index=False)
+  lr_search.best_lr(fin, group_keys, "optimizer.lr").to_csv(out / "best.csv", index=False)
+  return out
+
+
+# --------------------------------------------------------------------------- sign_placement
+
+RULE_START = "Expected ema < batch < example and ema < batch < token"
+
+
+def _placements(tmp_path, **fresh) -> dict:
+  rows = []
+  for p, vals in fresh.items():
+    if vals == "diverged":
+      rows += group_runs({"optimizer.placement": p}, diverged_all=True)
+    else:
+      rows += group_runs({"optimizer.placement": p}, vals, seed0=min(vals) if vals else 4.0)
+  return sign_placement.report(write(tmp_path / "sp", rows, sign_placement.GROUP))
+
+
+def test_sign_placement_clear_win(tmp_path):
+  rep = _placements(tmp_path, ema=[4.00, 4.01, 4.02], batch=[4.30, 4.31, 4.29],
+                    example=[5.3, 5.1, 5.5], token=[6.1, 6.2, 6.15])
+  assert rep["verdict"] == "reproduced"
+  assert rep["rule"] == sign_placement.RULE and rep["finding"].startswith("Rule: " + RULE_START)
+  assert "ema: 4.010 ± 0.01 (n=3)" in rep["finding"]
+  for a, b in (("ema", "batch"), ("batch", "example"), ("batch", "token")):
+    assert f"| {a} | {b} | win (as expected) |" in rep["numbers_md"]
+  assert "ema beats batch" in rep["finding"]
+
+
+def test_sign_placement_example_better_than_batch_is_not_reproduced(tmp_path):
+  # The case the old report missed: it dropped every pair holding `token`, so example vs
+  # batch was never compared and it printed "monotone ... True" with example = 3.0.
+  rep = _placements(tmp_path, ema=[4.00, 4.01, 4.02], batch=[4.30, 4.31, 4.29],
+                    example=[3.0, 3.01, 3.02], token=[6.1, 6.2, 6.15])
+  assert rep["verdict"] == "not reproduced"
+  assert "batch loses to example" in rep["finding"]
+  assert "| batch | example | LOSS (against) |" in rep["numbers_md"]
+  assert "| batch | token | win (as expected) |" in rep["numbers_md"]
+
+
+def test_sign_placement_tie_within_noise(tmp_path):
+  rep = _placements(tmp_path, ema=[4.00, 4.01, 4.02], batch=[4.30, 4.31, 4.29],
+                    example=[4.0, 4.6, 4.9], token=[6.1, 6.2, 6.15])
+  assert rep["verdict"] == "partly reproduced"
+  assert "batch ties with example" in rep["finding"]
+
+
+def test_sign_placement_diverged_group_loses_and_is_named(tmp_path):
+  rep = _placements(tmp_path, ema=[4.00, 4.01, 4.02], batch=[4.30, 4.31, 4.29],
+                    example=[5.3, INF, 5.5], token="diverged")
+  assert rep["verdict"] == "reproduced"  # diverged runs lose, even one seed of three
+  assert "`token` diverged at every lr from 0.01 down to 0.001 (seed 0)." in rep["finding"]
+  assert "token: diverged at every lr" in rep["finding"]
+  assert "example: diverged (1/3 seeds)" in rep["finding"]
+
+
+def test_sign_placement_single_fresh_seed_is_undetermined(tmp_path):
+  rep = _placements(tmp_path, ema=[4.0], batch=[4.3], example=[5.3], token=[6.1])
+  assert rep["verdict"] == "undetermined"
+  assert "n=1: no spread" in rep["finding"] and "not separable" in rep["finding"]
+
+
+def test_sign_placement_preset_without_batch_names_the_missing_groups(tmp_path):
+  rep = _placements(tmp_path, ema=[4.00, 4.01], example=[5.3, 5.1])  # the ci preset's pair
+  assert rep["verdict"] == "reproduced"
+  assert "Not run in this preset: ['token', 'batch']" in rep["finding"]
+
+
+# --------------------------------------------------------------------------- selection bias
+
+
+def test_reported_numbers_exclude_the_selection_seed(tmp_path):
+  # micro_adam_var's seed 0 was lucky at its chosen lr (3.90); its fresh seeds are not.
+  rows = (group_runs({"optimizer.variant": "adam", "optimizer.clip_norm": None},
+                     [3.98, 3.99, 4.00], seed0=3.99)
+          + group_runs({"optimizer.variant": "micro_adam_var", "optimizer.clip_norm": None},
+                       [4.38, 4.36, 4.40], seed0=3.90))
+  out = write(tmp_path / "pc", rows, preconditioner.GROUP)
+  best = pd.read_csv(out / "best.csv").set_index("optimizer.variant")
+  var = best.loc["micro_adam_var"]
+  assert var["select_loss"] == pytest.approx(3.90)
+  assert var["loss_mean"] == pytest.approx(4.38) and var["n_seeds"] == 3
+  assert var["loss_std"] == pytest.approx(0.02) and var["fresh_seeds"] == "1 2 3"
+  rep = preconditioner.report(out)
+  assert "micro_adam_var: 4.380 ± 0.02 (n=3)" in rep["finding"]
+  assert "adam beats micro_adam_var (3.99 vs 4.38" in rep["finding"]
+  # With seed 0 averaged in, var would read 4.26; it must not appear as a reported mean.
+  assert "4.260" not in rep["finding"]
+
+
+def test_best_lr_is_chosen_on_seed_0_only():
+  # Fresh seeds at a non-chosen lr (e.g. left from an older policy) neither move the choice
+  # nor enter the numbers.
+  rows = (group_runs({"optimizer.placement": "ema"}, [4.1, 4.2], best=3e-3)
+          + [_row({"optimizer.placement": "ema"}, 1e-2, 1, 3.0)])
+  best = lr_search.best_lr(pd.DataFrame(rows), sign_placement.GROUP, "optimizer.lr")
+  assert best.loc[0, "optimizer.lr"] == 3e-3
+  assert best.loc[0, "loss_mean"] == pytest.approx(4.15) and best.loc[0, "n_seeds"] == 2
+
+
+# --------------------------------------------------------------------------- preconditioner
+
+
+def _variants(tmp_path, fresh: dict, clip=(None,)) -> dict:
+  rows = []
+  for c in clip:
+    for v, vals in fresh.items():
+      g = {"optimizer.variant": v, "optimizer.clip_norm": c}
+      rows += (group_runs(g, diverged_all=True) if vals == "diverged"
+               else group_runs(g, vals, seed0=min(vals, default=4.0)))
+  return preconditioner.report(write(tmp_path / "pc", rows, preconditioner.GROUP))
+
+
+def test_preconditioner_mean_dominated_win(tmp_path):
+  rep = _variants(tmp_path, {"adam": [3.98, 3.99, 4.0], "micro_adam_msq": [3.97, 3.99, 4.01],
+                             "micro_adam": [4.2, 4.21, 4.22], "micro_adam_var": [4.4, 4.5, 4.45]},
+                  clip=(None, 1.0))
+  assert rep["verdict"] == "reproduced" and rep["rule"] == preconditioner.RULE
+  assert rep["numbers_md"].count("win (as expected)") == 8  # 4 pairs x 2 clip settings
+  assert "| micro_adam_msq + clip 1 | micro_adam_var + clip 1 | win" in rep["numbers_md"]
+  assert "Beside the verdict, does clipping help" in rep["finding"]
+
+
+def test_preconditioner_tie_and_diverged_msq(tmp_path):
+  rep = _variants(tmp_path, {"adam": [3.98, 4.2, 4.4], "micro_adam_msq": "diverged",
+                             "micro_adam": [4.2, 4.21, 4.22], "micro_adam_var": [4.4, 4.5, 4.45]})
+  assert rep["verdict"] == "not reproduced"  # a diverged μ²-dominated variant loses
+  assert "adam ties with micro_adam" in rep["finding"]
+  assert "micro_adam_msq loses to micro_adam (inf vs 4.21" in rep["finding"]
+  assert "`micro_adam_msq` diverged at every lr from 0.01 down to 0.001" in rep["finding"]
+
+
+def test_preconditioner_ci_like_single_seed_is_undetermined(tmp_path):
+  rep = _variants(tmp_path, {"adam": [4.0], "micro_adam_var": [4.4]})
+  assert rep["verdict"] == "undetermined"
+  assert "Not run in this preset: ['micro_adam', 'micro_adam_msq']" in rep["finding"]
+  rep = _variants(tmp_path, {"adam": [], "micro_adam_var": []})  # no fresh seed at all
+  assert rep["verdict"] == "undetermined" and "adam: no seeds" in rep["finding"]
+
+
+# --------------------------------------------------------------------------- msq_eps
+
+
+def _eps(tmp_path, fresh: dict) -> dict:
+  rows = []
+  for (v, eps), (seed0, vals) in fresh.items():
+    g = {"optimizer.variant": v, "optimizer.eps": eps}
+    rows += (group_runs(g, diverged_all=True) if vals == "diverged"
+             else group_runs(g, vals, seed0=seed0))
+  return msq_eps.report(write(tmp_path / "me", rows, msq_eps.GROUP))
+
+
+def test_msq_eps_tie_is_at_least_as_well(tmp_path):
+  rep = _eps(tmp_path, {("adam", 1e-8): (4.00, [4.00, 4.02, 4.04]),
+                        ("adam", 1e-4): (4.03, [4.03, 4.05, 4.04]),
+                        ("micro_adam_msq", 1e-8): (INF, "diverged"),
+                        ("micro_adam_msq", 1e-4): (4.01, [4.01, 4.03, 4.05])})
+  assert rep["verdict"] == "reproduced" and rep["rule"] == msq_eps.RULE
+  assert "micro_adam_msq, eps=0.0001 ties with adam, eps=1e-08" in rep["finding"]
+  assert "micro_adam_msq, eps=1e-08 loses to adam, eps=1e-08" in rep["finding"]
+
+
+def test_msq_eps_loss_partly_and_not(tmp_path):
+  base = {("adam", 1e-8): (4.00, [4.00, 4.01, 4.02]),
+          ("adam", 1e-4): (4.20, [4.20, 4.21, 4.22]),
+          ("micro_adam_msq", 1e-8): (INF, "diverged"),
+          ("micro_adam_msq", 1e-4): (4.10, [4.10, 4.11, 4.12])}
+  rep = _eps(tmp_path, base)  # loses to the best Adam, beats Adam at the same ε
+  assert rep["verdict"] == "partly reproduced"
+  assert "micro_adam_msq, eps=0.0001 beats adam, eps=0.0001" in rep["finding"]
+  rep = _eps(tmp_path, {**base, ("adam", 1e-4): (4.05, [4.05, 4.06, 4.04])})
+  assert rep["verdict"] == "not reproduced"
+
+
+def test_msq_eps_undetermined_and_not_tested(tmp_path):
+  rep = _eps(tmp_path, {("adam", 1e-8): (4.0, [4.0]), ("micro_adam_msq", 1e-4): (3.9, [3.9])})
+  assert rep["verdict"] == "undetermined"
+  rep = _eps(tmp_path, {("micro_adam_msq", 1e-4): (3.9, [])})  # the ci preset: no Adam
+  assert rep["verdict"].startswith("not tested")
+
+
+# --------------------------------------------------------------------------- overhead
+
+
+def _bench(tmp_path, surg_t, surg_m, vmap_t) -> dict:
+  out = tmp_path / "oh"
+  out.mkdir(exist_ok=True)
+  pd.DataFrame([
+      {"model": "tiny", "backend": "surgery", "granularity": "token", "time_ratio": surg_t,
+       "peak_ratio": surg_m, "flops_ratio": 1.1},
+      {"model": "tiny", "backend": "surgery", "granularity": "example", "time_ratio": 9.0,
+       "peak_ratio": 9.0, "flops_ratio": 2.0},
+      {"model": "tiny", "backend": "vmap", "granularity": "example", "time_ratio": vmap_t,
+       "peak_ratio": 1.0, "flops_ratio": 1.0},
+  ]).to_csv(out / "overhead.csv", index=False)
+  return overhead.report(out)
+
+
+@pytest.mark.parametrize(("surg_t", "surg_m", "vmap_t", "verdict"), [
+    (1.2, 1.05, 1.9, "reproduced"),
+    (1.25, 1.1, 2.0, "reproduced"),  # the bounds are inclusive
+    (1.3, 1.05, 1.5, "partly reproduced"),  # surgery too slow, vmap viable
+    (1.2, 1.2, 1.5, "partly reproduced"),  # surgery fast but too much memory; vmap viable
+    (1.2, 1.05, 2.5, "partly reproduced"),
+    (1.5, 1.0, 3.0, "not reproduced"),
+])
+def test_overhead_rule_compares_ratios_with_bounds(tmp_path, surg_t, surg_m, vmap_t, verdict):
+  rep = _bench(tmp_path, surg_t, surg_m, vmap_t)
+  assert rep["verdict"] == verdict == overhead.decide(surg_t, surg_m, vmap_t)
+  assert rep["rule"] == overhead.RULE and rep["finding"].startswith("Rule: Surgery is cheap")
+  assert "≤ 1.25" in overhead.RULE and "≤ 1.1" in overhead.RULE and "≤ 2" in overhead.RULE
+  assert overhead.decide(1.2, math.nan, 1.0) == "reproduced"  # memory not measured
+  assert overhead.decide(math.nan, math.nan, math.nan) == "not reproduced"
+
+
+# --------------------------------------------------------------------------- lr policy
+
+
+def _sweep(seeds=(1, 2, 3), max_extend=1) -> Sweep:
+  return Sweep({"steps": 3}, (
+      Block({"optimizer.placement": ["ema"], "optimizer.lr": list(GRID), "train.seed": [0]}),
+      Block({"optimizer.placement": ["example"], "optimizer.lr": list(GRID),
+             "train.seed": [0]})),
+      LrSearch(sign_placement.GROUP, max_extend=max_extend, seeds=seeds))
+
+
+def test_all_diverged_group_extends_downward_then_stops_at_100x(tmp_path):
+  sweep = _sweep()
+  fin = pd.DataFrame(group_runs({"optimizer.placement": "ema"}, best=3e-3)
+                     + group_runs({"optimizer.placement": "example"}, diverged_all=True))
+  lows = []
+  for r in range(sweep.lr_search.rounds):  # what the runner does with `LrSearch.rounds`
+    blocks, kind = lr_search.follow_up_blocks(sweep, fin, r)
+    pts = [p for b in blocks for p in b.points()]
+    down = [p for p in pts if p["optimizer.placement"] == "example"]
+    if r == 0:  # the trained group gets its fresh seeds beside the downward extension
+      assert kind == "extend"
+      assert sorted(p["train.seed"] for p in pts if p["optimizer.placement"] == "ema") == [1, 2, 3]
+      assert all(p["optimizer.lr"] == 3e-3 for p in pts if p["optimizer.placement"] == "ema")
+    if kind != "extend":
+      break
+    assert len(down) == 1 and down[0]["train.seed"] == 0
+    lows.append(down[0]["optimizer.lr"])
+    fin = pd.concat([fin, pd.DataFrame([_row({"optimizer.placement": "example"},
+                                             down[0]["optimizer.lr"], 0, INF)])])
+  # by the search factor, until the lowest lr is 100x below the first grid's 1e-3
+  assert lows == [0.000333, 0.000111, 3.7e-05, 1.23e-05, 4.1e-06]
+  assert kind == "seeds" and not down  # an all-diverged group gets no seeds
+  assert len(lows) < sweep.lr_search.rounds
+  out = write(tmp_path / "sp", fin.to_dict("records"), sign_placement.GROUP)
+  rep = sign_placement.report(out)
+  assert "`example` diverged at every lr from 0.01 down to 4.1e-06 (seed 0)." in rep["finding"]
+
+
+def test_downward_search_stops_when_a_run_trains(tmp_path):
+  sweep = _sweep(seeds=(1, 2, 3), max_extend=0)
+  fin = pd.DataFrame(group_runs({"optimizer.placement": "ema"}, [4.0, 4.1, 4.2])
+                     + group_runs({"optimizer.placement": "example"}, diverged_all=True)
+                     + [_row({"optimizer.placement": "example"}, 3.33e-4, 0, INF),
+                        _row({"optimizer.placement": "example"}, 1.11e-4, 0, 5.0)])
+  blocks, kind = lr_search.follow_up_blocks(sweep, fin, 2)
+  pts = [p for b in blocks for p in b.points()]
+  assert kind == "seeds"
+  assert [(p["optimizer.lr"], p["train.seed"]) for p in pts
+          if p["optimizer.placement"] == "example"] == [(1.11e-4, 1), (1.11e-4, 2), (1.11e-4, 3)]
+  best = lr_search.best_lr(fin, sign_placement.GROUP, "optimizer.lr").set_index(
+      "optimizer.placement")
+  assert not best.loc["example", "all_diverged"] and best.loc["example", "n_diverged"] == 4
+
+
+def test_edge_extension_and_rounds_budget():
+  sweep = _sweep(seeds=(1, 2, 3), max_extend=1)
+  fin = pd.DataFrame(group_runs({"optimizer.placement": "ema"}, best=1e-2)  # high edge
+                     + group_runs({"optimizer.placement": "example"}, best=3e-3))
+  blocks, kind = lr_search.follow_up_blocks(sweep, fin, 0)
+  pts = [p for b in blocks for p in b.points()]
+  assert kind == "extend"
+  assert {"optimizer.placement": "ema", "optimizer.lr": 0.03, "train.seed": 0} in pts
+  blocks, kind = lr_search.follow_up_blocks(sweep, fin, 1)  # edge budget spent
+  assert kind == "seeds" and len([p for b in blocks for p in b.points()]) == 6
+  assert LrSearch(("a",)).rounds == 6 and LrSearch(("a",), max_extend=7).rounds == 8
+
+
+def test_old_best_csv_is_recomputed_from_finals(tmp_path):
+  rows = group_runs({"optimizer.placement": "ema"}, [4.0, 4.1])
+  out = write(tmp_path / "old", rows, sign_placement.GROUP)
+  pd.read_csv(out / "best.csv")[["optimizer.placement", "optimizer.lr"]].assign(
+      loss_mean=4.0).to_csv(out / "best.csv", index=False)  # an old best.csv
+  best = lr_search.load_best(out, sign_placement.GROUP)
+  assert best.loc[0, "values"] == [4.0, 4.1] and np.isclose(best.loc[0, "select_loss"], 4.0)
