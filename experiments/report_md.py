@@ -182,7 +182,9 @@ def claims_table(results_root: Path, link_prefix: str = "") -> str:
         continue
       d = json.loads(rep.read_text())
       measured.append(f"`{n}`: {d.get('claim_row') or d['finding']}")
-      verdicts.append(f"{n}: **{d['verdict']}**")
+      # A report without a stated rule predates the noise-aware rules (experiments/verdict.py)
+      verdicts.append(f"{n}: **{d['verdict']}**" + ("" if d.get("rule") else
+                                                    " (old rule, not noise-aware: re-run)"))
       figs += [f"[{p.name}]({link_prefix}{n}/{p.name})"
                for p in sorted((results_root / n).glob("*.png"))]
     rows.append(f"| {claim} | {'<br>'.join(measured)} | {' '.join(figs) or '—'} | "

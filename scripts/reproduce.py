@@ -44,8 +44,8 @@ def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("experiment", nargs="*", help=f"one or more of {runner.EXPERIMENTS}, or 'all'")
   p.add_argument("--render-readme", action="store_true",
-                 help="rewrite README.md's claims block from results/*/report.json (alone: "
-                 "run nothing else)")
+                 help="rewrite README.md's claims block and results/README.md from "
+                 "results/*/report.json (alone: run nothing else)")
   p.add_argument("--preset", default="cpu", choices=PRESETS)
   p.add_argument("--launcher", default="basic", choices=LAUNCHERS)
   p.add_argument("--n-jobs", type=int, default=2, help="parallel jobs (joblib launcher)")
@@ -64,6 +64,7 @@ def main(argv=None) -> int:
       p.error("name an experiment (or 'all'), or pass --render-readme")
     changed = report_md.render_readme()
     print(f"[readme] {report_md.REPO / 'README.md'} " + ("rewritten" if changed else "unchanged"))
+    print(f"[readme] {report_md.write_index(report_md.REPO / 'results', runner.EXPERIMENTS)}")
     return 0
   names = runner.EXPERIMENTS if a.experiment == ["all"] else tuple(a.experiment)
   for n in names:
