@@ -344,7 +344,7 @@ def test_stats_configs_merge_into_schema():
                        cfg.backend.value)
 
 
-@pytest.mark.slow
+@pytest.mark.extended  # the same measurement as test_overhead_ci's, through the script's CLI
 def test_bench_stats_quick_smoke(tmp_path):
   out = tmp_path / "bench.json"
   proc = subprocess.run(
