@@ -4,7 +4,7 @@
     python scripts/bench_throughput.py model=tiny data.batch_size=32
     python scripts/bench_throughput.py model=small data.seq_len=256 --steps 20
     python scripts/bench_throughput.py optimizer=adam_family optimizer.variant=micro_adam
-    python scripts/bench_throughput.py --compare stats=example data.seq_len=64 --steps 200
+    python scripts/bench_throughput.py --compare --steps 400 --reps 4 scale=cpu stats=example
 
 Arguments are Hydra overrides of configs/config.yaml. The default mode measures the
 step alone: the trainer's own `pergrad.train.step.Steps` (same shardings over all local

@@ -24,6 +24,7 @@ measured on batch k-1 at θ_{k-1}; eval at step k is at θ_k (step 0: initial pa
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
 import time
@@ -95,6 +96,8 @@ def run(plan: RunPlan, out_dir: str | Path, *, hydra_info: dict | None = None,
   recorder = Recorder(plan, logger, history, clock, start)
   progress = Progress(plan.train.steps, start, plan.logging)
   status, error = "interrupted", None
+  gc.collect()
+  gc.freeze()  # setup's objects leave the collector's generations: cheaper collections
   try:
     if start == 0:
       recorder.eval(0, evaluate(state.params))
@@ -119,6 +122,7 @@ def run(plan: RunPlan, out_dir: str | Path, *, hydra_info: dict | None = None,
     status, error = "diverged", str(e)
     raise
   finally:
+    gc.unfreeze()
     progress.close()
     ckpt.wait()
     summary = _summary(plan, out_dir, status, error, recorder, clock, start, ckpt, logger,
