@@ -88,6 +88,7 @@ def single(tmp_path_factory, tiny_overrides):
     (2, ("stats=vmap", "stats.log_every=6")),                 # per-example, vmap
     (2, ("stats=token", "stats.log_every=6")),                # per-token, surgery
     (4, ("stats=example", "stats.backend=surgery", "stats.log_every=6")),  # per-example surgery
+    (2, ("stats=example", "stats.backend=loop", "stats.log_every=6")),  # the reference loop
 ])
 def test_processes_match_one_process(n, stats, single, tmp_path, tiny_overrides):
   ref = single(stats)
