@@ -141,7 +141,10 @@ def run(plan: RunPlan, out_dir: str | Path, *, hydra_info: dict | None = None,
 def _pull(pending: list, keep: int, recorder: Recorder, progress: Progress) -> list:
   """Records all but the last `keep` pending steps (one transfer); returns those kept."""
   done, kept = pending[:len(pending) - keep], pending[len(pending) - keep:]
-  for (k, _), m in zip(done, jax.device_get([m for _, m in done]), strict=True):
+  host = jax.device_get([m for _, m in done])
+  if done:
+    recorder.clock.tick(done[-1][0])
+  for (k, _), m in zip(done, host, strict=True):
     progress.show(recorder.train(k, m))
   return kept
 
@@ -203,7 +206,6 @@ class Recorder:
     """Checks and records update k's metrics (on the host); returns (k, what the progress
     bar shows). NonFiniteLossError on a NaN/inf loss, gradient or parameter norm."""
     m = {key: float(v) for key, v in metrics.items()}
-    self.clock.tick(k)
     scalars = {key: v for key, v in m.items() if "/" not in key}
     rec = {"step": k, "split": "train", **scalars, "examples_seen": k * self.B,
            "tokens_seen": k * self.tokens_per_step}
@@ -217,7 +219,7 @@ class Recorder:
     self.history.train_loss, self.last_step = m["loss"], k
     shown = {}
     if k in (self.first, self.steps) or k % self.every == 0:
-      tps = self.clock.rate_since_last_log(k)
+      tps = self.clock.rate_since_last_log()
       if tps is not None:
         rec["tokens_per_s"] = tps
       self.logger.write(rec)

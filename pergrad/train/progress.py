@@ -1,8 +1,8 @@
 """Wall-clock throughput and the progress bar of the training loop.
 
-`Clock` counts tokens per second of training only: the first recorded step (which
-includes compilation) starts it, and time spent inside `paused()` (evaluation,
-checkpoints) is left out.
+`Clock` counts tokens per second of training only: the first pull of metrics starts it
+(steps pulled together are known at one instant, so a pull ticks once, with its last
+step), and time spent inside `paused()` (evaluation, checkpoints) is left out.
 """
 
 from __future__ import annotations
@@ -18,9 +18,10 @@ class Clock:
     self._t_log = self._k_log = None  # last rate_since_last_log
     self._k = None
     self._paused = self._paused_at_log = 0.0
+    self._last_rate = None
 
   def tick(self, k: int) -> None:
-    """Step k's metrics have reached the host."""
+    """The metrics of every step up to k have reached the host."""
     if self._t0 is None:
       self._t0 = self._t_log = time.perf_counter()
       self._k0 = self._k_log = k
@@ -44,13 +45,16 @@ class Clock:
     """Tokens/s since the first recorded step (None before two steps)."""
     return None if self._t0 is None else self._rate(self._t0, self._k0, self._paused)
 
-  def rate_since_last_log(self, k: int) -> float | None:
-    """Tokens/s since the previous call (or the first step); restarts the interval."""
+  def rate_since_last_log(self) -> float | None:
+    """Tokens/s since the previous call (or the first tick); restarts the interval. Steps
+    pulled together share the rate of the interval that brought them."""
     if self._t0 is None:
       return None
     out = self._rate(self._t_log, self._k_log, self._paused - self._paused_at_log)
-    if out is not None:
-      self._t_log, self._k_log, self._paused_at_log = time.perf_counter(), k, self._paused
+    if out is None:
+      return self._last_rate
+    self._t_log, self._k_log, self._paused_at_log = time.perf_counter(), self._k, self._paused
+    self._last_rate = out
     return out
 
 
