@@ -26,7 +26,7 @@ import pandas as pd
 
 from experiments import lr_search
 from experiments.sweep import Block, LrSearch, Sweep, base_for, fmt
-from experiments.verdict import compare, decide, pairs_md
+from experiments.verdict import PAIR_WIN, PAIRS_VERDICT, compare, decide, pairs_md
 
 NAME = "preconditioner"
 TITLE = "mean- vs variance-dominated Adam preconditioners"
@@ -39,10 +39,8 @@ VAR_DOMINATED = ("micro_adam", "micro_adam_var")
 SEEDS = (1, 2, 3)  # fresh seeds at each variant's chosen lr (cpu, paper)
 RULE = ("Within each clipping setting, each μ²-dominated variant (adam, micro_adam_msq) "
         "must beat each σ²-dominated one (micro_adam, micro_adam_var) in final eval loss on "
-        "the fresh seeds (seed 0 only picks the lr), a pair being a win when its gap of seed "
-        "means exceeds √(s_A² + s_B²) (diverged runs lose, < 2 seeds: undetermined): "
-        "reproduced if every pair is a win, not reproduced if any pair is a significant win "
-        "the other way, undetermined if every pair is, partly reproduced otherwise.")
+        "the fresh seeds (seed 0 only picks the lr), a pair being "
+        + PAIR_WIN + ": " + PAIRS_VERDICT + ".")
 
 
 def sweep(preset: str) -> Sweep:

@@ -7,7 +7,6 @@ import math
 from pathlib import Path
 
 import pandas as pd
-from omegaconf import OmegaConf
 
 from experiments.sweep import REPO, fmt, scale_file
 
@@ -222,11 +221,9 @@ def setup_text(results_root: Path, preset: str = "cpu") -> str:
   from pergrad.configure import build_plan, compose
 
   results_root = Path(results_root)
-  cfg = compose([f"scale={preset}"])
-  p = build_plan(cfg)
-  m, d = cfg.model, cfg.data
-  model_name = OmegaConf.select(cfg, "model.name") or "the"
-  tok = getattr(d.tokenizer, "value", d.tokenizer)
+  p = build_plan(compose([f"scale={preset}"]))
+  m, d = p.model, p.data
+  model_name = p.config["model"]["name"]
   seeds = [(n, _seeds(results_root / n)) for n in _experiments()]
   seeds_text = ", ".join(f"{n} {s}" for n, s in seeds if s)
   wall = 0.0
@@ -237,9 +234,9 @@ def setup_text(results_root: Path, preset: str = "cpu") -> str:
   return (
       f"Setup (preset `{preset}`, `configs/scale/{preset}.yaml` over the defaults): the "
       f"`{model_name}` transformer ({m.n_layers} layers, width {m.d_model}, {m.n_heads} heads, "
-      f"{_n_params(p.model):,} parameters) on `{getattr(d.name, 'value', d.name)}` with a "
-      f"{d.vocab_size}-token {tok} vocabulary, B = {d.batch_size} sequences of "
-      f"T = {d.seq_len} tokens, {cfg.train.steps} steps (`batch_scaling` sets its own steps "
+      f"{_n_params(p.model):,} parameters) on `{d.name}` with a "
+      f"{d.vocab_size}-token {d.tokenizer} vocabulary, B = {d.batch_size} sequences of "
+      f"T = {d.seq_len} tokens, {p.train.steps} steps (`batch_scaling` sets its own steps "
       f"per batch size), each experiment's own grids and learning rates (its README). Seeds "
       f"behind the reported numbers: {seeds_text or 'none yet'}. The committed results took "
       f"{wall / 60:.0f} min of launches on 2 cores (per experiment: the cost table of "

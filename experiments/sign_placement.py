@@ -22,7 +22,7 @@ import pandas as pd
 
 from experiments import lr_search
 from experiments.sweep import Block, LrSearch, Sweep, base_for
-from experiments.verdict import chains, pairs_md
+from experiments.verdict import PAIR_WIN, PAIRS_VERDICT, chains, pairs_md
 
 NAME = "sign_placement"
 TITLE = "where to put the sign in signSGD"
@@ -33,11 +33,8 @@ ORDER = ("example", "token", "batch", "ema")  # early -> late
 CHAINS = (("ema", "batch", "example"), ("ema", "batch", "token"))  # predicted, best first
 SEEDS = (1, 2, 3)  # fresh seeds at each placement's chosen lr (cpu, paper)
 RULE = ("Expected ema < batch < example and ema < batch < token in final eval loss on the "
-        "fresh seeds (1, 2, 3; seed 0 only picks the lr), each adjacent pair a win when its "
-        "gap of seed means exceeds √(s_A² + s_B²) (diverged runs lose, < 2 seeds: "
-        "undetermined): reproduced if every pair is a win, not reproduced if any pair is a "
-        "significant win the other way, undetermined if every pair is, partly reproduced "
-        "otherwise.")
+        "fresh seeds (1, 2, 3; seed 0 only picks the lr), each adjacent pair "
+        + PAIR_WIN + ": " + PAIRS_VERDICT + ".")
 
 
 def sweep(preset: str) -> Sweep:

@@ -26,6 +26,12 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 WIN, LOSS, TIE, UNDETERMINED = "win", "loss", "tie", "undetermined"
+# The pieces of the rule that every experiment's one-sentence RULE quotes.
+PAIR_WIN = ("a win when its gap of seed means exceeds √(s_A² + s_B²) (diverged runs lose, "
+            "< 2 seeds: undetermined)")
+PAIRS_VERDICT = ("reproduced if every pair is a win, not reproduced if any pair is a "
+                 "significant win the other way, undetermined if every pair is, partly "
+                 "reproduced otherwise")
 RULE = ("A beats B when the gap of their seed means exceeds the combined seed spread "
         "√(s_A² + s_B²) (s = std over seeds, ≥ 2 seeds each); otherwise a tie.")
 
