@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from experiments import lr_search
 from experiments import verdict as V
 from experiments.figures import plot_curves, plt, savefig, style
 from experiments.report_md import md_table
@@ -45,13 +46,13 @@ SIZES = {"ci": [8, 32], "cpu": [8, 32, 64, 128, 256],
          "paper": [32, 64, 128, 256, 512, 1024, 2048]}
 SEEDS = {"ci": [0], "cpu": [0, 1, 2], "paper": [0, 1, 2]}
 SCALINGS_AT = {"ci": ("sqrt", "linear"), "cpu": SCALINGS, "paper": SCALINGS}
-MIN_STEPS = {"ci": 4, "cpu": 200, "paper": 200}  # steps of the largest B, at least
-N_EVALS = {"ci": 4, "cpu": 40, "paper": 40}  # evaluations per run, at the same examples
+MIN_STEPS = {"ci": 4, "cpu": 100, "paper": 200}  # steps of the largest B, at least
+N_EVALS = {"ci": 4, "cpu": 25, "paper": 40}  # evaluations per run, at the same examples
 # Wall-time model of the cpu preset (2 cores): a step takes STEP_S at B = 32, roughly
 # proportional to B, plus RUN_OVERHEAD_S per run (start-up, compilation, evaluations,
 # checkpoints).
-STEP_S_B32 = 0.035
-RUN_OVERHEAD_S = 25.0
+STEP_S_B32 = 0.085  # measured on this machine (Adam, scale=cpu, 2026-11-23)
+RUN_OVERHEAD_S = 10.0
 FRACTION = 0.9  # share of second-half eval points within noise for a collapse
 RULE = ("A batch size B collapses onto B_ref when, at ≥ 90% of the eval points of the "
         "second half of training (same examples seen), the gap between the two seed-mean "
@@ -104,8 +105,12 @@ def wall_estimate_min(p: Plan) -> float:
 
 
 def sweep(preset: str) -> Sweep:
+  """At cpu and paper, lr (at B_ref) is the one Adam's own search chose in
+  results/preconditioner (no clipping); at ci, the config's."""
   p = plan(preset)
-  base = base_for(NAME, preset)
+  tuned = {} if preset == "ci" else {"optimizer.lr": lr_search.tuned_lr(
+      "preconditioner", {"optimizer.variant": "adam", "optimizer.clip_norm": None})}
+  base = base_for(NAME, preset, **tuned)
   blocks = []
   for b in p.sizes:
     steps = p.steps(b)
@@ -116,8 +121,8 @@ def sweep(preset: str) -> Sweep:
                "train.checkpoint_every": max(steps // 4, 1),
                "logging.log_every": max(steps // 40, 1),
                "schedule.warmup_steps": max(p.warmup_examples // b, 1)}))
-  # cpu: 3 seeds × (4 batch sizes × 3 scalings + B_ref once) = 39 runs of 51,200 examples
-  # each (B = 8: 6,400 steps ... B = 256: 200 steps): about 53 min by the model above.
+  # cpu: 3 seeds × (4 batch sizes × 3 scalings + B_ref once) = 39 runs of 25,600 examples
+  # each (B = 8: 3,200 steps ... B = 256: 100 steps): about 50 min by the model above.
   est = {"ci": 1.0}.get(preset, round(wall_estimate_min(p)) if preset == "cpu" else None)
   return Sweep(base, tuple(blocks), wall_estimate_min=est)
 

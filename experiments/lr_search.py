@@ -187,6 +187,29 @@ def load_best(out_dir: Path, group_keys: Sequence[str], lr_key: str = "optimizer
   return best
 
 
+def tuned_lr(experiment: str, where: dict, lr_key: str = "optimizer.lr") -> float:
+  """The lr that `experiment`'s own search chose for the group `where` (e.g.
+  {"optimizer.placement": "ema"}), read from results/<experiment>/best.csv: how the
+  descriptive experiments (snr, moments, batch_scaling) run each variant at its tuned lr.
+  One clear error, before any run, when that search has not been run yet."""
+  from experiments.sweep import REPO
+
+  path = REPO / "results" / experiment / "best.csv"
+  if not path.exists():
+    raise FileNotFoundError(
+        f"{path} is missing: this sweep runs at the lr that {experiment}'s search chose; "
+        f"run `python scripts/reproduce.py {experiment} --preset cpu` first")
+  best = pd.read_csv(path)
+  rows = best
+  for k, v in where.items():
+    col = rows[k] if k in rows else pd.Series([None] * len(rows), index=rows.index)
+    rows = rows[[_same(c, v) for c in col]]
+  if len(rows) != 1:
+    raise ValueError(f"{path}: {len(rows)} rows match {where}; expected exactly one "
+                     f"(re-run `python scripts/reproduce.py {experiment} --preset cpu`)")
+  return float(rows[lr_key].iloc[0])
+
+
 def by_label(best: pd.DataFrame, labeler: Callable[[dict], str]) -> dict[str, list[float]]:
   """{label of a group: its fresh seeds' losses} from `load_best`."""
   return {labeler(r): list(r["values"]) for r in best.to_dict("records")}

@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from experiments import lr_search
 from experiments import verdict as vd
 from experiments.figures import plot_curves, plt, savefig, style
 from experiments.report_md import fmt_num, md_table
@@ -57,9 +58,12 @@ WHOLE = ("total", "all")  # the whole-model "leaf" of stats/ and opt/ keys
 
 
 def sweep(preset: str) -> Sweep:
-  """Adam at its best lr (configs/experiment/moments.yaml), statistics logged, seeds."""
+  """Adam at its own best lr (the one results/preconditioner's search chose; at ci the
+  config's), statistics logged, seeds."""
   log_every = {"ci": 5, "cpu": 10, "paper": 100}[preset]
-  base = base_for(NAME, preset, **{"stats.log_every": log_every})
+  tuned = {} if preset == "ci" else {"optimizer.lr": lr_search.tuned_lr(
+      "preconditioner", {"optimizer.variant": "adam", "optimizer.clip_norm": None})}
+  base = base_for(NAME, preset, **{"stats.log_every": log_every}, **tuned)
   blocks = (Block({"optimizer.variant": ["adam"], "train.seed": list(SEEDS[preset])}),)
   return Sweep(base, blocks, wall_estimate_min={"ci": 0.3, "cpu": 8}.get(preset))
 

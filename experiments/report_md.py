@@ -304,6 +304,7 @@ def index_text(results_root: Path, experiments: tuple) -> str:
       "",
       claims_block(results_root),
       "",
+      *reproduction_lines(results_root),
       "## Cost of each experiment (cpu preset, this machine)",
       "",
       "| Experiment | Command | Wall time (min) | Runs |",
@@ -316,6 +317,46 @@ def index_text(results_root: Path, experiments: tuple) -> str:
       "are skipped). Redraw the figures from the CSVs: `notebooks/figures.ipynb`.",
       "",
   ])
+
+
+REPRODUCTION = "reproduction.json"  # written by `scripts/reproduce.py all`
+
+
+def git_commit() -> str:
+  """HEAD's hash, with "+dirty" when tracked files differ from it ("unknown" outside git)."""
+  import subprocess
+
+  try:
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
+                          text=True, check=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                           cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
+  except (OSError, subprocess.CalledProcessError):
+    return "unknown"
+  return head + ("+dirty" if dirty else "")
+
+
+def reproduction_lines(results_root: Path) -> list[str]:
+  """The end-to-end record of results/reproduction.json, or nothing."""
+  path = Path(results_root) / REPRODUCTION
+  if not path.exists():
+    return []
+  d = json.loads(path.read_text())
+  rows = [f"| `{n}` | {e['wall_s'] / 60:.1f} | {e['status']} |"
+          for n, e in d["experiments"].items()]
+  return [
+      "## The end-to-end reproduction",
+      "",
+      f"`{d['command']}`, from an empty sweeps directory"
+      + ("" if d.get("fresh") else " (NOT empty: some runs were skipped as finished)")
+      + f", at commit `{d['commit']}`: started {d['started']}, finished {d['finished']}, "
+      f"**{d['wall_s'] / 60:.0f} min** of wall time on this 2-core machine.",
+      "",
+      "| Experiment | Wall time (min) | Status |",
+      "|---|---|---|",
+      *rows,
+      "",
+  ]
 
 
 def write_index(results_root: Path, experiments: tuple) -> Path:

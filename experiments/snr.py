@@ -14,8 +14,11 @@ noisy estimate in the numerator, so a coordinate without signal still reads |t| 
 floor. The ratios of sums read ≈ 0 without signal (they are signed; never clipped before
 aggregating) and are validated against known truth in `tests/test_estimators.py`.
 
-Runs: SignEMA (placement ema, β = 0.9) at its own best lr (3e-3, results/sign_placement,
-weight decay 0 as there), statistics every few steps, 3 seeds (1 at ci).
+Runs: every placement (ema, batch, example, token; β = 0.9, weight decay 0) at its own
+lr, the one sign_placement's search chose (read from results/sign_placement/best.csv, so
+`reproduce.py all` runs sign_placement first), statistics every few steps, 3 seeds (at ci,
+SignEMA alone at the config's lr, 1 seed). The statistics are those of the gradients along
+each placement's own trajectory; the estimators do not depend on where the sign sits.
 
 Figures: `snr_over_training.png`, left, the whole-model SNR √max(snr2, 0) of each stage
 (ratio of sums over all coordinates; mean over seeds, band = min-max); right, the EMA gain
@@ -27,7 +30,8 @@ axis since it may be < 0 where a leaf has no detectable signal.
 
 Verdict (noise-aware, `experiments.verdict.ordering` over seeds, higher is better): on
 each seed's mean over the second half of training of `opt/all/snr2_<stage>`, the expected
-order is ema > batch > example. batch > example is significant exactly when the signal
+order is ema > batch > example in every placement's runs (all pairs of all placements
+enter one `verdict_of`). batch > example is significant exactly when the signal
 is detected (batch = B × example); ema > batch is the measured step of the mechanism.
 """
 
@@ -39,6 +43,7 @@ import numpy as np
 import pandas as pd
 from omegaconf import OmegaConf
 
+from experiments import lr_search
 from experiments import verdict as vd
 from experiments.figures import plot_curves, plt, savefig, style
 from experiments.report_md import fmt_num, md_table
@@ -51,6 +56,8 @@ TITLE = "measured SNR at each stage of the sign chain"
 CLAIM = ("The ranking of sign placements follows the SNR at each stage: per-example SNR < "
          "batch-mean SNR < EMA SNR, so the sign is best applied after the EMA.")
 STAGES = ("snr2_example", "snr2_batch", "snr2_ema")  # worst first
+PLACEMENTS = ("ema", "batch", "example", "token")  # the runs' sign placements (cpu, paper)
+PLACEMENT = "optimizer.placement"
 BETA = float(OmegaConf.load(REPO / "configs" / "experiment" / "snr.yaml").optimizer.b1)
 SEEDS = {"ci": (0,), "cpu": (0, 1, 2), "paper": (0, 1, 2)}
 IDS = ["run", "train.seed", "step", "examples_seen"]
@@ -62,26 +69,34 @@ def constant_mean_gain(beta: float = BETA) -> float:
 
 
 def sweep(preset: str) -> Sweep:
-  """SignEMA at its best lr (in configs/experiment/snr.yaml), statistics logged, seeds."""
+  """Each placement at its own lr (the one results/sign_placement's search chose; at ci
+  SignEMA alone at the config's lr), statistics logged, seeds."""
   log_every = {"ci": 5, "cpu": 10, "paper": 100}[preset]
   base = base_for(NAME, preset, **{"stats.log_every": log_every})
-  blocks = (Block({"optimizer.placement": ["ema"], "train.seed": list(SEEDS[preset])}),)
-  return Sweep(base, blocks, wall_estimate_min={"ci": 0.3, "cpu": 8}.get(preset))
+  seeds = list(SEEDS[preset])
+  if preset == "ci":
+    return Sweep(base, (Block({"optimizer.placement": ["ema"], "train.seed": seeds}),),
+                 wall_estimate_min=0.3)
+  blocks = tuple(Block({"optimizer.placement": [k], "optimizer.lr": [lr_search.tuned_lr(
+      "sign_placement", {"optimizer.placement": k})], "train.seed": seeds})
+      for k in PLACEMENTS)
+  return Sweep(base, blocks, wall_estimate_min={"cpu": 12}.get(preset))
 
 
 def _long(table: pd.DataFrame, leaves: bool) -> pd.DataFrame:
   """run, seed, step, examples_seen, stage, [leaf,] snr2: per leaf, or opt/all."""
   t = table.copy()
   t["examples_seen"] = x_examples(t)
+  ids = IDS + ([PLACEMENT] if PLACEMENT in t else [])
   rows = []
   for stage in STAGES:
     for col in stat_columns(t, stage, "opt"):
       leaf = leaf_of(col)
       if (leaf == "all") == leaves:
         continue
-      sub = t[IDS + [col]].dropna(subset=[col]).rename(columns={col: "snr2"})
+      sub = t[ids + [col]].dropna(subset=[col]).rename(columns={col: "snr2"})
       rows.append(sub.assign(stage=stage, **({"leaf": leaf} if leaves else {})))
-  cols = IDS + ["stage"] + (["leaf"] if leaves else []) + ["snr2"]
+  cols = ids + ["stage"] + (["leaf"] if leaves else []) + ["snr2"]
   return pd.concat(rows, ignore_index=True)[cols] if rows else pd.DataFrame(columns=cols)
 
 
@@ -97,9 +112,22 @@ def _second_half(df: pd.DataFrame) -> pd.DataFrame:
   return df[df["step"] > df["step"].max() / 2] if len(df) else df
 
 
+def _placements(df: pd.DataFrame) -> list:
+  """The runs' placements, SignEMA first ([None] for tables without the column)."""
+  if PLACEMENT not in df or df[PLACEMENT].isna().all():
+    return [None]
+  have = list(dict.fromkeys(df[PLACEMENT].dropna()))
+  return [k for k in PLACEMENTS if k in have] + [k for k in have if k not in PLACEMENTS]
+
+
+def _of(df: pd.DataFrame, placement) -> pd.DataFrame:
+  return df if placement is None else df[df[PLACEMENT] == placement]
+
+
 def per_seed(all_df: pd.DataFrame) -> pd.DataFrame:
-  """Seed x stage: mean over the second half of the logged steps of opt/all snr2."""
-  late = _second_half(all_df)
+  """Seed x stage: mean over the second half of each run's logged steps of opt/all snr2."""
+  late = pd.concat([_second_half(g) for _, g in all_df.groupby("run")]) if len(all_df) \
+      else all_df
   return late.groupby(["train.seed", "stage"])["snr2"].mean().unstack("stage")
 
 
@@ -112,16 +140,18 @@ def figures(out_dir: Path) -> list[Path]:
   pyplot = plt()
   fig, axes = pyplot.subplots(1, 2, figsize=(12, 4.2))
   if not all_df.empty:
+    by = [PLACEMENT] if PLACEMENT in all_df else []
+    name = lambda g: (f"{g[PLACEMENT]} run: " if by else "")
     snr = all_df.assign(snr=np.sqrt(all_df["snr2"].clip(lower=0)))
-    plot_curves(axes[0], snr[snr["snr"] > 0], ["stage"], "snr",
-                labeler=lambda g: g["stage"].replace("snr2_", ""))
-    wide = all_df.pivot_table(index=IDS, columns="stage", values="snr2").reset_index()
+    plot_curves(axes[0], snr[snr["snr"] > 0], by + ["stage"], "snr",
+                labeler=lambda g: name(g) + g["stage"].replace("snr2_", ""))
+    wide = all_df.pivot_table(index=IDS + by, columns="stage", values="snr2").reset_index()
     if {"snr2_ema", "snr2_batch"} <= set(wide.columns):
       wide = wide.assign(gain=ema_gain(wide["snr2_ema"], wide["snr2_batch"]), what="gain")
-      plot_curves(axes[1], wide, ["what"], "gain",
-                  labeler=lambda g: "measured SNR_ema / SNR_batch")
+      plot_curves(axes[1], wide, by + ["what"], "gain",
+                  labeler=lambda g: name(g) + "SNR_ema / SNR_batch")
   style(axes[0], yscale="log", ylabel="√max(SNR², 0), ratio of sums over all coordinates",
-        title="SNR at each stage (SignEMA run)", legend=8)
+        title="SNR at each stage, each placement's runs", legend=7)
   axes[1].axhline(constant_mean_gain(), color="k", ls="--",
                   label=f"constant mean: √((1+β)/(1−β)) = {constant_mean_gain():.2f}")
   axes[1].axhline(1.0, color="gray", ls=":", label="no gain")
@@ -130,13 +160,15 @@ def figures(out_dir: Path) -> list[Path]:
   paths = [savefig(fig, out_dir / "snr_over_training.png")]
   fig, ax = pyplot.subplots(figsize=(9, 4.2))
   if not per_leaf.empty:
-    piv = _second_half(per_leaf).groupby(["leaf", "stage"])["snr2"].mean().unstack("stage")
+    leaf_runs = _of(per_leaf, _placements(per_leaf)[0])  # SignEMA's runs where present
+    piv = _second_half(leaf_runs).groupby(["leaf", "stage"])["snr2"].mean().unstack("stage")
     piv = piv[[s for s in STAGES if s in piv]]
     piv.plot.bar(ax=ax, width=0.8)
     ax.set_yscale("symlog", linthresh=1e-2)
     ax.axhline(0, color="k", lw=0.5)
     ax.set_xticklabels([lbl[-28:] for lbl in piv.index], rotation=70, fontsize=6)
-  ax.set_title("per-leaf SNR² (Σ signal / Σ noise in the leaf), second half of training")
+  ax.set_title("per-leaf SNR² (Σ signal / Σ noise in the leaf), second half of training"
+               + (f", {_placements(per_leaf)[0]} runs" if _placements(per_leaf)[0] else ""))
   paths.append(savefig(fig, out_dir / "snr_per_layer.png"))
   return paths
 
@@ -148,23 +180,32 @@ def report(out_dir: Path) -> dict:
     return {"verdict": "not measured", "finding": "no SNR² statistics were logged "
             "(opt/all/snr2_* keys missing from metrics.jsonl, or results of the old median "
             "estimators: rerun).", "numbers_md": ""}
-  seeds = per_seed(all_df)
-  stages = [s for s in STAGES if s in seeds]
-  groups = {s.replace("snr2_", ""): seeds[s].dropna().tolist() for s in stages}
-  best_first = [s.replace("snr2_", "") for s in reversed(stages)]
-  verdict, pairs = vd.ordering(groups, best_first, lower_is_better=False)
-  mean = seeds.mean()
-  finding = (f"Whole-model SNR² (Σ signal / Σ noise over all coordinates, mean over "
-             f"{len(seeds)} seed(s) of the second half of training): "
-             + ", ".join(f"{s.replace('snr2_', '')} {fmt_num(float(mean[s]))}" for s in stages)
-             + ". Rule: " + vd.RULE + " Here, higher SNR² is better: "
-             + "; ".join(p.sentence() for p in pairs) + ".")
-  if {"snr2_ema", "snr2_batch"} <= set(stages):
-    gain = float(ema_gain(mean["snr2_ema"], mean["snr2_batch"]))
-    finding += (f" EMA gain SNR_ema/SNR_batch = {fmt_num(gain)} (a mean gradient constant "
-                f"across steps gives √((1+β)/(1−β)) = {constant_mean_gain():.2f} at β = "
-                f"{BETA:g}, a drifting one less; batch = B × example by construction).")
-  num = seeds.reset_index()
+  pairs, parts, tables = [], [], []
+  for k in _placements(all_df):
+    seeds = per_seed(_of(all_df, k))
+    stages = [st for st in STAGES if st in seeds]
+    tag = "" if k is None else f"{k}:"
+    groups = {tag + st.replace("snr2_", ""): seeds[st].dropna().tolist() for st in stages}
+    best_first = [tag + st.replace("snr2_", "") for st in reversed(stages)]
+    pairs += vd.ordering(groups, best_first, lower_is_better=False)[1]
+    mean = seeds.mean()
+    part = (("" if k is None else f"{k} runs ({len(seeds)} seeds): ")
+            + ", ".join(f"{st.replace('snr2_', '')} {fmt_num(float(mean[st]))}" for st in stages))
+    if {"snr2_ema", "snr2_batch"} <= set(stages):
+      part += f", EMA gain {fmt_num(float(ema_gain(mean['snr2_ema'], mean['snr2_batch'])))}"
+    parts.append(part)
+    tables.append(seeds.reset_index().assign(**({} if k is None else {PLACEMENT: k})))
+  verdict = vd.verdict_of(pairs)
+  finding = ("Whole-model SNR² (Σ signal / Σ noise over all coordinates, each seed's mean "
+             "over the second half of training, mean over seeds): " + "; ".join(parts)
+             + f". EMA gain = SNR_ema/SNR_batch; a mean gradient constant across steps "
+             f"gives √((1+β)/(1−β)) = {constant_mean_gain():.2f} at β = {BETA:g}, a drifting "
+             "one less; batch = B × example by construction. Rule: " + vd.RULE
+             + " Here, higher SNR² is better, expected ema > batch > example in every "
+             "placement's runs: " + "; ".join(p.sentence() for p in pairs) + ".")
+  num = pd.concat(tables, ignore_index=True)
+  num = num[[c for c in [PLACEMENT, "train.seed", *STAGES] if c in num]]
   return {"verdict": verdict, "finding": finding, "claim_row": finding,
-          "numbers_md": "Per seed, mean over the second half of training of the whole-model "
-          "SNR² (ratio of sums over all coordinates; signed):\n\n" + md_table(num)}
+          "numbers_md": "Per run (placement, seed), mean over the second half of training "
+          "of the whole-model SNR² (ratio of sums over all coordinates; signed):\n\n"
+          + md_table(num)}

@@ -28,8 +28,11 @@ submitit_local (the same path on this machine, configs/hydra/launcher/local.yaml
 from __future__ import annotations
 
 import argparse
+import datetime
+import json
 import shlex
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -74,7 +77,19 @@ def main(argv=None) -> int:
     p.error("--results-dir needs a single experiment")
   failed, errors = [], []
   wrote_results = False
+  record = None
+  if a.experiment == ["all"] and not (a.dry_run or a.analyze_only):
+    root = a.sweeps_root or report_md.REPO / "runs" / "sweeps"
+    fresh = not any(runner.default_sweep_dir(n, a.preset, root, tuple(a.hydra_arg)).glob(
+        "*/summary.json") for n in names)
+    record = {"command": "python scripts/reproduce.py all --preset " + a.preset + "".join(
+        f" {x}" for x in argv if x not in ("all", "--preset", a.preset)),
+        "commit": report_md.git_commit(), "fresh": fresh,
+        "started": datetime.datetime.now().isoformat(timespec="seconds"),
+        "experiments": {}}
+    t_all = time.time()
   for n in names:
+    t0 = time.time()
     try:
       out = runner.run_experiment(
           n, a.preset, launcher=a.launcher, n_jobs=a.n_jobs, dry_run=a.dry_run,
@@ -88,12 +103,26 @@ def main(argv=None) -> int:
         raise
       print(f"[error] {n}: {e}")
       errors.append(n)
+      if record is not None:
+        record["experiments"][n] = {"wall_s": time.time() - t0, "status": f"error: {e}"}
       continue
+    if record is not None:
+      record["experiments"][n] = {
+          "wall_s": round(time.time() - t0, 1),
+          "status": (f"{len(out.log.failed)} run(s) failed" if out.log.failed else "completed")
+          + (f", verdict: {out.report['verdict']}" if out.report else "")}
     if out.report:
       print(f"[{n}] verdict: {out.report['verdict']}. {out.report['finding']}")
       print(f"[{n}] results in {out.results_dir}")
     failed += out.log.failed
     wrote_results |= out.report != {} and out.results_dir.parent == report_md.REPO / "results"
+  if record is not None and a.preset != "ci" and not a.results_dir:
+    record.update(finished=datetime.datetime.now().isoformat(timespec="seconds"),
+                  wall_s=round(time.time() - t_all, 1))
+    (report_md.REPO / "results" / report_md.REPRODUCTION).write_text(
+        json.dumps(record, indent=1))
+    print(f"[all] {record['wall_s'] / 60:.1f} min at commit {record['commit']}")
+    print(f"[readme] {report_md.write_index(report_md.REPO / 'results', runner.EXPERIMENTS)}")
   if wrote_results or a.render_readme:
     changed = report_md.render_readme()
     print(f"[readme] {report_md.REPO / 'README.md'} " + ("rewritten" if changed else "unchanged"))
