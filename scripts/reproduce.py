@@ -80,8 +80,8 @@ def main(argv=None) -> int:
   record = None
   if a.experiment == ["all"] and not (a.dry_run or a.analyze_only):
     root = a.sweeps_root or report_md.REPO / "runs" / "sweeps"
-    fresh = not any(runner.default_sweep_dir(n, a.preset, root, tuple(a.hydra_arg)).glob(
-        "*/summary.json") for n in names)
+    fresh = not any(any(runner.default_sweep_dir(n, a.preset, root, tuple(a.hydra_arg)).glob(
+        "*/summary.json")) for n in names)
     record = {"command": "python scripts/reproduce.py all --preset " + a.preset + "".join(
         f" {x}" for x in argv if x not in ("all", "--preset", a.preset)),
         "commit": report_md.git_commit(), "fresh": fresh,
