@@ -14,7 +14,8 @@ noisy estimate in the numerator, so a coordinate without signal still reads |t| 
 floor. The ratios of sums read ≈ 0 without signal (they are signed; never clipped before
 aggregating) and are validated against known truth in `tests/test_estimators.py`.
 
-Runs: every placement (ema, batch, example, token; β = 0.9, weight decay 0) at its own
+Runs: every placement of the claim's chain (ema, batch, example; β = 0.9, weight decay 0;
+not token, whose update needs token-level statistics in the same pass) at its own
 lr, the one sign_placement's search chose (read from results/sign_placement/best.csv, so
 `reproduce.py all` runs sign_placement first), statistics every few steps, 3 seeds (at ci,
 SignEMA alone at the config's lr, 1 seed). The statistics are those of the gradients along
@@ -56,7 +57,10 @@ TITLE = "measured SNR at each stage of the sign chain"
 CLAIM = ("The ranking of sign placements follows the SNR at each stage: per-example SNR < "
          "batch-mean SNR < EMA SNR, so the sign is best applied after the EMA.")
 STAGES = ("snr2_example", "snr2_batch", "snr2_ema")  # worst first
-PLACEMENTS = ("ema", "batch", "example", "token")  # the runs' sign placements (cpu, paper)
+# The runs' sign placements (cpu, paper): the claim's chain. The token placement updates
+# from token-level statistics, and one backward pass computes one granularity, so its runs
+# cannot log the example-level SNRs (they failed so in the reproduction at da5c84b).
+PLACEMENTS = ("ema", "batch", "example")
 PLACEMENT = "optimizer.placement"
 BETA = float(OmegaConf.load(REPO / "configs" / "experiment" / "snr.yaml").optimizer.b1)
 SEEDS = {"ci": (0,), "cpu": (0, 1, 2), "paper": (0, 1, 2)}

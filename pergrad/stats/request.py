@@ -69,7 +69,7 @@ class StatsRequest:
 
     A request for "mean" alone has no granularity of its own: it takes the other's.
     """
-    extra = tuple(w for w in want if w != "mean")
+    extra = tuple(dict.fromkeys(w for w in want if w != "mean"))
     if not extra:
       return self
     if self.want != ("mean",) and granularity != self.granularity:
