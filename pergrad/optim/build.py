@@ -2,7 +2,8 @@
 
 Every optimizer is one optax chain
 
-    [track_snr(b1)] -> [clip_by_global_norm] -> direction -> [add_decayed_weights] -> -lr(step)
+    [track_gns] -> [track_snr(b1)] -> [clip_by_global_norm] -> direction
+        -> [add_decayed_weights] -> -lr(step)
 
 whose update the train step calls alike for all of them:
 
@@ -73,7 +74,8 @@ def _builder(name: str):
 
 
 def build_optimizer(opt: configs.OptimizerConfig, sched: ScheduleConfig, *, total_steps: int,
-                    batch_size: int, track_snr: bool = False) -> Optimizer:
+                    batch_size: int, track_snr: bool = False,
+                    gns: optax.GradientTransformationExtraArgs | None = None) -> Optimizer:
   """Builds the optimizer of `opt` with the schedule of `sched` (module docstring).
 
   Args:
@@ -83,6 +85,8 @@ def build_optimizer(opt: configs.OptimizerConfig, sched: ScheduleConfig, *, tota
     batch_size: global batch size B (for lr_scaling).
     track_snr: add `track_snr(b1)` to the chain, so that `pergrad.optim.diagnostics` can
       report the EMA SNR; it adds 'sq' to the request.
+    gns: a GNS tracker (`pergrad.gns.track_gns`) put first in the chain; it adds 'norms'
+      (per-example squared norms, every step) to the request.
 
   Returns:
     Optimizer(tx, request, learning_rate); raises ValueError on a bad setting, before
@@ -94,10 +98,11 @@ def build_optimizer(opt: configs.OptimizerConfig, sched: ScheduleConfig, *, tota
   lr = make_schedule(sched.name, hp.peak_lr, total_steps=total_steps,
                      warmup_steps=sched.warmup_steps, final_lr_frac=sched.final_lr_frac)
   direction = build(opt, hp)
-  request = StatsRequest(want=direction.request.want + (("sq",) if track_snr else ()),
+  request = StatsRequest(want=direction.request.want + (("sq",) if track_snr else ())
+                         + (("norms",) if gns is not None else ()),
                          granularity=direction.request.granularity,
                          per_example_clip=opt.per_example_clip)
-  parts = [track_snr_tx(hp.b1)] if track_snr else []
+  parts = ([gns] if gns is not None else []) + ([track_snr_tx(hp.b1)] if track_snr else [])
   if opt.clip_norm is not None and not direction.clips:
     parts.append(optax.clip_by_global_norm(opt.clip_norm))
   parts.append(direction.tx)
