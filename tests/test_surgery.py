@@ -309,8 +309,8 @@ def test_both_dense_methods_match_loop(method, want):
     _, loss_fn, params, batch = _setup(name, 3)
     samples = _per_example_reference(loss_fn, params, batch)
     with surgery.dense_method(method):
-      loss, stats = jax.jit(lambda p, b, w=want: surgery_stats(
-          loss_fn, p, b, want=w, granularity="example"))(params, batch)
+      loss, stats = jax.jit(lambda p, b, w=want, f=loss_fn: surgery_stats(
+          f, p, b, want=w, granularity="example"))(params, batch)
     _check(stats, samples, want, _jitted_grad(loss_fn)(params, batch))
     np.testing.assert_allclose(loss, loss_fn(params, batch).mean(), rtol=1e-6)
 
