@@ -132,6 +132,10 @@ class StatsConfig:
   gns: bool = False
   gns_alpha: float = 0.95  # EMA decay of S and |G|² (pergrad.gns.resmooth redoes it offline)
   gns_tied: str = "include"  # a tied embedding: "include" (once) or "exclude" (nanoGNS)
+  # Leaves whose statistics are computed and logged (and the GNS tracked): layer types
+  # (norm, attention, mlp, embedding, unembedding) or path patterns; []: every leaf.
+  # E.g. stats.layers=[norm]: normalization layers only (Gray et al.'s predictor).
+  layers: list[str] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass

@@ -89,7 +89,7 @@ def build_plan(cfg: Any, n_devices: int = 1) -> RunPlan:
   opt = build_optimizer(_optimizer_config(cfg, c["optimizer"]),
                         _spec(ScheduleConfig, c["schedule"]), total_steps=t["steps"],
                         batch_size=data.batch_size, track_snr=s["track_snr"],
-                        gns=_gns_tracker(s, model))
+                        gns=_gns_tracker(s, model), gns_layers=tuple(s["layers"]))
   stats = _stats_plan(opt.request, s)
   w = lg["wandb"]
   logging = LoggingSpec(name=c["name"], log_every=lg["log_every"], progress=lg["progress"],
@@ -120,7 +120,7 @@ def _gns_tracker(s: dict, model: ModelSpec):
   if not s["gns"]:
     return None
   try:
-    return gns.track_gns(s["gns_alpha"], tied=s["gns_tied"],
+    return gns.track_gns(s["gns_alpha"], tied=s["gns_tied"], layers=tuple(s["layers"]),
                          tied_leaf=TIED_EMBEDDING if model.tie_embeddings else None)
   except ValueError as e:
     raise ValueError(f"stats.{e}") from None
@@ -131,7 +131,8 @@ def _stats_plan(request: StatsRequest, s: dict) -> StatsPlan:
   log_request = log_backend = None
   if s["log_every"]:
     # What is logged, plus 'sq', which the optimizer diagnostics read.
-    log_request = request.union(tuple(s["want"]) + ("sq",), s["granularity"])
+    log_request = request.union(tuple(s["want"]) + ("sq",), s["granularity"],
+                                tuple(s["layers"]))
     log_backend = resolve_backend(log_request, s["backend"])
   return StatsPlan(request=request, backend=backend, log_request=log_request,
                    log_backend=log_backend, log_every=s["log_every"],

@@ -41,7 +41,6 @@ logged raw terms with any α (equal to the online values for the same α; tested
 
 from __future__ import annotations
 
-import fnmatch
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -52,27 +51,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from pergrad.stats.layers import LAYER_TYPES, TYPE_RULES, layer_type, selects
 from pergrad.stats.types import GradStats
 
 TOTAL = "total"
-LAYER_TYPES = ("norm", "unembedding", "embedding", "attention", "mlp", "other")
-# (fnmatch pattern on the leaf path, layer type): the first match wins.
-TYPE_RULES: tuple[tuple[str, str], ...] = (
-    ("*norm*", "norm"), ("*ln_*", "norm"),
-    ("*unembed*", "unembedding"), ("*lm_head*", "unembedding"),
-    ("*embed*", "embedding"), ("*wte*", "embedding"), ("*wpe*", "embedding"),
-    ("*attn*", "attention"), ("*attention*", "attention"),
-    ("*mlp*", "mlp"), ("*ffn*", "mlp"),
-)
 TIED = ("include", "exclude")
-
-
-def layer_type(path: str, rules: Sequence[tuple[str, str]] = TYPE_RULES) -> str:
-  """The layer type of a leaf path (first matching rule; "other" if none)."""
-  for pattern, kind in rules:
-    if fnmatch.fnmatchcase(path, pattern):
-      return kind
-  return "other"
 
 
 def leaf_paths(tree: Any) -> list[str]:
@@ -82,17 +65,24 @@ def leaf_paths(tree: Any) -> list[str]:
 
 
 def groups_of(paths: Sequence[str], *, tied_leaf: str | None = None, tied: str = "include",
-              rules: Sequence[tuple[str, str]] = TYPE_RULES) -> dict[str, tuple[int, ...]]:
+              rules: Sequence[tuple[str, str]] = TYPE_RULES, layers: Sequence[str] = ()
+              ) -> dict[str, tuple[int, ...]]:
   """{group: leaf indices}: each layer type present, and "total" (every counted leaf).
 
   tied_leaf: the path of a tied embedding table (None: untied); `tied` says whether it is
   counted ("include", as "embedding") or left out of every group ("exclude", nanoGNS).
+  layers: the statistics' layer selection (`pergrad.stats.layers`; empty: every leaf);
+  "total" is then the total over the selected leaves.
   """
   if tied not in TIED:
     raise ValueError(f"gns tied={tied!r}; choose one of {TIED}.")
   if tied_leaf is not None and tied_leaf not in paths:
     raise ValueError(f"tied embedding leaf {tied_leaf!r} is not a parameter leaf.")
-  counted = [i for i, p in enumerate(paths) if not (tied == "exclude" and p == tied_leaf)]
+  counted = [i for i, p in enumerate(paths) if not (tied == "exclude" and p == tied_leaf)
+             and selects(layers, p)]
+  if not counted:
+    raise ValueError(f"no parameter leaf is selected by layers={list(layers)} (types "
+                     f"{LAYER_TYPES} or path patterns).")
   out: dict[str, list[int]] = {}
   for i in counted:
     out.setdefault(layer_type(paths[i], rules), []).append(i)
@@ -155,16 +145,17 @@ def _debiased(ema, weight):
 
 
 def track_gns(alpha: float, *, tied_leaf: str | None = None, tied: str = "include",
-              rules: Sequence[tuple[str, str]] = TYPE_RULES
+              rules: Sequence[tuple[str, str]] = TYPE_RULES, layers: Sequence[str] = ()
               ) -> optax.GradientTransformationExtraArgs:
   """Identity on the updates; tracks the GNS terms of every group (`groups_of` on the
-  parameter paths) from `grad_stats`, which must hold per-example "norms"."""
+  parameter paths, restricted to `layers`) from `grad_stats`, which must hold
+  per-example "norms" of those leaves (ask for them with `request(layers)`)."""
   if not 0.0 <= alpha < 1.0:
     raise ValueError(f"gns alpha={alpha} is outside [0, 1); choose an EMA decay in [0, 1).")
   if tied not in TIED:
     raise ValueError(f"gns tied={tied!r}; choose one of {TIED}.")
   groups = lambda tree: groups_of(leaf_paths(tree), tied_leaf=tied_leaf, tied=tied,
-                                  rules=rules)
+                                  rules=rules, layers=layers)
 
   def init_fn(params):
     zero = {g: jnp.float32(0.0) for g in groups(params)}

@@ -266,3 +266,95 @@ def test_optax_chain_order_and_request():
   st = gns.find_state(state)
   assert st is not None and set(st.G2) == {"attention", "embedding", "mlp", "norm",
                                            "unembedding", gns.TOTAL}
+
+
+# --- layer selection ---------------------------------------------------------------------------
+
+
+def test_layer_selection_in_the_request():
+  from pergrad.stats import StatsRequest
+  r = StatsRequest(want=("mean", "norms"), layers=["norm", "block_*/attn/*"])
+  assert r.layers == ("block_*/attn/*", "norm")
+  base = StatsRequest()
+  assert base.union(("norms",), "example", ("norm",)).layers == ("norm",)  # mean takes it
+  sq = StatsRequest(want=("mean", "sq"))
+  assert sq.union(("norms",), "example", ("norm",)).layers == ()  # all leaves cover both
+  same = StatsRequest(want=("mean", "norms"), layers=("norm",))
+  assert same.union(("sq",), "example", ("norm",)).layers == ("norm",)
+  with pytest.raises(ValueError, match="layer type"):
+    StatsRequest(want=("mean", "norms"), layers=("",))
+
+
+@pytest.mark.parametrize("backend", ["surgery", "vmap"])
+def test_norm_layers_only_match_the_loop_and_leave_the_rest_untouched(backend):
+  """layers=("norm",): the norm leaves' per-example norms and squares equal the loop's,
+  the mean gradient stays complete, the GNS groups are "norm" and its total; surgery
+  computes nothing for the other leaves (zeros)."""
+  from pergrad.stats import StatsRequest
+  from pergrad.stats.summaries import layer_summaries
+  spec = ModelSpec(n_layers=1, d_model=12, n_heads=3, d_ff=20, vocab_size=V, seq_len=T)
+  loss_fn = make_loss_fn(Transformer(spec))
+  params = init_params(spec, jax.random.PRNGKey(0))
+  rng = np.random.default_rng(1)
+  B = 5
+  batch = {"inputs": jnp.asarray(rng.integers(0, V, (B, T), dtype=np.int32)),
+           "targets": jnp.asarray(rng.integers(0, V, (B, T), dtype=np.int32))}
+  req = StatsRequest(want=("mean", "sq", "norms"), layers=("norm",))
+  _, stats = compute(loss_fn, params, batch, request=req, backend=backend)
+  assert stats.layers == ("norm",)
+  grads = [g for _, g in per_example_grads(loss_fn, params, batch)]
+  stacked = jax.tree.map(lambda *g: np.stack(g), *grads)
+  paths = gns.leaf_paths(params)
+  flat = lambda t: dict(zip(paths, jax.tree.leaves(t), strict=True))
+  g, sqn, sq, mean = flat(stacked), flat(stats.sq_norms), flat(stats.sum_sq), flat(stats.mean)
+  for p in paths:
+    np.testing.assert_allclose(mean[p], g[p].mean(0), rtol=1e-4, atol=1e-7, err_msg=p)
+    if stats.selects(p):
+      np.testing.assert_allclose(sqn[p], np.square(g[p]).reshape(B, -1).sum(1), rtol=1e-4,
+                                 err_msg=p)
+      np.testing.assert_allclose(sq[p], np.square(g[p]).sum(0), rtol=1e-4, atol=1e-9,
+                                 err_msg=p)
+    elif backend == "surgery":
+      assert not np.any(sqn[p]) and not np.any(sq[p]), p
+  assert sum(stats.selects(p) for p in paths) == 6  # 3 norms × (scale, bias)
+  groups = gns.groups_of(paths, layers=stats.layers)
+  assert set(groups) == {"norm", gns.TOTAL} and groups["norm"] == groups[gns.TOTAL]
+  summ = layer_summaries(stats)
+  assert "stats/block_0/norm_attn/scale/mu2_over_var_b" in summ
+  assert "stats/block_0/attn/query/kernel/mu2_over_var_b" not in summ
+  assert "stats/block_0/attn/query/kernel/gbar2_mean" in summ
+  with pytest.raises(ValueError, match="selects no parameter leaf"):
+    compute(loss_fn, params, batch, backend="surgery",
+            request=StatsRequest(want=("mean", "norms"), layers=("nothing/*",)))
+
+
+def test_training_with_norm_layers_only_tracks_their_gns(tmp_path):
+  from conftest import compose
+
+  from pergrad.configure import build_plan
+  from pergrad.train.loop import run
+  plan = build_plan(compose(["scale=ci", "stats=gns_norm", "train.steps=6"]))
+  assert plan.stats.request.layers == ("norm",) and plan.stats.backend == "surgery"
+  run(plan, tmp_path)
+  terms = gns.read_terms(tmp_path)
+  assert set(terms) == {"norm", gns.TOTAL} and len(terms["norm"]["step"]) == 6
+  np.testing.assert_array_equal(terms["norm"]["S"], terms[gns.TOTAL]["S"])
+
+
+def test_norm_layers_only_cost_about_no_flops():
+  """Surgery with layers=("norm",) at the tiny preset's width (128): ≤ 1.01x the FLOPs of
+  a plain step (XLA's count; 1.002x at the tiny preset itself, B = 32, T = 128; 1.010x at
+  width 64). The extra is each normalization layer's x̂ recomputed and its per-example
+  row sums, O(B·T·D), against the matmuls' O(B·T·D²)."""
+  from pergrad.bench.xla_costs import flops_of
+  from pergrad.stats import StatsRequest
+  spec = ModelSpec(n_layers=1, d_model=128, n_heads=4, d_ff=512, vocab_size=64, seq_len=32)
+  loss_fn = make_loss_fn(Transformer(spec))
+  params = init_params(spec, jax.random.PRNGKey(0))
+  rng = np.random.default_rng(0)
+  batch = {k: jnp.asarray(rng.integers(0, 64, (4, 32)), jnp.int32) for k in ("inputs", "targets")}
+  cost = lambda f: flops_of(jax.jit(f).lower(params, batch).compile())
+  plain = cost(jax.grad(lambda p, b: loss_fn(p, b).mean()))
+  req = StatsRequest(want=("mean", "norms"), layers=("norm",))
+  norm_only = cost(lambda p, b: compute(loss_fn, p, b, request=req, backend="surgery"))
+  assert norm_only <= 1.01 * plain, norm_only / plain

@@ -75,7 +75,8 @@ def _builder(name: str):
 
 def build_optimizer(opt: configs.OptimizerConfig, sched: ScheduleConfig, *, total_steps: int,
                     batch_size: int, track_snr: bool = False,
-                    gns: optax.GradientTransformationExtraArgs | None = None) -> Optimizer:
+                    gns: optax.GradientTransformationExtraArgs | None = None,
+                    gns_layers: tuple[str, ...] = ()) -> Optimizer:
   """Builds the optimizer of `opt` with the schedule of `sched` (module docstring).
 
   Args:
@@ -86,7 +87,8 @@ def build_optimizer(opt: configs.OptimizerConfig, sched: ScheduleConfig, *, tota
     track_snr: add `track_snr(b1)` to the chain, so that `pergrad.optim.diagnostics` can
       report the EMA SNR; it adds 'sq' to the request.
     gns: a GNS tracker (`pergrad.gns.track_gns`) put first in the chain; it adds 'norms'
-      (per-example squared norms, every step) to the request.
+      (per-example squared norms, every step) of the leaves `gns_layers` (layer types
+      or path patterns; (): all) to the request.
 
   Returns:
     Optimizer(tx, request, learning_rate); raises ValueError on a bad setting, before
@@ -98,10 +100,15 @@ def build_optimizer(opt: configs.OptimizerConfig, sched: ScheduleConfig, *, tota
   lr = make_schedule(sched.name, hp.peak_lr, total_steps=total_steps,
                      warmup_steps=sched.warmup_steps, final_lr_frac=sched.final_lr_frac)
   direction = build(opt, hp)
-  request = StatsRequest(want=direction.request.want + (("sq",) if track_snr else ())
-                         + (("norms",) if gns is not None else ()),
+  request = StatsRequest(want=direction.request.want + (("sq",) if track_snr else ()),
                          granularity=direction.request.granularity,
                          per_example_clip=opt.per_example_clip)
+  if gns is not None:
+    if request.granularity != "example":
+      raise ValueError(
+          f"stats.gns needs per-example norms but the optimizer reads "
+          f"{request.granularity}-level statistics; turn stats.gns off for this optimizer.")
+    request = request.union(("norms",), "example", gns_layers)
   parts = ([gns] if gns is not None else []) + ([track_snr_tx(hp.b1)] if track_snr else [])
   if opt.clip_norm is not None and not direction.clips:
     parts.append(optax.clip_by_global_norm(opt.clip_norm))

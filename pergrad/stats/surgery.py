@@ -49,6 +49,7 @@ import numpy as np
 
 from pergrad.stats import registry
 from pergrad.stats import surgery_math as sm
+from pergrad.stats.layers import LAYER_TYPES, selects
 from pergrad.stats.types import STATISTICS, GradStats
 
 _F32 = jnp.float32
@@ -421,7 +422,8 @@ def _simultaneous_dense(module, site: _Site, B: int, x, want, scale: float, prob
 
 
 # --- public entry point -------------------------------------------------------------------
-def surgery_stats(loss_fn, params, batch, *, want: tuple[str, ...], granularity: str):
+def surgery_stats(loss_fn, params, batch, *, want: tuple[str, ...], granularity: str,
+                  layers: tuple[str, ...] = ()):
   """Mean loss and GradStats of per-example (or per-token) gradients, one backward pass.
 
   Args:
@@ -431,6 +433,9 @@ def surgery_stats(loss_fn, params, batch, *, want: tuple[str, ...], granularity:
     batch: pytree of arrays whose leaves with a leading axis share the example axis B.
     want: statistic names: "mean" and registered statistics (`STATISTICS`).
     granularity: "example" (n = B samples) or "token" (n = B·T samples).
+    layers: layer types / path patterns whose leaves get statistics (`pergrad.stats.layers`;
+      empty: all). A layer call none of whose leaves is selected runs untouched (plain
+      autodiff, no tap): its statistics are zeros and cost nothing.
   Returns:
     (mean loss, GradStats) with sum = n · ∇(mean loss) and the requested sums.
   """
@@ -469,6 +474,10 @@ def surgery_stats(loss_fn, params, batch, *, want: tuple[str, ...], granularity:
   count = B * T if token else B
   scale = float(count)
 
+  chosen = {k[:-1] for k in flat_params if selects(layers, "/".join(k))}
+  if not chosen:
+    raise ValueError(f"layers={list(layers)} selects no parameter leaf; choose layer types "
+                     f"{LAYER_TYPES} or path patterns of the model's leaves.")
   stat_keys = list(registry.select(want))
   example_keys = set(registry.select(want, "example"))
   probes = {k: {key: jnp.zeros((B,) if k in example_keys else v.shape, _F32)
@@ -486,6 +495,8 @@ def surgery_stats(loss_fn, params, batch, *, want: tuple[str, ...], granularity:
       here = (tuple(ctx.module.path), ctx.method_name == "attend")
       if (site.path, site.kind == "attend") != here:
         raise RuntimeError(f"surgery: call order changed at {ctx.module.path}")
+      if site.path not in chosen:
+        return next_fun(*args, **kwargs)
       x = args[0] if args else next(iter(kwargs.values()))
       if simultaneous_is_used(site, B, x.shape, want, token):
         sub = {k: {leaf: probes[k][site.path + (leaf,)] for leaf in ("kernel", "bias")
@@ -530,4 +541,5 @@ def surgery_stats(loss_fn, params, batch, *, want: tuple[str, ...], granularity:
       coordinate_stats={k: tree(probe_cts[k]) for k in stat_keys if k not in example_keys},
       example_stats={k: tree(probe_cts[k]) for k in stat_keys if k in example_keys},
       granularity=granularity,
+      layers=tuple(layers),
   )
