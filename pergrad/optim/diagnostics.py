@@ -43,9 +43,9 @@ shares of the current step's μ̂², σ̂²/n and σ̂² in the debiased v̂, as
 With a layer selection (`GradStats.layers`), only the selected leaves are reported and
 "all" sums over them. A quantity is left out when what it needs is absent (no 'sq'
 statistic, no tracker, no Adam state), so the function is jittable for a fixed
-(opt_state, stats) structure. These estimators are this project's reading of the
-paper's SNR argument (its text is unavailable); `tests/test_estimators.py` checks each against the known truth of
-`pergrad.stats.synthetic`.
+(opt_state, stats) structure. These estimators are this project's reading of the paper's
+SNR argument (its text is unavailable); `tests/test_estimators.py` checks each against
+the known truth of `pergrad.stats.synthetic`.
 """
 
 from __future__ import annotations
