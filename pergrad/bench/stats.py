@@ -113,7 +113,8 @@ def variants(loss_fn, stat_sets, with_layout_first: bool):
                                                       backend="surgery"))))
       norm_only = ps.StatsRequest(want=want, layers=("norm",))
       out.append(("surgery", "example", "norms@norm",
-                  lambda p, b: ps.compute(loss_fn, p, b, request=norm_only, backend="surgery")))
+                  lambda p, b, r=norm_only: ps.compute(loss_fn, p, b, request=r,
+                                                       backend="surgery")))
     if "norms" not in want:
       out.append(("surgery", "token", name,
                   lambda p, b, w=want: ps.compute(loss_fn, p, b, want=w, backend="surgery",
