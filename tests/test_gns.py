@@ -149,10 +149,12 @@ def _numpy_terms(per_example, groups):
   return out
 
 
-@pytest.mark.parametrize("tied,convention", [(False, "include"), (True, "include"),
-                                             (True, "exclude")])
-@pytest.mark.parametrize("backend", ["surgery", "vmap", "loop"])
-def test_group_terms_match_numpy_on_per_example_gradients(tied, convention, backend):
+@pytest.mark.parametrize("backend,tied,convention", [
+    ("surgery", False, "include"), ("surgery", True, "include"), ("surgery", True, "exclude"),
+    ("vmap", False, "include"), ("loop", True, "exclude"),
+    pytest.param("vmap", True, "include", marks=pytest.mark.extended),
+    pytest.param("loop", False, "include", marks=pytest.mark.extended)])
+def test_group_terms_match_numpy_on_per_example_gradients(backend, tied, convention):
   spec = ModelSpec(n_layers=1, d_model=12, n_heads=3, d_ff=20, vocab_size=V, seq_len=T,
                    tie_embeddings=tied)
   model = Transformer(spec)
@@ -285,7 +287,7 @@ def test_layer_selection_in_the_request():
     StatsRequest(want=("mean", "norms"), layers=("",))
 
 
-@pytest.mark.parametrize("backend", ["surgery", "vmap"])
+@pytest.mark.parametrize("backend", ["surgery", pytest.param("vmap", marks=pytest.mark.extended)])
 def test_norm_layers_only_match_the_loop_and_leave_the_rest_untouched(backend):
   """layers=("norm",): the norm leaves' per-example norms and squares equal the loop's,
   the mean gradient stays complete, the GNS groups are "norm" and its total; surgery

@@ -298,8 +298,10 @@ def test_batch_sharded_over_two_devices_matches_one_device():
 # --- the "simultaneous" dense method ------------------------------------------------------
 
 
-@pytest.mark.parametrize("method", ["simultaneous", "separate"])
-@pytest.mark.parametrize("want", [("mean", "norms"), ALL])
+@pytest.mark.parametrize("method,want", [
+    ("simultaneous", ALL), ("separate", ("mean", "norms")),
+    pytest.param("simultaneous", ("mean", "norms"), marks=pytest.mark.extended),
+    pytest.param("separate", ALL, marks=pytest.mark.extended)])
 def test_both_dense_methods_match_loop(method, want):
   """Per-example gradients formed once with the weight gradient as their sum
   ("simultaneous"), or autodiff's weight gradient beside the tap's statistics
