@@ -39,7 +39,7 @@ BENCH = {
     "ci": {"presets": ("micro",), "batch_sizes": (4,), "reps": 3, "stat_sets": ("norms",),
            "layout_first": False},
     "cpu": {"presets": ("tiny", "medium"), "batch_sizes": (8, 32), "medium_batch_sizes": (8,),
-            "reps": 15, "stat_sets": ("norms",), "layout_first": False},
+            "reps": 11, "stat_sets": ("norms",), "layout_first": False},
     "paper": {"presets": ("small", "paper"), "batch_sizes": (32, 128), "reps": 15,
               "stat_sets": ("norms",), "layout_first": False},
 }
