@@ -53,8 +53,11 @@ the same model and batch (median of 5 interleaved runs). Memory columns:
 """
 
 
-def launch(preset: str, sweep_dir: Path, *, dry_run: bool = False, echo=print):
-  """Runs the benchmark once (skipped when its JSON already exists in the sweep dir)."""
+def launch(preset: str, sweep_dir: Path, *, dry_run: bool = False, echo=print,
+           bench: dict | None = None):
+  """Runs the benchmark once (skipped when its JSON already exists in the sweep dir) with
+  the options `bench` (default: this experiment's BENCH[preset])."""
+  bench = BENCH[preset] if bench is None else bench
   log = LaunchLog()
   sweep_dir.mkdir(parents=True, exist_ok=True)
   out = sweep_dir / "bench.json"
@@ -62,7 +65,7 @@ def launch(preset: str, sweep_dir: Path, *, dry_run: bool = False, echo=print):
     echo(f"[skip] {out} exists (delete it to re-measure)")
     log.skipped.append("bench")
     return log
-  args = [f"{k}={v!r}" for k, v in BENCH[preset].items()]
+  args = [f"{k}={v!r}" for k, v in bench.items()]
   log.commands.append(["pergrad.bench.stats.run", *args])
   echo(f"[launch] pergrad.bench.stats.run({', '.join(args)})")
   if dry_run:
@@ -72,7 +75,7 @@ def launch(preset: str, sweep_dir: Path, *, dry_run: bool = False, echo=print):
 
   t0 = time.time()
   try:
-    doc = stats.run(**BENCH[preset], echo=echo)
+    doc = stats.run(**bench, echo=echo)
   except Exception as e:  # one line for `reproduce.py all`, which goes on with the others
     log.failed.append("bench")
     raise RuntimeError(f"the statistics benchmark failed: {type(e).__name__}: {e}") from e

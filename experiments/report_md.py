@@ -158,6 +158,12 @@ CLAIMS = (
      ("preconditioner", "msq_eps", "moments")),
     ("4. sqrt(B) learning-rate scaling collapses loss-vs-examples curves for small/medium B",
      ("batch_scaling",)),
+    ("G1. Per-example norms of every layer at a small cost (simultaneous method; Gray et al.)",
+     ("norm_cost",)),
+    ("G2. The normalization layers' GNS predicts the total GNS (Gray et al.)",
+     ("gns_layers",)),
+    ("G3. A GNS-guided batch-size schedule saves tokens (Gray et al.: 18%)",
+     ("gns_schedule",)),
 )
 
 

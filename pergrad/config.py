@@ -126,6 +126,16 @@ class StatsConfig:
   # opt/<leaf>/snr2_ema. It needs 'sq' at EVERY step (per-example statistics in the train
   # step), so it is off unless an experiment asks for it.
   track_snr: bool = False
+  # Track the gradient noise scale every step (pergrad.gns.track_gns): per-example norms
+  # in every train step, raw terms gns/<group>/{G2,S} and EMA-smoothed B_simple per
+  # layer type and total in metrics.jsonl.
+  gns: bool = False
+  gns_alpha: float = 0.95  # EMA decay of S and |G|² (pergrad.gns.resmooth redoes it offline)
+  gns_tied: str = "include"  # a tied embedding: "include" (once) or "exclude" (nanoGNS)
+  # Leaves whose statistics are computed and logged (and the GNS tracked): layer types
+  # (norm, attention, mlp, embedding, unembedding) or path patterns; []: every leaf.
+  # E.g. stats.layers=[norm]: normalization layers only (Gray et al.'s predictor).
+  layers: list[str] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass

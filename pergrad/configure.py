@@ -17,8 +17,9 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from pergrad import config as config_lib
+from pergrad import gns
 from pergrad.data import DataSpec
-from pergrad.model import ModelSpec
+from pergrad.model import TIED_EMBEDDING, ModelSpec
 from pergrad.optim import build_optimizer, optimizer_config
 from pergrad.optim import configs as optim_registry
 from pergrad.optim.schedule import ScheduleConfig
@@ -87,7 +88,8 @@ def build_plan(cfg: Any, n_devices: int = 1) -> RunPlan:
 
   opt = build_optimizer(_optimizer_config(cfg, c["optimizer"]),
                         _spec(ScheduleConfig, c["schedule"]), total_steps=t["steps"],
-                        batch_size=data.batch_size, track_snr=s["track_snr"])
+                        batch_size=data.batch_size, track_snr=s["track_snr"],
+                        gns=_gns_tracker(s, model), gns_layers=tuple(s["layers"]))
   stats = _stats_plan(opt.request, s)
   w = lg["wandb"]
   logging = LoggingSpec(name=c["name"], log_every=lg["log_every"], progress=lg["progress"],
@@ -113,12 +115,24 @@ def _optimizer_config(cfg: Any, o: dict):
   return optimizer_config(**o)
 
 
+def _gns_tracker(s: dict, model: ModelSpec):
+  """`pergrad.gns.track_gns` when stats.gns (ValueError on a bad alpha or tied)."""
+  if not s["gns"]:
+    return None
+  try:
+    return gns.track_gns(s["gns_alpha"], tied=s["gns_tied"], layers=tuple(s["layers"]),
+                         tied_leaf=TIED_EMBEDDING if model.tie_embeddings else None)
+  except ValueError as e:
+    raise ValueError(f"stats.{e}") from None
+
+
 def _stats_plan(request: StatsRequest, s: dict) -> StatsPlan:
   backend = resolve_backend(request, s["backend"])
   log_request = log_backend = None
   if s["log_every"]:
     # What is logged, plus 'sq', which the optimizer diagnostics read.
-    log_request = request.union(tuple(s["want"]) + ("sq",), s["granularity"])
+    log_request = request.union(tuple(s["want"]) + ("sq",), s["granularity"],
+                                tuple(s["layers"]))
     log_backend = resolve_backend(log_request, s["backend"])
   return StatsPlan(request=request, backend=backend, log_request=log_request,
                    log_backend=log_backend, log_every=s["log_every"],

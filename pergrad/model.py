@@ -18,6 +18,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+# The parameter leaf of the token embedding table (shared with the unembedding when
+# ModelSpec.tie_embeddings): the GNS tracker's `tied_leaf` (pergrad.gns).
+TIED_EMBEDDING = "embed/embedding"
+
 
 @dataclasses.dataclass(frozen=True)
 class ModelSpec:

@@ -383,7 +383,8 @@ def test_notebooks_execute_on_ci_sweep(ci_sweeps, tmp_path):
   for name in runner.EXPERIMENTS:
     (results / name).symlink_to(ci_sweeps["root"] / name / "ci" / "report")
   for nb_name, env in (("inspect_runs", {"PERGRAD_SWEEP_DIR": str(
-      ci_sweeps["root"] / "sign_placement" / "ci")}), ("figures", {
+      ci_sweeps["root"] / "sign_placement" / "ci")}), ("inspect_runs", {
+          "PERGRAD_SWEEP_DIR": str(ci_sweeps["root"] / "gns_layers" / "ci")}), ("figures", {
           "PERGRAD_RESULTS_ROOT": str(results)})):
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
@@ -397,3 +398,5 @@ def test_notebooks_execute_on_ci_sweep(ci_sweeps, tmp_path):
     images = [o for c in nb.cells for o in c.get("outputs", [])
               if o.get("output_type") == "display_data" and "image/png" in o.get("data", {})]
     assert images, nb_name
+    if "gns_layers" in env.get("PERGRAD_SWEEP_DIR", ""):  # the GNS section drew its curves
+      assert any(o.get("output_type") == "display_data" for o in nb.cells[-1].outputs)

@@ -293,3 +293,55 @@ def test_batch_sharded_over_two_devices_matches_one_device():
   r = subprocess.run([sys.executable, "-c", _SHARDED], env=env, cwd=root, capture_output=True,
                      text=True, timeout=300)
   assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-2000:]
+
+
+# --- the "simultaneous" dense method ------------------------------------------------------
+
+
+@pytest.mark.parametrize("method,want", [
+    ("simultaneous", ALL), ("separate", ("mean", "norms")),
+    pytest.param("simultaneous", ("mean", "norms"), marks=pytest.mark.extended),
+    pytest.param("separate", ALL, marks=pytest.mark.extended)])
+def test_both_dense_methods_match_loop(method, want):
+  """Per-example gradients formed once with the weight gradient as their sum
+  ("simultaneous"), or autodiff's weight gradient beside the tap's statistics
+  ("separate"): the same numbers as the loop, every leaf, tied and untied."""
+  from pergrad.stats import surgery
+  for name in ("untied-ln-learned-bias", "tied-rms-rope"):
+    _, loss_fn, params, batch = _setup(name, 3)
+    samples = _per_example_reference(loss_fn, params, batch)
+    with surgery.dense_method(method):
+      loss, stats = jax.jit(lambda p, b, w=want, f=loss_fn: surgery_stats(
+          f, p, b, want=w, granularity="example"))(params, batch)
+    _check(stats, samples, want, _jitted_grad(loss_fn)(params, batch))
+    np.testing.assert_allclose(loss, loss_fn(params, batch).mean(), rtol=1e-6)
+
+
+def test_auto_takes_simultaneous_for_norms_at_long_sequences_and_counts_its_flops():
+  """At T² > KL/(K+L) the rule picks the simultaneous method for every dense layer, and
+  the step with all-layer per-example norms then costs ≤ 1.05x the FLOPs of the plain
+  value_and_grad (XLA's count; the separate method costs ~1.3x)."""
+  from pergrad.bench.xla_costs import flops_of
+  from pergrad.stats import surgery
+  spec = ModelSpec(n_layers=2, d_model=32, n_heads=4, d_ff=64, vocab_size=64, seq_len=64)
+  loss_fn = make_loss_fn(Transformer(spec))
+  params = init_params(spec, jax.random.PRNGKey(0))
+  rng = np.random.default_rng(0)
+  batch = {k: jnp.asarray(rng.integers(0, 64, (4, 64)), jnp.int32)
+           for k in ("inputs", "targets")}
+  site = surgery._Site(path=("d",), kind="dense", in_axis=0, out_axis=0, contract=(2,),
+                       out_features=64)
+  assert surgery.simultaneous_is_used(site, 4, (4, 64, 32), ("mean", "norms"), False)
+  assert not surgery.simultaneous_is_used(site, 4, (4, 2, 32), ("mean", "norms"), False)
+  assert not surgery.simultaneous_is_used(site, 4, (4, 64, 32), ("mean", "norms"), True)
+  flops = lambda f: flops_of(jax.jit(f).lower(params, batch).compile())
+  plain = flops(jax.grad(lambda p, b: loss_fn(p, b).mean()))
+  ratio = {}
+  for method in ("auto", "separate"):
+    with surgery.dense_method(method):
+      ratio[method] = flops(lambda p, b: surgery_stats(
+          loss_fn, p, b, want=("mean", "norms"), granularity="example")) / plain
+  assert ratio["auto"] <= 1.05 < ratio["separate"], ratio
+  with pytest.raises(ValueError, match="choose one of"):
+    with surgery.dense_method("fast"):
+      pass

@@ -107,11 +107,31 @@ def variants(loss_fn, stat_sets, with_layout_first: bool):
     out.append(("micro_grad", "example", name, micro_grad_fn(loss_fn, want)))
     out.append(("surgery", "example", name,
                 lambda p, b, w=want: ps.compute(loss_fn, p, b, want=w, backend="surgery")))
+    if name == "norms":  # the norm methods side by side (issue 12)
+      out.append(("surgery-separate", "example", name, _dense_method(
+          "separate", lambda p, b, w=want: ps.compute(loss_fn, p, b, want=w,
+                                                      backend="surgery"))))
+      norm_only = ps.StatsRequest(want=want, layers=("norm",))
+      out.append(("surgery", "example", "norms@norm",
+                  lambda p, b, r=norm_only: ps.compute(loss_fn, p, b, request=r,
+                                                       backend="surgery")))
     if "norms" not in want:
       out.append(("surgery", "token", name,
                   lambda p, b, w=want: ps.compute(loss_fn, p, b, want=w, backend="surgery",
                                                   granularity="token")))
   return out
+
+
+def _dense_method(name: str, fn):
+  """fn traced with the surgery backend's dense layers forced to `name`
+  (`pergrad.stats.surgery.dense_method`): "separate" is autodiff's weight gradient beside
+  the tap's materialised or Gram statistics, the method before "simultaneous"."""
+  from pergrad.stats import surgery
+
+  def traced(p, b):
+    with surgery.dense_method(name):
+      return fn(p, b)
+  return traced
 
 
 def rss_mb() -> float:
@@ -147,7 +167,8 @@ def bench_group(preset: str, B: int, stat_sets: Sequence[str], layout_first: boo
     t0 = time.perf_counter()
     c, peak = compile_with_peak(jax.jit(fn).lower(params, batch))
     compile_s = time.perf_counter() - t0  # includes writing the dump
-    flops = counted_flops(fn, params, batch) if backend == "surgery" else flops_of(c)
+    flops = (counted_flops(fn, params, batch) if backend.startswith("surgery")
+             else flops_of(c))
     jax.block_until_ready(c(params, batch))  # warm-up
     compiled.append(c)
     rows.append(dict(preset=preset, B=B, T=T, n_params=count_params(params), backend=backend,
@@ -173,7 +194,8 @@ def bench_group(preset: str, B: int, stat_sets: Sequence[str], layout_first: boo
     # more params-sized tree that any method must return).
     r["mem_ratio_wo_outputs"] = (r["mem_bytes"] - r["out_bytes"] + base["out_bytes"]) / base[
         "mem_bytes"]
-    r["time_vs_micro_grad"] = r["time_s"] / micro[r["stats"]] if r["stats"] in micro else None
+    r["time_vs_micro_grad"] = (r["time_s"] / micro[r["stats"]] if r["stats"] in micro
+                               else None)
     # MFU of the model's own training FLOPs (statistics' extra work not counted: it lowers it)
     per_token = mfu.model_flops_per_token(r["n_params"], spec.n_layers, T, spec.d_model)
     r["mfu"] = mfu.mfu(B * T / r["time_s"], per_token, 1, peak_flops)
@@ -202,6 +224,17 @@ def checks(rows: list[dict]) -> list[dict]:
                       ok=pr is not None and pr <= 1.1, gating=True))
       out.append(dict(check="  (footprint mem_ratio <= 1.1)", where=where,
                       value=round(r["mem_ratio"], 3), ok=r["mem_ratio"] <= 1.1, gating=False))
+    if r["backend"] == "surgery" and r["granularity"] == "example" and r["stats"] == "norms":
+      out.append(dict(check="all-layer per-example norms: flops_ratio <= 1.05", where=where,
+                      value=round(r["flops_ratio"], 3), ok=r["flops_ratio"] <= 1.05,
+                      gating=True))
+      out.append(dict(check="all-layer per-example norms: time_ratio <= 1.03", where=where,
+                      value=round(r["time_ratio"], 3), ok=r["time_ratio"] <= 1.03,
+                      gating=True))
+    if r["backend"] == "surgery" and r["stats"] == "norms@norm":
+      out.append(dict(check="normalization-layer norms only: time_ratio <= 1.01", where=where,
+                      value=round(r["time_ratio"], 3), ok=r["time_ratio"] <= 1.01,
+                      gating=True))
     if r["backend"] == "vmap" and r["time_vs_micro_grad"] is not None:
       out.append(dict(check="vmap time <= micro_grad time", where=where,
                       value=round(r["time_vs_micro_grad"], 3), ok=r["time_vs_micro_grad"] <= 1.0,
@@ -210,7 +243,7 @@ def checks(rows: list[dict]) -> list[dict]:
 
 
 def table(rows: list[dict]) -> str:
-  head = (f'{"preset":7} {"B":>3} {"backend":15} {"gran":8} {"stats":8} {"time_s":>8} '
+  head = (f'{"preset":7} {"B":>3} {"backend":16} {"gran":8} {"stats":10} {"time_s":>8} '
           f'{"t/vag":>6} {"flop/vag":>8} {"peak/vag":>8} {"mem/vag":>7} {"mem-out":>7} '
           f'{"t/micro":>7} {"rss_mb":>7}')
   lines = [head, "-" * len(head)]
@@ -218,7 +251,7 @@ def table(rows: list[dict]) -> str:
     tm = "" if r["time_vs_micro_grad"] is None else f'{r["time_vs_micro_grad"]:.2f}'
     pk = "" if r["peak_ratio"] is None else f'{r["peak_ratio"]:.2f}'
     lines.append(
-        f'{r["preset"]:7} {r["B"]:>3} {r["backend"]:15} {r["granularity"]:8} {r["stats"]:8} '
+        f'{r["preset"]:7} {r["B"]:>3} {r["backend"]:16} {r["granularity"]:8} {r["stats"]:10} '
         f'{r["time_s"]:8.4f} {r["time_ratio"]:6.2f} {r["flops_ratio"]:8.2f} {pk:>8} '
         f'{r["mem_ratio"]:7.2f} {r["mem_ratio_wo_outputs"]:7.2f} {tm:>7} {r["rss_mb"]:7.0f}')
   return "\n".join(lines)

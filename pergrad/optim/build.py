@@ -2,7 +2,8 @@
 
 Every optimizer is one optax chain
 
-    [track_snr(b1)] -> [clip_by_global_norm] -> direction -> [add_decayed_weights] -> -lr(step)
+    [track_gns] -> [track_snr(b1)] -> [clip_by_global_norm] -> direction
+        -> [add_decayed_weights] -> -lr(step)
 
 whose update the train step calls alike for all of them:
 
@@ -73,7 +74,9 @@ def _builder(name: str):
 
 
 def build_optimizer(opt: configs.OptimizerConfig, sched: ScheduleConfig, *, total_steps: int,
-                    batch_size: int, track_snr: bool = False) -> Optimizer:
+                    batch_size: int, track_snr: bool = False,
+                    gns: optax.GradientTransformationExtraArgs | None = None,
+                    gns_layers: tuple[str, ...] = ()) -> Optimizer:
   """Builds the optimizer of `opt` with the schedule of `sched` (module docstring).
 
   Args:
@@ -83,6 +86,9 @@ def build_optimizer(opt: configs.OptimizerConfig, sched: ScheduleConfig, *, tota
     batch_size: global batch size B (for lr_scaling).
     track_snr: add `track_snr(b1)` to the chain, so that `pergrad.optim.diagnostics` can
       report the EMA SNR; it adds 'sq' to the request.
+    gns: a GNS tracker (`pergrad.gns.track_gns`) put first in the chain; it adds 'norms'
+      (per-example squared norms, every step) of the leaves `gns_layers` (layer types
+      or path patterns; (): all) to the request.
 
   Returns:
     Optimizer(tx, request, learning_rate); raises ValueError on a bad setting, before
@@ -97,7 +103,13 @@ def build_optimizer(opt: configs.OptimizerConfig, sched: ScheduleConfig, *, tota
   request = StatsRequest(want=direction.request.want + (("sq",) if track_snr else ()),
                          granularity=direction.request.granularity,
                          per_example_clip=opt.per_example_clip)
-  parts = [track_snr_tx(hp.b1)] if track_snr else []
+  if gns is not None:
+    if request.granularity != "example":
+      raise ValueError(
+          f"stats.gns needs per-example norms but the optimizer reads "
+          f"{request.granularity}-level statistics; turn stats.gns off for this optimizer.")
+    request = request.union(("norms",), "example", gns_layers)
+  parts = ([gns] if gns is not None else []) + ([track_snr_tx(hp.b1)] if track_snr else [])
   if opt.clip_norm is not None and not direction.clips:
     parts.append(optax.clip_by_global_norm(opt.clip_norm))
   parts.append(direction.tx)

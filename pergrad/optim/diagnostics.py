@@ -40,11 +40,12 @@ shares of the current step's μ̂², σ̂²/n and σ̂² in the debiased v̂, as
 (statistics before any clipping). Adam's v estimates μ² + σ²/B (share_mu2 + share_var_b
 ≈ 1 for a stationary mean), MicroAdam's μ² + σ² (share_mu2 + share_var ≈ 1).
 
-A quantity is left out when what it needs is absent (no 'sq' statistic, no tracker, no
-Adam state), so the function is jittable for a fixed (opt_state, stats) structure. These
-estimators are this project's reading of the paper's SNR argument (its text is
-unavailable); `tests/test_estimators.py` checks each against the known truth of
-`pergrad.stats.synthetic`.
+With a layer selection (`GradStats.layers`), only the selected leaves are reported and
+"all" sums over them. A quantity is left out when what it needs is absent (no 'sq'
+statistic, no tracker, no Adam state), so the function is jittable for a fixed
+(opt_state, stats) structure. These estimators are this project's reading of the paper's
+SNR argument (its text is unavailable); `tests/test_estimators.py` checks each against
+the known truth of `pergrad.stats.synthetic`.
 """
 
 from __future__ import annotations
@@ -138,8 +139,11 @@ def diagnostics(opt_state: Any, stats: GradStats) -> dict[str, jax.Array]:
   for name, (num, den) in quantities.items():
     num_sums = jax.tree_util.tree_flatten_with_path(jax.tree.map(jnp.sum, num))[0]
     den_sums = jax.tree.leaves(jax.tree.map(jnp.sum, den))
+    kept = []  # the leaves of the statistics' layer selection (all without one)
     for (path, a), b in zip(num_sums, den_sums, strict=True):
       key = jax.tree_util.keystr(path, simple=True, separator="/")
-      out[f"opt/{key}/{name}"] = _ratio(a, b)
-    out[f"opt/all/{name}"] = _ratio(sum(a for _, a in num_sums), sum(den_sums))
+      if stats.selects(key):
+        out[f"opt/{key}/{name}"] = _ratio(a, b)
+        kept.append((a, b))
+    out[f"opt/all/{name}"] = _ratio(sum(a for a, _ in kept), sum(b for _, b in kept))
   return out

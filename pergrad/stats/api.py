@@ -135,7 +135,8 @@ def compute(
     microbatch_size: process the batch in chunks of this many examples (must divide B).
     per_example_clip: clip each g_b to global norm C, g_b · min(1, C/‖g_b‖), before
       every statistic (vmap / loop); the loss is not affected.
-    request: a `StatsRequest` in place of (want, granularity, per_example_clip).
+    request: a `StatsRequest` in place of (want, granularity, per_example_clip), and
+      with a layer selection (`StatsRequest.layers`).
 
   Returns:
     (loss, stats): loss = (1/B) Σ_b loss_b (float32 scalar) and a `GradStats`.
@@ -158,6 +159,13 @@ def compute(
 
   if which == "value_and_grad":
     return _value_and_grad_stats(loss_fn, params, batch)
+  loss, stats = _compute(loss_fn, params, batch, request, which, microbatch_size)
+  return loss, stats.replace(layers=request.layers) if request.layers else stats
+
+
+def _compute(loss_fn, params, batch, request: StatsRequest, which: str, microbatch_size):
+  want, granularity = request.want, request.granularity
+  per_example_clip = request.per_example_clip
   if which == "loop":  # already one example at a time: microbatching changes nothing
     from pergrad.stats import reference as loop
     return loop.loop_stats(loss_fn, params, batch, want=want, per_example_clip=per_example_clip)
@@ -168,7 +176,7 @@ def compute(
   else:
     from pergrad.stats import surgery
     chunk_fn = lambda p, b: surgery.surgery_stats(
-        loss_fn, p, b, want=want, granularity=granularity)
+        loss_fn, p, b, want=want, granularity=granularity, layers=request.layers)
   if microbatch_size is None:
     return chunk_fn(params, batch)
   return _microbatched(chunk_fn, params, batch, microbatch_size)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+from pergrad.stats import layers as layers_lib
 from pergrad.stats import registry, types
 
 GRANULARITIES = ("example", "token")
@@ -26,11 +27,16 @@ class StatsRequest:
       n = B·T, surgery only).
     per_example_clip: clip each g_b to this global norm before every statistic
       (so "mean" is the mean of clipped gradients); None: no clipping.
+    layers: the leaves whose statistics (other than "mean", always complete) are asked:
+      layer types and/or path patterns (`pergrad.stats.layers`); empty: every leaf.
+      The surgery backend touches no other layer; the others compute every leaf and
+      mark the selection (`GradStats.layers`).
   """
 
   want: tuple[str, ...] = ("mean",)
   granularity: str = "example"
   per_example_clip: float | None = None
+  layers: tuple[str, ...] = ()
 
   def __post_init__(self):
     want = (self.want,) if isinstance(self.want, str) else tuple(self.want)
@@ -41,6 +47,7 @@ class StatsRequest:
           f"unknown statistic(s) {unknown} in want={want}; valid statistics are {known} "
           "(variance, sign mean, etc. are derived from 'mean', 'sq', 'sign' by GradStats).")
     object.__setattr__(self, "want", tuple(s for s in known if s in set(want) | {"mean"}))
+    object.__setattr__(self, "layers", layers_lib.check(self.layers))
     if self.granularity not in GRANULARITIES:
       raise ValueError(f"unknown granularity={self.granularity!r}; valid: {GRANULARITIES}.")
     clip = self.per_example_clip
@@ -64,12 +71,16 @@ class StatsRequest:
     return self.want == ("mean",) and self.granularity == "example" \
         and self.per_example_clip is None
 
-  def union(self, want: Sequence[str], granularity: str) -> StatsRequest:
-    """This request plus `want` at `granularity`; ValueError if the granularities clash.
+  def union(self, want: Sequence[str], granularity: str,
+            layers: Sequence[str] = ()) -> StatsRequest:
+    """This request plus `want` at `granularity` for `layers`; ValueError if the
+    granularities clash.
 
-    A request for "mean" alone has no granularity of its own: it takes the other's.
+    A request for "mean" alone has no granularity or layers of its own: it takes the
+    other's. Otherwise two different layer selections give every layer.
     """
     extra = tuple(dict.fromkeys(w for w in want if w != "mean"))
+    layers = layers_lib.check(layers)
     if not extra:
       return self
     if self.want != ("mean",) and granularity != self.granularity:
@@ -77,5 +88,9 @@ class StatsRequest:
           f"the optimizer reads {self.granularity}-level statistics but {granularity}-level "
           f"statistics {list(extra)} are asked for logging; one backward pass computes one "
           f"granularity: set stats.granularity={self.granularity}.")
+    if self.want == ("mean",):
+      merged = layers
+    else:
+      merged = self.layers if self.layers == layers else ()
     return StatsRequest(want=self.want + extra, granularity=granularity,
-                        per_example_clip=self.per_example_clip)
+                        per_example_clip=self.per_example_clip, layers=merged)

@@ -18,6 +18,8 @@ without signal; the median over coordinates of |ḡ|/σ̂ that was logged before
 noise floor instead (median |t_{n−1}|/√n for μ = 0: 0.68/√n at n = 32).
 frac_mean_dominated has a floor too: with μ = 0 it is P(|t_{n−1}| > 1) (0.325 at
 n = 32, 0.317 for large n); read it as descriptive only.
+A leaf outside the request's layer selection (`GradStats.layers`) gets gbar2_mean only,
+and the totals below run over the selected leaves.
 Whole model (key "stats/total/<name>"):
   mu2_over_var_b, mu2_over_var and frac_mean_dominated over all coordinates,
   norm_p10/p50/p90, and the gradient noise scale
@@ -84,10 +86,13 @@ def layer_summaries(stats: GradStats) -> dict[str, jax.Array]:
   var = stats.variance if has_sq else None
   paths = jax.tree_util.tree_flatten_with_path(mean)[0]
   n_dominated, n_coords, sum_mu2, sum_var = 0.0, 0, 0.0, 0.0
+  chosen = [stats.selects(leaf_name(path)) for path, _ in paths]
   for i, (path, m) in enumerate(paths):
     key = f"stats/{leaf_name(path)}"
     m2 = jnp.square(m.astype(jnp.float32))
     out[f"{key}/gbar2_mean"] = jnp.mean(m2)
+    if not chosen[i]:  # outside the request's layer selection: no statistics asked
+      continue
     if has_sq:
       v = jax.tree.leaves(var)[i].astype(jnp.float32)
       s_mu2, s_var = jnp.sum(m2 - v / n), jnp.sum(v)
@@ -107,9 +112,11 @@ def layer_summaries(stats: GradStats) -> dict[str, jax.Array]:
     out["stats/total/mu2_over_var_b"] = _ratio(sum_mu2, sum_var / n)
     out["stats/total/mu2_over_var"] = _ratio(sum_mu2, sum_var)
   if has_norms:
-    sq_norms_B = stats.total_sq_norms
+    sq_norms_B = sum(x for x, c in zip(jax.tree.leaves(stats.sq_norms), chosen, strict=True)
+                     if c)
     out.update(_norm_percentiles(sq_norms_B, "stats/total"))
-    out.update(noise_scale(sq_norms_B, mean))
+    out.update(noise_scale(sq_norms_B, [m for (_, m), c in zip(paths, chosen, strict=True)
+                                        if c]))
   return {k: jnp.asarray(v, jnp.float32) for k, v in out.items()}
 
 
@@ -122,6 +129,8 @@ def registered_summaries(stats: GradStats) -> dict[str, jax.Array]:
   for name, value in present:
     st = registry.get(name)
     for path, leaf in jax.tree_util.tree_flatten_with_path(value)[0]:
+      if not stats.selects(leaf_name(path)):
+        continue
       key = f"stats/{leaf_name(path)}"
       if st.summarize is not None:
         out.update({f"{key}/{suffix}": v for suffix, v in st.summarize(leaf, n).items()})

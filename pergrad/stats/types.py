@@ -43,9 +43,13 @@ class GradStats:
   # name -> Σ_coords φ(g_b) per leaf, leaves float32[B] (kind "example")
   example_stats: dict = flax.struct.field(default_factory=dict)
   granularity: str = flax.struct.field(pytree_node=False, default="example")
+  # The leaves whose statistics were asked (`pergrad.stats.layers`; () = all): the values
+  # of other leaves are zeros (surgery) or computed anyway (vmap, loop); read `selects`.
+  layers: tuple = flax.struct.field(pytree_node=False, default=())
 
   def __init__(self, count, sum=None, coordinate_stats=None, example_stats=None,
-               granularity: str = "example", *, sum_sq=None, sum_sign=None, sq_norms=None):
+               granularity: str = "example", layers: tuple = (), *, sum_sq=None,
+               sum_sign=None, sq_norms=None):
     """Also takes the built-ins by their field names of old: sum_sq, sum_sign, sq_norms."""
     coord = dict(coordinate_stats or {})
     example = dict(example_stats or {})
@@ -58,8 +62,16 @@ class GradStats:
     object.__setattr__(self, "coordinate_stats", coord)
     object.__setattr__(self, "example_stats", example)
     object.__setattr__(self, "granularity", granularity)
+    object.__setattr__(self, "layers", tuple(layers))
 
   # --- generic access ---------------------------------------------------------
+  def selects(self, path: str) -> bool:
+    """Whether the statistics of the leaf at `path` ("block_0/attn/query/kernel") were
+    asked (always True without a layer selection)."""
+    from pergrad.stats.layers import selects
+
+    return selects(self.layers, path)
+
   def has(self, name: str) -> bool:
     """Whether statistic `name` ("mean" or a registered one) was computed."""
     if name == "mean":
@@ -158,6 +170,7 @@ class GradStats:
                           for k, v in self.coordinate_stats.items()},
         example_stats={k: cat(v, other.example_stats[k]) for k, v in self.example_stats.items()},
         granularity=self.granularity,
+        layers=self.layers,
     )
 
 

@@ -31,7 +31,9 @@ def _plain(v: Any) -> Any:
   if isinstance(v, (np.generic, np.ndarray)) and np.ndim(v) == 0:
     v = v.item()
   if isinstance(v, float) and math.isfinite(v):
-    return float(f"{v:.7g}")
+    # 9 significant digits round-trip a float32 exactly (what the device computed), so
+    # offline recomputations from metrics.jsonl (pergrad.gns.resmooth) are exact.
+    return float(f"{v:.9g}")
   return v
 
 

@@ -30,6 +30,7 @@ import optax
 from jax.sharding import Mesh
 
 import pergrad.stats as pstats
+from pergrad import gns
 from pergrad.loss import make_loss_fn
 from pergrad.model import Transformer
 from pergrad.optim import Optimizer, diagnostics
@@ -44,7 +45,8 @@ def train_step(state: TrainState, batch: dict, *, loss_fn, opt: Optimizer,
   """One update θ_{k+1} = θ_k + tx(ḡ_k, stats_k); metrics are those of step k.
 
   Metrics: loss (mean over the batch at θ_k), grad_norm ‖ḡ‖, update_norm,
-  param_norm ‖θ_{k+1}‖, lr (the effective learning rate of this update); with
+  param_norm ‖θ_{k+1}‖, lr (the effective learning rate of this update); "gns/..."
+  when the optimizer tracks the gradient noise scale (`pergrad.gns`, every step); with
   `log_stats`, also "stats/..." and "opt/..." scalars (module docstring).
   """
   loss, stats = pstats.compute(loss_fn, state.params, batch, request=request,
@@ -58,6 +60,7 @@ def train_step(state: TrainState, batch: dict, *, loss_fn, opt: Optimizer,
       "update_norm": optax.tree.norm(updates),
       "param_norm": optax.tree.norm(params),
       "lr": jnp.asarray(opt.learning_rate(state.step), jnp.float32),
+      **gns.metrics(opt_state),  # every step when the optimizer tracks the GNS
   }
   if log_stats:
     metrics.update(pstats.summaries.layer_summaries(stats))

@@ -1,0 +1,166 @@
+"""G1 (Gray et al. 2024), cost: per-example gradient norms of every layer "simultaneously"
+with the weight gradient, at a small cost; of the normalization layers alone, at none.
+
+Runs the statistics benchmark restricted to per-example norms (`pergrad.bench.stats.run`,
+stat set "norms"): a plain `jax.value_and_grad` step beside, in the same process and
+interleaved rep by rep,
+  surgery           all layers; dense layers by the simultaneous method where it pays
+                    (`pergrad.stats.surgery.simultaneous_is_used`), Gram norm elsewhere
+  surgery-separate  all layers; autodiff's weight gradient plus a separate per-example
+                    contraction (or Gram norm): the method before the simultaneous one
+  norms@norm        normalization layers only (`StatsRequest.layers=("norm",)`)
+  vmap, micro_grad  all layers by per-example gradients (references)
+and reports time, XLA FLOPs and peak memory as ratios to the plain step. No training runs.
+
+Verdict (`RULE`, noise-aware): each rep gives a paired time ratio (variant over the plain
+step timed right before it); a bound holds when the median paired ratio over reps is ≤ it,
+fails when the 25th percentile is above it, and is within noise otherwise. Over the
+benchmark's shapes (presets × batch sizes) the medians are taken, as the issue states.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from experiments import overhead
+from experiments.figures import plt, savefig
+from experiments.report_md import fmt_num, md_table
+
+NAME = "norm_cost"
+TITLE = "the cost of per-example gradient norms (all layers, normalization layers only)"
+CLAIM = ("Per-example gradient norms of every layer can be computed simultaneously with the "
+         "weight gradient at a small FLOP cost, and those of the normalization layers at no "
+         "throughput cost (Gray et al., arXiv 2411.00999).")
+BENCH = {
+    "ci": {"presets": ("micro",), "batch_sizes": (4,), "reps": 3, "stat_sets": ("norms",),
+           "layout_first": False},
+    "cpu": {"presets": ("tiny", "medium"), "batch_sizes": (8, 32), "medium_batch_sizes": (8,),
+            "reps": 11, "stat_sets": ("norms",), "layout_first": False},
+    "paper": {"presets": ("small", "paper"), "batch_sizes": (32, 128), "reps": 15,
+              "stat_sets": ("norms",), "layout_first": False},
+}
+# (variant, what, bound on the time ratio, bound on the FLOP ratio)
+BOUNDS = (
+    ("surgery/norms", "all layers", 1.03, 1.05),
+    ("surgery/norms@norm", "normalization layers only", 1.01, None),
+)
+RULE = ("All-layer per-example norms (surgery) must cost ≤ 1.05x the FLOPs and ≤ 1.03x the "
+        "time of a plain value_and_grad step, normalization-layer norms alone ≤ 1.01x the "
+        "time; a time bound holds when the median over reps of the paired ratio (variant / "
+        "plain step timed just before) is ≤ it, fails when its 25th percentile is above, and "
+        "is within noise otherwise; FLOPs are exact. Medians over the benchmark's shapes: "
+        "reproduced if every bound holds, not reproduced if one fails, partly reproduced "
+        "otherwise.")
+SETUP_MD = overhead.SETUP_MD
+
+
+def launch(preset: str, sweep_dir: Path, *, dry_run: bool = False, echo=print):
+  return overhead.launch(preset, sweep_dir, dry_run=dry_run, echo=echo, bench=BENCH[preset])
+
+
+def describe_setup(preset: str) -> str:
+  from pergrad.bench import stats
+
+  args = " ".join(stats.as_argv(**BENCH[preset]))
+  return f"`python scripts/bench_stats.py {args}` (no training runs)."
+
+
+def paired(doc: dict) -> pd.DataFrame:
+  """One row per (shape, variant, rep): the time ratio to the plain step of that rep."""
+  rows = doc["rows"]
+  out = []
+  for r in rows:
+    base = next(b for b in rows if b["preset"] == r["preset"] and b["B"] == r["B"]
+                and b["backend"] == "value_and_grad")
+    for i, (t, t0) in enumerate(zip(r["times"], base["times"], strict=True)):
+      out.append({"preset": r["preset"], "B": r["B"], "variant": f"{r['backend']}/{r['stats']}",
+                  "rep": i, "time_ratio": t / t0, "flops_ratio": r["flops_ratio"],
+                  "peak_ratio": r["peak_ratio"]})
+  return pd.DataFrame(out)
+
+
+def analyze(sweep_dir: Path, out_dir: Path) -> None:
+  doc = json.loads((Path(sweep_dir) / "bench.json").read_text())
+  (Path(out_dir) / "bench.json").write_text(json.dumps(doc, indent=1))
+  overhead.records(doc).to_csv(Path(out_dir) / "norm_cost.csv", index=False)
+  paired(doc).to_csv(Path(out_dir) / "paired.csv", index=False)
+
+
+def summary(pairs: pd.DataFrame) -> pd.DataFrame:
+  """Per shape and variant: median and quartiles of the paired time ratios, FLOPs, peak."""
+  g = pairs.groupby(["preset", "B", "variant"], sort=False)
+  return g.agg(time_median=("time_ratio", "median"),
+               time_q25=("time_ratio", lambda x: float(np.percentile(x, 25))),
+               time_q75=("time_ratio", lambda x: float(np.percentile(x, 75))),
+               flops_ratio=("flops_ratio", "first"), peak_ratio=("peak_ratio", "first"),
+               reps=("rep", "count")).reset_index()
+
+
+def judge(median: float, q25: float, bound: float) -> str:
+  """"holds" | "fails" | "within noise" (see RULE)."""
+  if median <= bound:
+    return "holds"
+  return "fails" if q25 > bound else "within noise"
+
+
+def decide(outcomes: list[str]) -> str:
+  if not outcomes:
+    return "not measured"
+  if any(o == "fails" for o in outcomes):
+    return "not reproduced"
+  return "reproduced" if all(o == "holds" for o in outcomes) else "partly reproduced"
+
+
+def figures(out_dir: Path) -> list[Path]:
+  pairs = pd.read_csv(Path(out_dir) / "paired.csv")
+  pyplot = plt()
+  fig, ax = pyplot.subplots(figsize=(9, 4.5))
+  labels = []
+  for i, ((preset, B, var), g) in enumerate(pairs.groupby(["preset", "B", "variant"],
+                                                            sort=False)):
+    ax.boxplot(g["time_ratio"], positions=[i], widths=0.6, orientation="horizontal")
+    labels.append(f"{preset} B={B} {var}")
+  ax.set_yticks(range(len(labels)))
+  ax.set_yticklabels(labels, fontsize=7)
+  ax.axvline(1.0, color="k", lw=0.8)
+  for _, _, bound, _ in BOUNDS:
+    ax.axvline(bound, color="gray", ls=":", lw=0.8)
+  ax.set_xlabel("time / plain value_and_grad step (paired per rep)")
+  ax.set_title("per-example gradient norms: time ratio per rep")
+  return [savefig(fig, Path(out_dir) / "norm_cost.png")]
+
+
+def report(out_dir: Path) -> dict:
+  pairs = pd.read_csv(Path(out_dir) / "paired.csv")
+  s = summary(pairs)
+  outcomes, parts = [], []
+  for variant, what, t_bound, f_bound in BOUNDS:
+    rows = s[s["variant"] == variant]
+    if rows.empty:
+      parts.append(f"{what}: not measured")
+      continue
+    med, q25 = float(rows["time_median"].median()), float(rows["time_q25"].median())
+    o = judge(med, q25, t_bound)
+    outcomes.append(o)
+    text = (f"{what}: time {fmt_num(med)}x (median over {len(rows)} shapes of the paired "
+            f"median; q25 {fmt_num(q25)}) vs ≤ {t_bound:g}: {o}")
+    if f_bound is not None:
+      f = float(rows["flops_ratio"].median())
+      fo = "holds" if f <= f_bound else "fails"
+      outcomes.append(fo)
+      text += f"; FLOPs {fmt_num(f)}x vs ≤ {f_bound:g}: {fo}"
+    parts.append(text)
+  sep = s[s["variant"] == "surgery-separate/norms"]
+  if len(sep):
+    parts.append(f"before the simultaneous method (surgery-separate): time "
+                 f"{fmt_num(float(sep['time_median'].median()))}x, FLOPs "
+                 f"{fmt_num(float(sep['flops_ratio'].median()))}x")
+  measured = "; ".join(parts) + " (ratios to a plain value_and_grad step, same process)."
+  return {"verdict": decide(outcomes), "rule": RULE, "finding": f"Rule: {RULE} {measured}",
+          "claim_row": measured, "setup_md": SETUP_MD,
+          "numbers_md": "Paired time ratios per shape and variant (median and quartiles over "
+          "reps), XLA FLOP and peak-memory ratios:\n\n" + md_table(s)}

@@ -1,0 +1,50 @@
+"""Which parameter leaves a statistics request covers: layer types and path patterns.
+
+A leaf is named by its path, "block_0/attn/query/kernel". Its layer type is the first
+match of `TYPE_RULES` (fnmatch on the path): "norm", "unembedding", "embedding",
+"attention", "mlp", else "other" (the rules fit `pergrad.model.Transformer` and the
+common GPT namings). A selection is a tuple of layer types and/or fnmatch patterns; the
+empty selection covers every leaf. `StatsRequest.layers` carries one, and the gradient
+noise scale (`pergrad.gns`) groups leaves by these types.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Sequence
+
+LAYER_TYPES = ("norm", "unembedding", "embedding", "attention", "mlp", "other")
+# (fnmatch pattern on the leaf path, layer type): the first match wins.
+TYPE_RULES: tuple[tuple[str, str], ...] = (
+    ("*norm*", "norm"), ("*ln_*", "norm"),
+    ("*unembed*", "unembedding"), ("*lm_head*", "unembedding"),
+    ("*embed*", "embedding"), ("*wte*", "embedding"), ("*wpe*", "embedding"),
+    ("*attn*", "attention"), ("*attention*", "attention"),
+    ("*mlp*", "mlp"), ("*ffn*", "mlp"),
+)
+
+
+def layer_type(path: str, rules: Sequence[tuple[str, str]] = TYPE_RULES) -> str:
+  """The layer type of a leaf path (first matching rule; "other" if none)."""
+  for pattern, kind in rules:
+    if fnmatch.fnmatchcase(path, pattern):
+      return kind
+  return "other"
+
+
+def selects(layers: Sequence[str], path: str) -> bool:
+  """Whether the selection `layers` (types or fnmatch patterns; empty: all) covers `path`."""
+  if not layers:
+    return True
+  kind = layer_type(path)
+  return any(sel == kind or fnmatch.fnmatchcase(path, sel) for sel in layers)
+
+
+def check(layers: Sequence[str]) -> tuple[str, ...]:
+  """The selection as a sorted tuple; ValueError on an empty or non-string entry."""
+  layers = (layers,) if isinstance(layers, str) else tuple(layers)
+  bad = [x for x in layers if not isinstance(x, str) or not x]
+  if bad:
+    raise ValueError(f"layers={list(layers)}: each entry is a layer type {LAYER_TYPES} or a "
+                     "path pattern like 'block_*/attn/*'.")
+  return tuple(sorted(set(layers)))

@@ -1,0 +1,117 @@
+"""Reports of the GNS experiments (norm_cost, gns_layers) on constructed data, including
+the cases that flip their verdicts."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from experiments import gns_layers, norm_cost  # noqa: E402
+
+# --- norm_cost ---------------------------------------------------------------------------------
+
+
+def _bench(ratios: dict[str, list[float]], flops: dict[str, float], base=0.1) -> dict:
+  """A bench.json whose variants take base·ratio per rep, paired with the plain step."""
+  reps = len(next(iter(ratios.values())))
+  rows = [dict(preset="tiny", B=8, backend="value_and_grad", stats="mean", times=[base] * reps,
+               flops_ratio=1.0, peak_ratio=1.0)]
+  for var, rs in ratios.items():
+    backend, stats = var.split("/")
+    rows.append(dict(preset="tiny", B=8, backend=backend, stats=stats,
+                     times=[base * r for r in rs], flops_ratio=flops.get(var, 1.0),
+                     peak_ratio=1.0))
+  return {"rows": rows}
+
+
+def _norm_cost(tmp_path, name, ratios, flops):
+  d = tmp_path / name
+  d.mkdir()
+  (d / "sweep").mkdir()
+  (d / "sweep" / "bench.json").write_text(json.dumps(_bench(ratios, flops)))
+  norm_cost.analyze(d / "sweep", d)
+  assert norm_cost.figures(d)[0].exists()
+  return norm_cost.report(d)
+
+
+def test_norm_cost_verdicts(tmp_path):
+  ok = {"surgery/norms": [1.0, 1.01, 1.02, 0.99, 1.0], "surgery/norms@norm": [1.0] * 5}
+  rep = _norm_cost(tmp_path, "ok", ok, {"surgery/norms": 1.003})
+  assert rep["verdict"] == "reproduced" and rep["rule"] == norm_cost.RULE
+  # FLOPs over the bound: a failure whatever the time.
+  rep = _norm_cost(tmp_path, "flops", ok, {"surgery/norms": 1.34})
+  assert rep["verdict"] == "not reproduced" and "FLOPs 1.340x vs ≤ 1.05: fails" in rep["finding"]
+  # Median over the bound but the bound inside the reps' spread: within noise -> partly.
+  noisy = {**ok, "surgery/norms@norm": [0.98, 1.0, 1.02, 1.03, 1.04]}
+  rep = _norm_cost(tmp_path, "noisy", noisy, {"surgery/norms": 1.003})
+  assert rep["verdict"] == "partly reproduced" and "within noise" in rep["finding"]
+  # Every rep above the bound: fails.
+  slow = {**ok, "surgery/norms": [1.2, 1.21, 1.19, 1.22, 1.2]}
+  rep = _norm_cost(tmp_path, "slow", slow, {"surgery/norms": 1.003})
+  assert rep["verdict"] == "not reproduced"
+
+
+def test_norm_cost_judge_and_decide():
+  assert norm_cost.judge(1.0, 0.9, 1.01) == "holds"
+  assert norm_cost.judge(1.02, 1.0, 1.01) == "within noise"
+  assert norm_cost.judge(1.05, 1.02, 1.01) == "fails"
+  assert norm_cost.decide([]) == "not measured"
+
+
+# --- gns_layers --------------------------------------------------------------------------------
+
+
+def _gns_table(seeds, coupled: bool, steps=200, seed=0):
+  """Raw per-step terms: the norm group's S drifts up over training; the total's S is
+  2× the norm's (coupled) or an independent random walk; |G|² constant."""
+  rng = np.random.default_rng(seed)
+  rows = []
+  for s in seeds:
+    drift = np.linspace(1.0, 3.0, steps) * (1 + 0.05 * s)
+    walk = 2.0 + np.cumsum(rng.normal(0, 0.2, steps)).clip(-1.5, 3)
+    for k in range(steps):
+      S_norm = drift[k] * (1 + 0.3 * rng.standard_normal())
+      S_tot = (2 * drift[k] if coupled else walk[k]) * (1 + 0.3 * rng.standard_normal())
+      rows.append({"run": f"train.seed={s}", "train.seed": s, "step": k + 1,
+                   "data.batch_size": 32, "gns/norm/G2": 1.0, "gns/norm/S": S_norm,
+                   "gns/total/G2": 1.0, "gns/total/S": S_tot})
+  return pd.DataFrame(rows)
+
+
+def _gns_report(tmp_path, name, table):
+  d = tmp_path / name
+  d.mkdir()
+  gns_layers.analyze(table, pd.DataFrame({"run": table["run"].unique()}), d)
+  assert gns_layers.figures(d)[0].exists()
+  return gns_layers.report(d), pd.read_csv(d / "gns_regression.csv")
+
+
+def test_gns_layers_verdicts(tmp_path):
+  rep, reg = _gns_report(tmp_path, "coupled", _gns_table((0, 1, 2), coupled=True))
+  assert rep["verdict"] == "reproduced", rep["finding"]
+  at = reg[np.isclose(reg["alpha"], gns_layers.ALPHA)]
+  assert len(at) == 3 and (at["slope"].between(1.6, 2.4)).all()  # total = 2 × norm
+  assert set(reg["alpha"]) == set(gns_layers.ALPHAS)
+  rep, _ = _gns_report(tmp_path, "independent", _gns_table((0, 1, 2), coupled=False))
+  assert rep["verdict"] in ("not reproduced", "partly reproduced"), rep["finding"]
+  rep, _ = _gns_report(tmp_path, "one", _gns_table((0,), coupled=True))
+  assert rep["verdict"] == "undetermined"
+  assert gns_layers.decide([0.95, 0.97, 0.96]) == "reproduced"
+  assert gns_layers.decide([0.5, 0.6, 0.55]) == "not reproduced"
+  assert gns_layers.decide([0.95, 0.7, 0.99]) == "partly reproduced"
+
+
+def test_gns_layers_smoothing_is_the_trackers():
+  """The offline smoothing of the analysis is `pergrad.gns.smooth`: a constant input gives
+  itself at every step (debiased from the first step)."""
+  t = gns_layers.terms(_gns_table((0,), coupled=True, steps=30).assign(
+      **{"gns/norm/S": 2.0, "gns/norm/G2": 0.5}))
+  sm = gns_layers.smoothed(t, 0.9)
+  np.testing.assert_allclose(sm[sm["group"] == "norm"]["b_simple"], 4.0, rtol=1e-6)
