@@ -299,7 +299,8 @@ def test_batch_sharded_over_two_devices_matches_one_device():
 
 
 @pytest.mark.parametrize("method,want", [
-    ("simultaneous", ALL), ("separate", ("mean", "norms")),
+    ("simultaneous", ALL),
+    pytest.param("separate", ("mean", "norms"), marks=pytest.mark.extended),
     pytest.param("simultaneous", ("mean", "norms"), marks=pytest.mark.extended),
     pytest.param("separate", ALL, marks=pytest.mark.extended)])
 def test_both_dense_methods_match_loop(method, want):
