@@ -63,10 +63,7 @@ def launch(preset: str, sweep_dir: Path, *, dry_run: bool = False, echo=print):
 
 
 def describe_setup(preset: str) -> str:
-  from pergrad.bench import stats
-
-  args = " ".join(stats.as_argv(**BENCH[preset]))
-  return f"`python scripts/bench_stats.py {args}` (no training runs)."
+  return overhead.describe_setup(preset, BENCH[preset])
 
 
 def paired(doc: dict) -> pd.DataFrame:

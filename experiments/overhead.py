@@ -85,11 +85,12 @@ def launch(preset: str, sweep_dir: Path, *, dry_run: bool = False, echo=print,
   return log
 
 
-def describe_setup(preset: str) -> str:
-  """The benchmark's command line at `preset` (the README's setup if the report has none)."""
+def describe_setup(preset: str, bench: dict | None = None) -> str:
+  """The benchmark's command line at `preset` (the README's setup if the report has none),
+  with the options `bench` (default: this experiment's BENCH[preset])."""
   from pergrad.bench import stats
 
-  args = " ".join(stats.as_argv(**BENCH[preset]))
+  args = " ".join(stats.as_argv(**(BENCH[preset] if bench is None else bench)))
   return f"`python scripts/bench_stats.py {args}` (no training runs)."
 
 

@@ -51,7 +51,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from pergrad.optim import common
 from pergrad.stats.layers import LAYER_TYPES, TYPE_RULES, layer_type, selects
+from pergrad.stats.summaries import noise_terms
 from pergrad.stats.types import GradStats
 
 TOTAL = "total"
@@ -99,9 +101,8 @@ def leaf_terms(stats: GradStats) -> tuple[list[jax.Array], list[jax.Array]]:
   B = stats.count.astype(jnp.float32)
   P = [jnp.mean(n.astype(jnp.float32)) for n in jax.tree.leaves(stats.sq_norms)]
   g2 = [jnp.sum(jnp.square(m.astype(jnp.float32))) for m in jax.tree.leaves(stats.mean)]
-  G2 = [(B * g - p) / (B - 1.0) for g, p in zip(g2, P, strict=True)]
-  S = [(p - g) / (1.0 - 1.0 / B) for g, p in zip(g2, P, strict=True)]
-  return G2, S
+  terms = [noise_terms(B, p, g) for g, p in zip(g2, P, strict=True)]
+  return [t[0] for t in terms], [t[1] for t in terms]
 
 
 def group_terms(stats: GradStats, groups: Mapping[str, Sequence[int]]
@@ -177,9 +178,7 @@ def track_gns(alpha: float, *, tied_leaf: str | None = None, tied: str = "includ
 
 
 def find_state(opt_state: Any) -> GnsTrackerState | None:
-  found = [s for s in jax.tree.leaves(opt_state, is_leaf=lambda x: isinstance(x, GnsTrackerState))
-           if isinstance(s, GnsTrackerState)]
-  return found[0] if found else None
+  return common.find_state(opt_state, GnsTrackerState)
 
 
 def metrics(opt_state: Any) -> dict[str, jax.Array]:

@@ -33,6 +33,13 @@ def require_stats(grad_stats: GradStats | None, who: str, *, need: tuple[str, ..
   return grad_stats
 
 
+def find_state(opt_state: Any, cls: type) -> Any:
+  """The first sub-state of type `cls` in `opt_state` (None if there is none)."""
+  found = [s for s in jax.tree.leaves(opt_state, is_leaf=lambda x: isinstance(x, cls))
+           if isinstance(s, cls)]
+  return found[0] if found else None
+
+
 def check_beta(beta: float, name: str = "beta") -> None:
   """ValueError unless `beta` is an EMA decay in [0, 1)."""
   if not 0.0 <= beta < 1.0:

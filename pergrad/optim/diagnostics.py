@@ -58,7 +58,7 @@ import numpy as np
 import optax
 
 from pergrad.optim.adam_family import ScaleByAdamFamilyState
-from pergrad.optim.common import check_beta, f32, require_stats
+from pergrad.optim.common import check_beta, f32, find_state, require_stats
 from pergrad.stats.types import GradStats
 
 _TINY = float(jnp.finfo(jnp.float32).tiny)
@@ -92,13 +92,6 @@ def track_snr(beta: float) -> optax.GradientTransformationExtraArgs:
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
 
-def _find(opt_state: Any, cls: type) -> Any:
-  """The first sub-state of type `cls` in `opt_state` (None if there is none)."""
-  found = [s for s in jax.tree.leaves(opt_state, is_leaf=lambda x: isinstance(x, cls))
-           if isinstance(s, cls)]
-  return found[0] if found else None
-
-
 def _ratio(num, den):
   return num / jnp.maximum(den, _TINY)
 
@@ -124,11 +117,11 @@ def diagnostics(opt_state: Any, stats: GradStats) -> dict[str, jax.Array]:
     var_b = jax.tree.map(lambda v: v / n, var)
     quantities["snr2_example"] = (mu2, var)
     quantities["snr2_batch"] = (mu2, var_b)
-  tracker = _find(opt_state, SnrTrackerState)
+  tracker = find_state(opt_state, SnrTrackerState)
   if tracker is not None:
     quantities["snr2_ema"] = (jax.tree.map(lambda m, w: jnp.square(m) - w, tracker.mu,
                                            tracker.var_mu), tracker.var_mu)
-  adam = _find(opt_state, ScaleByAdamFamilyState)
+  adam = find_state(opt_state, ScaleByAdamFamilyState)
   if adam is not None and has_sq:
     v_hat = jax.tree.map(lambda v: v / jnp.maximum(adam.nu_weight, _TINY), adam.nu)
     quantities["share_mu2"] = (mu2, v_hat)

@@ -141,6 +141,12 @@ def registered_summaries(stats: GradStats) -> dict[str, jax.Array]:
   return out
 
 
+def noise_terms(B, P, gbar2):
+  """(|G|²_est, S_est) = ((B‖ḡ‖² − P)/(B − 1), (P − ‖ḡ‖²)/(1 − 1/B)) from P = mean_b ‖g_b‖²
+  and gbar2 = ‖ḡ‖² (McCandlish et al. 2018; also `pergrad.gns`, per leaf and group)."""
+  return (B * gbar2 - P) / (B - 1.0), (P - gbar2) / (1.0 - 1.0 / B)
+
+
 def noise_scale(sq_norms_B: jax.Array, mean) -> dict[str, jax.Array]:
   """Per-example estimators of |G|², S = tr Σ and B_simple = S/|G|² (see module doc)."""
   B = sq_norms_B.shape[-1]
@@ -149,6 +155,5 @@ def noise_scale(sq_norms_B: jax.Array, mean) -> dict[str, jax.Array]:
   if B < 2:
     nan = jnp.asarray(jnp.nan, jnp.float32)
     return {"stats/total/gns_G2": nan, "stats/total/gns_S": nan, "stats/total/gns_b_simple": nan}
-  G2 = (B * gbar2 - P) / (B - 1)
-  S = (P - gbar2) / (1 - 1 / B)
+  G2, S = noise_terms(B, P, gbar2)
   return {"stats/total/gns_G2": G2, "stats/total/gns_S": S, "stats/total/gns_b_simple": S / G2}
