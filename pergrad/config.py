@@ -76,7 +76,7 @@ class DataConfig:
   seq_len: int = 128  # tokens per training sequence (T)
   batch_size: int = 32  # global batch (B), split across devices
   eval_batch_size: int = 32
-  seed: int = 0  # data order; batch k is a pure function of (seed, k)
+  seed: int = 0  # data order; example i is a pure function of (seed, i)
 
 
 class WandbMode(str, enum.Enum):
@@ -138,6 +138,31 @@ class StatsConfig:
   layers: list[str] = dataclasses.field(default_factory=list)
 
 
+class BatchKind(str, enum.Enum):
+  fixed = "fixed"  # data.batch_size every update
+  linear = "linear"  # a linear ramp in tokens from batch.start to data.batch_size
+  gns = "gns"  # B = gns_factor x the tracked B_simple (needs stats.gns), never decreasing
+
+
+@dataclasses.dataclass
+class BatchConfig:
+  """The batch-size schedule (`pergrad.train.batch_schedule`). The run's length stays
+  train.steps x data.batch_size examples; a schedule spends them in more, smaller updates,
+  and the learning-rate schedule is indexed by examples seen, so it does not depend on it."""
+
+  kind: BatchKind = BatchKind.fixed
+  # Allowed sizes (one compiled step each), ascending, the largest = data.batch_size;
+  # []: powers of two from batch.start up to data.batch_size.
+  sizes: list[int] = dataclasses.field(default_factory=list)
+  start: int = 8  # the first updates' size (linear and gns)
+  ramp_tokens: int = 0  # linear: tokens over which B grows from start to data.batch_size
+  gns_factor: float = 1.0  # gns: target B = gns_factor x B_simple of gns_group
+  gns_group: str = "total"  # gns: which tracked group's B_simple (total, norm, ...)
+  every: int = 25  # gns: updates between decisions (each reads the tracker: one host sync)
+  # Learning rate when B < data.batch_size: lr x (B / data.batch_size)^k, k = 0, 1/2, 1.
+  lr_scaling: str = "none"
+
+
 @dataclasses.dataclass
 class TrainConfig:
   steps: int = 300
@@ -167,6 +192,7 @@ class Config:
   schedule: ScheduleConfig = dataclasses.field(default_factory=ScheduleConfig)
   logging: LoggingConfig = dataclasses.field(default_factory=LoggingConfig)
   stats: StatsConfig = dataclasses.field(default_factory=StatsConfig)
+  batch: BatchConfig = dataclasses.field(default_factory=BatchConfig)
   train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
   dist: DistConfig = dataclasses.field(default_factory=DistConfig)
   name: str = "run"  # free-form run name (W&B run name, sweep tables)
@@ -184,6 +210,7 @@ def register() -> None:
   cs.store(group="schedule", name="schema", node=ScheduleConfig)
   cs.store(group="logging", name="schema", node=LoggingConfig)
   cs.store(group="stats", name="schema", node=StatsConfig)
+  cs.store(group="batch", name="schema", node=BatchConfig)
 
 
 __all__ = [n for n in dir() if n.endswith("Config")] + ["register", "MISSING"]

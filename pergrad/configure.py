@@ -25,6 +25,9 @@ from pergrad.optim import configs as optim_registry
 from pergrad.optim.schedule import ScheduleConfig
 from pergrad.plan import LoggingSpec, RunPlan, StatsPlan, TrainSpec, WandbSpec
 from pergrad.stats import StatsRequest, check_microbatch, resolve_backend
+from pergrad.stats.layers import LAYER_TYPES
+from pergrad.train import batch_schedule
+from pergrad.train.batch_schedule import BatchSchedule
 
 CONFIGS_DIR = Path(__file__).resolve().parents[1] / "configs"
 
@@ -86,16 +89,44 @@ def build_plan(cfg: Any, n_devices: int = 1) -> RunPlan:
   except ValueError as e:
     raise ValueError(f"stats.{e}") from None
 
-  opt = build_optimizer(_optimizer_config(cfg, c["optimizer"]),
-                        _spec(ScheduleConfig, c["schedule"]), total_steps=t["steps"],
+  batch = _batch_schedule(c["batch"], data.batch_size, data.seq_len, n_devices, s)
+  opt_cfg = _optimizer_config(cfg, c["optimizer"])
+  if batch.kind != "fixed" and opt_cfg.sde_scaling:
+    raise ValueError("optimizer.sde_scaling=true scales β and ε once for data.batch_size, "
+                     "which a batch schedule changes; set optimizer.sde_scaling=false or "
+                     "batch.kind=fixed.")
+  opt = build_optimizer(opt_cfg, _spec(ScheduleConfig, c["schedule"]), total_steps=t["steps"],
                         batch_size=data.batch_size, track_snr=s["track_snr"],
-                        gns=_gns_tracker(s, model), gns_layers=tuple(s["layers"]))
+                        gns=_gns_tracker(s, model), gns_layers=tuple(s["layers"]),
+                        batch_lr_scaling=batch.lr_scaling)
   stats = _stats_plan(opt.request, s)
   w = lg["wandb"]
   logging = LoggingSpec(name=c["name"], log_every=lg["log_every"], progress=lg["progress"],
                         wandb=_spec(WandbSpec, {**w, "tags": tuple(w["tags"] or ())}))
-  return RunPlan(model=model, data=data, optimizer=opt, stats=stats,
+  return RunPlan(model=model, data=data, optimizer=opt, stats=stats, batch=batch,
                  train=_spec(TrainSpec, t), logging=logging, config=c)
+
+
+def _batch_schedule(b: dict, max_size: int, seq_len: int, n_devices: int,
+                    s: dict) -> BatchSchedule:
+  """The batch schedule of config `batch` (one ValueError line on a bad setting)."""
+  if b["kind"] == "fixed":
+    return BatchSchedule(sizes=(max_size,), start=max_size)
+  if b["start"] > max_size:
+    raise ValueError(f"batch.start={b['start']} exceeds data.batch_size={max_size} (the "
+                     "largest size); lower batch.start.")
+  sizes = tuple(b["sizes"]) or batch_schedule.default_sizes(b["start"], max_size)
+  if sizes[-1] != max_size:
+    raise ValueError(f"batch.sizes={list(sizes)} must end at data.batch_size={max_size} (the "
+                     "size the schedule grows to); add it or change data.batch_size.")
+  sched = BatchSchedule(kind=b["kind"], sizes=sizes, start=b["start"],
+                        ramp_examples=-(-b["ramp_tokens"] // seq_len),
+                        gns_factor=b["gns_factor"], gns_group=b["gns_group"],
+                        every=b["every"], lr_scaling=b["lr_scaling"])
+  groups = (*LAYER_TYPES, gns.TOTAL) if s["gns"] else None
+  batch_schedule.check(sched, n_devices=n_devices, microbatch=s["microbatch_size"],
+                       gns_groups=groups)
+  return sched
 
 
 def _optimizer_config(cfg: Any, o: dict):

@@ -1,7 +1,7 @@
 """The run plan: what one training run does, as frozen plain dataclasses.
 
     plan = pergrad.configure.build_plan(cfg, n_devices)   # the only way from a config
-    plan.model, plan.data, plan.optimizer, plan.stats, plan.train, plan.logging
+    plan.model, plan.data, plan.optimizer, plan.stats, plan.batch, plan.train, plan.logging
 
 The library takes these objects and never reads a config. `pergrad.configure` builds
 them from the composed Hydra config, checking every cross-field rule once.
@@ -24,6 +24,7 @@ from pergrad.data import DataSpec
 from pergrad.model import ModelSpec
 from pergrad.optim import Optimizer
 from pergrad.stats import StatsRequest
+from pergrad.train.batch_schedule import BatchSchedule
 
 CONFIG = "config.yaml"
 SUMMARY = "summary.json"
@@ -56,6 +57,14 @@ class StatsPlan:
 
 @dataclasses.dataclass(frozen=True)
 class TrainSpec:
+  """Length and cadences, in full-batch steps: units of data.batch_size examples.
+
+  A fixed-batch run makes `steps` updates; with a batch-size schedule the run ends at the
+  first update that reaches steps x B_max examples, and evaluations and checkpoints come
+  at the updates that cross a multiple of eval_every (checkpoint_every) x B_max examples,
+  so runs with different batch schedules are evaluated at the same tokens.
+  """
+
   steps: int
   seed: int = 0
   eval_every: int = 100  # 0: only at the end
@@ -63,12 +72,25 @@ class TrainSpec:
   checkpoint_every: int = 100  # 0: only at the end
   keep_checkpoints: int = 2
 
-  def evals_at(self, k: int) -> bool:
-    return self.eval_batches > 0 and (
-        k == self.steps or (self.eval_every > 0 and k % self.eval_every == 0))
+  def evals_at(self, before: int, after: int, unit: int) -> bool:
+    """Whether the update that took the examples seen from `before` to `after` evaluates
+    (unit = B_max examples per full-batch step)."""
+    return self.eval_batches > 0 and _crosses(before, after, unit, self.eval_every,
+                                              self.steps)
 
-  def checkpoints_at(self, k: int) -> bool:
-    return k == self.steps or (self.checkpoint_every > 0 and k % self.checkpoint_every == 0)
+  def checkpoints_at(self, before: int, after: int, unit: int) -> bool:
+    return _crosses(before, after, unit, self.checkpoint_every, self.steps)
+
+  def done(self, seen: int, unit: int) -> bool:
+    return seen >= self.steps * unit
+
+
+def _crosses(before: int, after: int, unit: int, every: int, steps: int) -> bool:
+  """The end of the run (steps x unit examples), or a multiple of every x unit, lies in
+  (before, after]."""
+  if after >= steps * unit:
+    return True
+  return every > 0 and after // (every * unit) > before // (every * unit)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,6 +116,7 @@ class RunPlan:
   data: DataSpec
   optimizer: Optimizer
   stats: StatsPlan
+  batch: BatchSchedule
   train: TrainSpec
   logging: LoggingSpec
   config: dict  # the resolved config, plain (written to config.yaml and W&B)

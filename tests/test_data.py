@@ -91,16 +91,25 @@ def test_bpe_tokenizer_round_trip_and_compression(bpe_data):
   assert len(ids) < len(text) / 2  # merges were learnt (bytes would give len(text))
 
 
+def _splitmix64(x: int) -> int:
+  mask = 2**64 - 1
+  z = (x + 0x9E3779B97F4A7C15) & mask
+  z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+  z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+  return z ^ (z >> 31)
+
+
 def test_batches_shapes_dtypes_and_shift(bpe_data, bpe_cfg, tfds_dir):
   batch = bpe_data.train_batch(7)
   for k in ("inputs", "targets"):
     assert batch[k].shape == (B, T) and batch[k].dtype == np.int32
     assert 0 <= batch[k].min() and batch[k].max() < bpe_data.vocab_size
   np.testing.assert_array_equal(batch["inputs"][:, 1:], batch["targets"][:, :-1])
-  # Reference: windows of T+1 tokens of the cached training stream at offsets drawn by
-  # default_rng([seed, step]).
+  # Reference: windows of T+1 tokens of the cached training stream; example i = 7B + b
+  # starts at splitmix64(splitmix64(seed) + i) mod (positions), here in Python integers.
   stream = np.load(tfds_dir / "pergrad_tokens/shakespeare/v1/bpe_1024.train.npy")
-  offsets = np.random.default_rng([bpe_cfg.seed, 7]).integers(0, len(stream) - T, size=B)
+  offsets = [_splitmix64(_splitmix64(bpe_cfg.seed) + 7 * B + b) % (len(stream) - T)
+             for b in range(B)]
   windows = np.stack([stream[o:o + T + 1] for o in offsets])
   np.testing.assert_array_equal(batch["inputs"], windows[:, :-1])
   np.testing.assert_array_equal(batch["targets"], windows[:, 1:])

@@ -14,10 +14,14 @@ Built-in TFDS datasets (lm1b, c4/en) are read in place from `{tfds_dir}` through
 they are never downloaded here); documents are tokenized on the fly, and a BPE model is
 trained on a bounded sample of the training split (the first documents in stored order).
 
-Batches: training batch k holds B windows of T+1 tokens whose positions are drawn with
-`np.random.default_rng([seed, k])`, so it is a pure function of (seed, k) and a resumed
-run sees the very batches it would have seen. Evaluation windows are evenly spaced over
-the validation split, the same for every call and every seed.
+Training examples: example i of the run (i = 0, 1, ... in the order the updates consume
+them) is the window of T+1 tokens (or the document) at position
+splitmix64(splitmix64(seed) + i) mod (number of positions), so the stream is a pure
+function of (seed, i): a batch of B examples after `seen` examples is examples
+seen..seen+B-1 (`train_examples`), whatever the earlier batches' sizes, so a resumed run
+and a run with another batch-size schedule see the same examples in the same order.
+Evaluation windows are evenly spaced over the validation split, the same for every call
+and every seed.
 """
 
 from __future__ import annotations
@@ -66,7 +70,7 @@ class DataSpec:
   seq_len: int = 128  # tokens per training sequence (T)
   batch_size: int = 32  # global batch (B)
   eval_batch_size: int = 32
-  seed: int = 0  # data order; batch k is a pure function of (seed, k)
+  seed: int = 0  # data order; example i is a pure function of (seed, i)
 
   def __post_init__(self):
     object.__setattr__(self, "tfds_dir", os.path.expanduser(str(self.tfds_dir)))
@@ -100,13 +104,35 @@ class Tokenizer(Protocol):
 
 
 class _Windows(Protocol):
-  """A split that yields windows of L tokens (`int32[n, L]`); `rows` picks some of the n
-  (the same windows whatever the slice: the starts of all n are drawn first)."""
+  """A split that yields windows of L tokens (`int32[n, L]`); `rows` picks some of the n."""
 
-  def random(self, rng: np.random.Generator, n: int, length: int,
-             rows: slice = slice(None)) -> np.ndarray: ...
+  def positions(self, length: int) -> int:
+    """How many distinct windows of `length` tokens there are (where `at` may point)."""
+
+  def at(self, positions: np.ndarray, length: int) -> np.ndarray: ...
 
   def spaced(self, n: int, length: int, rows: slice = slice(None)) -> np.ndarray: ...
+
+
+_GOLDEN, _M1, _M2 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np.uint64(
+    0x94D049BB133111EB)
+
+
+def _splitmix64(x: np.ndarray) -> np.ndarray:
+  """The splitmix64 finalizer of x + golden ratio (uint64 in, uint64 out, wrapping)."""
+  z = np.asarray(x, np.uint64) + _GOLDEN
+  z = (z ^ (z >> np.uint64(30))) * _M1
+  z = (z ^ (z >> np.uint64(27))) * _M2
+  return z ^ (z >> np.uint64(31))
+
+
+def example_positions(seed: int, indices: np.ndarray, n: int) -> np.ndarray:
+  """Where example i of the stream of `seed` starts, in [0, n): a pure function of
+  (seed, i) (module docstring); uniform up to a bias of n / 2^64."""
+  with np.errstate(over="ignore"):
+    key = _splitmix64(np.asarray([seed], np.uint64))
+    h = _splitmix64(key + np.asarray(indices, np.uint64))
+  return (h % np.uint64(n)).astype(np.int64)
 
 
 class TokenStream:
@@ -115,9 +141,11 @@ class TokenStream:
   def __init__(self, tokens: np.ndarray):
     self.tokens = tokens
 
-  def random(self, rng, n, length, rows=slice(None)):
-    offsets = rng.integers(0, len(self.tokens) - length + 1, size=n)
-    return self._take(offsets[rows], length)
+  def positions(self, length):
+    return len(self.tokens) - length + 1
+
+  def at(self, positions, length):
+    return self._take(positions, length)
 
   def spaced(self, n, length, rows=slice(None)):
     offsets = np.linspace(0, len(self.tokens) - length, n).round().astype(np.int64)
@@ -134,8 +162,12 @@ class DocumentWindows:
   def __init__(self, source, tokenizer: Tokenizer):
     self.source, self.tokenizer = source, tokenizer
 
-  def random(self, rng, n, length, rows=slice(None)):
-    return self._take(rng.integers(0, len(self.source), size=n)[rows], length)
+  def positions(self, length):
+    del length
+    return len(self.source)
+
+  def at(self, positions, length):
+    return self._take(positions, length)
 
   def spaced(self, n, length, rows=slice(None)):
     starts = np.linspace(0, len(self.source) - 1, n).round().astype(np.int64)
@@ -169,12 +201,19 @@ class LMData:
     self.eval_batch_size, self.seed = eval_batch_size, seed
     self._train, self._validation, self._description = train, validation, description
 
+  def train_examples(self, seen: int, count: int,
+                     part: tuple[int, int] = (0, 1)) -> dict[str, np.ndarray]:
+    """The batch of training examples seen..seen+count-1 of the stream (a pure function
+    of the seed and the example indices); with part = (i, P) only its i-th of P equal row
+    blocks (what process i of P loads)."""
+    length = self.seq_len + 1
+    indices = np.arange(seen, seen + count, dtype=np.int64)[_rows(count, part)]
+    return _batch(self._train.at(
+        example_positions(self.seed, indices, self._train.positions(length)), length))
+
   def train_batch(self, step: int, part: tuple[int, int] = (0, 1)) -> dict[str, np.ndarray]:
-    """Training batch `step`, a pure function of (seed, step); with part = (i, P) only
-    its i-th of P equal row blocks (what process i of P loads)."""
-    rng = np.random.default_rng([self.seed, int(step)])
-    return _batch(self._train.random(rng, self.batch_size, self.seq_len + 1,
-                                     _rows(self.batch_size, part)))
+    """Training batch `step` of a fixed batch size: examples step·B..(step+1)·B-1."""
+    return self.train_examples(int(step) * self.batch_size, self.batch_size, part)
 
   def eval_batches(self, n: int, part: tuple[int, int] = (0, 1)) -> list[dict[str, np.ndarray]]:
     """n fixed validation batches (evenly spaced windows; independent of the seed), or

@@ -3,11 +3,17 @@
 Every optimizer is one optax chain
 
     [track_gns] -> [track_snr(b1)] -> [clip_by_global_norm] -> direction
-        -> [add_decayed_weights] -> -lr(step)
+        -> [add_decayed_weights] -> -lr(examples seen)
 
 whose update the train step calls alike for all of them:
 
-    updates, state = opt.tx.update(stats.mean, state, params, grad_stats=stats)
+    updates, state = opt.tx.update(stats.mean, state, params, grad_stats=stats,
+                                   batch_size=B)
+
+The last link, `scale_by_token_schedule`, indexes the learning-rate schedule by the
+examples seen (`pergrad.optim.schedule`), so that a batch-size schedule
+(`pergrad.train.batch_schedule`) leaves it unchanged; with B = data.batch_size every
+update it is `optax.scale_by_learning_rate(schedule)`.
 
 The direction and the statistics it reads come from the optimizer's registry entry
 (`pergrad.optim.configs.REGISTRY`, builders below for the built-ins): sgd: ḡ; momentum:
@@ -30,7 +36,13 @@ from pergrad.optim import configs
 from pergrad.optim.adam_family import request_for_variant, scale_by_adam_family
 from pergrad.optim.common import check_beta, with_float32_state
 from pergrad.optim.diagnostics import track_snr as track_snr_tx
-from pergrad.optim.schedule import ScaledHparams, ScheduleConfig, make_schedule, scale_hparams
+from pergrad.optim.schedule import (
+  ScaledHparams,
+  ScheduleConfig,
+  make_schedule,
+  scale_by_token_schedule,
+  scale_hparams,
+)
 from pergrad.optim.sign import request_for_placement, scale_by_sign_placement
 from pergrad.optim.types import Optimizer
 from pergrad.stats.request import StatsRequest
@@ -76,19 +88,23 @@ def _builder(name: str):
 def build_optimizer(opt: configs.OptimizerConfig, sched: ScheduleConfig, *, total_steps: int,
                     batch_size: int, track_snr: bool = False,
                     gns: optax.GradientTransformationExtraArgs | None = None,
-                    gns_layers: tuple[str, ...] = ()) -> Optimizer:
+                    gns_layers: tuple[str, ...] = (),
+                    batch_lr_scaling: str = "none") -> Optimizer:
   """Builds the optimizer of `opt` with the schedule of `sched` (module docstring).
 
   Args:
     opt: the optimizer's config dataclass (`pergrad.optim.optimizer_config(name, ...)`).
     sched: schedule config.
     total_steps: number of updates (the cosine decays over it).
-    batch_size: global batch size B (for lr_scaling).
+    batch_size: global batch size B (for lr_scaling); with a batch-size schedule, the
+      largest size, B_max (the schedule is indexed by examples seen / B_max).
     track_snr: add `track_snr(b1)` to the chain, so that `pergrad.optim.diagnostics` can
       report the EMA SNR; it adds 'sq' to the request.
     gns: a GNS tracker (`pergrad.gns.track_gns`) put first in the chain; it adds 'norms'
       (per-example squared norms, every step) of the leaves `gns_layers` (layer types
       or path patterns; (): all) to the request.
+    batch_lr_scaling: lr x (B / batch_size)^κ' for an update of B < batch_size examples
+      (none, sqrt, linear: κ' = 0, 1/2, 1).
 
   Returns:
     Optimizer(tx, request, learning_rate); raises ValueError on a bad setting, before
@@ -115,7 +131,7 @@ def build_optimizer(opt: configs.OptimizerConfig, sched: ScheduleConfig, *, tota
   parts.append(direction.tx)
   if opt.weight_decay > 0:
     parts.append(optax.add_decayed_weights(opt.weight_decay))
-  parts.append(optax.scale_by_learning_rate(lr))
+  parts.append(scale_by_token_schedule(lr, batch_size, batch_lr_scaling))
   return Optimizer(tx=with_float32_state(optax.chain(*parts)), request=request,
                    learning_rate=lr)
 

@@ -21,6 +21,16 @@ Schedule shape (step k = 0 is the first update, W warmup steps, N total steps):
 
 with f = final_lr_frac. The warmup starts at peak/W, not 0, so no step is wasted.
 A run shorter than its warmup (a smoke test) simply ends during the warmup.
+
+Indexed by examples (`scale_by_token_schedule`, the last link of every optimizer's
+chain): with a batch-size schedule the k of the formulas above is τ = seen / B_max, the
+examples seen before the update in units of full batches (B_max = data.batch_size), so
+the learning rate follows the tokens seen, whatever the batch sizes (T is fixed, so
+examples and tokens are proportional). An update of B examples then uses
+
+    lr = schedule(τ) · (B / B_max)^κ',   κ' = 0, 1/2, 1 for batch.lr_scaling none/sqrt/linear
+
+With B = B_max every update, τ = k exactly: the schedule of a fixed-batch run.
 """
 
 from __future__ import annotations
@@ -28,7 +38,9 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
+from typing import NamedTuple
 
+import jax
 import jax.numpy as jnp
 import optax
 
@@ -108,3 +120,41 @@ def make_schedule(name: str, peak_lr: float, *, total_steps: int, warmup_steps: 
     return jnp.asarray(peak_lr * warm * shape, jnp.float32)
 
   return schedule
+
+
+class TokenScheduleState(NamedTuple):
+  examples: jax.Array  # int32: examples seen by the updates so far
+  batch_size: jax.Array  # int32: B of the last update (0 before the first)
+  lr: jax.Array  # float32: the last update's learning rate
+
+
+def scale_by_token_schedule(schedule: optax.Schedule, max_batch: int,
+                            lr_scaling: str = "none") -> optax.GradientTransformationExtraArgs:
+  """u -> −lr · u with lr = schedule(seen / max_batch) · (B / max_batch)^κ' (docstring).
+
+  `update` takes the update's batch size as the extra argument `batch_size` (a Python
+  int: the compiled step's static batch dimension; None: max_batch); the state counts
+  the examples seen. With a constant B = max_batch it equals
+  `optax.scale_by_learning_rate(schedule)` (τ = the update count).
+  """
+  if lr_scaling not in LR_SCALINGS:
+    raise ValueError(f"batch.lr_scaling={lr_scaling!r}; choose one of {tuple(LR_SCALINGS)}")
+  kappa = LR_SCALINGS[lr_scaling]
+
+  def init_fn(params):
+    del params
+    return TokenScheduleState(jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32),
+                              jnp.zeros((), jnp.float32))
+
+  def update_fn(updates, state, params=None, *, batch_size: int | None = None, **extra_args):
+    del params, extra_args
+    batch_size = max_batch if batch_size is None else batch_size
+    seen = state.examples
+    # τ in integer arithmetic first: exactly k for a fixed-batch run.
+    tau = (seen // max_batch).astype(jnp.float32) + (seen % max_batch) / max_batch
+    lr = schedule(tau) * (batch_size / max_batch) ** kappa
+    updates = jax.tree.map(lambda u: jnp.asarray(-lr, u.dtype) * u, updates)
+    return updates, TokenScheduleState(seen + batch_size, jnp.int32(batch_size),
+                                       jnp.asarray(lr, jnp.float32))
+
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)

@@ -17,7 +17,7 @@ class Optimizer(NamedTuple):
       `tx.update(stats.mean, opt_state, params, grad_stats=stats)`.
     request: the statistics `tx` needs in `grad_stats` (a `pergrad.stats.StatsRequest`).
     learning_rate: effective learning rate (after batch-size scaling) as a function
-      of the step (0 = first update), for logging.
+      of τ = examples seen / B (the update count of a fixed-batch run; 0 = first update).
   """
 
   tx: optax.GradientTransformationExtraArgs

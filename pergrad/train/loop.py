@@ -18,8 +18,14 @@ Vocabulary: the model presets set `model.vocab_size: ${data.vocab_size}`; a toke
 with more tokens than model.vocab_size is an error (one line naming both), a larger
 model vocabulary (padding, or byte tokens with the default 1024) a note.
 
-Step numbering: the train record of step k (1..steps) is the k-th update: its loss is
-measured on batch k-1 at θ_{k-1}; eval at step k is at θ_k (step 0: initial params).
+Step numbering: the train record of step k (1, 2, ...) is the k-th update: its loss is
+measured on the batch of update k at θ_{k-1}; eval at step k is at θ_k (step 0: initial
+params). Every train and eval record carries examples_seen and tokens_seen after it, and
+train records the update's batch_size. A fixed-batch run makes train.steps updates; with
+a batch-size schedule (`pergrad.train.batch_schedule`) the loop asks it for each update's
+size, feeds examples seen..seen+B-1 and runs the step compiled for B, until
+train.steps x data.batch_size examples are seen; evaluations and checkpoints fall at the
+same examples seen whatever the schedule (`pergrad.plan.TrainSpec`).
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 from omegaconf import OmegaConf
 
-from pergrad import files
+from pergrad import files, gns
 from pergrad.model import count_params
 from pergrad.plan import CONFIG, SUMMARY, RunPlan, resume_decision
 from pergrad.train import distributed
@@ -64,7 +70,7 @@ def run(plan: RunPlan, out_dir: str | Path, *, hydra_info: dict | None = None,
 
   from pergrad.data import make_data
   from pergrad.train.mesh import make_mesh
-  from pergrad.train.step import Steps
+  from pergrad.train.step import Steps, token_schedule
 
   data = make_data(plan.data)
   _check_vocab(data.vocab_size, plan.model.vocab_size, plan.data, echo)
@@ -80,38 +86,51 @@ def run(plan: RunPlan, out_dir: str | Path, *, hydra_info: dict | None = None,
     state = steps.init(jnp.int32(plan.train.seed))
   else:
     echo(f"[pergrad] resuming {out_dir} from the checkpoint of step {start}.")
+  lr_state = jax.device_get(token_schedule(state.opt_state))
+  seen, size = int(lr_state.examples), int(lr_state.batch_size)  # examples, last B
   config = {**plan.config, **({"hydra": hydra_info} if hydra_info else {})}
   logger = MetricsLogger(out_dir, resume_step=start or None, wandb=plan.logging.wandb,
                          config=config, name=plan.logging.name, enabled=main)
   history = History.of(read_records(logger.path) if main else [])
-  B, T = plan.data.batch_size, plan.data.seq_len
+  sched, T, unit = plan.batch, plan.data.seq_len, plan.batch.max_size
+  B = (f"B={unit}" if sched.kind == "fixed" else
+       f"B {sched.kind} schedule over {list(sched.sizes)}")
   echo(f"[pergrad] {count_params(state.params):,} parameters, {mesh.devices.size} device(s) "
-       f"({jax.devices()[0].platform}), B={B} T={T}, {plan.train.steps} steps; data: "
-       f"{data.describe()}")
+       f"({jax.devices()[0].platform}), {B}, T={T}, {plan.train.steps} steps of {unit} "
+       f"examples; data: {data.describe()}")
   echo(f"[pergrad] run directory: {out_dir}")
 
   part = distributed.part()  # this process loads its rows of every batch
   evaluate = Evaluator(steps, data.eval_batches(plan.train.eval_batches, part))
-  clock = Clock(tokens_per_step=B * T)
-  recorder = Recorder(plan, logger, history, clock, start)
-  progress = Progress(plan.train.steps, start, plan.logging)
+  clock = Clock(tokens_per_example=T)
+  recorder = Recorder(plan, logger, history, clock, start, seen)
+  progress = Progress(plan.train.steps, seen // unit, plan.logging)
+
+  def b_simple() -> float:  # the GNS schedule's decisions read the state after update k
+    key = f"gns/{sched.gns_group}/b_simple"
+    return float(jax.device_get(gns.metrics(state.opt_state)[key]))
+
   status, error = "interrupted", None
   gc.collect()
   gc.freeze()  # setup's objects leave the collector's generations: cheaper collections
   try:
     if start == 0:
-      recorder.eval(0, evaluate(state.params))
-    pending = []  # (k, metrics on the device), pulled in batches one step late
-    for k in range(start + 1, plan.train.steps + 1):
-      batch = steps.put_batch(data.train_batch(k - 1, part))
-      state, metrics = steps.step(state, batch, k)
-      pending.append((k, metrics))
-      evals, ckpts = plan.train.evals_at(k), plan.train.checkpoints_at(k)
+      recorder.eval(0, 0, evaluate(state.params))
+    pending = []  # (k, examples seen, B, metrics on the device), pulled one step late
+    k = start
+    while not plan.train.done(seen, unit):
+      size = sched.next_size(k, seen, size, b_simple)
+      batch = steps.put_batch(data.train_examples(seen, size, part))
+      state, metrics = steps.step(state, batch, k + 1)
+      k, before, seen = k + 1, seen, seen + size
+      pending.append((k, seen, size, metrics))
+      evals = plan.train.evals_at(before, seen, unit)
+      ckpts = plan.train.checkpoints_at(before, seen, unit)
       if evals or ckpts:
         pending = _pull(pending, 0, recorder, progress)
         with clock.paused():
           if evals:
-            recorder.eval(k, evaluate(state.params))
+            recorder.eval(k, seen, evaluate(state.params))
           if ckpts:
             ckpt.save(k, state)
       elif len(pending) > plan.logging.log_every:
@@ -141,11 +160,11 @@ def run(plan: RunPlan, out_dir: str | Path, *, hydra_info: dict | None = None,
 def _pull(pending: list, keep: int, recorder: Recorder, progress: Progress) -> list:
   """Records all but the last `keep` pending steps (one transfer); returns those kept."""
   done, kept = pending[:len(pending) - keep], pending[len(pending) - keep:]
-  host = jax.device_get([m for _, m in done])
+  host = jax.device_get([m for *_, m in done])
   if done:
-    recorder.clock.tick(done[-1][0])
-  for (k, _), m in zip(done, host, strict=True):
-    progress.show(recorder.train(k, m))
+    recorder.clock.tick(done[-1][1])
+  for (k, seen, size, _), m in zip(done, host, strict=True):
+    progress.show(recorder.train(k, seen, size, m))
   return kept
 
 
@@ -190,25 +209,28 @@ class Recorder:
   """Pulls a step's metrics to the host, checks them and writes the records."""
 
   def __init__(self, plan: RunPlan, logger: MetricsLogger, history: History, clock: Clock,
-               start: int):
+               start: int, seen: int):
     self.logger, self.history, self.clock = logger, history, clock
-    self.first, self.steps, self.every = start + 1, plan.train.steps, plan.logging.log_every
-    self.B, self.tokens_per_step = plan.data.batch_size, plan.data.batch_size * plan.data.seq_len
-    self.last_step = start
+    self.first, self.every = start + 1, plan.logging.log_every
+    self.T, self.unit, self.budget = (plan.data.seq_len, plan.batch.max_size,
+                                      plan.train.steps * plan.batch.max_size)
+    self.last_step, self.last_seen = start, seen
     self.diverged_step = None
 
-  def eval(self, k: int, loss: float | None) -> None:
+  def eval(self, k: int, seen: int, loss: float | None) -> None:
     if loss is not None:
       self.history.evals[k] = loss
-      self.logger.write({"step": k, "split": "eval", "loss": loss})
+      self.logger.write({"step": k, "split": "eval", "loss": loss, "examples_seen": seen,
+                         "tokens_seen": seen * self.T})
 
-  def train(self, k: int, metrics: dict) -> tuple[int, dict]:
-    """Checks and records update k's metrics (on the host); returns (k, what the progress
-    bar shows). NonFiniteLossError on a NaN/inf loss, gradient or parameter norm."""
+  def train(self, k: int, seen: int, size: int, metrics: dict) -> tuple[int, dict]:
+    """Checks and records update k's metrics (on the host; `seen` examples after it, of
+    which `size` in this update); returns (progress in full-batch steps, what the
+    progress bar shows). NonFiniteLossError on a NaN/inf loss, gradient or parameter norm."""
     m = {key: float(v) for key, v in metrics.items()}
     scalars = {key: v for key, v in m.items() if "/" not in key}
-    rec = {"step": k, "split": "train", **scalars, "examples_seen": k * self.B,
-           "tokens_seen": k * self.tokens_per_step}
+    rec = {"step": k, "split": "train", **scalars, "batch_size": size, "examples_seen": seen,
+           "tokens_seen": seen * self.T}
     if not all(math.isfinite(m[key]) for key in ("loss", "grad_norm", "param_norm")):
       self.logger.write(rec)
       self.diverged_step = k
@@ -216,9 +238,9 @@ class Recorder:
           f"non-finite training loss at step {k} (loss={m['loss']}, grad_norm="
           f"{m['grad_norm']}, param_norm={m['param_norm']}); stopped, the last good "
           "checkpoint is kept. Lower optimizer.lr or set optimizer.clip_norm.")
-    self.history.train_loss, self.last_step = m["loss"], k
+    self.history.train_loss, self.last_step, self.last_seen = m["loss"], k, seen
     shown = {}
-    if k in (self.first, self.steps) or k % self.every == 0:
+    if k == self.first or seen >= self.budget or k % self.every == 0:
       tps = self.clock.rate_since_last_log()
       if tps is not None:
         rec["tokens_per_s"] = tps
@@ -231,19 +253,22 @@ class Recorder:
     stats = {key: v for key, v in m.items() if "/" in key}
     if stats:
       self.logger.write({"step": k, "split": "stats", **stats})
-    return k, shown
+    return seen // self.unit, shown
 
 
 def _summary(plan, out_dir, status, error, recorder, clock, start, ckpt, logger, wall,
              n_params, n_devices) -> dict:
   evals = recorder.history.evals
+  last = recorder.last_step
   summary = {
       "status": status,
       "steps": plan.train.steps,
-      "last_step": recorder.last_step,
+      "last_step": last,
+      "examples_seen": recorder.last_seen,
+      "tokens_seen": recorder.last_seen * plan.data.seq_len,
       "final_train_loss": recorder.history.train_loss,
       "initial_eval_loss": evals.get(0),
-      "final_eval_loss": evals.get(plan.train.steps) if status == "completed" else None,
+      "final_eval_loss": evals.get(last) if status == "completed" else None,
       "tokens_per_s": clock.rate(),
       "wall_time_s": round(wall, 2),
       "resumed_from": start or None,
@@ -276,10 +301,11 @@ def _fmt(x: Any, spec: str = ".4f") -> str:
 
 
 def _print_summary(s: dict, echo) -> None:
-  echo(f"[pergrad] done: {s['steps']} steps in {s['wall_time_s']:.1f} s"
+  echo(f"[pergrad] done: {s['last_step']} updates, {s['tokens_seen'] or 0:,} tokens in "
+       f"{s['wall_time_s']:.1f} s"
        + (f" (resumed from step {s['resumed_from']})" if s["resumed_from"] else ""))
   echo(f"[pergrad]   eval loss {_fmt(s['initial_eval_loss'])} (step 0) -> "
-       f"{_fmt(s['final_eval_loss'])} (step {s['steps']}); final train loss "
+       f"{_fmt(s['final_eval_loss'])} (step {s['last_step']}); final train loss "
        f"{_fmt(s['final_train_loss'])}; {_fmt(s['tokens_per_s'], ',.0f')} tokens/s")
   echo(f"[pergrad]   metrics: {s['metrics']}")
   if s.get("figure"):

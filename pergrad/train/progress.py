@@ -12,8 +12,10 @@ import time
 
 
 class Clock:
-  def __init__(self, tokens_per_step: int):
-    self.tokens_per_step = tokens_per_step
+  """Ticks carry the examples seen so far (the batch size may change between updates)."""
+
+  def __init__(self, tokens_per_example: int):
+    self.tokens_per_example = tokens_per_example
     self._t0 = self._k0 = None  # first recorded step
     self._t_log = self._k_log = None  # last rate_since_last_log
     self._k = None
@@ -21,7 +23,8 @@ class Clock:
     self._last_rate = None
 
   def tick(self, k: int) -> None:
-    """The metrics of every step up to k have reached the host."""
+    """The metrics of every update up to the one after which k examples were seen have
+    reached the host."""
     if self._t0 is None:
       self._t0 = self._t_log = time.perf_counter()
       self._k0 = self._k_log = k
@@ -39,7 +42,7 @@ class Clock:
     if self._k is None or self._k <= k_from:
       return None
     dt = time.perf_counter() - t_from - paused
-    return (self._k - k_from) * self.tokens_per_step / max(dt, 1e-9)
+    return (self._k - k_from) * self.tokens_per_example / max(dt, 1e-9)
 
   def rate(self) -> float | None:
     """Tokens/s since the first recorded step (None before two steps)."""

@@ -2,8 +2,9 @@
 
 It is created directly with its shardings by a jitted init (no host copy of the
 parameters), and saved / restored whole by Orbax (`checkpoint.py`). The data order
-needs no state of its own: batch k is a pure function of (data.seed, k), and k is
-`state.step`.
+needs no state of its own: example i is a pure function of (data.seed, i), and the
+examples seen (with the last update's batch size) are in the learning-rate
+transformation's state (`pergrad.train.step.token_schedule`).
 """
 
 from __future__ import annotations

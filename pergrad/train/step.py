@@ -16,7 +16,8 @@ mean gradient of a per-example backend sums in another order than `value_and_gra
 `Steps` jits each function once over a 1-D ('data',) mesh: explicit in/out
 shardings (batch split on 'data', state replicated), the state donated to the
 train step, and the state's shardings taken from `jax.eval_shape` of the init. Both
-train-step variants are compiled ahead of time, so no step of the loop compiles.
+train-step variants are compiled ahead of time, once per allowed batch size of the
+batch schedule (`pergrad.train.batch_schedule`), so no step of the loop compiles.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ from pergrad import gns
 from pergrad.loss import make_loss_fn
 from pergrad.model import Transformer
 from pergrad.optim import Optimizer, diagnostics
+from pergrad.optim.common import find_state
+from pergrad.optim.schedule import TokenScheduleState
 from pergrad.plan import RunPlan
 from pergrad.train import mesh as mesh_lib
 from pergrad.train.state import TrainState, make_init_fn
@@ -45,21 +48,24 @@ def train_step(state: TrainState, batch: dict, *, loss_fn, opt: Optimizer,
   """One update θ_{k+1} = θ_k + tx(ḡ_k, stats_k); metrics are those of step k.
 
   Metrics: loss (mean over the batch at θ_k), grad_norm ‖ḡ‖, update_norm,
-  param_norm ‖θ_{k+1}‖, lr (the effective learning rate of this update); "gns/..."
+  param_norm ‖θ_{k+1}‖, lr (the effective learning rate of this update, which depends on
+  the examples seen and on B = the batch's static leading size); "gns/..."
   when the optimizer tracks the gradient noise scale (`pergrad.gns`, every step); with
   `log_stats`, also "stats/..." and "opt/..." scalars (module docstring).
   """
   loss, stats = pstats.compute(loss_fn, state.params, batch, request=request,
                                backend=backend, microbatch_size=microbatch_size)
   grads = stats.mean
-  updates, opt_state = opt.tx.update(grads, state.opt_state, state.params, grad_stats=stats)
+  B = batch["inputs"].shape[0]  # static: one compiled step per batch size
+  updates, opt_state = opt.tx.update(grads, state.opt_state, state.params, grad_stats=stats,
+                                     batch_size=B)
   params = optax.apply_updates(state.params, updates)
   metrics = {
       "loss": loss,
       "grad_norm": optax.tree.norm(grads),
       "update_norm": optax.tree.norm(updates),
       "param_norm": optax.tree.norm(params),
-      "lr": jnp.asarray(opt.learning_rate(state.step), jnp.float32),
+      "lr": token_schedule(opt_state).lr,
       **gns.metrics(opt_state),  # every step when the optimizer tracks the GNS
   }
   if log_stats:
@@ -67,6 +73,11 @@ def train_step(state: TrainState, batch: dict, *, loss_fn, opt: Optimizer,
     metrics.update(diagnostics(opt_state, stats))
   new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state, rng=state.rng)
   return new_state, metrics
+
+
+def token_schedule(opt_state: Any) -> TokenScheduleState:
+  """The learning-rate transformation's state: examples seen, last B, last lr."""
+  return find_state(opt_state, TokenScheduleState)
 
 
 def eval_step(params: Any, batch: dict, *, loss_fn) -> jax.Array:
@@ -89,9 +100,10 @@ class Steps:
     self.state_shardings = jax.tree.map(lambda _: repl, self.abstract_state)
     self.init = jax.jit(init, out_shardings=self.state_shardings)
 
-    abstract_batch = {k: jax.ShapeDtypeStruct((plan.data.batch_size, plan.data.seq_len),
-                                              jnp.int32, sharding=self.batch_sharding)
-                      for k in ("inputs", "targets")}
+    def abstract_batch(B):
+      return {k: jax.ShapeDtypeStruct((B, plan.data.seq_len), jnp.int32,
+                                      sharding=self.batch_sharding)
+              for k in ("inputs", "targets")}
 
     def jit_step(request, backend, log_stats):
       return jax.jit(
@@ -103,22 +115,28 @@ class Steps:
           # The batch is not donated: no output has its shape (XLA could not reuse it).
           donate_argnames=("state",))
 
-    def compiled(fn):  # ahead of time, before the loop
-      return fn.lower(self.abstract_sharded_state(), abstract_batch).compile()
+    def compiled(fn, B):  # ahead of time, before the loop
+      return fn.lower(self.abstract_sharded_state(), abstract_batch(B)).compile()
 
     self.train_jit = jit_step(sp.request, sp.backend, False)
-    self.train = compiled(self.train_jit)
-    self.train_logged = (compiled(jit_step(sp.log_request, sp.log_backend, True))
-                         if sp.log_request is not None else None)
+    logged_jit = (jit_step(sp.log_request, sp.log_backend, True)
+                  if sp.log_request is not None else None)
+    sizes = plan.batch.sizes if plan.batch.kind != "fixed" else (plan.batch.max_size,)
+    # One compiled pair per allowed batch size (buckets), so a batch schedule never
+    # compiles in the loop.
+    self.train = {B: compiled(self.train_jit, B) for B in sizes}
+    self.train_logged = ({B: compiled(logged_jit, B) for B in sizes}
+                         if logged_jit is not None else None)
     self.logs_at = sp.logs_at
     self.eval = jax.jit(
         functools.partial(eval_step, loss_fn=self.loss_fn),
         in_shardings=(self.state_shardings.params, self.batch_sharding), out_shardings=repl)
 
   def step(self, state: TrainState, batch: dict, k: int):
-    """Update k (1-based): the logging variant on statistics-logging steps."""
-    fn = self.train_logged if self.logs_at(k) else self.train
-    return fn(state, batch)
+    """Update k (1-based) with the batch's size: the logging variant on statistics-logging
+    steps."""
+    fns = self.train_logged if self.logs_at(k) else self.train
+    return fns[batch["inputs"].shape[0]](state, batch)
 
   def abstract_sharded_state(self) -> TrainState:
     """ShapeDtypeStructs with shardings (the restore target for Orbax)."""

@@ -1,0 +1,127 @@
+"""Batch-size schedules: which batch size B each update uses.
+
+    sched = BatchSchedule(kind="linear", sizes=(8, 16, 32), start=8, ramp_examples=4096)
+    B = sched.next_size(k, seen, current, b_simple)   # before update k + 1
+
+The run's length is a number of examples, E = train.steps x B_max (B_max =
+data.batch_size, the largest allowed size): a fixed run makes train.steps updates of
+B_max; a schedule spends the same examples in more, smaller updates, and stops at the
+first update that reaches E. The learning rate is indexed by examples seen
+(`pergrad.optim.schedule.scale_by_token_schedule`), so its schedule does not depend on
+the batch schedule. Kinds:
+
+    fixed    B = B_max
+    linear   B = floor_sizes(start + (B_max − start) · min(seen / ramp_examples, 1))
+             (Gray et al.'s linear ramp in tokens; seen = examples before the update)
+    gns      every `every` updates: B = max(B, floor_sizes(gns_factor · B_simple)),
+             B_simple read from the GNS tracker's state (`pergrad.gns`, group gns_group);
+             it starts at `start` and never decreases (a non-finite or non-positive
+             B_simple, early in training, keeps B)
+
+floor_sizes(x) is the largest allowed size ≤ x (at least the smallest). Each allowed
+size has its own compiled train step (buckets, compiled before the loop), so changing B
+never compiles. A decision depends only on (k, seen, the current B, the state after
+update k), all of which a checkpoint holds (the current B is the last update's, kept in
+the learning-rate transformation's state), so a resumed run makes the same decisions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Callable
+
+KINDS = ("fixed", "linear", "gns")
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchSchedule:
+  kind: str = "fixed"
+  sizes: tuple[int, ...] = (32,)  # ascending; the last is B_max
+  start: int = 32
+  ramp_examples: int = 0  # linear
+  gns_factor: float = 1.0  # gns
+  gns_group: str = "total"  # gns
+  every: int = 25  # gns
+  lr_scaling: str = "none"  # lr x (B / B_max)^k when B < B_max
+
+  @property
+  def max_size(self) -> int:
+    return self.sizes[-1]
+
+  def floor(self, x: float) -> int:
+    """The largest allowed size ≤ x (the smallest size when x is below it)."""
+    fits = [b for b in self.sizes if b <= x]
+    return fits[-1] if fits else self.sizes[0]
+
+  def first_size(self) -> int:
+    return self.max_size if self.kind == "fixed" else self.start
+
+  def next_size(self, k: int, seen: int, current: int,
+                b_simple: Callable[[], float]) -> int:
+    """B of update k + 1, after k updates that saw `seen` examples, the last of size
+    `current` (0 before the first); `b_simple()` reads the tracker (gns decisions only)."""
+    if self.kind == "fixed":
+      return self.max_size
+    if self.kind == "linear":
+      frac = min(seen / self.ramp_examples, 1.0)
+      return self.floor(self.start + (self.max_size - self.start) * frac)
+    if current == 0:
+      return self.start
+    if k % self.every:
+      return current
+    b = b_simple()
+    if not (math.isfinite(b) and b > 0):
+      return current
+    return max(current, self.floor(self.gns_factor * b))
+
+
+def default_sizes(start: int, max_size: int) -> tuple[int, ...]:
+  """start, 2·start, 4·start, ... below max_size, then max_size."""
+  sizes, b = [], start
+  while b < max_size:
+    sizes.append(b)
+    b *= 2
+  return (*sizes, max_size)
+
+
+def check(sched: BatchSchedule, *, n_devices: int, microbatch: int | None,
+          gns_groups: tuple[str, ...] | None) -> None:
+  """One ValueError line naming the key and the fix for a schedule that cannot run.
+
+  gns_groups: the groups the GNS tracker will hold (None: stats.gns is off).
+  """
+  if sched.kind not in KINDS:
+    raise ValueError(f"batch.kind={sched.kind} is unknown; choose one of {KINDS}.")
+  if sched.lr_scaling not in ("none", "sqrt", "linear"):
+    raise ValueError(f"batch.lr_scaling={sched.lr_scaling} is unknown; choose none, sqrt "
+                     "or linear.")
+  sizes = sched.sizes
+  if list(sizes) != sorted(set(sizes)) or sizes[0] < 1:
+    raise ValueError(f"batch.sizes={list(sizes)} must be distinct positive sizes in "
+                     "ascending order.")
+  if sched.kind == "fixed":
+    return
+  if sched.start not in sizes:
+    raise ValueError(f"batch.start={sched.start} is not one of batch.sizes={list(sizes)}; "
+                     "add it there or change batch.start.")
+  for b in sizes:
+    if b % n_devices:
+      raise ValueError(f"batch.sizes holds {b}, not divisible by the {n_devices} devices; "
+                       f"use multiples of {n_devices}.")
+    if microbatch and b % microbatch:
+      raise ValueError(f"batch.sizes holds {b}, not divisible by stats.microbatch_size="
+                       f"{microbatch}; use multiples of it or another microbatch size.")
+  if sched.kind == "linear" and sched.ramp_examples < 1:
+    raise ValueError("batch.kind=linear needs batch.ramp_tokens > 0 (the tokens over which "
+                     "B grows to data.batch_size), e.g. half the run's tokens.")
+  if sched.kind == "gns":
+    if gns_groups is None:
+      raise ValueError("batch.kind=gns reads the tracked gradient noise scale; set "
+                       "stats.gns=true (e.g. stats=gns or stats=gns_norm).")
+    if sched.gns_group not in gns_groups:
+      raise ValueError(f"batch.gns_group={sched.gns_group} is not tracked (the tracker "
+                       f"holds {list(gns_groups)}); choose one of them.")
+    if not sched.gns_factor > 0 or sched.every < 1:
+      raise ValueError(f"batch.gns_factor={sched.gns_factor} must be > 0 and batch.every="
+                       f"{sched.every} >= 1.")
