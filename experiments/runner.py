@@ -28,7 +28,7 @@ from experiments.runs import METRICS, SUMMARY, aggregate, finals
 from experiments.sweep import PRESETS, REPO, record_sweep, sweep_dir
 
 EXPERIMENTS = ("overhead", "sign_placement", "preconditioner", "msq_eps", "batch_scaling", "snr",
-               "moments", "norm_cost", "gns_layers")
+               "moments", "norm_cost", "gns_layers", "gns_schedule")
 
 
 def load(name: str):

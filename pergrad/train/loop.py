@@ -244,6 +244,7 @@ class Recorder:
       tps = self.clock.rate_since_last_log()
       if tps is not None:
         rec["tokens_per_s"] = tps
+        rec["train_time_s"] = self.clock.elapsed()  # since this process's first pull
       self.logger.write(rec)
       shown = {"loss": f"{m['loss']:.3f}"}
       if tps is not None:

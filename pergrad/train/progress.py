@@ -19,7 +19,7 @@ class Clock:
     self._t0 = self._k0 = None  # first recorded step
     self._t_log = self._k_log = None  # last rate_since_last_log
     self._k = None
-    self._paused = self._paused_at_log = 0.0
+    self._paused = self._paused_at_log = self._paused_at_t0 = 0.0
     self._last_rate = None
 
   def tick(self, k: int) -> None:
@@ -28,7 +28,14 @@ class Clock:
     if self._t0 is None:
       self._t0 = self._t_log = time.perf_counter()
       self._k0 = self._k_log = k
+      self._paused_at_t0 = self._paused
     self._k = k
+
+  def elapsed(self) -> float | None:
+    """Seconds of training since the first tick (pauses left out; None before it)."""
+    if self._t0 is None:
+      return None
+    return time.perf_counter() - self._t0 - (self._paused - self._paused_at_t0)
 
   @contextlib.contextmanager
   def paused(self):
@@ -46,7 +53,9 @@ class Clock:
 
   def rate(self) -> float | None:
     """Tokens/s since the first recorded step (None before two steps)."""
-    return None if self._t0 is None else self._rate(self._t0, self._k0, self._paused)
+    if self._t0 is None:
+      return None
+    return self._rate(self._t0, self._k0, self._paused - self._paused_at_t0)
 
   def rate_since_last_log(self) -> float | None:
     """Tokens/s since the previous call (or the first tick); restarts the interval. Steps

@@ -1,0 +1,211 @@
+"""G3 (Gray et al. 2024): a batch-size schedule guided by the gradient noise scale saves
+tokens against a fixed batch.
+
+Runs (`pergrad.train.batch_schedule`): Adam at its own best lr (results/preconditioner;
+at ci the config's), unchanged when B changes, the GNS tracked every step in every arm (so
+that their per-step costs match), 3 seeds, three arms that spend the same examples
+E = train.steps x B_max:
+  fixed    B = B_max every update
+  linear   B grows linearly in tokens from `start` to B_max over the first half of the run
+           (the paper's schedule is a linear ramp; its length here is our choice)
+  gns      B = floor(gns_factor x B_simple) of the whole model, every 25 updates, from
+           `start`, never decreasing (B_simple = EMA(S)/EMA(|G|²), α = 0.95)
+with B_max = 2 x the scale's batch size (the cpu scale: 64, from 8), so that the fixed
+batch is above the noise scale measured by gns_layers for most of training.
+
+Measured per seed: the target is the fixed arm's final eval loss (same seed); each arm's
+tokens to target are where its eval-loss curve (evaluations every 1/25 of the run, at
+the same examples seen in every arm) first reaches the target, interpolated linearly
+between evaluations (never reached: inf); its wall time to target is the training time
+logged at that point (evaluation and checkpoints left out), interpolated the same way.
+
+Verdict (`RULE`, `experiments.verdict`): tokens to target over seeds, gns vs fixed and
+linear vs fixed, each a win when the gap of the seed means exceeds √(s_A² + s_B²):
+reproduced if both schedules win, not reproduced if fixed wins either, partly otherwise.
+The token saving 1 − tokens(schedule) / tokens(fixed) is reported beside the paper's 18%
+(a Chinchilla-optimal language model; not comparable in size to these runs).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from experiments import lr_search, verdict
+from experiments.figures import plt, savefig, style
+from experiments.report_md import md_table
+from experiments.sweep import Block, Sweep, base_for, scale_value
+
+NAME = "gns_schedule"
+TITLE = "batch-size schedules (fixed, linear ramp, GNS-guided): tokens to a target loss"
+CLAIM = ("A batch-size schedule guided by the gradient noise scale (in the paper a linear "
+         "ramp chosen from it) reaches a fixed-batch run's final loss with fewer tokens: 18% "
+         "fewer on a Chinchilla-optimal language model (Gray et al., arXiv 2411.00999).")
+KINDS = ("fixed", "linear", "gns")
+SEEDS = {"ci": (0,), "cpu": (0, 1, 2), "paper": (0, 1, 2)}
+N_EVALS = 25
+PAPER_SAVING = 0.18
+RULE = ("Tokens to reach the fixed-batch run's final eval loss (per seed), over seeds: each "
+        f"schedule (gns, linear) vs fixed is {verdict.PAIR_WIN}; {verdict.PAIRS_VERDICT}.")
+
+
+def sweep(preset: str) -> Sweep:
+  """The three arms x seeds at 2x the scale's batch size (module docstring)."""
+  b_max = 2 * int(scale_value(preset, "data.batch_size"))
+  steps, seq = int(scale_value(preset, "train.steps")), int(scale_value(preset, "data.seq_len"))
+  tuned = {} if preset == "ci" else {"optimizer.lr": lr_search.tuned_lr(
+      "preconditioner", {"optimizer.variant": "adam", "optimizer.clip_norm": None})}
+  base = base_for(NAME, preset, **tuned, **{
+      "data.batch_size": b_max, "batch.start": b_max // 8,
+      "batch.ramp_tokens": steps * b_max * seq // 2,
+      "train.eval_every": max(steps // N_EVALS, 1), "logging.log_every": 5})
+  blocks = (Block({"batch.kind": list(KINDS), "train.seed": list(SEEDS[preset])}),)
+  return Sweep(base, blocks, wall_estimate_min={"ci": 0.5, "cpu": 30}.get(preset))
+
+
+# --- analysis ----------------------------------------------------------------------------
+def crossing(x: np.ndarray, y: np.ndarray, target: float) -> float:
+  """The first x where the curve y(x) reaches ≤ target, linear between points (inf if
+  never; x[0] if already there)."""
+  hit = np.flatnonzero(y <= target)
+  if not len(hit):
+    return math.inf
+  i = int(hit[0])
+  if i == 0:
+    return float(x[0])
+  x0, x1, y0, y1 = x[i - 1], x[i], y[i - 1], y[i]
+  return float(x0 + (x1 - x0) * (y0 - target) / (y0 - y1))
+
+
+def curves(table: pd.DataFrame) -> pd.DataFrame:
+  """Per run and evaluation: kind, seed, step, tokens, eval loss, training time (s) and
+  batch size there (time: interpolated from the train records that log it)."""
+  rows = []
+  for run, g in table.groupby("run", sort=False):
+    g = g.sort_values("step")
+    ev = g.dropna(subset=["eval/loss"])
+    tr = g.dropna(subset=["train/tokens_seen"])
+    timed = tr.dropna(subset=["train/train_time_s"]) if "train/train_time_s" in tr else tr[:0]
+    tokens = ev["eval/tokens_seen"].to_numpy(float)
+    time_s = (np.interp(tokens, timed["train/tokens_seen"], timed["train/train_time_s"])
+              if len(timed) else np.full(len(ev), np.nan))
+    size = np.interp(ev["step"], tr["step"], tr["train/batch_size"]) if len(tr) else np.nan
+    rows.append(pd.DataFrame({
+        "run": run, "kind": g["batch.kind"].iloc[0], "train.seed": g["train.seed"].iloc[0],
+        "step": ev["step"].to_numpy(), "tokens": tokens, "eval_loss": ev["eval/loss"].to_numpy(),
+        "train_time_s": time_s, "batch_size": size}))
+  cols = ["run", "kind", "train.seed", "step", "tokens", "eval_loss", "train_time_s",
+          "batch_size"]
+  return pd.concat(rows, ignore_index=True)[cols] if rows else pd.DataFrame(columns=cols)
+
+
+def to_target(cur: pd.DataFrame) -> pd.DataFrame:
+  """Per run: the seed's target (fixed arm's final eval loss), tokens and time to reach it."""
+  rows = []
+  for (seed,), s in cur.groupby(["train.seed"]):
+    fixed = s[s["kind"] == "fixed"].sort_values("tokens")
+    if fixed.empty:
+      continue
+    target = float(fixed["eval_loss"].iloc[-1])
+    for run, r in s.groupby("run", sort=False):
+      r = r.sort_values("tokens")
+      x, y = r["tokens"].to_numpy(float), r["eval_loss"].to_numpy(float)
+      tok = crossing(x, y, target)
+      t = (float(np.interp(tok, x, r["train_time_s"].to_numpy(float)))
+           if math.isfinite(tok) else math.inf)
+      rows.append({"run": run, "kind": r["kind"].iloc[0], "train.seed": seed,
+                   "target": target, "tokens_to_target": tok, "time_to_target_s": t,
+                   "final_eval_loss": float(y[-1]), "tokens_total": float(x[-1]),
+                   "time_total_s": float(r["train_time_s"].iloc[-1]),
+                   "updates": int(r["step"].iloc[-1])})
+  return pd.DataFrame(rows)
+
+
+def analyze(table: pd.DataFrame, fin: pd.DataFrame, out_dir: Path) -> None:
+  """curves.csv (eval points), to_target.csv (per run), gns.csv (B_simple per step)."""
+  out_dir = Path(out_dir)
+  cur = curves(table)
+  cur.to_csv(out_dir / "curves.csv", index=False)
+  to_target(cur).to_csv(out_dir / "to_target.csv", index=False)
+  key = "gns/total/b_simple"
+  if key in table:
+    g = table.dropna(subset=[key])[["run", "batch.kind", "train.seed", "step", key]]
+    tok = table.set_index(["run", "step"])["train/tokens_seen"]
+    g = g.assign(tokens=tok.reindex(pd.MultiIndex.from_frame(g[["run", "step"]])).to_numpy())
+    g.rename(columns={key: "b_simple", "batch.kind": "kind"}).to_csv(out_dir / "gns.csv",
+                                                                      index=False)
+  fin.to_csv(out_dir / "finals.csv", index=False)
+
+
+def figures(out_dir: Path) -> list[Path]:
+  out_dir = Path(out_dir)
+  cur = pd.read_csv(out_dir / "curves.csv")
+  pyplot = plt()
+  fig, axes = pyplot.subplots(1, 3, figsize=(16, 4.2))
+  for kind, g in cur.groupby("kind", sort=False):
+    agg = g.groupby("tokens")[["eval_loss", "batch_size"]].mean()
+    axes[0].plot(agg.index, agg["eval_loss"], label=kind)
+    axes[1].step(agg.index, agg["batch_size"], where="post", label=kind)
+  tt = pd.read_csv(out_dir / "to_target.csv")
+  if len(tt):
+    target = tt.groupby("train.seed")["target"].first().mean()
+    axes[0].axhline(target, color="k", lw=0.8, ls="--", label="target (fixed, final)")
+  style(axes[0], xlabel="tokens seen", ylabel="eval loss", yscale="log",
+        title="eval loss (mean over seeds)", legend=8, grid=True)
+  style(axes[1], xlabel="tokens seen", ylabel="batch size B", title="batch size",
+        legend=8, grid=True)
+  gpath = out_dir / "gns.csv"
+  if gpath.exists():
+    gdf = pd.read_csv(gpath)
+    for kind, g in gdf.groupby("kind", sort=False):
+      agg = g.groupby("step")[["tokens", "b_simple"]].mean()
+      axes[2].plot(agg["tokens"], agg["b_simple"], label=kind)
+  style(axes[2], xlabel="tokens seen", ylabel="total B_simple (α = 0.95)", yscale="log",
+        title="tracked gradient noise scale", legend=8, grid=True)
+  return [savefig(fig, out_dir / "gns_schedule.png")]
+
+
+def report(out_dir: Path) -> dict:
+  path = Path(out_dir) / "to_target.csv"
+  tt = pd.read_csv(path) if path.exists() and path.stat().st_size > 1 else pd.DataFrame()
+  if tt.empty or "fixed" not in set(tt["kind"]):
+    return {"verdict": "not measured", "rule": RULE, "numbers_md": "",
+            "finding": "no fixed-batch run finished, so there is no target loss."}
+  tokens = {k: g["tokens_to_target"].tolist() for k, g in tt.groupby("kind")}
+  v, pairs = verdict.decide(tokens, [("gns", "fixed"), ("linear", "fixed")])
+  _, time_pairs = verdict.decide({k: g["time_to_target_s"].tolist()
+                                  for k, g in tt.groupby("kind")},
+                                 [("gns", "fixed"), ("linear", "fixed")])
+  fixed = tt[tt["kind"] == "fixed"].set_index("train.seed")["tokens_to_target"]
+  saving = {}
+  for kind in ("gns", "linear"):
+    s = tt[tt["kind"] == kind].set_index("train.seed")["tokens_to_target"]
+    ratio = (s / fixed.reindex(s.index)).to_numpy(float)
+    saving[kind] = (1.0 - ratio)
+  by_kind = tt.groupby("kind").agg(
+      tokens_to_target=("tokens_to_target", "mean"), tokens_std=("tokens_to_target", "std"),
+      time_to_target_s=("time_to_target_s", "mean"), final_eval_loss=("final_eval_loss", "mean"),
+      updates=("updates", "mean"), seeds=("run", "count")).reset_index()
+
+  def pct(x: np.ndarray) -> str:
+    x = x[np.isfinite(x)] if np.isfinite(x).any() else x
+    if not len(x) or not np.isfinite(x).all():
+      return "never reached"
+    return f"{100 * float(np.mean(x)):.1f}%" + (
+        f" ± {100 * float(np.std(x, ddof=1)):.1f}" if len(x) > 1 else "")
+
+  measured = ("Token saving to reach the fixed batch's final loss: GNS-guided "
+              f"{pct(saving['gns'])}, linear ramp {pct(saving['linear'])} "
+              f"(paper: {100 * PAPER_SAVING:.0f}%); "
+              + "; ".join(p.sentence() for p in pairs) + ". Wall time: "
+              + "; ".join(p.sentence() for p in time_pairs) + ".")
+  return {"verdict": v, "rule": RULE, "finding": f"Rule: {RULE} {measured}",
+          "claim_row": measured,
+          "numbers_md": "Tokens to target (per run):\n\n" + md_table(tt) + "\n\nBy arm (mean "
+          "and std over seeds):\n\n" + md_table(by_kind) + "\n\nTokens to target:\n\n"
+          + verdict.pairs_md(pairs) + "\n\nWall time to target (s):\n\n"
+          + verdict.pairs_md(time_pairs)}
+
