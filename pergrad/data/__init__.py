@@ -1,4 +1,4 @@
-"""Data: TFDS datasets -> tokenizer -> batches that are a pure function of (seed, step).
+"""Data: TFDS datasets -> tokenizer -> training examples, a pure function of (seed, index).
 
   data = make_data(DataSpec(...))     # prepares + caches on first use, else loads
   data.train_batch(k)                 # {"inputs", "targets"}: int32[B, T]

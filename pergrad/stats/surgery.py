@@ -26,8 +26,12 @@ Samples (GradStats.count = n):
 Every registered statistic (`pergrad.stats.registry`) is computed: at granularity
 "example" any of them; at granularity "token" the coordinate statistics whose φ is
 multiplicative (φ(A)ᵀφ(Δ) per dense layer).
-Per-example statistics materialise one layer's B×K×L per-example gradients at a time
-(transient) or, for norms only, use the Gram "ghost norm" when it takes fewer FLOPs.
+Per-example statistics of a dense layer come from the "simultaneous" method where it
+pays (`simultaneous_is_used`: the layer's own custom VJP forms the B×K×L per-example
+gradients once and the weight gradient as their sum), else from the tap (materialised
+B×K×L, or for norms only the Gram "ghost norm" when it takes fewer FLOPs). Those of a
+normalization layer come from its own custom VJP likewise (`_simultaneous_norm`: x̂ kept
+from the forward pass, per-example row sums formed once); per token, from the tap.
 Embedding tables use a per-example sort-based segment-sum (repeated ids combine before
 φ). Statistics are computed in float32 whatever the compute dtype.
 
@@ -46,6 +50,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax.linen import dtypes as flax_dtypes
 
 from pergrad.stats import registry
 from pergrad.stats import surgery_math as sm
@@ -352,7 +357,8 @@ def dense_method(name: str):
   """Forces how dense layers get per-example statistics while tracing (benchmarks,
   tests): "auto" (the rule of `simultaneous_is_used`), "simultaneous" wherever it
   applies whatever the cost, "separate" never (autodiff's weight gradient plus the tap's
-  materialised or Gram statistics, as before the simultaneous method)."""
+  materialised or Gram statistics, as before the simultaneous method). "separate" also
+  sends normalization layers to the tap (`simultaneous_norm_is_used`)."""
   if name not in DENSE_METHODS:
     raise ValueError(f"dense_method={name!r}; choose one of {DENSE_METHODS}.")
   old, _DENSE_METHOD[0] = _DENSE_METHOD[0], name
@@ -419,6 +425,84 @@ def _simultaneous_dense(module, site: _Site, B: int, x, want, scale: float, prob
 
   f.defvjp(f_fwd, f_bwd)
   return f(x, kernel, bias, probes)
+
+
+# --- normalization layers, "simultaneous" --------------------------------------------------
+def simultaneous_norm_is_used(site: _Site, want, token: bool) -> bool:
+  """Whether a LayerNorm / RMSNorm call forms its per-example scale and bias gradients
+  (B×D row sums) once in its own backward pass and takes the parameter gradients as their
+  sums over b: at example granularity, for an input with an example axis, unless
+  `dense_method("separate")` asks for the tap (autodiff's backward, then the tap's row
+  sums over a recomputed x̂)."""
+  return (not token and site.kind == "norm" and site.in_axis is not None
+          and _DENSE_METHOD[0] != "separate" and bool(sm._phis(want) or sm._examples(want)))
+
+
+def _norm_stats(x32, eps, use_mean, fast):
+  """Flax's float32 mean and variance over the last axis (`_compute_stats`)."""
+  if not use_mean:
+    var = jnp.square(x32).mean(-1, keepdims=True)
+    return jnp.zeros_like(var), var
+  mu = x32.mean(-1, keepdims=True)
+  if fast:
+    return mu, jnp.maximum(0.0, jnp.square(x32).mean(-1, keepdims=True) - jnp.square(mu))
+  return mu, jnp.square(x32 - mu).mean(-1, keepdims=True)
+
+
+def _simultaneous_norm(module, site: _Site, B: int, x, want, scale: float, probes: dict,
+                       shapes: dict):
+  """y of the normalization call (Flax's arithmetic: y = (x − μ)·(rsqrt(σ² + ε)·γ) + β)
+  through a custom VJP that keeps x̂ = (x − μ)·rsqrt(σ² + ε) from the forward pass and
+  forms the per-example gradients g_b(γ) = Σ_r Δ_br ⊙ x̂_br and g_b(β) = Σ_r Δ_br (B×D)
+  once: the parameter gradients are their sums over b, the statistics Σ_b φ(B·g_b) and
+  Σ_coords φ(B·g_b), and the input cotangent is LayerNorm's (RMSNorm's without the mean
+  terms) dx = r·(dx̂ − mean(dx̂) − x̂·mean(dx̂ ⊙ x̂)), dx̂ = Δ ⊙ γ."""
+  params = module.variables["params"]
+  gamma, beta = params.get("scale"), params.get("bias")
+  eps, use_mean, fast = site.norm
+  out_dtype = flax_dtypes.canonicalize_dtype(
+      *[a for a in (x, gamma, beta) if a is not None], dtype=module.dtype)
+
+  def forward(x_, g_, b_):
+    x32 = x_.astype(jnp.promote_types(x_.dtype, _F32))
+    mu, var = _norm_stats(x32, eps, use_mean, fast)
+    r = jax.lax.rsqrt(var + eps)
+    y = (x_ - mu) * (r * g_ if g_ is not None else r)
+    y = y + b_ if b_ is not None else y
+    return jnp.asarray(y, out_dtype), (x_ - mu) * r, r
+
+  @jax.custom_vjp
+  def f(x_, g_, b_, probes_):
+    return forward(x_, g_, b_)[0]
+
+  def f_fwd(x_, g_, b_, probes_):
+    y, xhat, r = forward(x_, g_, b_)
+    return y, (xhat, r, g_, b_)
+
+  def f_bwd(res, dy):
+    xhat, r, g_, b_ = res
+    d32 = dy.astype(_F32)
+    dxhat = d32 * g_ if g_ is not None else d32
+    corr = (dxhat * xhat).mean(-1, keepdims=True)
+    centred = dxhat - dxhat.mean(-1, keepdims=True) if use_mean else dxhat
+    dx = (r * (centred - xhat * corr)).astype(x.dtype)
+    d_BxRxD = _rows(d32, site.in_axis, B)
+    ones_B = jnp.ones((B,), _F32)
+    out, grads = {}, {}
+    for leaf, g_BxD in (("scale", (d_BxRxD * _rows(xhat, site.in_axis, B)).sum(axis=1)),
+                        ("bias", d_BxRxD.sum(axis=1))):
+      p_ = g_ if leaf == "scale" else b_
+      if p_ is None:
+        continue
+      grads[leaf] = jnp.dot(ones_B, g_BxD).reshape(p_.shape).astype(p_.dtype)
+      g_BxD = g_BxD * scale
+      _per_leaf({**{k: jnp.dot(ones_B, sm._phi(k)(g_BxD)) for k in sm._phis(want)},
+                 **{k: sm._phi(k)(g_BxD).sum(axis=1) for k in sm._examples(want)}},
+                leaf, shapes, out)
+    return dx, grads.get("scale"), grads.get("bias"), _fill(out, shapes)
+
+  f.defvjp(f_fwd, f_bwd)
+  return f(x, gamma, beta, probes)
 
 
 # --- public entry point -------------------------------------------------------------------
@@ -503,6 +587,11 @@ def surgery_stats(loss_fn, params, batch, *, want: tuple[str, ...], granularity:
                    if site.path + (leaf,) in probes[k]} for k in stat_keys}
         return _simultaneous_dense(ctx.module, site, B, x, want, scale, sub,
                                    jax.tree.map(lambda z: z.shape, sub))
+      if simultaneous_norm_is_used(site, want, token):
+        sub = {k: {leaf: probes[k][site.path + (leaf,)] for leaf in ("scale", "bias")
+                   if site.path + (leaf,) in probes[k]} for k in stat_keys}
+        return _simultaneous_norm(ctx.module, site, B, x, want, scale, sub,
+                                  jax.tree.map(lambda z: z.shape, sub))
       y = next_fun(*args, **kwargs)
       if site.in_axis is None:
         y = jnp.broadcast_to(y, (B,) + y.shape)
