@@ -19,6 +19,9 @@ with ‖G_b‖² averaged over the small batches; b = 1 is the per-example form.
 
     B_simple = EMA_α(S_est) / EMA_α(|G|²_est)
 
+in examples (sequences), since g_b is one sequence's gradient; in tokens it is T·B_simple
+(T tokens per sequence), the unit Gray et al. and the batch-size literature quote.
+
 each term smoothed separately (never the EMA of the per-step ratio, whose denominator
 is noisy and can be ≤ 0), each debiased by its weight w_t = 1 − α^t (carried as the
 recurrence w_t = α w_{t−1} + (1 − α)). `resmooth` runs the same float32 recurrences in
