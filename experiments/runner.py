@@ -107,6 +107,13 @@ def run_experiment(
         launch_blocks(sdir, sweep.base, blocks, **kw)
       if kind != "extend":
         break
+    # A follow-up stage chosen from the first stage's runs (e.g. gns_schedule's ramp
+    # fitted to the measured noise scale).
+    if hasattr(mod, "follow_up") and not (dry_run or analyze_only):
+      blocks = mod.follow_up(preset, sdir)
+      if blocks:
+        echo(f"[{name}/{preset}] follow-up stage: {len(blocks)} block(s)")
+        launch_blocks(sdir, sweep.base, blocks, **kw)
     table = aggregate(sdir)
     if not dry_run:
       table.to_csv(sdir / "table.csv", index=False)

@@ -8,6 +8,7 @@ An experiment module (e.g. `experiments.sign_placement`) defines
     def analyze(table, finals, out_dir) -> dict   writes the compact CSVs of its findings
     def figures(out_dir) -> list[Path]            draws every PNG from those CSVs only
     def report(out_dir) -> dict                   {"verdict", "finding", "numbers"} from them
+    def follow_up(preset, sweep_dir) -> blocks    optional: runs chosen from the first stage's
 
 Run directories are deterministic: `<sweep_dir>/<override_dirname>` where the
 override dirname holds only the swept ("identity") keys of the point, sorted, as

@@ -122,20 +122,24 @@ def test_gns_layers_smoothing_is_the_trackers():
 
 def _schedule_table(speedup: dict[str, float], seeds=(0, 1, 2), n_evals=25, budget=25_600):
   """Eval losses L(x) = 3 + 4·exp(−s·x / budget) at the same tokens in every arm, with a
-  per-seed jitter of the rate; arm `k` learns `speedup[k]` times faster than fixed."""
+  per-seed jitter of the rate; arm `k` learns `speedup[k]` times faster than fixed. The
+  fixed runs' B_simple grows linearly in tokens (5 + x / 1000)."""
   rows = []
   for seed in seeds:
     jitter = 1 + 0.01 * (seed - 1)
-    for kind, s in {"fixed": 1.0, **speedup}.items():
-      run = f"batch.kind={kind},train.seed={seed}"
+    for a, s in {"fixed": 1.0, **speedup}.items():
+      kind = "linear" if a.startswith("linear") else a
+      ramp = 12_345 if a == "linear_fit" else np.nan
+      run = f"batch.kind={kind},train.seed={seed}" + (",fit" if a == "linear_fit" else "")
       for i in range(n_evals + 1):
         x = budget * i / n_evals
         loss = 3 + 4 * np.exp(-3 * s * jitter * x / budget)
-        rows.append({"run": run, "batch.kind": kind, "train.seed": seed, "step": i * 4,
+        rows.append({"run": run, "batch.kind": kind, "batch.ramp_tokens": ramp,
+                     "train.seed": seed, "step": i * 4 + 30,
                      "eval/loss": loss, "eval/tokens_seen": x, "train/tokens_seen": x,
                      "train/train_time_s": x / 1000 * (1.2 if kind != "fixed" else 1.0),
                      "train/batch_size": 64 if kind == "fixed" else 16,
-                     "gns/total/b_simple": 10 + i})
+                     "gns/total/b_simple": 5 + x / 1000})
   return pd.DataFrame(rows)
 
 
@@ -158,20 +162,26 @@ def test_gns_schedule_crossing_interpolates_between_evaluations():
 
 
 def test_gns_schedule_verdicts(tmp_path):
-  rep, tt = _schedule_report(tmp_path, "faster", _schedule_table({"gns": 1.5, "linear": 1.3}))
+  from experiments import gns_schedule
+
+  arms = {"gns": 1.5, "linear_fit": 1.3, "linear": 0.8}  # the control never gets there
+  rep, tt = _schedule_report(tmp_path, "faster", _schedule_table(arms))
   assert rep["verdict"] == "reproduced", rep["finding"]
+  assert set(tt["kind"]) == set(gns_schedule.ARMS)
   fixed = tt[tt["kind"] == "fixed"]
   np.testing.assert_allclose(fixed["tokens_to_target"], fixed["tokens_total"])
   gns = tt[tt["kind"] == "gns"]["tokens_to_target"] / fixed["tokens_to_target"].to_numpy()
   assert (gns.between(0.6, 0.72)).all()  # 1/1.5 of the tokens, up to interpolation
-  assert "Token saving" in rep["claim_row"] and "paper: 18%" in rep["claim_row"]
-  # A schedule that learns slower never reaches the fixed run's final loss: not reproduced.
-  rep, tt = _schedule_report(tmp_path, "slower", _schedule_table({"gns": 0.8, "linear": 1.3}))
+  assert "paper: 18%" in rep["claim_row"] and "not reached in 3 of 3" in rep["claim_row"]
+  fit = pd.read_csv(tmp_path / "faster" / "ramp_fit.csv").iloc[0]  # B_simple = 5 + x/1000
+  assert np.isclose(fit["a"], 5.0) and np.isclose(fit["b_per_token"], 1e-3)
+  assert fit["batch.start"] == 8 and fit["batch.ramp_tokens"] == round((64 - 8) / 1e-3)
+  # A guided schedule that learns slower never reaches the fixed run's final loss.
+  rep, tt = _schedule_report(tmp_path, "slower", _schedule_table({**arms, "gns": 0.8}))
   assert rep["verdict"] == "not reproduced", rep["finding"]
   assert np.isinf(tt[tt["kind"] == "gns"]["tokens_to_target"]).all()
-  # Within the seed jitter of fixed: a tie, so partly (the linear ramp still wins).
-  rep, _ = _schedule_report(tmp_path, "tie", _schedule_table({"gns": 1.0, "linear": 1.3}))
+  # Within the seed jitter of fixed: a tie, so partly (the fitted ramp still wins).
+  rep, _ = _schedule_report(tmp_path, "tie", _schedule_table({**arms, "gns": 1.0}))
   assert rep["verdict"] == "partly reproduced", rep["finding"]
-  rep, _ = _schedule_report(tmp_path, "one", _schedule_table({"gns": 1.5, "linear": 1.3},
-                                                            seeds=(0,)))
+  rep, _ = _schedule_report(tmp_path, "one", _schedule_table(arms, seeds=(0,)))
   assert rep["verdict"] == "undetermined"
