@@ -205,30 +205,43 @@ def analyze(table: pd.DataFrame, fin: pd.DataFrame, out_dir: Path) -> None:
 
 
 def figures(out_dir: Path) -> list[Path]:
+  """Eval loss (whole run, and the end where the target is crossed), batch size and
+  tracked total B_simple against tokens; means over seeds per evaluation (the arms
+  evaluate at the same examples seen, up to one batch)."""
   out_dir = Path(out_dir)
   cur = pd.read_csv(out_dir / "curves.csv")
+  cur["eval_index"] = cur.sort_values("tokens").groupby("run").cumcount()
   pyplot = plt()
-  fig, axes = pyplot.subplots(1, 3, figsize=(16, 4.2))
+  fig, axes = pyplot.subplots(1, 4, figsize=(20, 4.2))
+  colors = {a: f"C{i}" for i, a in enumerate(ARMS)}
   for kind, g in cur.groupby("kind", sort=False):
-    agg = g.groupby("tokens")[["eval_loss", "batch_size"]].mean()
-    axes[0].plot(agg.index, agg["eval_loss"], label=kind)
-    axes[1].step(agg.index, agg["batch_size"], where="post", label=kind)
+    agg = g.groupby("eval_index")[["tokens", "eval_loss", "batch_size"]].mean()
+    for ax in axes[:2]:
+      ax.plot(agg["tokens"], agg["eval_loss"], color=colors.get(kind), label=kind)
+    axes[2].step(agg["tokens"], agg["batch_size"], where="post", color=colors.get(kind),
+                 label=kind)
   tt = pd.read_csv(out_dir / "to_target.csv")
   if len(tt):
     target = tt.groupby("train.seed")["target"].first().mean()
-    axes[0].axhline(target, color="k", lw=0.8, ls="--", label="target (fixed, final)")
-  style(axes[0], xlabel="tokens seen", ylabel="eval loss", yscale="log",
-        title="eval loss (mean over seeds)", legend=8, grid=True)
-  style(axes[1], xlabel="tokens seen", ylabel="batch size B", title="batch size",
+    for ax in axes[:2]:
+      ax.axhline(target, color="k", lw=0.8, ls="--", label="target (fixed, final)")
+    axes[1].set_xlim(0.6 * cur["tokens"].max(), 1.01 * cur["tokens"].max())
+    axes[1].set_ylim(target - 0.05, target + 0.35)
+  style(axes[0], xlabel="tokens seen", ylabel="eval loss", title="eval loss (mean over seeds)",
         legend=8, grid=True)
+  style(axes[1], xlabel="tokens seen", ylabel="eval loss", title="the end of the runs",
+        grid=True)
+  style(axes[2], xlabel="tokens seen", ylabel="batch size B (mean over seeds)",
+        title="batch size", legend=8, grid=True)
   gpath = out_dir / "gns.csv"
   if gpath.exists():
-    gdf = pd.read_csv(gpath)
+    gdf = pd.read_csv(gpath).dropna(subset=["tokens"])
     for kind, g in gdf.groupby("kind", sort=False):
-      agg = g.groupby("step")[["tokens", "b_simple"]].mean()
-      axes[2].plot(agg["tokens"], agg["b_simple"], label=kind)
-  style(axes[2], xlabel="tokens seen", ylabel="total B_simple (α = 0.95)", yscale="log",
-        title="tracked gradient noise scale", legend=8, grid=True)
+      for i, (_, r) in enumerate(g.groupby("run", sort=False)):
+        axes[3].plot(r["tokens"], r["b_simple"], color=colors.get(kind), lw=0.8,
+                     label=kind if i == 0 else None)
+  style(axes[3], xlabel="tokens seen", ylabel="total B_simple (α = 0.95)", yscale="log",
+        title="tracked gradient noise scale (each seed)", legend=8, grid=True)
   return [savefig(fig, out_dir / "gns_schedule.png")]
 
 
