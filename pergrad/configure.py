@@ -104,7 +104,15 @@ def build_plan(cfg: Any, n_devices: int = 1) -> RunPlan:
   logging = LoggingSpec(name=c["name"], log_every=lg["log_every"], progress=lg["progress"],
                         wandb=_spec(WandbSpec, {**w, "tags": tuple(w["tags"] or ())}))
   return RunPlan(model=model, data=data, optimizer=opt, stats=stats, batch=batch,
-                 train=_spec(TrainSpec, t), logging=logging, config=c)
+                 train=_spec(TrainSpec, t), logging=logging, config=c, defaults=_defaults())
+
+
+def _defaults() -> dict:
+  """The schema's default of every key (flat), for run directories written before a key
+  existed (`pergrad.plan.resume_decision`)."""
+  from pergrad.plan import flatten
+
+  return flatten(to_plain(config_lib.Config()))
 
 
 def _batch_schedule(b: dict, max_size: int, seq_len: int, n_devices: int,

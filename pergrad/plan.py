@@ -9,7 +9,9 @@ them from the composed Hydra config, checking every cross-field rule once.
 `fingerprint(plan.config)` is what makes two runs "the same run" (`resume_decision`):
 the resolved config without the keys that may change when a run is resumed
 (`RESUMABLE`: logging, evaluation and checkpoint cadence, the output directory, and
-`train.steps` when the schedule is constant, so that a run can be extended).
+`train.steps` when the schedule is constant, so that a run can be extended). A key that a
+run directory's config lacks (written before the key existed) matches when the new value
+is the key's default (`RunPlan.defaults`), since that is what the older code did.
 """
 
 from __future__ import annotations
@@ -120,14 +122,15 @@ class RunPlan:
   train: TrainSpec
   logging: LoggingSpec
   config: dict  # the resolved config, plain (written to config.yaml and W&B)
+  defaults: dict = dataclasses.field(default_factory=dict)  # flat key -> schema default
 
 
 # --- same run? ---------------------------------------------------------------------------
-def _flat(d: dict, prefix: str = "") -> dict:
+def flatten(d: dict, prefix: str = "") -> dict:
   out = {}
   for k, v in d.items():
     if isinstance(v, dict):
-      out.update(_flat(v, f"{prefix}{k}."))
+      out.update(flatten(v, f"{prefix}{k}."))
     else:
       out[f"{prefix}{k}"] = v
   return out
@@ -136,7 +139,7 @@ def _flat(d: dict, prefix: str = "") -> dict:
 def fingerprint(config: dict) -> dict:
   """The flat keys of a resolved config that define the run (module docstring)."""
   resumable = RESUMABLE + (("train.steps",) if config["schedule"]["name"] == "constant" else ())
-  return {k: v for k, v in _flat(config).items()
+  return {k: v for k, v in flatten(config).items()
           if not any(k == r or k.startswith(r + ".") for r in resumable)}
 
 
@@ -151,8 +154,11 @@ def resume_decision(out_dir: Path, plan: RunPlan) -> str:
     return "new"
   old = fingerprint(OmegaConf.to_container(OmegaConf.load(saved), resolve=True))
   new = fingerprint(json.loads(json.dumps(plan.config)))
+  absent = object()
+  same = lambda k: old.get(k, absent) == new.get(k) or (
+      k not in old and k in plan.defaults and new.get(k) == plan.defaults[k])
   diff = [f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in sorted(set(old) | set(new))
-          if old.get(k) != new.get(k)]
+          if not same(k)]
   if diff:
     raise ValueError(
         f"{out_dir} holds a run with a different config ({'; '.join(diff[:4])}"
