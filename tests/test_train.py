@@ -348,7 +348,7 @@ def test_run_dir_written_before_a_config_key_existed_still_matches(base_run, tin
   (d / "config.yaml").write_text(yaml.safe_dump(cfg))
   overrides = (*tiny_overrides, *BASE, "stats=vmap", "stats.log_every=6")
   assert resume_decision(d, build_plan(compose(overrides))) == "completed"
-  with pytest.raises(ValueError, match=r"different config \(batch.kind: None -> 'linear'\)"):
+  with pytest.raises(ValueError, match=r"different config \(batch.kind: None -> 'linear';"):
     resume_decision(d, build_plan(compose((*overrides, "batch=linear",
                                            "batch.ramp_tokens=64"))))
 
