@@ -14,7 +14,7 @@ Backends (all return the same `GradStats`):
                (`surgery.py`); granularities "example" and "token".
   - "loop":    a Python loop over examples (`reference.py`); a reference for tests.
   - "auto":    the cheapest backend that can supply the request (`resolve_backend`):
-               surgery for token granularity, vmap for example granularity.
+               surgery, or vmap with per-example clipping.
 A request for "mean" alone (example granularity, no clipping) takes the plain
 `jax.value_and_grad` path whatever the backend, since the mean needs nothing more.
 
@@ -57,14 +57,17 @@ _SUPPORTS = {
 def resolve_backend(request: StatsRequest, backend: str = "auto") -> str:
   """The backend that serves `request`: "value_and_grad", "vmap", "surgery" or "loop".
 
-  Rule for "auto" (from results/overhead, `scripts/reproduce.py overhead --preset cpu`,
-  measured on XLA:CPU):
+  Rule for "auto" (from results/overhead and results/norm_cost, `scripts/reproduce.py
+  overhead norm_cost --preset cpu`, measured on XLA:CPU):
     - "mean" only, example granularity, no clipping -> "value_and_grad";
     - token granularity -> "surgery" (the only backend with per-token statistics);
-    - example granularity -> "vmap": on the tiny and medium presets it took 0.95-1.13x
-      the time of value_and_grad for sq+sign and for all statistics, where surgery took
-      1.43-1.48x; for norms alone the two tie (0.95-1.06x vs 0.99-1.07x). Re-measure on
-      an accelerator before changing this.
+    - per-example clipping -> "vmap" (surgery reduces before any per-example gradient);
+    - otherwise (example granularity) -> "surgery": with the simultaneous methods it took
+      0.72-0.89x the time of value_and_grad for sq+sign and for all statistics on the
+      tiny and medium presets, where vmap took 0.96-1.24x (before them surgery took
+      1.43-1.48x and vmap was the rule); for norms 0.69-0.83x vs 0.90-1.06x. Surgery
+      needs a model of standard Flax layers (its error names any other layer that owns
+      parameters: use backend="vmap" there). Not yet measured on an accelerator.
   Raises ValueError when `backend` cannot serve the request, naming one that can.
   """
   if backend not in BACKENDS:
@@ -72,7 +75,7 @@ def resolve_backend(request: StatsRequest, backend: str = "auto") -> str:
   if request.mean_only:
     return "value_and_grad"
   if backend == "auto":
-    return "surgery" if request.granularity == "token" else "vmap"
+    return "vmap" if request.per_example_clip is not None else "surgery"
   sup = _SUPPORTS[backend]
   if request.granularity not in sup["granularity"]:
     raise ValueError(
