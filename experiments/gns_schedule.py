@@ -84,7 +84,8 @@ def fit_ramp(table: pd.DataFrame, b_max: int) -> dict | None:
   """The linear ramp through the fixed runs' tracked total B_simple: {"batch.start",
   "batch.ramp_tokens", "a", "b_per_token"} (None without fixed runs that logged it).
 
-  B_simple ≈ a + b·tokens (least squares over steps past WARMUP, mean over seeds), then
+  B_simple ≈ a + b·tokens (least squares over steps past WARMUP, or past the first quarter
+  of a shorter run, mean over seeds), then
   start = the largest power-of-two size ≤ a within [b_max/8, b_max], and the ramp from
   start to b_max at slope b: ramp_tokens = (b_max − start) / b (b ≤ 0: no ramp within
   100 runs' tokens)."""
@@ -92,9 +93,12 @@ def fit_ramp(table: pd.DataFrame, b_max: int) -> dict | None:
   fixed = table[table["batch.kind"] == "fixed"] if "batch.kind" in table else table[:0]
   if key not in fixed or fixed[key].notna().sum() < 3:
     return None
-  pts = fixed[fixed["step"] > WARMUP].dropna(subset=[key, "train/tokens_seen"])
+  warmup = min(WARMUP, int(fixed["step"].max()) // 4)  # short (ci) runs: their first quarter
+  pts = fixed[fixed["step"] > warmup].dropna(subset=[key, "train/tokens_seen"])
   mean = pts.groupby("train/tokens_seen")[key].mean()
   x, y = mean.index.to_numpy(float), mean.to_numpy(float)
+  if len(x) < 3 or not np.isfinite(y).all():
+    return None
   b, a = np.polyfit(x, y, 1)
   sizes = [b_max >> i for i in range(3, -1, -1)]  # b_max/8 .. b_max, as the arms' sizes
   start = max([s for s in sizes if s <= a] or [sizes[0]])
