@@ -5,18 +5,19 @@ backend, tied and untied embeddings, both tied conventions), the tracker in trai
 
 from __future__ import annotations
 
+import functools
 import json
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import test_surgery as ts  # the small models and their shared loop references
 
 from pergrad import gns
 from pergrad.loss import make_loss_fn
 from pergrad.model import TIED_EMBEDDING, ModelSpec, Transformer, init_params
-from pergrad.stats import compute, synthetic
-from pergrad.stats.reference import per_example_grads
+from pergrad.stats import StatsRequest, compute, synthetic
 
 K = 4.0  # z-score bound of the synthetic tests (each has a handful of comparisons)
 
@@ -150,6 +151,23 @@ def _numpy_terms(per_example, groups):
 
 
 _EXT = pytest.mark.extended
+# The small models of tests/test_surgery.py, whose loop-reference per-example gradients
+# (one Python loop of jax.grad per model and batch) are computed once per session and
+# shared with the surgery and registry parity tests.
+MODELS = {False: "untied-ln-learned-bias", True: "tied-rms-rope"}
+PARITY_B = 8
+
+
+@functools.lru_cache(maxsize=None)
+def _jitted_compute(loss_fn, backend, request):
+  return jax.jit(lambda p, b: compute(loss_fn, p, b, request=request, backend=backend))
+
+
+def _compute(loss_fn, params, batch, backend, request):
+  """compute() under jit (one program per setup), or eagerly for the Python-loop backend."""
+  if backend == "loop":
+    return compute(loss_fn, params, batch, request=request, backend=backend)
+  return _jitted_compute(loss_fn, backend, request)(params, batch)
 
 
 @pytest.mark.parametrize("backend,tied,convention", [
@@ -160,22 +178,12 @@ _EXT = pytest.mark.extended
     pytest.param("vmap", True, "include", marks=_EXT),
     pytest.param("loop", False, "include", marks=_EXT)])
 def test_group_terms_match_numpy_on_per_example_gradients(backend, tied, convention):
-  spec = ModelSpec(n_layers=1, d_model=12, n_heads=3, d_ff=20, vocab_size=V, seq_len=T,
-                   tie_embeddings=tied)
-  model = Transformer(spec)
-  loss_fn = make_loss_fn(model)
-  params = init_params(spec, jax.random.PRNGKey(0))
-  rng = np.random.default_rng(0)
-  params = jax.tree.map(lambda p: p + 0.1 * rng.standard_normal(p.shape, np.float32), params)
-  B = 6
-  batch = {"inputs": jnp.asarray(rng.integers(0, V, (B, T), dtype=np.int32)),
-           "targets": jnp.asarray(rng.integers(0, V, (B, T), dtype=np.int32))}
+  _, loss_fn, params, batch = ts._setup(MODELS[tied], PARITY_B)
   groups = gns.groups_of(gns.leaf_paths(params), tied=convention,
                          tied_leaf=TIED_EMBEDDING if tied else None)
-  _, stats = compute(loss_fn, params, batch, want=("mean", "norms"), backend=backend)
+  _, stats = _compute(loss_fn, params, batch, backend, StatsRequest(want=("mean", "norms")))
   G2, S = gns.group_terms(stats, groups)
-  grads = [g for _, g in per_example_grads(loss_fn, params, batch)]
-  want = _numpy_terms(jax.tree.map(lambda *g: np.stack(g), *grads), groups)
+  want = _numpy_terms(ts.per_example_samples(MODELS[tied], PARITY_B), groups)
   assert set(G2) == set(want)
   for g, (g2, s) in want.items():
     np.testing.assert_allclose(float(G2[g]), g2, rtol=2e-3, atol=1e-6 * abs(s), err_msg=g)
@@ -297,20 +305,13 @@ def test_norm_layers_only_match_the_loop_and_leave_the_rest_untouched(backend):
   """layers=("norm",): the norm leaves' per-example norms and squares equal the loop's,
   the mean gradient stays complete, the GNS groups are "norm" and its total; surgery
   computes nothing for the other leaves (zeros)."""
-  from pergrad.stats import StatsRequest
   from pergrad.stats.summaries import layer_summaries
-  spec = ModelSpec(n_layers=1, d_model=12, n_heads=3, d_ff=20, vocab_size=V, seq_len=T)
-  loss_fn = make_loss_fn(Transformer(spec))
-  params = init_params(spec, jax.random.PRNGKey(0))
-  rng = np.random.default_rng(1)
-  B = 5
-  batch = {"inputs": jnp.asarray(rng.integers(0, V, (B, T), dtype=np.int32)),
-           "targets": jnp.asarray(rng.integers(0, V, (B, T), dtype=np.int32))}
+  name, B = MODELS[False], PARITY_B  # layernorm: a scale and a bias per norm
+  _, loss_fn, params, batch = ts._setup(name, B)
   req = StatsRequest(want=("mean", "sq", "norms"), layers=("norm",))
-  _, stats = compute(loss_fn, params, batch, request=req, backend=backend)
+  _, stats = _compute(loss_fn, params, batch, backend, req)
   assert stats.layers == ("norm",)
-  grads = [g for _, g in per_example_grads(loss_fn, params, batch)]
-  stacked = jax.tree.map(lambda *g: np.stack(g), *grads)
+  stacked = jax.tree.map(np.asarray, ts.per_example_samples(name, B))
   paths = gns.leaf_paths(params)
   flat = lambda t: dict(zip(paths, jax.tree.leaves(t), strict=True))
   g, sqn, sq, mean = flat(stacked), flat(stats.sq_norms), flat(stats.sum_sq), flat(stats.mean)

@@ -42,10 +42,18 @@ SPECS = {
 
 
 @functools.lru_cache(maxsize=None)
+def _model(name: str):
+  """(params, loss_fn) of SPECS[name], one loss_fn per model: the jitted functions keyed
+  on it (the loop reference's per-example gradient) compile once for every B."""
+  spec = SPECS[name]
+  params = jax.jit(init_params, static_argnums=0)(spec, jax.random.key(1))
+  return params, make_loss_fn(Transformer(spec))
+
+
+@functools.lru_cache(maxsize=None)
 def setup(name: str, B: int):
   spec = SPECS[name]
-  params = init_params(spec, jax.random.key(1))
-  loss_fn = make_loss_fn(Transformer(spec))
+  params, loss_fn = _model(name)
   rng = np.random.default_rng(B)
   batch = {k: jnp.asarray(rng.integers(0, spec.vocab_size, (B, T)), jnp.int32)
            for k in ("inputs", "targets")}
@@ -146,8 +154,26 @@ def run_backend(backend, mb, name, B, want=ALL, clip=None):
   return jax.jit(fn)(params, batch)
 
 
-@pytest.mark.parametrize("name", list(SPECS))
-@pytest.mark.parametrize("backend,mb,B", _cases())
+U, T2 = SPECS  # untied / tied (2 layers)
+# The main suite runs a covering set of the cross product _cases() x SPECS: every backend
+# and layout with both models, every B it takes, each B with both models. These cases, the
+# rest of the product, run under the extended marker.
+EXTENDED_CASES = {("loop", None, 1, T2), ("loop", None, 3, U), ("loop", None, 8, T2),
+                  ("vmap", None, 1, U), ("surgery", None, 1, U), ("surgery", None, 3, T2),
+                  ("vmap", "half", 3, U), ("vmap", "half", 8, T2),
+                  ("surgery", "half", 3, T2), ("surgery", "half", 8, U),
+                  ("vmap-first", None, 8, U)}
+
+
+def _backend_params():
+  params = [pytest.param(*case, name, id="-".join(map(str, (*case, name))),
+                         marks=[pytest.mark.extended] * ((*case, name) in EXTENDED_CASES))
+            for name in SPECS for case in _cases()]
+  assert len({p.id for p in params if p.marks}) == len(EXTENDED_CASES)
+  return params
+
+
+@pytest.mark.parametrize("backend,mb,B,name", _backend_params())
 def test_backend_matches_per_example_loop(backend, mb, B, name):
   loss, stats = run_backend(backend, mb, name, B)
   check_all(loss, stats, name, B, what=f"{backend}/mb={mb}")
@@ -202,8 +228,9 @@ def test_merge_of_two_parts_equals_whole():
   assert_close(merged.variance, jax.tree.map(np.asarray, whole.variance), "merged variance")
 
 
-@pytest.mark.parametrize("backend,mb", [("loop", None), ("vmap", None), ("vmap", "half"),
-                                        ("vmap-first", None)])
+@pytest.mark.parametrize("backend,mb", [
+    ("loop", None), ("vmap", None), ("vmap", "half"),
+    pytest.param("vmap-first", None, marks=pytest.mark.extended)])
 def test_per_example_clip(backend, mb):
   name, B = "untied-layernorm-learned", 8
   _, grads = per_example(name, B)
@@ -359,7 +386,7 @@ def test_bench_stats_quick_smoke(tmp_path):
     assert r["mem_bytes"] > 0 and r["mem_ratio"] > 0 and r["peak_bytes"] > 0
 
 
-@pytest.mark.parametrize("tied", [False, True])
+@pytest.mark.parametrize("tied", [False, pytest.param(True, marks=pytest.mark.extended)])
 def test_surgery_per_token_peak_memory(tied):
   """XLA's peak of live buffers for per-token sq+sign stays within 1.1x of the plain step.
 

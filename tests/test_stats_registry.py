@@ -93,9 +93,8 @@ def _check_against(stats, ref, names):
 # --- the reference itself -------------------------------------------------------------------
 @pytest.mark.parametrize("name", NAMES)
 def test_reference_matches_numpy_of_per_example_grads(name):
-  (_, loss_fn, params, batch), _, stats = _reference(name, 3)
-  g = jax.tree.map(lambda x: np.asarray(x, np.float64),
-                   ts._per_example_reference(loss_fn, params, batch))
+  _, _, stats = _reference(name, 3)
+  g = jax.tree.map(lambda x: np.asarray(x, np.float64), ts.per_example_samples(name, 3))
   for k in ("abs", "relu", "sq"):
     _assert_trees_close(stats.coord(k), jax.tree.map(lambda x, k=k: NUMPY_PHI[k](x).sum(0), g), k)
   _assert_trees_close(stats.per_example("l1"),
@@ -120,9 +119,8 @@ def test_backend_matches_reference(name, backend):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_surgery_per_token_matches_explicit_contributions(name):
-  model, loss_fn, params, batch = ts._setup(name, 3)
-  samples = jax.jit(functools.partial(ts._per_token_reference, model))(params, batch)
-  samples = jax.tree.map(lambda x: np.asarray(x, np.float64), samples)
+  _, loss_fn, params, batch = ts._setup(name, 3)
+  samples = jax.tree.map(lambda x: np.asarray(x, np.float64), ts.per_token_samples(name, 3))
   _, stats = _compute(loss_fn, params, batch, ("mean", "sq", "abs"), backend="surgery",
                       granularity="token")
   assert stats.granularity == "token" and float(stats.count) == 3 * ts.T

@@ -37,6 +37,16 @@ CASES = [(name, B) for name in list(CONFIGS)[:2] for B in (1, 3, 8)] + [
     (list(CONFIGS)[2], 3)]
 
 
+def _cases(extended):
+  """CASES, those in `extended` under the extended marker: each test keeps a covering set
+  in the main suite (every configuration, every B, tied and untied at B = 1 or 8)."""
+  assert set(extended) < set(CASES)
+  return [pytest.param(*c, marks=[pytest.mark.extended] * (c in extended)) for c in CASES]
+
+
+U, T_RMS = list(CONFIGS)[:2]
+
+
 @functools.lru_cache(maxsize=None)
 def _model(name):
   spec = ModelSpec(n_layers=1, d_model=12, n_heads=3, d_ff=20, vocab_size=V, seq_len=T,
@@ -57,8 +67,8 @@ def _setup(name, B):
 
 
 @functools.lru_cache(maxsize=None)
-def _jitted_grad(loss_fn):
-  return jax.jit(jax.grad(lambda p, b: loss_fn(p, b).mean()))
+def _jitted_value_and_grad(loss_fn):
+  return jax.jit(jax.value_and_grad(lambda p, b: loss_fn(p, b).mean()))
 
 
 @functools.partial(jax.jit, static_argnums=(0, 3, 4))
@@ -68,10 +78,34 @@ def _surgery(loss_fn, params, batch, want, granularity):
 
 def _per_example_reference(loss_fn, params, batch):
   """Per-example gradients stacked on a leading axis (Python loop)."""
-  grad = _jitted_grad(loss_fn)
+  value_and_grad = _jitted_value_and_grad(loss_fn)
   B = batch["inputs"].shape[0]
-  gs = [grad(params, jax.tree.map(lambda a, b=b: a[b:b + 1], batch)) for b in range(B)]
+  gs = [value_and_grad(params, jax.tree.map(lambda a, b=b: a[b:b + 1], batch))[1]
+        for b in range(B)]
   return jax.tree.map(lambda *g: jnp.stack(g), *gs)
+
+
+# The references of one (model, B), computed once per session and shared by every parity
+# test of that setup: here, tests/test_stats_registry.py and tests/test_gns.py.
+@functools.lru_cache(maxsize=None)
+def per_example_samples(name, B):
+  """_per_example_reference of _setup(name, B)."""
+  _, loss_fn, params, batch = _setup(name, B)
+  return _per_example_reference(loss_fn, params, batch)
+
+
+@functools.lru_cache(maxsize=None)
+def batch_reference(name, B):
+  """(mean loss, gradient of the mean loss) of _setup(name, B) by plain autodiff."""
+  _, loss_fn, params, batch = _setup(name, B)
+  return _jitted_value_and_grad(loss_fn)(params, batch)
+
+
+@functools.lru_cache(maxsize=None)
+def per_token_samples(name, B):
+  """_per_token_reference of _setup(name, B)."""
+  model, _, params, batch = _setup(name, B)
+  return jax.jit(functools.partial(_per_token_reference, model))(params, batch)
 
 
 _HANDLED = (nn.Dense, nn.DenseGeneral, nn.Embed, nn.LayerNorm, nn.RMSNorm)
@@ -154,13 +188,13 @@ def _check(stats, samples, want, batch_grad):
             err_msg=f"norms {name}")
 
 
-@pytest.mark.parametrize("name,B", CASES)
+@pytest.mark.parametrize("name,B", _cases({(U, 8), (T_RMS, 1), (T_RMS, 8)}))
 def test_per_example_matches_loop(name, B):
   _, loss_fn, params, batch = _setup(name, B)
-  samples = _per_example_reference(loss_fn, params, batch)
-  batch_grad = _jitted_grad(loss_fn)(params, batch)
+  samples = per_example_samples(name, B)
+  batch_loss, batch_grad = batch_reference(name, B)
   loss, stats = _surgery(loss_fn, params, batch, ALL, "example")
-  np.testing.assert_allclose(loss, loss_fn(params, batch).mean(), rtol=1e-6)
+  np.testing.assert_allclose(loss, batch_loss, rtol=1e-6)
   _check(stats, samples, ALL, batch_grad)
   if B != 3:
     return
@@ -169,11 +203,11 @@ def test_per_example_matches_loop(name, B):
   _check(norms_only, samples, ("norms",), batch_grad)
 
 
-@pytest.mark.parametrize("name,B", CASES)
+@pytest.mark.parametrize("name,B", _cases({(U, 1), (T_RMS, 8)}))
 def test_per_token_matches_explicit_contributions(name, B):
-  model, loss_fn, params, batch = _setup(name, B)
-  samples = jax.jit(functools.partial(_per_token_reference, model))(params, batch)
-  batch_grad = _jitted_grad(loss_fn)(params, batch)
+  _, loss_fn, params, batch = _setup(name, B)
+  samples = per_token_samples(name, B)
+  _, batch_grad = batch_reference(name, B)
   _, stats = _surgery(loss_fn, params, batch, ("mean", "sq", "sign"), "token")
   assert stats.sq_norms is None
   _check(stats, samples, ("sq", "sign"), batch_grad)
@@ -310,12 +344,12 @@ def test_both_dense_methods_match_loop(method, want):
   from pergrad.stats import surgery
   for name in ("untied-ln-learned-bias", "tied-rms-rope"):
     _, loss_fn, params, batch = _setup(name, 3)
-    samples = _per_example_reference(loss_fn, params, batch)
+    batch_loss, batch_grad = batch_reference(name, 3)
     with surgery.dense_method(method):
       loss, stats = jax.jit(lambda p, b, w=want, f=loss_fn: surgery_stats(
           f, p, b, want=w, granularity="example"))(params, batch)
-    _check(stats, samples, want, _jitted_grad(loss_fn)(params, batch))
-    np.testing.assert_allclose(loss, loss_fn(params, batch).mean(), rtol=1e-6)
+    _check(stats, per_example_samples(name, 3), want, batch_grad)
+    np.testing.assert_allclose(loss, batch_loss, rtol=1e-6)
 
 
 def test_auto_takes_simultaneous_for_norms_at_long_sequences_and_counts_its_flops():

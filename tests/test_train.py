@@ -55,6 +55,13 @@ def _no_duplicates(recs):
   assert len(keys) == len(set(keys)), "duplicate (step, split) records"
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _cache(compilation_cache):
+  """This module's runs share compiled programs (tests/conftest.py): most of its runs train
+  the BASE config, which compiles once."""
+  return compilation_cache
+
+
 @pytest.fixture(scope="module")
 def base_run(tmp_path_factory, tiny_overrides):
   """One in-process run of BASE, with statistics logged at steps 1 and 6k."""
@@ -140,14 +147,15 @@ def test_corrupt_checkpoint_falls_back_to_previous(base_run, tmp_path, tiny_over
     # A GNS-guided batch size (decisions read the restored tracker state) from B = 2 to 8.
     ("batch=gns", "batch.start=2", "batch.every=4", "batch.gns_factor=0.3"),
 ], ids=["fixed", "gns_schedule"])
-def test_resume_after_sigkill_is_bit_exact(tmp_path, tiny_overrides, schedule):
+def test_resume_after_sigkill_is_bit_exact(tmp_path, tiny_overrides, schedule,
+                                           compilation_cache):
   """A run SIGKILLed after a checkpoint, re-run with the same command, ends with exactly
   the parameters (and logged losses and batch sizes) of an uninterrupted run."""
   steps = ("train.steps=150", "train.checkpoint_every=10", "train.eval_every=100",
            "logging.log_every=1", "optimizer.lr=1e-2", *schedule)
   d = tmp_path / "killed"
   args = [*tiny_overrides, *steps, f"train.out_dir={d}", f"hydra.run.dir={tmp_path / 'h'}"]
-  env = {**os.environ, "WANDB_MODE": "disabled"}
+  env = {**os.environ, "WANDB_MODE": "disabled", **compilation_cache}
   proc = subprocess.Popen([sys.executable, str(TRAIN), *args], cwd=REPO, env=env,
                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
   ckdir, t0 = d / "checkpoints", time.time()
@@ -159,7 +167,7 @@ def test_resume_after_sigkill_is_bit_exact(tmp_path, tiny_overrides, schedule):
   proc.wait()
   assert not (d / "summary.json").exists(), "the run finished before it was killed"
 
-  out = run_cli(args)
+  out = run_cli(args, env=compilation_cache)
   assert out.returncode == 0, out.stderr[-3000:]
   resumed = re.search(r"resuming .* from the checkpoint of step (\d+)", out.stdout)
   assert resumed and int(resumed.group(1)) >= 10, out.stdout[-2000:]
@@ -239,14 +247,15 @@ def test_optimizer_and_backend_mismatch_fails_before_compute(tmp_path, tiny_over
   assert not (tmp_path / "checkpoints").exists() and not (tmp_path / "metrics.jsonl").exists()
 
 
-def test_multirun_2x2_grid(tmp_path, tiny_overrides):
+def test_multirun_2x2_grid(tmp_path, tiny_overrides, compilation_cache):
   sweep = tmp_path / "sweep"
   fixed = [o for o in tiny_overrides if not o.startswith("data.batch_size=")]
   fixed += ["train.steps=2", "train.eval_every=2", "train.eval_batches=1"]
   exclude = ",".join(o.split("=")[0] for o in fixed)  # only the swept keys name the dirs
   out = run_cli(["-m", *fixed, "optimizer.lr=1e-3,3e-3", "data.batch_size=8,16",
                  f"hydra.sweep.dir={sweep}",
-                 f"hydra.job.config.override_dirname.exclude_keys=[{exclude}]"], timeout=600)
+                 f"hydra.job.config.override_dirname.exclude_keys=[{exclude}]"],
+                env=compilation_cache, timeout=600)
   assert out.returncode == 0, out.stderr[-3000:]
   runs = sorted(p.name for p in sweep.iterdir() if (p / "metrics.jsonl").exists())
   assert runs == ["data.batch_size=16,optimizer.lr=0.001", "data.batch_size=16,optimizer.lr=0.003",
@@ -289,7 +298,8 @@ def test_wandb_failure_only_warns(tmp_path, tiny_overrides, monkeypatch, capsys)
     raise RuntimeError("no network")
 
   monkeypatch.setattr(wandb, "init", broken)
-  summary, _ = _train(tmp_path, tiny_overrides, ("train.steps=2", "logging.wandb.mode=online"))
+  # BASE as in the test above: its programs are compiled already (the session's cache).
+  summary, _ = _train(tmp_path, tiny_overrides, ("logging.wandb.mode=online",))
   assert summary["status"] == "completed"
   err = capsys.readouterr().err
   assert err.count("[warning] W&B init failed (RuntimeError: no network)") == 1
