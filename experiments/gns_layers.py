@@ -32,7 +32,7 @@ from experiments.figures import plot_curves, plt, savefig, style
 from experiments.report_md import fmt_num, md_table
 from experiments.runs import x_examples
 from experiments.sweep import REPO, Block, Sweep, base_for
-from pergrad import gns
+from pergrad.stats import noise as gns
 
 NAME = "gns_layers"
 TITLE = "gradient noise scale per layer type; the normalization layers as predictor"
