@@ -3,8 +3,8 @@ normalization layers' GNS as a predictor of the total GNS.
 
 Runs: Adam at its own best lr (results/preconditioner; at ci the config's), per-example
 norms of every layer at every step (`stats.gns`, surgery backend, one backward pass), 3
-seeds. Each step logs the raw per-type terms |G|²_est and S_est (`pergrad.gns`); here
-they are re-smoothed offline (`pergrad.gns.smooth`, the tracker's own recurrence) with
+seeds. Each step logs the raw per-type terms |G|²_est and S_est (`track_gns`); here
+they are re-smoothed offline (`pergrad.stats.noise.smooth`, the tracker's own recurrence) with
 several EMA decays α, B_simple = EMA(S)/EMA(|G|²) per type. The model's embedding is
 untied, so "include" and "exclude" (nanoGNS) give the same numbers.
 

@@ -26,19 +26,12 @@ from test_optim import (
 )
 
 from pergrad import config as config_lib
-from pergrad.optim import (
-  PLACEMENTS,
-  VARIANTS,
-  ScheduleConfig,
-  build_optimizer,
-  diagnostics,
-  optimizer_config,
-  scale_by_adam_family,
-  scale_by_sign_placement,
-  scaled_hparams,
-  track_snr,
-)
+from pergrad.optim import build_optimizer, optimizer_config, scaled_hparams
+from pergrad.optim.adam_family import VARIANTS, scale_by_adam_family
 from pergrad.optim.configs import names as optimizer_names
+from pergrad.optim.diagnostics import diagnostics, track_snr
+from pergrad.optim.schedule import ScheduleConfig
+from pergrad.optim.sign import PLACEMENTS, scale_by_sign_placement
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
 

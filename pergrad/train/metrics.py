@@ -65,16 +65,9 @@ def truncate(path: str | Path, last_step: int) -> int:
   if not path.exists():
     return 0
   recs = read_records(path)
-  keep = [r for r in recs if int(r.get("step", -1)) <= last_step]
-  seen, dedup = set(), []
-  for r in keep:  # a (step, split) written twice keeps its last copy
-    key = (r.get("step"), r.get("split"))
-    if key in seen:
-      dedup = [d for d in dedup if (d.get("step"), d.get("split")) != key]
-    seen.add(key)
-    dedup.append(r)
-  files.write_text(path, "".join(json.dumps(r) + "\n" for r in dedup))
-  return len(recs) - len(dedup)
+  keep = [r for r in recs if r["step"] <= last_step]
+  files.write_text(path, "".join(json.dumps(r) + "\n" for r in keep))
+  return len(recs) - len(keep)
 
 
 class MetricsLogger:
