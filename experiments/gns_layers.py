@@ -3,8 +3,8 @@ normalization layers' GNS as a predictor of the total GNS.
 
 Runs: Adam at its own best lr (results/preconditioner; at ci the config's), per-example
 norms of every layer at every step (`stats.gns`, surgery backend, one backward pass), 3
-seeds. Each step logs the raw per-type terms |G|²_est and S_est (`pergrad.gns`); here
-they are re-smoothed offline (`pergrad.gns.smooth`, the tracker's own recurrence) with
+seeds. Each step logs the raw per-type terms |G|²_est and S_est (`track_gns`); here
+they are re-smoothed offline (`pergrad.stats.noise.smooth`, the tracker's own recurrence) with
 several EMA decays α, B_simple = EMA(S)/EMA(|G|²) per type. The model's embedding is
 untied, so "include" and "exclude" (nanoGNS) give the same numbers.
 
@@ -32,7 +32,7 @@ from experiments.figures import plot_curves, plt, savefig, style
 from experiments.report_md import fmt_num, md_table
 from experiments.runs import x_examples
 from experiments.sweep import REPO, Block, Sweep, base_for
-from pergrad import gns
+from pergrad.stats import noise as gns
 
 NAME = "gns_layers"
 TITLE = "gradient noise scale per layer type; the normalization layers as predictor"

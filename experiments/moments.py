@@ -5,8 +5,8 @@ Estimators, all RATIOS OF SUMS over coordinates with the unbiased μ̂² = ḡ²
 numerator (signed: ≈ 0, possibly < 0, where there is no signal; never clipped before
 aggregating), validated against known truth in `tests/test_estimators.py`:
 
-    mu2_over_var_b = Σ μ̂² / Σ (σ̂²/B)   μ² over Adam's noise term (> 1: v is μ²-dominated)
-    mu2_over_var   = Σ μ̂² / Σ σ̂²       μ² over MicroAdam's noise term (= the above / B)
+    snr2_batch     = Σ μ̂² / Σ (σ̂²/B)   μ² over Adam's noise term (> 1: v is μ²-dominated)
+    snr2_example   = Σ μ̂² / Σ σ̂²       μ² over MicroAdam's noise term (= the above / B)
     share_mu2, share_var_b, share_var = Σ μ̂², Σ σ̂²/B, Σ σ̂² over Σ v̂ (Adam's debiased v)
 
 per parameter leaf (`stats/<leaf>/...`, `opt/<leaf>/...`) and over all coordinates
@@ -23,7 +23,7 @@ training (mean over seeds, band = min-max) against 1; middle, the whole-model sh
 training (mean over logged steps and seeds), symmetric log axis.
 
 Verdict (noise-aware, `experiments.verdict.ordering` over seeds, higher is better): each
-seed's mean over the second half of training of `stats/total/mu2_over_var_b` against 1
+seed's mean over the second half of training of `opt/all/snr2_batch` against 1
 (the σ²/B term in the same units): "reproduced" when μ² dominates Adam's v beyond the
 seed spread, "not reproduced" when σ²/B does, otherwise a tie ("partly reproduced").
 """
@@ -47,8 +47,8 @@ TITLE = "μ², σ²/B and σ² in Adam's second moment over training"
 CLAIM = ("Adam's preconditioner v ≈ μ² + σ²/B: the paper's reading is that good "
          "preconditioning is dominated by μ² rather than by the variance σ².")
 
-# Logged per leaf and whole-model by `pergrad.stats.summaries` ("stats/<leaf>/<name>").
-RATIOS = ("mu2_over_var_b", "mu2_over_var")
+# Logged per leaf and whole-model by `pergrad.optim.diagnostics` ("opt/<leaf>/<name>").
+RATIOS = ("snr2_batch", "snr2_example")
 MAGNITUDES = ("gbar2_mean", "mu2_mean", "var_mean")  # per leaf only
 # Shares of the step's μ̂², σ̂²/B, σ̂² in Adam's debiased v̂ (`pergrad.optim.diagnostics`).
 SHARES = ("share_mu2", "share_var_b", "share_var")
@@ -75,8 +75,8 @@ def analyze(table: pd.DataFrame, fin: pd.DataFrame, out_dir: Path) -> None:
   t = table.copy()
   t["examples_seen"] = x_examples(t)
   rows = []
-  for name, prefix in [*((n, "stats") for n in (*RATIOS, *MAGNITUDES)),
-                       *((n, "opt") for n in SHARES)]:
+  for name, prefix in [*((n, "stats") for n in MAGNITUDES),
+                       *((n, "opt") for n in (*RATIOS, *SHARES))]:
     for col in stat_columns(t, name, prefix):
       sub = t[IDS + [col]].dropna(subset=[col])
       rows.append(sub.rename(columns={col: "value"}).assign(quantity=name, leaf=leaf_of(col)))
@@ -109,7 +109,7 @@ def figures(out_dir: Path) -> list[Path]:
   ratios = all_df[all_df["quantity"].isin(RATIOS)]
   if not ratios.empty:
     plot_curves(axes[0], ratios, ["quantity"], "value", labeler=lambda g: {
-        "mu2_over_var_b": "Σμ̂² / Σσ̂²/B (Adam)", "mu2_over_var": "Σμ̂² / Σσ̂² (MicroAdam)"}[
+        "snr2_batch": "Σμ̂² / Σσ̂²/B (Adam)", "snr2_example": "Σμ̂² / Σσ̂² (MicroAdam)"}[
             g["quantity"]])
   axes[0].axhline(1.0, color="k", ls="--", lw=0.8)
   axes[0].set_yscale("symlog", linthresh=1e-2)
@@ -121,7 +121,7 @@ def figures(out_dir: Path) -> list[Path]:
   axes[1].set_yscale("symlog", linthresh=1e-2)
   style(axes[1], ylabel="Σ term / Σ v̂ (all coordinates)",
         title="shares of μ̂², σ̂²/B, σ̂² in Adam's v̂", legend=8)
-  leaf = per_leaf[per_leaf["quantity"] == "mu2_over_var_b"]
+  leaf = per_leaf[per_leaf["quantity"] == "snr2_batch"]
   if not leaf.empty:
     bars = _second_half(leaf).groupby("leaf")["value"].mean()
     axes[2].bar(range(len(bars)), bars.values)
@@ -137,21 +137,21 @@ def figures(out_dir: Path) -> list[Path]:
 def report(out_dir: Path) -> dict:
   path = Path(out_dir) / "moments_all.csv"
   all_df = pd.read_csv(path) if path.exists() else pd.DataFrame()
-  if all_df.empty or "mu2_over_var_b" not in set(all_df["quantity"]):
+  if all_df.empty or "snr2_batch" not in set(all_df["quantity"]):
     return {"verdict": "not measured", "finding": "μ̂²/(σ̂²/B) was not logged "
-            "(stats/total/mu2_over_var_b missing from metrics.jsonl, or results of the old "
+            "(opt/all/snr2_batch missing from metrics.jsonl, or results of the old "
             "median estimators: rerun).", "numbers_md": ""}
   seeds = per_seed(all_df)
-  r = seeds["mu2_over_var_b"].dropna().tolist()
+  r = seeds["snr2_batch"].dropna().tolist()
   verdict, pairs = vd.ordering({"μ²": r, "σ²/B": [1.0] * len(r)}, ["μ²", "σ²/B"],
                                lower_is_better=False)
   mean = seeds.mean()
   get = lambda k: fmt_num(float(mean[k])) if k in mean else "n/a"
   finding = (f"Second half of training, whole model (ratios of sums over all coordinates, "
-             f"mean over {len(r)} seed(s)): Σμ̂²/Σ(σ̂²/B) = {get('mu2_over_var_b')} "
+             f"mean over {len(r)} seed(s)): Σμ̂²/Σ(σ̂²/B) = {get('snr2_batch')} "
              f"(Adam's v is {'μ²' if np.mean(r) > 1 else 'σ²/B'}-dominated on average), "
-             f"Σμ̂²/Σσ̂² = {get('mu2_over_var')} (MicroAdam's v: "
-             f"{'μ²' if mean.get('mu2_over_var', np.nan) > 1 else 'σ²'}-dominated); shares "
+             f"Σμ̂²/Σσ̂² = {get('snr2_example')} (MicroAdam's v: "
+             f"{'μ²' if mean.get('snr2_example', np.nan) > 1 else 'σ²'}-dominated); shares "
              f"of Adam's v̂: μ̂² {get('share_mu2')}, σ̂²/B {get('share_var_b')}. Rule: "
              + vd.RULE + " Here, with μ²/(σ²/B) against 1 (higher: μ² dominates): "
              + "; ".join(p.sentence() for p in pairs) + ".")

@@ -151,10 +151,7 @@ def _run_info(out_dir, name, preset, sdir, log, wall, command, launcher) -> dict
     except json.JSONDecodeError:
       continue
     n_done += d.get("status") == "completed"
-    for k in ("wall_time_s", "wall_s", "wall_time", "time_s"):
-      if isinstance(d.get(k), (int, float)):
-        compute_s += float(d[k])
-        break
+    compute_s += float(d.get("wall_time_s", 0.0))
   resolved = Path(sdir).resolve()
   info = {
       "experiment": name,

@@ -50,7 +50,7 @@ from experiments.figures import plot_curves, plt, savefig, style
 from experiments.report_md import fmt_num, md_table
 from experiments.runs import leaf_of, stat_columns, x_examples
 from experiments.sweep import REPO, Block, Sweep, base_for
-from pergrad.optim.diagnostics import ema_gain
+from pergrad.stats.noise import ema_gain
 
 NAME = "snr"
 TITLE = "measured SNR at each stage of the sign chain"

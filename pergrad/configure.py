@@ -17,15 +17,16 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from pergrad import config as config_lib
-from pergrad import gns
 from pergrad.data import DataSpec
 from pergrad.model import TIED_EMBEDDING, ModelSpec
 from pergrad.optim import build_optimizer, optimizer_config
 from pergrad.optim import configs as optim_registry
+from pergrad.optim.diagnostics import track_gns
 from pergrad.optim.schedule import ScheduleConfig
 from pergrad.plan import LoggingSpec, RunPlan, StatsPlan, TrainSpec, WandbSpec
 from pergrad.stats import StatsRequest, check_microbatch, resolve_backend
 from pergrad.stats.layers import LAYER_TYPES
+from pergrad.stats.noise import TOTAL
 from pergrad.train import batch_schedule
 from pergrad.train.batch_schedule import BatchSchedule
 
@@ -131,7 +132,7 @@ def _batch_schedule(b: dict, max_size: int, seq_len: int, n_devices: int,
                         ramp_examples=-(-b["ramp_tokens"] // seq_len),
                         gns_factor=b["gns_factor"], gns_group=b["gns_group"],
                         every=b["every"], lr_scaling=b["lr_scaling"])
-  groups = (*LAYER_TYPES, gns.TOTAL) if s["gns"] else None
+  groups = (*LAYER_TYPES, TOTAL) if s["gns"] else None
   batch_schedule.check(sched, n_devices=n_devices, microbatch=s["microbatch_size"],
                        gns_groups=groups)
   return sched
@@ -155,12 +156,12 @@ def _optimizer_config(cfg: Any, o: dict):
 
 
 def _gns_tracker(s: dict, model: ModelSpec):
-  """`pergrad.gns.track_gns` when stats.gns (ValueError on a bad alpha or tied)."""
+  """`pergrad.optim.diagnostics.track_gns` when stats.gns (ValueError on a bad alpha or tied)."""
   if not s["gns"]:
     return None
   try:
-    return gns.track_gns(s["gns_alpha"], tied=s["gns_tied"], layers=tuple(s["layers"]),
-                         tied_leaf=TIED_EMBEDDING if model.tie_embeddings else None)
+    return track_gns(s["gns_alpha"], tied=s["gns_tied"], layers=tuple(s["layers"]),
+                     tied_leaf=TIED_EMBEDDING if model.tie_embeddings else None)
   except ValueError as e:
     raise ValueError(f"stats.{e}") from None
 

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 
 # The parameter leaf of the token embedding table (shared with the unembedding when
-# ModelSpec.tie_embeddings): the GNS tracker's `tied_leaf` (pergrad.gns).
+# ModelSpec.tie_embeddings): the GNS tracker's `tied_leaf` (`track_gns`).
 TIED_EMBEDDING = "embed/embedding"
 
 

@@ -1,7 +1,7 @@
-"""Gradient noise scale (`pergrad.gns`): known truth on synthetic gradients, parity of the
-per-layer-type terms with NumPy on per-example gradients of the loop reference (every
-backend, tied and untied embeddings, both tied conventions), the tracker in training
-(every step) and the offline re-smoothing."""
+"""Gradient noise scale (`pergrad.stats.noise`, the tracker `track_gns`): known truth on
+synthetic gradients, parity of the per-layer-type terms with NumPy on per-example gradients
+of the loop reference (every backend, tied and untied embeddings, both tied conventions),
+the tracker in training (every step) and the offline re-smoothing."""
 
 from __future__ import annotations
 
@@ -14,10 +14,13 @@ import numpy as np
 import pytest
 import test_surgery as ts  # the small models and their shared loop references
 
-from pergrad import gns
 from pergrad.loss import make_loss_fn
 from pergrad.model import TIED_EMBEDDING, ModelSpec, Transformer, init_params
-from pergrad.stats import StatsRequest, compute, synthetic
+from pergrad.optim.common import find_state
+from pergrad.optim.diagnostics import GnsTrackerState, gns_metrics, track_gns
+from pergrad.stats import StatsRequest, compute, noise, synthetic
+from pergrad.stats.layers import layer_type
+from pergrad.train.metrics import resmooth
 
 K = 4.0  # z-score bound of the synthetic tests (each has a handful of comparisons)
 
@@ -26,8 +29,8 @@ K = 4.0  # z-score bound of the synthetic tests (each has a handful of compariso
 
 
 def test_layer_types_of_the_transformer():
-  paths = gns.leaf_paths(_params(tied=False))
-  kinds = {p: gns.layer_type(p) for p in paths}
+  paths = noise.leaf_paths(_params(tied=False))
+  kinds = {p: layer_type(p) for p in paths}
   assert kinds["block_0/norm_attn/scale"] == "norm"  # a norm inside attention: norm first
   assert kinds["norm_final/bias"] == "norm"
   assert kinds["block_0/attn/query/kernel"] == "attention"
@@ -35,22 +38,22 @@ def test_layer_types_of_the_transformer():
   assert kinds["embed/embedding"] == kinds["pos_embed/embedding"] == "embedding"
   assert kinds["unembed/kernel"] == "unembedding"
   assert "other" not in kinds.values()
-  groups = gns.groups_of(paths)
-  assert sorted(i for k, idx in groups.items() if k != gns.TOTAL for i in idx) \
-      == list(groups[gns.TOTAL]) == list(range(len(paths)))  # a partition of the leaves
+  groups = noise.groups_of(paths)
+  assert sorted(i for k, idx in groups.items() if k != noise.TOTAL for i in idx) \
+      == list(groups[noise.TOTAL]) == list(range(len(paths)))  # a partition of the leaves
 
 
 def test_tied_conventions():
-  paths = gns.leaf_paths(_params(tied=True))
+  paths = noise.leaf_paths(_params(tied=True))
   i = paths.index(TIED_EMBEDDING)
-  inc = gns.groups_of(paths, tied_leaf=TIED_EMBEDDING, tied="include")
-  exc = gns.groups_of(paths, tied_leaf=TIED_EMBEDDING, tied="exclude")
-  assert i in inc["embedding"] and i in inc[gns.TOTAL] and "unembedding" not in inc
-  assert all(i not in idx for idx in exc.values()) and len(exc[gns.TOTAL]) == len(paths) - 1
+  inc = noise.groups_of(paths, tied_leaf=TIED_EMBEDDING, tied="include")
+  exc = noise.groups_of(paths, tied_leaf=TIED_EMBEDDING, tied="exclude")
+  assert i in inc["embedding"] and i in inc[noise.TOTAL] and "unembedding" not in inc
+  assert all(i not in idx for idx in exc.values()) and len(exc[noise.TOTAL]) == len(paths) - 1
   with pytest.raises(ValueError, match="choose one of"):
-    gns.groups_of(paths, tied="both")
+    noise.groups_of(paths, tied="both")
   with pytest.raises(ValueError, match="not a parameter leaf"):
-    gns.groups_of(paths, tied_leaf="embed/nope")
+    noise.groups_of(paths, tied_leaf="embed/nope")
 
 
 # --- known truth ---------------------------------------------------------------------------
@@ -73,11 +76,11 @@ def test_per_example_terms_recover_known_G2_and_trace():
   is within K standard errors (delta method) of B_simple = Σσ²/Σμ²."""
   src, G2_true, S_true = _source()
   B, steps = 16, 400
-  groups = gns.groups_of(gns.leaf_paths(src.mu))
-  terms = [gns.group_terms(synthetic.grad_stats(src.step(B), ("mean", "norms")), groups)
+  groups = noise.groups_of(noise.leaf_paths(src.mu))
+  terms = [noise.group_terms(synthetic.grad_stats(src.step(B), ("mean", "norms")), groups)
            for _ in range(steps)]
-  G2 = np.array([float(t[0][gns.TOTAL]) for t in terms])
-  S = np.array([float(t[1][gns.TOTAL]) for t in terms])
+  G2 = np.array([float(t[0][noise.TOTAL]) for t in terms])
+  S = np.array([float(t[1][noise.TOTAL]) for t in terms])
   for est, truth in ((G2, G2_true), (S, S_true)):
     se = est.std(ddof=1) / np.sqrt(steps)
     assert abs(est.mean() - truth) < K * se, (est.mean(), truth, se)
@@ -87,9 +90,9 @@ def test_per_example_terms_recover_known_G2_and_trace():
   se = float(np.sqrt(grad @ cov @ grad))
   assert abs(b_hat - S_true / G2_true) < K * se, (b_hat, S_true / G2_true, se)
   # Per group: the leaf without signal has |G|² = 0 within its noise.
-  c = gns.groups_of(["c"])
-  G2_c = [float(gns.group_terms(synthetic.grad_stats({"c": s["c"]}, ("mean", "norms")),
-                                c)[0][gns.TOTAL]) for s in (src.step(B) for _ in range(200))]
+  c = noise.groups_of(["c"])
+  G2_c = [float(noise.group_terms(synthetic.grad_stats({"c": s["c"]}, ("mean", "norms")),
+                                c)[0][noise.TOTAL]) for s in (src.step(B) for _ in range(200))]
   assert abs(np.mean(G2_c)) < K * np.std(G2_c, ddof=1) / np.sqrt(200)
 
 
@@ -98,17 +101,17 @@ def test_two_batch_estimator_agrees_with_per_example_in_expectation():
   unbiased for Σμ² and Σσ², so their step-wise difference has mean 0 within its noise."""
   src, G2_true, S_true = _source(seed=1)
   B, b, steps = 16, 4, 400
-  groups = gns.groups_of(gns.leaf_paths(src.mu))
+  groups = noise.groups_of(noise.leaf_paths(src.mu))
   diffs, two = [], []
   for _ in range(steps):
     g = src.step(B)
     flat = np.concatenate([x.reshape(B, -1) for x in jax.tree.leaves(g)], axis=1)
     small = [np.sum(flat[i:i + b].mean(0)**2) for i in range(0, B, b)]
     big = np.sum(flat.mean(0)**2)
-    G2_2, S_2 = gns.two_batch_terms(small, big, b, B)
-    G2_1, S_1 = gns.group_terms(synthetic.grad_stats(g, ("mean", "norms")), groups)
+    G2_2, S_2 = noise.two_batch_terms(small, big, b, B)
+    G2_1, S_1 = noise.group_terms(synthetic.grad_stats(g, ("mean", "norms")), groups)
     two.append((float(G2_2), float(S_2)))
-    diffs.append((float(G2_2) - float(G2_1[gns.TOTAL]), float(S_2) - float(S_1[gns.TOTAL])))
+    diffs.append((float(G2_2) - float(G2_1[noise.TOTAL]), float(S_2) - float(S_1[noise.TOTAL])))
   two, diffs = np.array(two), np.array(diffs)
   for j, truth in enumerate((G2_true, S_true)):
     se = two[:, j].std(ddof=1) / np.sqrt(steps)
@@ -118,11 +121,11 @@ def test_two_batch_estimator_agrees_with_per_example_in_expectation():
   # b = 1 is the per-example form exactly.
   g = src.step(B)
   flat = np.concatenate([x.reshape(B, -1) for x in jax.tree.leaves(g)], axis=1)
-  G2_1, S_1 = gns.group_terms(synthetic.grad_stats(g, ("mean", "norms")), groups)
-  G2_b1, S_b1 = gns.two_batch_terms(np.sum(flat**2, 1), np.sum(flat.mean(0)**2), 1, B)
-  np.testing.assert_allclose([G2_b1, S_b1], [G2_1[gns.TOTAL], S_1[gns.TOTAL]], rtol=1e-4)
+  G2_1, S_1 = noise.group_terms(synthetic.grad_stats(g, ("mean", "norms")), groups)
+  G2_b1, S_b1 = noise.two_batch_terms(np.sum(flat**2, 1), np.sum(flat.mean(0)**2), 1, B)
+  np.testing.assert_allclose([G2_b1, S_b1], [G2_1[noise.TOTAL], S_1[noise.TOTAL]], rtol=1e-4)
   with pytest.raises(ValueError, match="b_big > b_small"):
-    gns.two_batch_terms([1.0], 1.0, 4, 4)
+    noise.two_batch_terms([1.0], 1.0, 4, 4)
 
 
 # --- parity on the transformer ---------------------------------------------------------------
@@ -179,18 +182,18 @@ def _compute(loss_fn, params, batch, backend, request):
     pytest.param("loop", False, "include", marks=_EXT)])
 def test_group_terms_match_numpy_on_per_example_gradients(backend, tied, convention):
   _, loss_fn, params, batch = ts._setup(MODELS[tied], PARITY_B)
-  groups = gns.groups_of(gns.leaf_paths(params), tied=convention,
+  groups = noise.groups_of(noise.leaf_paths(params), tied=convention,
                          tied_leaf=TIED_EMBEDDING if tied else None)
   _, stats = _compute(loss_fn, params, batch, backend, StatsRequest(want=("mean", "norms")))
-  G2, S = gns.group_terms(stats, groups)
+  G2, S = noise.group_terms(stats, groups)
   want = _numpy_terms(ts.per_example_samples(MODELS[tied], PARITY_B), groups)
   assert set(G2) == set(want)
   for g, (g2, s) in want.items():
     np.testing.assert_allclose(float(G2[g]), g2, rtol=2e-3, atol=1e-6 * abs(s), err_msg=g)
     np.testing.assert_allclose(float(S[g]), s, rtol=2e-3, err_msg=g)
   # The terms add over the disjoint layer types.
-  parts = [g for g in G2 if g != gns.TOTAL]
-  np.testing.assert_allclose(sum(float(S[g]) for g in parts), float(S[gns.TOTAL]), rtol=1e-5)
+  parts = [g for g in G2 if g != noise.TOTAL]
+  np.testing.assert_allclose(sum(float(S[g]) for g in parts), float(S[noise.TOTAL]), rtol=1e-5)
 
 
 # --- the tracker -----------------------------------------------------------------------------
@@ -199,7 +202,7 @@ def test_group_terms_match_numpy_on_per_example_gradients(backend, tied, convent
 def test_tracker_is_identity_and_smooths_each_term_separately():
   src, _, _ = _source(seed=2)
   alpha = 0.9
-  tx = gns.track_gns(alpha)
+  tx = track_gns(alpha)
   state = tx.init(src.mu)
   G2s, Ss = [], []
   upd = jax.tree.map(jnp.ones_like, src.mu)
@@ -207,9 +210,9 @@ def test_tracker_is_identity_and_smooths_each_term_separately():
     stats = synthetic.grad_stats(src.step(8), ("mean", "norms"))
     out, state = tx.update(upd, state, grad_stats=stats)
     assert jax.tree.all(jax.tree.map(lambda a, b: bool(jnp.all(a == b)), out, upd))
-    G2s.append(float(state.G2[gns.TOTAL]))
-    Ss.append(float(state.S[gns.TOTAL]))
-  m = gns.metrics(state)
+    G2s.append(float(state.G2[noise.TOTAL]))
+    Ss.append(float(state.S[noise.TOTAL]))
+  m = gns_metrics(state)
   w = 1 - alpha**30
   ema = lambda xs: sum((1 - alpha) * alpha**(len(xs) - 1 - i) * x for i, x in enumerate(xs)) / w
   np.testing.assert_allclose(m["gns/total/G2_ema"], ema(G2s), rtol=1e-5)
@@ -221,7 +224,7 @@ def test_tracker_is_identity_and_smooths_each_term_separately():
   with pytest.raises(ValueError, match="norms"):
     tx.update(upd, state, grad_stats=synthetic.grad_stats(src.step(8), ("mean",)))
   with pytest.raises(ValueError, match="outside"):
-    gns.track_gns(1.0)
+    track_gns(1.0)
 
 
 def test_training_logs_gns_every_step_and_resmooth_reproduces_it(tmp_path):
@@ -241,24 +244,26 @@ def test_training_logs_gns_every_step_and_resmooth_reproduces_it(tmp_path):
   rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
   logged = [r for r in rows if "gns/total/b_simple" in r]
   assert [r["step"] for r in logged] == list(range(1, 13))
-  types = {k.split("/")[1] for k in logged[0] if k.startswith("gns/")} - {gns.TOTAL}
+  types = {k.split("/")[1] for k in logged[0] if k.startswith("gns/")} - {noise.TOTAL}
   assert {"attention", "mlp", "embedding", "norm", "unembedding"} <= types
-  again = gns.resmooth(tmp_path, 0.8)
-  for g in types | {gns.TOTAL}:
+  again = resmooth(tmp_path, 0.8)
+  for g in types | {noise.TOTAL}:
     for q in ("G2_ema", "S_ema", "b_simple"):
       online = np.array([r[f"gns/{g}/{q}"] for r in logged], np.float32)
       np.testing.assert_allclose(again[g][q], online, rtol=2e-6, err_msg=f"{g} {q}")
-  other = gns.resmooth(tmp_path, 0.5)[gns.TOTAL]["b_simple"]
-  assert np.max(np.abs(other / again[gns.TOTAL]["b_simple"] - 1)) > 1e-3
-  # The whole-model terms are those of the logging step's summaries (one step's ratio).
-  stats_rows = {r["step"]: r for r in rows if "stats/total/gns_S" in r}
-  for k, r in stats_rows.items():
-    on = next(x for x in logged if x["step"] == k)
-    np.testing.assert_allclose(on["gns/total/S"], r["stats/total/gns_S"], rtol=1e-4)
+  other = resmooth(tmp_path, 0.5)[noise.TOTAL]["b_simple"]
+  assert np.max(np.abs(other / again[noise.TOTAL]["b_simple"] - 1)) > 1e-3
+  # One step's whole-model ratio is the logged diagnostics' snr2_example = Σμ̂²/Σσ̂²
+  # (from the 'sq' sums, at example granularity) = |G|²_est / S_est (from the norms).
+  diag = [r for r in rows if "opt/all/snr2_example" in r]
+  assert diag
+  for r in diag:
+    np.testing.assert_allclose(r["opt/all/snr2_example"], r["gns/total/G2"] / r["gns/total/S"],
+                               rtol=1e-3)
   with pytest.raises(ValueError, match="no gns"):
     (tmp_path / "plain").mkdir()
     (tmp_path / "plain" / "metrics.jsonl").write_text(json.dumps({"step": 1}) + "\n")
-    gns.resmooth(tmp_path / "plain", 0.9)
+    resmooth(tmp_path / "plain", 0.9)
 
 
 def test_bad_gns_settings_fail_in_the_plan():
@@ -275,12 +280,12 @@ def test_optax_chain_order_and_request():
   from pergrad.optim import build_optimizer, optimizer_config
   from pergrad.optim.schedule import ScheduleConfig
   opt = build_optimizer(optimizer_config("adamw"), ScheduleConfig(), total_steps=10,
-                        batch_size=8, gns=gns.track_gns(0.9))
+                        batch_size=8, gns=track_gns(0.9))
   assert "norms" in opt.request.want
   state = jax.eval_shape(opt.tx.init, _params(tied=False))
-  st = gns.find_state(state)
+  st = find_state(state, GnsTrackerState)
   assert st is not None and set(st.G2) == {"attention", "embedding", "mlp", "norm",
-                                           "unembedding", gns.TOTAL}
+                                           "unembedding", noise.TOTAL}
 
 
 # --- layer selection ---------------------------------------------------------------------------
@@ -312,7 +317,7 @@ def test_norm_layers_only_match_the_loop_and_leave_the_rest_untouched(backend):
   _, stats = _compute(loss_fn, params, batch, backend, req)
   assert stats.layers == ("norm",)
   stacked = jax.tree.map(np.asarray, ts.per_example_samples(name, B))
-  paths = gns.leaf_paths(params)
+  paths = noise.leaf_paths(params)
   flat = lambda t: dict(zip(paths, jax.tree.leaves(t), strict=True))
   g, sqn, sq, mean = flat(stacked), flat(stats.sq_norms), flat(stats.sum_sq), flat(stats.mean)
   for p in paths:
@@ -325,11 +330,11 @@ def test_norm_layers_only_match_the_loop_and_leave_the_rest_untouched(backend):
     elif backend == "surgery":
       assert not np.any(sqn[p]) and not np.any(sq[p]), p
   assert sum(stats.selects(p) for p in paths) == 6  # 3 norms × (scale, bias)
-  groups = gns.groups_of(paths, layers=stats.layers)
-  assert set(groups) == {"norm", gns.TOTAL} and groups["norm"] == groups[gns.TOTAL]
+  groups = noise.groups_of(paths, layers=stats.layers)
+  assert set(groups) == {"norm", noise.TOTAL} and groups["norm"] == groups[noise.TOTAL]
   summ = layer_summaries(stats)
-  assert "stats/block_0/norm_attn/scale/mu2_over_var_b" in summ
-  assert "stats/block_0/attn/query/kernel/mu2_over_var_b" not in summ
+  assert "stats/block_0/norm_attn/scale/mu2_mean" in summ
+  assert "stats/block_0/attn/query/kernel/mu2_mean" not in summ
   assert "stats/block_0/attn/query/kernel/gbar2_mean" in summ
   with pytest.raises(ValueError, match="selects no parameter leaf"):
     compute(loss_fn, params, batch, backend="surgery",
@@ -345,9 +350,9 @@ def test_training_with_norm_layers_only_tracks_their_gns(tmp_path):
   plan = build_plan(compose(["scale=ci", "stats=gns_norm", "train.steps=6"]))
   assert plan.stats.request.layers == ("norm",) and plan.stats.backend == "surgery"
   run(plan, tmp_path)
-  terms = gns.read_terms(tmp_path)
-  assert set(terms) == {"norm", gns.TOTAL} and len(terms["norm"]["step"]) == 6
-  np.testing.assert_array_equal(terms["norm"]["S"], terms[gns.TOTAL]["S"])
+  terms = resmooth(tmp_path, 0.95)
+  assert set(terms) == {"norm", noise.TOTAL} and len(terms["norm"]["step"]) == 6
+  np.testing.assert_array_equal(terms["norm"]["S"], terms[noise.TOTAL]["S"])
 
 
 def test_norm_layers_only_cost_about_no_flops():

@@ -23,7 +23,8 @@ import test_surgery as ts  # the per-example / per-token references and the smal
 import pergrad.stats as ps
 from pergrad.optim.common import require_stats
 from pergrad.stats import registry
-from pergrad.stats.summaries import layer_summaries, leaf_name
+from pergrad.stats.noise import leaf_path as leaf_name
+from pergrad.stats.summaries import layer_summaries
 
 NAMES = ("untied-ln-learned-bias", "tied-rms-rope")
 TOYS = {

@@ -1,19 +1,14 @@
-"""Diagnostics for the signal-to-noise argument and the Adam second-moment decomposition.
+"""Trackers (optax-style transformations, identity on the updates) and what is logged from
+them: the SNR diagnostics ("opt/...") and the gradient noise scale ("gns/...").
 
-Every quantity is a RATIO OF SUMS over the coordinates j of a parameter leaf
-("opt/<leaf path>/<name>") and over all coordinates ("opt/all/<name>"): Σ_j signal_j /
-Σ_j noise_j. It estimates Σ_j μ_j² / Σ_j (noise variance)_j, is unbiased in its numerator
-and consistent (relative bias O(1/D) over D coordinates), costs two sums per leaf (no
-sort), and reads ≈ 0 on a leaf without signal. (The median over coordinates of a ratio
-with the noisy |ḡ| in the numerator, logged before, sits on a noise floor instead: with
-μ = 0, √n|ḡ|/σ̂ is |t_{n−1}|, median ≈ 0.67-0.69, whatever the leaf.)
+The estimators are the pure math of `pergrad.stats.noise`. Every SNR quantity is a RATIO
+OF SUMS over the coordinates j of a parameter leaf ("opt/<leaf path>/<name>") and over all
+coordinates ("opt/all/<name>"): Σ_j signal_j / Σ_j noise_j. It estimates
+Σ_j μ_j² / Σ_j (noise variance)_j, is unbiased in its numerator and consistent (relative
+bias O(1/D) over D coordinates), and reads ≈ 0 on a leaf without signal:
 
-Per coordinate, from the statistics of one step (n samples, mean ḡ, unbiased variance
-σ̂², μ̂² = ḡ² − σ̂²/n, unbiased for μ² since E ḡ² = μ² + σ²/n):
-
-    snr2_example = Σ μ̂² / Σ σ̂²            estimates Σμ²/Σσ²: the SNR² of one sample
-    snr2_batch   = Σ μ̂² / Σ (σ̂²/n)        estimates Σμ²/(Σσ²/n): the SNR² of ḡ
-                 = n · snr2_example         exactly, by construction (not a measurement)
+    snr2_example = Σ μ̂² / Σ σ̂²            SNR² of one sample (`noise.snr_terms`)
+    snr2_batch   = Σ μ̂² / Σ (σ̂²/n)        SNR² of ḡ, = n · snr2_example by construction
     snr2_ema     = Σ (m² − V) / Σ V         SNR² of the EMA m (needs `track_snr`)
 
 where `track_snr` tracks, along the updates,
@@ -22,18 +17,15 @@ where `track_snr` tracks, along the updates,
 
 V_t estimates Var m_t without bias when the batch means of different steps are
 independent with variances σ_t²/n_t (no stationarity assumed), so m² − V estimates
-(E m_t)² without bias. Debiasing would divide m by (1−β^t) and V by (1−β^t)²: the ratio
-needs none. The EMA gain `ema_gain(snr2_ema, snr2_batch)` = SNR_ema / SNR_batch is
-√((1+β)/(1−β)) for a mean constant over steps once stationary (≈ 4.36 at β = 0.9; after
-t updates from m_0 = V_0 = 0 its square carries the factor (1−β^t)/(1+β^t)), and smaller
-when the mean drifts: √((1+βρ)/(1−βρ)) for a mean drifting as an AR(1) of coefficient ρ
-(`pergrad.stats.synthetic.ema_gain2`).
+(E m_t)² without bias; the ratio needs no debiasing. The EMA gain
+`noise.ema_gain(snr2_ema, snr2_batch)` = SNR_ema / SNR_batch is √((1+β)/(1−β)) for a mean
+constant over steps once stationary (≈ 4.36 at β = 0.9; after t updates from
+m_0 = V_0 = 0 its square carries the factor (1−β^t)/(1+β^t)), and smaller when the mean
+drifts (`pergrad.stats.synthetic.ema_gain2`). All three are SIGNED; take √max(·, 0) only
+to draw an SNR.
 
-All three are SIGNED: on coordinates without signal their estimate is negative about as
-often as positive. They are logged and aggregated unclipped; take √max(·, 0) only to draw an SNR.
-
-For the Adam family (states of `scale_by_adam_family`, which Adam/AdamW use too), the
-shares of the current step's μ̂², σ̂²/n and σ̂² in the debiased v̂, as ratios of sums:
+For the Adam family (states of `scale_by_adam_family`), the shares of the current step's
+μ̂², σ̂²/n and σ̂² in the debiased v̂, as ratios of sums:
 
     share_mu2 = Σ μ̂² / Σ v̂,   share_var_b = Σ (σ̂²/n) / Σ v̂,   share_var = Σ σ̂² / Σ v̂
 
@@ -42,28 +34,34 @@ shares of the current step's μ̂², σ̂²/n and σ̂² in the debiased v̂, as
 
 With a layer selection (`GradStats.layers`), only the selected leaves are reported and
 "all" sums over them. A quantity is left out when what it needs is absent (no 'sq'
-statistic, no tracker, no Adam state), so the function is jittable for a fixed
-(opt_state, stats) structure. These estimators are this project's reading of the paper's
-SNR argument (its text is unavailable); `tests/test_estimators.py` checks each against
-the known truth of `pergrad.stats.synthetic`.
+statistic, no tracker, no Adam state), so `diagnostics` is jittable for a fixed
+(opt_state, stats) structure. `tests/test_estimators.py` checks each estimator against the
+known truth of `pergrad.stats.synthetic`.
+
+`track_gns` reads the per-example squared norms of `grad_stats` ("norms") every step and
+keeps, per group (`noise.groups_of`), the step's raw terms |G|²_est, S_est and their EMAs;
+`gns_metrics(opt_state)` gives the "gns/<group>/..." keys, logged every step. The raw
+terms are written with the 9 digits that round-trip a float32, so `noise.smooth` on them
+(`pergrad.train.metrics.resmooth`) recomputes B_simple offline with any α.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
 from pergrad.optim.adam_family import ScaleByAdamFamilyState
 from pergrad.optim.common import check_beta, f32, find_state, require_stats
+from pergrad.stats import noise
+from pergrad.stats.layers import TYPE_RULES
 from pergrad.stats.types import GradStats
 
-_TINY = float(jnp.finfo(jnp.float32).tiny)
 
-
+# --- SNR -------------------------------------------------------------------------------------
 class SnrTrackerState(NamedTuple):
   mu: Any  # m = EMA_β(ḡ), un-debiased, float32 like params
   var_mu: Any  # V = β² V + (1-β)² σ̂²/n, float32 like params
@@ -92,17 +90,6 @@ def track_snr(beta: float) -> optax.GradientTransformationExtraArgs:
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
 
-def _ratio(num, den):
-  return num / jnp.maximum(den, _TINY)
-
-
-def ema_gain(snr2_ema, snr2_batch):
-  """SNR_ema / SNR_batch = √(snr2_ema / snr2_batch), NaN unless both are > 0 (works on
-  floats, NumPy and pandas values alike)."""
-  ok = (snr2_ema > 0) & (snr2_batch > 0)
-  return np.sqrt(np.where(ok, snr2_ema, np.nan) / np.where(ok, snr2_batch, np.nan))
-
-
 def diagnostics(opt_state: Any, stats: GradStats) -> dict[str, jax.Array]:
   """Ratios of sums of the SNRs² and second-moment shares (module docstring), keyed
   "opt/<leaf>/<name>" per parameter leaf and "opt/all/<name>" over all coordinates."""
@@ -111,10 +98,7 @@ def diagnostics(opt_state: Any, stats: GradStats) -> dict[str, jax.Array]:
   quantities: dict[str, tuple[Any, Any]] = {}
   has_sq = stats.sum_sq is not None
   if has_sq:
-    n = stats.count
-    mean, var = f32(stats.mean), f32(stats.variance)
-    mu2 = jax.tree.map(lambda m, v: jnp.square(m) - v / n, mean, var)
-    var_b = jax.tree.map(lambda v: v / n, var)
+    mu2, var, var_b = noise.snr_terms(stats)
     quantities["snr2_example"] = (mu2, var)
     quantities["snr2_batch"] = (mu2, var_b)
   tracker = find_state(opt_state, SnrTrackerState)
@@ -123,7 +107,7 @@ def diagnostics(opt_state: Any, stats: GradStats) -> dict[str, jax.Array]:
                                            tracker.var_mu), tracker.var_mu)
   adam = find_state(opt_state, ScaleByAdamFamilyState)
   if adam is not None and has_sq:
-    v_hat = jax.tree.map(lambda v: v / jnp.maximum(adam.nu_weight, _TINY), adam.nu)
+    v_hat = jax.tree.map(lambda v: noise.debiased(v, adam.nu_weight), adam.nu)
     quantities["share_mu2"] = (mu2, v_hat)
     quantities["share_var_b"] = (var_b, v_hat)
     quantities["share_var"] = (var, v_hat)
@@ -134,9 +118,67 @@ def diagnostics(opt_state: Any, stats: GradStats) -> dict[str, jax.Array]:
     den_sums = jax.tree.leaves(jax.tree.map(jnp.sum, den))
     kept = []  # the leaves of the statistics' layer selection (all without one)
     for (path, a), b in zip(num_sums, den_sums, strict=True):
-      key = jax.tree_util.keystr(path, simple=True, separator="/")
+      key = noise.leaf_path(path)
       if stats.selects(key):
-        out[f"opt/{key}/{name}"] = _ratio(a, b)
+        out[f"opt/{key}/{name}"] = noise.ratio(a, b)
         kept.append((a, b))
-    out[f"opt/all/{name}"] = _ratio(sum(a for a, _ in kept), sum(b for _, b in kept))
+    out[f"opt/all/{name}"] = noise.ratio(sum(a for a, _ in kept), sum(b for _, b in kept))
+  return out
+
+
+# --- gradient noise scale --------------------------------------------------------------------
+class GnsTrackerState(NamedTuple):
+  """Per group: this step's raw terms, their un-debiased EMAs, and the EMA weight."""
+
+  G2: dict  # group -> float32: |G|²_est of the last step
+  S: dict  # group -> float32: S_est of the last step
+  ema_G2: dict  # group -> float32: α·ema + (1 − α)·G2
+  ema_S: dict
+  weight: jax.Array  # float32 w_t = α w_{t−1} + (1 − α) = 1 − α^t
+
+
+def track_gns(alpha: float, *, tied_leaf: str | None = None, tied: str = "include",
+              rules: Sequence[tuple[str, str]] = TYPE_RULES, layers: Sequence[str] = ()
+              ) -> optax.GradientTransformationExtraArgs:
+  """Identity on the updates; tracks the GNS terms of every group (`noise.groups_of` on
+  the parameter paths, restricted to `layers`) from `grad_stats`, which must hold
+  per-example "norms" of those leaves (ask for them with `request(layers)`)."""
+  check_beta(alpha, "gns alpha")
+  if tied not in noise.TIED:
+    raise ValueError(f"gns tied={tied!r}; choose one of {noise.TIED}.")
+  groups = lambda tree: noise.groups_of(noise.leaf_paths(tree), tied_leaf=tied_leaf,
+                                        tied=tied, rules=rules, layers=layers)
+
+  def init_fn(params):
+    zero = {g: jnp.float32(0.0) for g in groups(params)}
+    return GnsTrackerState(G2=zero, S=dict(zero), ema_G2=dict(zero), ema_S=dict(zero),
+                           weight=jnp.float32(0.0))
+
+  def update_fn(updates, state, params=None, *, grad_stats=None, **extra_args):
+    del params, extra_args
+    if grad_stats is None:
+      raise ValueError("track_gns needs grad_stats with per-example 'norms' (stats.gns).")
+    G2, S = noise.group_terms(grad_stats, groups(grad_stats.mean))
+    return updates, GnsTrackerState(
+        G2=G2, S=S,
+        ema_G2={g: noise.ema(alpha, state.ema_G2[g], G2[g]) for g in G2},
+        ema_S={g: noise.ema(alpha, state.ema_S[g], S[g]) for g in S},
+        weight=noise.ema(alpha, state.weight, jnp.float32(1.0)))
+
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+def gns_metrics(opt_state: Any) -> dict[str, jax.Array]:
+  """"gns/<group>/{G2,S}" (this step's raw terms: what `resmooth` reads), and the smoothed
+  "gns/<group>/{G2_ema,S_ema}" (debiased) and "gns/<group>/b_simple" = S_ema / G2_ema;
+  {} when the chain has no `track_gns`."""
+  st = find_state(opt_state, GnsTrackerState)
+  if st is None:
+    return {}
+  out = {}
+  for g in st.G2:
+    G2_ema = noise.debiased(st.ema_G2[g], st.weight)
+    S_ema = noise.debiased(st.ema_S[g], st.weight)
+    out.update({f"gns/{g}/G2": st.G2[g], f"gns/{g}/S": st.S[g], f"gns/{g}/G2_ema": G2_ema,
+                f"gns/{g}/S_ema": S_ema, f"gns/{g}/b_simple": S_ema / G2_ema})
   return out

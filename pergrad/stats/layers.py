@@ -5,7 +5,7 @@ match of `TYPE_RULES` (fnmatch on the path): "norm", "unembedding", "embedding",
 "attention", "mlp", else "other" (the rules fit `pergrad.model.Transformer` and the
 common GPT namings). A selection is a tuple of layer types and/or fnmatch patterns; the
 empty selection covers every leaf. `StatsRequest.layers` carries one, and the gradient
-noise scale (`pergrad.gns`) groups leaves by these types.
+noise scale (`pergrad.stats.noise.groups_of`) groups leaves by these types.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ the batch schedule. Kinds:
     linear   B = floor_sizes(start + (B_max − start) · min(seen / ramp_examples, 1))
              (Gray et al.'s linear ramp in tokens; seen = examples before the update)
     gns      every `every` updates: B = max(B, floor_sizes(gns_factor · B_simple)),
-             B_simple read from the GNS tracker's state (`pergrad.gns`, group gns_group);
+             B_simple read from the GNS tracker's state (`gns_metrics`, group gns_group);
              it starts at `start` and never decreases (a non-finite or non-positive
              B_simple, early in training, keeps B)
 

@@ -2,7 +2,7 @@
 
 Panel 1: train and eval loss against tokens seen. When statistics were logged, one
 more panel per summary (`SUMMARIES`, the first ones present), one line per layer
-("stats/<leaf>/<name>" records, the median over a layer's parameter leaves).
+("<prefix>/<leaf>/<name>" records, the median over a layer's parameter leaves).
 """
 
 from __future__ import annotations
@@ -13,8 +13,11 @@ from pathlib import Path
 from pergrad.train.metrics import METRICS, read_records
 
 FIGURE = "curves.png"
-# Per-layer summaries worth a look, in order of preference (pergrad.stats.summaries).
-SUMMARIES = ("mu2_over_var_b", "frac_mean_dominated", "var_mean", "norm_p50")
+# Per-layer (prefix, name) worth a look, in order of preference: the optimizer diagnostics
+# (pergrad.optim.diagnostics) and the statistics' summaries (pergrad.stats.summaries).
+SUMMARIES = (("opt", "snr2_batch"), ("stats", "frac_mean_dominated"), ("stats", "var_mean"),
+             ("stats", "norm_p50"))
+WHOLE = ("stats/total/", "opt/all/")  # whole-model keys: not a layer
 MAX_PANELS = 2
 
 
@@ -35,7 +38,8 @@ def plot_run(run_dir: str | Path) -> Path:
   train = [r for r in recs if r.get("split") == "train"]
   tokens_per_step = train[-1]["tokens_seen"] / train[-1]["step"] if train else 0.0
   stats = [r for r in recs if r.get("split") == "stats"]
-  names = [n for n in SUMMARIES if stats and any(k.endswith("/" + n) for k in stats[-1])]
+  names = [(p, n) for p, n in SUMMARIES
+           if stats and any(k.startswith(p + "/") and k.endswith("/" + n) for k in stats[-1])]
   names = names[:MAX_PANELS]
   fig, axes = plt.subplots(1, 1 + len(names), figsize=(4.5 * (1 + len(names)), 3.4),
                            squeeze=False)
@@ -46,18 +50,19 @@ def plot_run(run_dir: str | Path) -> Path:
           label="eval")
   ax.set(xlabel="tokens", ylabel="loss", title=run_dir.name[-40:])
   ax.legend()
-  for ax, name in zip(axes[0, 1:], names, strict=True):
+  for ax, (prefix, name) in zip(axes[0, 1:], names, strict=True):
     series = defaultdict(lambda: defaultdict(list))  # layer -> step -> values of its leaves
     for r in stats:
       for k, v in r.items():
-        if k.startswith("stats/") and k.endswith("/" + name) and not k.startswith("stats/total"):
-          series[_layer(k[len("stats/"):-len(name) - 1])][r["step"]].append(v)
+        if (k.startswith(prefix + "/") and k.endswith("/" + name)
+            and not k.startswith(WHOLE)):
+          series[_layer(k[len(prefix) + 1:-len(name) - 1])][r["step"]].append(v)
     for layer, by_step in sorted(series.items()):
       steps = sorted(by_step)
       ax.plot([s * tokens_per_step for s in steps], [np.median(by_step[s]) for s in steps],
               label=layer, lw=1)
     ax.set(xlabel="tokens", title=name)
-    if name.endswith("median") or name.startswith("norm"):
+    if name.startswith("norm"):
       ax.set_yscale("log")
     ax.legend(fontsize=5, ncol=2)
   fig.tight_layout()

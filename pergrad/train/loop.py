@@ -42,8 +42,9 @@ import jax.numpy as jnp
 import numpy as np
 from omegaconf import OmegaConf
 
-from pergrad import files, gns
+from pergrad import files
 from pergrad.model import count_params
+from pergrad.optim.diagnostics import gns_metrics
 from pergrad.plan import CONFIG, SUMMARY, RunPlan, resume_decision
 from pergrad.train import distributed
 from pergrad.train.checkpoint import Checkpoints
@@ -108,7 +109,7 @@ def run(plan: RunPlan, out_dir: str | Path, *, hydra_info: dict | None = None,
 
   def b_simple() -> float:  # the GNS schedule's decisions read the state after update k
     key = f"gns/{sched.gns_group}/b_simple"
-    return float(jax.device_get(gns.metrics(state.opt_state)[key]))
+    return float(jax.device_get(gns_metrics(state.opt_state)[key]))
 
   status, error = "interrupted", None
   gc.collect()

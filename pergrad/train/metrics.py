@@ -5,6 +5,10 @@ Records:
     {"step": k, "split": "eval", "loss"}
     {"step": k, "split": "stats", "stats/<leaf>/<name>": v, "opt/<leaf>/<name>": v, ...}
 
+and, every step of a run that tracks the gradient noise scale, "gns/<group>/<name>" in
+the stats record (`pergrad.optim.diagnostics.gns_metrics`); `resmooth` recomputes its
+B_simple offline from the logged raw terms with any EMA decay.
+
 The local file is always written, so analysis never depends on W&B. W&B runs in
 the mode of `logging.wandb.mode` (offline by default: no account, no network; its
 files land in `<run dir>/wandb/offline-run-*`, uploadable with `wandb sync`). Any
@@ -23,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from pergrad import files
+from pergrad.stats import noise
 
 METRICS = "metrics.jsonl"
 
@@ -32,7 +37,7 @@ def _plain(v: Any) -> Any:
     v = v.item()
   if isinstance(v, float) and math.isfinite(v):
     # 9 significant digits round-trip a float32 exactly (what the device computed), so
-    # offline recomputations from metrics.jsonl (pergrad.gns.resmooth) are exact.
+    # offline recomputations from metrics.jsonl (`resmooth`) are exact.
     return float(f"{v:.9g}")
   return v
 
@@ -60,16 +65,9 @@ def truncate(path: str | Path, last_step: int) -> int:
   if not path.exists():
     return 0
   recs = read_records(path)
-  keep = [r for r in recs if int(r.get("step", -1)) <= last_step]
-  seen, dedup = set(), []
-  for r in keep:  # a (step, split) written twice keeps its last copy
-    key = (r.get("step"), r.get("split"))
-    if key in seen:
-      dedup = [d for d in dedup if (d.get("step"), d.get("split")) != key]
-    seen.add(key)
-    dedup.append(r)
-  files.write_text(path, "".join(json.dumps(r) + "\n" for r in dedup))
-  return len(recs) - len(dedup)
+  keep = [r for r in recs if r["step"] <= last_step]
+  files.write_text(path, "".join(json.dumps(r) + "\n" for r in keep))
+  return len(recs) - len(keep)
 
 
 class MetricsLogger:
@@ -143,3 +141,27 @@ class MetricsLogger:
       except Exception as e:  # noqa: BLE001
         self._warn("finish", e)
       self._wandb = None
+
+
+def resmooth(run_dir: str | Path, alpha: float) -> dict[str, dict[str, np.ndarray]]:
+  """B_simple of every logged GNS group recomputed with EMA decay `alpha` from the raw
+  terms "gns/<group>/{G2,S}" (`noise.smooth`): {group: {"step", "G2", "S", "G2_ema",
+  "S_ema", "b_simple"}}. The terms must be logged at every step from the first."""
+  if not 0.0 <= alpha < 1.0:
+    raise ValueError(f"alpha={alpha} is outside [0, 1); choose an EMA decay in [0, 1).")
+  is_G2 = lambda k: k.startswith("gns/") and k.endswith("/G2")
+  recs = [r for r in read_records(Path(run_dir) / METRICS) if any(map(is_G2, r))]
+  groups = [k[len("gns/"):-len("/G2")] for k in (recs[0] if recs else {}) if is_G2(k)]
+  if not groups:
+    raise ValueError(f"{run_dir}/{METRICS} has no gns/<group>/G2 terms; train with "
+                     "stats=gns (or stats.gns=true) to log them every step.")
+  steps = np.asarray([r["step"] for r in recs])
+  if not np.array_equal(steps, np.arange(steps[0], steps[0] + len(steps))):
+    raise ValueError(f"{run_dir}: the gns terms are not logged at every step; the EMA "
+                     "cannot be recomputed.")
+  out = {}
+  for g in groups:
+    d = {"step": steps, "G2": np.asarray([r[f"gns/{g}/G2"] for r in recs]),
+         "S": np.asarray([r[f"gns/{g}/S"] for r in recs])}
+    out[g] = {**d, **noise.smooth(d["G2"], d["S"], alpha)}
+  return out

@@ -31,11 +31,11 @@ import optax
 from jax.sharding import Mesh
 
 import pergrad.stats as pstats
-from pergrad import gns
 from pergrad.loss import make_loss_fn
 from pergrad.model import Transformer
 from pergrad.optim import Optimizer, diagnostics
 from pergrad.optim.common import find_state
+from pergrad.optim.diagnostics import gns_metrics
 from pergrad.optim.schedule import TokenScheduleState
 from pergrad.plan import RunPlan
 from pergrad.train import mesh as mesh_lib
@@ -50,7 +50,7 @@ def train_step(state: TrainState, batch: dict, *, loss_fn, opt: Optimizer,
   Metrics: loss (mean over the batch at θ_k), grad_norm ‖ḡ‖, update_norm,
   param_norm ‖θ_{k+1}‖, lr (the effective learning rate of this update, which depends on
   the examples seen and on B = the batch's static leading size); "gns/..."
-  when the optimizer tracks the gradient noise scale (`pergrad.gns`, every step); with
+  when the optimizer tracks the gradient noise scale (`gns_metrics`, every step); with
   `log_stats`, also "stats/..." and "opt/..." scalars (module docstring).
   """
   loss, stats = pstats.compute(loss_fn, state.params, batch, request=request,
@@ -66,7 +66,7 @@ def train_step(state: TrainState, batch: dict, *, loss_fn, opt: Optimizer,
       "update_norm": optax.tree.norm(updates),
       "param_norm": optax.tree.norm(params),
       "lr": token_schedule(opt_state).lr,
-      **gns.metrics(opt_state),  # every step when the optimizer tracks the GNS
+      **gns_metrics(opt_state),  # every step when the optimizer tracks the GNS
   }
   if log_stats:
     metrics.update(pstats.summaries.layer_summaries(stats))

@@ -1,0 +1,185 @@
+"""Gradient-noise estimators: pure math on the sums of a `GradStats` (jittable), and the
+one helper that names a parameter leaf ("block_0/attn/query/kernel", `leaf_path`).
+
+Gradient noise scale (McCandlish et al. 2018, arXiv 1812.06162; per-example form of Gray
+et al., arXiv 2411.00999; conventions of their reference code CerebrasResearch/nanoGNS).
+For one optimizer batch of B per-example gradients g_1..g_B restricted to a block of
+parameters (a leaf, a layer type, the whole model), with P = (1/B) Σ_b ‖g_b‖² and ‖ḡ‖²
+the squared norm of the batch mean (`noise_terms`):
+
+    |G|²_est = (B‖ḡ‖² − P) / (B − 1)      unbiased for ‖E g‖²
+    S_est    = (P − ‖ḡ‖²) / (1 − 1/B)     unbiased for tr Σ (Σ = Cov g_b)
+
+Both are sums over coordinates, so they ADD over disjoint blocks: a layer type's terms are
+the sums of its leaves' terms (`group_terms`). The two-batch form (`two_batch_terms`:
+small batches of b examples, e.g. microbatches or devices, inside a big batch of B) is
+
+    |G|²_est = (B‖G_B‖² − b·‖G_b‖²) / (B − b),   S_est = (‖G_b‖² − ‖G_B‖²) / (1/b − 1/B)
+
+with ‖G_b‖² averaged over the small batches; b = 1 is the per-example form.
+
+    B_simple = EMA_α(S_est) / EMA_α(|G|²_est)
+
+in examples (sequences), since g_b is one sequence's gradient; in tokens it is T·B_simple
+(T tokens per sequence). Each term is smoothed separately (never the EMA of the per-step
+ratio, whose denominator is noisy and can be ≤ 0) and debiased by its weight
+w_t = 1 − α^t, carried as the recurrence w_t = α w_{t−1} + (1 − α) (`ema`, `debiased`).
+`smooth` runs the same float32 recurrences in NumPy on logged raw terms: it equals the
+online values to float32 rounding (the device may fuse a multiply-add into one FMA).
+
+Groups (`groups_of`): each layer type present (`pergrad.stats.layers`) and "total". A
+tied embedding is one parameter used twice: with tied="include" it counts once, as
+"embedding"; with tied="exclude" (nanoGNS's convention) it is left out of every group.
+
+Signal-to-noise ratios (`snr_terms`), from one step's n samples with mean ḡ, unbiased
+variance σ̂² and μ̂² = ḡ² − σ̂²/n (unbiased for μ², since E ḡ² = μ² + σ²/n), each a RATIO
+OF SUMS over coordinates (`ratio`; signed, ≈ 0 without signal, consistent):
+
+    snr2_example = Σ μ̂² / Σ σ̂²        the SNR² of one sample
+    snr2_batch   = Σ μ̂² / Σ (σ̂²/n)    the SNR² of ḡ, = n · snr2_example by construction
+
+At example granularity Σ μ̂² = |G|²_est and Σ σ̂² = S_est over the same block, so a step's
+snr2_example is 1 / (S_est/|G|²_est), the unsmoothed B_simple's inverse.
+`ema_gain(snr2_ema, snr2_batch)` = SNR_ema / SNR_batch on logged values (NumPy).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from pergrad.stats.layers import LAYER_TYPES, TYPE_RULES, layer_type, selects
+from pergrad.stats.types import GradStats
+
+TOTAL = "total"
+TIED = ("include", "exclude")
+_TINY = float(jnp.finfo(jnp.float32).tiny)
+
+
+# --- leaf paths ------------------------------------------------------------------------------
+def leaf_path(keypath) -> str:
+  """'block_0/attn/query/kernel' from a jax key path (`tree_flatten_with_path`)."""
+  return jax.tree_util.keystr(tuple(keypath), simple=True, separator="/")
+
+
+def leaf_paths(tree: Any) -> list[str]:
+  """`leaf_path` of every leaf of `tree`, in tree order."""
+  return [leaf_path(p) for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
+
+
+def groups_of(paths: Sequence[str], *, tied_leaf: str | None = None, tied: str = "include",
+              rules: Sequence[tuple[str, str]] = TYPE_RULES, layers: Sequence[str] = ()
+              ) -> dict[str, tuple[int, ...]]:
+  """{group: leaf indices}: each layer type present, and "total" (every counted leaf).
+
+  tied_leaf: the path of a tied embedding table (None: untied); `tied` says whether it is
+  counted ("include", as "embedding") or left out of every group ("exclude", nanoGNS).
+  layers: the statistics' layer selection (`pergrad.stats.layers`; empty: every leaf);
+  "total" is then the total over the selected leaves.
+  """
+  if tied not in TIED:
+    raise ValueError(f"gns tied={tied!r}; choose one of {TIED}.")
+  if tied_leaf is not None and tied_leaf not in paths:
+    raise ValueError(f"tied embedding leaf {tied_leaf!r} is not a parameter leaf.")
+  counted = [i for i, p in enumerate(paths) if not (tied == "exclude" and p == tied_leaf)
+             and selects(layers, p)]
+  if not counted:
+    raise ValueError(f"no parameter leaf is selected by layers={list(layers)} (types "
+                     f"{LAYER_TYPES} or path patterns).")
+  out: dict[str, list[int]] = {}
+  for i in counted:
+    out.setdefault(layer_type(paths[i], rules), []).append(i)
+  ordered = {k: tuple(out[k]) for k in LAYER_TYPES if k in out}
+  ordered[TOTAL] = tuple(counted)
+  return ordered
+
+
+# --- gradient noise scale --------------------------------------------------------------------
+def noise_terms(B, P, gbar2):
+  """(|G|²_est, S_est) = ((B‖ḡ‖² − P)/(B − 1), (P − ‖ḡ‖²)/(1 − 1/B)) from P = mean_b ‖g_b‖²
+  and gbar2 = ‖ḡ‖²."""
+  return (B * gbar2 - P) / (B - 1.0), (P - gbar2) / (1.0 - 1.0 / B)
+
+
+def leaf_terms(stats: GradStats) -> tuple[list[jax.Array], list[jax.Array]]:
+  """Per leaf (tree order): (|G|²_est, S_est) of one step's per-example norms (float32)."""
+  if not stats.has("norms") or stats.granularity != "example":
+    raise ValueError("GNS needs per-example squared norms: ask the statistics engine for "
+                     "want=[..., 'norms'] at granularity 'example' (e.g. stats=gns).")
+  B = stats.count.astype(jnp.float32)
+  P = [jnp.mean(n.astype(jnp.float32)) for n in jax.tree.leaves(stats.sq_norms)]
+  g2 = [jnp.sum(jnp.square(m.astype(jnp.float32))) for m in jax.tree.leaves(stats.mean)]
+  terms = [noise_terms(B, p, g) for g, p in zip(g2, P, strict=True)]
+  return [t[0] for t in terms], [t[1] for t in terms]
+
+
+def group_terms(stats: GradStats, groups: Mapping[str, Sequence[int]]
+                ) -> tuple[dict[str, jax.Array], dict[str, jax.Array]]:
+  """({group: |G|²_est}, {group: S_est}): sums of the leaves' terms over each group."""
+  G2, S = leaf_terms(stats)
+  add = lambda xs, idx: sum((xs[i] for i in idx), jnp.float32(0.0))
+  return ({g: add(G2, idx) for g, idx in groups.items()},
+          {g: add(S, idx) for g, idx in groups.items()})
+
+
+def two_batch_terms(small_sq_norms, big_sq_norm, b_small: float, b_big: float):
+  """(|G|²_est, S_est) from ‖G_b‖² of small batches of b_small examples (averaged over
+  them) and ‖G_B‖² of the big batch of b_big (McCandlish et al. 2018, App. A.1)."""
+  if not b_big > b_small >= 1:
+    raise ValueError(f"two-batch GNS needs b_big > b_small >= 1, got {b_big}, {b_small}.")
+  small = jnp.mean(jnp.asarray(small_sq_norms, jnp.float32))
+  big = jnp.asarray(big_sq_norm, jnp.float32)
+  G2 = (b_big * big - b_small * small) / (b_big - b_small)
+  S = (small - big) / (1.0 / b_small - 1.0 / b_big)
+  return G2, S
+
+
+def ema(alpha: float, old, new):
+  """α·old + (1 − α)·new in float32 (un-debiased)."""
+  return jnp.float32(alpha) * old + jnp.float32(1.0 - alpha) * new
+
+
+def debiased(ema_value, weight):
+  """ema / w_t, w_t = 1 − α^t the EMA of ones (guarded at w = 0)."""
+  return ema_value / jnp.maximum(weight, _TINY)
+
+
+def smooth(G2: Sequence[float], S: Sequence[float], alpha: float) -> dict[str, np.ndarray]:
+  """`ema` and `debiased` over a sequence of raw terms, in the same float32 arithmetic:
+  {"G2_ema", "S_ema", "b_simple"} per step."""
+  a, b, one = np.float32(alpha), np.float32(1.0 - alpha), np.float32(1.0)
+  e_G2 = e_S = w = np.float32(0.0)
+  rows = {"G2_ema": [], "S_ema": [], "b_simple": []}
+  for g2, s in zip(np.asarray(G2, np.float32), np.asarray(S, np.float32), strict=True):
+    e_G2, e_S, w = a * e_G2 + b * g2, a * e_S + b * s, a * w + b * one
+    wd = max(w, np.finfo(np.float32).tiny)
+    rows["G2_ema"].append(e_G2 / wd)
+    rows["S_ema"].append(e_S / wd)
+    rows["b_simple"].append((e_S / wd) / (e_G2 / wd))
+  return {k: np.asarray(v, np.float32) for k, v in rows.items()}
+
+
+# --- signal-to-noise ratios ------------------------------------------------------------------
+def ratio(num, den):
+  """num / den, the denominator guarded at the smallest float32 (ratios of sums)."""
+  return num / jnp.maximum(den, _TINY)
+
+
+def snr_terms(stats: GradStats) -> tuple[Any, Any, Any]:
+  """(μ̂², σ̂², σ̂²/n): float32 trees like the parameters (needs the 'sq' statistic)."""
+  n = stats.count
+  f32 = lambda t: jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), t)
+  mean, var = f32(stats.mean), f32(stats.variance)
+  mu2 = jax.tree.map(lambda m, v: jnp.square(m) - v / n, mean, var)
+  return mu2, var, jax.tree.map(lambda v: v / n, var)
+
+
+def ema_gain(snr2_ema, snr2_batch):
+  """SNR_ema / SNR_batch = √(snr2_ema / snr2_batch), NaN unless both are > 0 (works on
+  floats, NumPy and pandas values alike)."""
+  ok = (snr2_ema > 0) & (snr2_batch > 0)
+  return np.sqrt(np.where(ok, snr2_ema, np.nan) / np.where(ok, snr2_batch, np.nan))
