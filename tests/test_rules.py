@@ -99,10 +99,15 @@ def test_diverged_above_ln_v_or_non_finite():
   ln_v = math.log(v)
   assert rules.divergence_threshold(v) == pytest.approx(ln_v)
   assert not rules.diverged([5.0, ln_v - 1e-6, 4.0], v)  # just below ln V: trained
-  assert rules.diverged([5.0, ln_v + 1e-3, 4.0], v)  # above it, once: diverged
-  assert rules.diverged([5.0, 35.16], v)  # preconditioner's MSQ at ε = 1e-8
+  assert rules.diverged([5.0, ln_v + 1e-3, 4.0], v)  # above it once trained: diverged
+  assert rules.diverged([7.5, 35.16], v)  # preconditioner's MSQ at ε = 1e-8: ends above
   assert rules.diverged([5.0, math.nan], v) and rules.diverged([math.inf], v)
-  assert rules.diverged([-math.inf], v)
+  assert rules.diverged([7.5, 5.0, -math.inf], v)
+  # A random model starts above ln V (step-0 evals 7.3-7.5 at V = 1024), and a large
+  # batch's first eval can still be there (6.94-7.02 at B = 256, 4 warmup steps in).
+  assert not rules.diverged([7.51, 6.96, 5.2, 4.9], v)
+  assert not rules.diverged([7.51, 28.8, 9.0, 5.8], v)  # a spike before it ever trained
+  assert not rules.diverged([], v)
   with pytest.raises(ValueError, match="vocab"):
     rules.diverged([1.0], 1)
 
@@ -113,10 +118,10 @@ def test_mark_diverged_on_tables():
       "run": ["a"] * 3 + ["b"] * 3 + ["c"] * 3,
       "step": [0, 5, 10] * 3,
       # every run's initial eval sits above ln V (a random model): not counted
-      "eval/loss": [5.9, 5.0, 4.0, 5.9, 9.0, 5.0, 5.9, 5.2, np.nan],
-  })
+      "eval/loss": [5.9, 5.0, 4.0, 5.9, 5.0, 9.0, 5.9, 5.2, np.nan],
+  }).iloc[::-1]  # any row order
   runs = rules.diverged_runs(table, v)
-  assert runs.to_dict() == {"a": False, "b": True, "c": False}
+  assert runs.to_dict() == {"c": False, "b": True, "a": False}
   fin = pd.DataFrame({"run": ["a", "b", "c", "d"], "final_eval_loss": [4.0, 5.0, 5.2, 17.0],
                       "diverged": [False, False, False, False]})
   out = rules.mark_diverged(fin, v, table)
