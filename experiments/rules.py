@@ -305,6 +305,8 @@ class PartWhole:
   slope_total: float
   share_g2: float  # Σ_t |G|²_grp / Σ_t |G|²_tot over the steps used
   share_s: float  # Σ_t S_grp / Σ_t S_tot
+  median_share_g2: float  # median over the steps of |G|²_grp / |G|²_tot
+  median_share_s: float  # median over the steps of S_grp / S_tot
   n_steps: int  # steps used (complement |G|² > 0 and every series finite)
 
 
@@ -329,5 +331,7 @@ def part_whole(g2_total, s_total, g2_group, s_group) -> PartWhole:
   r_c, slope_c, icpt_c = _fit(b_grp, b_cmp)
   r_t, slope_t, _ = _fit(b_grp, b_tot)
   share = lambda part, whole: float(part.sum() / whole.sum()) if whole.sum() != 0 else math.nan
+  med = lambda part, whole: float(np.median(part / whole)) if len(part) else math.nan
   return PartWhole(r_c, slope_c, icpt_c, r_t, slope_t, share(gg[ok], gt[ok]),
-                   share(sg[ok], st[ok]), int(ok.sum()))
+                   share(sg[ok], st[ok]), med(gg[ok], gt[ok]), med(sg[ok], st[ok]),
+                   int(ok.sum()))

@@ -195,7 +195,7 @@ def test_part_whole_separates_a_dominant_group_from_the_rest():
   g2_rest = np.full(200, 1.0)
   s_rest = g2_rest * (200 + 20 * rng.standard_normal(200))
   pw = rules.part_whole(g2_grp + g2_rest, s_grp + s_rest, g2_grp, s_grp)
-  assert pw.share_g2 == pytest.approx(0.9)
+  assert pw.share_g2 == pytest.approx(0.9) and pw.median_share_g2 == pytest.approx(0.9)
   assert pw.share_s == pytest.approx(s_grp.sum() / (s_grp + s_rest).sum())
   assert pw.r_total > 0.95  # total tracks the group: part-whole
   assert abs(pw.r_complement) < 0.2  # the rest does not
