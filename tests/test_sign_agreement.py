@@ -12,16 +12,16 @@ from scipy import stats as sps
 from pergrad.stats import sign_agreement as sa
 from pergrad.stats.synthetic import EmaTruth, GaussianSource, grad_stats
 
-B, H, D = 32, 1024, 20000  # batch, held-out samples, coordinates per leaf
+B, H, D = 32, 512, 10000  # batch, held-out samples, coordinates per leaf
 
 
-def _source(seed=0):
-  """Two leaves: 'w' with SNR |μ|√B/σ spread over [0, 3] and 30 % exact zeros; 'norm'
+def _source(seed=0, d=D, top=3.0):
+  """Two leaves: 'w' with SNR |μ|√B/σ spread over [0, top] and 30 % exact zeros; 'norm'
   with a strong signal everywhere."""
   rng = np.random.default_rng(seed)
-  snr = rng.uniform(0.0, 3.0, D) * (rng.uniform(size=D) > 0.3) * rng.choice([-1, 1], D)
-  sigma = {"w": rng.uniform(0.5, 2.0, D), "norm": np.full(D // 10, 0.3)}
-  mu = {"w": snr * sigma["w"] / math.sqrt(B), "norm": np.full(D // 10, 0.2)}
+  snr = rng.uniform(0.0, top, d) * (rng.uniform(size=d) > 0.3) * rng.choice([-1, 1], d)
+  sigma = {"w": rng.uniform(0.5, 2.0, d), "norm": np.full(d // 10, 0.3)}
+  mu = {"w": snr * sigma["w"] / math.sqrt(B), "norm": np.full(d // 10, 0.2)}
   return GaussianSource(mu, sigma, seed=seed), mu, sigma
 
 
@@ -30,8 +30,8 @@ def _truth(p_SxD, select):
   return float(np.mean(p_SxD[select]))
 
 
-def _held_out(src):
-  st = grad_stats(src.step(H), want=("mean", "sq"))
+def _held_out(src, n=H):
+  st = grad_stats(src.step(n), want=("mean", "sq"))
   return st, {k: np.asarray(v) for k, v in st.mean.items()}, {
       k: np.asarray(v) for k, v in st.variance.items()}
 
@@ -50,7 +50,7 @@ def test_batch_mean_agreement_recovers_truth_naive_is_biased():
   se = math.sqrt(truth_s * (1 - truth_s) / n_s)
   assert abs(float(sa.agreement(c)) - truth_s) < 4 * se + float(sa.bias_bound(c)), (
       float(sa.agreement(c)), truth_s)
-  assert float(sa.bias_bound(c)) < 0.01
+  assert float(sa.bias_bound(c)) < 0.01  # measured: A_S 0.950 vs 0.955 on 48 % of coords
   # raw (all coordinates, no selection): E = 1/2 + mean c_u c_h / 2, attenuated below the
   # all-coordinate truth by the held-out mean's own sign noise; with a held-out batch as
   # small as B the attenuation is large.
@@ -72,8 +72,11 @@ def test_batch_mean_agreement_recovers_truth_naive_is_biased():
 
 
 def test_ema_agreement_recovers_truth_naive_is_biased():
-  beta, steps = 0.9, 40
-  src, mu, sigma = _source(seed=1)
+  """The EMA's SNR is √((1+β)/(1−β)) = 4.4 times the batch mean's, so a coordinate that a
+  held-out set of n_h resolves (|μ|√n_h/σ ≳ 4) has EMA agreement ≈ 1 unless n_h ≫
+  B (4 · 4.4)²: here a weak signal and n_h = 256 B, so that A_S is not trivially 1."""
+  beta, steps, n_h, d = 0.9, 40, 256 * B, 1500
+  src, mu, sigma = _source(seed=1, d=d, top=0.5)
   truth = EmaTruth(beta)
   m = {k: np.zeros_like(x) for k, x in mu.items()}
   for _ in range(steps):
@@ -81,15 +84,19 @@ def test_ema_agreement_recovers_truth_naive_is_biased():
     m = {k: beta * m[k] + (1 - beta) * np.asarray(last[k]).mean(0) for k in m}
     truth.update(mu["w"], sigma["w"] ** 2, B)
   p = sps.norm.cdf(np.abs(truth.M) / np.sqrt(truth.W))
-  heldout, h, v = _held_out(src)
-  c = sa.counts(m["w"], h["w"], v["w"], H)
-  sel = h["w"] ** 2 * H / v["w"] >= sa.Z**2
+  heldout, h, v = _held_out(src, n_h)
+  c = sa.counts(m["w"], h["w"], v["w"], n_h)
+  sel = h["w"] ** 2 * n_h / v["w"] >= sa.Z**2
   truth_s = _truth(p, sel)
   se = math.sqrt(truth_s * (1 - truth_s) / float(c.selected))
+  assert truth_s < 0.97 and float(c.selected) > 300
   assert abs(float(sa.agreement(c)) - truth_s) < 4 * se + float(sa.bias_bound(c))
-  # The EMA agrees more often than one batch mean would (gain √((1+β)/(1−β)) in SNR).
+  # The EMA agrees more often than one batch mean would, and the alignment shows it.
   p_batch = sps.norm.cdf(np.abs(mu["w"]) * math.sqrt(B) / sigma["w"])
-  assert truth_s > _truth(p_batch, sel) + 0.05
+  assert p.mean() > p_batch.mean() + 0.05
+  align = lambda q: np.sum(np.abs(mu["w"]) * (2 * q - 1)) / math.sqrt(d * np.sum(mu["w"] ** 2))
+  assert float(sa.alignment(c)) == pytest.approx(align(p), rel=0.1)
+  assert align(p) > 1.5 * align(p_batch)
   # Naive: E g from the last batch, which is part of m (weight 1 − β). Against an
   # independent batch of the same size the agreement is lower; the same-batch one is
   # biased up.
@@ -97,9 +104,8 @@ def test_ema_agreement_recovers_truth_naive_is_biased():
   naive = sa.raw_agreement(sa.counts(m["w"], np.asarray(last["w"]).mean(0), v_last, B))
   fresh = grad_stats(src.step(B), want=("mean", "sq"))
   honest = sa.raw_agreement(sa.counts(m["w"], fresh.mean["w"], fresh.variance["w"], B))
-  p_b = sps.norm.cdf(np.abs(mu["w"]) * math.sqrt(B) / sigma["w"])
-  expected = 0.5 + 0.5 * np.mean((2 * p - 1) * (2 * p_b - 1))
-  assert float(honest) == pytest.approx(expected, abs=4 * 0.5 / math.sqrt(D))
+  expected = 0.5 + 0.5 * np.mean((2 * p - 1) * (2 * p_batch - 1))
+  assert float(honest) == pytest.approx(expected, abs=4 * 0.5 / math.sqrt(d))
   assert float(naive) > float(honest) + 0.02, (float(naive), float(honest))
 
 

@@ -31,7 +31,12 @@ t_j = h_j / √(v̂_j / n_h). With c_u = 2p − 1 and c_h = 2 P(sign h = sign μ
                       −z on the wrong side), and in practice far less (a coordinate whose
                       sign h gets wrong has |μ| small, so p_j ≈ 1/2 there). The target is
                       the agreement over the coordinates with a detectable mean, reported
-                      with their share |S|/D (more held-out samples: a larger S).
+                      with their share |S|/D (more held-out samples: a larger S). It
+                      saturates: a resolved coordinate has |μ_j|√n_h/σ_j ≳ z, so an update
+                      of effective sample size n_u (B for a batch mean, ≈ B(1+β)/(1−β)
+                      for an EMA) has SNR ≳ z√(n_u/n_h) there, and p_j ≈ 1 unless
+                      n_h ≫ z² n_u. With a held-out set of a few batches, compare
+                      placements by `alignment`, which does not saturate.
   alignment           Σ_j sign(u_j) h_j / √(D Σ_j (h_j² − v̂_j/n_h)): the cosine between
                       the sign step and E g over all coordinates, as a ratio of sums whose
                       numerator is unbiased for Σ|μ_j| c_u,j (h enters linearly and is
