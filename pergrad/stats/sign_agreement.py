@@ -1,0 +1,143 @@
+"""How often an update's sign agrees with the sign of the expected gradient. Jittable.
+
+Per coordinate j, with the true mean gradient μ_j = E g_j at the current parameters and
+an update direction u_j (the batch mean ḡ, Adam's / SignEMA's EMA m, the mean of
+per-example signs, ...), the sign agreement is
+
+    p_j = P(sign u_j = sign μ_j)          (1/2 where μ_j = 0),
+
+e.g. p_j = Φ(|μ_j| √B / σ_j) for the mean of B Gaussian samples, and Φ(|E m_j| / √Var m_j)
+for an EMA. A sign step moves coordinate j downhill with probability p_j: its expected
+first-order progress is ⟨E sign u, μ⟩ = Σ_j |μ_j| (2p_j − 1).
+
+E g is unknown. It is estimated by the mean h of a HELD-OUT set of n_h samples (examples
+that no term of u has seen; so h ⟂ u given μ) with unbiased per-coordinate variance v̂ and
+t_j = h_j / √(v̂_j / n_h). With c_u = 2p − 1 and c_h = 2 P(sign h = sign μ) − 1:
+
+  same-batch (naive)  h = the batch u was made from: sign u and sign h share the batch's
+                      noise, so they agree more often than sign u and sign μ (always, when
+                      u = ḡ itself). Biased up; not computed here.
+  raw                 mean_j 1[sign u_j = sign h_j], all coordinates. Independence gives
+                      E = 1/2 + (1/2) mean_j c_u,j c_h,j: attenuated toward 1/2 by the
+                      held-out mean's own sign errors (c_h < 1).
+  agreement           the same over the coordinates the held-out mean resolves,
+                      S = {j : |t_j| ≥ z}: A_S = mean_{j∈S} 1[sign u_j = sign h_j].
+                      Given S (a function of h alone) it estimates mean_{j∈S} p_j. It
+                      differs only at selected coordinates whose held-out sign is wrong,
+                      where the indicator reads 1 − p_j instead of p_j; a coordinate with
+                      μ_j = 0 contributes 1/2 either way. So the bias is at most the
+                      expected share of wrong-sign selections, ≤ D Φ(−z) / |S| over D
+                      coordinates (`bias_bound`; Gaussian h: a wrong sign needs t beyond
+                      −z on the wrong side), and in practice far less (a coordinate whose
+                      sign h gets wrong has |μ| small, so p_j ≈ 1/2 there). The target is
+                      the agreement over the coordinates with a detectable mean, reported
+                      with their share |S|/D (more held-out samples: a larger S). It
+                      saturates: a resolved coordinate has |μ_j|√n_h/σ_j ≳ z, so an update
+                      of effective sample size n_u (B for a batch mean, ≈ B(1+β)/(1−β)
+                      for an EMA) has SNR ≳ z√(n_u/n_h) there, and p_j ≈ 1 unless
+                      n_h ≫ z² n_u. With a held-out set of a few batches, compare
+                      placements by `alignment`, which does not saturate.
+  alignment           Σ_j sign(u_j) h_j / √(D Σ_j (h_j² − v̂_j/n_h)): the cosine between
+                      the sign step and E g over all coordinates, as a ratio of sums whose
+                      numerator is unbiased for Σ|μ_j| c_u,j (h enters linearly and is
+                      independent of u) and whose denominator's square is unbiased for
+                      D Σμ² (`GradStats.mean_sq_unbiased`).
+
+`counts` returns the sums behind these (so leaves pool into a whole-model value by adding
+counts), `per_leaf` maps it over a tree and adds the total.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from pergrad.stats.summaries import leaf_name
+from pergrad.stats.types import GradStats
+
+PyTree = Any
+Z = 4.0  # held-out |t| from which a coordinate's mean sign counts as known (Φ(−4) = 3e-5)
+
+
+class SignCounts(NamedTuple):
+  """Sums over a set of coordinates (float32 scalars; add two to pool them)."""
+
+  coords: jax.Array  # D
+  agree_all: jax.Array  # Σ_j 1[sign u = sign h]
+  selected: jax.Array  # |S|: coordinates with |t| ≥ z
+  agree: jax.Array  # Σ_{j∈S} 1[sign u = sign h]
+  progress: jax.Array  # Σ_j sign(u_j) h_j, unbiased for Σ_j |μ_j| (2 p_j − 1)
+  mu2: jax.Array  # Σ_j (h_j² − v̂_j/n_h), unbiased for Σ_j μ_j²
+
+  def __add__(self, other):  # pooled counts, not a tuple concatenation
+    return SignCounts(*(a + b for a, b in zip(self, other, strict=True)))
+
+
+def counts(u, h, v, n_h, z: float = Z) -> SignCounts:
+  """`SignCounts` of one array of coordinates: u the update, h and v the held-out mean
+  and unbiased variance (same shape), n_h the held-out sample count (≥ 2)."""
+  u, h, v = (jnp.asarray(x, jnp.float32) for x in (u, h, v))
+  su, sh = jnp.sign(u), jnp.sign(h)
+  same = (su == sh) & (su != 0)
+  t2 = jnp.square(h) * n_h / jnp.maximum(v, jnp.finfo(jnp.float32).tiny)
+  sel = (t2 >= z * z) & (sh != 0)
+  f = lambda x: jnp.sum(x, dtype=jnp.float32)
+  return SignCounts(coords=jnp.asarray(u.size, jnp.float32), agree_all=f(same),
+                    selected=f(sel), agree=f(same & sel), progress=f(su * h),
+                    mu2=f(jnp.square(h) - v / n_h))
+
+
+def agreement(c: SignCounts) -> jax.Array:
+  """A_S: the share of resolved coordinates (|t| ≥ z) whose update sign agrees with the
+  held-out sign; NaN when none is resolved."""
+  return jnp.where(c.selected > 0, c.agree / jnp.maximum(c.selected, 1.0), jnp.nan)
+
+
+def share_resolved(c: SignCounts) -> jax.Array:
+  """|S| / D: the share of coordinates whose held-out mean sign is resolved."""
+  return c.selected / c.coords
+
+
+def raw_agreement(c: SignCounts) -> jax.Array:
+  """mean_j 1[sign u = sign h] over all coordinates (attenuated toward 1/2; module doc)."""
+  return c.agree_all / c.coords
+
+
+def bias_bound(c: SignCounts, z: float = Z) -> jax.Array:
+  """D Φ(−z) / |S|: bound on the expected share of wrong-sign coordinates in S."""
+  return c.coords * 0.5 * math.erfc(z / math.sqrt(2.0)) / jnp.maximum(c.selected, 1.0)
+
+
+def alignment(c: SignCounts) -> jax.Array:
+  """Σ sign(u) h / √(D Σ μ̂²): the cosine of the sign step with E g; NaN when Σ μ̂² ≤ 0."""
+  return jnp.where(c.mu2 > 0, c.progress / jnp.sqrt(c.coords * jnp.maximum(c.mu2, 1e-30)),
+                   jnp.nan)
+
+
+def summary(c: SignCounts, z: float = Z) -> dict[str, jax.Array]:
+  """{"agree", "resolved", "agree_raw", "bias_bound", "alignment"} of one set of counts."""
+  return {"agree": agreement(c), "resolved": share_resolved(c), "agree_raw": raw_agreement(c),
+          "bias_bound": bias_bound(c, z), "alignment": alignment(c)}
+
+
+def per_leaf(update: PyTree, heldout: GradStats, z: float = Z) -> dict[str, SignCounts]:
+  """leaf path -> `SignCounts` of update (a tree like params) against the held-out
+  statistics (computed with want ⊇ ("mean", "sq") on samples no term of the update has
+  seen), plus "total": every leaf pooled."""
+  if heldout.sum_sq is None:
+    raise ValueError("the held-out GradStats has no 'sq'; compute it with want=('mean', 'sq')")
+  n = heldout.count
+  flat = jax.tree_util.tree_flatten_with_path(update)[0]
+  mean, var = jax.tree.leaves(heldout.mean), jax.tree.leaves(heldout.variance)
+  if len(flat) != len(mean):
+    raise ValueError(f"update has {len(flat)} leaves, the held-out statistics {len(mean)}; "
+                     "give a tree like params for both")
+  out = {leaf_name(p): counts(u, h, v, n, z) for (p, u), h, v in zip(flat, mean, var,
+                                                                    strict=True)}
+  total = None
+  for c in out.values():
+    total = c if total is None else total + c
+  return {**out, "total": total}

@@ -1,0 +1,212 @@
+"""experiments.rules: the equivalence (collapse) test by simulation, the divergence rule,
+per-leaf aggregates and the part-whole GNS regression on constructed data."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from experiments import rules
+
+# Seed noise like the batch_scaling runs': 3 seeds, 20 eval points, AR(1) along the curve
+# (ρ = 0.5; the cpu runs' second-half lag-1 correlation of seed deviations is 0.15-0.67 for
+# the curves that train well). Under this noise today's rule passes identical curves 37-40%
+# of the time, the 37-45% the reviewer measured.
+N_SIMS, N_SEEDS, N_POINTS, RHO = 400, 3, 20, 0.5
+
+
+def spread_rule(a, b, fraction=0.9) -> bool:
+  """The rule `experiments.batch_scaling` used: at ≥ 90% of the points the gap of seed
+  means is within the combined seed spread √(s_A² + s_B²)."""
+  gap = np.abs(a.mean(axis=0) - b.mean(axis=0))
+  noise = np.sqrt(a.var(axis=0, ddof=1) + b.var(axis=0, ddof=1))
+  return bool(np.mean(gap <= noise) >= fraction)
+
+
+def pass_rates(sigma, offset, *, rho=RHO, shared=0.0, seed=0):
+  """(equivalence pass rate, spread-rule pass rate) over N_SIMS simulated pairs."""
+  rng = np.random.default_rng(seed)
+  ours = today = 0
+  for _ in range(N_SIMS):
+    a = rules.simulate_curves(rng, N_SEEDS, N_POINTS, sigma, rho)
+    b = rules.simulate_curves(rng, N_SEEDS, N_POINTS, sigma, rho, offset=offset, shared=shared)
+    ours += bool(rules.equivalence(a, b).equivalent)
+    today += spread_rule(a, b)
+  return ours / N_SIMS, today / N_SIMS
+
+
+@pytest.mark.parametrize("sigma", [0.005, 0.01])
+def test_identical_curves_pass_offset_curves_fail(sigma):
+  same, today_same = pass_rates(sigma, 0.0)
+  far, _ = pass_rates(sigma, 2 * rules.MARGIN, seed=1)
+  at_margin, _ = pass_rates(sigma, rules.MARGIN, seed=2)
+  assert same >= 0.95, same  # measured: 1.00 at σ = 0.005, 0.99 at σ = 0.01
+  assert far <= 0.05, far  # measured: 0.00
+  assert at_margin <= 0.10, at_margin  # the TOST's size, α = 0.05 (measured 0.035)
+  # Documented comparison: the old rule fails identical curves most of the time (measured
+  # 0.37-0.40 here), because it asks a gap of means to sit within the spread of single
+  # seeds at nearly every point, which 3-seed noise breaks at some point of 20.
+  assert today_same <= 0.6, today_same
+  assert same - today_same >= 0.4
+
+
+def test_power_limit_when_seed_noise_is_a_constant_offset():
+  """The rule's stated limit: when the seed noise is mostly one offset per seed for the
+  whole curve (no averaging along it), 3 seeds at σ = 0.01 cannot separate ±0.02 nats and
+  identical curves pass far less than 95% (the rule stays valid at the margin)."""
+  same, _ = pass_rates(0.01, 0.0, rho=0.0, shared=1.0)
+  at_margin, _ = pass_rates(0.01, rules.MARGIN, rho=0.0, shared=1.0, seed=3)
+  assert same < 0.8 and at_margin <= 0.1, (same, at_margin)
+
+
+def test_equivalence_edge_cases():
+  rng = np.random.default_rng(0)
+  a = rules.simulate_curves(rng, 3, 10, 0.005)
+  b = rules.simulate_curves(rng, 3, 10, 0.005)
+  assert rules.equivalence(a, b).equivalent is True
+  crossing = b + np.linspace(-0.06, 0.06, 10)  # averages to 0, differs by 0.06 at the ends
+  res = rules.equivalence(a, crossing)
+  assert res.equivalent is False and abs(res.gap) < rules.MARGIN and res.max_abs_gap > 0.05
+  diverged = b.copy()
+  diverged[1, 7:] = np.inf
+  assert rules.equivalence(a, diverged).equivalent is False
+  unfinished = b.copy()
+  unfinished[0, -2:] = np.nan  # dropped from both families
+  assert rules.equivalence(a, unfinished).n_points == 8
+  assert rules.equivalence(a[:1], b).equivalent is None  # one seed: undetermined
+  with pytest.raises(ValueError, match="same points"):
+    rules.equivalence(a, b[:, :5])
+  assert "equivalent within" in rules.equivalence(a, b).sentence() and "±" in rules.RULE
+
+
+def test_welch_interval_matches_the_t_formula():
+  a, b = [1.0, 1.2, 1.1], [0.9, 1.0, 0.8, 0.95]
+  d, lo, hi = rules.welch_interval(a, b, alpha=0.05)
+  assert d == pytest.approx(np.mean(a) - np.mean(b))
+  assert lo < d < hi and (hi - d) == pytest.approx(d - lo)
+  with pytest.raises(ValueError, match=">= 2"):
+    rules.welch_interval([1.0], b)
+
+
+# --------------------------------------------------------------------------- divergence
+
+
+def test_diverged_above_ln_v_or_non_finite():
+  v = 1024
+  ln_v = math.log(v)
+  assert rules.divergence_threshold(v) == pytest.approx(ln_v)
+  assert not rules.diverged([5.0, ln_v - 1e-6, 4.0], v)  # just below ln V: trained
+  assert rules.diverged([5.0, ln_v + 1e-3, 4.0], v)  # above it once trained: diverged
+  assert rules.diverged([7.5, 35.16], v)  # preconditioner's MSQ at ε = 1e-8: ends above
+  assert rules.diverged([5.0, math.nan], v) and rules.diverged([math.inf], v)
+  assert rules.diverged([7.5, 5.0, -math.inf], v)
+  # A random model starts above ln V (step-0 evals 7.3-7.5 at V = 1024), and a large
+  # batch's first eval can still be there (6.94-7.02 at B = 256, 4 warmup steps in).
+  assert not rules.diverged([7.51, 6.96, 5.2, 4.9], v)
+  assert not rules.diverged([7.51, 28.8, 9.0, 5.8], v)  # a spike before it ever trained
+  assert not rules.diverged([], v)
+  with pytest.raises(ValueError, match="vocab"):
+    rules.diverged([1.0], 1)
+
+
+def test_mark_diverged_on_tables():
+  v = 256  # ln V = 5.545
+  table = pd.DataFrame({
+      "run": ["a"] * 3 + ["b"] * 3 + ["c"] * 3,
+      "step": [0, 5, 10] * 3,
+      # every run's initial eval sits above ln V (a random model): not counted
+      "eval/loss": [5.9, 5.0, 4.0, 5.9, 5.0, 9.0, 5.9, 5.2, np.nan],
+  }).iloc[::-1]  # any row order
+  runs = rules.diverged_runs(table, v)
+  assert runs.to_dict() == {"c": False, "b": True, "a": False}
+  fin = pd.DataFrame({"run": ["a", "b", "c", "d"], "final_eval_loss": [4.0, 5.0, 5.2, 17.0],
+                      "diverged": [False, False, False, False]})
+  out = rules.mark_diverged(fin, v, table)
+  assert out["diverged"].tolist() == [False, True, False, True]  # b: its history; d: final
+  assert out["final_eval_loss"].tolist()[:3] == [4.0, math.inf, 5.2]
+  assert math.isinf(out["final_eval_loss"].iloc[3]) and not fin["diverged"].any()
+
+
+# --------------------------------------------------------------------------- per leaf
+
+
+def test_leaf_aggregates_norm_leaf_dominates_the_sum():
+  # μ̂²-like numerator and σ̂²/B-like denominator per leaf: a tiny norm leaf with a large
+  # ratio carries most of Σnum, so Σnum/Σden > 1 while most parameters have ratio < 1.
+  n_params = {"block_0/norm_attn/scale": 64, "block_0/attn/query/kernel": 4096,
+              "block_0/mlp/fc_in/kernel": 16384, "embed/embedding": 8192,
+              "LayerNorm_0/bias": 64}
+  num = {"block_0/norm_attn/scale": 9.0, "block_0/attn/query/kernel": 0.5,
+         "block_0/mlp/fc_in/kernel": 1.0, "embed/embedding": 1.2, "LayerNorm_0/bias": 2.0}
+  den = {"block_0/norm_attn/scale": 1.0, "block_0/attn/query/kernel": 1.0,
+         "block_0/mlp/fc_in/kernel": 2.0, "embed/embedding": 1.0, "LayerNorm_0/bias": 0.5}
+  agg = rules.leaf_aggregates(num, den, n_params)
+  assert agg.all.ratio_of_sums == pytest.approx(13.7 / 5.5)  # > 1
+  assert agg.no_norm.ratio_of_sums == pytest.approx(2.7 / 4.0)  # < 1 without norm leaves
+  total = sum(n_params.values())
+  assert agg.all.share_params_above_1 == pytest.approx((64 + 8192 + 64) / total)
+  assert agg.no_norm.share_params_above_1 == pytest.approx(8192 / (4096 + 16384 + 8192))
+  assert agg.all.median == pytest.approx(1.2)  # ratios 9, 0.5, 0.5, 1.2, 4
+  assert agg.all.weighted_median == pytest.approx(0.5)  # fc_in alone holds 57 % of params
+  assert agg.no_norm.median == pytest.approx(0.5)
+  assert agg.norm_share_num == pytest.approx(11.0 / 13.7)
+  assert agg.norm_share_params == pytest.approx(128 / total) and agg.no_norm.n_leaves == 3
+  row = agg.row()
+  assert row["ratio_of_sums_no_norm"] == agg.no_norm.ratio_of_sums and "norm_share_den" in row
+  # The library's own classifier as the predicate gives the same split on these names.
+  from pergrad.stats.layers import layer_type
+
+  lib = rules.leaf_aggregates(num, den, n_params,
+                              is_norm=lambda p: layer_type(p.lower()) == "norm")
+  assert lib == agg
+  with pytest.raises(ValueError, match="n_params"):
+    rules.leaf_aggregates(num, den, {"embed/embedding": 1})
+
+
+def test_norm_patterns_follow_the_library_rules():
+  from pergrad.stats.layers import layer_type
+
+  paths = ["block_0/norm_attn/scale", "norm_final/bias", "h/ln_1/weight", "transformer/ln_f/b",
+           "LayerNorm_0/scale", "RMSNorm/scale", "block_0/attn/query/kernel", "embed/embedding",
+           "unembed/kernel", "block_1/mlp/fc_out/kernel"]
+  for p in paths:
+    assert rules.is_norm_leaf(p) == (layer_type(p.lower()) == "norm"), p
+
+
+def test_weighted_median():
+  assert rules.weighted_median([3.0, 1.0, 2.0], [1, 1, 1]) == 2.0
+  assert rules.weighted_median([3.0, 1.0, 2.0], [10, 1, 1]) == 3.0
+  assert math.isnan(rules.weighted_median([], []))
+
+
+# --------------------------------------------------------------------------- part-whole
+
+
+def test_part_whole_separates_a_dominant_group_from_the_rest():
+  rng = np.random.default_rng(0)
+  t = np.arange(200)
+  # The group's B_simple drifts over training; the rest of the model has its own,
+  # unrelated noise scale. The group holds 90 % of |G|² (like the norm layers).
+  g2_grp = np.full(200, 9.0)
+  s_grp = g2_grp * (50 + 0.5 * t)
+  g2_rest = np.full(200, 1.0)
+  s_rest = g2_rest * (200 + 20 * rng.standard_normal(200))
+  pw = rules.part_whole(g2_grp + g2_rest, s_grp + s_rest, g2_grp, s_grp)
+  assert pw.share_g2 == pytest.approx(0.9) and pw.median_share_g2 == pytest.approx(0.9)
+  assert pw.share_s == pytest.approx(s_grp.sum() / (s_grp + s_rest).sum())
+  assert pw.r_total > 0.95  # total tracks the group: part-whole
+  assert abs(pw.r_complement) < 0.2  # the rest does not
+  assert pw.n_steps == 200
+  # A complement that does follow the group: r near 1, slope recovered.
+  s_rest2 = g2_rest * (3.0 * s_grp / g2_grp + rng.standard_normal(200))
+  pw2 = rules.part_whole(g2_grp + g2_rest, s_grp + s_rest2, g2_grp, s_grp)
+  assert pw2.r_complement > 0.99 and pw2.slope_complement == pytest.approx(3.0, rel=0.01)
+  # Steps where the complement's |G|² is not positive are dropped.
+  bad = g2_grp.copy()
+  bad[:10] = 10.0
+  assert rules.part_whole(g2_grp + g2_rest, s_grp + s_rest, bad, s_grp).n_steps == 190
+  with pytest.raises(ValueError, match="same steps"):
+    rules.part_whole(t, t, t, t[:5])
