@@ -25,6 +25,7 @@ import pandas as pd
 from experiments import lr_search
 from experiments import verdict as V
 from experiments.figures import plot_curves, plt, savefig, style
+from experiments.record import ROWS, Experiment, Inputs, Report, register
 from experiments.report_md import md_table
 from experiments.sweep import Block, Sweep, base_for, scale_value
 
@@ -104,12 +105,12 @@ def wall_estimate_min(p: Plan) -> float:
   return s / 60
 
 
-def sweep(preset: str) -> Sweep:
+def sweep(preset: str, inputs: Inputs | None = None) -> Sweep:
   """At cpu and paper, lr (at B_ref) is the one Adam's own search chose in
   results/preconditioner (no clipping); at ci, the config's."""
   p = plan(preset)
   tuned = {} if preset == "ci" else {"optimizer.lr": lr_search.tuned_lr(
-      "preconditioner", {"optimizer.variant": "adam", "optimizer.clip_norm": None})}
+      inputs, "preconditioner", {"optimizer.variant": "adam", "optimizer.clip_norm": None})}
   base = base_for(NAME, preset, **tuned)
   blocks = []
   for b in p.sizes:
@@ -363,7 +364,7 @@ def _old_report(out_dir: Path, col: pd.DataFrame) -> dict:
           "numbers_md": md_table(col.rename(columns={KEY: "B"}))}
 
 
-def report(out_dir: Path) -> dict:
+def report(out_dir: Path) -> Report:
   out_dir = Path(out_dir)
   col = pd.read_csv(out_dir / "collapse.csv")
   if SCALING not in col:
@@ -403,6 +404,10 @@ def report(out_dir: Path) -> dict:
              "which the gap to B_ref's seed-mean curve is within √(s_B² + s_ref²); "
              f"collapsed when ≥ {FRACTION:g}. The scalings compared at B = {j['at']}:\n\n"
              + (V.pairs_md(j["pairs"]) if j["pairs"] else "(none)"))
-  return {"verdict": j["verdict"], "finding": finding, "claim_row": row, "rule": RULE,
-          "numbers_md": numbers}
+  return Report(verdict=j["verdict"], finding=finding, claim_row=row, rule=RULE,
+          numbers_md=numbers)
 
+
+EXPERIMENT = register(Experiment(
+    name=NAME, title=TITLE, claim=CLAIM, row=ROWS["4"], sweep=sweep, analyze=analyze,
+    figures=figures, report=report, needs=("preconditioner",)))

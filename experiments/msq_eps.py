@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 
 from experiments import lr_search
+from experiments.record import ROWS, Experiment, Report, register
 from experiments.sweep import Block, LrSearch, Sweep, base_for, fmt
 from experiments.verdict import TIE, UNDETERMINED, WIN, compare, pairs_md
 
@@ -93,7 +94,7 @@ def _pick(best: pd.DataFrame, variant: str):
   return rows.to_dict("records")[int(np.argmin(rows["select_loss"].to_numpy(dtype=float)))]
 
 
-def report(out_dir: Path) -> dict:
+def report(out_dir: Path) -> Report:
   best = lr_search.load_best(out_dir, GROUP)
   groups = lr_search.by_label(best, _label)
   msq, adam = _pick(best, "micro_adam_msq"), _pick(best, "adam")
@@ -124,7 +125,12 @@ def report(out_dir: Path) -> dict:
   if pairs:
     numbers += ("\n\nBest MicroAdamMSQ vs best Adam (first row), then MicroAdamMSQ vs Adam "
                 "at the same ε:\n\n" + pairs_md(pairs))
-  return {"verdict": verdict, "rule": RULE, "finding": finding,
-          "claim_row": "; ".join(f"{p.a} vs {p.b}: {p.outcome}" for p in pairs)
+  return Report(verdict=verdict, rule=RULE, finding=finding,
+          claim_row="; ".join(f"{p.a} vs {p.b}: {p.outcome}" for p in pairs)
           + " (fresh seeds at each group's lr; " + lr_search.group_lines(best, _label) + ")",
-          "numbers_md": numbers}
+          numbers_md=numbers)
+
+
+EXPERIMENT = register(Experiment(
+    name=NAME, title=TITLE, claim=CLAIM, row=ROWS["3"], sweep=sweep, analyze=analyze,
+    figures=figures, report=report))
