@@ -1,7 +1,8 @@
 """G2 (Gray et al. 2024): the gradient noise scale per layer type over training, and the
 normalization layers' GNS as a predictor of the total GNS.
 
-Runs: Adam at its own best lr (results/preconditioner; at ci the config's), per-example
+Runs: Adam at its own best lr (re-derived from the preconditioner
+search's runs; at ci the config's), per-example
 norms of every layer at every step (`stats.gns`, surgery backend, one backward pass), 3
 seeds. Each step logs the raw per-type terms |G|²_est and S_est (`pergrad.gns`); here
 they are re-smoothed offline (`pergrad.gns.smooth`, the tracker's own recurrence) with
@@ -156,7 +157,7 @@ def report(out_dir: Path) -> Report:
   reg = pd.read_csv(path) if path.exists() and path.stat().st_size > 1 else pd.DataFrame()
   if reg.empty:
     return Report(verdict="not measured", rule=RULE, numbers_md="",
-            finding="no gns/norm and gns/total terms were logged (stats.gns off?).")
+                  finding="no gns/norm and gns/total terms were logged (stats.gns off?).")
   at = reg[np.isclose(reg["alpha"], ALPHA)]
   verdict = decide(at["r"].tolist())
   by_alpha = reg.groupby("alpha").agg(r_mean=("r", "mean"), r_std=("r", "std"),
@@ -169,10 +170,10 @@ def report(out_dir: Path) -> Report:
               + ", ".join(fmt_num(s) for s in at["slope"]) + "); final B_simple per type: "
               + ", ".join(f"{g} {fmt_num(float(v))}" for g, v in last.items()) + ".")
   return Report(verdict=verdict, rule=RULE, finding=f"Rule: {RULE} {measured}",
-          claim_row=measured,
-          numbers_md="Regression of total on normalization-layer B_simple (per seed, "
-          "by α):\n\n" + md_table(reg) + "\n\nBy α (mean and std over seeds):\n\n"
-          + md_table(by_alpha))
+                claim_row=measured,
+                numbers_md="Regression of total on normalization-layer B_simple (per seed, "
+                "by α):\n\n" + md_table(reg) + "\n\nBy α (mean and std over seeds):\n\n"
+                + md_table(by_alpha))
 
 
 EXPERIMENT = register(Experiment(

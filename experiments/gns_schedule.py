@@ -1,7 +1,7 @@
 """G3 (Gray et al. 2024): a batch-size schedule guided by the gradient noise scale saves
 tokens against a fixed batch.
 
-Runs (`pergrad.train.batch_schedule`): Adam at its own best lr (results/preconditioner;
+Runs (`pergrad.train.batch_schedule`): Adam at its own best lr (the preconditioner search's;
 at ci the config's), unchanged when B changes, the GNS tracked every step in every arm (so
 that their per-step costs match), 3 seeds, arms that spend the same examples
 E = train.steps x B_max, with B_max = 2 x the scale's batch size (cpu: 64, from 8), so
@@ -255,7 +255,7 @@ def report(out_dir: Path) -> Report:
   tt = pd.read_csv(path) if path.exists() and path.stat().st_size > 1 else pd.DataFrame()
   if tt.empty or "fixed" not in set(tt["kind"]):
     return Report(verdict="not measured", rule=RULE, numbers_md="",
-            finding="no fixed-batch run finished, so there is no target loss.")
+                  finding="no fixed-batch run finished, so there is no target loss.")
   tokens = {k: g["tokens_to_target"].tolist() for k, g in tt.groupby("kind")}
   times = {k: g["time_to_target_s"].tolist() for k, g in tt.groupby("kind")}
   guided = [(k, "fixed") for k in GUIDED]
@@ -288,12 +288,12 @@ def report(out_dir: Path) -> Report:
               + "; ".join(p.sentence() for p in pairs + control) + ". Wall time to target: "
               + "; ".join(p.sentence() for p in time_pairs) + ".")
   return Report(verdict=v, rule=RULE, finding=f"Rule: {RULE} {measured}",
-          claim_row=measured,
-          numbers_md="Tokens to target (per run):\n\n" + md_table(tt) + "\n\nBy arm (mean "
-          "and std over seeds):\n\n" + md_table(by_kind) + "\n\nTokens to target:\n\n"
-          + verdict.pairs_md(pairs) + "\n\nThe control ramp (not judged):\n\n"
-          + verdict.pairs_md(control) + "\n\nWall time to target (s; 2 runs shared the 2 "
-          "cores):\n\n" + verdict.pairs_md(time_pairs) + _fit_md(Path(out_dir)))
+                claim_row=measured,
+                numbers_md="Tokens to target (per run):\n\n" + md_table(tt) + "\n\nBy arm (mean "
+                "and std over seeds):\n\n" + md_table(by_kind) + "\n\nTokens to target:\n\n"
+                + verdict.pairs_md(pairs) + "\n\nThe control ramp (not judged):\n\n"
+                + verdict.pairs_md(control) + "\n\nWall time to target (s; 2 runs shared the 2 "
+                "cores):\n\n" + verdict.pairs_md(time_pairs) + _fit_md(Path(out_dir)))
 
 
 def _fit_md(out_dir: Path) -> str:

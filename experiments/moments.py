@@ -11,8 +11,8 @@ aggregating), validated against known truth in `tests/test_estimators.py`:
 
 per parameter leaf (`stats/<leaf>/...`, `opt/<leaf>/...`) and over all coordinates
 (`stats/total/...`, `opt/all/...`), from `pergrad.stats.summaries` and
-`pergrad.optim.diagnostics`, during Adam runs at Adam's best lr (3e-2,
-results/preconditioner, weight decay 0 as there), 3 seeds (1 at ci). The medians over
+`pergrad.optim.diagnostics`, during Adam runs at Adam's best lr (3e-2 at cpu,
+the preconditioner search's, weight decay 0 as there), 3 seeds (1 at ci). The medians over
 coordinates used before (of ḡ², σ̂²/B, …, and a difference of medians for μ̂²) are gone:
 a median of a per-coordinate ratio sits on a noise floor, and a difference of medians is
 not the median (nor the mean) of μ̂².
@@ -59,7 +59,7 @@ WHOLE = ("total", "all")  # the whole-model "leaf" of stats/ and opt/ keys
 
 
 def sweep(preset: str, inputs: Inputs | None = None) -> Sweep:
-  """Adam at its own best lr (the one results/preconditioner's search chose; at ci the
+  """Adam at its own best lr (the one the preconditioner search chose, from its runs; at ci the
   config's), statistics logged, seeds."""
   log_every = {"ci": 5, "cpu": 10, "paper": 100}[preset]
   tuned = {} if preset == "ci" else {"optimizer.lr": lr_search.tuned_lr(
@@ -140,8 +140,8 @@ def report(out_dir: Path) -> Report:
   all_df = pd.read_csv(path) if path.exists() else pd.DataFrame()
   if all_df.empty or "mu2_over_var_b" not in set(all_df["quantity"]):
     return Report(verdict="not measured", finding="μ̂²/(σ̂²/B) was not logged "
-            "(stats/total/mu2_over_var_b missing from metrics.jsonl, or results of the old "
-            "median estimators: rerun).", numbers_md="")
+                  "(stats/total/mu2_over_var_b missing from metrics.jsonl, or results of the old "
+                  "median estimators: rerun).", numbers_md="")
   seeds = per_seed(all_df)
   r = seeds["mu2_over_var_b"].dropna().tolist()
   verdict, pairs = vd.ordering({"μ²": r, "σ²/B": [1.0] * len(r)}, ["μ²", "σ²/B"],
@@ -157,8 +157,8 @@ def report(out_dir: Path) -> Report:
              + vd.RULE + " Here, with μ²/(σ²/B) against 1 (higher: μ² dominates): "
              + "; ".join(p.sentence() for p in pairs) + ".")
   return Report(verdict=verdict, finding=finding, claim_row=finding,
-          numbers_md="Per seed, mean over the second half of training (whole model, "
-          "ratios of sums; signed):\n\n" + md_table(seeds.reset_index()))
+                numbers_md="Per seed, mean over the second half of training (whole model, "
+                "ratios of sums; signed):\n\n" + md_table(seeds.reset_index()))
 
 
 EXPERIMENT = register(Experiment(

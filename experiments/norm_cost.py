@@ -159,9 +159,9 @@ def report(out_dir: Path) -> Report:
                  f"{fmt_num(float(sep['flops_ratio'].median()))}x")
   measured = "; ".join(parts) + " (ratios to a plain value_and_grad step, same process)."
   return Report(verdict=decide(outcomes), rule=RULE, finding=f"Rule: {RULE} {measured}",
-          claim_row=measured, setup_md=SETUP_MD,
-          numbers_md="Paired time ratios per shape and variant (median and quartiles over "
-          "reps), XLA FLOP and peak-memory ratios:\n\n" + md_table(s))
+                claim_row=measured, setup_md=SETUP_MD,
+                numbers_md="Paired time ratios per shape and variant (median and quartiles over "
+                "reps), XLA FLOP and peak-memory ratios:\n\n" + md_table(s))
 
 
 EXPERIMENT = register(Experiment(

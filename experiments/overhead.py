@@ -199,8 +199,8 @@ def report(out_dir: Path) -> Report:
   f = _col(df, "flops_ratio")
   if t is None or "backend" not in df:
     return Report(verdict="not measured", rule=RULE,
-            finding="the benchmark JSON has no time ratios.",
-            numbers_md=md_table(df.head(30)))
+                  finding="the benchmark JSON has no time ratios.",
+                  numbers_md=md_table(df.head(30)))
   lines = []
   sur = df[df["backend"] == "surgery"]
   vm = df[df["backend"] == "vmap"]
@@ -220,8 +220,8 @@ def report(out_dir: Path) -> Report:
       " (ratios to a plain value_and_grad step in the same process; "
       + _MEMORY.get(m.rsplit(".", 1)[-1] if m else "", "memory not measured") + ").")
   return Report(verdict=verdict, rule=RULE, finding=f"Rule: {RULE} Measured: {measured}",
-          claim_row=measured,
-          numbers_md=checks_md(out_dir) + md_table(df), setup_md=SETUP_MD)
+                claim_row=measured,
+                numbers_md=checks_md(out_dir) + md_table(df), setup_md=SETUP_MD)
 
 
 EXPERIMENT = register(Experiment(

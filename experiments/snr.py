@@ -16,8 +16,8 @@ aggregating) and are validated against known truth in `tests/test_estimators.py`
 
 Runs: every placement of the claim's chain (ema, batch, example; β = 0.9, weight decay 0;
 not token, whose update needs token-level statistics in the same pass) at its own
-lr, the one sign_placement's search chose (read from results/sign_placement/best.csv, so
-`reproduce.py all` runs sign_placement first), statistics every few steps, 3 seeds (at ci,
+lr, the one sign_placement's search chose (re-derived from its runs, `needs`, so
+`reproduce.py` runs sign_placement first), statistics every few steps, 3 seeds (at ci,
 SignEMA alone at the config's lr, 1 seed). The statistics are those of the gradients along
 each placement's own trajectory; the estimators do not depend on where the sign sits.
 
@@ -74,7 +74,7 @@ def constant_mean_gain(beta: float = BETA) -> float:
 
 
 def sweep(preset: str, inputs: Inputs | None = None) -> Sweep:
-  """Each placement at its own lr (the one results/sign_placement's search chose; at ci
+  """Each placement at its own lr (the one sign_placement's search chose; at ci
   SignEMA alone at the config's lr), statistics logged, seeds."""
   log_every = {"ci": 5, "cpu": 10, "paper": 100}[preset]
   base = base_for(NAME, preset, **{"stats.log_every": log_every})
@@ -183,8 +183,8 @@ def report(out_dir: Path) -> Report:
   all_df = pd.read_csv(path) if path.exists() else pd.DataFrame()
   if all_df.empty:
     return Report(verdict="not measured", finding="no SNR² statistics were logged "
-            "(opt/all/snr2_* keys missing from metrics.jsonl, or results of the old median "
-            "estimators: rerun).", numbers_md="")
+                  "(opt/all/snr2_* keys missing from metrics.jsonl, or results of the old median "
+                  "estimators: rerun).", numbers_md="")
   pairs, parts, tables = [], [], []
   for k in _placements(all_df):
     seeds = per_seed(_of(all_df, k))
@@ -211,9 +211,9 @@ def report(out_dir: Path) -> Report:
   num = pd.concat(tables, ignore_index=True)
   num = num[[c for c in [PLACEMENT, "train.seed", *STAGES] if c in num]]
   return Report(verdict=verdict, finding=finding, claim_row=finding,
-          numbers_md="Per run (placement, seed), mean over the second half of training "
-          "of the whole-model SNR² (ratio of sums over all coordinates; signed):\n\n"
-          + md_table(num))
+                numbers_md="Per run (placement, seed), mean over the second half of training "
+                "of the whole-model SNR² (ratio of sums over all coordinates; signed):\n\n"
+                + md_table(num))
 
 
 EXPERIMENT = register(Experiment(
