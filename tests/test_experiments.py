@@ -178,6 +178,7 @@ def test_killed_sweep_restarts_only_missing_runs_fake(tmp_path, fake_train):
 
 
 def test_presets_are_well_formed(tmp_path):
+  needed = {p: needed_runs(tmp_path / p, p) for p in PRESETS}
   for name in runner.EXPERIMENTS:
     exp = runner.load(name)
     assert (REPO / "configs" / "experiment" / f"{name}.yaml").exists()
@@ -185,7 +186,7 @@ def test_presets_are_well_formed(tmp_path):
     if exp.launch is not None:
       continue
     for preset in PRESETS:
-      sweep = exp.sweep_at(preset, needed_runs(tmp_path / preset, preset))
+      sweep = exp.sweep_at(preset, needed[preset])
       assert sweep.base["scale"] == preset and sweep.base["experiment"] == name
       pts = [run_dirname(p) for b in sweep.blocks for p in b.points()]
       assert len(pts) == len(set(pts)), (name, preset)  # distinct run dirs
