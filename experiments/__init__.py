@@ -1,5 +1,6 @@
 """The paper's experiments: one module per experiment, and the machinery they share.
 
+  record      Experiment (one per module, registered), Report, the registry, provenance
   sweep       Block / LrSearch / Sweep, run and sweep directory names, scale presets
   launch      Hydra multiruns of `python -m pergrad.train`, skipping finished runs
   runs        reading run directories: status, metrics tables, final numbers

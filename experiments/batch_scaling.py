@@ -2,7 +2,7 @@
 loss-vs-examples curves collapse for small to medium B and separate at large B.
 
 Design. Adam's lr is tuned at B_ref (the scale's batch size; at the cpu scale B_ref = 32
-and lr = 3e-2, Adam's best lr there in `results/preconditioner/best.csv`) and scaled by
+and lr = 3e-2, Adam's best lr in the preconditioner search) and scaled by
 (B / B_ref)^κ with κ = 1/2 (`optimizer.lr_scaling=sqrt`), beside the same sweep with
 κ = 1 (`linear`) and κ = 0 (`none`), over a ladder of batch sizes and several seeds.
 Every run sees the same number of examples, large enough that the largest B takes at
@@ -25,6 +25,7 @@ import pandas as pd
 from experiments import lr_search
 from experiments import verdict as V
 from experiments.figures import plot_curves, plt, savefig, style
+from experiments.record import ROWS, Experiment, Inputs, Report, register
 from experiments.report_md import md_table
 from experiments.sweep import Block, Sweep, base_for, scale_value
 
@@ -104,12 +105,12 @@ def wall_estimate_min(p: Plan) -> float:
   return s / 60
 
 
-def sweep(preset: str) -> Sweep:
-  """At cpu and paper, lr (at B_ref) is the one Adam's own search chose in
-  results/preconditioner (no clipping); at ci, the config's."""
+def sweep(preset: str, inputs: Inputs | None = None) -> Sweep:
+  """At cpu and paper, lr (at B_ref) is the one Adam's own search chose (no clipping),
+  re-derived from the preconditioner runs (`inputs`); at ci, the config's."""
   p = plan(preset)
   tuned = {} if preset == "ci" else {"optimizer.lr": lr_search.tuned_lr(
-      "preconditioner", {"optimizer.variant": "adam", "optimizer.clip_norm": None})}
+      inputs, "preconditioner", {"optimizer.variant": "adam", "optimizer.clip_norm": None})}
   base = base_for(NAME, preset, **tuned)
   blocks = []
   for b in p.sizes:
@@ -266,8 +267,6 @@ def figures(out_dir: Path) -> list[Path]:
   out_dir = Path(out_dir)
   curves = pd.read_csv(out_dir / "curves.csv")
   col = pd.read_csv(out_dir / "collapse.csv")
-  if SCALING not in curves:  # results of the older, sqrt-only design
-    curves[SCALING] = "sqrt"
   ref_b = int(curves["ref"].iloc[0]) if "ref" in curves else None
   scalings = [s for s in SCALINGS if s in set(curves[SCALING])]
   pyplot = plt()
@@ -352,22 +351,9 @@ def judge(col: pd.DataFrame, mismatch: pd.DataFrame) -> dict:
   return out
 
 
-def _old_report(out_dir: Path, col: pd.DataFrame) -> dict:
-  import json
-
-  prev = Path(out_dir) / "report.json"
-  rep = json.loads(prev.read_text()) if prev.exists() else {
-      "verdict": "not yet run", "finding": "", "claim_row": ""}
-  note = " (older design: sqrt only, 12,800 examples; re-run for the current one)"
-  return {**rep, "finding": rep["finding"] + note,
-          "numbers_md": md_table(col.rename(columns={KEY: "B"}))}
-
-
-def report(out_dir: Path) -> dict:
+def report(out_dir: Path) -> Report:
   out_dir = Path(out_dir)
   col = pd.read_csv(out_dir / "collapse.csv")
-  if SCALING not in col:
-    return _old_report(out_dir, col)
   mismatch = pd.read_csv(out_dir / "mismatch.csv")
   j = judge(col, mismatch)
   ref_b = j["ref"]
@@ -403,6 +389,10 @@ def report(out_dir: Path) -> dict:
              "which the gap to B_ref's seed-mean curve is within √(s_B² + s_ref²); "
              f"collapsed when ≥ {FRACTION:g}. The scalings compared at B = {j['at']}:\n\n"
              + (V.pairs_md(j["pairs"]) if j["pairs"] else "(none)"))
-  return {"verdict": j["verdict"], "finding": finding, "claim_row": row, "rule": RULE,
-          "numbers_md": numbers}
+  return Report(verdict=j["verdict"], finding=finding, claim_row=row, rule=RULE,
+                numbers_md=numbers)
 
+
+EXPERIMENT = register(Experiment(
+    name=NAME, title=TITLE, claim=CLAIM, row=ROWS["4"], sweep=sweep, analyze=analyze,
+    figures=figures, report=report, needs=("preconditioner",)))

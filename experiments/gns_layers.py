@@ -1,7 +1,8 @@
 """G2 (Gray et al. 2024): the gradient noise scale per layer type over training, and the
 normalization layers' GNS as a predictor of the total GNS.
 
-Runs: Adam at its own best lr (results/preconditioner; at ci the config's), per-example
+Runs: Adam at its own best lr (re-derived from the preconditioner
+search's runs; at ci the config's), per-example
 norms of every layer at every step (`stats.gns`, surgery backend, one backward pass), 3
 seeds. Each step logs the raw per-type terms |G|²_est and S_est (`track_gns`); here
 they are re-smoothed offline (`pergrad.stats.noise.smooth`, the tracker's own recurrence) with
@@ -29,10 +30,11 @@ from omegaconf import OmegaConf
 
 from experiments import lr_search
 from experiments.figures import plot_curves, plt, savefig, style
+from experiments.record import ROWS, Experiment, Inputs, Report, register
 from experiments.report_md import fmt_num, md_table
 from experiments.runs import x_examples
 from experiments.sweep import REPO, Block, Sweep, base_for
-from pergrad.stats import noise as gns
+from pergrad.analysis import GNS_TOTAL, smooth
 
 NAME = "gns_layers"
 TITLE = "gradient noise scale per layer type; the normalization layers as predictor"
@@ -51,10 +53,10 @@ RULE = (f"At the tracker's EMA decay α = {ALPHA:g}, the Pearson r between the s
         "otherwise, undetermined with < 2 seeds.")
 
 
-def sweep(preset: str) -> Sweep:
+def sweep(preset: str, inputs: Inputs | None = None) -> Sweep:
   """Adam at its tuned lr (cpu, paper) with every step's GNS terms logged, seeds."""
   tuned = {} if preset == "ci" else {"optimizer.lr": lr_search.tuned_lr(
-      "preconditioner", {"optimizer.variant": "adam", "optimizer.clip_norm": None})}
+      inputs, "preconditioner", {"optimizer.variant": "adam", "optimizer.clip_norm": None})}
   base = base_for(NAME, preset, **tuned)
   blocks = (Block({"train.seed": list(SEEDS[preset])}),)
   return Sweep(base, blocks, wall_estimate_min={"ci": 0.3, "cpu": 4}.get(preset))
@@ -79,7 +81,7 @@ def smoothed(terms_df: pd.DataFrame, alpha: float) -> pd.DataFrame:
   """terms_df plus G2_ema, S_ema, b_simple by the tracker's recurrence at `alpha`."""
   out = []
   for _, g in terms_df.sort_values("step").groupby(["run", "group"], sort=False):
-    sm = gns.smooth(g["G2"].to_numpy(), g["S"].to_numpy(), alpha)
+    sm = smooth(g["G2"].to_numpy(), g["S"].to_numpy(), alpha)
     out.append(g.assign(**{k: v.astype(float) for k, v in sm.items()}, alpha=alpha))
   return pd.concat(out, ignore_index=True) if out else terms_df.assign(alpha=alpha)
 
@@ -90,12 +92,12 @@ def regression(sm: pd.DataFrame, alpha: float) -> pd.DataFrame:
   rows = []
   for run, g in sm.groupby("run", sort=False):
     wide = g.pivot_table(index="step", columns="group", values="b_simple")
-    if NORM not in wide or gns.TOTAL not in wide:
+    if NORM not in wide or GNS_TOTAL not in wide:
       continue
-    wide = wide[wide.index >= 1.0 / (1.0 - alpha)].dropna(subset=[NORM, gns.TOTAL])
+    wide = wide[wide.index >= 1.0 / (1.0 - alpha)].dropna(subset=[NORM, GNS_TOTAL])
     if len(wide) < 3:
       continue
-    x, y = wide[NORM].to_numpy(float), wide[gns.TOTAL].to_numpy(float)
+    x, y = wide[NORM].to_numpy(float), wide[GNS_TOTAL].to_numpy(float)
     slope, intercept = np.polyfit(x, y, 1)
     rows.append({"run": run, "train.seed": g["train.seed"].iloc[0], "alpha": alpha,
                  "slope": float(slope), "intercept": float(intercept),
@@ -127,9 +129,9 @@ def figures(out_dir: Path) -> list[Path]:
           title=f"GNS per layer type (α = {ALPHA:g}; mean over seeds, band = min-max)",
           legend=8)
     wide = late.pivot_table(index=["run", "step"], columns="group", values="b_simple")
-    if NORM in wide and gns.TOTAL in wide:
+    if NORM in wide and GNS_TOTAL in wide:
       for run, g in wide.groupby(level=0):
-        axes[1].plot(g[NORM], g[gns.TOTAL], ".", ms=2, label=str(run)[-12:])
+        axes[1].plot(g[NORM], g[GNS_TOTAL], ".", ms=2, label=str(run)[-12:])
       axes[1].set_xlabel("normalization layers' B_simple")
       axes[1].set_ylabel("total B_simple")
       axes[1].set_title("total vs normalization-layer GNS (each step)")
@@ -150,12 +152,12 @@ def decide(rs: list[float]) -> str:
   return "partly reproduced"
 
 
-def report(out_dir: Path) -> dict:
+def report(out_dir: Path) -> Report:
   path = Path(out_dir) / "gns_regression.csv"
   reg = pd.read_csv(path) if path.exists() and path.stat().st_size > 1 else pd.DataFrame()
   if reg.empty:
-    return {"verdict": "not measured", "rule": RULE, "numbers_md": "",
-            "finding": "no gns/norm and gns/total terms were logged (stats.gns off?)."}
+    return Report(verdict="not measured", rule=RULE, numbers_md="",
+                  finding="no gns/norm and gns/total terms were logged (stats.gns off?).")
   at = reg[np.isclose(reg["alpha"], ALPHA)]
   verdict = decide(at["r"].tolist())
   by_alpha = reg.groupby("alpha").agg(r_mean=("r", "mean"), r_std=("r", "std"),
@@ -167,8 +169,13 @@ def report(out_dir: Path) -> dict:
               + ", ".join(fmt_num(r) for r in at["r"]) + f" over {len(at)} seed(s) (slope "
               + ", ".join(fmt_num(s) for s in at["slope"]) + "); final B_simple per type: "
               + ", ".join(f"{g} {fmt_num(float(v))}" for g, v in last.items()) + ".")
-  return {"verdict": verdict, "rule": RULE, "finding": f"Rule: {RULE} {measured}",
-          "claim_row": measured,
-          "numbers_md": "Regression of total on normalization-layer B_simple (per seed, "
-          "by α):\n\n" + md_table(reg) + "\n\nBy α (mean and std over seeds):\n\n"
-          + md_table(by_alpha)}
+  return Report(verdict=verdict, rule=RULE, finding=f"Rule: {RULE} {measured}",
+                claim_row=measured,
+                numbers_md="Regression of total on normalization-layer B_simple (per seed, "
+                "by α):\n\n" + md_table(reg) + "\n\nBy α (mean and std over seeds):\n\n"
+                + md_table(by_alpha))
+
+
+EXPERIMENT = register(Experiment(
+    name=NAME, title=TITLE, claim=CLAIM, row=ROWS["G2"], sweep=sweep, analyze=analyze,
+    figures=figures, report=report, needs=("preconditioner",)))

@@ -1,7 +1,7 @@
 """G3 (Gray et al. 2024): a batch-size schedule guided by the gradient noise scale saves
 tokens against a fixed batch.
 
-Runs (`pergrad.train.batch_schedule`): Adam at its own best lr (results/preconditioner;
+Runs (`pergrad.train.batch_schedule`): Adam at its own best lr (the preconditioner search's;
 at ci the config's), unchanged when B changes, the GNS tracked every step in every arm (so
 that their per-step costs match), 3 seeds, arms that spend the same examples
 E = train.steps x B_max, with B_max = 2 x the scale's batch size (cpu: 64, from 8), so
@@ -45,6 +45,7 @@ import pandas as pd
 
 from experiments import lr_search, verdict
 from experiments.figures import plt, savefig, style
+from experiments.record import ROWS, Experiment, Inputs, Report, register
 from experiments.report_md import md_table
 from experiments.sweep import Block, Sweep, base_for, scale_value
 
@@ -66,12 +67,12 @@ RULE = ("Tokens to reach the fixed-batch run's final eval loss (per seed), over 
 WARMUP = 20  # steps of the α = 0.95 EMA left out of the fit (1 / (1 − α))
 
 
-def sweep(preset: str) -> Sweep:
+def sweep(preset: str, inputs: Inputs | None = None) -> Sweep:
   """The three arms x seeds at 2x the scale's batch size (module docstring)."""
   b_max = 2 * int(scale_value(preset, "data.batch_size"))
   steps, seq = int(scale_value(preset, "train.steps")), int(scale_value(preset, "data.seq_len"))
   tuned = {} if preset == "ci" else {"optimizer.lr": lr_search.tuned_lr(
-      "preconditioner", {"optimizer.variant": "adam", "optimizer.clip_norm": None})}
+      inputs, "preconditioner", {"optimizer.variant": "adam", "optimizer.clip_norm": None})}
   base = base_for(NAME, preset, **tuned, **{
       "data.batch_size": b_max, "batch.start": b_max // 8,
       "batch.ramp_tokens": steps * b_max * seq // 2,
@@ -249,12 +250,12 @@ def figures(out_dir: Path) -> list[Path]:
   return [savefig(fig, out_dir / "gns_schedule.png")]
 
 
-def report(out_dir: Path) -> dict:
+def report(out_dir: Path) -> Report:
   path = Path(out_dir) / "to_target.csv"
   tt = pd.read_csv(path) if path.exists() and path.stat().st_size > 1 else pd.DataFrame()
   if tt.empty or "fixed" not in set(tt["kind"]):
-    return {"verdict": "not measured", "rule": RULE, "numbers_md": "",
-            "finding": "no fixed-batch run finished, so there is no target loss."}
+    return Report(verdict="not measured", rule=RULE, numbers_md="",
+                  finding="no fixed-batch run finished, so there is no target loss.")
   tokens = {k: g["tokens_to_target"].tolist() for k, g in tt.groupby("kind")}
   times = {k: g["time_to_target_s"].tolist() for k, g in tt.groupby("kind")}
   guided = [(k, "fixed") for k in GUIDED]
@@ -286,13 +287,13 @@ def report(out_dir: Path) -> dict:
               f"not chosen from the GNS {pct(saving['linear'])}. "
               + "; ".join(p.sentence() for p in pairs + control) + ". Wall time to target: "
               + "; ".join(p.sentence() for p in time_pairs) + ".")
-  return {"verdict": v, "rule": RULE, "finding": f"Rule: {RULE} {measured}",
-          "claim_row": measured,
-          "numbers_md": "Tokens to target (per run):\n\n" + md_table(tt) + "\n\nBy arm (mean "
-          "and std over seeds):\n\n" + md_table(by_kind) + "\n\nTokens to target:\n\n"
-          + verdict.pairs_md(pairs) + "\n\nThe control ramp (not judged):\n\n"
-          + verdict.pairs_md(control) + "\n\nWall time to target (s; 2 runs shared the 2 "
-          "cores):\n\n" + verdict.pairs_md(time_pairs) + _fit_md(Path(out_dir))}
+  return Report(verdict=v, rule=RULE, finding=f"Rule: {RULE} {measured}",
+                claim_row=measured,
+                numbers_md="Tokens to target (per run):\n\n" + md_table(tt) + "\n\nBy arm (mean "
+                "and std over seeds):\n\n" + md_table(by_kind) + "\n\nTokens to target:\n\n"
+                + verdict.pairs_md(pairs) + "\n\nThe control ramp (not judged):\n\n"
+                + verdict.pairs_md(control) + "\n\nWall time to target (s; 2 runs shared the 2 "
+                "cores):\n\n" + verdict.pairs_md(time_pairs) + _fit_md(Path(out_dir)))
 
 
 def _fit_md(out_dir: Path) -> str:
@@ -303,3 +304,7 @@ def _fit_md(out_dir: Path) -> str:
   return ("\n\nThe fitted ramp (fixed runs' total B_simple ≈ a + b·tokens):\n\n"
           + md_table(fit))
 
+
+EXPERIMENT = register(Experiment(
+    name=NAME, title=TITLE, claim=CLAIM, row=ROWS["G3"], sweep=sweep, analyze=analyze,
+    figures=figures, report=report, needs=("preconditioner",), follow_up=follow_up))

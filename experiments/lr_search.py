@@ -187,27 +187,32 @@ def load_best(out_dir: Path, group_keys: Sequence[str], lr_key: str = "optimizer
   return best
 
 
-def tuned_lr(experiment: str, where: dict, lr_key: str = "optimizer.lr") -> float:
+def tuned_lr(inputs, experiment: str, where: dict) -> float:
   """The lr that `experiment`'s own search chose for the group `where` (e.g.
-  {"optimizer.placement": "ema"}), read from results/<experiment>/best.csv: how the
-  descriptive experiments (snr, moments, batch_scaling) run each variant at its tuned lr.
-  One clear error, before any run, when that search has not been run yet."""
-  from experiments.sweep import REPO
+  {"optimizer.placement": "ema"}), re-derived from its runs (`inputs.sweep_dir(experiment)`,
+  same preset and extras; `best_lr` as its `analyze` does): how the descriptive experiments
+  (snr, moments, batch_scaling, gns_*) run a variant at its tuned lr. One clear error, before
+  any run, when that search has not been run yet."""
+  from experiments.record import get
+  from experiments.runs import aggregate, finals
 
-  path = REPO / "results" / experiment / "best.csv"
-  if not path.exists():
+  sdir = inputs.sweep_dir(experiment)
+  table = aggregate(sdir) if sdir.is_dir() else pd.DataFrame()
+  if table.empty:
     raise FileNotFoundError(
-        f"{path} is missing: this sweep runs at the lr that {experiment}'s search chose; "
-        f"run `python scripts/reproduce.py {experiment} --preset cpu` first")
-  best = pd.read_csv(path)
+        f"{sdir} holds no runs: this sweep runs at the lr that {experiment}'s search chose; "
+        f"run `python scripts/reproduce.py {experiment} --preset {inputs.preset}` first "
+        "(with the same --sweeps-root)")
+  ls = get(experiment).sweep(inputs.preset).lr_search
+  best = best_lr(finals(table), ls.group_keys, ls.lr_key, ls.seed_key)
   rows = best
   for k, v in where.items():
     col = rows[k] if k in rows else pd.Series([None] * len(rows), index=rows.index)
-    rows = rows[[_same(c, v) for c in col]]
+    rows = rows[[_same(from_table(c), v) for c in col]]
   if len(rows) != 1:
-    raise ValueError(f"{path}: {len(rows)} rows match {where}; expected exactly one "
-                     f"(re-run `python scripts/reproduce.py {experiment} --preset cpu`)")
-  return float(rows[lr_key].iloc[0])
+    raise ValueError(f"{sdir}: {len(rows)} groups of {experiment} match {where}; expected "
+                     f"exactly one (re-run `python scripts/reproduce.py {experiment}`)")
+  return float(rows[ls.lr_key].iloc[0])
 
 
 def by_label(best: pd.DataFrame, labeler: Callable[[dict], str]) -> dict[str, list[float]]:

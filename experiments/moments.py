@@ -11,8 +11,8 @@ aggregating), validated against known truth in `tests/test_estimators.py`:
 
 per parameter leaf (`stats/<leaf>/...`, `opt/<leaf>/...`) and over all coordinates
 (`stats/total/...`, `opt/all/...`), from `pergrad.stats.summaries` and
-`pergrad.optim.diagnostics`, during Adam runs at Adam's best lr (3e-2,
-results/preconditioner, weight decay 0 as there), 3 seeds (1 at ci). The medians over
+`pergrad.optim.diagnostics`, during Adam runs at Adam's best lr (3e-2 at cpu,
+the preconditioner search's, weight decay 0 as there), 3 seeds (1 at ci). The medians over
 coordinates used before (of ḡ², σ̂²/B, …, and a difference of medians for μ̂²) are gone:
 a median of a per-coordinate ratio sits on a noise floor, and a difference of medians is
 not the median (nor the mean) of μ̂².
@@ -38,6 +38,7 @@ import pandas as pd
 from experiments import lr_search
 from experiments import verdict as vd
 from experiments.figures import plot_curves, plt, savefig, style
+from experiments.record import ROWS, Experiment, Inputs, Report, register
 from experiments.report_md import fmt_num, md_table
 from experiments.runs import leaf_of, stat_columns, x_examples
 from experiments.sweep import Block, Sweep, base_for
@@ -57,12 +58,12 @@ IDS = ["run", "train.seed", "step", "examples_seen"]
 WHOLE = ("total", "all")  # the whole-model "leaf" of stats/ and opt/ keys
 
 
-def sweep(preset: str) -> Sweep:
-  """Adam at its own best lr (the one results/preconditioner's search chose; at ci the
+def sweep(preset: str, inputs: Inputs | None = None) -> Sweep:
+  """Adam at its own best lr (the one the preconditioner search chose, from its runs; at ci the
   config's), statistics logged, seeds."""
   log_every = {"ci": 5, "cpu": 10, "paper": 100}[preset]
   tuned = {} if preset == "ci" else {"optimizer.lr": lr_search.tuned_lr(
-      "preconditioner", {"optimizer.variant": "adam", "optimizer.clip_norm": None})}
+      inputs, "preconditioner", {"optimizer.variant": "adam", "optimizer.clip_norm": None})}
   base = base_for(NAME, preset, **{"stats.log_every": log_every}, **tuned)
   blocks = (Block({"optimizer.variant": ["adam"], "train.seed": list(SEEDS[preset])}),)
   return Sweep(base, blocks, wall_estimate_min={"ci": 0.3, "cpu": 8}.get(preset))
@@ -134,13 +135,12 @@ def figures(out_dir: Path) -> list[Path]:
   return [savefig(fig, out_dir / "moments_over_training.png")]
 
 
-def report(out_dir: Path) -> dict:
+def report(out_dir: Path) -> Report:
   path = Path(out_dir) / "moments_all.csv"
   all_df = pd.read_csv(path) if path.exists() else pd.DataFrame()
   if all_df.empty or "snr2_batch" not in set(all_df["quantity"]):
-    return {"verdict": "not measured", "finding": "μ̂²/(σ̂²/B) was not logged "
-            "(opt/all/snr2_batch missing from metrics.jsonl, or results of the old "
-            "median estimators: rerun).", "numbers_md": ""}
+    return Report(verdict="not measured", finding="μ̂²/(σ̂²/B) was not logged "
+                  "(opt/all/snr2_batch missing from metrics.jsonl): rerun.", numbers_md="")
   seeds = per_seed(all_df)
   r = seeds["snr2_batch"].dropna().tolist()
   verdict, pairs = vd.ordering({"μ²": r, "σ²/B": [1.0] * len(r)}, ["μ²", "σ²/B"],
@@ -155,6 +155,11 @@ def report(out_dir: Path) -> dict:
              f"of Adam's v̂: μ̂² {get('share_mu2')}, σ̂²/B {get('share_var_b')}. Rule: "
              + vd.RULE + " Here, with μ²/(σ²/B) against 1 (higher: μ² dominates): "
              + "; ".join(p.sentence() for p in pairs) + ".")
-  return {"verdict": verdict, "finding": finding, "claim_row": finding,
-          "numbers_md": "Per seed, mean over the second half of training (whole model, "
-          "ratios of sums; signed):\n\n" + md_table(seeds.reset_index())}
+  return Report(verdict=verdict, finding=finding, claim_row=finding,
+                numbers_md="Per seed, mean over the second half of training (whole model, "
+                "ratios of sums; signed):\n\n" + md_table(seeds.reset_index()))
+
+
+EXPERIMENT = register(Experiment(
+    name=NAME, title=TITLE, claim=CLAIM, row=ROWS["3"], sweep=sweep, analyze=analyze,
+    figures=figures, report=report, needs=("preconditioner",)))

@@ -3,7 +3,7 @@
 Our reading of MicroAdamMSQ, v = EMA_β2(max(ḡ² − σ̂²/B, 0)), puts v = 0 on every
 coordinate whose batch mean is noise-dominated (ḡ² ≤ σ̂²/B), so its update
 m̂/(√v̂ + ε) is ḡ/ε there. With Adam's ε = 1e-8 that diverges within a few steps at any
-learning rate (see results/preconditioner). Here ε, the floor of √v̂, is swept for
+learning rate (see the preconditioner experiment). Here ε, the floor of √v̂, is swept for
 MicroAdamMSQ beside Adam at the same ε values: does a μ²-dominated preconditioner with a
 floor match or beat Adam (μ² + σ²/B)? Each (variant, ε)'s lr is chosen on seed 0 (a group
 that diverges at every lr is searched downward, to 100x below its first grid), then it is
@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 
 from experiments import lr_search
+from experiments.record import ROWS, Experiment, Report, register
 from experiments.sweep import Block, LrSearch, Sweep, base_for, fmt
 from experiments.verdict import TIE, UNDETERMINED, WIN, compare, pairs_md
 
@@ -62,7 +63,7 @@ def sweep(preset: str) -> Sweep:
     return Sweep(base, blocks, LrSearch(GROUP, max_extend=1, seeds=SEEDS))
   # cpu: three lrs (factor ~3) per variant centred on the best of a wider search run before
   # issue 11 (adam 3e-2 at both ε, at the grid's edge then; micro_adam_msq 1e-2); ε = 1e-8
-  # of micro_adam_msq is left to results/preconditioner, where it diverges at every lr.
+  # of micro_adam_msq is left to the preconditioner experiment, where it diverges at every lr.
   blocks = (
       Block({"optimizer.variant": ["adam"], "optimizer.eps": [1e-8, 1e-4],
              "optimizer.lr": [1e-2, 3e-2, 1e-1], "train.seed": [0]}),
@@ -93,7 +94,7 @@ def _pick(best: pd.DataFrame, variant: str):
   return rows.to_dict("records")[int(np.argmin(rows["select_loss"].to_numpy(dtype=float)))]
 
 
-def report(out_dir: Path) -> dict:
+def report(out_dir: Path) -> Report:
   best = lr_search.load_best(out_dir, GROUP)
   groups = lr_search.by_label(best, _label)
   msq, adam = _pick(best, "micro_adam_msq"), _pick(best, "adam")
@@ -124,7 +125,12 @@ def report(out_dir: Path) -> dict:
   if pairs:
     numbers += ("\n\nBest MicroAdamMSQ vs best Adam (first row), then MicroAdamMSQ vs Adam "
                 "at the same ε:\n\n" + pairs_md(pairs))
-  return {"verdict": verdict, "rule": RULE, "finding": finding,
-          "claim_row": "; ".join(f"{p.a} vs {p.b}: {p.outcome}" for p in pairs)
-          + " (fresh seeds at each group's lr; " + lr_search.group_lines(best, _label) + ")",
-          "numbers_md": numbers}
+  return Report(verdict=verdict, rule=RULE, finding=finding,
+                claim_row="; ".join(f"{p.a} vs {p.b}: {p.outcome}" for p in pairs)
+                + " (fresh seeds at each group's lr; " + lr_search.group_lines(best, _label) + ")",
+                numbers_md=numbers)
+
+
+EXPERIMENT = register(Experiment(
+    name=NAME, title=TITLE, claim=CLAIM, row=ROWS["3"], sweep=sweep, analyze=analyze,
+    figures=figures, report=report))

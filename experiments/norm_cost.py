@@ -28,6 +28,7 @@ import pandas as pd
 
 from experiments import overhead
 from experiments.figures import plt, savefig
+from experiments.record import ROWS, Experiment, Report, register
 from experiments.report_md import fmt_num, md_table
 
 NAME = "norm_cost"
@@ -131,7 +132,7 @@ def figures(out_dir: Path) -> list[Path]:
   return [savefig(fig, Path(out_dir) / "norm_cost.png")]
 
 
-def report(out_dir: Path) -> dict:
+def report(out_dir: Path) -> Report:
   pairs = pd.read_csv(Path(out_dir) / "paired.csv")
   s = summary(pairs)
   outcomes, parts = [], []
@@ -157,7 +158,12 @@ def report(out_dir: Path) -> dict:
                  f"{fmt_num(float(sep['time_median'].median()))}x, FLOPs "
                  f"{fmt_num(float(sep['flops_ratio'].median()))}x")
   measured = "; ".join(parts) + " (ratios to a plain value_and_grad step, same process)."
-  return {"verdict": decide(outcomes), "rule": RULE, "finding": f"Rule: {RULE} {measured}",
-          "claim_row": measured, "setup_md": SETUP_MD,
-          "numbers_md": "Paired time ratios per shape and variant (median and quartiles over "
-          "reps), XLA FLOP and peak-memory ratios:\n\n" + md_table(s)}
+  return Report(verdict=decide(outcomes), rule=RULE, finding=f"Rule: {RULE} {measured}",
+                claim_row=measured, setup_md=SETUP_MD,
+                numbers_md="Paired time ratios per shape and variant (median and quartiles over "
+                "reps), XLA FLOP and peak-memory ratios:\n\n" + md_table(s))
+
+
+EXPERIMENT = register(Experiment(
+    name=NAME, title=TITLE, claim=CLAIM, row=ROWS["G1"], launch=launch, analyze=analyze,
+    figures=figures, report=report, describe_setup=describe_setup))

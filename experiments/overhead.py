@@ -18,6 +18,7 @@ import pandas as pd
 
 from experiments.figures import plt, savefig
 from experiments.launch import LaunchLog
+from experiments.record import ROWS, Experiment, Report, register
 from experiments.report_md import fmt_num, md_table
 
 NAME = "overhead"
@@ -190,16 +191,16 @@ def checks_md(out_dir: Path) -> str:
           + md_table(df[["check", "where", "value", "result"]]) + "\n\n")
 
 
-def report(out_dir: Path) -> dict:
+def report(out_dir: Path) -> Report:
   df = pd.read_csv(Path(out_dir) / "overhead.csv")
   # Memory: XLA's live peak when the benchmark reports it; else the footprint without the
   # statistics' own result trees (one params-sized tree per statistic).
   t, m = _col(df, "time_ratio"), _col(df, "peak_ratio", "mem_ratio_wo_outputs", "mem_ratio")
   f = _col(df, "flops_ratio")
   if t is None or "backend" not in df:
-    return {"verdict": "not measured", "rule": RULE,
-            "finding": "the benchmark JSON has no time ratios.",
-            "numbers_md": md_table(df.head(30))}
+    return Report(verdict="not measured", rule=RULE,
+                  finding="the benchmark JSON has no time ratios.",
+                  numbers_md=md_table(df.head(30)))
   lines = []
   sur = df[df["backend"] == "surgery"]
   vm = df[df["backend"] == "vmap"]
@@ -218,6 +219,11 @@ def report(out_dir: Path) -> dict:
   measured = "; ".join(lines) + (
       " (ratios to a plain value_and_grad step in the same process; "
       + _MEMORY.get(m.rsplit(".", 1)[-1] if m else "", "memory not measured") + ").")
-  return {"verdict": verdict, "rule": RULE, "finding": f"Rule: {RULE} Measured: {measured}",
-          "claim_row": measured,
-          "numbers_md": checks_md(out_dir) + md_table(df), "setup_md": SETUP_MD}
+  return Report(verdict=verdict, rule=RULE, finding=f"Rule: {RULE} Measured: {measured}",
+                claim_row=measured,
+                numbers_md=checks_md(out_dir) + md_table(df), setup_md=SETUP_MD)
+
+
+EXPERIMENT = register(Experiment(
+    name=NAME, title=TITLE, claim=CLAIM, row=ROWS["1"], launch=launch, analyze=analyze,
+    figures=figures, report=report, describe_setup=describe_setup))

@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from experiments import lr_search
+from experiments.record import ROWS, Experiment, Report, register
 from experiments.sweep import Block, LrSearch, Sweep, base_for, fmt
 from experiments.verdict import PAIR_WIN, PAIRS_VERDICT, compare, decide, pairs_md
 
@@ -105,7 +106,7 @@ def predicted_pairs(clips: list) -> list[tuple[str, str]]:
   return out
 
 
-def report(out_dir: Path) -> dict:
+def report(out_dir: Path) -> Report:
   out_dir = Path(out_dir)
   best = lr_search.load_best(out_dir, GROUP)
   fin = pd.read_csv(out_dir / "finals.csv")
@@ -139,11 +140,16 @@ def report(out_dir: Path) -> dict:
   numbers = lr_search.best_md(best, GROUP, extra=["lrs within 0.05 of best (seed 0)"])
   if pairs:
     numbers += "\n\nPairs the claim predicts (μ²-dominated first):\n\n" + pairs_md(pairs)
-  return {
-      "verdict": verdict,
-      "rule": RULE,
-      "finding": finding,
-      "claim_row": "; ".join(f"{p.a} vs {p.b}: {p.outcome}" for p in pairs)
+  return Report(
+      verdict=verdict,
+      rule=RULE,
+      finding=finding,
+      claim_row="; ".join(f"{p.a} vs {p.b}: {p.outcome}" for p in pairs)
       + " (fresh seeds at each variant's lr; " + lr_search.group_lines(best, _label) + ")",
-      "numbers_md": numbers,
-  }
+      numbers_md=numbers,
+  )
+
+
+EXPERIMENT = register(Experiment(
+    name=NAME, title=TITLE, claim=CLAIM, row=ROWS["3"], sweep=sweep, analyze=analyze,
+    figures=figures, report=report))

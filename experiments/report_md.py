@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from experiments.record import Experiment, Inputs, Report, experiments
 from experiments.sweep import REPO, fmt, scale_file
 
 
@@ -39,9 +40,9 @@ def _yaml_block(path: Path, title: str) -> list[str]:
 def resolved_config(name: str, preset: str) -> dict:
   """The optimizer, schedule and scale of `experiment=name scale=preset` as composed by
   Hydra (before a sweep's per-run overrides), as plain values."""
-  from pergrad.configure import compose, to_plain
+  from pergrad.analysis import composed
 
-  c = to_plain(compose([f"experiment={name}", f"scale={preset}"]))
+  c = composed([f"experiment={name}", f"scale={preset}"])
   m, d, t = c["model"], c["data"], c["train"]
   scale = {"model": {k: m[k] for k in ("n_layers", "d_model", "n_heads", "d_ff", "vocab_size",
                                        "seq_len") if k in m},
@@ -69,15 +70,15 @@ def _lr_policy() -> str:
   return getattr(lr_search, "POLICY", "each group's lr is chosen on its first seed")
 
 
-def describe_setup(mod, preset: str) -> str:
+def describe_setup(exp: Experiment, preset: str, inputs: Inputs | None = None) -> str:
   """The settings of an experiment at `preset`, as Markdown, from its own definitions:
   its config and scale files, the resolved optimizer, schedule and scale, the grids."""
-  if not hasattr(mod, "sweep"):
-    return mod.describe_setup(preset)
-  sw = mod.sweep(preset)
-  lines = [*_yaml_block(REPO / "configs" / "experiment" / f"{mod.NAME}.yaml", "Experiment config"),
+  if exp.sweep is None:
+    return exp.describe_setup(preset) if exp.describe_setup else ""
+  sw = exp.sweep_at(preset, inputs)
+  lines = [*_yaml_block(REPO / "configs" / "experiment" / f"{exp.name}.yaml", "Experiment config"),
            *_yaml_block(scale_file(preset), "Scale"),
-           *_resolved_md(mod.NAME, preset)]
+           *_resolved_md(exp.name, preset)]
   lines.append("Every run (preset `" + preset + "`): "
                + ", ".join(f"`{k}={fmt(v)}`" for k, v in sw.base.items()
                            if k != "experiment") + ".")
@@ -102,28 +103,26 @@ def describe_setup(mod, preset: str) -> str:
   return "\n".join(lines)
 
 
-REPORT_KEYS = ("verdict", "finding", "claim_row", "rule")  # what report.json keeps
-
-
-def write_readme(mod, out_dir: Path, report: dict, info: dict) -> None:
+def write_readme(exp: Experiment, out_dir: Path, report: Report, info: dict,
+                 inputs: Inputs | None = None) -> None:
+  """README.md and report.json (with `info`'s commit and clean) of one experiment's results."""
   figs = sorted(p.name for p in out_dir.glob("*.png"))
   csvs = sorted(p.name for p in out_dir.glob("*.csv"))
-  wall_min = info["launch_wall_s_total"] / 60
   lines = [
-      f"# {mod.NAME}: {mod.TITLE}",
+      f"# {exp.name}: {exp.title}",
       "",
-      f"**Claim tested.** {mod.CLAIM}",
+      f"**Claim tested.** {exp.claim}",
       "",
-      f"**Verdict: {report['verdict']}.** {report['finding']}",
+      f"**Verdict: {report.verdict}.** {report.finding}",
       "",
-      *([f"**Rule.** {report['rule']}", ""] if report.get("rule") else []),
+      *([f"**Rule.** {report.rule}", ""] if report.rule else []),
       "## Numbers",
       "",
-      report.get("numbers_md", ""),
+      report.numbers_md,
       "",
       "## Setup",
       "",
-      report.get("setup_md") or describe_setup(mod, info["preset"]),
+      report.setup_md or describe_setup(exp, info["preset"], inputs),
       "",
       "## Figures",
       "",
@@ -136,35 +135,32 @@ def write_readme(mod, out_dir: Path, report: dict, info: dict) -> None:
       "```",
       "",
       f"Preset `{info['preset']}`, launcher `{info['launcher']}`. Sweep directory "
-      f"`{info['sweep_dir']}` (not committed). Measured wall time of the launches: "
-      f"{wall_min:.1f} min in total ({info['n_runs_completed']} completed runs; the runs' own "
-      f"summed wall time {info['runs_compute_s'] / 60:.1f} min); last invocation "
-      f"{info['last_invocation_wall_s']:.0f} s, of which {info['last_invocation_skipped']} "
-      "run(s) were already finished and skipped. Files: " + ", ".join(f"`{c}`" for c in csvs)
+      f"`{info['sweep_dir']}` (not committed), commit `{info['commit']}`"
+      + ("" if info["clean"] else " with uncommitted changes") + ". This invocation: "
+      f"{info['wall_s']:.0f} s, of which {info['launch_wall_s'] / 60:.1f} min launching "
+      f"{info['launched']} run(s); {info['skipped']} run(s) were already finished and skipped "
+      f"({info['n_runs_completed']} completed runs in the sweep, their own summed wall time "
+      f"{info['runs_compute_s'] / 60:.1f} min). Files: " + ", ".join(f"`{c}`" for c in csvs)
       + ". Figures are redrawn from the CSVs alone by `notebooks/figures.ipynb`.",
       "",
   ]
   (out_dir / "README.md").write_text("\n".join(lines))
-  (out_dir / "report.json").write_text(json.dumps(
-      {k: v for k, v in report.items() if k in REPORT_KEYS}, indent=1))
+  prov = {k: info[k] for k in ("commit", "clean")}
+  (out_dir / "report.json").write_text(json.dumps(report.to_json(prov), indent=1))
 
 
-CLAIMS = (
-    ("1. Per-example statistics are cheap (surgery ~free for some statistics; vmap viable)",
-     ("overhead",)),
-    ("2. Sign placement: the later the sign, the better (SignEMA wins), following the SNR",
-     ("sign_placement", "snr")),
-    ("3. Adam's preconditioner is best when dominated by the mean squared μ², not σ²",
-     ("preconditioner", "msq_eps", "moments")),
-    ("4. sqrt(B) learning-rate scaling collapses loss-vs-examples curves for small/medium B",
-     ("batch_scaling",)),
-    ("G1. Per-example norms of every layer at a small cost (simultaneous method; Gray et al.)",
-     ("norm_cost",)),
-    ("G2. The normalization layers' GNS predicts the total GNS (Gray et al.)",
-     ("gns_layers",)),
-    ("G3. A GNS-guided batch-size schedule saves tokens (Gray et al.: 18%)",
-     ("gns_schedule",)),
-)
+def claim_rows() -> dict[str, tuple]:
+  """{row of the claims table: the experiments in it}, both in registration order."""
+  rows: dict[str, tuple] = {}
+  for name, exp in experiments().items():
+    rows[exp.row] = (*rows.get(exp.row, ()), name)
+  return rows
+
+
+def launch_wall_s(info: dict) -> float:
+  """The launch wall time a run_info.json records (`launch_wall_s`, this invocation's own;
+  `launch_wall_s_total` in the results written before provenance was recorded)."""
+  return float(info.get("launch_wall_s", info.get("launch_wall_s_total", 0.0)))
 
 
 README_BEGIN = "<!-- claims:begin -->"
@@ -177,7 +173,7 @@ def claims_table(results_root: Path, link_prefix: str = "") -> str:
   prepended to the figure links (`"results/"` in the top-level README)."""
   results_root = Path(results_root)
   rows = ["| Claim | What we measured | Figures | Verdict |", "|---|---|---|---|"]
-  for claim, names in CLAIMS:
+  for claim, names in claim_rows().items():
     measured, figs, verdicts = [], [], []
     for n in names:
       rep = results_root / n / "report.json"
@@ -185,11 +181,11 @@ def claims_table(results_root: Path, link_prefix: str = "") -> str:
         measured.append(f"`{n}`: not yet run")
         verdicts.append(f"{n}: not yet run")
         continue
-      d = json.loads(rep.read_text())
-      measured.append(f"`{n}`: {d.get('claim_row') or d['finding']}")
+      d = Report.from_json(json.loads(rep.read_text()))
+      measured.append(f"`{n}`: {d.claim_row or d.finding}")
       # A report without a stated rule predates the noise-aware rules (experiments/verdict.py)
-      verdicts.append(f"{n}: **{d['verdict']}**" + ("" if d.get("rule") else
-                                                    " (old rule, not noise-aware: re-run)"))
+      verdicts.append(f"{n}: **{d.verdict}**" + ("" if d.rule else
+                                                 " (old rule, not noise-aware: re-run)"))
       figs += [f"[{p.name}]({link_prefix}{n}/{p.name})"
                for p in sorted((results_root / n).glob("*.png"))]
     rows.append(f"| {claim} | {'<br>'.join(measured)} | {' '.join(figs) or '—'} | "
@@ -212,59 +208,47 @@ def _seeds(d: Path) -> str | None:
   return None
 
 
-def _n_params(model) -> int:
-  import jax
-
-  from pergrad.model import init_params
-
-  shapes = jax.eval_shape(lambda: init_params(model, jax.random.key(0)))
-  return int(sum(math.prod(x.shape) for x in jax.tree.leaves(shapes)))
-
-
 def setup_text(results_root: Path, preset: str = "cpu") -> str:
   """The setup behind the claims table, from the configs (the `preset` scale composed with
   the defaults) and the committed CSVs (seeds) and run_info.json (wall times)."""
-  from pergrad.configure import build_plan, compose
+  from pergrad.analysis import n_params, scale_summary
 
   results_root = Path(results_root)
-  p = build_plan(compose([f"scale={preset}"]))
-  m, d = p.model, p.data
-  model_name = p.config["model"]["name"]
-  seeds = [(n, _seeds(results_root / n)) for n in _experiments()]
+  m = scale_summary([f"scale={preset}"])
+  seeds = [(n, _seeds(results_root / n)) for n in experiments()]
   seeds_text = ", ".join(f"{n} {s}" for n, s in seeds if s)
   wall = 0.0
-  for n in _experiments():
+  for n in experiments():
     f = results_root / n / "run_info.json"
     if f.exists():
-      wall += json.loads(f.read_text()).get("launch_wall_s_total", 0.0)
+      wall += launch_wall_s(json.loads(f.read_text()))
   return (
       f"Setup (preset `{preset}`, `configs/scale/{preset}.yaml` over the defaults): the "
-      f"`{model_name}` transformer ({m.n_layers} layers, width {m.d_model}, {m.n_heads} heads, "
-      f"{_n_params(p.model):,} parameters) on `{d.name}` with a "
-      f"{d.vocab_size}-token {d.tokenizer} vocabulary, B = {d.batch_size} sequences of "
-      f"T = {d.seq_len} tokens, {p.train.steps} steps (`batch_scaling` sets its own steps "
+      f"`{m['model']}` transformer ({m['n_layers']} layers, width {m['d_model']}, "
+      f"{m['n_heads']} heads, {n_params([f'scale={preset}']):,} parameters) on `{m['data']}` "
+      f"with a {m['vocab_size']}-token {m['tokenizer']} vocabulary, B = {m['batch_size']} "
+      f"sequences of T = {m['seq_len']} tokens, {m['steps']} steps (`batch_scaling` sets its "
+      "own steps "
       f"per batch size), each experiment's own grids and learning rates (its README). Seeds "
       f"behind the reported numbers: {seeds_text or 'none yet'}. The committed results took "
       f"{wall / 60:.0f} min of launches on 2 cores (per experiment: the cost table of "
-      "`results/README.md`); "
+      f"`results/{preset}/README.md`); "
       f"`python scripts/reproduce.py all --preset {preset}` regenerates them (resumable). "
       "The paper trained far larger models on TPUs: these are statements about this scale "
       "only.")
 
 
-def _experiments() -> tuple:
-  from experiments.runner import EXPERIMENTS
-
-  return EXPERIMENTS
-
-
-def claims_block(results_root: Path, link_prefix: str = "") -> str:
+def claims_block(results_root: Path, link_prefix: str = "", preset: str = "cpu") -> str:
   """The setup paragraph and the claims table: the README's generated block."""
-  return setup_text(results_root) + "\n\n" + claims_table(results_root, link_prefix)
+  return setup_text(results_root, preset) + "\n\n" + claims_table(results_root, link_prefix)
 
 
-def render_readme(readme: Path = REPO / "README.md", results_root: Path = REPO / "results",
-                  link_prefix: str = "results/") -> bool:
+README_PRESET = "cpu"  # the preset whose results the top-level README's claims show
+
+
+def render_readme(readme: Path = REPO / "README.md",
+                  results_root: Path = REPO / "results" / README_PRESET,
+                  link_prefix: str = f"results/{README_PRESET}/") -> bool:
   """Rewrites the block of `readme` between README_BEGIN and README_END with
   `claims_block`; returns whether the file changed. ValueError without both markers."""
   text = Path(readme).read_text()
@@ -285,33 +269,34 @@ def readme_block(readme: Path = REPO / "README.md") -> str:
   return text.split(README_BEGIN, 1)[1].split(README_END, 1)[0].strip("\n")
 
 
-def index_text(results_root: Path, experiments: tuple) -> str:
-  """results/README.md: the claims (`claims_block`) and the cost of each experiment."""
+def index_text(results_root: Path, preset: str) -> str:
+  """results/<preset>/README.md: the claims (`claims_block`) and each experiment's cost."""
   times = []
-  for n in experiments:
+  for n in experiments():
     p = results_root / n / "run_info.json"
     if p.exists():
       d = json.loads(p.read_text())
-      times.append(f"| `{n}` | `{d['command']}` | {d['launch_wall_s_total'] / 60:.1f} | "
+      times.append(f"| `{n}` | `{d['command']}` | {launch_wall_s(d) / 60:.1f} | "
                    f"{d['n_runs_completed']} |")
     else:
-      times.append(f"| `{n}` | `python scripts/reproduce.py {n} --preset cpu` | not yet run | — |")
+      times.append(f"| `{n}` | `python scripts/reproduce.py {n} --preset {preset}` | "
+                   "not yet run | — |")
   return "\n".join([
       "# Results",
       "",
       "Reproduction of the findings of Roulet & Agarwala, *Per-example gradients: a new "
       "frontier for understanding and improving optimizers* (arXiv 2510.00236), at the scale "
       "of a 2-core CPU machine (tiny transformers on the embedded Shakespeare corpus), with "
-      "`scripts/reproduce.py EXPERIMENT --preset cpu`. Every verdict below comes from runs "
+      f"`scripts/reproduce.py EXPERIMENT --preset {preset}`. Every verdict below comes from runs "
       "actually made; an experiment marked *not yet run* has no verdict. The paper ran "
       "large transformers on TPUs, so a verdict here says whether the *qualitative* finding "
       "holds at this small scale, nothing more. Each experiment's own README gives the "
       "setup, numbers, figures and the exact command.",
       "",
-      claims_block(results_root),
+      claims_block(results_root, preset=preset),
       "",
       *reproduction_lines(results_root),
-      "## Cost of each experiment (cpu preset, this machine)",
+      f"## Cost of each experiment ({preset} preset, this machine)",
       "",
       "| Experiment | Command | Wall time (min) | Runs |",
       "|---|---|---|---|",
@@ -319,27 +304,13 @@ def index_text(results_root: Path, experiments: tuple) -> str:
       "",
       "Wall times are those of the launches that made the committed results (`run_info.json`"
       " of each experiment), often with other jobs sharing the 2 cores. Regenerate "
-      "everything: `python scripts/reproduce.py all --preset cpu` (resumable: finished runs "
-      "are skipped). Redraw the figures from the CSVs: `notebooks/figures.ipynb`.",
+      f"everything: `python scripts/reproduce.py all --preset {preset}` (resumable: finished "
+      "runs are skipped). Redraw the figures from the CSVs: `notebooks/figures.ipynb`.",
       "",
   ])
 
 
 REPRODUCTION = "reproduction.json"  # written by `scripts/reproduce.py all`
-
-
-def git_commit() -> str:
-  """HEAD's hash, with "+dirty" when tracked files differ from it ("unknown" outside git)."""
-  import subprocess
-
-  try:
-    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
-                          text=True, check=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                           cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
-  except (OSError, subprocess.CalledProcessError):
-    return "unknown"
-  return head + ("+dirty" if dirty else "")
 
 
 def reproduction_lines(results_root: Path) -> list[str]:
@@ -355,7 +326,9 @@ def reproduction_lines(results_root: Path) -> list[str]:
       "",
       f"`{d['command']}`, from an empty sweeps directory"
       + ("" if d.get("fresh") else " (NOT empty: some runs were skipped as finished)")
-      + f", at commit `{d['commit']}`: started {d['started']}, finished {d['finished']}, "
+      + f", at commit `{d['commit']}`"
+      + (" with uncommitted changes" if d.get("clean") is False else "")
+      + f": started {d['started']}, finished {d['finished']}, "
       f"**{d['wall_s'] / 60:.0f} min** of wall time on this 2-core machine.",
       "",
       "| Experiment | Wall time (min) | Status |",
@@ -365,8 +338,8 @@ def reproduction_lines(results_root: Path) -> list[str]:
   ]
 
 
-def write_index(results_root: Path, experiments: tuple) -> Path:
-  """Writes results/README.md (`index_text`), from the committed results only."""
+def write_index(results_root: Path, preset: str) -> Path:
+  """Writes results/<preset>/README.md (`index_text`), from that preset's results only."""
   path = Path(results_root) / "README.md"
-  path.write_text(index_text(results_root, experiments))
+  path.write_text(index_text(results_root, preset))
   return path

@@ -325,7 +325,7 @@ def _fit(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:
 
 def part_whole(g2_total, s_total, g2_group, s_group) -> PartWhole:
   """`PART_WHOLE_RULE` on series over steps (same steps in all four): the smoothed |G|²
-  and S of the whole model and of one group (e.g. `pergrad.gns.smooth` output past the
+  and S of the whole model and of one group (e.g. `pergrad.stats.noise.smooth` output past the
   EMA warm-up). B_simple = S/|G|² for the group, the total and the complement. Steps where
   the group's or the complement's |G|² is ≤ 0, or any value is non-finite, are dropped."""
   gt, st, gg, sg = (np.asarray(x, float) for x in (g2_total, s_total, g2_group, s_group))

@@ -6,7 +6,9 @@ Outputs:
   <sweeps_root>/<name>/<preset>/<run>/...   every run (checkpoints, metrics.jsonl, ...)
   <sweeps_root>/<name>/<preset>/sweep.json  the preset, base overrides and extra overrides
   <sweeps_root>/<name>/<preset>/table.csv   one row per run and step
-  <results_dir>/                            CSVs of findings, PNGs, README.md, run_info.json
+  <results_dir>/                            CSVs of findings, PNGs, README.md, report.json,
+                                            run_info.json (results/<preset>/<name>/; ci: the
+                                            sweep's report/)
 
 Extra overrides that change the runs' config (`--hydra-arg data=txt_folder`, not
 `hydra.*`, `logging.*` or `data.tfds_dir`) put the sweep in `<preset>-<hash of those
@@ -17,24 +19,23 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import importlib
 import json
 import time
 from pathlib import Path
 
 from experiments import lr_search, report_md
 from experiments.launch import LAUNCHERS, LaunchLog, launch_blocks
+from experiments.record import BUILTIN, Experiment, Inputs, Report, get, provenance
 from experiments.runs import METRICS, SUMMARY, aggregate, finals
 from experiments.sweep import PRESETS, REPO, record_sweep, sweep_dir
 
-EXPERIMENTS = ("overhead", "sign_placement", "preconditioner", "msq_eps", "batch_scaling", "snr",
-               "moments", "norm_cost", "gns_layers", "gns_schedule")
+EXPERIMENTS = BUILTIN  # the built-in experiments' names; `record.experiments()` has plugins'
+RESULTS = REPO / "results"
 
 
-def load(name: str):
-  if name not in EXPERIMENTS:
-    raise ValueError(f"unknown experiment {name!r}; choose one of {EXPERIMENTS} or 'all'.")
-  return importlib.import_module(f"experiments.{name}")
+def load(name: str) -> Experiment:
+  """The registered experiment `name` (ValueError naming the known ones)."""
+  return get(name)
 
 
 def default_sweep_dir(name: str, preset: str, root: Path | None = None,
@@ -43,10 +44,10 @@ def default_sweep_dir(name: str, preset: str, root: Path | None = None,
 
 
 def default_results_dir(name: str, preset: str, sweep: Path) -> Path:
-  """results/<name>[-<hash>] for the real presets; the ci preset reports beside its sweep."""
+  """results/<preset>/<name>[-<hash>] for the real presets; ci reports beside its sweep."""
   if preset == "ci":
     return sweep / "report"
-  return REPO / "results" / (name + sweep.name.removeprefix(preset))
+  return RESULTS / preset / (name + sweep.name.removeprefix(preset))
 
 
 @dataclasses.dataclass
@@ -56,7 +57,7 @@ class Outcome:
   sweep_dir: Path
   results_dir: Path
   log: LaunchLog
-  report: dict
+  report: Report | None
 
 
 def run_experiment(
@@ -78,19 +79,22 @@ def run_experiment(
     raise ValueError(f"unknown preset {preset!r}; choose one of {PRESETS}.")
   if launcher not in LAUNCHERS:
     raise ValueError(f"unknown launcher {launcher!r}; choose one of {LAUNCHERS}.")
-  mod = load(name)
-  training = hasattr(mod, "sweep")  # overhead is a benchmark, not a training sweep
-  sdir = default_sweep_dir(name, preset, sweeps_root, tuple(extra) if training else ())
+  exp = load(name)
+  prov = provenance()  # before this invocation writes anything
+  training = exp.sweep is not None  # else a benchmark (overhead), not a training sweep
+  root = sweeps_root or REPO / "runs" / "sweeps"
+  sdir = default_sweep_dir(name, preset, root, tuple(extra) if training else ())
   out_dir = Path(results_dir) if results_dir else default_results_dir(name, preset, sdir)
+  inputs = Inputs(Path(root), preset, tuple(extra))
   t0 = time.time()
   log = LaunchLog()
 
   if not training:
     if not analyze_only:
-      log = mod.launch(preset, sdir, dry_run=dry_run, echo=echo)
+      log = exp.launch(preset, sdir, dry_run=dry_run, echo=echo)
     table = None
   else:
-    sweep = mod.sweep(preset)
+    sweep = exp.sweep_at(preset, inputs)
     if not dry_run or (sdir / "sweep.json").exists():
       record_sweep(sdir, preset, sweep.base, extra)
     kw = dict(launcher=launcher, n_jobs=n_jobs, extra=extra, dry_run=dry_run, log=log, echo=echo)
@@ -109,8 +113,8 @@ def run_experiment(
         break
     # A follow-up stage chosen from the first stage's runs (e.g. gns_schedule's ramp
     # fitted to the measured noise scale).
-    if hasattr(mod, "follow_up") and not (dry_run or analyze_only):
-      blocks = mod.follow_up(preset, sdir)
+    if exp.follow_up is not None and not (dry_run or analyze_only):
+      blocks = exp.follow_up(preset, sdir)
       if blocks:
         echo(f"[{name}/{preset}] follow-up stage: {len(blocks)} block(s)")
         launch_blocks(sdir, sweep.base, blocks, **kw)
@@ -122,28 +126,28 @@ def run_experiment(
   echo(f"[{name}/{preset}] skipped {len(log.skipped)} finished run(s), launched "
        f"{len(log.launched)}, failed {len(log.failed)}; {wall:.0f} s")
   if dry_run:
-    return Outcome(name, preset, sdir, out_dir, log, {})
+    return Outcome(name, preset, sdir, out_dir, log, None)
 
   out_dir.mkdir(parents=True, exist_ok=True)
   if table is not None:
     if table.empty:
       raise RuntimeError(f"no run of {sdir} wrote {METRICS}; see the log above.")
-    mod.analyze(table, finals(table), out_dir)
+    exp.analyze(table, finals(table), out_dir)
   else:
-    mod.analyze(sdir, out_dir)
-  mod.figures(out_dir)
-  report = mod.report(out_dir)
-  info = _run_info(out_dir, name, preset, sdir, log, wall, command, launcher)
-  report_md.write_readme(mod, out_dir, report, info)
-  if out_dir.parent == REPO / "results":
-    report_md.write_index(REPO / "results", EXPERIMENTS)
+    exp.analyze(sdir, out_dir)
+  exp.figures(out_dir)
+  report = exp.report(out_dir)
+  info = run_info(out_dir, name, preset, sdir, log, wall, command, launcher, prov)
+  report_md.write_readme(exp, out_dir, report, info, inputs)
+  if out_dir.parent == RESULTS / preset:
+    report_md.write_index(out_dir.parent, preset)
   return Outcome(name, preset, sdir, out_dir, log, report)
 
 
-def _run_info(out_dir, name, preset, sdir, log, wall, command, launcher) -> dict:
-  """Wall times: this invocation, and the runs' own compute summed over summaries."""
-  path = out_dir / "run_info.json"
-  prev = json.loads(path.read_text()) if path.exists() else {}
+def run_info(out_dir, name, preset, sdir, log, wall, command, launcher, prov) -> dict:
+  """run_info.json: the provenance (`record.provenance()` at the start of this invocation),
+  this invocation's wall time and its own launches only (runs it skipped as finished are
+  counted, not timed), and the runs' own compute summed over the sweep's summaries."""
   compute_s, n_done = 0.0, 0
   for s in Path(sdir).glob(f"*/{SUMMARY}"):
     try:
@@ -158,20 +162,17 @@ def _run_info(out_dir, name, preset, sdir, log, wall, command, launcher) -> dict
       "preset": preset,
       "command": command or f"python scripts/reproduce.py {name} --preset {preset}",
       "launcher": launcher,
+      **prov,
       "sweep_dir": str(resolved.relative_to(REPO)) if resolved.is_relative_to(REPO)
       else str(sdir),
       "n_runs_completed": n_done,
       "runs_compute_s": round(compute_s, 1),
-      "last_invocation_wall_s": round(wall, 1),
-      # Summed over the invocations that built this sweep; one that launched every run
-      # itself (none skipped) starts the sum afresh.
-      "launch_wall_s_total": round(
-          (0.0 if log.launched and not log.skipped else prev.get("launch_wall_s_total", 0.0))
-          + log.wall_s, 1),
-      "last_invocation_skipped": len(log.skipped),
-      "last_invocation_launched": len(log.launched),
-      "last_invocation_failed": log.failed,
+      "wall_s": round(wall, 1),
+      "launch_wall_s": round(log.wall_s, 1),
+      "launched": len(log.launched),
+      "skipped": len(log.skipped),
+      "failed": log.failed,
       "date": datetime.datetime.now().isoformat(timespec="seconds"),
   }
-  path.write_text(json.dumps(info, indent=1))
+  Path(out_dir, "run_info.json").write_text(json.dumps(info, indent=1))
   return info

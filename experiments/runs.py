@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from experiments.sweep import parse_dirname
-from pergrad.train.metrics import read_records
+from pergrad.analysis import read_records
 
 SUMMARY = "summary.json"
 METRICS = "metrics.jsonl"

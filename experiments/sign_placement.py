@@ -21,6 +21,7 @@ from pathlib import Path
 import pandas as pd
 
 from experiments import lr_search
+from experiments.record import ROWS, Experiment, Report, register
 from experiments.sweep import Block, LrSearch, Sweep, base_for
 from experiments.verdict import PAIR_WIN, PAIRS_VERDICT, chains, pairs_md
 
@@ -70,7 +71,7 @@ def _label(g: dict) -> str:
   return str(g["optimizer.placement"])
 
 
-def report(out_dir: Path) -> dict:
+def report(out_dir: Path) -> Report:
   best = lr_search.load_best(out_dir, GROUP)
   groups = lr_search.by_label(best, _label)
   orders = [[p for p in chain if p in groups] for chain in CHAINS]
@@ -90,11 +91,16 @@ def report(out_dir: Path) -> dict:
   claim_row = ("; ".join(f"{p.a} vs {p.b}: {p.outcome}" for p in pairs)
                + " (fresh seeds at each placement's lr; " + lr_search.group_lines(best, _label)
                + ")")
-  return {
-      "verdict": verdict,
-      "rule": RULE,
-      "finding": finding,
-      "claim_row": claim_row,
-      "numbers_md": lr_search.best_md(best, GROUP)
+  return Report(
+      verdict=verdict,
+      rule=RULE,
+      finding=finding,
+      claim_row=claim_row,
+      numbers_md=lr_search.best_md(best, GROUP)
       + ("\n\nPairs of the predicted chains:\n\n" + pairs_md(pairs) if pairs else ""),
-  }
+  )
+
+
+EXPERIMENT = register(Experiment(
+    name=NAME, title=TITLE, claim=CLAIM, row=ROWS["2"], sweep=sweep, analyze=analyze,
+    figures=figures, report=report))

@@ -16,8 +16,8 @@ aggregating) and are validated against known truth in `tests/test_estimators.py`
 
 Runs: every placement of the claim's chain (ema, batch, example; β = 0.9, weight decay 0;
 not token, whose update needs token-level statistics in the same pass) at its own
-lr, the one sign_placement's search chose (read from results/sign_placement/best.csv, so
-`reproduce.py all` runs sign_placement first), statistics every few steps, 3 seeds (at ci,
+lr, the one sign_placement's search chose (re-derived from its runs, `needs`, so
+`reproduce.py` runs sign_placement first), statistics every few steps, 3 seeds (at ci,
 SignEMA alone at the config's lr, 1 seed). The statistics are those of the gradients along
 each placement's own trajectory; the estimators do not depend on where the sign sits.
 
@@ -47,10 +47,11 @@ from omegaconf import OmegaConf
 from experiments import lr_search
 from experiments import verdict as vd
 from experiments.figures import plot_curves, plt, savefig, style
+from experiments.record import ROWS, Experiment, Inputs, Report, register
 from experiments.report_md import fmt_num, md_table
 from experiments.runs import leaf_of, stat_columns, x_examples
 from experiments.sweep import REPO, Block, Sweep, base_for
-from pergrad.stats.noise import ema_gain
+from pergrad.analysis import ema_gain
 
 NAME = "snr"
 TITLE = "measured SNR at each stage of the sign chain"
@@ -72,8 +73,8 @@ def constant_mean_gain(beta: float = BETA) -> float:
   return float(np.sqrt((1 + beta) / (1 - beta)))
 
 
-def sweep(preset: str) -> Sweep:
-  """Each placement at its own lr (the one results/sign_placement's search chose; at ci
+def sweep(preset: str, inputs: Inputs | None = None) -> Sweep:
+  """Each placement at its own lr (the one sign_placement's search chose; at ci
   SignEMA alone at the config's lr), statistics logged, seeds."""
   log_every = {"ci": 5, "cpu": 10, "paper": 100}[preset]
   base = base_for(NAME, preset, **{"stats.log_every": log_every})
@@ -82,7 +83,7 @@ def sweep(preset: str) -> Sweep:
     return Sweep(base, (Block({"optimizer.placement": ["ema"], "train.seed": seeds}),),
                  wall_estimate_min=0.3)
   blocks = tuple(Block({"optimizer.placement": [k], "optimizer.lr": [lr_search.tuned_lr(
-      "sign_placement", {"optimizer.placement": k})], "train.seed": seeds})
+      inputs, "sign_placement", {"optimizer.placement": k})], "train.seed": seeds})
       for k in PLACEMENTS)
   return Sweep(base, blocks, wall_estimate_min={"cpu": 12}.get(preset))
 
@@ -177,13 +178,13 @@ def figures(out_dir: Path) -> list[Path]:
   return paths
 
 
-def report(out_dir: Path) -> dict:
+def report(out_dir: Path) -> Report:
   path = Path(out_dir) / "snr_all.csv"
   all_df = pd.read_csv(path) if path.exists() else pd.DataFrame()
   if all_df.empty:
-    return {"verdict": "not measured", "finding": "no SNR² statistics were logged "
-            "(opt/all/snr2_* keys missing from metrics.jsonl, or results of the old median "
-            "estimators: rerun).", "numbers_md": ""}
+    return Report(verdict="not measured", finding="no SNR² statistics were logged "
+                  "(opt/all/snr2_* keys missing from metrics.jsonl, or results of the old median "
+                  "estimators: rerun).", numbers_md="")
   pairs, parts, tables = [], [], []
   for k in _placements(all_df):
     seeds = per_seed(_of(all_df, k))
@@ -209,7 +210,12 @@ def report(out_dir: Path) -> dict:
              "placement's runs: " + "; ".join(p.sentence() for p in pairs) + ".")
   num = pd.concat(tables, ignore_index=True)
   num = num[[c for c in [PLACEMENT, "train.seed", *STAGES] if c in num]]
-  return {"verdict": verdict, "finding": finding, "claim_row": finding,
-          "numbers_md": "Per run (placement, seed), mean over the second half of training "
-          "of the whole-model SNR² (ratio of sums over all coordinates; signed):\n\n"
-          + md_table(num)}
+  return Report(verdict=verdict, finding=finding, claim_row=finding,
+                numbers_md="Per run (placement, seed), mean over the second half of training "
+                "of the whole-model SNR² (ratio of sums over all coordinates; signed):\n\n"
+                + md_table(num))
+
+
+EXPERIMENT = register(Experiment(
+    name=NAME, title=TITLE, claim=CLAIM, row=ROWS["2"], sweep=sweep, analyze=analyze,
+    figures=figures, report=report, needs=("sign_placement",)))

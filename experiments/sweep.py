@@ -1,14 +1,8 @@
 """What an experiment sweeps: grids of Hydra overrides, scale presets, run and sweep dirs.
 
-An experiment module (e.g. `experiments.sign_placement`) defines
-
-    NAME: str                      the module / config name
-    CLAIM: str                     the paper's claim it tests, one sentence
-    def sweep(preset) -> Sweep     the grid of runs for preset "ci" | "cpu" | "paper"
-    def analyze(table, finals, out_dir) -> dict   writes the compact CSVs of its findings
-    def figures(out_dir) -> list[Path]            draws every PNG from those CSVs only
-    def report(out_dir) -> dict                   {"verdict", "finding", "numbers"} from them
-    def follow_up(preset, sweep_dir) -> blocks    optional: runs chosen from the first stage's
+An experiment (`experiments.record.Experiment`, registered by its module, e.g.
+`experiments.sign_placement`) gives `sweep(preset) -> Sweep`: the grids of runs for preset
+"ci" | "cpu" | "paper", defined here.
 
 Run directories are deterministic: `<sweep_dir>/<override_dirname>` where the
 override dirname holds only the swept ("identity") keys of the point, sorted, as

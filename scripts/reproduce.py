@@ -1,22 +1,25 @@
 #!/usr/bin/env python
-"""Reproduces one experiment of the paper (or all): sweep -> table -> results/EXPERIMENT/.
+"""Reproduces one experiment of the paper (or all): sweep -> table -> results/PRESET/EXPERIMENT/.
 
     python scripts/reproduce.py sign_placement --preset cpu
     python scripts/reproduce.py all --preset ci --dry-run
     python scripts/reproduce.py snr moments --preset ci
     python scripts/reproduce.py preconditioner --preset cpu --launcher joblib --n-jobs 2
-    python scripts/reproduce.py --render-readme     # README.md's claims from results/
+    python scripts/reproduce.py --render-readme     # README.md's claims from results/cpu/
+    python scripts/reproduce.py mine --preset ci --plugin path/to/mine.py  # a plugin's
 
 Launches a Hydra multirun of `python -m pergrad.train scale=PRESET ...` per grid block
 (deterministic run dirs under runs/sweeps/EXPERIMENT/PRESET/), skipping runs that
 already finished, so an interrupted sweep resumes where it stopped. Then aggregates every
 metrics.jsonl into table.csv (one row per run and step) and writes CSVs, PNGs and a
-README.md under results/EXPERIMENT/ (under the sweep dir's report/ for --preset ci), and
-then rewrites results/README.md and the claims block of the top-level README.md (between
-<!-- claims:begin --> and <!-- claims:end -->) from every results/*/report.json.
+README.md under results/PRESET/EXPERIMENT/ (under the sweep dir's report/ for --preset ci),
+and then rewrites results/PRESET/README.md and, from results/cpu/*/report.json, the claims
+block of the top-level README.md (between <!-- claims:begin --> and <!-- claims:end -->).
+An experiment that needs another's runs (`Experiment.needs`) runs after it; `all` runs every
+registered experiment (the built-in ones and those of --plugin modules) in that order.
 Extra overrides that change the runs' config (`--hydra-arg data=txt_folder ...`, not
 hydra.*, logging.* or data.tfds_dir) give the sweep its own directory, PRESET-<hash of them>,
-recorded in its sweep.json, and results go to results/EXPERIMENT-<hash>.
+recorded in its sweep.json, and results go to results/PRESET/EXPERIMENT-<hash>.
 
 Launchers: basic (sequential, in-process), joblib (parallel local jobs), submitit (a GPU
 SLURM cluster, configs/hydra/launcher/slurm_gpu.yaml; needs `pip install -e '.[gpu,slurm]'`;
@@ -37,18 +40,31 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from experiments import record as rec  # noqa: E402
 from experiments import report_md, runner  # noqa: E402
 from experiments.launch import LAUNCHERS  # noqa: E402
 from experiments.sweep import PRESETS  # noqa: E402
 
 
+def _render(preset: str) -> None:
+  """results/PRESET/README.md, and README.md's claims block from results/cpu/."""
+  changed = report_md.render_readme()
+  print(f"[readme] {report_md.REPO / 'README.md'} " + ("rewritten" if changed else "unchanged"))
+  root = runner.RESULTS / preset
+  if root.is_dir():
+    print(f"[readme] {report_md.write_index(root, preset)}")
+
+
 def main(argv=None) -> int:
   argv = list(sys.argv[1:] if argv is None else argv)
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  p.add_argument("experiment", nargs="*", help=f"one or more of {runner.EXPERIMENTS}, or 'all'")
+  p.add_argument("experiment", nargs="*",
+                 help=f"one or more of {runner.EXPERIMENTS} (or a plugin's), or 'all'")
   p.add_argument("--render-readme", action="store_true",
-                 help="rewrite README.md's claims block and results/README.md from "
-                 "results/*/report.json (alone: run nothing else)")
+                 help="rewrite README.md's claims block (from results/cpu/) and "
+                 "results/PRESET/README.md (alone: run nothing else)")
+  p.add_argument("--plugin", action="append", default=[],
+                 help="a module (dotted name or .py file) that registers experiments")
   p.add_argument("--preset", default="cpu", choices=PRESETS)
   p.add_argument("--launcher", default="basic", choices=LAUNCHERS)
   p.add_argument("--n-jobs", type=int, default=2, help="parallel jobs (joblib launcher)")
@@ -58,21 +74,24 @@ def main(argv=None) -> int:
   p.add_argument("--sweeps-root", type=Path, default=None,
                  help="where sweeps go (default runs/sweeps)")
   p.add_argument("--results-dir", type=Path, default=None,
-                 help="where results go (default results/EXPERIMENT; ci: <sweep>/report)")
+                 help="where results go (default results/PRESET/EXPERIMENT; ci: "
+                 "<sweep>/report)")
   p.add_argument("--hydra-arg", action="append", default=[],
                  help="extra override passed to every run (e.g. logging.wandb.mode=offline)")
   a = p.parse_args(argv)
+  for plugin in a.plugin:
+    rec.load_plugin(plugin)
   if not a.experiment:
     if not a.render_readme:
       p.error("name an experiment (or 'all'), or pass --render-readme")
-    changed = report_md.render_readme()
-    print(f"[readme] {report_md.REPO / 'README.md'} " + ("rewritten" if changed else "unchanged"))
-    print(f"[readme] {report_md.write_index(report_md.REPO / 'results', runner.EXPERIMENTS)}")
+    _render(a.preset)
     return 0
-  names = runner.EXPERIMENTS if a.experiment == ["all"] else tuple(a.experiment)
+  known = tuple(rec.experiments())
+  names = known if a.experiment == ["all"] else tuple(a.experiment)
   for n in names:
-    if n not in runner.EXPERIMENTS:
-      p.error(f"unknown experiment {n!r}; choose one of {runner.EXPERIMENTS} or 'all'")
+    if n not in known:
+      p.error(f"unknown experiment {n!r}; choose one of {known} or 'all' (or --plugin)")
+  names = rec.in_order(names)
   if a.results_dir and len(names) > 1:
     p.error("--results-dir needs a single experiment")
   failed, errors = [], []
@@ -84,7 +103,7 @@ def main(argv=None) -> int:
         "*/summary.json")) for n in names)
     record = {"command": "python scripts/reproduce.py all --preset " + a.preset + "".join(
         f" {x}" for x in argv if x not in ("all", "--preset", a.preset)),
-        "commit": report_md.git_commit(), "fresh": fresh,
+        **rec.provenance(), "fresh": fresh,
         "started": datetime.datetime.now().isoformat(timespec="seconds"),
         "experiments": {}}
     t_all = time.time()
@@ -99,6 +118,9 @@ def main(argv=None) -> int:
           + (f" --launcher {a.launcher}" if a.launcher != "basic" else "")
           + "".join(f" --hydra-arg {shlex.quote(x)}" for x in a.hydra_arg))
     except (FileNotFoundError, RuntimeError, ValueError) as e:
+      if a.dry_run and isinstance(e, FileNotFoundError) and rec.get(n).needs:
+        print(f"[dry-run] {n}: {e}")
+        continue
       if len(names) == 1:
         raise
       print(f"[error] {n}: {e}")
@@ -109,23 +131,25 @@ def main(argv=None) -> int:
     if record is not None:
       record["experiments"][n] = {
           "wall_s": round(time.time() - t0, 1),
+          "launch_wall_s": round(out.log.wall_s, 1), "launched": len(out.log.launched),
+          "skipped": len(out.log.skipped),
           "status": (f"{len(out.log.failed)} run(s) failed" if out.log.failed else "completed")
-          + (f", verdict: {out.report['verdict']}" if out.report else "")}
+          + (f", verdict: {out.report.verdict}" if out.report else "")}
     if out.report:
-      print(f"[{n}] verdict: {out.report['verdict']}. {out.report['finding']}")
+      print(f"[{n}] verdict: {out.report.verdict}. {out.report.finding}")
       print(f"[{n}] results in {out.results_dir}")
     failed += out.log.failed
-    wrote_results |= out.report != {} and out.results_dir.parent == report_md.REPO / "results"
+    wrote_results |= out.report is not None and out.results_dir.parent == runner.RESULTS / a.preset
   if record is not None and a.preset != "ci" and not a.results_dir:
     record.update(finished=datetime.datetime.now().isoformat(timespec="seconds"),
                   wall_s=round(time.time() - t_all, 1))
-    (report_md.REPO / "results" / report_md.REPRODUCTION).write_text(
-        json.dumps(record, indent=1))
+    root = runner.RESULTS / a.preset
+    root.mkdir(parents=True, exist_ok=True)
+    (root / report_md.REPRODUCTION).write_text(json.dumps(record, indent=1))
     print(f"[all] {record['wall_s'] / 60:.1f} min at commit {record['commit']}")
-    print(f"[readme] {report_md.write_index(report_md.REPO / 'results', runner.EXPERIMENTS)}")
+    wrote_results = True
   if wrote_results or a.render_readme:
-    changed = report_md.render_readme()
-    print(f"[readme] {report_md.REPO / 'README.md'} " + ("rewritten" if changed else "unchanged"))
+    _render(a.preset)
   if failed:
     print(f"[warn] {len(failed)} run(s) did not complete: {failed}")
   if errors:

@@ -1,7 +1,7 @@
 """The claims are generated, the experiment configs say everything, claim 4's rule.
 
-- README.md's claims block and results/README.md are what the committed
-  results/*/report.json render (`experiments.report_md`), so numbers cannot drift from data;
+- README.md's claims block and results/cpu/README.md are what the committed
+  results/cpu/*/report.json render (`experiments.report_md`), so numbers cannot drift from data;
   the same functions render constructed reports as expected.
 - Every experiment config that trains names every field of its optimizer's config dataclass
   and of the schedule (except what the scale sets), unless listed in an `# inherit: ...`
@@ -25,12 +25,14 @@ import pandas as pd
 import pytest
 from conftest import compose
 from omegaconf import OmegaConf
+from test_record import needed_runs
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from experiments import batch_scaling as bs  # noqa: E402
 from experiments import lr_search, report_md, runner, runs  # noqa: E402
+from experiments.record import Experiment, Report  # noqa: E402
 from experiments.sweep import PRESETS, run_dirname, scale_file  # noqa: E402
 from pergrad.optim.configs import entry  # noqa: E402
 from pergrad.optim.schedule import ScheduleConfig  # noqa: E402
@@ -40,15 +42,15 @@ from pergrad.optim.schedule import ScheduleConfig  # noqa: E402
 
 def test_readme_claims_block_is_rendered_from_committed_reports():
   got = report_md.readme_block(REPO / "README.md")
-  want = report_md.claims_block(REPO / "results", "results/")
-  assert got == want, ("README.md's claims block differs from what results/*/report.json "
+  want = report_md.claims_block(REPO / "results" / "cpu", "results/cpu/")
+  assert got == want, ("README.md's claims block differs from what results/cpu/*/report.json "
                        "render; run `python scripts/reproduce.py --render-readme`.")
 
 
 def test_results_index_is_rendered_from_committed_reports():
-  got = (REPO / "results" / "README.md").read_text()
-  assert got == report_md.index_text(REPO / "results", runner.EXPERIMENTS), (
-      "results/README.md differs from what results/*/report.json render; run "
+  got = (REPO / "results" / "cpu" / "README.md").read_text()
+  assert got == report_md.index_text(REPO / "results" / "cpu", "cpu"), (
+      "results/cpu/README.md differs from what results/cpu/*/report.json render; run "
       "`python scripts/reproduce.py --render-readme` after `write_index`, or any "
       "`reproduce.py EXPERIMENT --analyze-only`.")
 
@@ -68,7 +70,7 @@ def test_claims_table_renders_constructed_reports(tmp_path):
   table = report_md.claims_table(root, "results/")
   rows = table.splitlines()
   assert rows[0] == "| Claim | What we measured | Figures | Verdict |"
-  assert len(rows) == 2 + len(report_md.CLAIMS)
+  assert len(rows) == 2 + len(report_md.claim_rows())
   assert "`overhead`: ratio 1.234" in rows[2] and "long text" not in rows[2]  # claim_row first
   assert "overhead: **reproduced**" in rows[2]
   assert "`sign_placement`: ema 4.5 < batch 4.6" in rows[3]  # no claim_row: the finding
@@ -98,28 +100,23 @@ def test_claims_table_renders_constructed_reports(tmp_path):
 
 
 def test_readme_shows_the_rule(tmp_path):
-  class Mod:
-    NAME, TITLE, CLAIM = "x", "t", "c"
-
-    @staticmethod
-    def describe_setup(preset):
-      return "setup"
-
-  info = {"launch_wall_s_total": 60.0, "preset": "ci", "command": "cmd", "launcher": "basic",
-          "sweep_dir": "s", "n_runs_completed": 1, "runs_compute_s": 1.0,
-          "last_invocation_wall_s": 1.0, "last_invocation_skipped": 0}
-  rep = {"verdict": "reproduced", "finding": "f", "claim_row": "r", "rule": "A beats B.",
-         "numbers_md": "n"}
-  report_md.write_readme(Mod, tmp_path, rep, info)
+  exp = Experiment("x", "t", "c", "row", analyze=print, figures=print, report=print,
+                   launch=print, describe_setup=lambda preset: "setup")
+  info = {"launch_wall_s": 60.0, "preset": "ci", "command": "cmd", "launcher": "basic",
+          "sweep_dir": "s", "n_runs_completed": 1, "runs_compute_s": 1.0, "wall_s": 1.0,
+          "launched": 1, "skipped": 0, "commit": "abc", "clean": True}
+  rep = Report(verdict="reproduced", finding="f", claim_row="r", rule="A beats B.",
+               numbers_md="n")
+  report_md.write_readme(exp, tmp_path, rep, info)
   assert "**Rule.** A beats B." in (tmp_path / "README.md").read_text()
   assert json.loads((tmp_path / "report.json").read_text())["rule"] == "A beats B."
-  report_md.write_readme(Mod, tmp_path, {k: v for k, v in rep.items() if k != "rule"}, info)
+  report_md.write_readme(exp, tmp_path, dataclasses.replace(rep, rule=""), info)
   assert "**Rule.**" not in (tmp_path / "README.md").read_text()
 
 
 # --------------------------------------------------------------------------- configs
 
-TRAINING = [n for n in runner.EXPERIMENTS if hasattr(runner.load(n), "sweep")]
+TRAINING = [n for n in runner.EXPERIMENTS if runner.load(n).sweep is not None]
 CONFIGS = [*TRAINING, "overhead", "quickstart"]
 
 
@@ -171,13 +168,14 @@ def test_experiment_config_sets_every_optimizer_field(name):
 # --------------------------------------------------------------------------- claim 4: plan
 
 
-def test_batch_scaling_plan_gives_large_batches_enough_steps():
+def test_batch_scaling_plan_gives_large_batches_enough_steps(tmp_path):
   p = bs.plan("cpu")
   assert p.ref == 32 and min(p.sizes) == 8 and max(p.sizes) == 256 and len(p.seeds) >= 3
   assert p.scalings == ("sqrt", "linear", "none")
   assert p.examples == 25_600 and p.steps(256) >= 100 and p.steps(8) == 3_200
   assert all(p.eval_examples % b == 0 for b in p.sizes)  # same eval points for every B
-  sw = bs.sweep("cpu")
+  inputs = needed_runs(tmp_path, "cpu")
+  sw = bs.sweep("cpu", inputs)
   assert sw.wall_estimate_min == round(bs.wall_estimate_min(p)) <= 60
   pts = [pt for b in sw.blocks for pt in b.points()]
   assert len(pts) == sum(p.runs(b) for b in p.sizes) == 39
@@ -188,9 +186,9 @@ def test_batch_scaling_plan_gives_large_batches_enough_steps():
     assert b.fixed["train.eval_every"] * size == p.eval_examples
   cfg = compose(["experiment=batch_scaling", "scale=cpu"])
   assert cfg.optimizer.lr == 3e-2 and cfg.optimizer.weight_decay == 0.0
-  # At cpu the sweep runs at the lr Adam's own search chose in results/preconditioner.
+  # At cpu the sweep runs at the lr Adam's own search chose, from the preconditioner runs.
   assert sw.base["optimizer.lr"] == lr_search.tuned_lr(
-      "preconditioner", {"optimizer.variant": "adam", "optimizer.clip_norm": None})
+      inputs, "preconditioner", {"optimizer.variant": "adam", "optimizer.clip_norm": None})
   ci = bs.sweep("ci")
   assert len({run_dirname(pt) for b in ci.blocks for pt in b.points()}) <= 4
 
@@ -244,9 +242,9 @@ def test_rule_collapse_then_break_and_sqrt_wins(tmp_path):
                                    "undetermined": [], "break": 128}
   assert j["scalings"]["linear"]["break"] == 8 and j["scalings"]["none"]["break"] == 8
   assert j["at"] == 128 and [p.outcome for p in j["pairs"]] == ["win", "win"]
-  assert rep["verdict"] == "reproduced" and rep["rule"] == bs.RULE
-  assert "breaks at B = 128" in rep["claim_row"] and "25,600 examples" in rep["finding"]
-  assert "B=8: 3200" in rep["finding"] and "B=256: 100" in rep["finding"]
+  assert rep.verdict == "reproduced" and rep.rule == bs.RULE
+  assert "breaks at B = 128" in rep.claim_row and "25,600 examples" in rep.finding
+  assert "B=8: 3200" in rep.finding and "B=256: 100" in rep.finding
   lin256 = col[(col[bs.SCALING] == "linear") & (col[bs.KEY] == 256)].iloc[0]
   assert lin256["n_diverged"] == 3 and not lin256["collapsed"]
   assert bs.figures(tmp_path)[0].exists()
@@ -277,7 +275,7 @@ def test_rule_linear_beating_sqrt_at_the_break_is_not_reproduced(tmp_path):
   rep, j, _ = _run_rule(tmp_path, _table(offset))
   assert j["scalings"]["sqrt"]["break"] == 128 and j["scalings"]["linear"]["collapsed"] == [128]
   assert [p.outcome for p in j["pairs"]] == ["loss", "win"]
-  assert rep["verdict"] == "not reproduced"
+  assert rep.verdict == "not reproduced"
 
 
 def test_rule_without_break_or_seeds(tmp_path):
@@ -286,7 +284,7 @@ def test_rule_without_break_or_seeds(tmp_path):
 
   rep, j, _ = _run_rule(tmp_path, _table(same))
   assert j["scalings"]["sqrt"]["break"] is None and j["at"] == 256
-  assert rep["verdict"] == "partly reproduced"  # collapses everywhere: no break seen
+  assert rep.verdict == "partly reproduced"  # collapses everywhere: no break seen
   rep, j, _ = _run_rule(tmp_path, _table(same, seeds=(0.0,)))
-  assert rep["verdict"] == "undetermined"  # one seed: the noise is unknown
+  assert rep.verdict == "undetermined"  # one seed: the noise is unknown
   assert j["scalings"]["sqrt"]["undetermined"] == [8, 64, 128, 256]

@@ -20,6 +20,7 @@ import pandas as pd
 import pytest
 from conftest import compose, kill_and_restart
 from omegaconf import OmegaConf
+from test_record import needed_runs
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -176,16 +177,16 @@ def test_killed_sweep_restarts_only_missing_runs_fake(tmp_path, fake_train):
     assert (d / name / "launches.txt").read_text().count("x") == 1
 
 
-def test_presets_are_well_formed():
+def test_presets_are_well_formed(tmp_path):
+  needed = {p: needed_runs(tmp_path / p, p) for p in PRESETS}
   for name in runner.EXPERIMENTS:
-    mod = runner.load(name)
+    exp = runner.load(name)
     assert (REPO / "configs" / "experiment" / f"{name}.yaml").exists()
-    for attr in ("NAME", "TITLE", "CLAIM", "analyze", "figures", "report"):
-      assert hasattr(mod, attr), (name, attr)
-    if hasattr(mod, "launch"):
+    assert exp.name == name and exp.title and exp.claim and exp.row
+    if exp.launch is not None:
       continue
     for preset in PRESETS:
-      sweep = mod.sweep(preset)
+      sweep = exp.sweep_at(preset, needed[preset])
       assert sweep.base["scale"] == preset and sweep.base["experiment"] == name
       pts = [run_dirname(p) for b in sweep.blocks for p in b.points()]
       assert len(pts) == len(set(pts)), (name, preset)  # distinct run dirs
@@ -243,7 +244,7 @@ def _value(cfg, key):
 @pytest.mark.parametrize("preset", PRESETS)
 def test_scale_presets_compose_to_the_old_values(preset):
   assert set(PRESETS) == set(OLD_SCALE) == {p.stem for p in scale_file("ci").parent.glob("*.yaml")}
-  for experiment in (None, *[n for n in runner.EXPERIMENTS if hasattr(runner.load(n), "sweep")]):
+  for experiment in (None, *[n for n in runner.EXPERIMENTS if runner.load(n).sweep is not None]):
     overrides = [f"scale={preset}"] + ([f"experiment={experiment}"] if experiment else [])
     cfg = compose(overrides)
     got = {k: _value(cfg, k) for k in OLD_SCALE[preset]}
@@ -253,7 +254,7 @@ def test_scale_presets_compose_to_the_old_values(preset):
 
 
 def test_multirun_command_runs_the_installed_entry_at_a_scale(tmp_path):
-  sweep = runner.load("snr").sweep("ci")
+  sweep = runner.load("snr").sweep_at("ci")
   cmd = launch.multirun_command(tmp_path, sweep.base, sweep.blocks[0],
                                 extra=["logging.log_every=7"])
   assert cmd[:4] == [sys.executable, "-m", "pergrad.train", "-m"]
@@ -309,7 +310,7 @@ def test_sweep_json_records_the_config_and_refuses_another(tmp_path):
 
 # --------------------------------------------------------------------------- real sweeps
 
-TRAINING = [n for n in runner.EXPERIMENTS if hasattr(runner.load(n), "sweep")]
+TRAINING = [n for n in runner.EXPERIMENTS if runner.load(n).sweep is not None]
 
 
 @pytest.mark.slow
@@ -329,7 +330,7 @@ def test_killed_real_sweep_restarts_only_missing_runs(ci_sweeps):
 def test_ci_preset_writes_results(ci_sweeps, name):
   sweep_dir = ci_sweeps["root"] / name / "ci"
   table = pd.read_csv(sweep_dir / "table.csv")
-  sweep = runner.load(name).sweep("ci")
+  sweep = runner.load(name).sweep_at("ci")
   expected = {run_dirname(p) for b in sweep.blocks for p in b.points()}
   assert expected <= set(table["run"])  # every first-stage point ran and is in the table
   assert not table.duplicated(["run", "step"]).any()  # one row per run and step
@@ -378,8 +379,8 @@ def test_overhead_ci(ci_sweeps):
 def test_notebooks_execute_on_ci_sweep(ci_sweeps, tmp_path):
   import nbformat
   from nbclient import NotebookClient
-  results = tmp_path / "results"
-  results.mkdir()
+  results = tmp_path / "results" / "ci"
+  results.mkdir(parents=True)
   for name in runner.EXPERIMENTS:
     (results / name).symlink_to(ci_sweeps["root"] / name / "ci" / "report")
   for nb_name, env in (("inspect_runs", {"PERGRAD_SWEEP_DIR": str(

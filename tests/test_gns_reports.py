@@ -44,18 +44,18 @@ def _norm_cost(tmp_path, name, ratios, flops):
 def test_norm_cost_verdicts(tmp_path):
   ok = {"surgery/norms": [1.0, 1.01, 1.02, 0.99, 1.0], "surgery/norms@norm": [1.0] * 5}
   rep = _norm_cost(tmp_path, "ok", ok, {"surgery/norms": 1.003})
-  assert rep["verdict"] == "reproduced" and rep["rule"] == norm_cost.RULE
+  assert rep.verdict == "reproduced" and rep.rule == norm_cost.RULE
   # FLOPs over the bound: a failure whatever the time.
   rep = _norm_cost(tmp_path, "flops", ok, {"surgery/norms": 1.34})
-  assert rep["verdict"] == "not reproduced" and "FLOPs 1.340x vs ≤ 1.05: fails" in rep["finding"]
+  assert rep.verdict == "not reproduced" and "FLOPs 1.340x vs ≤ 1.05: fails" in rep.finding
   # Median over the bound but the bound inside the reps' spread: within noise -> partly.
   noisy = {**ok, "surgery/norms@norm": [0.98, 1.0, 1.02, 1.03, 1.04]}
   rep = _norm_cost(tmp_path, "noisy", noisy, {"surgery/norms": 1.003})
-  assert rep["verdict"] == "partly reproduced" and "within noise" in rep["finding"]
+  assert rep.verdict == "partly reproduced" and "within noise" in rep.finding
   # Every rep above the bound: fails.
   slow = {**ok, "surgery/norms": [1.2, 1.21, 1.19, 1.22, 1.2]}
   rep = _norm_cost(tmp_path, "slow", slow, {"surgery/norms": 1.003})
-  assert rep["verdict"] == "not reproduced"
+  assert rep.verdict == "not reproduced"
 
 
 def test_norm_cost_judge_and_decide():
@@ -95,14 +95,14 @@ def _gns_report(tmp_path, name, table):
 
 def test_gns_layers_verdicts(tmp_path):
   rep, reg = _gns_report(tmp_path, "coupled", _gns_table((0, 1, 2), coupled=True))
-  assert rep["verdict"] == "reproduced", rep["finding"]
+  assert rep.verdict == "reproduced", rep.finding
   at = reg[np.isclose(reg["alpha"], gns_layers.ALPHA)]
   assert len(at) == 3 and (at["slope"].between(1.6, 2.4)).all()  # total = 2 × norm
   assert set(reg["alpha"]) == set(gns_layers.ALPHAS)
   rep, _ = _gns_report(tmp_path, "independent", _gns_table((0, 1, 2), coupled=False))
-  assert rep["verdict"] in ("not reproduced", "partly reproduced"), rep["finding"]
+  assert rep.verdict in ("not reproduced", "partly reproduced"), rep.finding
   rep, _ = _gns_report(tmp_path, "one", _gns_table((0,), coupled=True))
-  assert rep["verdict"] == "undetermined"
+  assert rep.verdict == "undetermined"
   assert gns_layers.decide([0.95, 0.97, 0.96]) == "reproduced"
   assert gns_layers.decide([0.5, 0.6, 0.55]) == "not reproduced"
   assert gns_layers.decide([0.95, 0.7, 0.99]) == "partly reproduced"
@@ -166,22 +166,22 @@ def test_gns_schedule_verdicts(tmp_path):
 
   arms = {"gns": 1.5, "linear_fit": 1.3, "linear": 0.8}  # the control never gets there
   rep, tt = _schedule_report(tmp_path, "faster", _schedule_table(arms))
-  assert rep["verdict"] == "reproduced", rep["finding"]
+  assert rep.verdict == "reproduced", rep.finding
   assert set(tt["kind"]) == set(gns_schedule.ARMS)
   fixed = tt[tt["kind"] == "fixed"]
   np.testing.assert_allclose(fixed["tokens_to_target"], fixed["tokens_total"])
   gns = tt[tt["kind"] == "gns"]["tokens_to_target"] / fixed["tokens_to_target"].to_numpy()
   assert (gns.between(0.6, 0.72)).all()  # 1/1.5 of the tokens, up to interpolation
-  assert "paper: 18%" in rep["claim_row"] and "not reached in 3 of 3" in rep["claim_row"]
+  assert "paper: 18%" in rep.claim_row and "not reached in 3 of 3" in rep.claim_row
   fit = pd.read_csv(tmp_path / "faster" / "ramp_fit.csv").iloc[0]  # B_simple = 5 + x/1000
   assert np.isclose(fit["a"], 5.0) and np.isclose(fit["b_per_token"], 1e-3)
   assert fit["batch.start"] == 8 and fit["batch.ramp_tokens"] == round((64 - 8) / 1e-3)
   # A guided schedule that learns slower never reaches the fixed run's final loss.
   rep, tt = _schedule_report(tmp_path, "slower", _schedule_table({**arms, "gns": 0.8}))
-  assert rep["verdict"] == "not reproduced", rep["finding"]
+  assert rep.verdict == "not reproduced", rep.finding
   assert np.isinf(tt[tt["kind"] == "gns"]["tokens_to_target"]).all()
   # Within the seed jitter of fixed: a tie, so partly (the fitted ramp still wins).
   rep, _ = _schedule_report(tmp_path, "tie", _schedule_table({**arms, "gns": 1.0}))
-  assert rep["verdict"] == "partly reproduced", rep["finding"]
+  assert rep.verdict == "partly reproduced", rep.finding
   rep, _ = _schedule_report(tmp_path, "one", _schedule_table(arms, seeds=(0,)))
-  assert rep["verdict"] == "undetermined"
+  assert rep.verdict == "undetermined"

@@ -18,7 +18,7 @@ from conftest import REPO
 LAYERS = (
     ("base", ("pergrad.files", "pergrad.model", "pergrad.loss", "pergrad.data")),
     ("stats", ("pergrad.stats",)),
-    ("optim", ("pergrad.optim", "pergrad.gns")),
+    ("optim", ("pergrad.optim",)),
     ("train", ("pergrad.train", "pergrad.plan", "pergrad.config", "pergrad.configure",
                "pergrad.bench", "pergrad.analysis")),
     ("experiments", ("experiments",)),

@@ -70,12 +70,12 @@ def _placements(tmp_path, **fresh) -> dict:
 def test_sign_placement_clear_win(tmp_path):
   rep = _placements(tmp_path, ema=[4.00, 4.01, 4.02], batch=[4.30, 4.31, 4.29],
                     example=[5.3, 5.1, 5.5], token=[6.1, 6.2, 6.15])
-  assert rep["verdict"] == "reproduced"
-  assert rep["rule"] == sign_placement.RULE and rep["finding"].startswith("Rule: " + RULE_START)
-  assert "ema: 4.010 ± 0.01 (n=3)" in rep["finding"]
+  assert rep.verdict == "reproduced"
+  assert rep.rule == sign_placement.RULE and rep.finding.startswith("Rule: " + RULE_START)
+  assert "ema: 4.010 ± 0.01 (n=3)" in rep.finding
   for a, b in (("ema", "batch"), ("batch", "example"), ("batch", "token")):
-    assert f"| {a} | {b} | win (as expected) |" in rep["numbers_md"]
-  assert "ema beats batch" in rep["finding"]
+    assert f"| {a} | {b} | win (as expected) |" in rep.numbers_md
+  assert "ema beats batch" in rep.finding
 
 
 def test_sign_placement_example_better_than_batch_is_not_reproduced(tmp_path):
@@ -83,38 +83,38 @@ def test_sign_placement_example_better_than_batch_is_not_reproduced(tmp_path):
   # batch was never compared and it printed "monotone ... True" with example = 3.0.
   rep = _placements(tmp_path, ema=[4.00, 4.01, 4.02], batch=[4.30, 4.31, 4.29],
                     example=[3.0, 3.01, 3.02], token=[6.1, 6.2, 6.15])
-  assert rep["verdict"] == "not reproduced"
-  assert "batch loses to example" in rep["finding"]
-  assert "| batch | example | LOSS (against) |" in rep["numbers_md"]
-  assert "| batch | token | win (as expected) |" in rep["numbers_md"]
+  assert rep.verdict == "not reproduced"
+  assert "batch loses to example" in rep.finding
+  assert "| batch | example | LOSS (against) |" in rep.numbers_md
+  assert "| batch | token | win (as expected) |" in rep.numbers_md
 
 
 def test_sign_placement_tie_within_noise(tmp_path):
   rep = _placements(tmp_path, ema=[4.00, 4.01, 4.02], batch=[4.30, 4.31, 4.29],
                     example=[4.0, 4.6, 4.9], token=[6.1, 6.2, 6.15])
-  assert rep["verdict"] == "partly reproduced"
-  assert "batch ties with example" in rep["finding"]
+  assert rep.verdict == "partly reproduced"
+  assert "batch ties with example" in rep.finding
 
 
 def test_sign_placement_diverged_group_loses_and_is_named(tmp_path):
   rep = _placements(tmp_path, ema=[4.00, 4.01, 4.02], batch=[4.30, 4.31, 4.29],
                     example=[5.3, INF, 5.5], token="diverged")
-  assert rep["verdict"] == "reproduced"  # diverged runs lose, even one seed of three
-  assert "`token` diverged at every lr from 0.01 down to 0.001 (seed 0)." in rep["finding"]
-  assert "token: diverged at every lr" in rep["finding"]
-  assert "example: diverged (1/3 seeds)" in rep["finding"]
+  assert rep.verdict == "reproduced"  # diverged runs lose, even one seed of three
+  assert "`token` diverged at every lr from 0.01 down to 0.001 (seed 0)." in rep.finding
+  assert "token: diverged at every lr" in rep.finding
+  assert "example: diverged (1/3 seeds)" in rep.finding
 
 
 def test_sign_placement_single_fresh_seed_is_undetermined(tmp_path):
   rep = _placements(tmp_path, ema=[4.0], batch=[4.3], example=[5.3], token=[6.1])
-  assert rep["verdict"] == "undetermined"
-  assert "n=1: no spread" in rep["finding"] and "not separable" in rep["finding"]
+  assert rep.verdict == "undetermined"
+  assert "n=1: no spread" in rep.finding and "not separable" in rep.finding
 
 
 def test_sign_placement_preset_without_batch_names_the_missing_groups(tmp_path):
   rep = _placements(tmp_path, ema=[4.00, 4.01], example=[5.3, 5.1])  # the ci preset's pair
-  assert rep["verdict"] == "reproduced"
-  assert "Not run in this preset: ['token', 'batch']" in rep["finding"]
+  assert rep.verdict == "reproduced"
+  assert "Not run in this preset: ['token', 'batch']" in rep.finding
 
 
 # --------------------------------------------------------------------------- selection bias
@@ -133,10 +133,10 @@ def test_reported_numbers_exclude_the_selection_seed(tmp_path):
   assert var["loss_mean"] == pytest.approx(4.38) and var["n_seeds"] == 3
   assert var["loss_std"] == pytest.approx(0.02) and var["fresh_seeds"] == "1 2 3"
   rep = preconditioner.report(out)
-  assert "micro_adam_var: 4.380 ± 0.02 (n=3)" in rep["finding"]
-  assert "adam beats micro_adam_var (3.99 vs 4.38" in rep["finding"]
+  assert "micro_adam_var: 4.380 ± 0.02 (n=3)" in rep.finding
+  assert "adam beats micro_adam_var (3.99 vs 4.38" in rep.finding
   # With seed 0 averaged in, var would read 4.26; it must not appear as a reported mean.
-  assert "4.260" not in rep["finding"]
+  assert "4.260" not in rep.finding
 
 
 def test_best_lr_is_chosen_on_seed_0_only():
@@ -166,27 +166,27 @@ def test_preconditioner_mean_dominated_win(tmp_path):
   rep = _variants(tmp_path, {"adam": [3.98, 3.99, 4.0], "micro_adam_msq": [3.97, 3.99, 4.01],
                              "micro_adam": [4.2, 4.21, 4.22], "micro_adam_var": [4.4, 4.5, 4.45]},
                   clip=(None, 1.0))
-  assert rep["verdict"] == "reproduced" and rep["rule"] == preconditioner.RULE
-  assert rep["numbers_md"].count("win (as expected)") == 8  # 4 pairs x 2 clip settings
-  assert "| micro_adam_msq + clip 1 | micro_adam_var + clip 1 | win" in rep["numbers_md"]
-  assert "Beside the verdict, does clipping help" in rep["finding"]
+  assert rep.verdict == "reproduced" and rep.rule == preconditioner.RULE
+  assert rep.numbers_md.count("win (as expected)") == 8  # 4 pairs x 2 clip settings
+  assert "| micro_adam_msq + clip 1 | micro_adam_var + clip 1 | win" in rep.numbers_md
+  assert "Beside the verdict, does clipping help" in rep.finding
 
 
 def test_preconditioner_tie_and_diverged_msq(tmp_path):
   rep = _variants(tmp_path, {"adam": [3.98, 4.2, 4.4], "micro_adam_msq": "diverged",
                              "micro_adam": [4.2, 4.21, 4.22], "micro_adam_var": [4.4, 4.5, 4.45]})
-  assert rep["verdict"] == "not reproduced"  # a diverged μ²-dominated variant loses
-  assert "adam ties with micro_adam" in rep["finding"]
-  assert "micro_adam_msq loses to micro_adam (inf vs 4.21" in rep["finding"]
-  assert "`micro_adam_msq` diverged at every lr from 0.01 down to 0.001" in rep["finding"]
+  assert rep.verdict == "not reproduced"  # a diverged μ²-dominated variant loses
+  assert "adam ties with micro_adam" in rep.finding
+  assert "micro_adam_msq loses to micro_adam (inf vs 4.21" in rep.finding
+  assert "`micro_adam_msq` diverged at every lr from 0.01 down to 0.001" in rep.finding
 
 
 def test_preconditioner_ci_like_single_seed_is_undetermined(tmp_path):
   rep = _variants(tmp_path, {"adam": [4.0], "micro_adam_var": [4.4]})
-  assert rep["verdict"] == "undetermined"
-  assert "Not run in this preset: ['micro_adam', 'micro_adam_msq']" in rep["finding"]
+  assert rep.verdict == "undetermined"
+  assert "Not run in this preset: ['micro_adam', 'micro_adam_msq']" in rep.finding
   rep = _variants(tmp_path, {"adam": [], "micro_adam_var": []})  # no fresh seed at all
-  assert rep["verdict"] == "undetermined" and "adam: no seeds" in rep["finding"]
+  assert rep.verdict == "undetermined" and "adam: no seeds" in rep.finding
 
 
 # --------------------------------------------------------------------------- msq_eps
@@ -206,9 +206,9 @@ def test_msq_eps_tie_is_at_least_as_well(tmp_path):
                         ("adam", 1e-4): (4.03, [4.03, 4.05, 4.04]),
                         ("micro_adam_msq", 1e-8): (INF, "diverged"),
                         ("micro_adam_msq", 1e-4): (4.01, [4.01, 4.03, 4.05])})
-  assert rep["verdict"] == "reproduced" and rep["rule"] == msq_eps.RULE
-  assert "micro_adam_msq, eps=0.0001 ties with adam, eps=1e-08" in rep["finding"]
-  assert "micro_adam_msq, eps=1e-08 loses to adam, eps=1e-08" in rep["finding"]
+  assert rep.verdict == "reproduced" and rep.rule == msq_eps.RULE
+  assert "micro_adam_msq, eps=0.0001 ties with adam, eps=1e-08" in rep.finding
+  assert "micro_adam_msq, eps=1e-08 loses to adam, eps=1e-08" in rep.finding
 
 
 def test_msq_eps_loss_partly_and_not(tmp_path):
@@ -217,17 +217,17 @@ def test_msq_eps_loss_partly_and_not(tmp_path):
           ("micro_adam_msq", 1e-8): (INF, "diverged"),
           ("micro_adam_msq", 1e-4): (4.10, [4.10, 4.11, 4.12])}
   rep = _eps(tmp_path, base)  # loses to the best Adam, beats Adam at the same ε
-  assert rep["verdict"] == "partly reproduced"
-  assert "micro_adam_msq, eps=0.0001 beats adam, eps=0.0001" in rep["finding"]
+  assert rep.verdict == "partly reproduced"
+  assert "micro_adam_msq, eps=0.0001 beats adam, eps=0.0001" in rep.finding
   rep = _eps(tmp_path, {**base, ("adam", 1e-4): (4.05, [4.05, 4.06, 4.04])})
-  assert rep["verdict"] == "not reproduced"
+  assert rep.verdict == "not reproduced"
 
 
 def test_msq_eps_undetermined_and_not_tested(tmp_path):
   rep = _eps(tmp_path, {("adam", 1e-8): (4.0, [4.0]), ("micro_adam_msq", 1e-4): (3.9, [3.9])})
-  assert rep["verdict"] == "undetermined"
+  assert rep.verdict == "undetermined"
   rep = _eps(tmp_path, {("micro_adam_msq", 1e-4): (3.9, [])})  # the ci preset: no Adam
-  assert rep["verdict"].startswith("not tested")
+  assert rep.verdict.startswith("not tested")
 
 
 # --------------------------------------------------------------------------- overhead
@@ -257,8 +257,8 @@ def _bench(tmp_path, surg_t, surg_m, vmap_t) -> dict:
 ])
 def test_overhead_rule_compares_ratios_with_bounds(tmp_path, surg_t, surg_m, vmap_t, verdict):
   rep = _bench(tmp_path, surg_t, surg_m, vmap_t)
-  assert rep["verdict"] == verdict == overhead.decide(surg_t, surg_m, vmap_t)
-  assert rep["rule"] == overhead.RULE and rep["finding"].startswith("Rule: Surgery is cheap")
+  assert rep.verdict == verdict == overhead.decide(surg_t, surg_m, vmap_t)
+  assert rep.rule == overhead.RULE and rep.finding.startswith("Rule: Surgery is cheap")
   assert "≤ 1.25" in overhead.RULE and "≤ 1.1" in overhead.RULE and "≤ 2" in overhead.RULE
   assert overhead.decide(1.2, math.nan, 1.0) == "reproduced"  # memory not measured
   assert overhead.decide(math.nan, math.nan, math.nan) == "not reproduced"
@@ -300,7 +300,7 @@ def test_all_diverged_group_extends_downward_then_stops_at_100x(tmp_path):
   assert len(lows) < sweep.lr_search.rounds
   out = write(tmp_path / "sp", fin.to_dict("records"), sign_placement.GROUP)
   rep = sign_placement.report(out)
-  assert "`example` diverged at every lr from 0.01 down to 4.1e-06 (seed 0)." in rep["finding"]
+  assert "`example` diverged at every lr from 0.01 down to 4.1e-06 (seed 0)." in rep.finding
 
 
 def test_downward_search_stops_when_a_run_trains(tmp_path):

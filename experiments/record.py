@@ -1,0 +1,191 @@
+"""One experiment record: the `Experiment` an experiment module registers, its typed `Report`,
+the registry the runner reads, and the provenance every output carries.
+
+An experiment module ends with
+
+    EXPERIMENT = register(Experiment(name=NAME, title=TITLE, claim=CLAIM, row=ROWS["2"],
+                                     sweep=sweep, analyze=analyze, figures=figures,
+                                     report=report))
+
+and a plugin module (`scripts/reproduce.py --plugin path/to/mine.py`) does the same: the
+runner knows the built-in modules (`BUILTIN`) and whatever was registered since.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.util
+import subprocess
+from pathlib import Path
+from typing import Callable
+
+from experiments.sweep import REPO, sweep_dir
+
+# The rows of the claims table (README.md, results/<preset>/README.md), in order.
+ROWS = {
+    "1": "1. Per-example statistics are cheap (surgery ~free for some statistics; vmap viable)",
+    "2": "2. Sign placement: the later the sign, the better (SignEMA wins), following the SNR",
+    "3": "3. Adam's preconditioner is best when dominated by the mean squared μ², not σ²",
+    "4": "4. sqrt(B) learning-rate scaling collapses loss-vs-examples curves for small/medium B",
+    "G1": "G1. Per-example norms of every layer at a small cost (simultaneous method; Gray et "
+          "al.)",
+    "G2": "G2. The normalization layers' GNS predicts the total GNS (Gray et al.)",
+    "G3": "G3. A GNS-guided batch-size schedule saves tokens (Gray et al.: 18%)",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Report:
+  """What `Experiment.report(out_dir)` returns. verdict: "reproduced", "not reproduced", ...;
+  rule: the decision rule stated before the data; finding: the sentence behind the verdict;
+  claim_row: the claims table's cell (else `finding`); numbers_md / setup_md: Markdown of the
+  experiment's README (setup_md replaces the setup described from the sweep)."""
+
+  verdict: str
+  finding: str = ""
+  rule: str = ""
+  claim_row: str = ""
+  numbers_md: str = ""
+  setup_md: str = ""
+
+  KEPT = ("verdict", "finding", "claim_row", "rule")  # what report.json holds
+
+  def to_json(self, provenance: dict) -> dict:
+    """report.json: the kept fields and the provenance (`provenance()`) of the results."""
+    return {**{k: getattr(self, k) for k in self.KEPT}, **provenance}
+
+  @classmethod
+  def from_json(cls, doc: dict) -> "Report":
+    return cls(**{k: doc.get(k) or "" for k in cls.KEPT})
+
+
+@dataclasses.dataclass(frozen=True)
+class Inputs:
+  """Where the runs of the experiments another one `needs` are: their sweep directories at
+  the same preset and extra overrides, under the same sweeps root."""
+
+  root: Path
+  preset: str
+  extra: tuple = ()
+
+  def sweep_dir(self, name: str) -> Path:
+    return sweep_dir(self.root, name, self.preset, self.extra)
+
+
+@dataclasses.dataclass(frozen=True)
+class Experiment:
+  """One experiment of the runner.
+
+  name: the sweep and results folder name (and `configs/experiment/<name>.yaml`, if any).
+  title, claim: one line each; the claim is the paper's, tested here.
+  row: the claims table's row it belongs to (a `ROWS` value, or a new row's text).
+  sweep(preset) -> Sweep: the training runs at a preset ("ci", "cpu", "paper"); with
+    `needs`, sweep(preset, inputs) (`Inputs`: where the needed experiments' runs are); or
+  launch(preset, sweep_dir, dry_run=, echo=) -> LaunchLog for a benchmark (no training).
+  analyze(table, finals, out_dir) (a sweep) or analyze(sweep_dir, out_dir) (a benchmark):
+    the compact CSVs of its findings; figures(out_dir) -> PNGs from those CSVs only;
+    report(out_dir) -> Report from them.
+  needs: experiments whose sweeps (same preset and extras) this one reads, run before it.
+  follow_up(preset, sweep_dir) -> blocks: runs chosen from the first stage's (optional).
+  describe_setup(preset) -> Markdown: a benchmark's setup (a sweep's is described from it).
+  """
+
+  name: str
+  title: str
+  claim: str
+  row: str
+  analyze: Callable
+  figures: Callable
+  report: Callable[[Path], Report]
+  sweep: Callable | None = None
+  launch: Callable | None = None
+  needs: tuple = ()
+  follow_up: Callable | None = None
+  describe_setup: Callable | None = None
+
+  def sweep_at(self, preset: str, inputs: Inputs | None = None):
+    """The Sweep at `preset` (`inputs` is passed when the experiment `needs` others)."""
+    return self.sweep(preset, inputs) if self.needs else self.sweep(preset)
+
+  def __post_init__(self):
+    if (self.sweep is None) == (self.launch is None):
+      raise ValueError(f"experiment {self.name!r}: give exactly one of sweep= (training "
+                       "runs) and launch= (a benchmark).")
+
+
+_REGISTRY: dict[str, Experiment] = {}
+
+BUILTIN = ("overhead", "sign_placement", "preconditioner", "msq_eps", "batch_scaling", "snr",
+           "moments", "norm_cost", "gns_layers", "gns_schedule")  # experiments.<name>, in order
+
+
+def register(exp: Experiment) -> Experiment:
+  """Adds `exp` to the registry (again under its name when its module is re-imported)."""
+  old = _REGISTRY.get(exp.name)
+  if old is not None and old.analyze.__module__ != exp.analyze.__module__:
+    raise ValueError(f"experiment {exp.name!r} is registered by {old.analyze.__module__} "
+                     f"already; give the one of {exp.analyze.__module__} another name.")
+  _REGISTRY[exp.name] = exp
+  return exp
+
+
+def load_plugin(spec: str) -> None:
+  """Imports a plugin that registers experiments: a dotted module name or a .py file path."""
+  if spec.endswith(".py"):
+    path = Path(spec).resolve()
+    if not path.exists():
+      raise ValueError(f"plugin {spec} does not exist; pass a .py file or a module name.")
+    mod_spec = importlib.util.spec_from_file_location(f"pergrad_plugin_{path.stem}", path)
+    mod = importlib.util.module_from_spec(mod_spec)
+    mod_spec.loader.exec_module(mod)
+  else:
+    importlib.import_module(spec)
+
+
+def experiments() -> dict[str, Experiment]:
+  """Every registered experiment by name: the built-in ones first (`BUILTIN` order), then
+  those of plugins in the order they registered."""
+  for n in BUILTIN:
+    if n not in _REGISTRY:
+      importlib.import_module(f"experiments.{n}")
+  return {**{n: _REGISTRY[n] for n in BUILTIN}, **_REGISTRY}
+
+
+def get(name: str) -> Experiment:
+  exps = experiments()
+  if name not in exps:
+    raise ValueError(f"unknown experiment {name!r}; choose one of {tuple(exps)} or 'all' "
+                     "(or register it in a plugin: --plugin).")
+  return exps[name]
+
+
+def in_order(names) -> tuple:
+  """`names` with each experiment's `needs` that are among them before it (stable)."""
+  names, out = list(names), []
+
+  def visit(n, stack=()):
+    if n in out or n not in names:
+      return
+    if n in stack:
+      raise ValueError(f"experiments {stack} need each other in a cycle; break it.")
+    for d in get(n).needs:
+      visit(d, (*stack, n))
+    out.append(n)
+
+  for n in names:
+    visit(n)
+  return tuple(out)
+
+
+def provenance(repo: Path = REPO) -> dict:
+  """{"commit": HEAD's hash, "clean": `git status --porcelain` is empty}; the commit is
+  "unknown" (and clean False) outside a git checkout."""
+  try:
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True,
+                          text=True, check=True).stdout.strip()
+    status = subprocess.run(["git", "status", "--porcelain"], cwd=repo, capture_output=True,
+                            text=True, check=True).stdout.strip()
+  except (OSError, subprocess.CalledProcessError):
+    return {"commit": "unknown", "clean": False}
+  return {"commit": head, "clean": not status}

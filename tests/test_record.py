@@ -1,0 +1,221 @@
+"""One experiment record (`experiments.record`): the README's recipe "An experiment" followed
+from outside the package (a plugin module run by `scripts/reproduce.py`), dependencies
+re-derived from the needed experiment's runs, provenance and per-invocation costs, and
+the import surface of `experiments` (`pergrad.analysis`)."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from experiments import record, report_md, runner  # noqa: E402
+from experiments.launch import LaunchLog  # noqa: E402
+from experiments.record import Experiment, Inputs, Report  # noqa: E402
+from experiments.sweep import run_dirname, sweep_dir  # noqa: E402
+
+PLUGIN = textwrap.dedent('''\
+    """A toy experiment: one ci-sized run, its final eval loss."""
+    from pathlib import Path
+
+    import pandas as pd
+
+    from experiments.record import Experiment, Report, register
+    from experiments.sweep import Block, Sweep
+
+
+    def sweep(preset):
+      base = {"scale": preset, "train.steps": 4, "train.eval_every": 2,
+              "train.checkpoint_every": 4, "logging.log_every": 2}
+      return Sweep(base, (Block({"train.seed": [0]}),))
+
+
+    def analyze(table, finals, out_dir):
+      finals.to_csv(Path(out_dir) / "finals.csv", index=False)
+
+
+    def figures(out_dir):
+      return []
+
+
+    def report(out_dir):
+      loss = float(pd.read_csv(Path(out_dir) / "finals.csv")["final_eval_loss"].iloc[0])
+      return Report(verdict="measured", finding=f"final eval loss {loss:.3f}",
+                    rule="none: a toy")
+
+
+    EXPERIMENT = register(Experiment(
+        name="toy", title="a toy", claim="a run trains", row="T. A toy row", sweep=sweep,
+        analyze=analyze, figures=figures, report=report))
+''')
+
+
+@pytest.fixture()
+def registry(monkeypatch):
+  """The registry as a copy for one test: what it registers is gone afterwards."""
+  record.experiments()
+  monkeypatch.setattr(record, "_REGISTRY", dict(record._REGISTRY))
+
+
+def _reproduce():
+  spec = importlib.util.spec_from_file_location("reproduce", REPO / "scripts" / "reproduce.py")
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod
+
+
+def test_plugin_experiment_runs_through_reproduce(tmp_path, registry, compilation_cache,
+                                                  monkeypatch):
+  for k, v in compilation_cache.items():
+    monkeypatch.setenv(k, v)
+  plugin = tmp_path / "toy_experiment.py"
+  plugin.write_text(PLUGIN)
+  root = tmp_path / "sweeps"
+  rc = _reproduce().main(["toy", "--preset", "ci", "--plugin", str(plugin),
+                          "--sweeps-root", str(root)])
+  assert rc == 0
+  out = root / "toy" / "ci" / "report"
+  doc = json.loads((out / "report.json").read_text())
+  assert doc["verdict"] == "measured" and doc["finding"].startswith("final eval loss")
+  assert set(doc) >= {"commit", "clean"}
+  assert "# toy: a toy" in (out / "README.md").read_text()
+  assert "toy" in record.experiments() and "T. A toy row" in report_md.claim_rows()
+
+
+def test_unknown_experiment_names_the_plugin_option(registry):
+  with pytest.raises(ValueError, match="--plugin"):
+    record.get("nope")
+  with pytest.raises(ValueError, match="exactly one of sweep"):
+    Experiment("x", "t", "c", "r", analyze=print, figures=print, report=print)
+  with pytest.raises(ValueError, match="another name"):
+    record.register(Experiment("snr", "t", "c", "r", analyze=print, figures=print,
+                               report=print, sweep=print))
+
+
+def test_needed_experiments_run_first():
+  assert record.in_order(("snr", "sign_placement", "overhead")) == (
+      "sign_placement", "snr", "overhead")
+  assert record.in_order(("moments",)) == ("moments",)  # not named: not added
+  names = record.in_order(record.BUILTIN)
+  for n in names:
+    assert all(names.index(d) < names.index(n) for d in record.get(n).needs)
+
+
+# --------------------------------------------------------------------------- dependencies
+
+
+def fake_runs(root: Path, name: str, preset: str, losses: dict) -> Path:
+  """Completed runs of `name` at `preset` under `root`: {point (dict items): final loss}."""
+  d = sweep_dir(root, name, preset)
+  for point, loss in losses.items():
+    rd = d / run_dirname(dict(point))
+    rd.mkdir(parents=True)
+    recs = [{"step": 1, "split": s, "loss": loss} for s in ("train", "eval")]
+    (rd / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    (rd / "summary.json").write_text(json.dumps({"status": "completed"}))
+  return d
+
+
+def needed_runs(root: Path, preset: str) -> Inputs:
+  """Runs of the searches the descriptive experiments need (preconditioner's Adam: best lr
+  0.03; sign_placement: ema 0.003, batch and example 0.01), as `Inputs`."""
+  adam = {"optimizer.variant": "adam", "optimizer.clip_norm": None}
+  fake_runs(root, "preconditioner", preset, {
+      tuple({**adam, "optimizer.lr": lr, "train.seed": s}.items()): loss
+      for lr, s, loss in ((0.01, 0, 4.2), (0.03, 0, 4.0), (0.1, 0, 4.5), (0.03, 1, 4.01))})
+  fake_runs(root, "sign_placement", preset, {
+      (("optimizer.placement", p), ("optimizer.lr", lr), ("train.seed", 0)):
+      4.0 + (lr != best) for p, best in (("ema", 3e-3), ("batch", 1e-2), ("example", 1e-2))
+      for lr in (3e-3, 1e-2)})
+  return Inputs(root, preset)
+
+
+def test_tuned_lr_is_rederived_from_the_needed_runs(tmp_path):
+  inputs = needed_runs(tmp_path, "cpu")
+  for name in ("moments", "batch_scaling", "gns_layers", "gns_schedule"):
+    assert record.get(name).needs == ("preconditioner",)
+    assert record.get(name).sweep_at("cpu", inputs).base["optimizer.lr"] == 0.03, name
+  snr = record.get("snr").sweep_at("cpu", inputs)
+  lrs = {b.grid["optimizer.placement"][0]: b.grid["optimizer.lr"][0] for b in snr.blocks}
+  assert lrs == {"ema": 3e-3, "batch": 1e-2, "example": 1e-2}
+  with pytest.raises(FileNotFoundError, match="reproduce.py preconditioner --preset cpu"):
+    record.get("moments").sweep_at("cpu", Inputs(tmp_path / "empty", "cpu"))
+
+
+# --------------------------------------------------------------------------- provenance
+
+
+def _git(cwd, *args):
+  subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", *args], cwd=cwd,
+                 check=True, capture_output=True)
+
+
+def test_provenance_records_commit_and_clean_tree(tmp_path):
+  _git(tmp_path, "init", "-q")
+  (tmp_path / "a.txt").write_text("a")
+  _git(tmp_path, "add", "a.txt")
+  _git(tmp_path, "commit", "-qm", "a")
+  head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True,
+                        text=True).stdout.strip()
+  assert record.provenance(tmp_path) == {"commit": head, "clean": True}
+  (tmp_path / "b.txt").write_text("untracked")
+  assert record.provenance(tmp_path) == {"commit": head, "clean": False}
+  assert record.provenance(tmp_path / "nowhere") == {"commit": "unknown", "clean": False}
+
+
+def test_run_info_and_report_count_this_invocation_only(tmp_path):
+  out, sdir = tmp_path / "out", tmp_path / "sweep"
+  out.mkdir()
+  (out / "run_info.json").write_text(json.dumps({"launch_wall_s_total": 5000.0}))
+  (sdir / "r0").mkdir(parents=True)
+  (sdir / "r0" / "summary.json").write_text(json.dumps({"status": "completed",
+                                                        "wall_time_s": 7.0}))
+  log = LaunchLog(skipped=["r0"], launched=["r1"], wall_s=12.34)
+  prov = {"commit": "abc", "clean": False}
+  info = runner.run_info(out, "toy", "ci", sdir, log, 20.0, None, "basic", prov)
+  assert json.loads((out / "run_info.json").read_text()) == info
+  assert "launch_wall_s_total" not in info
+  assert (info["launch_wall_s"], info["wall_s"], info["launched"], info["skipped"]) == (
+      12.3, 20.0, 1, 1)
+  assert (info["commit"], info["clean"], info["runs_compute_s"]) == ("abc", False, 7.0)
+  exp = Experiment("toy", "a toy", "c", "r", analyze=print, figures=print, report=print,
+                   launch=print, describe_setup=lambda preset: "setup")
+  rep = Report(verdict="measured", finding="f", rule="R", numbers_md="n")
+  report_md.write_readme(exp, out, rep, info)
+  doc = json.loads((out / "report.json").read_text())
+  assert doc == {"verdict": "measured", "finding": "f", "claim_row": "", "rule": "R",
+                 "commit": "abc", "clean": False}
+  assert Report.from_json(doc) == Report("measured", "f", "R")
+  text = (out / "README.md").read_text()
+  assert "commit `abc` with uncommitted changes" in text and "launching 1 run(s)" in text
+  assert report_md.launch_wall_s(info) == 12.3
+
+
+# --------------------------------------------------------------------------- layering
+
+
+def test_experiments_use_pergrad_through_its_analysis_surface():
+  """`experiments` may import `pergrad.analysis` (readers and estimators) and the benchmark
+  entry `pergrad.bench`; training internals stay behind them."""
+  allowed = ("pergrad.analysis", "pergrad.bench")
+  bad = []
+  for path in sorted((REPO / "experiments").glob("*.py")):
+    for node in ast.walk(ast.parse(path.read_text())):
+      mods = ([a.name for a in node.names] if isinstance(node, ast.Import)
+              else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+      for m in mods:
+        if m == "pergrad" and isinstance(node, ast.ImportFrom):
+          m = "pergrad." + ",".join(a.name for a in node.names)
+        if m.startswith("pergrad") and not m.startswith(allowed):
+          bad.append(f"{path.name}: {m}")
+  assert not bad, bad
+  assert all(len(p.read_text().splitlines()) <= 400 for p in (REPO / "experiments").glob("*.py"))
