@@ -26,14 +26,13 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from omegaconf import OmegaConf
 
 from experiments import lr_search
 from experiments.figures import plot_curves, plt, savefig, style
 from experiments.record import ROWS, Experiment, Inputs, Report, register
 from experiments.report_md import fmt_num, md_table
 from experiments.runs import x_examples
-from experiments.sweep import REPO, Block, Sweep, base_for
+from experiments.sweep import Block, Sweep, base_for, experiment_value
 from pergrad.analysis import GNS_TOTAL, smooth
 
 NAME = "gns_layers"
@@ -41,7 +40,7 @@ TITLE = "gradient noise scale per layer type; the normalization layers as predic
 CLAIM = ("The gradient noise scale of the normalization layers alone predicts the total GNS "
          "of a transformer (a linear relation with high correlation once both are smoothed; "
          "Gray et al., arXiv 2411.00999).")
-ALPHA = float(OmegaConf.load(REPO / "configs" / "experiment" / "gns_layers.yaml").stats.gns_alpha)
+ALPHA = float(experiment_value(NAME, "stats.gns_alpha"))
 ALPHAS = (0.9, ALPHA, 0.98, 0.99)
 R_MIN = 0.9
 SEEDS = {"ci": (0,), "cpu": (0, 1, 2), "paper": (0, 1, 2)}

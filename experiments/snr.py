@@ -42,7 +42,6 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from omegaconf import OmegaConf
 
 from experiments import lr_search
 from experiments import verdict as vd
@@ -50,7 +49,7 @@ from experiments.figures import plot_curves, plt, savefig, style
 from experiments.record import ROWS, Experiment, Inputs, Report, register
 from experiments.report_md import fmt_num, md_table
 from experiments.runs import leaf_of, stat_columns, x_examples
-from experiments.sweep import REPO, Block, Sweep, base_for
+from experiments.sweep import Block, Sweep, base_for, experiment_value
 from pergrad.analysis import ema_gain
 
 NAME = "snr"
@@ -63,7 +62,7 @@ STAGES = ("snr2_example", "snr2_batch", "snr2_ema")  # worst first
 # cannot log the example-level SNRs (they failed so in the reproduction at da5c84b).
 PLACEMENTS = ("ema", "batch", "example")
 PLACEMENT = "optimizer.placement"
-BETA = float(OmegaConf.load(REPO / "configs" / "experiment" / "snr.yaml").optimizer.b1)
+BETA = float(experiment_value(NAME, "optimizer.b1"))
 SEEDS = {"ci": (0,), "cpu": (0, 1, 2), "paper": (0, 1, 2)}
 IDS = ["run", "train.seed", "step", "examples_seen"]
 

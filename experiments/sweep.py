@@ -23,6 +23,8 @@ import json
 from pathlib import Path
 from typing import Sequence
 
+import yaml
+
 REPO = Path(__file__).resolve().parents[1]
 PRESETS = ("ci", "cpu", "paper")
 
@@ -140,11 +142,28 @@ def scale_file(preset: str) -> Path:
   return REPO / "configs" / "scale" / f"{preset}.yaml"
 
 
+def config_value(path: Path, key: str):
+  """The value of dotted `key` in the YAML file `path` (None: not set there)."""
+  node = yaml.safe_load(Path(path).read_text()) or {}
+  for part in key.split("."):
+    if not isinstance(node, dict) or part not in node:
+      return None
+    node = node[part]
+  return node
+
+
+def experiment_value(name: str, key: str):
+  """A value that `configs/experiment/<name>.yaml` sets (KeyError if it does not)."""
+  path = REPO / "configs" / "experiment" / f"{name}.yaml"
+  value = config_value(path, key)
+  if value is None:
+    raise KeyError(f"{key} is not set by {path}")
+  return value
+
+
 def scale_value(preset: str, key: str):
   """A value of `configs/scale/<preset>.yaml`, e.g. scale_value("cpu", "train.steps")."""
-  from omegaconf import OmegaConf
-
-  value = OmegaConf.select(OmegaConf.load(scale_file(preset)), key)
+  value = config_value(scale_file(preset), key)
   if value is None:
     raise KeyError(f"{key} is not set by {scale_file(preset)}")
   return value

@@ -41,19 +41,13 @@ def test_snr_report_verdicts(tmp_path):
     d.mkdir()
     _snr_all(e, b, x, spread).to_csv(d / "snr_all.csv", index=False)
     rep = snr.report(d)
-    assert rep["verdict"] == want, (e, b, rep)
-    assert verdict.RULE in rep["finding"] and "EMA gain" in rep["finding"]
+    assert rep.verdict == want, (e, b, rep)
+    assert verdict.RULE in rep.finding and "EMA gain" in rep.finding
   # One seed: nothing is significant.
   d = tmp_path / "one"
   d.mkdir()
   _snr_all(4.0, 1.0, 1 / 32, 0.1, seeds=1).to_csv(d / "snr_all.csv", index=False)
-  assert snr.report(d)["verdict"] == "undetermined"
-  # Old results (median estimators) are reported as not measured, and draw nothing.
-  d = tmp_path / "old"
-  d.mkdir()
-  pd.DataFrame({"step": [1], "stage": ["snr_batch"], "median_snr": [0.7]}).to_csv(
-      d / "snr_median.csv", index=False)
-  assert snr.report(d)["verdict"] == "not measured" and snr.figures(d) == []
+  assert snr.report(d).verdict == "undetermined"
 
 
 def test_snr_analyze_figures_report_from_a_table(tmp_path):
@@ -75,7 +69,7 @@ def test_snr_analyze_figures_report_from_a_table(tmp_path):
   assert len(pd.read_csv(tmp_path / "snr_all.csv")) == 3 * 4 * 3
   assert all(p.exists() for p in snr.figures(tmp_path))
   rep = snr.report(tmp_path)
-  assert rep["verdict"] == "reproduced" and "1.726" in rep["finding"]  # gain √(3.01/1.01)
+  assert rep.verdict == "reproduced" and "1.726" in rep.finding  # gain √(3.01/1.01)
 
 
 def _moments_all(ratio, spread, seeds=3):
@@ -101,21 +95,22 @@ def test_moments_report_verdicts(tmp_path):
     pd.DataFrame(columns=["run", "train.seed", "step", "examples_seen", "value", "quantity",
                           "leaf"]).to_csv(d / "moments_per_leaf.csv", index=False)
     rep = moments.report(d)
-    assert rep["verdict"] == want, (ratio, rep)
-    assert verdict.RULE in rep["finding"]
+    assert rep.verdict == want, (ratio, rep)
+    assert verdict.RULE in rep.finding
     assert all(p.exists() for p in moments.figures(d))
-  assert moments.report(tmp_path / "nothing")["verdict"] == "not measured"
+  assert moments.report(tmp_path / "nothing").verdict == "not measured"
 
 
-def test_experiment_configs_match_the_modules():
-  """SignEMA at its own best lr with ≥ 3 seeds at cpu; β read from the config."""
-  from omegaconf import OmegaConf
+def test_experiment_configs_match_the_modules(tmp_path):
+  """Every placement at its own tuned lr with ≥ 3 seeds at cpu; β read from the config."""
+  from test_record import needed_runs
 
   from experiments import moments, snr
-  cfg = OmegaConf.load(REPO / "configs" / "experiment" / "snr.yaml")
-  assert cfg.optimizer.placement == "ema" and float(cfg.optimizer.lr) == 3e-3
-  assert snr.BETA == float(cfg.optimizer.b1) and cfg.stats.track_snr
-  for mod in (snr, moments):
-    pts = [p for b in mod.sweep("cpu").blocks for p in b.points()]
-    assert len({p["train.seed"] for p in pts}) >= 3
-    assert len(mod.sweep("ci").blocks[0].points()) == 1
+  from experiments.sweep import experiment_value
+  assert snr.BETA == float(experiment_value("snr", "optimizer.b1"))
+  assert experiment_value("snr", "stats.track_snr")
+  for preset in ("cpu", "ci"):
+    inputs = needed_runs(tmp_path / preset, preset)
+    for mod in (snr, moments):
+      pts = [p for b in mod.EXPERIMENT.sweep_at(preset, inputs).blocks for p in b.points()]
+      assert len({p["train.seed"] for p in pts}) >= (3 if preset == "cpu" else 1)
