@@ -90,7 +90,7 @@ def run(plan: RunPlan, out_dir: str | Path, *, hydra_info: dict | None = None,
   seen, size = int(lr_state.examples), int(lr_state.batch_size)  # examples, last B
   config = {**plan.config, **({"hydra": hydra_info} if hydra_info else {})}
   logger = MetricsLogger(out_dir, resume_step=start or None, wandb=plan.logging.wandb,
-                         config=config, name=plan.logging.name, enabled=main)
+                         config=config, name=plan.name, enabled=main)
   history = History.of(read_records(logger.path) if main else [])
   sched, T, unit = plan.batch, plan.data.seq_len, plan.batch.max_size
   B = (f"B={unit}" if sched.kind == "fixed" else
