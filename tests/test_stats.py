@@ -22,7 +22,7 @@ from omegaconf import OmegaConf
 
 import pergrad.stats as ps
 from pergrad.bench import xla_costs
-from pergrad.config import StatsConfig
+from pergrad.plan import StatsSpec
 from pergrad.loss import make_loss_fn
 from pergrad.model import ModelSpec, Transformer, init_params
 from pergrad.stats import reference as loop_backend
@@ -365,7 +365,7 @@ def test_stats_configs_merge_into_schema():
   names = sorted(f for f in os.listdir(folder) if f.endswith(".yaml"))
   assert names
   for f in names:
-    cfg = OmegaConf.merge(OmegaConf.structured(StatsConfig),
+    cfg = OmegaConf.merge(OmegaConf.structured(StatsSpec),
                           OmegaConf.load(os.path.join(folder, f)))
     ps.resolve_backend(ps.StatsRequest(tuple(cfg.want) or ("mean",), cfg.granularity.value),
                        cfg.backend.value)

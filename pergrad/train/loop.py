@@ -104,7 +104,7 @@ def run(plan: RunPlan, out_dir: str | Path, *, hydra_info: dict | None = None,
   evaluate = Evaluator(steps, data.eval_batches(plan.train.eval_batches, part))
   clock = Clock(tokens_per_example=T)
   recorder = Recorder(plan, logger, history, clock, start, seen)
-  progress = Progress(plan.train.steps, seen // unit, plan.logging)
+  progress = Progress(plan.train.steps, seen // unit, plan.logging, plan.name)
 
   def b_simple() -> float:  # the GNS schedule's decisions read the state after update k
     key = f"gns/{sched.gns_group}/b_simple"
