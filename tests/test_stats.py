@@ -22,9 +22,9 @@ from omegaconf import OmegaConf
 
 import pergrad.stats as ps
 from pergrad.bench import xla_costs
-from pergrad.plan import StatsSpec
 from pergrad.loss import make_loss_fn
 from pergrad.model import ModelSpec, Transformer, init_params
+from pergrad.plan import StatsSpec
 from pergrad.stats import reference as loop_backend
 from pergrad.stats import vmap as vmap_backend
 from pergrad.stats.summaries import layer_summaries, leaf_name
