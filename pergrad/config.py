@@ -82,7 +82,8 @@ def plugins_in(overrides) -> tuple[str, ...]:
   out = []
   for o in OverridesParser.create().parse_overrides(found):
     value = o.value()
-    out.extend(value if isinstance(value, list) else [value])
+    for v in getattr(value, "list", None) or [value]:  # a sweep: every choice
+      out.extend(v if isinstance(v, list) else [v])
   return tuple(str(v) for v in out if v)
 
 
