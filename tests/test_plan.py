@@ -162,3 +162,16 @@ def test_resumable_keys_are_declared_on_the_fields():
   assert not any(k.startswith("logging.") for k in fp)
   config["schedule"]["name"] = "constant"  # a constant schedule can be extended
   assert "train.steps" not in fingerprint(config)
+
+
+def test_configs_ship_as_a_package():
+  """`configs/` is the package `pergrad.configs` (a wheel carries it as package data), and
+  compose and the CLI read it through the package, not through the checkout's path."""
+  import importlib.resources
+
+  shipped = importlib.resources.files("pergrad.configs")
+  assert (shipped / "config.yaml").is_file()
+  assert (shipped / "experiment" / "quickstart.yaml").is_file()
+  assert (REPO / "pergrad" / "configs").resolve() == (REPO / "configs").resolve()
+  assert '"pergrad.configs" = ["**/*.yaml"]' in (REPO / "pyproject.toml").read_text()
+  assert "pkg://{pconfig.CONFIGS_PACKAGE}" in (REPO / "pergrad/train/cli.py").read_text()
