@@ -30,7 +30,7 @@ sys.path.insert(0, str(REPO))
 
 from experiments import batch_scaling as bs  # noqa: E402
 from experiments import lr_search, report_md, runner, runs  # noqa: E402
-from experiments.sweep import PRESETS, run_dirname, scale_file  # noqa: E402
+from experiments.sweep import run_dirname  # noqa: E402
 
 # --------------------------------------------------------------------------- claims
 
@@ -118,20 +118,6 @@ def test_readme_shows_the_rule(tmp_path):
 
 TRAINING = [n for n in runner.EXPERIMENTS if hasattr(runner.load(n), "sweep")]
 CONFIGS = [*TRAINING, "overhead", "quickstart"]
-
-
-def _inherited(text: str) -> set[str]:
-  """Keys an experiment config declares it takes from elsewhere: `# inherit: a.b, c.d`."""
-  out = set()
-  for m in re.finditer(r"^\s*#\s*inherit:\s*(.*)$", text, flags=re.M):
-    out |= {k.strip() for k in re.split(r"[,\s]+", m.group(1).strip("[] ")) if k.strip()}
-  return out
-
-
-def _from_scale() -> set[str]:
-  """Schedule keys every scale file sets (the experiment must leave them to the scale)."""
-  keys = [set((OmegaConf.load(scale_file(p)).get("schedule") or {}).keys()) for p in PRESETS]
-  return set.intersection(*keys)
 
 
 def _plain(v):
