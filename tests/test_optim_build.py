@@ -205,7 +205,7 @@ def test_yaml_options_compose_and_build(tmp_path):
       for sched in ("cosine", "constant"):
         cfg = compose("probe", overrides=[f"optimizer={name}", f"schedule={sched}"])
         obj = OmegaConf.to_object(cfg)
-        assert obj.optimizer.name == name and obj.schedule.name.value == sched
+        assert obj.optimizer.name == name and obj.schedule.name == sched
         assert isinstance(obj.optimizer.lr, float)
         build_optimizer(obj.optimizer, obj.schedule, total_steps=100, batch_size=32)
         build_optimizer(cfg.optimizer, cfg.schedule, total_steps=100, batch_size=32)

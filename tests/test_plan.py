@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import re
 from pathlib import Path
 
 import jax
@@ -14,8 +15,11 @@ import pytest
 from conftest import REPO, compose
 
 import pergrad.stats as ps
-from pergrad.configure import build_plan
-from pergrad.optim import Direction, OptimizerConfig, configs
+from pergrad.configure import build_plan, to_config, to_plain
+from pergrad.data import DataSpec
+from pergrad.model import ModelSpec
+from pergrad.optim import AdamConfig, Direction, OptimizerConfig, SignConfig, configs
+from pergrad.plan import Config, fingerprint, resumable_keys
 from pergrad.stats import StatsRequest
 from pergrad.train import run
 from pergrad.train.metrics import read_records
@@ -44,17 +48,25 @@ def test_only_the_entry_points_and_the_plan_builder_import_the_config():
   assert offenders == [], f"{offenders} import pergrad.config; take a RunPlan instead"
 
 
-# --- "How to add an optimizer" (README), exercised: a config dataclass + a builder
-# registered with pergrad.optim.configs.register, and configs/optimizer/<name>.yaml. ---
+# --- "How to add an optimizer" (README), exercised in-process: a config dataclass and a
+# builder registered with pergrad.optim.configs.register; `optimizer=toy` selects it with
+# no YAML file (pergrad.config stores its schema). tests/test_plugins.py does the same from
+# a plugin module through the command line.
 # "How to add a statistic": one registration; every backend computes it.
 ABS = ps.Statistic(name="toy_abs", kind="coordinate", phi=jnp.abs, clip_power=1,
                    multiplicative=True, doc="Σ_n |g_n| per coordinate")
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class ToyConfig(OptimizerConfig):
   name: str = "toy"
-  power: float = 1.0  # u = ḡ / (mean_i |g_i|)^power
+  power: float = 1.0  # u = ḡ / (mean_i |g_i| + eps)^power
+  eps: float = 1e-8
+
+  def __post_init__(self):
+    super().__post_init__()
+    if self.power < 0:
+      raise ValueError(f"optimizer.power={self.power} must be >= 0")
 
 
 def _toy_build(cfg: ToyConfig, hp):
@@ -62,33 +74,32 @@ def _toy_build(cfg: ToyConfig, hp):
   def update(updates, state, params=None, *, grad_stats=None, **extra):
     del params, extra
     a = grad_stats.coord_mean("toy_abs")
-    return jax.tree.map(lambda g, s: g / (s + hp.eps) ** cfg.power, updates, a), state
+    return jax.tree.map(lambda g, s: g / (s + cfg.eps) ** cfg.power, updates, a), state
 
   return Direction(optax.GradientTransformationExtraArgs(optax.init_empty_state, update),
                    StatsRequest(want=("mean", "toy_abs")))
 
 
 @pytest.fixture()
-def toy_optimizer(tmp_path):
+def toy_optimizer():
   ps.register(ABS)
   configs.register("toy", ToyConfig, _toy_build)
-  (tmp_path / "optimizer").mkdir()
-  (tmp_path / "optimizer" / "toy.yaml").write_text(
-      "defaults:\n  - toy_schema\n  - _self_\n\nname: toy\nlr: 1e-3\npower: 1.0\n")
-  yield f"hydra.searchpath=[file://{tmp_path}]"
+  yield
   configs.unregister("toy")
   ps.unregister("toy_abs")
 
 
 def test_toy_optimizer_through_the_recipe(toy_optimizer, tmp_path, tiny_overrides):
-  cfg = compose([*tiny_overrides, toy_optimizer, "optimizer=toy", "optimizer.power=0.5",
+  cfg = compose([*tiny_overrides, "optimizer=toy", "optimizer.power=0.5",
                  "optimizer.lr=3e-3", "train.steps=6", "train.eval_every=3",
                  "stats.log_every=3", "stats.want=[mean,sq]"])
   plan = build_plan(cfg)
   assert plan.optimizer.request.want == ("mean", "toy_abs") and plan.stats.backend == "surgery"
   assert set(plan.stats.log_request.want) == {"mean", "sq", "toy_abs"}  # one request
   with pytest.raises(Exception, match="optimizer.powr"):  # typed like every optimizer's
-    compose([*tiny_overrides, toy_optimizer, "optimizer=toy", "optimizer.powr=1"])
+    compose([*tiny_overrides, "optimizer=toy", "optimizer.powr=1"])
+  with pytest.raises(ValueError, match=r"optimizer.power=-1.0 must be >= 0"):
+    build_plan(compose([*tiny_overrides, "optimizer=toy", "optimizer.power=-1"]))
   summary = run(plan, tmp_path / "run", echo=lambda s: None)
   assert summary["status"] == "completed"
   assert summary["final_eval_loss"] < summary["initial_eval_loss"]
@@ -96,3 +107,71 @@ def test_toy_optimizer_through_the_recipe(toy_optimizer, tmp_path, tiny_override
   assert [r["step"] for r in stats] == [1, 3, 6]
   assert any(k.endswith("/toy_abs_mean") for k in stats[0])  # logged without other edits
   assert bool(jnp.isfinite(summary["final_train_loss"]))
+
+
+# --- one schema ------------------------------------------------------------------------
+def test_the_schema_is_what_the_library_takes():
+  c = to_config(compose(["optimizer=sign", "model.norm=rmsnorm", "stats.want=[mean,sq]"]))
+  assert isinstance(c, Config) and isinstance(c.model, ModelSpec) and isinstance(c.data, DataSpec)
+  assert isinstance(c.optimizer, SignConfig) and not hasattr(c.optimizer, "b2")
+  assert c.model.norm == "rmsnorm" and type(c.model.norm) is str  # choices: plain strings
+  assert c.stats.want == ("mean", "sq") and c.logging.wandb.mode == "offline"
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    c.model.n_layers = 3  # type: ignore[misc]
+  assert to_config(compose()) == Config(optimizer=AdamConfig(name="adamw", weight_decay=0.1),
+                                        experiment=None)
+
+
+@pytest.mark.parametrize("override,match", [
+    ("model.norm=batchnorm", r"expected one of \[layernorm, rmsnorm\]"),
+    ("optimizer.b2=0.9", r"optimizer.b2"),  # sign has no b2
+    ("stats.backend=fast", r"expected one of \[auto, vmap, surgery, loop\]"),
+])
+def test_bad_keys_and_choices_fail_at_compose_time(override, match):
+  with pytest.raises(Exception) as e:
+    compose(["optimizer=sign", override])
+  text = f"{e.value} {e.value.__cause__}"
+  assert re.search(match, text) and override.split("=")[0] in text, text
+
+
+@pytest.mark.parametrize("override,match", [
+    ("train.steps=0", r"^train.steps=0 must be >= 1.$"),
+    ("train.eval_every=-1", r"^train.eval_every=-1 must be >= 0"),
+    ("logging.log_every=0", r"^logging.log_every=0 must be >= 1.$"),
+    ("model.n_heads=3", r"^model.d_model=128 is not divisible by model.n_heads=3"),
+    ("schedule.final_lr_frac=2", r"^schedule.final_lr_frac=2.0 must be in \[0, 1\]"),
+])
+def test_field_checks_run_from_yaml_and_from_python(override, match):
+  with pytest.raises(ValueError, match=match):
+    build_plan(compose([override]))
+  key, value = override.split("=")
+  node, field = key.split(".")
+  cls = type(getattr(Config(), node))
+  with pytest.raises(ValueError, match=match):
+    cls(**{field: type(getattr(cls(), field))(value)})
+
+
+def test_resumable_keys_are_declared_on_the_fields():
+  keys = resumable_keys()
+  assert {"logging", "dist", "name", "train.out_dir", "train.eval_every", "stats.log_every",
+          "data.tfds_dir", "plugins"} <= set(keys)
+  assert not {"train.steps", "train.seed", "optimizer.lr", "model.n_layers"} & set(keys)
+  config = to_plain(compose())
+  fp = fingerprint(config)
+  assert "optimizer.lr" in fp and "train.steps" in fp and "train.eval_every" not in fp
+  assert not any(k.startswith("logging.") for k in fp)
+  config["schedule"]["name"] = "constant"  # a constant schedule can be extended
+  assert "train.steps" not in fingerprint(config)
+
+
+def test_configs_ship_as_a_package():
+  """`configs/` is the package `pergrad.configs` (a wheel carries it as package data), and
+  compose and the CLI read it through the package, not through the checkout's path."""
+  import importlib.resources
+
+  shipped = importlib.resources.files("pergrad.configs")
+  assert (shipped / "config.yaml").is_file()
+  assert (shipped / "experiment" / "quickstart.yaml").is_file()
+  assert (REPO / "pergrad" / "configs").resolve() == (REPO / "configs").resolve()
+  assert '"pergrad.configs" = ["**/*.yaml"]' in (REPO / "pyproject.toml").read_text()
+  assert "pkg://{pconfig.CONFIGS_PACKAGE}" in (REPO / "pergrad/train/cli.py").read_text()

@@ -22,9 +22,9 @@ from omegaconf import OmegaConf
 
 import pergrad.stats as ps
 from pergrad.bench import xla_costs
-from pergrad.config import StatsConfig
 from pergrad.loss import make_loss_fn
 from pergrad.model import ModelSpec, Transformer, init_params
+from pergrad.plan import StatsSpec
 from pergrad.stats import reference as loop_backend
 from pergrad.stats import vmap as vmap_backend
 from pergrad.stats.noise import leaf_path as leaf_name
@@ -344,7 +344,7 @@ def test_stats_configs_merge_into_schema():
   names = sorted(f for f in os.listdir(folder) if f.endswith(".yaml"))
   assert names
   for f in names:
-    cfg = OmegaConf.merge(OmegaConf.structured(StatsConfig),
+    cfg = OmegaConf.merge(OmegaConf.structured(StatsSpec),
                           OmegaConf.load(os.path.join(folder, f)))
     ps.resolve_backend(ps.StatsRequest(tuple(cfg.want) or ("mean",), cfg.granularity.value),
                        cfg.backend.value)

@@ -6,6 +6,7 @@
 """
 
 from pergrad.data.errors import DataError
-from pergrad.data.pipeline import DataSpec, LMData, make_data
+from pergrad.data.pipeline import LMData, make_data
+from pergrad.data.spec import DataSpec
 
 __all__ = ["DataError", "DataSpec", "LMData", "make_data"]

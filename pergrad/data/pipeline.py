@@ -27,12 +27,10 @@ and every seed.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import fcntl
 import importlib
 import io
 import json
-import os
 import time
 from pathlib import Path
 from typing import Protocol
@@ -42,55 +40,18 @@ import numpy as np
 from pergrad import files
 from pergrad.data import corpus
 from pergrad.data.errors import DataError
+from pergrad.data.spec import TFDS_DATASETS, DataSpec
 from pergrad.data.tokenizer import (
   ByteTokenizer,
   SentencePieceTokenizer,
   train_bpe,
 )
 
-LOCAL = ("shakespeare", "txt_folder")
-# data.name -> (TFDS name, validation split)
-TFDS_DATASETS = {"lm1b": ("lm1b", "test"), "c4": ("c4/en", "validation")}
 # Builder modules that `import tensorflow_datasets` does not import itself.
 TFDS_MODULES = {"c4": "tensorflow_datasets.text.c4"}
 CACHE_VERSION = "v1"
 BPE_SAMPLE_CHARS = 20_000_000  # lm1b/c4: train the BPE model on about this much text
 BPE_SAMPLE_DOCS = 200_000
-
-
-@dataclasses.dataclass(frozen=True)
-class DataSpec:
-  """Which text, tokenizer and batch shapes; checked on construction (DataError, one line)."""
-
-  name: str = "shakespeare"  # shakespeare | txt_folder | lm1b | c4
-  path: str | None = None  # folder of .txt files for name=txt_folder
-  tfds_dir: str = "~/.cache/pergrad/tfds"  # where TFDS datasets are prepared / looked up
-  tokenizer: str = "bpe"  # bpe | byte
-  vocab_size: int = 1024
-  seq_len: int = 128  # tokens per training sequence (T)
-  batch_size: int = 32  # global batch (B)
-  eval_batch_size: int = 32
-  seed: int = 0  # data order; example i is a pure function of (seed, i)
-
-  def __post_init__(self):
-    object.__setattr__(self, "tfds_dir", os.path.expanduser(str(self.tfds_dir)))
-    if self.name not in (*LOCAL, *TFDS_DATASETS):
-      raise DataError(f"data.name={self.name} is unknown; choose one of "
-                      f"{', '.join((*LOCAL, *TFDS_DATASETS))}.")
-    if self.tokenizer not in ("bpe", "byte"):
-      raise DataError(f"data.tokenizer={self.tokenizer} is unknown; choose bpe or byte.")
-    for key in ("seq_len", "batch_size", "eval_batch_size"):
-      if getattr(self, key) < 1:
-        raise DataError(f"data.{key}={getattr(self, key)} must be positive.")
-    if self.seed < 0:
-      raise DataError(f"data.seed={self.seed} must be non-negative.")
-    if self.tokenizer == "bpe" and not 8 <= self.vocab_size <= 2**31 - 1:
-      raise DataError(f"data.vocab_size={self.vocab_size} is too small for a BPE vocabulary; "
-                      "use a few hundred or more, or data.tokenizer=byte.")
-
-  @property
-  def tok_key(self) -> str:
-    return "byte" if self.tokenizer == "byte" else f"bpe_{self.vocab_size}"
 
 
 class Tokenizer(Protocol):

@@ -20,7 +20,9 @@ from pergrad.optim.adam_family import (
 )
 from pergrad.optim.build import Direction, build_optimizer, scaled_hparams
 from pergrad.optim.configs import (
+    AdamConfig,
     AdamFamilyConfig,
+    MomentumConfig,
     OptimizerConfig,
     SignConfig,
     optimizer_config,
@@ -32,7 +34,8 @@ from pergrad.optim.sign import PLACEMENTS, scale_by_sign_placement
 from pergrad.optim.types import Optimizer
 
 __all__ = [
-    "PLACEMENTS", "VARIANTS", "AdamFamilyConfig", "Direction", "Optimizer", "OptimizerConfig",
+    "PLACEMENTS", "VARIANTS", "AdamConfig", "AdamFamilyConfig", "Direction", "MomentumConfig",
+    "Optimizer", "OptimizerConfig",
     "ScaleByAdamFamilyState", "ScaledHparams", "ScheduleConfig", "SignConfig", "SnrTrackerState",
     "build_optimizer", "optimizer_config", "register", "diagnostics", "make_schedule",
     "scale_by_adam_family", "scale_by_sign_placement", "scale_hparams", "scaled_hparams",

@@ -43,10 +43,11 @@ import jax.numpy as jnp
 import optax
 
 from pergrad.optim.common import check_beta, f32, require_stats
+from pergrad.optim.configs import AdamVariant
 from pergrad.stats.request import StatsRequest
 from pergrad.stats.types import GradStats
 
-VARIANTS = ("adam", "micro_adam", "micro_adam_var", "micro_adam_msq", "mix")
+VARIANTS = AdamVariant.values()
 NEEDS_SQ = frozenset(VARIANTS) - {"adam"}
 
 

@@ -34,7 +34,7 @@ import optax
 
 from pergrad.optim import configs
 from pergrad.optim.adam_family import request_for_variant, scale_by_adam_family
-from pergrad.optim.common import check_beta, with_float32_state
+from pergrad.optim.common import with_float32_state
 from pergrad.optim.diagnostics import track_snr as track_snr_tx
 from pergrad.optim.schedule import (
   ScaledHparams,
@@ -57,24 +57,13 @@ class Direction(NamedTuple):
 
 
 def scaled_hparams(opt: configs.OptimizerConfig, batch_size: int) -> ScaledHparams:
-  """Learning rate, β's and ε after batch-size scaling, for logging."""
-  return scale_hparams(lr=opt.lr, b1=opt.b1, b2=opt.b2, eps=opt.eps, eps_root=opt.eps_root,
-                       lr_scaling=opt.lr_scaling, sde_scaling=bool(opt.sde_scaling),
+  """Learning rate, β's and ε after batch-size scaling, for logging (an optimizer without
+  β's or ε, e.g. sgd, gets the unused placeholders 0)."""
+  get = lambda key: getattr(opt, key, 0.0)
+  return scale_hparams(lr=opt.lr, b1=get("b1"), b2=get("b2"), eps=get("eps"),
+                       eps_root=get("eps_root"), lr_scaling=opt.lr_scaling,
+                       sde_scaling=bool(getattr(opt, "sde_scaling", False)),
                        batch_size=batch_size, ref_batch_size=opt.ref_batch_size)
-
-
-def _check(opt: configs.OptimizerConfig) -> None:
-  if not opt.lr > 0:
-    raise ValueError(f"optimizer.lr={opt.lr} must be positive")
-  if opt.weight_decay < 0:
-    raise ValueError(f"optimizer.weight_decay={opt.weight_decay} must be >= 0")
-  if opt.clip_norm is not None and opt.clip_norm <= 0:
-    raise ValueError(f"optimizer.clip_norm={opt.clip_norm} must be positive (or null)")
-  check_beta(opt.b1, "optimizer.b1")
-  check_beta(opt.b2, "optimizer.b2")
-  if opt.eps < 0 or opt.eps_root < 0:
-    raise ValueError(f"optimizer.eps={opt.eps} and optimizer.eps_root={opt.eps_root} "
-                     "must be >= 0")
 
 
 def _builder(name: str):
@@ -93,15 +82,16 @@ def build_optimizer(opt: configs.OptimizerConfig, sched: ScheduleConfig, *, tota
   """Builds the optimizer of `opt` with the schedule of `sched` (module docstring).
 
   Args:
-    opt: the optimizer's config dataclass (`pergrad.optim.optimizer_config(name, ...)`).
+    opt: the optimizer's config dataclass (`pergrad.optim.optimizer_config(name, ...)`),
+      checked on construction.
     sched: schedule config.
     total_steps: number of updates (the cosine decays over it).
     batch_size: global batch size B (for lr_scaling); with a batch-size schedule, the
       largest size, B_max (the schedule is indexed by examples seen / B_max).
     track_snr: add `track_snr(b1)` to the chain, so that `pergrad.optim.diagnostics` can
       report the EMA SNR; it adds 'sq' to the request.
-    gns: a GNS tracker (`pergrad.gns.track_gns`) put first in the chain; it adds 'norms'
-      (per-example squared norms, every step) of the leaves `gns_layers` (layer types
+    gns: a GNS tracker (`pergrad.optim.diagnostics.track_gns`) put first in the chain; it
+      adds 'norms' (per-example squared norms, every step) of the leaves `gns_layers` (layer types
       or path patterns; (): all) to the request.
     batch_lr_scaling: lr x (B / batch_size)^κ' for an update of B < batch_size examples
       (none, sqrt, linear: κ' = 0, 1/2, 1).
@@ -111,7 +101,6 @@ def build_optimizer(opt: configs.OptimizerConfig, sched: ScheduleConfig, *, tota
     any compute.
   """
   build = _builder(opt.name)
-  _check(opt)
   hp = scaled_hparams(opt, batch_size)
   lr = make_schedule(sched.name, hp.peak_lr, total_steps=total_steps,
                      warmup_steps=sched.warmup_steps, final_lr_frac=sched.final_lr_frac)
@@ -142,12 +131,12 @@ def sgd(cfg, hp: ScaledHparams) -> Direction:
   return Direction(optax.identity())
 
 
-def momentum(cfg, hp: ScaledHparams) -> Direction:
+def momentum(cfg: configs.MomentumConfig, hp: ScaledHparams) -> Direction:
   del cfg
   return Direction(optax.trace(decay=hp.b1))
 
 
-def adam(cfg, hp: ScaledHparams) -> Direction:
+def adam(cfg: configs.AdamConfig, hp: ScaledHparams) -> Direction:
   return Direction(scale_by_adam_family("adam", hp.b1, hp.b2, hp.eps, hp.eps_root,
                                         clip_norm=cfg.clip_norm), clips=True)
 

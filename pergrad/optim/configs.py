@@ -9,36 +9,38 @@ where `build(cfg, hp) -> (direction, StatsRequest)` returns the optimizer's dire
 (an optax transformation) and the statistics it reads; `pergrad.optim.build` wraps it
 in the chain every optimizer shares (clipping, weight decay, learning-rate schedule).
 
-How to add an optimizer (three files):
-  1. here: its config dataclass (subclass `OptimizerConfig`, add its fields) and
-     `register("name", NameConfig, "pergrad.optim.name:build")`;
-  2. `pergrad/optim/name.py`: `def build(cfg, hp) -> tuple[direction, StatsRequest]`;
-  3. `configs/optimizer/name.yaml`: `defaults: [name_schema, _self_]` and its values.
-From user code (no edit of this file): `register(...)` with a callable, then
-`pergrad.config.register()` stores the schema for Hydra.
+How to add an optimizer (from a plugin module, no edit of the package):
+  1. its config dataclass: subclass `OptimizerConfig` (or `MomentumConfig`,
+     `AdamConfig`: the fields the direction reads live on its own config) with
+     `name = "<name>"` and its fields, checked in `__post_init__`;
+  2. `def build(cfg, hp) -> Direction` (`pergrad.optim.build.Direction`);
+  3. `register("<name>", NameConfig, build)`; list the module in `plugins=[module]`, then
+     `optimizer=<name>` selects it (`pergrad.config` stores its schema for Hydra) and
+     `optimizer.<field>=...` sets its fields.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import enum
 from typing import Any, Callable
 
+from pergrad.fields import Choice
 
-class LrScaling(str, enum.Enum):
+
+class LrScaling(Choice):
   none = "none"
   sqrt = "sqrt"
   linear = "linear"
 
 
-class Placement(str, enum.Enum):
+class Placement(Choice):
   example = "example"  # EMA(mean_i sign(g_i))
   token = "token"  # EMA(mean_t sign(token contributions))
   batch = "batch"  # EMA(sign(mean g))
   ema = "ema"  # sign(EMA(mean g)) = SignEMA = optax.signum
 
 
-class AdamVariant(str, enum.Enum):
+class AdamVariant(Choice):
   adam = "adam"
   micro_adam = "micro_adam"
   micro_adam_var = "micro_adam_var"
@@ -46,36 +48,90 @@ class AdamVariant(str, enum.Enum):
   mix = "mix"
 
 
-@dataclasses.dataclass
-class OptimizerConfig:
-  """Fields every optimizer has (the chain around its direction and batch-size scaling)."""
+def _beta(beta: float, key: str) -> None:
+  if not 0.0 <= beta < 1.0:
+    raise ValueError(f"{key}={beta} is outside [0, 1); choose an EMA decay in [0, 1)")
 
-  name: str = "adamw"  # the registry entry (set by configs/optimizer/<name>.yaml)
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerConfig:
+  """Fields every optimizer has: the chain around its direction (sgd: this alone)."""
+
+  name: str = "sgd"  # the registry entry (set by optimizer=<name>)
   lr: float = 3e-3  # peak learning rate at batch size `ref_batch_size`
-  b1: float = 0.9  # momentum / first-moment EMA decay (sign family: the EMA beta)
-  b2: float = 0.95
-  eps: float = 1e-8
-  eps_root: float = 0.0  # epsilon inside the square root
   weight_decay: float = 0.0  # decoupled (AdamW-style), times the learning rate
   clip_norm: float | None = None  # global-norm clipping of the mean gradient
   per_example_clip: float | None = None  # clip each g_i before every statistic (vmap/loop)
   lr_scaling: LrScaling = LrScaling.none
   ref_batch_size: int = 32  # B_ref of lr = lr * (B / B_ref) ** kappa
+
+  def __post_init__(self):
+    object.__setattr__(self, "lr_scaling",
+                       LrScaling.check(self.lr_scaling, "optimizer.lr_scaling"))
+    if not self.lr > 0:
+      raise ValueError(f"optimizer.lr={self.lr} must be positive")
+    if self.weight_decay < 0:
+      raise ValueError(f"optimizer.weight_decay={self.weight_decay} must be >= 0")
+    if self.clip_norm is not None and self.clip_norm <= 0:
+      raise ValueError(f"optimizer.clip_norm={self.clip_norm} must be positive (or null)")
+    if self.ref_batch_size < 1:
+      raise ValueError(f"optimizer.ref_batch_size={self.ref_batch_size} must be positive")
+
+
+@dataclasses.dataclass(frozen=True)
+class MomentumConfig(OptimizerConfig):
+  """An EMA of the gradient (momentum, sign family)."""
+
+  name: str = "momentum"
+  b1: float = 0.9  # momentum / first-moment EMA decay (sign family: the EMA beta)
   sde_scaling: bool = False  # with lr_scaling=sqrt, also scale 1-b and eps (Malladi et al.)
 
+  def __post_init__(self):
+    super().__post_init__()
+    _beta(self.b1, "optimizer.b1")
+    if self.sde_scaling and self.lr_scaling != "sqrt":
+      raise ValueError(
+          f"sde_scaling=true goes with lr_scaling=sqrt (Malladi et al.), got lr_scaling="
+          f"{self.lr_scaling}; set optimizer.lr_scaling=sqrt or optimizer.sde_scaling=false")
 
-@dataclasses.dataclass
-class SignConfig(OptimizerConfig):
+
+@dataclasses.dataclass(frozen=True)
+class SignConfig(MomentumConfig):
   name: str = "sign"
   placement: Placement = Placement.ema
 
+  def __post_init__(self):
+    super().__post_init__()
+    object.__setattr__(self, "placement", Placement.check(self.placement, "optimizer.placement"))
 
-@dataclasses.dataclass
-class AdamFamilyConfig(OptimizerConfig):
+
+@dataclasses.dataclass(frozen=True)
+class AdamConfig(MomentumConfig):
+  """A second-moment EMA and ε (adam, adamw, the Adam family)."""
+
+  name: str = "adamw"
+  b2: float = 0.95
+  eps: float = 1e-8
+  eps_root: float = 0.0  # epsilon inside the square root
+
+  def __post_init__(self):
+    super().__post_init__()
+    _beta(self.b2, "optimizer.b2")
+    if self.eps < 0 or self.eps_root < 0:
+      raise ValueError(f"optimizer.eps={self.eps} and optimizer.eps_root={self.eps_root} "
+                       "must be >= 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class AdamFamilyConfig(AdamConfig):
   name: str = "adam_family"
   variant: AdamVariant = AdamVariant.adam
   mix_a: float = 1.0  # variant=mix: s = mix_a * mu2_hat + mix_b * sigma2_hat
   mix_b: float = 0.0
+
+  def __post_init__(self):
+    super().__post_init__()
+    object.__setattr__(self, "variant", AdamVariant.check(self.variant, "optimizer.variant"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,7 +172,9 @@ def optimizer_config(name: str = "adamw", **fields) -> OptimizerConfig:
   return entry(name).config(name=name, **fields)
 
 
-for _name in ("sgd", "momentum", "adam", "adamw"):
-  register(_name, OptimizerConfig, f"pergrad.optim.build:{_name}")
+register("sgd", OptimizerConfig, "pergrad.optim.build:sgd")
+register("momentum", MomentumConfig, "pergrad.optim.build:momentum")
+for _name in ("adam", "adamw"):
+  register(_name, AdamConfig, f"pergrad.optim.build:{_name}")
 register("sign", SignConfig, "pergrad.optim.build:sign")
 register("adam_family", AdamFamilyConfig, "pergrad.optim.build:adam_family")

@@ -36,7 +36,6 @@ With B = B_max every update, τ = k exactly: the schedule of a fixed-batch run.
 from __future__ import annotations
 
 import dataclasses
-import enum
 import math
 from typing import NamedTuple
 
@@ -44,22 +43,31 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from pergrad.fields import Choice
+
 LR_SCALINGS = {"none": 0.0, "sqrt": 0.5, "linear": 1.0}
-SCHEDULES = ("cosine", "constant")
-
-
-class ScheduleName(str, enum.Enum):
+class ScheduleName(Choice):
   cosine = "cosine"
   constant = "constant"
 
 
-@dataclasses.dataclass
+SCHEDULES = ScheduleName.values()
+
+
+@dataclasses.dataclass(frozen=True)
 class ScheduleConfig:
-  """The learning-rate schedule's shape (also Hydra's schema of configs/schedule/)."""
+  """The learning-rate schedule's shape (the `schedule` config node)."""
 
   name: ScheduleName = ScheduleName.cosine
   warmup_steps: int = 20
   final_lr_frac: float = 0.1  # cosine decays to final_lr_frac * peak
+
+  def __post_init__(self):
+    object.__setattr__(self, "name", ScheduleName.check(self.name, "schedule.name"))
+    if self.warmup_steps < 0:
+      raise ValueError(f"schedule.warmup_steps={self.warmup_steps} must be >= 0")
+    if not 0.0 <= self.final_lr_frac <= 1.0:
+      raise ValueError(f"schedule.final_lr_frac={self.final_lr_frac} must be in [0, 1]")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -26,9 +26,10 @@ from __future__ import annotations
 import optax
 
 from pergrad.optim.common import check_beta, f32, require_stats
+from pergrad.optim.configs import Placement
 from pergrad.stats.request import StatsRequest
 
-PLACEMENTS = ("example", "token", "batch", "ema")
+PLACEMENTS = Placement.values()
 
 
 def sign_mean_from_stats(granularity: str) -> optax.GradientTransformationExtraArgs:

@@ -31,19 +31,61 @@ import dataclasses
 import math
 from typing import Callable
 
-KINDS = ("fixed", "linear", "gns")
+from pergrad.fields import Choice
+from pergrad.optim.configs import LrScaling
+
+
+class BatchKind(Choice):
+  fixed = "fixed"  # data.batch_size every update
+  linear = "linear"  # a linear ramp in tokens from batch.start to data.batch_size
+  gns = "gns"  # B = gns_factor x the tracked B_simple (needs stats.gns), never decreasing
+
+
+KINDS = BatchKind.values()
 
 
 @dataclasses.dataclass(frozen=True)
-class BatchSchedule:
-  kind: str = "fixed"
-  sizes: tuple[int, ...] = (32,)  # ascending; the last is B_max
+class BatchConfig:
+  """The batch-size schedule's settings (the `batch` config node). The run's length stays
+  train.steps x data.batch_size examples; a schedule spends them in more, smaller updates,
+  and the learning-rate schedule is indexed by examples seen, so it does not depend on it."""
+
+  kind: BatchKind = BatchKind.fixed
+  # Allowed sizes (one compiled step each), ascending, the largest = data.batch_size;
+  # (): powers of two from batch.start up to data.batch_size.
+  sizes: tuple[int, ...] = ()
+  start: int = 8  # the first updates' size (linear and gns)
+  ramp_tokens: int = 0  # linear: tokens over which B grows from start to data.batch_size
+  gns_factor: float = 1.0  # gns: target B = gns_factor x B_simple of gns_group
+  gns_group: str = "total"  # gns: which tracked group's B_simple (total, norm, ...)
+  every: int = 25  # gns: updates between decisions (each reads the tracker: one host sync)
+  # Learning rate when B < data.batch_size: lr x (B / data.batch_size)^k, k = 0, 1/2, 1.
+  lr_scaling: LrScaling = LrScaling.none
+
+  def __post_init__(self):
+    object.__setattr__(self, "kind", BatchKind.check(self.kind, "batch.kind"))
+    object.__setattr__(self, "lr_scaling", LrScaling.check(self.lr_scaling, "batch.lr_scaling"))
+    object.__setattr__(self, "sizes", tuple(self.sizes))
+    sizes = self.sizes
+    if sizes and (list(sizes) != sorted(set(sizes)) or sizes[0] < 1):
+      raise ValueError(f"batch.sizes={list(sizes)} must be distinct positive sizes in "
+                       "ascending order.")
+    if self.start < 1 or self.ramp_tokens < 0:
+      raise ValueError(f"batch.start={self.start} must be >= 1 and batch.ramp_tokens="
+                       f"{self.ramp_tokens} >= 0.")
+    if not self.gns_factor > 0 or self.every < 1:
+      raise ValueError(f"batch.gns_factor={self.gns_factor} must be > 0 and batch.every="
+                       f"{self.every} >= 1.")
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchSchedule(BatchConfig):
+  """A `BatchConfig` resolved for a run (`pergrad.configure`): the allowed sizes listed
+  (the last is B_max) and the linear ramp in examples."""
+
+  sizes: tuple[int, ...] = (32,)
   start: int = 32
-  ramp_examples: int = 0  # linear
-  gns_factor: float = 1.0  # gns
-  gns_group: str = "total"  # gns
-  every: int = 25  # gns
-  lr_scaling: str = "none"  # lr x (B / B_max)^k when B < B_max
+  ramp_examples: int = 0  # linear: ceil(ramp_tokens / data.seq_len)
 
   @property
   def max_size(self) -> int:
@@ -91,15 +133,7 @@ def check(sched: BatchSchedule, *, n_devices: int, microbatch: int | None,
 
   gns_groups: the groups the GNS tracker will hold (None: stats.gns is off).
   """
-  if sched.kind not in KINDS:
-    raise ValueError(f"batch.kind={sched.kind} is unknown; choose one of {KINDS}.")
-  if sched.lr_scaling not in ("none", "sqrt", "linear"):
-    raise ValueError(f"batch.lr_scaling={sched.lr_scaling} is unknown; choose none, sqrt "
-                     "or linear.")
   sizes = sched.sizes
-  if list(sizes) != sorted(set(sizes)) or sizes[0] < 1:
-    raise ValueError(f"batch.sizes={list(sizes)} must be distinct positive sizes in "
-                     "ascending order.")
   if sched.kind == "fixed":
     return
   if sched.start not in sizes:
@@ -122,6 +156,3 @@ def check(sched: BatchSchedule, *, n_devices: int, microbatch: int | None,
     if sched.gns_group not in gns_groups:
       raise ValueError(f"batch.gns_group={sched.gns_group} is not tracked (the tracker "
                        f"holds {list(gns_groups)}); choose one of them.")
-    if not sched.gns_factor > 0 or sched.every < 1:
-      raise ValueError(f"batch.gns_factor={sched.gns_factor} must be > 0 and batch.every="
-                       f"{sched.every} >= 1.")

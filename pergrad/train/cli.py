@@ -3,11 +3,13 @@
     python scripts/train.py model=tiny train.steps=200 optimizer.lr=3e-3 logging.wandb.mode=disabled
     python scripts/train.py -m optimizer.lr=1e-3,3e-3 data.batch_size=16,32
 
-Hydra composes `configs/config.yaml` against the typed schema of `pergrad.config`, so a
-typo'd key, a wrong type or an unknown option stops here with Hydra's message naming
-the key (or the valid options); then `pergrad.configure.build_plan` checks every
-cross-field rule, before any data is read or anything compiled. The run writes to
-`train.out_dir` (default: Hydra's run directory, `outputs/<date>/<time>`, or
+Hydra composes `configs/config.yaml` (shipped in the package as `pergrad.configs`)
+against the typed schema `pergrad.plan.Config`, so a typo'd key, a wrong type or an
+unknown option stops here with Hydra's message naming the key (or the valid options);
+then `pergrad.configure.build_plan` builds the schema's dataclasses (each checks its
+fields) and checks every cross-field rule, before any data is read or anything compiled.
+`plugins=[module,...]` imports user modules first (their statistics and optimizers).
+The run writes to `train.out_dir` (default: Hydra's run directory, `outputs/<date>/<time>`, or
 `multirun/<date>/<time>/<overrides>` for a sweep point). Re-running the same command
 on the same directory resumes it; a completed run is skipped.
 
@@ -33,10 +35,6 @@ from pergrad import config as pconfig
 
 pconfig.register()
 
-# The repository's configs/ (absolute: Hydra would read a relative path as a python
-# package, since this module is imported as `pergrad.train.cli`).
-CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "configs")
-
 
 def _hydra_info() -> dict:
   hc = HydraConfig.get()
@@ -48,7 +46,8 @@ def _hydra_info() -> dict:
   }
 
 
-@hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
+@hydra.main(version_base="1.3", config_path=f"pkg://{pconfig.CONFIGS_PACKAGE}",
+            config_name="config")
 def _main(cfg: DictConfig) -> float | None:
   import jax
 
@@ -63,6 +62,7 @@ def _main(cfg: DictConfig) -> float | None:
     shutil.copytree(hydra_dir / ".hydra", out_dir / ".hydra", dirs_exist_ok=True)
   try:
     d = cfg.dist
+    pconfig.load_plugins(cfg.plugins)  # also those set in a YAML file (a sweep's workers)
     distributed.initialize(d.coordinator_address, d.num_processes, d.process_id, auto=d.auto)
     if jax.process_count() > 1 and not cfg.train.out_dir and hc.mode == RunMode.RUN:
       raise ValueError(
@@ -81,7 +81,13 @@ def _main(cfg: DictConfig) -> float | None:
 
 
 def main() -> None:
-  """Console-script entry point (`pergrad-train`)."""
+  """Console-script entry point (`pergrad-train`). The modules of a `plugins=[...]`
+  override are imported before Hydra composes the config, so that `optimizer=<name>`
+  can select an optimizer they register."""
+  try:
+    pconfig.load_plugins(pconfig.plugins_from_argv())
+  except ValueError as e:
+    sys.exit(f"error: {e}")
   _main()
 
 

@@ -40,7 +40,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
-from omegaconf import OmegaConf
+import yaml
 
 from pergrad import files
 from pergrad.model import count_params
@@ -77,7 +77,7 @@ def run(plan: RunPlan, out_dir: str | Path, *, hydra_info: dict | None = None,
   _check_vocab(data.vocab_size, plan.model.vocab_size, plan.data, echo)
   out_dir.mkdir(parents=True, exist_ok=True)
   if main:
-    files.write_text(out_dir / CONFIG, OmegaConf.to_yaml(OmegaConf.create(plan.config)))
+    files.write_text(out_dir / CONFIG, yaml.safe_dump(plan.config, sort_keys=False))
   mesh = make_mesh()
   steps = Steps(plan, mesh)
   ckpt = Checkpoints(out_dir / "checkpoints", keep=plan.train.keep_checkpoints)
@@ -91,7 +91,7 @@ def run(plan: RunPlan, out_dir: str | Path, *, hydra_info: dict | None = None,
   seen, size = int(lr_state.examples), int(lr_state.batch_size)  # examples, last B
   config = {**plan.config, **({"hydra": hydra_info} if hydra_info else {})}
   logger = MetricsLogger(out_dir, resume_step=start or None, wandb=plan.logging.wandb,
-                         config=config, name=plan.logging.name, enabled=main)
+                         config=config, name=plan.name, enabled=main)
   history = History.of(read_records(logger.path) if main else [])
   sched, T, unit = plan.batch, plan.data.seq_len, plan.batch.max_size
   B = (f"B={unit}" if sched.kind == "fixed" else
@@ -105,7 +105,7 @@ def run(plan: RunPlan, out_dir: str | Path, *, hydra_info: dict | None = None,
   evaluate = Evaluator(steps, data.eval_batches(plan.train.eval_batches, part))
   clock = Clock(tokens_per_example=T)
   recorder = Recorder(plan, logger, history, clock, start, seen)
-  progress = Progress(plan.train.steps, seen // unit, plan.logging)
+  progress = Progress(plan.train.steps, seen // unit, plan.logging, plan.name)
 
   def b_simple() -> float:  # the GNS schedule's decisions read the state after update k
     key = f"gns/{sched.gns_group}/b_simple"

@@ -73,11 +73,11 @@ class Clock:
 class Progress:
   """A tqdm bar over the run's steps (off with logging.progress=false)."""
 
-  def __init__(self, total: int, start: int, logging_spec):
+  def __init__(self, total: int, start: int, logging_spec, name: str = "run"):
     from tqdm.auto import tqdm
 
     self._bar = tqdm(total=total, initial=start, disable=not logging_spec.progress,
-                     desc=logging_spec.name, unit="step", dynamic_ncols=True, mininterval=0.5)
+                     desc=name, unit="step", dynamic_ncols=True, mininterval=0.5)
 
   def show(self, k_and_postfix: tuple[int, dict]) -> None:
     k, postfix = k_and_postfix

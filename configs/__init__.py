@@ -1,0 +1,1 @@
+"""The shipped Hydra configs, importable as `pergrad.configs` (pergrad/configs links here)."""
