@@ -181,7 +181,7 @@ def test_bad_schedule_raises():
                           total_steps=5, batch_size=B)
   np.testing.assert_allclose([short.learning_rate(k) for k in range(5)],
                              np.arange(1, 6) / 20, rtol=1e-6)
-  with pytest.raises(ValueError, match="unknown schedule"):
+  with pytest.raises(ValueError, match="schedule.name=linear is unknown"):
     build_optimizer(optimizer_config(), ScheduleConfig(name="linear"), total_steps=10,
                     batch_size=B)
 
