@@ -356,7 +356,7 @@ def test_registered_backend_gets_request_and_options_after_the_dispatchers_check
     opts = ps.StatsOptions(microbatch_size=4, vmap_layout="first")
     _, stats = jax.jit(lambda p, b: ps.compute(loss_fn, p, b, ps.StatsRequest(("sq",)), opts,
                                                backend="mine"))(params, batch)
-    assert seen == [(("mean", "sq"), "first", 4)]
+    assert seen and set(seen) == {(("mean", "sq"), "first", 4)}  # traced more than once
     _, ref = run_backend("vmap", None, "untied-layernorm-learned", 8)
     assert_close(stats.sum_sq, ref.sum_sq, "registered backend sum_sq")
     for kw, match in ((dict(granularity="token"), "not supported by backend='mine'"),
