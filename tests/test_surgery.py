@@ -367,7 +367,8 @@ def test_auto_takes_simultaneous_for_norms_at_long_sequences_and_counts_its_flop
   rng = np.random.default_rng(0)
   batch = {k: jnp.asarray(rng.integers(0, 64, (4, 64)), jnp.int32)
            for k in ("inputs", "targets")}
-  site = Site(path=("d",), kind="dense", in_axis=0, out_axis=0, contract=(2,), out_features=64)
+  site = Site(path=("d",), kind="dense", leaves=("kernel",), selected=True, in_axis=0,
+              out_axis=0, contract=(2,), out_features=64)
   assert dense.simultaneous_is_used(site, 4, (4, 64, 32), ("mean", "norms"), False)
   assert not dense.simultaneous_is_used(site, 4, (4, 2, 32), ("mean", "norms"), False)
   assert not dense.simultaneous_is_used(site, 4, (4, 64, 32), ("mean", "norms"), True)

@@ -50,6 +50,8 @@ from pergrad.stats.types import GradStats
 PyTree = Any
 LossFn = Callable[[PyTree, dict], jax.Array]
 
+# The built-in choices of `stats.backend`; the table (`backends.REGISTRY`) also holds
+# "value_and_grad" (what "auto" gives a mean-only request) and registered backends.
 BACKENDS = ("auto", "vmap", "surgery", "loop")
 
 

@@ -57,7 +57,7 @@ from pergrad.stats import registry
 from pergrad.stats.options import StatsOptions
 from pergrad.stats.request import StatsRequest
 from pergrad.stats.surgery import dense, embed, norm
-from pergrad.stats.surgery.plan import KIND, LEAVES, METHODS, make_plan
+from pergrad.stats.surgery.plan import KIND, METHODS, make_plan
 from pergrad.stats.surgery.tap import F32, Call, Env
 from pergrad.stats.types import GradStats
 
@@ -104,15 +104,14 @@ def surgery_stats(loss_fn, params, batch, request: StatsRequest, options: StatsO
       here = (tuple(ctx.module.path), ctx.method_name == "attend")
       if (site.path, site.kind == "attend") != here:
         raise RuntimeError(f"surgery: call order changed at {ctx.module.path}")
-      if site.path not in plan.chosen:
+      if not site.selected:
         return next_fun(*args, **kwargs)
-      kind = KIND[type(ctx.module)]
-      sub = {k: {leaf: probes[k][site.path + (leaf,)] for leaf in LEAVES[kind]
-                 if site.path + (leaf,) in probes[k]} for k in stat_keys}
+      sub = {k: {leaf: probes[k][site.path + (leaf,)] for leaf in site.leaves}
+             for k in stat_keys}
       x = args[0] if args else next(iter(kwargs.values()))
       call = Call(site=site, module=ctx.module, x=x, probes=sub,
                   run=lambda: next_fun(*args, **kwargs))
-      return HANDLERS[kind](env, call)
+      return HANDLERS[KIND[type(ctx.module)]](env, call)
 
     with nn.intercept_methods(interceptor):
       return loss_fn(p, batch).mean()

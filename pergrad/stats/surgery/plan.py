@@ -2,11 +2,12 @@
 
 `make_plan` traces loss_fn abstractly at batch sizes B and B+1 (`nn.intercept_methods`)
 and records one `Site` per call of a standard layer that owns parameters, in forward
-order: its kind, the example axis of its input (the one axis whose size follows the
-batch; None for an input shared across the batch), the dense contraction axes, the
-tokens per example. Any other module that owns parameters, a layer used twice (other than
-a tied nn.Embed, `__call__` then `attend`), or a normalization over other axes raises a
-ValueError naming it.
+order: its kind, its parameter leaves, whether the request's layer selection covers it,
+the example axis of its input (the one axis whose size follows the batch; None for an
+input shared across the batch), the dense contraction axes, the tokens per example. Any
+other module that owns parameters, a layer used twice (other than a tied nn.Embed,
+`__call__` then `attend`), or a normalization over other axes raises a ValueError
+naming it.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ class Site:
 
   path: tuple[str, ...]
   kind: str  # "dense" | "lookup" | "attend" | "norm"
+  leaves: tuple[str, ...]  # its parameter leaves (of LEAVES[its handler kind])
+  selected: bool  # covered by StatsRequest.layers: else it runs untouched
   in_axis: int | None  # example axis of the input; None: shared across the batch
   out_axis: int  # example axis of the (broadcast) output
   contract: tuple[int, ...] = ()  # dense: contracted input axes, in kernel order
@@ -58,7 +61,6 @@ class Plan:
     T: tokens per example (rows seen by every layer; 1 for a model without sites).
     keys: every parameter leaf's path (tuple of names), in tree order.
     treedef: the parameter tree's structure (for `keys`).
-    chosen: the paths of the layers with a selected leaf (`StatsRequest.layers`).
   """
 
   sites: tuple[Site, ...]
@@ -66,7 +68,6 @@ class Plan:
   T: int
   keys: tuple[tuple[str, ...], ...]
   treedef: object
-  chosen: frozenset
 
   def tree(self, flat: dict):
     """The parameter-shaped tree of {leaf path: value}."""
@@ -78,17 +79,17 @@ def make_plan(loss_fn, params, batch, request: StatsRequest) -> Plan:
   B = next(x.shape[0] for x in jax.tree.leaves(batch) if np.ndim(x))
   path_leaves, treedef = jax.tree_util.tree_flatten_with_path(params)
   keys = tuple(tuple(str(getattr(k, "key", k)) for k in kp) for kp, _ in path_leaves)
-  sites = _sites(loss_fn, params, batch, B, {k[:-1] for k in keys})
+  chosen = {k[:-1] for k in keys if selects(request.layers, "/".join(k))}
+  sites = _sites(loss_fn, params, batch, B, set(keys), chosen)
   rows = {s.rows for s in sites}
   if request.granularity == "token" and len(rows) > 1:
     raise unsupported(f"per-token statistics need every layer to see the same tokens per "
                       f"example, got {sorted(rows)}")
-  chosen = frozenset(k[:-1] for k in keys if selects(request.layers, "/".join(k)))
   if not chosen:
     raise ValueError(f"layers={list(request.layers)} selects no parameter leaf; choose layer "
                      f"types {LAYER_TYPES} or path patterns of the model's leaves.")
   return Plan(sites=tuple(sites), B=B, T=rows.pop() if rows else 1, keys=keys,
-              treedef=treedef, chosen=chosen)
+              treedef=treedef)
 
 
 def _trace_calls(loss_fn, params, batch):
@@ -134,9 +135,10 @@ def _example_axis(s1, s2, b1, b2):
   return diff[0]
 
 
-def _sites(loss_fn, params, batch, B: int, owners: set) -> list[Site]:
+def _sites(loss_fn, params, batch, B: int, keys: set, chosen: set) -> list[Site]:
   """Traces loss_fn at batch sizes B and B+1 and plans one Site per layer call of a
-  module in `owners` (the paths that own parameters)."""
+  module that owns parameters (`keys`: the leaf paths; `chosen`: the selected layers)."""
+  owners = {k[:-1] for k in keys}
   p_abs = jax.tree.map(_struct, params)
   log1 = _trace_calls(loss_fn, p_abs, jax.tree.map(lambda a: _struct(a, B), batch))
   log2 = _trace_calls(loss_fn, p_abs, jax.tree.map(lambda a: _struct(a, B + 1), batch))
@@ -155,12 +157,16 @@ def _sites(loss_fn, params, batch, B: int, owners: set) -> list[Site]:
       raise unsupported(
           f"'{'/'.join(path)}' is used {len(methods)} times ({methods}); shared weights "
           "are handled only for a tied nn.Embed (__call__ then attend)")
-  return [_site(c1, c2, B, tied=by_path[c1["path"]] == ["__call__", "attend"])
+  return [_site(c1, c2, B, tied=by_path[c1["path"]] == ["__call__", "attend"],
+                leaves=tuple(leaf for leaf in LEAVES[KIND[c1["type"]]]
+                             if c1["path"] + (leaf,) in keys),
+                selected=c1["path"] in chosen)
           for c1, c2 in calls]
 
 
-def _site(c1: dict, c2: dict, B: int, tied: bool) -> Site:
-  """The Site of one call, traced at batch sizes B (c1) and B+1 (c2)."""
+def _site(c1: dict, c2: dict, B: int, **kw) -> Site:
+  """The Site of one call, traced at batch sizes B (c1) and B+1 (c2); kw: tied, leaves,
+  selected."""
   kind, a = KIND[c1["type"]], c1["module"]
   if c1["method"] == "attend":
     kind = "attend"
@@ -168,7 +174,7 @@ def _site(c1: dict, c2: dict, B: int, tied: bool) -> Site:
     kind = "lookup"
   ax = _example_axis(c1["x"], c2["x"], B, B + 1)
   nx = len(c1["x"])
-  kw = dict(path=c1["path"], kind=kind, in_axis=ax, tied=tied)
+  kw.update(path=c1["path"], kind=kind, in_axis=ax)
   contract = ()
   if kind == "dense":
     if a.get("batch_dims"):
