@@ -5,7 +5,7 @@ Runs the statistics benchmark restricted to per-example norms (`pergrad.bench.st
 stat set "norms"): a plain `jax.value_and_grad` step beside, in the same process and
 interleaved rep by rep,
   surgery           all layers; dense layers by the simultaneous method where it pays
-                    (`pergrad.stats.surgery.simultaneous_is_used`), Gram norm elsewhere
+                    (`pergrad.stats.surgery.dense.simultaneous_is_used`), Gram norm elsewhere
   surgery-separate  all layers; autodiff's weight gradient plus a separate per-example
                     contraction (or Gram norm): the method before the simultaneous one
   norms@norm        normalization layers only (`StatsRequest.layers=("norm",)`)

@@ -22,7 +22,7 @@ import pytest
 from scipy import stats as sps
 
 from pergrad.optim import diagnostics, scale_by_adam_family, track_snr
-from pergrad.stats import noise, reference, synthetic
+from pergrad.stats import compute, noise, synthetic
 from pergrad.stats.summaries import layer_summaries
 
 K = 4.0  # tolerance in standard errors
@@ -81,7 +81,7 @@ def _check_z(zs, what):
 
 
 def test_grad_stats_sums_as_the_reference_backend():
-  """grad_stats == reference.loop_stats on a linear loss whose gradients are the samples."""
+  """grad_stats == the loop backend on a linear loss whose gradients are the samples."""
   src = _source(seed=1)
   samples = src.step(4)
 
@@ -90,7 +90,7 @@ def test_grad_stats_sums_as_the_reference_backend():
                for p, g in zip(jax.tree.leaves(params), jax.tree.leaves(batch), strict=True))
 
   params = jax.tree.map(lambda x: jnp.zeros(x.shape[1:], jnp.float32), samples)
-  _, ref = reference.loop_stats(loss_fn, params, samples, want=("mean", "sq", "norms"))
+  _, ref = compute(loss_fn, params, samples, want=("mean", "sq", "norms"), backend="loop")
   got = synthetic.grad_stats(samples)
   for a, b in ((got.sum, ref.sum), (got.sum_sq, ref.sum_sq), (got.sq_norms, ref.sq_norms)):
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):

@@ -26,7 +26,6 @@ from pergrad.loss import make_loss_fn
 from pergrad.model import ModelSpec, Transformer, init_params
 from pergrad.plan import StatsSpec
 from pergrad.stats import reference as loop_backend
-from pergrad.stats import vmap as vmap_backend
 from pergrad.stats.noise import leaf_path as leaf_name
 from pergrad.stats.summaries import layer_summaries
 
@@ -144,9 +143,9 @@ def run_backend(backend, mb, name, B, want=ALL, clip=None):
   """(loss, stats) of one backend; mb="half": chunks of B/2 (B even) or 1 example."""
   params, loss_fn, batch = setup(name, B)
   microbatch_size = None if mb is None else max(1, B // 2 if B % 2 == 0 else 1)
-  if backend == "vmap-first":  # the other reduction layout, called directly
-    fn = lambda p, b: vmap_backend.vmap_stats(loss_fn, p, b, want=want, per_example_clip=clip,
-                                              layout="first")
+  if backend == "vmap-first":  # the other reduction layout
+    fn = lambda p, b: ps.compute(loss_fn, p, b, ps.StatsRequest(want, per_example_clip=clip),
+                                 ps.StatsOptions(vmap_layout="first"), backend="vmap")
   elif backend == "loop":  # eager: the reference loop is not meant to be jitted
     return ps.compute(loss_fn, params, batch, want=want, backend="loop", per_example_clip=clip)
   else:
@@ -307,6 +306,8 @@ INVALID = [
     (dict(want="sq", backend="surgery", per_example_clip=1.0), "backend='vmap'"),
     (dict(per_example_clip=-1.0), "must be a positive norm"),
     (dict(want="sq", granularity="token", per_example_clip=1.0), "granularity='example'"),
+    (dict(want="sq", backend="value_and_grad"), "mean gradient alone"),
+    (dict(want="sq", options=ps.StatsOptions(microbatch_size=2), microbatch_size=4), "disagree"),
 ]
 
 
@@ -315,6 +316,36 @@ def test_invalid_requests(kwargs, match):
   params, loss_fn, batch = setup("untied-layernorm-learned", 8)
   with pytest.raises(ValueError, match=match):
     ps.compute(loss_fn, params, batch, **kwargs)
+
+
+def test_registered_backend_gets_request_and_options_after_the_dispatchers_checks():
+  """A backend added to the table is called with the request, the options and one chunk
+  of the batch, once the dispatcher has checked the request against its declared support."""
+  params, loss_fn, batch = setup("untied-layernorm-learned", 8)
+  seen = []
+
+  def mine(loss_fn, params, batch, request, options):
+    seen.append((request.want, options.vmap_layout, batch["inputs"].shape[0]))
+    return ps.backends.get("vmap").fn(loss_fn, params, batch, request, options)
+
+  ps.register_backend("mine", ps.Backend(mine))
+  try:
+    with pytest.raises(ValueError, match="is built in"):
+      ps.register_backend("vmap", ps.Backend(mine))
+    opts = ps.StatsOptions(microbatch_size=4, vmap_layout="first")
+    _, stats = jax.jit(lambda p, b: ps.compute(loss_fn, p, b, ps.StatsRequest(("sq",)), opts,
+                                               backend="mine"))(params, batch)
+    assert seen and set(seen) == {(("mean", "sq"), "first", 4)}  # traced more than once
+    _, ref = run_backend("vmap", None, "untied-layernorm-learned", 8)
+    assert_close(stats.sum_sq, ref.sum_sq, "registered backend sum_sq")
+    for kw, match in ((dict(granularity="token"), "not supported by backend='mine'"),
+                      (dict(per_example_clip=1.0), "per_example_clip is not supported")):
+      with pytest.raises(ValueError, match=match):
+        ps.compute(loss_fn, params, batch, want="sq", backend="mine", **kw)
+  finally:
+    ps.unregister_backend("mine")
+  with pytest.raises(ValueError, match="unknown backend='mine'"):
+    ps.compute(loss_fn, params, batch, want="sq", backend="mine")
 
 
 def test_invalid_inputs():

@@ -19,10 +19,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import pergrad.stats as ps
 from pergrad.loss import make_loss_fn
 from pergrad.model import ModelSpec, Transformer, init_params
 from pergrad.stats import surgery_math as sm
-from pergrad.stats.surgery import surgery_stats
+from pergrad.stats.surgery import dense
+from pergrad.stats.surgery.plan import Site
 
 V, T = 17, 5
 CONFIGS = {
@@ -71,9 +73,14 @@ def _jitted_value_and_grad(loss_fn):
   return jax.jit(jax.value_and_grad(lambda p, b: loss_fn(p, b).mean()))
 
 
-@functools.partial(jax.jit, static_argnums=(0, 3, 4))
-def _surgery(loss_fn, params, batch, want, granularity):
-  return surgery_stats(loss_fn, params, batch, want=want, granularity=granularity)
+def surgery(loss_fn, params, batch, want, granularity, **options):
+  """(loss, GradStats) of the surgery backend, through the dispatcher, with
+  StatsOptions(**options)."""
+  return ps.compute(loss_fn, params, batch, ps.StatsRequest(want, granularity),
+                    ps.StatsOptions(**options), backend="surgery")
+
+
+_surgery = jax.jit(surgery, static_argnums=(0, 3, 4))
 
 
 def _per_example_reference(loss_fn, params, batch):
@@ -252,10 +259,10 @@ def _tiny_net(custom):
 def test_unsupported_layer_gives_clear_error():
   loss_fn, params, batch = _tiny_net(custom=True)
   with pytest.raises(ValueError, match=r"cannot handle _Scaled at '_Scaled_0'.*backend='vmap'"):
-    surgery_stats(loss_fn, params, batch, want=("sq",), granularity="example")
+    surgery(loss_fn, params, batch, ("sq",), "example")
   loss_fn, params, batch = _tiny_net(custom=False)
   with pytest.raises(ValueError, match=r"'Dense_0' is used 2 times.*backend='vmap'"):
-    surgery_stats(loss_fn, params, batch, want=("sq",), granularity="example")
+    surgery(loss_fn, params, batch, ("sq",), "example")
 
 
 @pytest.mark.parametrize("want,granularity,msg", [
@@ -266,7 +273,7 @@ def test_unsupported_layer_gives_clear_error():
 def test_invalid_requests(want, granularity, msg):
   _, loss_fn, params, batch = _setup("tied-rms-rope", 3)
   with pytest.raises(ValueError, match=msg):
-    surgery_stats(loss_fn, params, batch, want=want, granularity=granularity)
+    surgery(loss_fn, params, batch, want, granularity)
 
 
 def test_chunked_per_token_outer_stats_match_one_shot():
@@ -282,21 +289,20 @@ def test_chunked_per_token_outer_stats_match_one_shot():
 
 
 def test_unrolled_scans_count_every_chunk_and_change_nothing():
-  """bench_stats counts FLOPs under unrolled_scans(): XLA's cost analysis counts a loop
-  body once, so the chunked statistics would look cheaper than they are."""
+  """bench_stats counts FLOPs with StatsOptions(scan_unroll=True): XLA's cost analysis
+  counts a loop body once, so the chunked statistics would look cheaper than they are."""
   left = jax.random.normal(jax.random.PRNGKey(0), (2, 16, 8))
   right = jax.random.normal(jax.random.PRNGKey(1), (2, 16, 12))
-  fn = lambda l, r: sm.outer_token_stats(  # B·(R/4)·(P+Q): 4 chunks
-      l, r, ("sq", "sign"), max_elems=2 * 4 * 20)
+  fn = lambda l, r, unroll=1: sm.outer_token_stats(  # B·(R/4)·(P+Q): 4 chunks
+      l, r, ("sq", "sign"), max_elems=2 * 4 * 20, unroll=unroll)
 
   def flops(f):
     ca = jax.jit(f).lower(left, right).compile().cost_analysis()
     return (ca[0] if isinstance(ca, (list, tuple)) else ca)["flops"]
 
   rolled, out = flops(fn), jax.jit(fn)(left, right)
-  with sm.unrolled_scans():
-    g = lambda l, r: fn(l, r)  # a new function: traced again, now unrolled
-    unrolled, out_u = flops(g), jax.jit(g)(left, right)
+  g = functools.partial(fn, unroll=True)
+  unrolled, out_u = flops(g), jax.jit(g)(left, right)
   assert unrolled > 3 * rolled  # 4 chunks of matmuls instead of 1 counted
   for k in out:
     np.testing.assert_allclose(out_u[k], out[k], rtol=1e-6)
@@ -310,7 +316,7 @@ import test_surgery as ts
 assert jax.device_count() == 2
 _, loss_fn, params, batch = ts._setup("tied-rms-rope", 8)
 for want, gran in [(ts.ALL, "example"), (("mean", "sq", "sign"), "token")]:
-  f = jax.jit(lambda p, b: ts.surgery_stats(loss_fn, p, b, want=want, granularity=gran))
+  f = jax.jit(lambda p, b: ts.surgery(loss_fn, p, b, want, gran))
   ref = f(params, batch)
   sharding = NamedSharding(Mesh(np.array(jax.devices()), ("data",)), P("data"))
   out = f(params, jax.device_put(batch, sharding))
@@ -341,13 +347,11 @@ def test_both_dense_methods_match_loop(method, want):
   """Per-example gradients formed once with the weight gradient as their sum
   ("simultaneous"), or autodiff's weight gradient beside the tap's statistics
   ("separate"): the same numbers as the loop, every leaf, tied and untied."""
-  from pergrad.stats import surgery
   for name in ("untied-ln-learned-bias", "tied-rms-rope"):
     _, loss_fn, params, batch = _setup(name, 3)
     batch_loss, batch_grad = batch_reference(name, 3)
-    with surgery.dense_method(method):
-      loss, stats = jax.jit(lambda p, b, w=want, f=loss_fn: surgery_stats(
-          f, p, b, want=w, granularity="example"))(params, batch)
+    loss, stats = jax.jit(lambda p, b, w=want, f=loss_fn: surgery(
+        f, p, b, w, "example", dense_method=method))(params, batch)
     _check(stats, per_example_samples(name, 3), want, batch_grad)
     np.testing.assert_allclose(loss, batch_loss, rtol=1e-6)
 
@@ -357,26 +361,23 @@ def test_auto_takes_simultaneous_for_norms_at_long_sequences_and_counts_its_flop
   the step with all-layer per-example norms then costs ≤ 1.05x the FLOPs of the plain
   value_and_grad (XLA's count; the separate method costs ~1.3x)."""
   from pergrad.bench.xla_costs import flops_of
-  from pergrad.stats import surgery
   spec = ModelSpec(n_layers=2, d_model=32, n_heads=4, d_ff=64, vocab_size=64, seq_len=64)
   loss_fn = make_loss_fn(Transformer(spec))
   params = init_params(spec, jax.random.PRNGKey(0))
   rng = np.random.default_rng(0)
   batch = {k: jnp.asarray(rng.integers(0, 64, (4, 64)), jnp.int32)
            for k in ("inputs", "targets")}
-  site = surgery._Site(path=("d",), kind="dense", in_axis=0, out_axis=0, contract=(2,),
-                       out_features=64)
-  assert surgery.simultaneous_is_used(site, 4, (4, 64, 32), ("mean", "norms"), False)
-  assert not surgery.simultaneous_is_used(site, 4, (4, 2, 32), ("mean", "norms"), False)
-  assert not surgery.simultaneous_is_used(site, 4, (4, 64, 32), ("mean", "norms"), True)
+  site = Site(path=("d",), kind="dense", leaves=("kernel",), selected=True, in_axis=0,
+              out_axis=0, contract=(2,), out_features=64)
+  assert dense.simultaneous_is_used(site, 4, (4, 64, 32), ("mean", "norms"), False)
+  assert not dense.simultaneous_is_used(site, 4, (4, 2, 32), ("mean", "norms"), False)
+  assert not dense.simultaneous_is_used(site, 4, (4, 64, 32), ("mean", "norms"), True)
   flops = lambda f: flops_of(jax.jit(f).lower(params, batch).compile())
   plain = flops(jax.grad(lambda p, b: loss_fn(p, b).mean()))
   ratio = {}
   for method in ("auto", "separate"):
-    with surgery.dense_method(method):
-      ratio[method] = flops(lambda p, b: surgery_stats(
-          loss_fn, p, b, want=("mean", "norms"), granularity="example")) / plain
+    ratio[method] = flops(lambda p, b, m=method: surgery(
+        loss_fn, p, b, ("mean", "norms"), "example", dense_method=m)) / plain
   assert ratio["auto"] <= 1.05 < ratio["separate"], ratio
   with pytest.raises(ValueError, match="choose one of"):
-    with surgery.dense_method("fast"):
-      pass
+    ps.StatsOptions(dense_method="fast")

@@ -32,6 +32,7 @@ statistics (per-example gradients with a leading batch axis, summed by micro_gra
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import platform
 import time
@@ -47,8 +48,6 @@ from pergrad.bench import mfu
 from pergrad.bench.xla_costs import compile_with_peak, flops_of, memory_of
 from pergrad.loss import make_loss_fn
 from pergrad.model import ModelSpec, Transformer, count_params, init_params
-from pergrad.stats import surgery_math
-from pergrad.stats import vmap as vmap_backend
 
 PRESETS = {
     "micro": (ModelSpec(n_layers=1, d_model=32, n_heads=2, d_ff=64, vocab_size=64, seq_len=16),
@@ -92,46 +91,34 @@ def micro_grad_fn(loss_fn, want):
   return f
 
 
-def variants(loss_fn, stat_sets, with_layout_first: bool):
-  """[(backend, granularity, stat set name, fn(params, batch))]."""
-  out = [("value_and_grad", "example", "mean",
-          lambda p, b: ps.compute(loss_fn, p, b, want=("mean",)))]
+def _stats(loss_fn, request: ps.StatsRequest, backend: str = "auto", **options):
+  """fn(params, batch) -> (loss, GradStats) of `backend` with StatsOptions(**options)."""
+  opts = ps.StatsOptions(**options)
+  return lambda p, b: ps.compute(loss_fn, p, b, request, opts, backend=backend)
+
+
+def variants(loss_fn, stat_sets, with_layout_first: bool, scan_unroll: int | bool = 1):
+  """[(backend, granularity, stat set name, fn(params, batch))]; scan_unroll: the surgery
+  variants' `StatsOptions.scan_unroll` (True to count their FLOPs). "surgery-separate"
+  is surgery with dense_method="separate": autodiff's weight gradient beside the tap's
+  materialised or Gram statistics, the method before "simultaneous"."""
+  R = ps.StatsRequest
+  surgery = functools.partial(_stats, loss_fn, backend="surgery", scan_unroll=scan_unroll)
+  out = [("value_and_grad", "example", "mean", _stats(loss_fn, R()))]
   for name in stat_sets:
     want = STAT_SETS[name]
-    out.append(("vmap", "example", name,
-                lambda p, b, w=want: ps.compute(loss_fn, p, b, want=w, backend="vmap")))
+    out.append(("vmap", "example", name, _stats(loss_fn, R(want), "vmap")))
     if with_layout_first:
       out.append(("vmap-first", "example", name,
-                  lambda p, b, w=want: vmap_backend.vmap_stats(loss_fn, p, b, want=w,
-                                                               layout="first")))
+                  _stats(loss_fn, R(want), "vmap", vmap_layout="first")))
     out.append(("micro_grad", "example", name, micro_grad_fn(loss_fn, want)))
-    out.append(("surgery", "example", name,
-                lambda p, b, w=want: ps.compute(loss_fn, p, b, want=w, backend="surgery")))
+    out.append(("surgery", "example", name, surgery(R(want))))
     if name == "norms":  # the norm methods side by side (issue 12)
-      out.append(("surgery-separate", "example", name, _dense_method(
-          "separate", lambda p, b, w=want: ps.compute(loss_fn, p, b, want=w,
-                                                      backend="surgery"))))
-      norm_only = ps.StatsRequest(want=want, layers=("norm",))
-      out.append(("surgery", "example", "norms@norm",
-                  lambda p, b, r=norm_only: ps.compute(loss_fn, p, b, request=r,
-                                                       backend="surgery")))
+      out.append(("surgery-separate", "example", name, surgery(R(want), dense_method="separate")))
+      out.append(("surgery", "example", "norms@norm", surgery(R(want, layers=("norm",)))))
     if "norms" not in want:
-      out.append(("surgery", "token", name,
-                  lambda p, b, w=want: ps.compute(loss_fn, p, b, want=w, backend="surgery",
-                                                  granularity="token")))
+      out.append(("surgery", "token", name, surgery(R(want, "token"))))
   return out
-
-
-def _dense_method(name: str, fn):
-  """fn traced with the surgery backend's dense layers forced to `name`
-  (`pergrad.stats.surgery.dense_method`): "separate" is autodiff's weight gradient beside
-  the tap's materialised or Gram statistics, the method before "simultaneous"."""
-  from pergrad.stats import surgery
-
-  def traced(p, b):
-    with surgery.dense_method(name):
-      return fn(p, b)
-  return traced
 
 
 def rss_mb() -> float:
@@ -146,11 +133,11 @@ def rss_mb() -> float:
 
 
 def counted_flops(fn, params, batch) -> float:
-  """FLOPs of `fn`, with its scans unrolled: XLA's cost analysis counts a loop body once
-  (the surgery backend chunks per-token statistics with lax.scan), so the FLOPs of the
-  compiled step itself would be undercounted. Time and memory come from the real step."""
-  with surgery_math.unrolled_scans():  # a new function object: jit must trace it anew
-    return flops_of(jax.jit(lambda p, b: fn(p, b)).lower(params, batch).compile())
+  """FLOPs of `fn` as XLA counts them; for surgery, pass the variant built with
+  scan_unroll=True: XLA's cost analysis counts a loop body once (the surgery backend
+  chunks per-token statistics with lax.scan), so the FLOPs of the compiled step itself
+  would be undercounted. Time and memory come from the real step."""
+  return flops_of(jax.jit(fn).lower(params, batch).compile())
 
 
 def bench_group(preset: str, B: int, stat_sets: Sequence[str], layout_first: bool,
@@ -162,12 +149,13 @@ def bench_group(preset: str, B: int, stat_sets: Sequence[str], layout_first: boo
   batch = {k: jnp.asarray(rng.integers(0, spec.vocab_size, (B, T)), jnp.int32)
            for k in ("inputs", "targets")}
   vs = variants(loss_fn, stat_sets, layout_first)
+  unrolled = [v[-1] for v in variants(loss_fn, stat_sets, layout_first, scan_unroll=True)]
   rows, compiled = [], []
-  for backend, gran, sset, fn in vs:
+  for (backend, gran, sset, fn), fn_unrolled in zip(vs, unrolled, strict=True):
     t0 = time.perf_counter()
     c, peak = compile_with_peak(jax.jit(fn).lower(params, batch))
     compile_s = time.perf_counter() - t0  # includes writing the dump
-    flops = (counted_flops(fn, params, batch) if backend.startswith("surgery")
+    flops = (counted_flops(fn_unrolled, params, batch) if backend.startswith("surgery")
              else flops_of(c))
     jax.block_until_ready(c(params, batch))  # warm-up
     compiled.append(c)

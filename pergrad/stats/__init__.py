@@ -2,17 +2,24 @@
 
     import pergrad.stats as ps
     loss, stats = ps.compute(loss_fn, params, batch, want=("mean", "sq", "sign", "norms"))
+    loss, stats = ps.compute(loss_fn, params, batch, request, ps.StatsOptions(microbatch_size=4))
     stats.mean, stats.variance, stats.sign_mean, stats.sq_norms
     ps.summaries.layer_summaries(stats)   # scalars for logging
+
+What: a `StatsRequest`; how: a `StatsOptions`; by which backend: a name of the table
+`backends.REGISTRY`, every entry fn(loss_fn, params, batch, request, options).
 """
 
-from pergrad.stats import summaries
+from pergrad.stats import backends, summaries
 from pergrad.stats.api import BACKENDS, check_microbatch, compute, resolve_backend
+from pergrad.stats.backends import Backend, register_backend, unregister_backend
+from pergrad.stats.options import StatsOptions
 from pergrad.stats.registry import Statistic, register, unregister
 from pergrad.stats.request import GRANULARITIES, StatsRequest
 from pergrad.stats.types import STATISTICS, GradStats
 
 __all__ = [
-    "BACKENDS", "GRANULARITIES", "STATISTICS", "GradStats", "StatsRequest", "check_microbatch",
-    "Statistic", "compute", "register", "resolve_backend", "summaries", "unregister",
+    "BACKENDS", "GRANULARITIES", "STATISTICS", "Backend", "GradStats", "StatsOptions",
+    "StatsRequest", "Statistic", "backends", "check_microbatch", "compute", "register",
+    "register_backend", "resolve_backend", "summaries", "unregister", "unregister_backend",
 ]

@@ -1,61 +1,63 @@
 """`compute`: one entry point for per-example / per-token gradient statistics.
 
     loss, stats = compute(loss_fn, params, batch, want=("mean", "sq"), backend="auto")
+    loss, stats = compute(loss_fn, params, batch, request, options, backend="surgery")
 
 `loss_fn(params, batch) -> float32[B]` gives per-example losses (`pergrad.loss`); the
 batch loss is their mean, so the batch gradient ḡ is the mean of the per-example
 gradients g_1..g_B. `stats` is a `GradStats` (sums + count, see `types.py`); "mean" is
 always filled, "sq" / "sign" / "norms" when asked.
 
-Backends (all return the same `GradStats`):
+What to compute is a `StatsRequest` (or its shortcuts want / granularity /
+per_example_clip); how, a `StatsOptions` (microbatch size, surgery's dense method, scan
+unrolling, vmap's layout); which backend, a name of the table `backends.REGISTRY`
+(every backend has the signature fn(loss_fn, params, batch, request, options)):
   - "vmap":    per-example gradients by `jax.vmap(jax.grad)`, reduced in the same jit
                (`vmap.py`); granularity "example" only; supports `per_example_clip`.
   - "surgery": one backward pass with custom VJPs that emit the statistics
-               (`surgery.py`); granularities "example" and "token".
+               (`surgery/`); granularities "example" and "token".
   - "loop":    a Python loop over examples (`reference.py`); a reference for tests.
   - "auto":    the cheapest backend that can supply the request (`resolve_backend`):
                surgery, or vmap with per-example clipping.
 A request for "mean" alone (example granularity, no clipping) takes the plain
-`jax.value_and_grad` path whatever the backend, since the mean needs nothing more.
+"value_and_grad" backend whatever the backend asked, since the mean needs nothing more.
+Everything is validated here, once, before the backend runs.
 
-`microbatch_size` splits the batch into chunks processed one after the other
+`options.microbatch_size` splits the batch into chunks processed one after the other
 (`optax.microbatching.microbatch`, a `fori_loop`), bounding the memory of per-example
 quantities; chunk statistics merge by addition (sums, counts) and concatenation
 (per-example norms).
 
-Everything static (`want`, `granularity`, `backend`, `microbatch_size`,
-`per_example_clip`) is plain Python, so `compute` can be called inside `jax.jit`.
-With the batch sharded over a ('data',) mesh, sums over the batch axis are global
-sums, so the statistics are those of the whole global batch.
+Everything static (request, options, backend) is plain Python, so `compute` can be called
+inside `jax.jit`. With the batch sharded over a ('data',) mesh, sums over the batch axis
+are global sums, so the statistics are those of the whole global batch.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 from optax import microbatching
 
+from pergrad.stats import backends, registry
+from pergrad.stats.options import StatsOptions
 from pergrad.stats.request import StatsRequest
 from pergrad.stats.types import GradStats
 
 PyTree = Any
 LossFn = Callable[[PyTree, dict], jax.Array]
 
+# The built-in choices of `stats.backend`; the table (`backends.REGISTRY`) also holds
+# "value_and_grad" (what "auto" gives a mean-only request) and registered backends.
 BACKENDS = ("auto", "vmap", "surgery", "loop")
-# What each concrete backend can supply (surgery raises its own error, naming the layer,
-# for a model it cannot handle).
-_SUPPORTS = {
-    "vmap": dict(granularity=("example",), clip=True),
-    "loop": dict(granularity=("example",), clip=True),
-    "surgery": dict(granularity=("example", "token"), clip=False),
-}
 
 
 def resolve_backend(request: StatsRequest, backend: str = "auto") -> str:
-  """The backend that serves `request`: "value_and_grad", "vmap", "surgery" or "loop".
+  """The backend that serves `request`: "value_and_grad", "vmap", "surgery", "loop" (or
+  a registered one).
 
   Rule for "auto" (from results/overhead and results/norm_cost, `scripts/reproduce.py
   overhead norm_cost --preset cpu`, measured on XLA:CPU):
@@ -70,23 +72,49 @@ def resolve_backend(request: StatsRequest, backend: str = "auto") -> str:
       parameters: use backend="vmap" there). Not yet measured on an accelerator.
   Raises ValueError when `backend` cannot serve the request, naming one that can.
   """
-  if backend not in BACKENDS:
-    raise ValueError(f"unknown backend={backend!r}; valid: {BACKENDS}.")
+  if backend != "auto":
+    backends.get(backend)
   if request.mean_only:
     return "value_and_grad"
+  which = backend
   if backend == "auto":
-    return "vmap" if request.per_example_clip is not None else "surgery"
-  sup = _SUPPORTS[backend]
-  if request.granularity not in sup["granularity"]:
+    which = "vmap" if request.per_example_clip is not None else "surgery"
+  check_support(request, which)
+  return which
+
+
+def check_support(request: StatsRequest, backend: str) -> None:
+  """ValueError (one line, naming a backend that can) unless `backend`'s table entry
+  supports `request`: its granularity, per-example clipping, statistics."""
+  entry = backends.get(backend)
+  if not entry.statistics and not request.mean_only:
+    raise ValueError(
+        f"backend='{backend}' computes the mean gradient alone, not {request}; use "
+        "backend='auto'.")
+  if request.granularity not in entry.granularities:
     raise ValueError(
         f"granularity='{request.granularity}' is not supported by backend='{backend}' (it "
         "computes per-example gradients only); use backend='surgery' (or 'auto') for "
         "per-token statistics.")
-  if request.per_example_clip is not None and not sup["clip"]:
+  clip = request.per_example_clip is not None
+  if clip and entry.clip is None:
     raise ValueError(
         f"per_example_clip is not supported by backend='{backend}' (its statistics are reduced "
         "before any per-example gradient exists); use backend='vmap' (or 'loop').")
-  return backend
+  asked = registry.select(request.want)
+  if clip and entry.clip == "clip_power":
+    for k in asked:
+      if registry.get(k).clip_power is None:
+        raise ValueError(
+            f"statistic '{k}' has no clip_power, so backend '{backend}' cannot apply "
+            "per_example_clip to it; use backend='loop', which clips each gradient explicitly.")
+  if request.granularity == "token":
+    for k in asked:
+      if not registry.get(k).multiplicative:
+        raise ValueError(
+            f"statistic '{k}' has a non-multiplicative φ, so backend '{backend}' cannot "
+            "compute it per token; use granularity='example' (backend 'surgery', 'vmap' or "
+            "'loop').")
 
 
 def batch_size(batch: PyTree) -> int:
@@ -116,13 +144,14 @@ def compute(
     loss_fn: LossFn,
     params: PyTree,
     batch: PyTree,
+    request: StatsRequest | None = None,
+    options: StatsOptions | None = None,
     *,
+    backend: str = "auto",
     want: str | Sequence[str] = ("mean",),
     granularity: str = "example",
-    backend: str = "auto",
-    microbatch_size: int | None = None,
     per_example_clip: float | None = None,
-    request: StatsRequest | None = None,
+    microbatch_size: int | None = None,
 ) -> tuple[jax.Array, GradStats]:
   """Mean loss and gradient statistics of `loss_fn` over `batch`.
 
@@ -130,16 +159,14 @@ def compute(
     loss_fn: (params, batch) -> float32[B] per-example losses.
     params: the parameters (any pytree of float arrays).
     batch: pytree of arrays with a leading example axis B.
-    want: statistic names (`STATISTICS`); "mean" is always computed.
-    granularity: "example" (samples g_b, n = B) or "token" (per-token contributions,
-      n = B·T, surgery only).
-    backend: "auto" | "vmap" | "surgery" | "loop" (or an already resolved
-      "value_and_grad").
-    microbatch_size: process the batch in chunks of this many examples (must divide B).
-    per_example_clip: clip each g_b to global norm C, g_b · min(1, C/‖g_b‖), before
-      every statistic (vmap / loop); the loss is not affected.
-    request: a `StatsRequest` in place of (want, granularity, per_example_clip), and
-      with a layer selection (`StatsRequest.layers`).
+    request: what to compute (`StatsRequest`: statistics, granularity, per-example
+      clipping, layer selection); None: the shortcuts below.
+    options: how (`StatsOptions`); None: the defaults, with the shortcut below.
+    backend: "auto" | a name of `backends.REGISTRY` ("vmap", "surgery", "loop",
+      "value_and_grad" or a registered one).
+    want, granularity, per_example_clip: shortcuts for
+      `StatsRequest(want, granularity, per_example_clip)` when `request` is None.
+    microbatch_size: shortcut for `StatsOptions(microbatch_size=...)`.
 
   Returns:
     (loss, stats): loss = (1/B) Σ_b loss_b (float32 scalar) and a `GradStats`.
@@ -147,51 +174,32 @@ def compute(
   if request is None:
     request = StatsRequest(want=want, granularity=granularity,
                            per_example_clip=per_example_clip)
-  want, granularity = request.want, request.granularity
-  per_example_clip = request.per_example_clip
-  which = backend if backend == "value_and_grad" else resolve_backend(request, backend)
+  options = StatsOptions() if options is None else options
+  if microbatch_size is not None:
+    if options.microbatch_size not in (None, microbatch_size):
+      raise ValueError(
+          f"microbatch_size={microbatch_size} and options.microbatch_size="
+          f"{options.microbatch_size} disagree; give one of them.")
+    options = dataclasses.replace(options, microbatch_size=microbatch_size)
+  which = resolve_backend(request, backend)
+  entry = backends.get(which)
   B = batch_size(batch)
-  check_microbatch(microbatch_size, B)
-  if microbatch_size == B:
-    microbatch_size = None
+  check_microbatch(options.microbatch_size, B)
   out = jax.eval_shape(loss_fn, params, batch)
   if getattr(out, "shape", None) != (B,):
     raise ValueError(
         f"loss_fn must return per-example losses of shape ({B},), got "
         f"{getattr(out, 'shape', out)}; use pergrad.loss.make_loss_fn (no mean over the batch).")
 
-  if which == "value_and_grad":
-    return _value_and_grad_stats(loss_fn, params, batch)
-  loss, stats = _compute(loss_fn, params, batch, request, which, microbatch_size)
-  return loss, stats.replace(layers=request.layers) if request.layers else stats
-
-
-def _compute(loss_fn, params, batch, request: StatsRequest, which: str, microbatch_size):
-  want, granularity = request.want, request.granularity
-  per_example_clip = request.per_example_clip
-  if which == "loop":  # already one example at a time: microbatching changes nothing
-    from pergrad.stats import reference as loop
-    return loop.loop_stats(loss_fn, params, batch, want=want, per_example_clip=per_example_clip)
-  if which == "vmap":
-    from pergrad.stats import vmap
-    chunk_fn = lambda p, b: vmap.vmap_stats(
-        loss_fn, p, b, want=want, per_example_clip=per_example_clip)
+  chunk = options.microbatch_size
+  chunk_fn = lambda p, b: entry.fn(loss_fn, p, b, request, options)
+  if chunk is None or chunk == B or not entry.microbatch:
+    loss, stats = chunk_fn(params, batch)
   else:
-    from pergrad.stats import surgery
-    chunk_fn = lambda p, b: surgery.surgery_stats(
-        loss_fn, p, b, want=want, granularity=granularity, layers=request.layers)
-  if microbatch_size is None:
-    return chunk_fn(params, batch)
-  return _microbatched(chunk_fn, params, batch, microbatch_size)
-
-
-def _value_and_grad_stats(loss_fn: LossFn, params: PyTree, batch: PyTree):
-  """The plain path: ḡ = ∇ (1/B) Σ_b loss_b; sum = B ḡ, count = B."""
-  B = batch_size(batch)
-  loss, grads = jax.value_and_grad(lambda p: loss_fn(p, batch).mean())(params)
-  stats = GradStats(count=jnp.asarray(B, jnp.float32),
-                    sum=jax.tree.map(lambda g: g * B, grads))
-  return loss, stats
+    loss, stats = _microbatched(chunk_fn, params, batch, chunk)
+  if which == "value_and_grad":
+    return loss, stats
+  return loss, stats.replace(layers=request.layers) if request.layers else stats
 
 
 def _microbatched(chunk_fn: Callable, params: PyTree, batch: PyTree, microbatch_size: int):

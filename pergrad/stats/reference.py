@@ -10,12 +10,13 @@ Clipping acts on ĝ_b itself, so it applies to any statistic (no `clip_power` ne
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
 
 from pergrad.stats import registry
+from pergrad.stats.options import StatsOptions
+from pergrad.stats.request import StatsRequest
 from pergrad.stats.types import GradStats
 
 
@@ -31,9 +32,10 @@ def per_example_grads(loss_fn, params, batch):
   return [grad_fn(params, jax.tree.map(lambda x, b=b: x[b:b + 1], batch)) for b in range(B)]
 
 
-def loop_stats(loss_fn, params, batch, *, want: Sequence[str] = ("mean",),
-               per_example_clip: float | None = None):
-  """(mean loss, GradStats) of `batch`, one example at a time."""
+def loop_stats(loss_fn, params, batch, request: StatsRequest, options: StatsOptions):
+  """(mean loss, GradStats) of `batch`, one example at a time (no options apply)."""
+  del options
+  want, per_example_clip = request.want, request.per_example_clip
   coord_names = registry.select(want, "coordinate")
   example_names = registry.select(want, "example")
   losses, sums = [], None

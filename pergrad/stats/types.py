@@ -120,8 +120,7 @@ class GradStats:
 
   @property
   def second_moment(self) -> PyTree:
-    _need(self.sum_sq, "sq")
-    return jax.tree.map(lambda s: s / self.count, self.sum_sq)
+    return self._over_count(self.sum_sq, "sq")
 
   @property
   def variance(self) -> PyTree:
@@ -134,8 +133,12 @@ class GradStats:
 
   @property
   def sign_mean(self) -> PyTree:
-    _need(self.sum_sign, "sign")
-    return jax.tree.map(lambda s: s / self.count, self.sum_sign)
+    return self._over_count(self.sum_sign, "sign")
+
+  def _over_count(self, sums: PyTree, name: str) -> PyTree:
+    """sums / n, after checking that statistic `name` was computed."""
+    _need(sums, name)
+    return jax.tree.map(lambda s: s / self.count, sums)
 
   @property
   def mean_sq_unbiased(self) -> PyTree:

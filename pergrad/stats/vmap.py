@@ -11,8 +11,8 @@ into the backward pass, and likewise every registered statistic
 *leading* batch axis is much
 slower than over the last axis, so the example axis is put last
 (`vmap(..., out_axes=-1)`) and reduced there (layout "last", the default), or kept
-first and reduced by a matmul with a vector of ones/weights (layout "first"):
-scripts/bench_stats.py measures both.
+first and reduced by a matmul with a vector of ones/weights (layout "first",
+`StatsOptions.vmap_layout`): scripts/bench_stats.py measures both.
 
 Per-example clipping, ĝ_b = g_b · w_b with w_b = min(1, C/‖g_b‖) (‖·‖ over the whole
 model), enters every statistic through the weights: Σ_b ĝ_b = Σ_b w_b g_b,
@@ -23,12 +23,13 @@ model), enters every statistic through the weights: Σ_b ĝ_b = Σ_b w_b g_b,
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
 
 from pergrad.stats import registry
+from pergrad.stats.options import StatsOptions
+from pergrad.stats.request import StatsRequest
 from pergrad.stats.types import GradStats
 
 
@@ -45,11 +46,11 @@ def clip_weights(sq_norms_B: jax.Array, clip: float) -> jax.Array:
   return jnp.where(norms_B > clip, clip / jnp.where(norms_B > 0, norms_B, 1.0), 1.0)
 
 
-def vmap_stats(loss_fn, params, batch, *, want: Sequence[str] = ("mean",),
-               per_example_clip: float | None = None, layout: str = "last"):
-  """(mean loss, GradStats) of `batch` from materialised per-example gradients."""
-  if layout not in ("last", "first"):
-    raise ValueError(f"layout={layout!r} must be 'last' or 'first'.")
+def vmap_stats(loss_fn, params, batch, request: StatsRequest, options: StatsOptions):
+  """(mean loss, GradStats) of `batch` from materialised per-example gradients, in the
+  layout `options.vmap_layout`."""
+  want, per_example_clip = request.want, request.per_example_clip
+  layout = options.vmap_layout
   axis = -1 if layout == "last" else 0
   losses_B, grads = jax.vmap(jax.value_and_grad(example_loss(loss_fn)),
                              in_axes=(None, 0), out_axes=(0, axis))(params, batch)
@@ -74,12 +75,7 @@ def vmap_stats(loss_fn, params, batch, *, want: Sequence[str] = ("mean",),
   coord_names = registry.select(want, "coordinate")
   example_names = registry.select(want, "example")
   w_B, sq_norms = None, None
-  if per_example_clip is not None:
-    for k in coord_names + example_names:
-      if registry.get(k).clip_power is None:
-        raise ValueError(
-            f"statistic '{k}' has no clip_power, so backend 'vmap' cannot apply "
-            "per_example_clip to it; use backend='loop', which clips each gradient explicitly.")
+  if per_example_clip is not None:  # every statistic has a clip_power (`api.check_support`)
     sq_norms = jax.tree.map(functools.partial(example_sum, jnp.square), grads)
     w_B = clip_weights(sum(jax.tree.leaves(sq_norms)), per_example_clip)
   coordinate_stats = {}

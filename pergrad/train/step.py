@@ -43,7 +43,7 @@ from pergrad.train.state import TrainState, make_init_fn
 
 
 def train_step(state: TrainState, batch: dict, *, loss_fn, opt: Optimizer,
-               request: pstats.StatsRequest, backend: str, microbatch_size: int | None,
+               request: pstats.StatsRequest, backend: str, options: pstats.StatsOptions,
                log_stats: bool = False) -> tuple[TrainState, dict[str, jax.Array]]:
   """One update θ_{k+1} = θ_k + tx(ḡ_k, stats_k); metrics are those of step k.
 
@@ -53,8 +53,8 @@ def train_step(state: TrainState, batch: dict, *, loss_fn, opt: Optimizer,
   when the optimizer tracks the gradient noise scale (`gns_metrics`, every step); with
   `log_stats`, also "stats/..." and "opt/..." scalars (module docstring).
   """
-  loss, stats = pstats.compute(loss_fn, state.params, batch, request=request,
-                               backend=backend, microbatch_size=microbatch_size)
+  loss, stats = pstats.compute(loss_fn, state.params, batch, request, options,
+                               backend=backend)
   grads = stats.mean
   B = batch["inputs"].shape[0]  # static: one compiled step per batch size
   updates, opt_state = opt.tx.update(grads, state.opt_state, state.params, grad_stats=stats,
@@ -105,11 +105,12 @@ class Steps:
                                       sharding=self.batch_sharding)
               for k in ("inputs", "targets")}
 
+    options = pstats.StatsOptions(microbatch_size=sp.microbatch_size)
+
     def jit_step(request, backend, log_stats):
       return jax.jit(
           functools.partial(train_step, loss_fn=self.loss_fn, opt=opt, request=request,
-                            backend=backend, microbatch_size=sp.microbatch_size,
-                            log_stats=log_stats),
+                            backend=backend, options=options, log_stats=log_stats),
           in_shardings=(self.state_shardings, self.batch_sharding),
           out_shardings=(self.state_shardings, repl),
           # The batch is not donated: no output has its shape (XLA could not reuse it).

@@ -1,0 +1,127 @@
+"""Surgery backend: per-example / per-token gradient statistics in ONE backward pass.
+
+The model stays a plain Flax module. `surgery_stats` attaches from outside with
+`nn.intercept_methods`: the output y of every standard layer call (nn.Dense,
+nn.DenseGeneral, nn.Embed.__call__ / .attend, nn.LayerNorm, nn.RMSNorm) goes through
+an identity `jax.custom_vjp` "tap" whose residual is the layer input and whose extra
+zero-valued "probe" inputs receive the statistics as cotangents. The layer's own
+forward and the parameter gradient are untouched (plain autodiff); in the backward
+pass each tap sees its layer's input A and output cotangent Δ and computes the
+requested statistics of the samples (`pergrad.stats.surgery_math`). One
+`jax.value_and_grad` w.r.t. (params, probes) yields the batch-mean gradient and all
+statistics. Probes are keyed by the module's scope path, so their cotangents land on
+the params tree. Any other module that owns parameters raises a ValueError.
+
+Samples (GradStats.count = n):
+- granularity "example" (n = B): g_b = ∇ loss_b. With the batch-mean loss each
+  cotangent carries 1/B, so g_b = B · A_bᵀ Δ_b.
+- granularity "token" (n = B·T): the contribution of token (b, t) THROUGH THAT
+  TOKEN'S ACTIVATIONS at each layer, g_bt = B·T · a_bt δ_btᵀ, scaled so that the mean
+  over tokens is the batch gradient. It is not the gradient of token t's loss: δ_bt
+  carries the loss of every later token that attends to t.
+  Tied embedding (one Embed used by `__call__` and `attend`): token (b, t)'s sample is
+  the sum of its two uses, e_{id_bt} δin_btᵀ + δout_bt x_btᵀ, before φ.
+  A position embedding called on arange(T) (no example axis) has sample δ_bt at row t.
+
+Every registered statistic (`pergrad.stats.registry`) is computed: at granularity
+"example" any of them; at granularity "token" the coordinate statistics whose φ is
+multiplicative (φ(A)ᵀφ(Δ) per dense layer).
+Per-example statistics of a dense layer come from the "simultaneous" method where it
+pays (`dense.simultaneous_is_used`: the layer's own custom VJP forms the B×K×L
+per-example gradients once and the weight gradient as their sum), else from the tap
+(materialised B×K×L, or for norms only the Gram "ghost norm" when it takes fewer FLOPs).
+Those of a normalization layer come from its own custom VJP likewise
+(`norm.simultaneous_norm`: x̂ kept from the forward pass, per-example row sums formed
+once); per token, from the tap. Embedding tables use a per-example sort-based
+segment-sum (repeated ids combine before φ). Statistics are computed in float32 whatever
+the compute dtype. `StatsOptions.dense_method` forces a method; `StatsOptions.scan_unroll`
+unrolls the scans.
+
+Structure: `plan.make_plan` (the planner) traces the model into `Site`s, one per layer
+call; `HANDLERS` maps each layer kind to the module that computes its statistics
+(`dense`, `embed`, `norm`, all built on `tap`); `surgery_stats` runs the one backward
+pass, sending each intercepted call to its handler.
+
+A layer whose input has no example axis (found by tracing at two batch sizes) is taken
+to be broadcast against the batch along a new leading axis; its output is broadcast
+explicitly to B×... so that its cotangent keeps the example axis.
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from pergrad.stats import registry
+from pergrad.stats.options import StatsOptions
+from pergrad.stats.request import StatsRequest
+from pergrad.stats.surgery import dense, embed, norm
+from pergrad.stats.surgery.plan import KIND, METHODS, make_plan
+from pergrad.stats.surgery.tap import F32, Call, Env
+from pergrad.stats.types import GradStats
+
+# Layer kind (`plan.KIND`) -> handler(env, call) -> the layer's output y.
+HANDLERS = {"dense": dense.handle, "embed": embed.handle, "norm": norm.handle}
+
+
+def surgery_stats(loss_fn, params, batch, request: StatsRequest, options: StatsOptions):
+  """Mean loss and GradStats of per-example (or per-token) gradients, one backward pass.
+
+  Args:
+    loss_fn: (params, batch) -> float32[B] per-example losses, built from Flax linen
+      modules of the supported types (Dense, DenseGeneral, Embed, LayerNorm, RMSNorm).
+    params: the parameter tree.
+    batch: pytree of arrays with a leading example axis B.
+    request: statistics (`want`), granularity "example" (n = B samples) or "token"
+      (n = B·T samples), and `layers`: the leaves that get statistics
+      (`pergrad.stats.layers`; empty: all). A layer call none of whose leaves is selected
+      runs untouched (plain autodiff, no tap): its statistics are zeros and cost nothing.
+    options: `dense_method` and `scan_unroll` (`StatsOptions`).
+  Returns:
+    (mean loss, GradStats) with sum = n · ∇(mean loss) and the requested sums.
+  """
+  want, granularity = request.want, request.granularity
+  plan = make_plan(loss_fn, params, batch, request)
+  B, token = plan.B, granularity == "token"
+  count = B * plan.T if token else B
+  scale = float(count)
+  stat_keys = list(registry.select(want))
+  example_keys = set(registry.select(want, "example"))
+  shapes = dict(zip(plan.keys, (x.shape for x in jax.tree.leaves(params)), strict=True))
+  probes = {k: {key: jnp.zeros((B,) if k in example_keys else shp, F32)
+                for key, shp in shapes.items()} for k in stat_keys}
+
+  def objective(p, probes):
+    env = Env(B=B, token=token, want=want, scale=scale, options=options, sites=plan.sites)
+    state = {"i": 0}
+
+    def interceptor(next_fun, args, kwargs, ctx):
+      if ctx.method_name not in METHODS or type(ctx.module) not in KIND or not stat_keys:
+        return next_fun(*args, **kwargs)
+      site = plan.sites[state["i"]]
+      state["i"] += 1
+      here = (tuple(ctx.module.path), ctx.method_name == "attend")
+      if (site.path, site.kind == "attend") != here:
+        raise RuntimeError(f"surgery: call order changed at {ctx.module.path}")
+      if not site.selected:
+        return next_fun(*args, **kwargs)
+      sub = {k: {leaf: probes[k][site.path + (leaf,)] for leaf in site.leaves}
+             for k in stat_keys}
+      x = args[0] if args else next(iter(kwargs.values()))
+      call = Call(site=site, module=ctx.module, x=x, probes=sub,
+                  run=lambda: next_fun(*args, **kwargs))
+      return HANDLERS[KIND[type(ctx.module)]](env, call)
+
+    with nn.intercept_methods(interceptor):
+      return loss_fn(p, batch).mean()
+
+  loss, (grads, probe_cts) = jax.value_and_grad(objective, argnums=(0, 1))(params, probes)
+  return loss, GradStats(
+      count=jnp.asarray(count, F32),
+      sum=jax.tree.map(lambda g: g.astype(F32) * scale, grads),
+      coordinate_stats={k: plan.tree(probe_cts[k]) for k in stat_keys if k not in example_keys},
+      example_stats={k: plan.tree(probe_cts[k]) for k in stat_keys if k in example_keys},
+      granularity=granularity,
+      layers=tuple(request.layers),
+  )

@@ -1,0 +1,119 @@
+"""Surgery handler for dense layers (nn.Dense, nn.DenseGeneral without batch_dims).
+
+Samples of the kernel are G_b = B·A_bᵀΔ_b (A: input rows, Δ: output cotangent rows), of
+the bias B·Σ_r Δ_br. Two methods:
+  - "simultaneous" (`simultaneous_dense`): the layer's own custom VJP forms the B×K×L
+    per-example gradients once and takes the weight gradient as their sum;
+  - the tap (`tapped`): autodiff's weight gradient, and the statistics from A and Δ in
+    the tap's backward pass (materialised B×K×L, the Gram "ghost norm" for norms alone
+    when it takes fewer FLOPs, or per token φ(A)ᵀφ(Δ)).
+`simultaneous_is_used` chooses, under `StatsOptions.dense_method`.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from pergrad.stats import surgery_math as sm
+from pergrad.stats.surgery.plan import Site
+from pergrad.stats.surgery.tap import F32, Call, Env, collector, rows, shapes_of, tapped
+
+# Largest per-example gradient tensor B×K×L (float32 elements) a layer materialises: 256 MB.
+SIMULTANEOUS_MAX_ELEMS = 1 << 26
+
+
+def simultaneous_is_used(site: Site, B: int, x_shape, want, token: bool,
+                         method: str = "auto") -> bool:
+  """Whether a dense call forms its per-example gradients G_b = A_bᵀΔ_b (B×K×L) once and
+  takes the weight gradient as their sum (Gray et al. 2024's "simultaneous" method):
+  extra work ≈ 2·B·K·L (φ and the sums over b) instead of a second 2·B·R·K·L
+  contraction. At example granularity, with Flax's own dot_general, when B·K·L fits
+  `SIMULTANEOUS_MAX_ELEMS` and, for norms alone, when that extra is below the Gram
+  ("ghost") norm's 2·B·R²·(K+L) + B·R² (R = rows per example: T² > KL/(K+L), about).
+  Otherwise autodiff's weight gradient plus the tap's statistics (Gram, or materialised
+  when it does not fit) serve it. `method` (`StatsOptions.dense_method`): "auto" is this
+  rule, "simultaneous" wherever it applies, "separate" never."""
+  if token or site.kind != "dense" or site.in_axis is None or not site.plain_dot \
+      or method == "separate" or not (sm._phis(want) or sm._examples(want)):
+    return False
+  if method == "simultaneous":
+    return True
+  K = int(np.prod([x_shape[i] for i in site.contract]))
+  R = int(np.prod([d for i, d in enumerate(x_shape) if i != site.in_axis
+                   and i not in site.contract]))
+  L = site.out_features
+  if L * K * B > SIMULTANEOUS_MAX_ELEMS:
+    return False
+  norms_only = not sm._phis(want) and set(sm._examples(want)) == {"norms"}
+  return not norms_only or 2 * K * L <= 2 * R * R * (K + L) + R * R
+
+
+def handle(env: Env, call: Call):
+  """y of one dense call, with its statistics (module docstring)."""
+  if simultaneous_is_used(call.site, env.B, call.x.shape, env.want, env.token,
+                          env.options.dense_method):
+    return simultaneous_dense(env, call)
+  site = call.site
+
+  def body(res, dy, dcarriers, put):
+    nfeat = dy.ndim - (res["x"].ndim - len(site.contract)) - (site.in_axis is None)
+    a = rows(res["x"], site.in_axis, env.B, site.contract)
+    d = rows(dy, site.out_axis, env.B, tuple(range(-nfeat, 0)))
+    put(env.outer(a, d), "kernel")
+    put(env.rowsum(env.flat(d * env.scale)), "bias")
+
+  return tapped(env, call, body)[0]
+
+
+def _dense_forward(module, x, kernel, bias, contract):
+  """What nn.Dense / nn.DenseGeneral (no batch_dims, default dot_general) compute."""
+  x, kernel, bias = module.promote_dtype(x, kernel, bias, dtype=module.dtype)
+  n = len(contract)
+  y = jax.lax.dot_general(x, kernel, ((contract, tuple(range(n))), ((), ())),
+                          precision=module.precision)
+  if bias is not None:
+    y = y + jnp.reshape(bias, (1,) * (y.ndim - bias.ndim) + bias.shape)
+  return y
+
+
+def simultaneous_dense(env: Env, call: Call):
+  """y of the dense call, through a custom VJP whose backward pass forms the per-example
+  weight gradients G_b = A_bᵀΔ_b (B×K×L, float32 accumulation) ONCE: the weight
+  gradient is Σ_b G_b, the statistics are Σ_b φ(B·G_b) and Σ_coords φ(B·G_b); the input
+  cotangent is autodiff's. The only extra work over a plain backward pass is φ and the
+  sums over b."""
+  module, site, B, want, scale = call.module, call.site, env.B, env.want, env.scale
+  params = module.variables["params"]
+  kernel, bias = params["kernel"], params.get("bias")
+  fwd = lambda x_, k_, b_: _dense_forward(module, x_, k_, b_, site.contract)
+  shapes = shapes_of(call.probes)
+
+  @jax.custom_vjp
+  def f(x_, k_, b_, probes_):
+    return fwd(x_, k_, b_)
+
+  def f_fwd(x_, k_, b_, probes_):
+    return fwd(x_, k_, b_), (x_, k_, b_)
+
+  def f_bwd(res, dy):
+    x_, k_, b_ = res
+    _, vjp_x = jax.vjp(lambda xx: fwd(xx, k_, b_), x_)
+    (dx,) = vjp_x(dy)
+    nfeat = dy.ndim - (x_.ndim - len(site.contract))
+    a = rows(x_, site.in_axis, B, site.contract, dtype=None)
+    d = rows(dy, site.out_axis, B, tuple(range(-nfeat, 0)), dtype=None)
+    g_BxKL = jnp.einsum("brk,brl->bkl", a, d, preferred_element_type=F32).reshape(B, -1)
+    dk = sm.sum_examples(g_BxKL).reshape(k_.shape).astype(k_.dtype)
+    put, done = collector(shapes)
+    put(sm.flat_example_stats(g_BxKL * scale, want), "kernel")
+    db = None
+    if b_ is not None:
+      d32 = d.astype(F32)
+      db = d32.sum(axis=(0, 1)).reshape(b_.shape).astype(b_.dtype)
+      put(sm.rowsum_example_stats(d32 * scale, want), "bias")
+    return dx, dk, db, done()
+
+  f.defvjp(f_fwd, f_bwd)
+  return f(call.x, kernel, bias, call.probes)
