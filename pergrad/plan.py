@@ -35,6 +35,8 @@ from pergrad.optim import Optimizer
 from pergrad.optim.configs import OptimizerConfig
 from pergrad.optim.schedule import ScheduleConfig
 from pergrad.stats import StatsRequest
+from pergrad.stats.api import StatsBackend
+from pergrad.stats.request import Granularity
 from pergrad.train.batch_schedule import BatchConfig, BatchSchedule
 
 CONFIG = "config.yaml"
@@ -120,18 +122,6 @@ class LoggingSpec:
   def __post_init__(self):
     if self.log_every < 1:
       raise ValueError(f"logging.log_every={self.log_every} must be >= 1.")
-
-
-class StatsBackend(Choice):
-  auto = "auto"  # the cheapest backend that can supply what is asked
-  vmap = "vmap"
-  surgery = "surgery"
-  loop = "loop"
-
-
-class Granularity(Choice):
-  example = "example"
-  token = "token"
 
 
 @dataclasses.dataclass(frozen=True)

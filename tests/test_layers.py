@@ -16,7 +16,8 @@ from conftest import REPO
 
 # Lowest first. A module's layer is that of the longest prefix that names it.
 LAYERS = (
-    ("base", ("pergrad.files", "pergrad.model", "pergrad.loss", "pergrad.data")),
+    ("base", ("pergrad.files", "pergrad.fields", "pergrad.model", "pergrad.loss",
+              "pergrad.data")),
     ("stats", ("pergrad.stats",)),
     ("optim", ("pergrad.optim",)),
     ("train", ("pergrad.train", "pergrad.plan", "pergrad.config", "pergrad.configure",

@@ -46,6 +46,8 @@ import optax
 from pergrad.fields import Choice
 
 LR_SCALINGS = {"none": 0.0, "sqrt": 0.5, "linear": 1.0}
+
+
 class ScheduleName(Choice):
   cosine = "cosine"
   constant = "constant"

@@ -15,11 +15,11 @@ from pergrad.stats.api import BACKENDS, check_microbatch, compute, resolve_backe
 from pergrad.stats.backends import Backend, register_backend, unregister_backend
 from pergrad.stats.options import StatsOptions
 from pergrad.stats.registry import Statistic, register, unregister
-from pergrad.stats.request import GRANULARITIES, StatsRequest
+from pergrad.stats.request import Granularity, StatsRequest
 from pergrad.stats.types import STATISTICS, GradStats
 
 __all__ = [
-    "BACKENDS", "GRANULARITIES", "STATISTICS", "Backend", "GradStats", "StatsOptions",
+    "BACKENDS", "Granularity", "STATISTICS", "Backend", "GradStats", "StatsOptions",
     "StatsRequest", "Statistic", "backends", "check_microbatch", "compute", "register",
     "register_backend", "resolve_backend", "summaries", "unregister", "unregister_backend",
 ]

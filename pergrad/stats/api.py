@@ -42,6 +42,7 @@ from typing import Any
 import jax
 from optax import microbatching
 
+from pergrad.fields import Choice
 from pergrad.stats import backends, registry
 from pergrad.stats.options import StatsOptions
 from pergrad.stats.request import StatsRequest
@@ -50,9 +51,19 @@ from pergrad.stats.types import GradStats
 PyTree = Any
 LossFn = Callable[[PyTree, dict], jax.Array]
 
-# The built-in choices of `stats.backend`; the table (`backends.REGISTRY`) also holds
-# "value_and_grad" (what "auto" gives a mean-only request) and registered backends.
-BACKENDS = ("auto", "vmap", "surgery", "loop")
+
+
+class StatsBackend(Choice):
+  """The built-in choices of `stats.backend`; the table (`backends.REGISTRY`) also holds
+  "value_and_grad" (what "auto" gives a mean-only request) and registered backends."""
+
+  auto = "auto"  # the cheapest backend that can supply the request
+  vmap = "vmap"
+  surgery = "surgery"
+  loop = "loop"
+
+
+BACKENDS = StatsBackend.values()
 
 
 def resolve_backend(request: StatsRequest, backend: str = "auto") -> str:

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 
 from pergrad.stats import reference, surgery, vmap
 from pergrad.stats.options import StatsOptions
-from pergrad.stats.request import GRANULARITIES, StatsRequest
+from pergrad.stats.request import Granularity, StatsRequest
 from pergrad.stats.types import GradStats
 
 BackendFn = Callable[[Callable, Any, Any, StatsRequest, StatsOptions], tuple[jax.Array, GradStats]]
@@ -58,9 +58,9 @@ class Backend:
   def __post_init__(self):
     if not callable(self.fn):
       raise ValueError(f"backend fn={self.fn!r} must be callable.")
-    bad = set(self.granularities) - set(GRANULARITIES)
+    bad = set(self.granularities) - set(Granularity.values())
     if not self.granularities or bad:
-      raise ValueError(f"granularities={self.granularities}: choose among {GRANULARITIES}.")
+      raise ValueError(f"granularities={self.granularities}: choose among {Granularity.values()}.")
     if self.clip not in CLIPS:
       raise ValueError(f"clip={self.clip!r}; choose one of {CLIPS}.")
 

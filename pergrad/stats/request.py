@@ -11,10 +11,16 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+from pergrad.fields import Choice
 from pergrad.stats import layers as layers_lib
 from pergrad.stats import registry, types
 
-GRANULARITIES = ("example", "token")
+
+class Granularity(Choice):
+  """The samples a statistic is taken over: examples (n = B) or tokens (n = B·T)."""
+
+  example = "example"
+  token = "token"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,8 +54,9 @@ class StatsRequest:
           "(variance, sign mean, etc. are derived from 'mean', 'sq', 'sign' by GradStats).")
     object.__setattr__(self, "want", tuple(s for s in known if s in set(want) | {"mean"}))
     object.__setattr__(self, "layers", layers_lib.check(self.layers))
-    if self.granularity not in GRANULARITIES:
-      raise ValueError(f"unknown granularity={self.granularity!r}; valid: {GRANULARITIES}.")
+    if self.granularity not in Granularity.values():
+      raise ValueError(f"unknown granularity={self.granularity!r}; valid: "
+                       f"{Granularity.values()}.")
     clip = self.per_example_clip
     if clip is not None and not clip > 0:
       raise ValueError(f"per_example_clip={clip} must be a positive norm (or null for none).")
