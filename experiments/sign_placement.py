@@ -49,8 +49,8 @@ def sweep(preset: str) -> Sweep:
   if preset == "paper":
     grids = {"example": [1e-4, 3e-4, 1e-3, 3e-3], "token": [1e-4, 3e-4, 1e-3, 3e-3],
              "batch": [3e-5, 1e-4, 3e-4, 1e-3], "ema": [3e-5, 1e-4, 3e-4, 1e-3]}
-  else:  # cpu: three lrs (factor ~3) centred on the best of a wider search run before
-    # issue 11 (ema 3e-3, batch 2.7e-2, example 3e-2, token 1e-2); an edge best extends.
+  else:  # cpu: three lrs (factor ~3) centred on the best of a wider search (ema 3e-3,
+    # batch 2.7e-2, example 3e-2, token 1e-2); a best at an edge extends the grid.
     grids = {"example": [1e-2, 3e-2, 1e-1], "token": [3e-3, 1e-2, 3e-2],
              "batch": [1e-2, 3e-2, 1e-1], "ema": [1e-3, 3e-3, 1e-2]}
   blocks = tuple(Block({"optimizer.placement": [k], "optimizer.lr": lrs, "train.seed": [0]})

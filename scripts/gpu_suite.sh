@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Everything issue 13 asks of an accelerator box, in one command (after scripts/setup.sh
+# The accelerator measurements in one command (after scripts/setup.sh
 # and `pip install -e '.[gpu]'`):   bash scripts/gpu_suite.sh [OUT_DIR]
 # Writes JSON under results/gpu/<device kind>/ (default): both benchmarks at the small and
 # paper presets (tokens/s, MFU, statistics overhead ratios per backend) and a short

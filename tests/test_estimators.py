@@ -313,13 +313,13 @@ def test_adam_shares_recover_truth(variant):
   print(f"\n{variant}: " + ", ".join(f"{k} {g:.3f} (truth {r:.3f})" for k, (g, r) in out.items()))
 
 
-# --- the noise floor of the old estimators ----------------------------------------------
+# --- medians over coordinates sit on a noise floor; ratios of sums do not ---------------
 
 
-def test_zero_signal_old_estimators_on_floor_new_at_zero():
-  """μ = 0 everywhere (B = 16, 3,648 coordinates): the old median over coordinates of
+def test_zero_signal_medians_on_floor_ratios_of_sums_at_zero():
+  """μ = 0 everywhere (B = 16, 3,648 coordinates): a median over coordinates of
   √n|ḡ|/σ̂ sits at the median of |t_15| ≈ 0.69 (and that of |m|/√V at the median of
-  |t_143| ≈ 0.68, ≈ |N(0,1)|'s 0.67), the new snr2_batch and snr2_ema are 0 within their
+  |t_143| ≈ 0.68, ≈ |N(0,1)|'s 0.67), while snr2_batch and snr2_ema are 0 within their
   standard error."""
   n, beta = 16, 0.9
   src = _source(seed=8, mu_factor=0.0)

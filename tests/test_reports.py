@@ -79,8 +79,8 @@ def test_sign_placement_clear_win(tmp_path):
 
 
 def test_sign_placement_example_better_than_batch_is_not_reproduced(tmp_path):
-  # The case the old report missed: it dropped every pair holding `token`, so example vs
-  # batch was never compared and it printed "monotone ... True" with example = 3.0.
+  # Example better than batch breaks the chain even with `token` present: the pair
+  # example–batch is compared on its own, not dropped with the token pairs.
   rep = _placements(tmp_path, ema=[4.00, 4.01, 4.02], batch=[4.30, 4.31, 4.29],
                     example=[3.0, 3.01, 3.02], token=[6.1, 6.2, 6.15])
   assert rep.verdict == "not reproduced"
@@ -140,7 +140,7 @@ def test_reported_numbers_exclude_the_selection_seed(tmp_path):
 
 
 def test_best_lr_is_chosen_on_seed_0_only():
-  # Fresh seeds at a non-chosen lr (e.g. left from an older policy) neither move the choice
+  # Fresh seeds at a non-chosen lr (e.g. runs of another search) neither move the choice
   # nor enter the numbers.
   rows = (group_runs({"optimizer.placement": "ema"}, [4.1, 4.2], best=3e-3)
           + [_row({"optimizer.placement": "ema"}, 1e-2, 1, 3.0)])

@@ -46,7 +46,7 @@ def test_ordering_verdicts():
   g = {"ema": [4.0, 4.01, 4.02], "batch": [4.3, 4.31, 4.29], "example": [5.3, 5.1, 5.5]}
   verdict, pairs = ordering(g, ["ema", "batch", "example"])
   assert verdict == "reproduced" and [p.outcome for p in pairs] == [WIN, WIN]
-  # example at 3.0 (the case the old report missed by dropping every pair with `token`):
+  # example at 3.0, better than batch: the chain is broken whatever `token` does.
   g["example"] = [3.0, 3.01, 3.02]
   assert ordering(g, ["ema", "batch", "example"])[0] == "not reproduced"
   g["example"] = [4.0, 4.6, 4.9]  # noisy: a tie with batch

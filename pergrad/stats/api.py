@@ -70,15 +70,15 @@ def resolve_backend(request: StatsRequest, backend: str = "auto") -> str:
   """The backend that serves `request`: "value_and_grad", "vmap", "surgery", "loop" (or
   a registered one).
 
-  Rule for "auto" (from results/overhead and results/norm_cost, `scripts/reproduce.py
-  overhead norm_cost --preset cpu`, measured on XLA:CPU):
+  Rule for "auto" (from results/cpu/overhead and results/cpu/norm_cost,
+  `scripts/reproduce.py overhead norm_cost --preset cpu`, measured on XLA:CPU):
     - "mean" only, example granularity, no clipping -> "value_and_grad";
     - token granularity -> "surgery" (the only backend with per-token statistics);
     - per-example clipping -> "vmap" (surgery reduces before any per-example gradient);
     - otherwise (example granularity) -> "surgery": with the simultaneous methods it took
       0.72-0.89x the time of value_and_grad for sq+sign and for all statistics on the
-      tiny and medium presets, where vmap took 0.96-1.24x (before them surgery took
-      1.43-1.48x and vmap was the rule); for norms 0.69-0.83x vs 0.90-1.06x. Surgery
+      tiny and medium presets, where vmap took 0.96-1.24x; for norms 0.69-0.83x vs
+      0.90-1.06x. Surgery
       needs a model of standard Flax layers (its error names any other layer that owns
       parameters: use backend="vmap" there). Not yet measured on an accelerator.
   Raises ValueError when `backend` cannot serve the request, naming one that can.
