@@ -99,7 +99,7 @@ def view_text(row: pd.Series | dict, name: str = "") -> str:
 
 
 def norm_shares_text(row: pd.Series | dict, num: str, den: str) -> str:
-  f = lambda x: "n/a" if x is None or not np.isfinite(x) else f"{100 * x:.1f} %"
+  f = lambda x: "n/a" if x is None or not np.isfinite(x) else f"{100 * x:.3g} %"
   return (f"the normalization layers hold {f(row.get('norm_share_params'))} of the "
           f"parameters, {f(row.get('norm_share_num'))} of {num} and "
           f"{f(row.get('norm_share_den'))} of {den}")
