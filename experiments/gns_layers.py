@@ -178,8 +178,9 @@ def report(out_dir: Path) -> Report:
   reg = pd.read_csv(path) if path.exists() and path.stat().st_size > 1 else pd.DataFrame()
   if reg.empty or "r_complement" not in reg:
     return Report(verdict="not measured", rule=RULE, finding=(
-        f"{PART_WHOLE} is missing (no gns/norm and gns/total terms logged, stats.gns off, or "
-        f"an analysis without the complement regression): re-run `python scripts/reproduce.py "
+        f"{PART_WHOLE} is missing or empty (no gns/norm and gns/total terms logged, stats.gns "
+        f"off, runs too short for ≥ 3 steps past the EMA warm-up, or an analysis without the "
+        f"complement regression): re-run `python scripts/reproduce.py "
         f"{NAME} --preset <preset>`."))
   at = reg[np.isclose(reg["alpha"], ALPHA)]
   verdict = decide(at["r_complement"].tolist())
@@ -195,14 +196,18 @@ def report(out_dir: Path) -> Report:
     rest = last.loc[GNS_TOTAL] - last.loc[NORM]
     b_last["total minus norm"] = float(rest["S_ema"] / rest["G2_ema"])
   f = lambda xs: ", ".join(fmt_num(float(x)) for x in xs)
-  measured = (f"At α = {ALPHA:g}, over {len(at)} seed(s): Pearson r of the complement's "
-              f"(total minus norm) vs the normalization layers' smoothed B_simple "
-              f"{f(at['r_complement'])} (slope {f(at['slope_complement'])}); the norm group "
-              f"holds {f(at['share_g2'])} of Σ|G|² and {f(at['share_s'])} of ΣS over those "
-              f"steps (median step: {f(at['median_share_g2'])} of |G|², "
-              f"{f(at['median_share_s'])} of S), so the "
-              f"part-whole r of the total, {f(at['r_total'])}, is not evidence"
-              + _params_text(Path(out_dir)) + ". Final B_simple per type: "
+  if at.empty:
+    measured = (f"No seed has ≥ 3 steps past the EMA warm-up at α = {ALPHA:g} (too short a "
+                "run for the rule)")
+  else:
+    measured = (f"At α = {ALPHA:g}, over {len(at)} seed(s): Pearson r of the complement's "
+                f"(total minus norm) vs the normalization layers' smoothed B_simple "
+                f"{f(at['r_complement'])} (slope {f(at['slope_complement'])}); the norm group "
+                f"holds {f(at['share_g2'])} of Σ|G|² and {f(at['share_s'])} of ΣS over those "
+                f"steps (median step: {f(at['median_share_g2'])} of |G|², "
+                f"{f(at['median_share_s'])} of S), so the "
+                f"part-whole r of the total, {f(at['r_total'])}, is not evidence"
+                + _params_text(Path(out_dir)) + ". Final B_simple per type: "
               + ", ".join(f"{g} {fmt_num(float(v))}" for g, v in b_last.items()) + ".")
   return Report(verdict=verdict, rule=RULE, finding=measured, claim_row=measured,
                 numbers_md="Regressions on the normalization layers' B_simple and the norm "

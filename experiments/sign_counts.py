@@ -74,4 +74,4 @@ def pooled(sign_df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
 
 def read(out_dir: Path) -> pd.DataFrame:
   path = Path(out_dir) / CSV
-  return pd.read_csv(path) if path.exists() and path.stat().st_size > 1 else pd.DataFrame()
+  return pd.read_csv(path) if path.exists() else pd.DataFrame()

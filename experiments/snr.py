@@ -126,7 +126,9 @@ def analyze(table: pd.DataFrame, fin: pd.DataFrame, out_dir: Path) -> None:
   _long(table, leaves=False).to_csv(out_dir / "snr_all.csv", index=False)
   ids = IDS + ([PLACEMENT] if PLACEMENT in table else [])
   t = table.assign(examples_seen=x_examples(table))
-  sign_counts.long(t, ids).to_csv(out_dir / sign_counts.CSV, index=False)
+  signs = sign_counts.long(t, ids)
+  if len(signs):
+    signs.to_csv(out_dir / sign_counts.CSV, index=False)
   leafwise.write_sizes(table, out_dir)
   fin.to_csv(out_dir / "finals.csv", index=False)
 
