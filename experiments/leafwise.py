@@ -7,9 +7,9 @@ per-leaf ratios (share of parameters in leaves with ratio > 1, median over leave
 parameter-weighted median), over all leaves and without the normalization layers
 (`rules.is_norm_leaf`), with the leaves' parameter counts from `leaf_params.csv`.
 
-`leaf_params.csv` (leaf, n_params) is written by `analyze` from the runs' own sign counts
-(`sign/<leaf>/coords`) when logged, else from the model of the sweep's base overrides (the
-runner puts them in `table.attrs["overrides"]`; shapes only, `pergrad.analysis.leaf_sizes`).
+`leaf_params.csv` (leaf, n_params) is written by `analyze` from the model of the sweep's
+base overrides (the runner puts them in `table.attrs["overrides"]`; shapes only,
+`pergrad.analysis.leaf_sizes`), else from the runs' logged sign counts (`sign/<leaf>/coords`).
 """
 
 from __future__ import annotations
@@ -29,17 +29,16 @@ VIEWS = ("share_params_above_1", "median", "weighted_median")  # the per-leaf vi
 
 
 def sizes_from_table(table: pd.DataFrame) -> dict[str, int] | None:
-  """leaf -> parameter count: the logged `sign/<leaf>/coords`, else the model of
-  `table.attrs["overrides"]`; None when neither is there."""
-  cols = [c for c in stat_columns(table, "coords", "sign") if leaf_of(c) not in WHOLE]
-  if cols:
-    return {leaf_of(c): int(table[c].dropna().iloc[0]) for c in cols if table[c].notna().any()}
+  """leaf -> parameter count: from the model of `table.attrs["overrides"]` (the runner's),
+  else the logged `sign/<leaf>/coords`; None when neither is there."""
   overrides = table.attrs.get("overrides")
   if overrides:
     from pergrad.analysis import leaf_sizes
 
     return leaf_sizes(list(overrides))
-  return None
+  cols = [c for c in stat_columns(table, "coords", "sign") if leaf_of(c) not in WHOLE]
+  sizes = {leaf_of(c): int(table[c].dropna().iloc[0]) for c in cols if table[c].notna().any()}
+  return sizes or None
 
 
 def write_sizes(table: pd.DataFrame, out_dir: Path) -> None:

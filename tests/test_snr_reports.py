@@ -225,3 +225,17 @@ def test_experiment_configs_match_the_modules(tmp_path):
     for mod in (snr, moments):
       pts = [p for b in mod.EXPERIMENT.sweep_at(preset, inputs).blocks for p in b.points()]
       assert len({p["train.seed"] for p in pts}) >= (3 if preset == "cpu" else 1)
+
+
+def test_leaf_sizes_from_the_sweeps_overrides():
+  """The runner's base overrides give every leaf's parameter count (shapes only); at the
+  cpu scale the normalization layers hold 0.19 % of the parameters."""
+  from experiments import leafwise
+  from experiments.rules import is_norm_leaf
+  table = pd.DataFrame({"run": ["r"], "step": [1]})
+  assert leafwise.sizes_from_table(table) is None
+  table.attrs["overrides"] = ["experiment=moments", "scale=cpu", "stats.log_every=10"]
+  sizes = leafwise.sizes_from_table(table)
+  assert sum(sizes.values()) == 664_832 and sizes["block_0/attn/query/kernel"] == 128 * 128
+  norm = sum(v for k, v in sizes.items() if is_norm_leaf(k))
+  assert round(100 * norm / sum(sizes.values()), 2) == 0.19
