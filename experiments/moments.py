@@ -167,11 +167,12 @@ def figures(out_dir: Path) -> list[Path]:
     axes[2].bar(range(len(bars)), bars.values,
                 color=["C1" if is_norm_leaf(k) else "C0" for k in bars.index])
     axes[2].set_xticks(range(len(bars)))
-    axes[2].set_xticklabels([lbl[-28:] for lbl in bars.index], rotation=70, fontsize=6)
+    axes[2].set_xticklabels([lbl[-28:] for lbl in bars.index], rotation=70, fontsize=6,
+                            ha="right", rotation_mode="anchor")
   axes[2].axhline(1.0, color="k", ls="--", lw=0.8)
   axes[2].set_yscale("symlog", linthresh=1e-2)
   style(axes[2], ylabel="Σμ̂² / Σσ̂²/B within the leaf",
-        title="per leaf, second half of training (orange: normalization layers)")
+        title="per leaf, second half (orange: norm layers)")
   return [savefig(fig, out_dir / "moments_over_training.png")]
 
 

@@ -219,7 +219,8 @@ def figures(out_dir: Path) -> list[Path]:
     piv.plot.bar(ax=ax, width=0.8)
     ax.set_yscale("symlog", linthresh=1e-2)
     ax.axhline(0, color="k", lw=0.5)
-    ax.set_xticklabels([lbl[-28:] for lbl in piv.index], rotation=70, fontsize=6)
+    ax.set_xticklabels([lbl[-28:] for lbl in piv.index], rotation=70, fontsize=6, ha="right",
+                       rotation_mode="anchor")
   ax.set_title("per-leaf SNR² (Σ signal / Σ noise in the leaf), second half of training"
                + (f", {_placements(per_leaf)[0]} runs" if _placements(per_leaf)[0] else ""))
   paths.append(savefig(fig, out_dir / "snr_per_layer.png"))
