@@ -61,8 +61,8 @@ WHOLE = ("total", "all")  # the whole-model "leaf" of stats/ and opt/ keys
 RULE = ("Per seed, each leaf's r = Σμ̂²/Σ(σ̂²/B) over its coordinates and the second half "
         "of training's logged steps; the seed's value is the parameter-weighted median of r "
         "over the leaves other than the normalization layers (the whole-model ratio of sums "
-        "is not used: those layers hold 0.19 % of the parameters but most of Σμ̂² and "
-        "Σσ̂²/B). Against 1 (higher: μ² dominates Adam's v), " + vd.PAIR_WIN + ": "
+        "is not used: in the cpu runs those layers hold 0.19 % of the parameters but most "
+        "of Σμ̂² and Σσ̂²/B). Against 1 (higher: μ² dominates Adam's v), " + vd.PAIR_WIN + ": "
         "reproduced if μ² wins, not reproduced if σ²/B does, partly reproduced on a tie, "
         "undetermined with < 2 seeds.")
 RERUN = f"re-run `python scripts/reproduce.py {NAME} --preset <preset>`"

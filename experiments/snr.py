@@ -75,7 +75,8 @@ VIEW = "weighted_median_no_norm"  # the per-leaf view the verdict reads
 RULE = ("Per placement's runs, per seed and stage, each leaf's SNR² is its mean over the "
         "second half of training's logged steps; the seed's value is the parameter-weighted "
         "median over the leaves other than the normalization layers (not the whole-model "
-        "ratio of sums, which those layers dominate with 0.19 % of the parameters). "
+        "ratio of sums, which those layers dominate with 0.19 % of the parameters in the "
+        "cpu runs). "
         "Expected ema > batch in every placement's runs (batch = B × example by "
         "construction, so that pair is not tested), each pair " + vd.PAIR_WIN + ": "
         + vd.PAIRS_VERDICT + ".")
@@ -295,6 +296,9 @@ def report(out_dir: Path) -> Report:
         f"{whole} {sign_text}"), numbers_md=whole_md + sign_md)
   means = leaf_means(per_leaf)
   views, gains = leaf_views(means, sizes), leaf_gains(means)
+  if PLACEMENT in views:  # SignEMA's runs first
+    views = views.sort_values(PLACEMENT, kind="stable", key=lambda s: s.map(
+        {k: i for i, k in enumerate(_placements(views))}))
   pairs, parts = [], []
   for k in _placements(views):
     v, tag = _of(views, k), "" if k is None else f"{k}:"
