@@ -9,23 +9,24 @@ aggregating), validated against known truth in `tests/test_estimators.py`:
     snr2_example   = Σ μ̂² / Σ σ̂²       μ² over MicroAdam's noise term (= the above / B)
     share_mu2, share_var_b, share_var = Σ μ̂², Σ σ̂²/B, Σ σ̂² over Σ v̂ (Adam's debiased v)
 
-per parameter leaf (`stats/<leaf>/...`, `opt/<leaf>/...`) and over all coordinates
-(`stats/total/...`, `opt/all/...`), from `pergrad.stats.summaries` and
-`pergrad.optim.diagnostics`, during Adam runs at Adam's best lr (3e-2 at cpu,
-the preconditioner search's, weight decay 0 as there), 3 seeds (1 at ci). The medians over
-coordinates used before (of ḡ², σ̂²/B, …, and a difference of medians for μ̂²) are gone:
-a median of a per-coordinate ratio sits on a noise floor, and a difference of medians is
-not the median (nor the mean) of μ̂².
+per parameter leaf (`stats/<leaf>/mu2_mean|var_mean`, `opt/<leaf>/...`) and over all
+coordinates (`opt/all/...`), during Adam runs at Adam's best lr (the preconditioner
+search's, weight decay 0 as there), 3 seeds (1 at ci).
+
+The whole-model ratio weighs each leaf by its share of Σμ̂² and Σσ̂²/B: in the cpu runs
+the normalization layers (0.19 % of the parameters) hold most of both. So the verdict is
+taken per leaf (`experiments.leafwise`): leaf l's ratio r_l = Σμ̂²/Σ(σ̂²/B) over its
+coordinates and the second half of training's logged steps, aggregated per seed by
+`rules.leaf_aggregates` (share of parameters with r_l > 1, median, parameter-weighted
+median; all leaves and without the normalization layers).
 
 Figures (`moments_over_training.png`): left, whole-model μ̂²/(σ̂²/B) and μ̂²/σ̂² over
 training (mean over seeds, band = min-max) against 1; middle, the whole-model shares of
 μ̂², σ̂²/B and σ̂² in Adam's v̂; right, per-leaf μ̂²/(σ̂²/B) over the second half of
-training (mean over logged steps and seeds), symmetric log axis.
+training (normalization layers marked), symmetric log axis.
 
-Verdict (noise-aware, `experiments.verdict.ordering` over seeds, higher is better): each
-seed's mean over the second half of training of `opt/all/snr2_batch` against 1
-(the σ²/B term in the same units): "reproduced" when μ² dominates Adam's v beyond the
-seed spread, "not reproduced" when σ²/B does, otherwise a tie ("partly reproduced").
+Verdict (`RULE`): each seed's parameter-weighted median over the leaves other than the
+normalization layers of r_l, against 1 by `experiments.verdict` (higher is better).
 """
 
 from __future__ import annotations
@@ -35,11 +36,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from experiments import lr_search
+from experiments import leafwise, lr_search
 from experiments import verdict as vd
 from experiments.figures import plot_curves, plt, savefig, style
 from experiments.record import ROWS, Experiment, Inputs, Report, register
 from experiments.report_md import fmt_num, md_table
+from experiments.rules import is_norm_leaf
 from experiments.runs import leaf_of, stat_columns, x_examples
 from experiments.sweep import Block, Sweep, base_for
 
@@ -56,6 +58,14 @@ SHARES = ("share_mu2", "share_var_b", "share_var")
 SEEDS = {"ci": (0,), "cpu": (0, 1, 2), "paper": (0, 1, 2)}
 IDS = ["run", "train.seed", "step", "examples_seen"]
 WHOLE = ("total", "all")  # the whole-model "leaf" of stats/ and opt/ keys
+RULE = ("Per seed, each leaf's r = Σμ̂²/Σ(σ̂²/B) over its coordinates and the second half "
+        "of training's logged steps; the seed's value is the parameter-weighted median of r "
+        "over the leaves other than the normalization layers (the whole-model ratio of sums "
+        "is not used: in the cpu runs those layers hold 0.19 % of the parameters but most "
+        "of Σμ̂² and Σσ̂²/B). Against 1 (higher: μ² dominates Adam's v), " + vd.PAIR_WIN + ": "
+        "reproduced if μ² wins, not reproduced if σ²/B does, partly reproduced on a tie, "
+        "undetermined with < 2 seeds.")
+RERUN = f"re-run `python scripts/reproduce.py {NAME} --preset <preset>`"
 
 
 def sweep(preset: str, inputs: Inputs | None = None) -> Sweep:
@@ -86,23 +96,52 @@ def analyze(table: pd.DataFrame, fin: pd.DataFrame, out_dir: Path) -> None:
   whole = long["leaf"].isin(WHOLE)
   long[~whole].to_csv(out_dir / "moments_per_leaf.csv", index=False)
   long[whole].drop(columns="leaf").to_csv(out_dir / "moments_all.csv", index=False)
+  leafwise.write_sizes(table, out_dir)
   fin.to_csv(out_dir / "finals.csv", index=False)
-
-
-def _second_half(df: pd.DataFrame) -> pd.DataFrame:
-  return df[df["step"] > df["step"].max() / 2] if len(df) else df
 
 
 def per_seed(all_df: pd.DataFrame) -> pd.DataFrame:
   """Seed x quantity: mean over the second half of the logged steps (whole model)."""
-  return _second_half(all_df).groupby(["train.seed", "quantity"])["value"].mean().unstack(
-      "quantity")
+  return leafwise.second_half(all_df).groupby(["train.seed", "quantity"])["value"].mean(
+  ).unstack("quantity")
+
+
+def sample_count(all_df: pd.DataFrame) -> float:
+  """n of σ̂²/n (B examples): snr2_batch / snr2_example, an identity of the estimators."""
+  w = all_df.pivot_table(index=["run", "step"], columns="quantity", values="value")
+  n = (w["snr2_batch"] / w["snr2_example"]).replace([np.inf, -np.inf], np.nan).dropna()
+  if n.empty:
+    raise ValueError("moments: no step with both snr2_batch and snr2_example; re-run")
+  return float(n.median())
+
+
+def leaf_sums(per_leaf: pd.DataFrame, sizes: dict[str, int], n: float) -> pd.DataFrame:
+  """train.seed, leaf, num = Σμ̂², den = Σσ̂²/n per leaf (means over the second half of
+  training's logged steps of mu2_mean · D and var_mean · D / n)."""
+  late = leafwise.second_half(per_leaf[per_leaf["quantity"].isin(("mu2_mean", "var_mean"))])
+  p = late.pivot_table(index=["train.seed", "leaf"], columns="quantity", values="value",
+                       aggfunc="mean").reset_index()
+  size = p["leaf"].map(sizes).astype(float)
+  return p.assign(num=p["mu2_mean"] * size, den=p["var_mean"] * size / n)[
+      ["train.seed", "leaf", "num", "den"]]
+
+
+def leaf_views(out_dir: Path) -> pd.DataFrame | None:
+  """Per seed `rules.leaf_aggregates` of μ̂²/(σ̂²/B); None without the per-leaf terms or the
+  parameter counts (leaf_params.csv)."""
+  sizes = leafwise.read_sizes(out_dir)
+  path = Path(out_dir) / "moments_per_leaf.csv"
+  if sizes is None or not path.exists():
+    return None
+  per_leaf = pd.read_csv(path)
+  if not {"mu2_mean", "var_mean"} <= set(per_leaf["quantity"]):
+    return None
+  n = sample_count(pd.read_csv(Path(out_dir) / "moments_all.csv"))
+  return leafwise.per_seed_views(leaf_sums(per_leaf, sizes, n), sizes, ["train.seed"])
 
 
 def figures(out_dir: Path) -> list[Path]:
   out_dir = Path(out_dir)
-  if not (out_dir / "moments_all.csv").exists():  # results of the old (median) estimators
-    return []
   all_df = pd.read_csv(out_dir / "moments_all.csv")
   per_leaf = pd.read_csv(out_dir / "moments_per_leaf.csv")
   pyplot = plt()
@@ -124,14 +163,16 @@ def figures(out_dir: Path) -> list[Path]:
         title="shares of μ̂², σ̂²/B, σ̂² in Adam's v̂", legend=8)
   leaf = per_leaf[per_leaf["quantity"] == "snr2_batch"]
   if not leaf.empty:
-    bars = _second_half(leaf).groupby("leaf")["value"].mean()
-    axes[2].bar(range(len(bars)), bars.values)
+    bars = leafwise.second_half(leaf).groupby("leaf")["value"].mean()
+    axes[2].bar(range(len(bars)), bars.values,
+                color=["C1" if is_norm_leaf(k) else "C0" for k in bars.index])
     axes[2].set_xticks(range(len(bars)))
-    axes[2].set_xticklabels([lbl[-28:] for lbl in bars.index], rotation=70, fontsize=6)
+    axes[2].set_xticklabels([lbl[-28:] for lbl in bars.index], rotation=70, fontsize=6,
+                            ha="right", rotation_mode="anchor")
   axes[2].axhline(1.0, color="k", ls="--", lw=0.8)
   axes[2].set_yscale("symlog", linthresh=1e-2)
   style(axes[2], ylabel="Σμ̂² / Σσ̂²/B within the leaf",
-        title="per leaf, second half of training")
+        title="per leaf, second half (orange: norm layers)")
   return [savefig(fig, out_dir / "moments_over_training.png")]
 
 
@@ -139,25 +180,40 @@ def report(out_dir: Path) -> Report:
   path = Path(out_dir) / "moments_all.csv"
   all_df = pd.read_csv(path) if path.exists() else pd.DataFrame()
   if all_df.empty or "snr2_batch" not in set(all_df["quantity"]):
-    return Report(verdict="not measured", finding="μ̂²/(σ̂²/B) was not logged "
-                  "(opt/all/snr2_batch missing from metrics.jsonl): rerun.", numbers_md="")
+    return Report(verdict="not measured", rule=RULE, finding="μ̂²/(σ̂²/B) was not logged "
+                  f"(opt/all/snr2_batch missing from metrics.jsonl): {RERUN}.")
   seeds = per_seed(all_df)
-  r = seeds["snr2_batch"].dropna().tolist()
-  verdict, pairs = vd.ordering({"μ²": r, "σ²/B": [1.0] * len(r)}, ["μ²", "σ²/B"],
-                               lower_is_better=False)
   mean = seeds.mean()
   get = lambda k: fmt_num(float(mean[k])) if k in mean else "n/a"
-  finding = (f"Second half of training, whole model (ratios of sums over all coordinates, "
-             f"mean over {len(r)} seed(s)): Σμ̂²/Σ(σ̂²/B) = {get('snr2_batch')} "
-             f"(Adam's v is {'μ²' if np.mean(r) > 1 else 'σ²/B'}-dominated on average), "
-             f"Σμ̂²/Σσ̂² = {get('snr2_example')} (MicroAdam's v: "
-             f"{'μ²' if mean.get('snr2_example', np.nan) > 1 else 'σ²'}-dominated); shares "
-             f"of Adam's v̂: μ̂² {get('share_mu2')}, σ̂²/B {get('share_var_b')}. Rule: "
-             + vd.RULE + " Here, with μ²/(σ²/B) against 1 (higher: μ² dominates): "
-             + "; ".join(p.sentence() for p in pairs) + ".")
-  return Report(verdict=verdict, finding=finding, claim_row=finding,
-                numbers_md="Per seed, mean over the second half of training (whole model, "
-                "ratios of sums; signed):\n\n" + md_table(seeds.reset_index()))
+  whole = (f"whole model (ratios of sums over all coordinates, second half of training, mean "
+           f"over {len(seeds)} seed(s)): Σμ̂²/Σ(σ̂²/B) = {get('snr2_batch')}, Σμ̂²/Σσ̂² = "
+           f"{get('snr2_example')}; shares of Adam's v̂: μ̂² {get('share_mu2')}, σ̂²/B "
+           f"{get('share_var_b')}")
+  views = leaf_views(out_dir)
+  if views is None:
+    return Report(verdict="not measured", rule=RULE, finding=(
+        "The per-leaf μ̂², σ̂² or the leaves' parameter counts (leaf_params.csv) are "
+        f"missing, so the rule's per-leaf value cannot be computed: {RERUN}. Measured, "
+        f"not a verdict: {whole}."), numbers_md="Per seed, whole model:\n\n"
+        + md_table(seeds.reset_index()))
+  r = views["weighted_median_no_norm"].dropna().tolist()
+  verdict, pairs = vd.ordering({"μ²": r, "σ²/B": [1.0] * len(r)}, ["μ²", "σ²/B"],
+                               lower_is_better=False)
+  m = views.mean(numeric_only=True)
+  measured = (f"Per leaf r = Σμ̂²/Σ(σ̂²/B), second half of training, mean over {len(views)} "
+              f"seed(s): {leafwise.view_text(m, 'r')}; ratio of sums {fmt_num(m['ratio_of_sums'])}"
+              f" (all leaves) / {fmt_num(m['ratio_of_sums_no_norm'])} (no norm); "
+              + leafwise.norm_shares_text(m, "Σμ̂²", "Σσ̂²/B") + ". Rule's test: "
+              + "; ".join(p.sentence() for p in pairs) + f". Also measured, {whole}.")
+  cols = ["train.seed", "ratio_of_sums", "ratio_of_sums_no_norm", "share_params_above_1",
+          "share_params_above_1_no_norm", "median_no_norm", "weighted_median",
+          "weighted_median_no_norm", "norm_share_num", "norm_share_den", "norm_share_params"]
+  return Report(verdict=verdict, rule=RULE, finding=measured, claim_row=measured,
+                numbers_md="Per seed, per-leaf r = Σμ̂²/Σ(σ̂²/B) aggregated over leaves "
+                "(`rules.leaf_aggregates`; `_no_norm`: without the normalization layers):\n\n"
+                + md_table(views[cols]) + "\n\nPer seed, whole model (ratios of sums over all "
+                "coordinates; signed), mean over the second half of training:\n\n"
+                + md_table(seeds.reset_index()))
 
 
 EXPERIMENT = register(Experiment(

@@ -27,7 +27,7 @@ from experiments import lr_search, report_md
 from experiments.launch import LAUNCHERS, LaunchLog, launch_blocks
 from experiments.record import BUILTIN, Experiment, Inputs, Report, get, provenance
 from experiments.runs import METRICS, SUMMARY, aggregate, finals
-from experiments.sweep import PRESETS, REPO, record_sweep, sweep_dir
+from experiments.sweep import PRESETS, REPO, config_extras, fmt, record_sweep, sweep_dir
 
 EXPERIMENTS = BUILTIN  # the built-in experiments' names; `record.experiments()` has plugins'
 RESULTS = REPO / "results"
@@ -132,6 +132,9 @@ def run_experiment(
   if table is not None:
     if table.empty:
       raise RuntimeError(f"no run of {sdir} wrote {METRICS}; see the log above.")
+    # The runs' shared overrides (e.g. the model behind per-leaf parameter counts).
+    table.attrs["overrides"] = [f"{k}={fmt(v)}" for k, v in sweep.base.items()] + list(
+        config_extras(extra))
     exp.analyze(table, finals(table), out_dir)
   else:
     exp.analyze(sdir, out_dir)

@@ -12,6 +12,8 @@ change behind this module. Imports are deferred: reading a table does not import
   composed(overrides)               the config Hydra composes, as plain values
   scale_summary(overrides)          model and data sizes of a composed config
   n_params(overrides)               the parameter count of its model (no initialization)
+  leaf_sizes(overrides)             {leaf path: parameter count} of its model, as logged
+  layer_type(path)                  a leaf path's layer type ("norm", "mlp", ...; the GNS groups)
 """
 
 from __future__ import annotations
@@ -75,3 +77,25 @@ def n_params(overrides: Sequence[str]) -> int:
   model = build_plan(compose(list(overrides))).model
   shapes = jax.eval_shape(lambda: init_params(model, jax.random.key(0)))
   return int(sum(math.prod(x.shape) for x in jax.tree.leaves(shapes)))
+
+
+def leaf_sizes(overrides: Sequence[str]) -> dict[str, int]:
+  """{leaf path ("block_0/attn/query/kernel", as in the logged "opt/<leaf>/..." keys):
+  its parameter count} of the composed config's model (shapes only)."""
+  import jax
+
+  from pergrad.configure import build_plan, compose
+  from pergrad.model import init_params
+  from pergrad.stats.noise import leaf_path
+
+  model = build_plan(compose(list(overrides))).model
+  shapes = jax.eval_shape(lambda: init_params(model, jax.random.key(0)))
+  return {leaf_path(p): int(math.prod(x.shape))
+          for p, x in jax.tree_util.tree_flatten_with_path(shapes)[0]}
+
+
+def layer_type(path: str) -> str:
+  """The layer type of a leaf path by the GNS groups' rules (`pergrad.stats.layers`)."""
+  from pergrad.stats.layers import layer_type as kind
+
+  return kind(path)

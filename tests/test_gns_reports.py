@@ -68,9 +68,10 @@ def test_norm_cost_judge_and_decide():
 # --- gns_layers --------------------------------------------------------------------------------
 
 
-def _gns_table(seeds, coupled: bool, steps=200, seed=0):
-  """Raw per-step terms: the norm group's S drifts up over training; the total's S is
-  2× the norm's (coupled) or an independent random walk; |G|² constant."""
+def _gns_table(seeds, coupled: bool, steps=200, seed=0, g2_norm=0.3, s_rest=1.0):
+  """Raw per-step terms, |G|² constant (norm g2_norm, the rest 1 − g2_norm): the norm
+  group's S drifts up over training; the rest's S is s_rest × (2× the norm's drift
+  (coupled) or an independent random walk); the total is their sum."""
   rng = np.random.default_rng(seed)
   rows = []
   for s in seeds:
@@ -78,10 +79,11 @@ def _gns_table(seeds, coupled: bool, steps=200, seed=0):
     walk = 2.0 + np.cumsum(rng.normal(0, 0.2, steps)).clip(-1.5, 3)
     for k in range(steps):
       S_norm = drift[k] * (1 + 0.3 * rng.standard_normal())
-      S_tot = (2 * drift[k] if coupled else walk[k]) * (1 + 0.3 * rng.standard_normal())
+      S_rest = s_rest * (2 * drift[k] if coupled else walk[k]) * (
+          1 + 0.3 * rng.standard_normal())
       rows.append({"run": f"train.seed={s}", "train.seed": s, "step": k + 1,
-                   "data.batch_size": 32, "gns/norm/G2": 1.0, "gns/norm/S": S_norm,
-                   "gns/total/G2": 1.0, "gns/total/S": S_tot})
+                   "data.batch_size": 32, "gns/norm/G2": g2_norm, "gns/norm/S": S_norm,
+                   "gns/total/G2": 1.0, "gns/total/S": S_norm + S_rest})
   return pd.DataFrame(rows)
 
 
@@ -90,22 +92,38 @@ def _gns_report(tmp_path, name, table):
   d.mkdir()
   gns_layers.analyze(table, pd.DataFrame({"run": table["run"].unique()}), d)
   assert gns_layers.figures(d)[0].exists()
-  return gns_layers.report(d), pd.read_csv(d / "gns_regression.csv")
+  return gns_layers.report(d), pd.read_csv(d / gns_layers.PART_WHOLE)
 
 
 def test_gns_layers_verdicts(tmp_path):
   rep, reg = _gns_report(tmp_path, "coupled", _gns_table((0, 1, 2), coupled=True))
   assert rep.verdict == "reproduced", rep.finding
+  assert rep.rule == gns_layers.RULE
   at = reg[np.isclose(reg["alpha"], gns_layers.ALPHA)]
-  assert len(at) == 3 and (at["slope"].between(1.6, 2.4)).all()  # total = 2 × norm
+  # rest = 2 × norm in S, |G|² 0.7 vs 0.3: B_rest = (2 · 0.3 / 0.7) B_norm
+  assert len(at) == 3 and (at["slope_complement"].between(0.7, 1.0)).all()
+  np.testing.assert_allclose(at["share_g2"], 0.3, rtol=1e-5)
   assert set(reg["alpha"]) == set(gns_layers.ALPHAS)
   rep, _ = _gns_report(tmp_path, "independent", _gns_table((0, 1, 2), coupled=False))
   assert rep.verdict in ("not reproduced", "partly reproduced"), rep.finding
+  # Part-whole: the norm group holds 90 % of |G|² and most of S, so the total tracks it
+  # (r_total high) while the rest does not: the verdict reads the rest.
+  rep, reg = _gns_report(tmp_path, "part_whole", _gns_table(
+      (0, 1, 2), coupled=False, g2_norm=0.9, s_rest=0.05))
+  at = reg[np.isclose(reg["alpha"], gns_layers.ALPHA)]
+  assert (at["r_total"] > 0.9).all() and (at["r_complement"] < 0.9).all(), at
+  assert gns_layers.decide(at["r_total"].tolist()) == "reproduced"  # total-on-norm would pass
+  assert rep.verdict in ("not reproduced", "partly reproduced"), rep.finding
+  assert "part-whole r of the total" in rep.finding
   rep, _ = _gns_report(tmp_path, "one", _gns_table((0,), coupled=True))
   assert rep.verdict == "undetermined"
   assert gns_layers.decide([0.95, 0.97, 0.96]) == "reproduced"
   assert gns_layers.decide([0.5, 0.6, 0.55]) == "not reproduced"
   assert gns_layers.decide([0.95, 0.7, 0.99]) == "partly reproduced"
+  # An analysis without the complement regression: re-run.
+  (tmp_path / "one" / gns_layers.PART_WHOLE).unlink()
+  rep = gns_layers.report(tmp_path / "one")
+  assert rep.verdict == "not measured" and "re-run" in rep.finding
 
 
 def test_gns_layers_smoothing_is_the_trackers():

@@ -15,90 +15,201 @@ sys.path.insert(0, str(REPO))
 
 # --- reports of the snr and moments experiments on constructed CSVs ----------------------
 
+# Two big leaves and one normalization leaf with 0.2 % of the parameters.
+SIZES = {"block_0/mlp/kernel": 3000, "block_0/attn/kernel": 2000, "block_0/norm/scale": 10}
+NORM = "block_0/norm/scale"
 
-def _snr_all(ema, batch, example, spread, seeds=3, steps=(10, 20, 30, 40)):
-  rows = []  # seed offsets −s, 0, +s, …: std over seeds = spread (rotated per stage)
-  base = spread * (np.arange(seeds) - (seeds - 1) / 2)
+
+def _write_sizes(d: Path, sizes=SIZES) -> None:
+  pd.DataFrame({"leaf": list(sizes), "n_params": list(sizes.values())}).to_csv(
+      d / "leaf_params.csv", index=False)
+
+
+def _offsets(spread, seeds):
+  return spread * (np.arange(seeds) - (seeds - 1) / 2)  # std over seeds = spread
+
+
+def _snr_csvs(d: Path, leaf: dict, norm: dict, spread, seeds=3, steps=(10, 20, 30, 40)):
+  """snr_all.csv, snr_per_leaf.csv, leaf_params.csv: every non-norm leaf at SNR² `leaf`
+  (stage -> value) plus a seed offset, the norm leaf at `norm`; the whole model is the
+  norm-dominated mix 0.1 · leaf + 0.9 · norm."""
+  d.mkdir()
+  base = _offsets(spread, seeds)
+  rows_all, rows_leaf = [], []
   for seed in range(seeds):
     off = {k: base[(seed + i) % seeds] for i, k in enumerate(("ema", "batch", "example"))}
     for step in steps:
-      for stage, v in (("ema", ema), ("batch", batch), ("example", example)):
-        rows.append({"run": f"train.seed={seed}", "train.seed": seed, "step": step,
-                     "examples_seen": 32 * step, "stage": f"snr2_{stage}",
-                     "snr2": v + off[stage]})
-  return pd.DataFrame(rows)
+      ids = {"run": f"train.seed={seed}", "train.seed": seed, "step": step,
+             "examples_seen": 32 * step}
+      for stage in ("ema", "batch", "example"):
+        v = leaf[stage] + off[stage]
+        rows_all.append({**ids, "stage": f"snr2_{stage}", "snr2": 0.1 * v + 0.9 * norm[stage]})
+        for name in SIZES:
+          rows_leaf.append({**ids, "stage": f"snr2_{stage}", "leaf": name,
+                            "snr2": norm[stage] if name == NORM else v})
+  pd.DataFrame(rows_all).to_csv(d / "snr_all.csv", index=False)
+  pd.DataFrame(rows_leaf).to_csv(d / "snr_per_leaf.csv", index=False)
+  _write_sizes(d)
+  return d
 
 
 def test_snr_report_verdicts(tmp_path):
-  from experiments import snr, verdict
-  cases = {  # (ema, batch, example, seed spread) -> verdict
-      (4.0, 1.0, 1 / 32, 0.1): "reproduced",
-      (0.5, 1.0, 1 / 32, 0.1): "not reproduced",  # the EMA lowers the SNR: flips it
-      (1.05, 1.0, 1 / 32, 0.2): "partly reproduced",  # within seed noise: a tie
+  from experiments import snr
+  stages = lambda e, b: {"ema": e, "batch": b, "example": b / 32}
+  cases = {  # (leaves' ema, batch, norm leaf's ema, batch, seed spread) -> verdict
+      (4.0, 1.0, 4.0, 1.0, 0.1): "reproduced",
+      (0.5, 1.0, 0.5, 1.0, 0.1): "not reproduced",  # the EMA lowers the SNR: flips it
+      (1.05, 1.0, 1.05, 1.0, 0.2): "partly reproduced",  # within seed noise: a tie
+      # The norm leaf dominates the whole model (ema > batch there), the parameters say
+      # otherwise: the verdict follows the parameter-weighted view without the norm layers.
+      (0.5, 1.0, 40.0, 1.0, 0.1): "not reproduced",
   }
-  for (e, b, x, spread), want in cases.items():
-    d = tmp_path / f"{e}-{b}"
-    d.mkdir()
-    _snr_all(e, b, x, spread).to_csv(d / "snr_all.csv", index=False)
+  for k, ((e, b, ne, nb, spread), want) in enumerate(cases.items()):
+    d = _snr_csvs(tmp_path / str(k), stages(e, b), stages(ne, nb), spread)
     rep = snr.report(d)
-    assert rep.verdict == want, (e, b, rep)
-    assert verdict.RULE in rep.finding and "EMA gain" in rep.finding
+    assert rep.verdict == want, (k, rep.finding)
+    assert rep.rule == snr.RULE and "EMA gain" in rep.finding
+    assert "ema:batch" not in rep.finding and "batch:example" not in rep.finding
+    assert "Sign agreement with E g: not logged" in rep.finding
   # One seed: nothing is significant.
-  d = tmp_path / "one"
-  d.mkdir()
-  _snr_all(4.0, 1.0, 1 / 32, 0.1, seeds=1).to_csv(d / "snr_all.csv", index=False)
+  d = _snr_csvs(tmp_path / "one", stages(4.0, 1.0), stages(4.0, 1.0), 0.1, seeds=1)
   assert snr.report(d).verdict == "undetermined"
+  # Without the parameter counts: not measured, re-run (the whole model still reported).
+  (d / "leaf_params.csv").unlink()
+  rep = snr.report(d)
+  assert rep.verdict == "not measured" and "re-run" in rep.finding and rep.rule
+
+
+def _sign_columns(leaf_counts: dict, steps) -> dict:
+  """sign/<leaf>/<field> columns: leaf -> (coords, agree_all, selected, agree, progress, mu2)
+  per logged step, and sign/total/ their sums."""
+  from experiments.sign_counts import FIELDS
+  cols = {}
+  total = np.zeros(len(FIELDS))
+  for leaf, c in leaf_counts.items():
+    total = total + np.asarray(c, float)
+    cols.update({f"sign/{leaf}/{f}": c[i] for i, f in enumerate(FIELDS)})
+  cols.update({f"sign/total/{f}": total[i] for i, f in enumerate(FIELDS)})
+  return cols
 
 
 def test_snr_analyze_figures_report_from_a_table(tmp_path):
-  """analyze -> figures -> report on a table shaped like runs.aggregate's."""
-  from experiments import snr
+  """analyze -> figures -> report on a table shaped like runs.aggregate's, with the sign
+  counts the train loop logs (which also give the leaves' parameter counts)."""
+  from experiments import sign_counts, snr
+  leaves = {"dense/kernel": (1.0, 1000), "embed/embedding": (-0.01, 500),
+            "norm/scale": (50.0, 4)}
+  # per step: coords, agree_all, selected, agree, progress, mu2
+  counts = {"dense/kernel": (1000, 700, 400, 360, 30.0, 4.0),
+            "embed/embedding": (500, 260, 100, 60, 2.0, 1.0),
+            "norm/scale": (4, 4, 4, 4, 8.0, 16.0)}
   rows = []
   for seed in range(3):
     for step in (5, 10, 15, 20):
       r = {"run": f"s{seed}", "train.seed": seed, "step": step, "data.batch_size": 8}
-      for leaf, scale in (("all", 1.0), ("dense/kernel", 2.0), ("embed/embedding", -0.01)):
+      for leaf, (scale, _) in (("all", (1.0, 0)), *leaves.items()):
         r[f"opt/{leaf}/snr2_example"] = scale / 8
         r[f"opt/{leaf}/snr2_batch"] = scale + 0.01 * seed
         r[f"opt/{leaf}/snr2_ema"] = 3 * scale + 0.01 * seed
-      rows.append(r)
+      rows.append({**r, **_sign_columns(counts, step)})
   table = pd.DataFrame(rows)
   snr.analyze(table, pd.DataFrame({"run": ["s0"]}), tmp_path)
   leaf = pd.read_csv(tmp_path / "snr_per_leaf.csv")
-  assert set(leaf["leaf"]) == {"dense/kernel", "embed/embedding"}
+  assert set(leaf["leaf"]) == set(leaves)
   assert len(pd.read_csv(tmp_path / "snr_all.csv")) == 3 * 4 * 3
+  sizes = pd.read_csv(tmp_path / "leaf_params.csv").set_index("leaf")["n_params"]
+  assert sizes.to_dict() == {"dense/kernel": 1000, "embed/embedding": 500, "norm/scale": 4}
   assert all(p.exists() for p in snr.figures(tmp_path))
   rep = snr.report(tmp_path)
   assert rep.verdict == "reproduced" and "1.726" in rep.finding  # gain √(3.01/1.01)
+  assert rep.rule == snr.RULE
+  # Pooled over the second half (steps 15, 20) and over seeds the ratios are the per-step
+  # ones: total agreement (360+60+4)/(400+100+4), alignment 40/√(1504·21); without the norm
+  # leaf 420/500 and 32/√(1500·5).
+  pooled = sign_counts.pooled(sign_counts.read(tmp_path), ["train.seed"])
+  tot = pooled[pooled["leaf"] == "total"].iloc[0]
+  rest = pooled[pooled["leaf"] == sign_counts.NO_NORM].iloc[0]
+  assert tot["coords"] == 2 * 1504
+  np.testing.assert_allclose([tot["agree"], tot["alignment"], tot["resolved"]],
+                             [424 / 504, 40 / np.sqrt(1504 * 21), 504 / 1504])
+  np.testing.assert_allclose([rest["agree"], rest["alignment"], rest["agree_raw"]],
+                             [420 / 500, 32 / np.sqrt(1500 * 5), 960 / 1500])
+  assert "Sign agreement with E g (held-out" in rep.finding
+  assert f"agreement {424 / 504:.3f}" in rep.finding
 
 
-def _moments_all(ratio, spread, seeds=3):
-  rows = []
-  for seed in range(seeds):
-    off = spread * (seed - (seeds - 1) / 2)  # std over seeds = spread
+def test_sign_counts_summary_edges():
+  from experiments import sign_counts
+  df = pd.DataFrame({"coords": [10.0, 10.0], "agree_all": [5.0, 6.0], "selected": [0.0, 2.0],
+                     "agree": [0.0, 2.0], "progress": [1.0, 1.0], "mu2": [-1.0, 0.1]})
+  s = sign_counts.summarize(df)
+  assert np.isnan(s["agree"][0]) and np.isnan(s["alignment"][0])  # none resolved; mu2 <= 0
+  np.testing.assert_allclose(s["alignment"][1], 1 / np.sqrt(10 * 0.1))
+
+
+def _moments_csvs(d: Path, leaf_ratio, norm_ratio, spread, seeds=3, n=32):
+  """moments_all.csv, moments_per_leaf.csv, leaf_params.csv: every non-norm leaf with
+  μ̂²/(σ̂²/n) = leaf_ratio (+ a seed offset), the norm leaf at norm_ratio with a 1000×
+  larger σ̂² per coordinate (so it dominates the whole-model sums)."""
+  d.mkdir()
+  rows_all, rows_leaf = [], []
+  for seed, off in enumerate(_offsets(spread, seeds)):
     for step in (10, 20, 30, 40):
-      for q, v in (("snr2_batch", ratio + off), ("snr2_example", (ratio + off) / 32),
+      ids = {"run": f"s{seed}", "train.seed": seed, "step": step, "examples_seen": 32 * step}
+      num = den = 0.0
+      for leaf, size in SIZES.items():
+        r, var = (norm_ratio, 1000.0) if leaf == NORM else (leaf_ratio + off, 1.0)
+        mu2 = r * var / n
+        num, den = num + mu2 * size, den + var * size / n
+        rows_leaf += [{**ids, "value": mu2, "quantity": "mu2_mean", "leaf": leaf},
+                      {**ids, "value": var, "quantity": "var_mean", "leaf": leaf},
+                      {**ids, "value": r, "quantity": "snr2_batch", "leaf": leaf}]
+      for q, v in (("snr2_batch", num / den), ("snr2_example", num / den / n),
                    ("share_mu2", 0.5), ("share_var_b", 0.5), ("share_var", 16.0)):
-        rows.append({"run": f"s{seed}", "train.seed": seed, "step": step,
-                     "examples_seen": 32 * step, "quantity": q, "value": v})
-  return pd.DataFrame(rows)
+        rows_all.append({**ids, "quantity": q, "value": v})
+  pd.DataFrame(rows_all).to_csv(d / "moments_all.csv", index=False)
+  pd.DataFrame(rows_leaf).to_csv(d / "moments_per_leaf.csv", index=False)
+  _write_sizes(d)
+  return d
 
 
 def test_moments_report_verdicts(tmp_path):
-  from experiments import moments, verdict
-  cases = {(3.0, 0.2): "reproduced", (0.3, 0.1): "not reproduced",  # flipped
-           (1.2, 0.5): "partly reproduced"}  # within seed noise: a tie
-  for (ratio, spread), want in cases.items():
-    d = tmp_path / f"{ratio}"
-    d.mkdir()
-    _moments_all(ratio, spread).to_csv(d / "moments_all.csv", index=False)
-    pd.DataFrame(columns=["run", "train.seed", "step", "examples_seen", "value", "quantity",
-                          "leaf"]).to_csv(d / "moments_per_leaf.csv", index=False)
+  from experiments import moments
+  cases = {(3.0, 3.0, 0.2): "reproduced", (0.3, 0.3, 0.1): "not reproduced",  # flipped
+           (1.2, 1.2, 0.5): "partly reproduced",  # within seed noise: a tie
+           # The norm leaf's μ² makes the whole-model ratio > 1; the parameters' is 0.3.
+           (0.3, 20.0, 0.1): "not reproduced"}
+  for k, ((leaf, norm, spread), want) in enumerate(cases.items()):
+    d = _moments_csvs(tmp_path / str(k), leaf, norm, spread)
     rep = moments.report(d)
-    assert rep.verdict == want, (ratio, rep)
-    assert verdict.RULE in rep.finding
+    assert rep.verdict == want, (k, rep.finding)
+    assert rep.rule == moments.RULE and "Rule:" not in rep.finding
     assert all(p.exists() for p in moments.figures(d))
+  whole = pd.read_csv(d / "moments_all.csv").query("quantity == 'snr2_batch'")["value"]
+  assert whole.min() > 1  # the norm-dominated ratio of sums the rule does not use
+  views = moments.leaf_views(d)
+  np.testing.assert_allclose(views["weighted_median_no_norm"], 0.3 + _offsets(0.1, 3))
+  np.testing.assert_allclose(views["norm_share_params"], 10 / 5010)
   assert moments.report(tmp_path / "nothing").verdict == "not measured"
+  (d / "leaf_params.csv").unlink()
+  rep = moments.report(d)
+  assert rep.verdict == "not measured" and "re-run" in rep.finding
+
+
+def test_reports_with_a_rule_lose_the_old_rule_mark(tmp_path):
+  """The claims table marks a report.json without a rule; snr and moments now state one."""
+  import json
+
+  from experiments import moments, report_md, snr
+  from experiments.record import Report
+  for name, mod in (("snr", snr), ("moments", moments)):
+    rep = mod.report(tmp_path / "missing")
+    assert rep.rule
+    (tmp_path / name).mkdir()
+    (tmp_path / name / "report.json").write_text(json.dumps(rep.to_json({})))
+  table = report_md.claims_table(tmp_path)
+  assert "old rule" not in table
+  assert Report.from_json({"verdict": "x"}).rule == ""
 
 
 def test_experiment_configs_match_the_modules(tmp_path):
@@ -114,3 +225,17 @@ def test_experiment_configs_match_the_modules(tmp_path):
     for mod in (snr, moments):
       pts = [p for b in mod.EXPERIMENT.sweep_at(preset, inputs).blocks for p in b.points()]
       assert len({p["train.seed"] for p in pts}) >= (3 if preset == "cpu" else 1)
+
+
+def test_leaf_sizes_from_the_sweeps_overrides():
+  """The runner's base overrides give every leaf's parameter count (shapes only); at the
+  cpu scale the normalization layers hold 0.19 % of the parameters."""
+  from experiments import leafwise
+  from experiments.rules import is_norm_leaf
+  table = pd.DataFrame({"run": ["r"], "step": [1]})
+  assert leafwise.sizes_from_table(table) is None
+  table.attrs["overrides"] = ["experiment=moments", "scale=cpu", "stats.log_every=10"]
+  sizes = leafwise.sizes_from_table(table)
+  assert sum(sizes.values()) == 664_832 and sizes["block_0/attn/query/kernel"] == 128 * 128
+  norm = sum(v for k, v in sizes.items() if is_norm_leaf(k))
+  assert round(100 * norm / sum(sizes.values()), 2) == 0.19
