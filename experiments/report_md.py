@@ -167,6 +167,19 @@ README_BEGIN = "<!-- claims:begin -->"
 README_END = "<!-- claims:end -->"
 
 
+STALE = " (written before reports recorded their commit: re-run with the current rules)"
+NO_RULE = " (no stated rule: re-run)"
+
+
+def stale_mark(doc: dict) -> str:
+  """What the claims table says beside a verdict whose report.json cannot vouch for it:
+  no commit (results older than the provenance record, analysed by earlier rules) or no
+  stated rule."""
+  if not doc.get("commit"):
+    return STALE
+  return "" if doc.get("rule") else NO_RULE
+
+
 def claims_table(results_root: Path, link_prefix: str = "") -> str:
   """The table of claims: one row per claim, every number and verdict from the experiments'
   `report.json` (`claim_row`, else `finding`; `verdict`), nothing else. `link_prefix` is
@@ -181,11 +194,10 @@ def claims_table(results_root: Path, link_prefix: str = "") -> str:
         measured.append(f"`{n}`: not yet run")
         verdicts.append(f"{n}: not yet run")
         continue
-      d = Report.from_json(json.loads(rep.read_text()))
+      doc = json.loads(rep.read_text())
+      d = Report.from_json(doc)
       measured.append(f"`{n}`: {d.claim_row or d.finding}")
-      # A report without a stated rule predates the noise-aware rules (experiments/verdict.py)
-      verdicts.append(f"{n}: **{d.verdict}**" + ("" if d.rule else
-                                                 " (old rule, not noise-aware: re-run)"))
+      verdicts.append(f"{n}: **{d.verdict}**" + stale_mark(doc))
       figs += [f"[{p.name}]({link_prefix}{n}/{p.name})"
                for p in sorted((results_root / n).glob("*.png"))]
     rows.append(f"| {claim} | {'<br>'.join(measured)} | {' '.join(figs) or '—'} | "

@@ -197,7 +197,8 @@ def test_moments_report_verdicts(tmp_path):
 
 
 def test_reports_with_a_rule_lose_the_old_rule_mark(tmp_path):
-  """The claims table marks a report.json without a rule; snr and moments now state one."""
+  """The claims table marks a report.json without a commit or a rule; snr and moments
+  state a rule."""
   import json
 
   from experiments import moments, report_md, snr
@@ -206,9 +207,12 @@ def test_reports_with_a_rule_lose_the_old_rule_mark(tmp_path):
     rep = mod.report(tmp_path / "missing")
     assert rep.rule
     (tmp_path / name).mkdir()
-    (tmp_path / name / "report.json").write_text(json.dumps(rep.to_json({})))
+    (tmp_path / name / "report.json").write_text(
+        json.dumps(rep.to_json({"commit": "abc1234", "clean": True})))
   table = report_md.claims_table(tmp_path)
-  assert "old rule" not in table
+  assert report_md.NO_RULE not in table and report_md.STALE not in table
+  assert report_md.stale_mark({"verdict": "x", "rule": "r"}) == report_md.STALE
+  assert report_md.stale_mark({"verdict": "x", "commit": "abc"}) == report_md.NO_RULE
   assert Report.from_json({"verdict": "x"}).rule == ""
 
 
