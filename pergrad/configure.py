@@ -27,6 +27,7 @@ from pergrad.stats.layers import LAYER_TYPES
 from pergrad.stats.noise import TOTAL
 from pergrad.train import batch_schedule
 from pergrad.train.batch_schedule import BatchConfig, BatchSchedule
+from pergrad.train.heldout import HELDOUT_REQUEST
 
 
 def compose(overrides=(), config_name: str = "config") -> DictConfig:
@@ -145,8 +146,10 @@ def _stats_plan(request: StatsRequest, s: StatsSpec) -> StatsPlan:
     # What is logged, plus 'sq', which the optimizer diagnostics read.
     log_request = request.union(s.want + ("sq",), s.granularity, s.layers)
     log_backend = resolve_backend(log_request, s.backend)
+  sign_backend = resolve_backend(HELDOUT_REQUEST, s.backend) if s.sign_agreement else None
   return StatsPlan(request=request, backend=backend, log_request=log_request,
                    log_backend=log_backend, log_every=s.log_every,
-                   microbatch_size=s.microbatch_size)
+                   microbatch_size=s.microbatch_size, sign_agreement=s.sign_agreement,
+                   sign_backend=sign_backend)
 
 

@@ -148,6 +148,10 @@ class StatsSpec:
   # (norm, attention, mlp, embedding, unembedding) or path patterns; []: every leaf.
   # E.g. stats.layers=[norm]: normalization layers only (Gray et al.'s predictor).
   layers: tuple[str, ...] = ()
+  # Log how often the update's sign agrees with sign(E g) (pergrad.train.heldout): on
+  # statistics-logging steps, E g is estimated from a held-out set of this many times
+  # data.batch_size examples, drawn apart from the training stream; 0: off.
+  sign_agreement: int = resumable(0)
 
   def __post_init__(self):
     object.__setattr__(self, "backend", StatsBackend.check(self.backend, "stats.backend"))
@@ -156,6 +160,13 @@ class StatsSpec:
     _tuple(self, "want", "layers")
     if self.log_every < 0:
       raise ValueError(f"stats.log_every={self.log_every} must be >= 0 (0: never).")
+    if self.sign_agreement < 0:
+      raise ValueError(f"stats.sign_agreement={self.sign_agreement} must be >= 0 (0: off; n: "
+                       "a held-out set of n x data.batch_size examples, e.g. 4).")
+    if self.sign_agreement and not self.log_every:
+      raise ValueError(f"stats.sign_agreement={self.sign_agreement} is logged on "
+                       "statistics-logging steps, but stats.log_every=0; set stats.log_every "
+                       "(e.g. 10) or stats.sign_agreement=0.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,6 +210,8 @@ class StatsPlan:
   request/backend: every step (what the optimizer reads). log_request/log_backend: on
   statistics-logging steps, the union of the optimizer's request and the logged
   statistics, computed in the same backward pass as the update (None: none logged).
+  sign_agreement/sign_backend: on those steps, the update's sign agreement with a held-out
+  mean gradient (`pergrad.train.heldout`; 0: off).
   """
 
   request: StatsRequest
@@ -207,6 +220,8 @@ class StatsPlan:
   log_backend: str | None = None
   log_every: int = 0
   microbatch_size: int | None = None
+  sign_agreement: int = 0  # held-out size in batches (0: off; `pergrad.train.heldout`)
+  sign_backend: str | None = None  # the backend of the held-out statistics
 
   def logs_at(self, k: int) -> bool:
     return self.log_request is not None and (k == 1 or k % self.log_every == 0)

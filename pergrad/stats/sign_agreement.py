@@ -55,7 +55,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from pergrad.stats.summaries import leaf_name
+from pergrad.stats.noise import leaf_path
 from pergrad.stats.types import GradStats
 
 PyTree = Any
@@ -135,7 +135,7 @@ def per_leaf(update: PyTree, heldout: GradStats, z: float = Z) -> dict[str, Sign
   if len(flat) != len(mean):
     raise ValueError(f"update has {len(flat)} leaves, the held-out statistics {len(mean)}; "
                      "give a tree like params for both")
-  out = {leaf_name(p): counts(u, h, v, n, z) for (p, u), h, v in zip(flat, mean, var,
+  out = {leaf_path(p): counts(u, h, v, n, z) for (p, u), h, v in zip(flat, mean, var,
                                                                     strict=True)}
   total = None
   for c in out.values():

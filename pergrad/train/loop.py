@@ -48,6 +48,7 @@ from pergrad.optim.diagnostics import gns_metrics
 from pergrad.plan import CONFIG, SUMMARY, RunPlan, resume_decision
 from pergrad.train import distributed
 from pergrad.train.checkpoint import Checkpoints
+from pergrad.train.heldout import HeldOutData
 from pergrad.train.metrics import MetricsLogger, read_records
 from pergrad.train.progress import Clock, Progress
 
@@ -102,6 +103,8 @@ def run(plan: RunPlan, out_dir: str | Path, *, hydra_info: dict | None = None,
   echo(f"[pergrad] run directory: {out_dir}")
 
   part = distributed.part()  # this process loads its rows of every batch
+  heldout = (HeldOutData(data, plan.stats.sign_agreement, unit, part)
+             if steps.sign is not None else None)
   evaluate = Evaluator(steps, data.eval_batches(plan.train.eval_batches, part))
   clock = Clock(tokens_per_example=T)
   recorder = Recorder(plan, logger, history, clock, start, seen)
@@ -122,7 +125,9 @@ def run(plan: RunPlan, out_dir: str | Path, *, hydra_info: dict | None = None,
     while not plan.train.done(seen, unit):
       size = sched.next_size(k, seen, size, b_simple)
       batch = steps.put_batch(data.train_examples(seen, size, part))
-      state, metrics = steps.step(state, batch, k + 1)
+      extra = (steps.put_batch(heldout.batch(seen))
+               if heldout is not None and steps.logs_at(k + 1) else None)
+      state, metrics = steps.step(state, batch, k + 1, extra)
       k, before, seen = k + 1, seen, seen + size
       pending.append((k, seen, size, metrics))
       evals = plan.train.evals_at(before, seen, unit)

@@ -12,6 +12,8 @@ to the metrics the per-layer summaries (`pergrad.stats.summaries`, keys "stats/.
 and the optimizer's diagnostics on its new state (`pergrad.optim.diagnostics`, keys
 "opt/..."). The update is the same on both kinds of step, up to float rounding: the
 mean gradient of a per-example backend sums in another order than `value_and_grad`.
+With stats.sign_agreement, logging steps also log the update's sign agreement with a
+held-out mean gradient ("sign/...", `pergrad.train.heldout`), without changing the update.
 
 `Steps` jits each function once over a 1-D ('data',) mesh: explicit in/out
 shardings (batch split on 'data', state replicated), the state donated to the
@@ -39,13 +41,15 @@ from pergrad.optim.diagnostics import gns_metrics
 from pergrad.optim.schedule import TokenScheduleState
 from pergrad.plan import RunPlan
 from pergrad.train import mesh as mesh_lib
+from pergrad.train.heldout import SignLog
 from pergrad.train.state import TrainState, make_init_fn
 
 
 def train_step(state: TrainState, batch: dict, *, loss_fn, opt: Optimizer,
                request: pstats.StatsRequest, backend: str, options: pstats.StatsOptions,
-               log_stats: bool = False) -> tuple[TrainState, dict[str, jax.Array]]:
-  """One update θ_{k+1} = θ_k + tx(ḡ_k, stats_k); metrics are those of step k.
+               log_stats: bool = False, keep_update: bool = False) -> tuple:
+  """One update θ_{k+1} = θ_k + tx(ḡ_k, stats_k): (new state, metrics of step k), and
+  with `keep_update` the update tx(ḡ_k, stats_k) itself third (`pergrad.train.heldout`).
 
   Metrics: loss (mean over the batch at θ_k), grad_norm ‖ḡ‖, update_norm,
   param_norm ‖θ_{k+1}‖, lr (the effective learning rate of this update, which depends on
@@ -72,7 +76,7 @@ def train_step(state: TrainState, batch: dict, *, loss_fn, opt: Optimizer,
     metrics.update(pstats.summaries.layer_summaries(stats))
     metrics.update(diagnostics(opt_state, stats))
   new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state, rng=state.rng)
-  return new_state, metrics
+  return (new_state, metrics, updates) if keep_update else (new_state, metrics)
 
 
 def token_schedule(opt_state: Any) -> TokenScheduleState:
@@ -107,12 +111,13 @@ class Steps:
 
     options = pstats.StatsOptions(microbatch_size=sp.microbatch_size)
 
-    def jit_step(request, backend, log_stats):
+    def jit_step(request, backend, log_stats, keep_update=False):
       return jax.jit(
           functools.partial(train_step, loss_fn=self.loss_fn, opt=opt, request=request,
-                            backend=backend, options=options, log_stats=log_stats),
+                            backend=backend, options=options, log_stats=log_stats,
+                            keep_update=keep_update),
           in_shardings=(self.state_shardings, self.batch_sharding),
-          out_shardings=(self.state_shardings, repl),
+          out_shardings=(self.state_shardings, repl) + ((repl,) if keep_update else ()),
           # The batch is not donated: no output has its shape (XLA could not reuse it).
           donate_argnames=("state",))
 
@@ -120,7 +125,7 @@ class Steps:
       return fn.lower(self.abstract_sharded_state(), abstract_batch(B)).compile()
 
     self.train_jit = jit_step(sp.request, sp.backend, False)
-    logged_jit = (jit_step(sp.log_request, sp.log_backend, True)
+    logged_jit = (jit_step(sp.log_request, sp.log_backend, True, bool(sp.sign_agreement))
                   if sp.log_request is not None else None)
     sizes = plan.batch.sizes if plan.batch.kind != "fixed" else (plan.batch.max_size,)
     # One compiled pair per allowed batch size (buckets), so a batch schedule never
@@ -129,15 +134,27 @@ class Steps:
     self.train_logged = ({B: compiled(logged_jit, B) for B in sizes}
                          if logged_jit is not None else None)
     self.logs_at = sp.logs_at
+    self.sign = (SignLog(plan, self.loss_fn, mesh, self.abstract_sharded_state().params)
+                 if sp.sign_agreement and logged_jit is not None else None)
     self.eval = jax.jit(
         functools.partial(eval_step, loss_fn=self.loss_fn),
         in_shardings=(self.state_shardings.params, self.batch_sharding), out_shardings=repl)
 
-  def step(self, state: TrainState, batch: dict, k: int):
+  def step(self, state: TrainState, batch: dict, k: int, heldout: dict | None = None):
     """Update k (1-based) with the batch's size: the logging variant on statistics-logging
-    steps."""
-    fns = self.train_logged if self.logs_at(k) else self.train
-    return fns[batch["inputs"].shape[0]](state, batch)
+    steps, there with the sign agreement against the `heldout` batch (a global batch,
+    `put_batch`) when the run logs it (`pergrad.train.heldout`)."""
+    B = batch["inputs"].shape[0]
+    if not self.logs_at(k):
+      return self.train[B](state, batch)
+    if self.sign is None:
+      return self.train_logged[B](state, batch)
+    if heldout is None:
+      raise ValueError(f"step {k} logs the sign agreement (stats.sign_agreement="
+                       f"{self.sign.n_h}) but got no held-out batch.")
+    stats = self.sign.stats(state.params, heldout)  # at θ_{k-1}, before the donation
+    state, metrics, updates = self.train_logged[B](state, batch)
+    return state, {**metrics, **self.sign.counts(updates, stats)}
 
   def abstract_sharded_state(self) -> TrainState:
     """ShapeDtypeStructs with shardings (the restore target for Orbax)."""

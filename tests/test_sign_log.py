@@ -1,0 +1,152 @@
+"""The sign agreement logged during training (`stats.sign_agreement`,
+`pergrad.train.heldout`): logged on statistics-logging steps only, the trajectory
+bit-identical with and without it, the logged counts equal to a NumPy recomputation from
+the step's update and held-out statistics, and one-line errors for bad settings.
+
+Runs: the 1-layer, 32-wide model of conftest.TINY, SignEMA, 6 steps, statistics at
+steps 1, 3 and 6.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+from conftest import compose
+
+from pergrad.configure import build_plan
+from pergrad.plan import StatsSpec, resumable_keys
+from pergrad.stats import noise
+from pergrad.stats.sign_agreement import SignCounts
+from pergrad.train.loop import run
+from pergrad.train.metrics import read_records
+
+N_H = 2
+BASE = ("train.steps=6", "train.eval_every=6", "train.checkpoint_every=6",
+        "logging.log_every=1", "optimizer=sign", "optimizer.placement=ema",
+        "optimizer.lr=1e-2", "stats.want=[mean,sq]", "stats.log_every=3")
+LOGGED = (1, 3, 6)
+FIELDS = SignCounts._fields
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _cache(compilation_cache):
+  return compilation_cache
+
+
+def _overrides(tiny, n_h):
+  return [*tiny, *BASE, f"stats.sign_agreement={n_h}"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, tiny_overrides):
+  """{n_h: run dir} for the same run with the sign agreement off (0) and on (N_H)."""
+  out = {}
+  for n_h in (0, N_H):
+    d = tmp_path_factory.mktemp(f"sign{n_h}")
+    run(build_plan(compose(_overrides(tiny_overrides, n_h))), d, echo=lambda s: None)
+    out[n_h] = d
+  return out
+
+
+def _records(d: Path, split: str) -> list[dict]:
+  return [r for r in read_records(d / "metrics.jsonl") if r["split"] == split]
+
+
+def _params(d: Path):
+  return ocp.StandardCheckpointer().restore((d / "checkpoints" / "6" / "default").absolute()
+                                            )["params"]
+
+
+def test_counts_are_logged_on_statistics_steps_only(runs):
+  d = runs[N_H]
+  signed = {r["step"]: r for r in read_records(d / "metrics.jsonl")
+            if any(k.startswith("sign/") for k in r)}
+  assert sorted(signed) == list(LOGGED)
+  assert all(r["split"] == "stats" for r in signed.values())
+  leaves = noise.leaf_paths(_params(d))
+  want = {f"sign/{leaf}/{f}" for leaf in (*leaves, "total") for f in FIELDS}
+  for r in signed.values():
+    assert {k for k in r if k.startswith("sign/")} == want
+    assert r["sign/total/coords"] == sum(r[f"sign/{leaf}/coords"] for leaf in leaves)
+    assert 0 < r["sign/total/agree"] <= r["sign/total/selected"] <= r["sign/total/coords"]
+  off = read_records(runs[0] / "metrics.jsonl")
+  assert off and not any(k.startswith("sign/") for r in off for k in r)
+
+
+def test_trajectory_is_bit_identical_with_and_without(runs):
+  on, off = _params(runs[N_H]), _params(runs[0])
+  la, lb = jax.tree.leaves(on), jax.tree.leaves(off)
+  assert len(la) == len(lb) > 0
+  for x, y in zip(la, lb, strict=True):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  assert ([r["loss"] for r in _records(runs[N_H], "train")]
+          == [r["loss"] for r in _records(runs[0], "train")])
+
+
+def _numpy_counts(u, h, v, n, z=4.0):
+  """`sign_agreement.counts` in NumPy (float32 elementwise, float64 sums)."""
+  su, sh = np.sign(u), np.sign(h)
+  same = (su == sh) & (su != 0)
+  t2 = np.square(h) * np.float32(n) / np.maximum(v, np.finfo(np.float32).tiny)
+  sel = (t2 >= z * z) & (sh != 0)
+  return {"coords": u.size, "agree_all": same.sum(), "selected": sel.sum(),
+          "agree": (same & sel).sum(), "progress": np.sum(su * h, dtype=np.float64),
+          "mu2": np.sum(np.square(h) - v / np.float32(n), dtype=np.float64)}
+
+
+def test_logged_counts_equal_numpy_from_the_update_and_heldout_stats(runs, tiny_overrides):
+  """Step 1 again, piece by piece: the update of the logging step and the held-out
+  statistics at the initial parameters; their counts recomputed in NumPy equal the
+  counts the run logged."""
+  import jax.numpy as jnp
+
+  from pergrad.data import make_data
+  from pergrad.train.heldout import HeldOutData
+  from pergrad.train.mesh import make_mesh
+  from pergrad.train.step import Steps
+
+  plan = build_plan(compose(_overrides(tiny_overrides, N_H)))
+  data, B = make_data(plan.data), plan.batch.max_size
+  steps = Steps(plan, make_mesh())
+  held = HeldOutData(data, N_H, B)
+  host = held.batch(0)
+  assert host["inputs"].shape == (N_H * B, plan.data.seq_len)
+  np.testing.assert_array_equal(host["inputs"], held.batch(0)["inputs"])  # deterministic
+  train_rows = data.train_examples(0, N_H * B)["inputs"]
+  assert not any((row == train_rows).all(axis=1).any() for row in host["inputs"])
+
+  state = steps.init(jnp.int32(plan.train.seed))
+  stats = steps.sign.stats(state.params, steps.put_batch(host))
+  _, _, updates = steps.train_logged[B](state, steps.put_batch(data.train_examples(0, B)))
+  n = float(stats.count)
+  assert n == N_H * B
+  u = np.concatenate([-np.ravel(x) for x in jax.tree.leaves(jax.device_get(updates))])
+  h = np.concatenate([np.ravel(x) for x in jax.tree.leaves(jax.device_get(stats.mean))])
+  v = np.concatenate([np.ravel(x) for x in jax.tree.leaves(jax.device_get(stats.variance))])
+  want = _numpy_counts(u, h, v, n)
+  logged = next(r for r in _records(runs[N_H], "stats") if r["step"] == 1)
+  for f in ("coords", "agree_all", "selected", "agree"):
+    assert logged[f"sign/total/{f}"] == want[f], f
+  for f in ("progress", "mu2"):
+    np.testing.assert_allclose(logged[f"sign/total/{f}"], want[f], rtol=1e-4)
+
+
+@pytest.mark.parametrize("override,match", [
+    ("stats.sign_agreement=-1", r"^stats.sign_agreement=-1 must be >= 0 \(0: off"),
+    ("stats.log_every=0", r"^stats.sign_agreement=2 is logged on statistics-logging steps, "
+                          r"but stats.log_every=0"),
+])
+def test_bad_settings_are_one_line_errors(override, match):
+  with pytest.raises(ValueError, match=match) as e:
+    build_plan(compose([*BASE, "stats.sign_agreement=2", override]))
+  assert "\n" not in str(e.value)
+  with pytest.raises(ValueError, match=r"^stats.sign_agreement=-4 must be >= 0"):
+    StatsSpec(sign_agreement=-4, log_every=10)
+
+
+def test_the_setting_is_resumable():
+  assert "stats.sign_agreement" in resumable_keys()
