@@ -73,13 +73,19 @@ def describe_setup(preset: str) -> str:
   return overhead.describe_setup(preset, BENCH[preset])
 
 
+def variant(row: dict) -> str:
+  """backend/stats, with /granularity unless per example ("surgery/norms@norm")."""
+  gran = row.get("granularity", "example")
+  return f"{row['backend']}/{row['stats']}" + ("" if gran == "example" else f"/{gran}")
+
+
 def paired(doc: dict) -> pd.DataFrame:
   """One row per (shape, variant, rep): the paired time ratio to that shape's baseline
   (`time_ratios` of the benchmark's rows), with the FLOP and peak-memory ratios."""
   out = []
   for r in doc["rows"]:
     for i, ratio in enumerate(r["time_ratios"]):
-      out.append({"preset": r["preset"], "B": r["B"], "variant": f"{r['backend']}/{r['stats']}",
+      out.append({"preset": r["preset"], "B": r["B"], "variant": variant(r),
                   "baseline": r["baseline"], "rep": i, "time_ratio": ratio,
                   "flops_ratio": r["flops_ratio"], "peak_ratio": r["peak_ratio"]})
   return pd.DataFrame(out)
@@ -156,11 +162,11 @@ def report(out_dir: Path) -> Report:
     parts.append(f"weight gradient and norms computed separately (surgery-separate): FLOPs "
                  f"{fmt_num(float(sep['flops_ratio'].median()))}x, time "
                  f"{fmt_num(float(sep['time_median'].median()))}x")
-  base = ", ".join(f"{k} ({v})" for k, v in s.groupby("baseline", sort=False)["preset"]
-                   .count().items()) if "baseline" in s else "?"
+  base = ", ".join(f"{p} B={b}: {name}" for (p, b), name in
+                   s.groupby(["preset", "B"], sort=False)["baseline"].first().items())
   measured = "; ".join(parts) + (
       f" (ratios to the fastest plain step computing the same gradient, timed beside each "
-      f"variant in the same process; baseline chosen: {base} rows).")
+      f"variant in the same process; baseline per shape: {base}).")
   return Report(verdict=decide(outcomes), rule=RULE, finding=f"Rule: {RULE} {measured}",
                 claim_row=measured, setup_md=SETUP_MD,
                 numbers_md="FLOP ratios, paired time ratios per shape and variant (median and "

@@ -43,10 +43,13 @@ def test_fastest_baseline_by_median_over_reps():
     paired.fastest({})
 
 
-def test_interleaved_order_alternates_sides():
-  o0, o1 = paired.interleaved_order(3, 0), paired.interleaved_order(3, 1)
-  assert [j for j, _ in o0] == [0, 1, 2]
-  assert [f for _, f in o0] == [True, False, True] and [f for _, f in o1] == [False, True, False]
+def test_bracketed_baseline_times():
+  # B V B V B: a slow stretch over the second variant rep slows its neighbours too.
+  assert paired.bracketed([1.0, 1.0, 2.0]) == [1.0, 1.5]
+  assert np.allclose(paired.paired_ratios([1.0, 1.8], paired.bracketed([1.0, 1.0, 2.0])),
+                     [1.0, 1.2])
+  with pytest.raises(ValueError, match="n \\+ 1 >= 2"):
+    paired.bracketed([1.0])
 
 
 def _out(**leaves):

@@ -45,7 +45,7 @@ def test_norm_cost_verdicts(tmp_path):
   ok = {"surgery/norms": [1.0, 1.01, 1.02, 0.99, 1.0], "surgery/norms@norm": [1.0] * 5}
   rep = _norm_cost(tmp_path, "ok", ok, {"surgery/norms": 1.003})
   assert rep.verdict == "reproduced" and rep.rule == norm_cost.RULE
-  assert "baseline chosen: contraction" in rep.finding and "q75" in rep.finding
+  assert "baseline per shape: tiny B=8: contraction" in rep.finding and "q75" in rep.finding
   # FLOPs over the bound: a failure whatever the time (all layers, and norm layers alone).
   rep = _norm_cost(tmp_path, "flops", ok, {"surgery/norms": 1.34})
   assert rep.verdict == "not reproduced" and "FLOPs 1.340x vs ≤ 1.05: fails" in rep.finding

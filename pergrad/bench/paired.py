@@ -1,8 +1,10 @@
 """Paired time ratios and the choice of baseline (numpy only: no JAX).
 
-A benchmark times each variant right beside its baseline, rep by rep (back to back, the
-order alternating), so that drift and contention hit both alike; rep i gives the paired
-ratio r_i = t_variant,i / t_base,i. Reported: the median of the r_i and their quartiles
+A benchmark times each variant right beside its baseline: after one untimed pair, the
+sequence B V B V ... V B (n variant reps bracketed by n + 1 baseline reps), so that every
+timed call follows a call of the other program and drift and contention hit both alike;
+rep i gives the paired ratio r_i = t_variant,i / t_base,i (t_base,i: the mean of its two
+neighbours, `bracketed`). Reported: the median of the r_i and their quartiles
 (q25, q75). A time bound b is judged on them:
   holds         q75 ≤ b   (the interquartile range lies below b)
   fails         q25 > b   (it lies above)
@@ -49,7 +51,9 @@ def fastest(times: Mapping[str, Sequence[float]]) -> str:
   return min(medians, key=lambda k: (medians[k], list(medians).index(k)))
 
 
-def interleaved_order(n_variants: int, rep: int) -> list[tuple[int, bool]]:
-  """Rep `rep`'s schedule: (variant j, baseline first?) for every j; the order inside a
-  pair alternates with j and with the rep, so neither side always runs second."""
-  return [(j, (j + rep) % 2 == 0) for j in range(n_variants)]
+def bracketed(base_times: Sequence[float]) -> list[float]:
+  """The baseline time paired with each of n variant reps from the n + 1 baseline reps that
+  bracket them (B V B V ... B): the mean of the two neighbours of each variant rep."""
+  if len(base_times) < 2:
+    raise ValueError(f"bracketing needs n + 1 >= 2 baseline times, got {len(base_times)}.")
+  return [(a + b) / 2 for a, b in zip(base_times[:-1], base_times[1:], strict=True)]

@@ -6,7 +6,8 @@ the fastest plain step of the same shape: the baseline is chosen among the progr
 the simultaneous method's weight-gradient contraction without per-example axes), after
 checking that they compute the same gradient, as the least median time over interleaved
 reps (`baseline` in each row; duplicates of one XLA program are timed once). Then each
-variant is timed right beside that baseline, rep by rep (`pergrad.bench.paired`).
+variant is timed between runs of that baseline, B V B ... V B, rep by rep
+(`pergrad.bench.paired`).
 Reported per variant:
   flops_ratio  XLA's `compiled.cost_analysis()["flops"]` over the least of the plain
              candidates' (`flops_baseline`); for surgery, of the same step traced with
@@ -226,14 +227,14 @@ def bench_group(preset: str, B: int, stat_sets: Sequence[str], layout_first: boo
                      granularity=gran, stats=sset, **info, rss_mb=round(rss_mb(), 1),
                      baseline=best["name"], flops_baseline=least_flops["name"], times=[],
                      base_times=[]))
-  for rep in range(reps):  # each variant right beside the baseline, the order alternating
-    for j, base_first in paired.interleaved_order(len(rows), rep):
-      if base_first:
-        t0, t = _time(best["compiled"], params, batch), _time(compiled[j], params, batch)
-      else:
-        t, t0 = _time(compiled[j], params, batch), _time(best["compiled"], params, batch)
-      rows[j]["times"].append(t)
-      rows[j]["base_times"].append(t0)
+  for row, c in zip(rows, compiled, strict=True):  # each variant bracketed by the baseline
+    base = best["compiled"]
+    _time(base, params, batch), _time(c, params, batch)  # untimed: both equally warm
+    base_times = [_time(base, params, batch)]
+    for _ in range(reps):
+      row["times"].append(_time(c, params, batch))
+      base_times.append(_time(base, params, batch))
+    row["base_times"] = paired.bracketed(base_times)
   micro = {r["stats"]: float(np.median(r["times"])) for r in rows if r["backend"] == "micro_grad"}
   vag = float(np.median(cand_times.get("value_and_grad", [np.nan])))
   for r in rows:
