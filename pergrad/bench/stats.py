@@ -33,7 +33,7 @@ by micro_grad); `time_vs_value_and_grad`: over plain value_and_grad's median.
 The document's `baselines` lists, per shape, every candidate's median time, FLOPs and
 the candidate whose program it duplicates.
 
-  run(presets=("tiny", "medium"))   # -> the JSON document (rows + the issue's checks)
+  run(presets=("tiny", "medium"))   # -> the JSON document (baselines, rows, checks)
   run(quick=True)                    # smoke test (seconds)
 
   .venv/bin/python scripts/bench_stats.py                    # CLI: prints the document
@@ -364,7 +364,7 @@ def as_argv(quick: bool = False, **kw) -> list[str]:
 
 def run(*, quick: bool = False, argv: Sequence[str] | None = None,
         echo: Callable[[str], None] | None = None, **kw) -> dict:
-  """Measures every variant; returns the JSON document (rows + the issue's checks).
+  """Measures every variant; returns the JSON document (baselines, rows, "done when" checks).
 
   Keywords as in DEFAULTS (presets, batch_sizes, medium_batch_sizes, reps, stat_sets,
   layout_first); quick=True: the micro preset, B=4, 3 reps, 'all', 'sq+sign', 'norms'.
