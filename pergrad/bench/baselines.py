@@ -13,13 +13,14 @@ fn(params, batch) -> (mean loss, GradStats with sum = B·ḡ):
                   of `surgery.tap.rows` (einsum brk,brl->kl, float32 accumulation), each
                   normalization layer runs `surgery.norm.simultaneous_norm`'s backward
                   (x̂ kept from the forward pass) with no statistic asked.
-`same_gradient` checks that they agree leaf by leaf before anything is timed;
-`program_key` tells whether two compiled candidates are the same XLA program.
+`choose_baseline` checks that they agree leaf by leaf (`same_gradient`) before anything
+is timed and drops duplicates of one XLA program (`program_key`).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 import flax.linen as nn
 import jax
@@ -132,3 +133,25 @@ def program_key(compiled) -> str:
   lines = (compiled.as_text() or "").splitlines()
   start = next((i for i, s in enumerate(lines) if s.startswith(("%", "ENTRY"))), len(lines))
   return _METADATA.sub("", "\n".join(lines[start:]))
+
+
+def choose_baseline(cands: list[dict], outs: dict, rtol: float = 1e-4,
+                    key: Callable | None = None) -> list[dict]:
+  """The distinct plain programs among `cands` ({"name", "compiled"}), after checking that
+  each computes the first one's gradient (`outs[name]`: its output); a candidate whose
+  program (`key(compiled)`) equals an earlier one's gets `same_program_as` and is not
+  timed (`key`: `program_key` unless given). ValueError (naming the leaves) if a
+  candidate's gradient differs."""
+  key = program_key if key is None else key
+  ref = outs[cands[0]["name"]]
+  seen = {}
+  for cand in cands:
+    bad = same_gradient(ref, outs[cand["name"]], rtol)
+    if bad:
+      raise ValueError(f"baseline candidate {cand['name']!r} computes another gradient than "
+                       f"{cands[0]['name']!r} at {bad[:3]}; fix it or drop it from "
+                       "pergrad.bench.baselines.candidates.")
+    k = key(cand["compiled"])
+    cand["same_program_as"] = seen.get(k)
+    seen.setdefault(k, cand["name"])
+  return [c for c in cands if c["same_program_as"] is None]
