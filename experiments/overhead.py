@@ -42,17 +42,18 @@ SETUP_MD = """`python scripts/bench_stats.py --presets tiny,medium` (no training
 model and batch, the baseline is the fastest plain step computing the same gradient
 (`baseline`): `jax.value_and_grad`, the surgery backend asked for the mean alone, or the
 simultaneous method's weight-gradient contraction without per-example axes (checked to
-agree leaf by leaf, then timed interleaved). Each variant is compiled once and timed right
-beside that baseline, rep by rep (the order alternating): `time_ratio` is the median of
-the per-rep ratios, `time_ratio_q25` / `time_ratio_q75` their quartiles. Columns:
+agree leaf by leaf, then timed interleaved). Each variant is compiled once and timed
+between runs of that baseline (B V B ... V B): rep i's ratio is the variant's time over
+the mean of its two neighbours; `time_ratio` is the median of the per-rep ratios,
+`time_ratio_q25` / `time_ratio_q75` their quartiles. Columns:
 
 - `flops`: XLA's cost analysis; for surgery, of the step traced with unrolled scans
   (XLA counts a loop body once). `flops_ratio` (over the least of the plain candidates'
   FLOPs, `flops_baseline`) is the primary ratio: it does not depend on the machine's load.
-
 - `peak_bytes`: XLA's peak of simultaneously live buffers (arguments, temporaries,
   outputs) over the compiled step's schedule, from its buffer-liveness analysis: what
-  the step's buffers need at once; `peak_ratio` is the figure checked.
+  the step's buffers need at once; `peak_ratio` (over the least of the plain candidates',
+  `peak_baseline`; `mem_ratio` likewise, `mem_baseline`) is the figure checked.
 - `mem_bytes`: temp + argument + output bytes of `memory_analysis()`, what XLA:CPU
   actually reserves (output buffers sit beside the temp arena for the whole step), so
   each statistic's params-sized result tree counts as if it were live at the
