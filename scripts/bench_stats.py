@@ -4,8 +4,9 @@
   .venv/bin/python scripts/bench_stats.py                    # full run (minutes)
   .venv/bin/python scripts/bench_stats.py --quick            # smoke test (seconds)
 
-Prints one JSON document (rows + the issue's "done when" checks) on stdout, and tables
-and the checks on stderr.
+Prints one JSON document (rows, the plain-step baselines, the "done when" checks) on
+stdout, and tables and the checks on stderr (time checks with the quartiles [q25, q75] of
+their paired per-rep ratios; NOISE: the quartiles straddle the bound).
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from pergrad.bench import stats  # noqa: E402
 def main(argv=None) -> dict:
   p = argparse.ArgumentParser(description=stats.__doc__,
                               formatter_class=argparse.RawTextHelpFormatter)
-  p.add_argument("--quick", action="store_true", help="micro preset, B=4, 2 reps, 'all' only")
+  p.add_argument("--quick", action="store_true",
+                 help="micro preset, B=4, 3 reps, 'all', 'sq+sign', 'norms'")
   p.add_argument("--presets", "--preset", default="tiny,medium",
                  help="comma-separated: micro, tiny, medium, small, paper")
   p.add_argument("--peak-flops", type=float, default=None,
@@ -44,8 +46,10 @@ def main(argv=None) -> dict:
   print(json.dumps(doc))
   print("\n" + stats.table(doc["rows"]), file=sys.stderr)
   for c in doc["checks"]:
-    mark = ("OK  " if c["ok"] else "FAIL") if c["gating"] else ("ok  " if c["ok"] else "over")
-    print(f'{mark} {c["check"]:45} {c["value"]!s:>7}  {c["where"]}', file=sys.stderr)
+    mark = {"holds": "OK   ", "fails": "FAIL ", "within noise": "NOISE"}[c["outcome"]]
+    mark = mark if c["gating"] else ("ok   " if c["ok"] else "over ")
+    iqr = f' [{c["q25"]}, {c["q75"]}]' if "q25" in c else ""
+    print(f'{mark} {c["check"]:52} {c["value"]!s:>7}{iqr}  {c["where"]}', file=sys.stderr)
   if args.out:
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:

@@ -19,15 +19,15 @@ from experiments import gns_layers, norm_cost  # noqa: E402
 
 
 def _bench(ratios: dict[str, list[float]], flops: dict[str, float], base=0.1) -> dict:
-  """A bench.json whose variants take base·ratio per rep, paired with the plain step."""
+  """A bench.json whose variants take base·ratio per rep, paired with the fastest plain step
+  (here "contraction", whose own row pairs it with itself)."""
   reps = len(next(iter(ratios.values())))
-  rows = [dict(preset="tiny", B=8, backend="value_and_grad", stats="mean", times=[base] * reps,
-               flops_ratio=1.0, peak_ratio=1.0)]
-  for var, rs in ratios.items():
+  rows = []
+  for var, rs in {"contraction/mean": [1.0] * reps, **ratios}.items():
     backend, stats = var.split("/")
-    rows.append(dict(preset="tiny", B=8, backend=backend, stats=stats,
-                     times=[base * r for r in rs], flops_ratio=flops.get(var, 1.0),
-                     peak_ratio=1.0))
+    rows.append(dict(preset="tiny", B=8, backend=backend, stats=stats, baseline="contraction",
+                     times=[base * r for r in rs], base_times=[base] * reps,
+                     time_ratios=list(rs), flops_ratio=flops.get(var, 1.0), peak_ratio=1.0))
   return {"rows": rows}
 
 
@@ -45,11 +45,14 @@ def test_norm_cost_verdicts(tmp_path):
   ok = {"surgery/norms": [1.0, 1.01, 1.02, 0.99, 1.0], "surgery/norms@norm": [1.0] * 5}
   rep = _norm_cost(tmp_path, "ok", ok, {"surgery/norms": 1.003})
   assert rep.verdict == "reproduced" and rep.rule == norm_cost.RULE
-  # FLOPs over the bound: a failure whatever the time.
+  assert "baseline per shape: tiny B=8: contraction" in rep.finding and "q75" in rep.finding
+  # FLOPs over the bound: a failure whatever the time (all layers, and norm layers alone).
   rep = _norm_cost(tmp_path, "flops", ok, {"surgery/norms": 1.34})
   assert rep.verdict == "not reproduced" and "FLOPs 1.340x vs ≤ 1.05: fails" in rep.finding
-  # Median over the bound but the bound inside the reps' spread: within noise -> partly.
-  noisy = {**ok, "surgery/norms@norm": [0.98, 1.0, 1.02, 1.03, 1.04]}
+  rep = _norm_cost(tmp_path, "flops_norm", ok, {"surgery/norms@norm": 1.02})
+  assert rep.verdict == "not reproduced" and "FLOPs 1.020x vs ≤ 1.01: fails" in rep.finding
+  # Median within the bound but the quartiles straddle it: within noise -> partly.
+  noisy = {**ok, "surgery/norms@norm": [0.98, 1.0, 1.005, 1.03, 1.04]}
   rep = _norm_cost(tmp_path, "noisy", noisy, {"surgery/norms": 1.003})
   assert rep.verdict == "partly reproduced" and "within noise" in rep.finding
   # Every rep above the bound: fails.
@@ -58,11 +61,23 @@ def test_norm_cost_verdicts(tmp_path):
   assert rep.verdict == "not reproduced"
 
 
+def test_norm_cost_paired_rows_and_summary():
+  doc = _bench({"surgery/norms": [1.0, 1.1, 1.2, 1.3, 1.4]}, {"surgery/norms": 1.01})
+  pairs = norm_cost.paired(doc)
+  assert len(pairs) == 10 and set(pairs["baseline"]) == {"contraction"}
+  s = norm_cost.summary(pairs).set_index("variant")
+  assert s.loc["surgery/norms", "time_median"] == 1.2
+  assert np.isclose(s.loc["surgery/norms", "time_q25"], 1.1)
+  assert np.isclose(s.loc["surgery/norms", "time_q75"], 1.3)
+  assert s.loc["contraction/mean", "time_median"] == 1.0  # the null pair
+
+
 def test_norm_cost_judge_and_decide():
-  assert norm_cost.judge(1.0, 0.9, 1.01) == "holds"
-  assert norm_cost.judge(1.02, 1.0, 1.01) == "within noise"
-  assert norm_cost.judge(1.05, 1.02, 1.01) == "fails"
+  assert norm_cost.judge(0.9, 1.0, 1.01) == "holds"  # (q25, q75, bound)
+  assert norm_cost.judge(1.0, 1.02, 1.01) == "within noise"
+  assert norm_cost.judge(1.02, 1.05, 1.01) == "fails"
   assert norm_cost.decide([]) == "not measured"
+  assert norm_cost.decide(["holds", "within noise"]) == "partly reproduced"
 
 
 # --- gns_layers --------------------------------------------------------------------------------

@@ -233,35 +233,63 @@ def test_msq_eps_undetermined_and_not_tested(tmp_path):
 # --------------------------------------------------------------------------- overhead
 
 
-def _bench(tmp_path, surg_t, surg_m, vmap_t) -> dict:
+def _bench(tmp_path, surg, surg_m, vmap, checks=None) -> dict:
+  """overhead.csv (and bench.json's checks) of one shape; surg / vmap: (FLOP ratio, time
+  q25, time median, time q75) of surgery per token / vmap per example."""
+  import json
+
   out = tmp_path / "oh"
   out.mkdir(exist_ok=True)
-  pd.DataFrame([
-      {"model": "tiny", "backend": "surgery", "granularity": "token", "time_ratio": surg_t,
-       "peak_ratio": surg_m, "flops_ratio": 1.1},
-      {"model": "tiny", "backend": "surgery", "granularity": "example", "time_ratio": 9.0,
-       "peak_ratio": 9.0, "flops_ratio": 2.0},
-      {"model": "tiny", "backend": "vmap", "granularity": "example", "time_ratio": vmap_t,
-       "peak_ratio": 1.0, "flops_ratio": 1.0},
-  ]).to_csv(out / "overhead.csv", index=False)
+
+  def row(backend, gran, f, q25, t, q75, m):
+    return {"model": "tiny", "backend": backend, "granularity": gran, "baseline": "contraction",
+            "flops_ratio": f, "time_ratio_q25": q25, "time_ratio": t, "time_ratio_q75": q75,
+            "peak_ratio": m, "times": "[0.1, 0.1]", "time_ratios": "[1.0, 1.0]"}
+
+  pd.DataFrame([row("surgery", "token", *surg, surg_m),
+                row("surgery", "example", 2.0, 8.0, 9.0, 10.0, 9.0),
+                row("vmap", "example", *vmap, 1.0)]).to_csv(out / "overhead.csv", index=False)
+  (out / "bench.json").write_text(json.dumps({"checks": checks or []}))
   return overhead.report(out)
 
 
-@pytest.mark.parametrize(("surg_t", "surg_m", "vmap_t", "verdict"), [
-    (1.2, 1.05, 1.9, "reproduced"),
-    (1.25, 1.1, 2.0, "reproduced"),  # the bounds are inclusive
-    (1.3, 1.05, 1.5, "partly reproduced"),  # surgery too slow, vmap viable
-    (1.2, 1.2, 1.5, "partly reproduced"),  # surgery fast but too much memory; vmap viable
-    (1.2, 1.05, 2.5, "partly reproduced"),
-    (1.5, 1.0, 3.0, "not reproduced"),
+@pytest.mark.parametrize(("surg", "surg_m", "vmap", "verdict"), [
+    ((1.1, 1.1, 1.15, 1.2), 1.05, (1.0, 1.5, 1.7, 1.9), "reproduced"),
+    ((1.25, 1.2, 1.22, 1.25), 1.1, (2.0, 1.9, 1.95, 2.0), "reproduced"),  # inclusive bounds
+    ((1.3, 1.0, 1.05, 1.1), 1.05, (1.0, 1.5, 1.6, 1.7), "partly reproduced"),  # surgery FLOPs
+    ((1.1, 1.0, 1.05, 1.1), 1.2, (1.0, 1.5, 1.6, 1.7), "partly reproduced"),  # surgery memory
+    ((1.1, 1.2, 1.24, 1.3), 1.05, (1.0, 2.1, 2.2, 2.3), "partly reproduced"),  # noise; vmap slow
+    ((1.5, 1.0, 1.0, 1.0), 1.0, (2.5, 1.0, 1.0, 1.0), "not reproduced"),  # both FLOPs over
+    ((1.1, 1.3, 1.4, 1.5), 1.0, (1.0, 2.1, 2.2, 2.3), "not reproduced"),  # both times over
 ])
-def test_overhead_rule_compares_ratios_with_bounds(tmp_path, surg_t, surg_m, vmap_t, verdict):
-  rep = _bench(tmp_path, surg_t, surg_m, vmap_t)
-  assert rep.verdict == verdict == overhead.decide(surg_t, surg_m, vmap_t)
-  assert rep.rule == overhead.RULE and rep.finding.startswith("Rule: Surgery is cheap")
-  assert "≤ 1.25" in overhead.RULE and "≤ 1.1" in overhead.RULE and "≤ 2" in overhead.RULE
-  assert overhead.decide(1.2, math.nan, 1.0) == "reproduced"  # memory not measured
-  assert overhead.decide(math.nan, math.nan, math.nan) == "not reproduced"
+def test_overhead_rule_flops_first_time_on_quartiles(tmp_path, surg, surg_m, vmap, verdict):
+  rep = _bench(tmp_path, surg, surg_m, vmap)
+  s_out = overhead.part(surg[0], surg[1], surg[3], overhead.SURGERY_MAX, surg_m,
+                        overhead.SURGERY_MEM_MAX)
+  v_out = overhead.part(vmap[0], vmap[1], vmap[3], overhead.VMAP_MAX)
+  assert rep.verdict == verdict == overhead.decide(s_out, v_out)
+  assert rep.rule == overhead.RULE and rep.finding.startswith("Rule: Against the fastest")
+  assert "fastest plain step in the same process: contraction" in rep.finding
+  assert "time_ratios" not in rep.numbers_md  # per-rep lists stay in overhead.csv
+
+
+def test_overhead_part_and_checks_table(tmp_path):
+  assert overhead.part(1.1, 1.2, 1.3, 1.25) == "within noise"  # quartiles straddle 1.25
+  assert overhead.part(1.1, 1.3, 1.4, 1.25) == "fails"
+  assert overhead.part(1.3, 1.0, 1.0, 1.25) == "fails"  # FLOPs decide first
+  assert overhead.part(1.1, math.nan, math.nan, 1.25) == "holds"  # FLOPs alone
+  assert overhead.part(math.nan, math.nan, math.nan, 1.25) == "not measured"
+  assert overhead.decide("holds", "not measured") == "partly reproduced"
+  assert overhead.decide("not measured", "fails") == "not reproduced"
+  checks = [dict(check="t <= 1.03", where="tiny", value=1.02, q25=1.0, q75=1.05,
+                 outcome="within noise", ok=None, gating=True),
+            dict(check="f <= 1.05", where="tiny", value=1.01, outcome="holds", ok=True,
+                 gating=True),
+            dict(check="(m <= 1.1)", where="tiny", value=1.2, outcome="fails", ok=False,
+                 gating=False)]
+  rep = _bench(tmp_path, (1.1, 1.1, 1.15, 1.2), 1.0, (1.0, 1.5, 1.7, 1.9), checks)
+  md = rep.numbers_md
+  assert "| within noise |" in md and "| OK |" in md and "| (over) |" in md and "q75" in md
 
 
 # --------------------------------------------------------------------------- lr policy

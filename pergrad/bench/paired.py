@@ -1,0 +1,59 @@
+"""Paired time ratios and the choice of baseline (numpy only: no JAX).
+
+A benchmark times each variant right beside its baseline: after one untimed pair, the
+sequence B V B V ... V B (n variant reps bracketed by n + 1 baseline reps), so that every
+timed call follows a call of the other program and drift and contention hit both alike;
+rep i gives the paired ratio r_i = t_variant,i / t_base,i (t_base,i: the mean of its two
+neighbours, `bracketed`). Reported: the median of the r_i and their quartiles
+(q25, q75). A time bound b is judged on them:
+  holds         q75 ≤ b   (the interquartile range lies below b)
+  fails         q25 > b   (it lies above)
+  within noise  q25 ≤ b < q75 (it straddles b: the reps cannot tell)
+The baseline of a shape is the fastest of several programs computing the same gradient
+(`fastest`: least median time over interleaved reps).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+OUTCOMES = ("holds", "fails", "within noise")
+
+
+def paired_ratios(times: Sequence[float], base_times: Sequence[float]) -> list[float]:
+  """r_i = times[i] / base_times[i]; ValueError unless both have the same positive length."""
+  if len(times) != len(base_times) or not len(times):
+    raise ValueError(f"paired ratios need one baseline time per rep: got {len(times)} variant "
+                     f"and {len(base_times)} baseline times; time them in the same reps.")
+  return [float(t) / float(t0) for t, t0 in zip(times, base_times, strict=True)]
+
+
+def quartiles(xs: Sequence[float]) -> dict:
+  """{"median", "q25", "q75"} of xs (numpy's linear interpolation)."""
+  q25, median, q75 = np.percentile(np.asarray(xs, float), [25, 50, 75])
+  return dict(median=float(median), q25=float(q25), q75=float(q75))
+
+
+def judge(q25: float, q75: float, bound: float) -> str:
+  """"holds" | "fails" | "within noise" for a time bound (module docstring)."""
+  if q75 <= bound:
+    return "holds"
+  return "fails" if q25 > bound else "within noise"
+
+
+def fastest(times: Mapping[str, Sequence[float]]) -> str:
+  """The name with the least median time (ties: the first in `times`' order)."""
+  if not times:
+    raise ValueError("no baseline candidate was timed; give at least one.")
+  medians = {k: float(np.median(v)) for k, v in times.items()}
+  return min(medians, key=lambda k: (medians[k], list(medians).index(k)))
+
+
+def bracketed(base_times: Sequence[float]) -> list[float]:
+  """The baseline time paired with each of n variant reps from the n + 1 baseline reps that
+  bracket them (B V B V ... B): the mean of the two neighbours of each variant rep."""
+  if len(base_times) < 2:
+    raise ValueError(f"bracketing needs n + 1 >= 2 baseline times, got {len(base_times)}.")
+  return [(a + b) / 2 for a, b in zip(base_times[:-1], base_times[1:], strict=True)]

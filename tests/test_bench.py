@@ -1,0 +1,112 @@
+"""The statistics benchmark's statistics on constructed timings (nothing is timed here):
+paired per-rep ratios and their quartiles, the fastest-baseline choice, the checks; and
+that the plain-step candidates compute one gradient."""
+
+from __future__ import annotations
+
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pergrad.bench import baselines, paired, stats
+from pergrad.loss import make_loss_fn
+from pergrad.model import Transformer, init_params
+
+
+def test_paired_ratios_and_quartiles():
+  r = paired.paired_ratios([1.1, 2.2, 0.9, 1.2, 1.0], [1.0, 2.0, 1.0, 1.0, 1.0])
+  assert np.allclose(r, [1.1, 1.1, 0.9, 1.2, 1.0])
+  q = paired.quartiles(r)
+  assert np.isclose(q["median"], 1.1) and np.isclose(q["q25"], 1.0)
+  assert np.isclose(q["q75"], 1.1)
+  # A slow rep of both sides (contention) cancels in the pair (the second rep).
+  with pytest.raises(ValueError, match="one baseline time per rep"):
+    paired.paired_ratios([1.0, 1.0], [1.0])
+
+
+def test_judge_within_noise_when_the_quartiles_straddle_the_bound():
+  assert paired.judge(0.98, 1.02, 1.03) == "holds"
+  assert paired.judge(1.0, 1.03, 1.03) == "holds"  # inclusive
+  assert paired.judge(1.0, 1.05, 1.03) == "within noise"
+  assert paired.judge(1.031, 1.05, 1.03) == "fails"
+
+
+def test_fastest_baseline_by_median_over_reps():
+  times = {"value_and_grad": [0.10, 0.10, 0.30], "contraction": [0.08, 0.12, 0.09],
+           "surgery": [0.05, 0.20, 0.20]}  # one fast outlier does not win
+  assert paired.fastest(times) == "contraction"
+  assert paired.fastest({"a": [1.0], "b": [1.0]}) == "a"  # ties: the first
+  with pytest.raises(ValueError, match="no baseline candidate"):
+    paired.fastest({})
+
+
+def test_bracketed_baseline_times():
+  # B V B V B: a slow stretch over the second variant rep slows its neighbours too.
+  assert paired.bracketed([1.0, 1.0, 2.0]) == [1.0, 1.5]
+  assert np.allclose(paired.paired_ratios([1.0, 1.8], paired.bracketed([1.0, 1.0, 2.0])),
+                     [1.0, 1.2])
+  with pytest.raises(ValueError, match="n \\+ 1 >= 2"):
+    paired.bracketed([1.0])
+
+
+def _out(**leaves):
+  return (0.0, types.SimpleNamespace(sum={k: np.asarray(v, np.float32) for k, v in leaves.items()}))
+
+
+def test_choose_baseline_checks_gradients_and_dedupes_programs():
+  cands = [dict(name="value_and_grad", compiled="P"), dict(name="surgery", compiled="P"),
+           dict(name="contraction", compiled="Q")]
+  outs = {"value_and_grad": _out(w=[1.0, 2.0]), "surgery": _out(w=[1.0, 2.0]),
+          "contraction": _out(w=[1.0, 2.00001])}
+  timed = baselines.choose_baseline(cands, outs, 1e-4, key=lambda c: c)
+  assert [c["name"] for c in timed] == ["value_and_grad", "contraction"]
+  assert cands[1]["same_program_as"] == "value_and_grad"
+  outs["contraction"] = _out(w=[1.0, 2.1])
+  with pytest.raises(ValueError, match="'contraction' computes another gradient"):
+    baselines.choose_baseline(cands, outs, 1e-4, key=lambda c: c)
+
+
+def _row(backend, stats_, gran="example", flops=1.0, q=(1.0, 1.0, 1.0), peak=1.0, **kw):
+  return dict(preset="tiny", B=8, backend=backend, granularity=gran, stats=stats_,
+              flops_ratio=flops, time_ratio_q25=q[0], time_ratio=q[1], time_ratio_q75=q[2],
+              peak_ratio=peak, mem_ratio=1.0, time_vs_micro_grad=None, **kw)
+
+
+def test_checks_flops_exact_time_on_quartiles():
+  rows = [_row("surgery", "norms", flops=1.02, q=(1.0, 1.02, 1.05)),
+          _row("surgery", "norms@norm", flops=1.001, q=(1.02, 1.03, 1.04)),
+          _row("surgery", "sq+sign", "token", flops=1.3, q=(1.2, 1.3, 1.4), peak=1.05)]
+  got = {(c["check"], c["where"].split()[-1]): c for c in stats.checks(rows)}
+  norms = "tiny B=8 surgery/example/norms".split()[-1]
+  f = got[("all-layer per-example norms: flops_ratio <= 1.05", norms)]
+  t = got[("all-layer per-example norms: time_ratio <= 1.03", norms)]
+  assert f["outcome"] == "holds" and f["ok"] is True
+  assert t["outcome"] == "within noise" and t["ok"] is None
+  assert (t["value"], t["q25"], t["q75"]) == (1.02, 1.0, 1.05)
+  only = got[("normalization-layer norms only: time_ratio <= 1.01", "surgery/example/norms@norm")]
+  assert only["outcome"] == "fails" and only["ok"] is False
+  tok = got[("surgery time_ratio <= 1.15 * flops_ratio", "surgery/token/sq+sign")]
+  assert tok["outcome"] == "holds" and tok["value"] == 1.0  # time / FLOP ratio
+  assert got[("surgery per-token peak_ratio <= 1.1", "surgery/token/sq+sign")]["ok"] is True
+
+
+def test_plain_candidates_compute_one_gradient():
+  spec, T = stats.PRESETS["micro"]
+  params = init_params(spec, jax.random.key(0))
+  loss_fn = make_loss_fn(Transformer(spec))
+  rng = np.random.default_rng(0)
+  batch = {k: jnp.asarray(rng.integers(0, spec.vocab_size, (4, T)), jnp.int32)
+           for k in ("inputs", "targets")}
+  compiled = {n: jax.jit(f).lower(params, batch).compile()
+              for n, f in baselines.candidates(loss_fn)}
+  assert tuple(compiled) == baselines.NAMES
+  outs = {n: c(params, batch) for n, c in compiled.items()}
+  for n in baselines.NAMES:
+    assert baselines.same_gradient(outs["value_and_grad"], outs[n]) == [], n
+    assert np.isclose(float(outs[n][0]), float(outs["value_and_grad"][0]), rtol=1e-6)
+  key = {n: baselines.program_key(c) for n, c in compiled.items()}
+  assert key["surgery"] == key["value_and_grad"]  # no statistic asked: no layer is changed
+  assert key["contraction"] != key["value_and_grad"]
