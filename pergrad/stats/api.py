@@ -75,10 +75,9 @@ def resolve_backend(request: StatsRequest, backend: str = "auto") -> str:
     - "mean" only, example granularity, no clipping -> "value_and_grad";
     - token granularity -> "surgery" (the only backend with per-token statistics);
     - per-example clipping -> "vmap" (surgery reduces before any per-example gradient);
-    - otherwise (example granularity) -> "surgery": with the simultaneous methods it took
-      0.72-0.89x the time of value_and_grad for sq+sign and for all statistics on the
-      tiny and medium presets, where vmap took 0.96-1.24x; for norms 0.69-0.83x vs
-      0.90-1.06x. Surgery
+    - otherwise (example granularity) -> "surgery": with the simultaneous methods it was
+      the faster of surgery and vmap for sq+sign, norms and all statistics on the tiny
+      and medium presets (both timed against the same plain step). Surgery
       needs a model of standard Flax layers (its error names any other layer that owns
       parameters: use backend="vmap" there). Not yet measured on an accelerator.
   Raises ValueError when `backend` cannot serve the request, naming one that can.
