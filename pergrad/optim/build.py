@@ -19,8 +19,8 @@ The direction and the statistics it reads come from the optimizer's registry ent
 (`pergrad.optim.configs.REGISTRY`, builders below for the built-ins): sgd: ḡ; momentum:
 optax.trace(b1) (heavy ball); adam/adamw: `scale_by_adam_family("adam")` (=
 optax.scale_by_adam); sign: `scale_by_sign_placement`; adam_family:
-`scale_by_adam_family(variant)`; the Adam family's ε is also held in the chain
-(`diagnostics.hold_eps`) for the eps_share diagnostic. Weight decay is decoupled and multiplied by the
+`scale_by_adam_family(variant)`, with its ε held in the chain (`diagnostics.hold_eps`)
+for the eps_share diagnostic. Weight decay is decoupled and multiplied by the
 learning rate (optax.adamw's convention), on every parameter. adam and adamw differ
 only in their config defaults. A builder may return a direction that clips ḡ itself
 (`clips=True`), so that the statistics follow the clipping.
