@@ -42,7 +42,7 @@ MSQ, ADAM = "micro_adam_msq", "adam"
 CONTROL_EPS = 1.0  # ε ≫ √v̂: the update is m̂ (momentum)
 SELECT = preconditioner.SELECT  # the control's selection seeds
 SEEDS = preconditioner.SEEDS  # the reported seeds of all three
-LOG_EVERY = {"ci": 5, "cpu": 50, "paper": 500}  # stats.log_every: eps_share on these steps
+LOG_EVERY = {"ci": 10, "cpu": 50, "paper": 500}  # stats.log_every: eps_share on these steps
 EPS_DOMINATED = 0.5  # eps_share above this: ε dominates the denominator on most coordinates
 RULE = (lr_search.DIVERGED_RULE + " MicroAdamMSQ and Adam run at the ε and lr the "
         "preconditioner experiment chose (its selection seeds), the ε-only control (ε = 1, "
@@ -63,7 +63,7 @@ def sweep(preset: str, inputs=None) -> Sweep:
   if preset == "ci":  # the control first: its seed is the selection seed
     blocks = (Block({**control, "optimizer.lr": [1.0], "train.seed": [0]}),
               Block({"optimizer.variant": [MSQ], "optimizer.eps": [1e-4],
-                     "optimizer.lr": [3e-3], "train.seed": [1, 2]}))
+                     "optimizer.lr": [3e-3], "train.seed": list(SEEDS[:2])}))
     return Sweep(base, blocks, LrSearch(GROUP, max_extend=0), wall_estimate_min=0.5)
   best = preconditioner.chosen(lr_search.tuned_best(inputs, "preconditioner"))
   best = best[best["optimizer.clip_norm"].isna()]

@@ -124,9 +124,10 @@ def _stable_width(fin: pd.DataFrame, tol: float = 0.05) -> pd.Series:
   out = {}
   if "train.seed" in fin:
     fin = fin[fin["train.seed"].isin(SELECT)]
-  for key, g in fin.groupby(list(GROUP), dropna=False):
+  keys = [k for k in GROUP if k in fin]
+  for key, g in fin.groupby(keys, dropna=False):
     m = g.groupby("optimizer.lr")["final_eval_loss"].mean()
-    out[_full_label(dict(zip(GROUP, key, strict=False)))] = int((m <= m.min() + tol).sum())
+    out[_full_label(dict(zip(keys, key, strict=True)))] = int((m <= m.min() + tol).sum())
   return pd.Series(out, dtype=int)
 
 
