@@ -75,9 +75,10 @@ def sweep(preset: str) -> Sweep:
     lrs = [3e-4, 1e-3, 3e-3, 1e-2]
     return Sweep(base, _blocks({v: lrs for v in VARIANTS}, [None, 1.0], list(SELECT)),
                  LrSearch(GROUP, max_extend=2, seeds=SEEDS))
-  # cpu: without clipping; three lrs (factor ~3) per variant around its best in an earlier
-  # wider search (adam 3e-2, micro_adam 3e-2, micro_adam_var 1e-1, micro_adam_msq at
-  # ε ≥ 1e-5 1e-2); an edge best extends. 5 groups x (3 lrs x 2 selection seeds + 3 fresh).
+  # cpu: without clipping; three lrs (factor ~3) per variant centred on its best over a
+  # wider grid at this preset (adam 3e-2, micro_adam 3e-2, micro_adam_var 1e-1,
+  # micro_adam_msq at ε ≥ 1e-5 1e-2); an edge best extends. 5 groups x (3 lrs x 2
+  # selection seeds + 3 fresh seeds) = 45 runs.
   grids = {"adam": [1e-2, 3e-2, 1e-1], "micro_adam": [1e-2, 3e-2, 1e-1],
            "micro_adam_var": [3e-2, 1e-1, 3e-1], "micro_adam_msq": [3e-3, 1e-2, 3e-2]}
   return Sweep(base, _blocks(grids, [None], list(SELECT)),
