@@ -1,7 +1,7 @@
 """Learning-rate sweeps: the best lr per variant, follow-up stages, their CSVs and figures.
 
 The lr policy. An experiment with an `LrSearch` compares variants ("groups"), each at its
-own learning rate, chosen on ONE seed and reported on OTHERS:
+own learning rate, chosen on its selection seeds and reported on OTHERS:
 
 0. Divergence (`DIVERGED_RULE`, `experiments.rules`): a run whose eval loss is
    non-finite, ends above ln V (a uniform prediction over the V-token vocabulary) or
@@ -15,7 +15,7 @@ own learning rate, chosen on ONE seed and reported on OTHERS:
    group whose every run diverged gets the next lr BELOW its grid, until a run trains or
    its lowest lr is `diverged_floor` (100) times below the lowest lr of its first grid.
 3. Fresh seeds (kind "seeds"): each group that trained is re-run at its chosen lr with the
-   fresh seeds `LrSearch.seeds` (1, 2, 3 at the cpu preset).
+   fresh seeds `LrSearch.seeds` (e.g. 1, 2, 3), never a selection seed.
 4. Reporting: the numbers of a group (`loss_mean`, `loss_std`, `n_seeds` of best.csv, and
    every verdict) are those of the fresh seeds ONLY; the selection seeds' mean at the
    chosen lr is kept apart (`select_loss`) and never averaged in, since the lr was picked
