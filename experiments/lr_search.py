@@ -1,24 +1,30 @@
 """Learning-rate sweeps: the best lr per variant, follow-up stages, their CSVs and figures.
 
 The lr policy. An experiment with an `LrSearch` compares variants ("groups"), each at its
-own learning rate, chosen on ONE seed and reported on OTHERS:
+own learning rate, chosen on its selection seeds and reported on OTHERS:
 
-1. Selection: each group's lr is the one with the lowest final eval loss of the
-   selection seed (the first seed of the sweep's blocks, seed 0) alone.
+0. Divergence (`DIVERGED_RULE`, `experiments.rules`): a run whose eval loss is
+   non-finite, ends above ln V (a uniform prediction over the V-token vocabulary) or
+   exceeds ln V after having been below it diverged; its final eval loss counts as +inf
+   (`marked_finals`, which the runner applies to every stage's finals).
+1. Selection: each group's lr is the one with the lowest final eval loss, averaged over
+   the selection seeds (the seeds of the sweep's first block, e.g. seed 0, or 0 and 1)
+   alone; a diverged selection run makes that lr diverged.
 2. Extension (`follow_up_blocks`, kind "extend"): a group whose chosen lr lies at an edge
    of its grid gets the next lr past that edge (by `factor`), up to `max_extend` times; a
    group whose every run diverged gets the next lr BELOW its grid, until a run trains or
    its lowest lr is `diverged_floor` (100) times below the lowest lr of its first grid.
 3. Fresh seeds (kind "seeds"): each group that trained is re-run at its chosen lr with the
-   fresh seeds `LrSearch.seeds` (1, 2, 3 at the cpu preset).
+   fresh seeds `LrSearch.seeds` (e.g. 1, 2, 3), never a selection seed.
 4. Reporting: the numbers of a group (`loss_mean`, `loss_std`, `n_seeds` of best.csv, and
-   every verdict) are those of the fresh seeds ONLY; the selection seed's value at the
+   every verdict) are those of the fresh seeds ONLY; the selection seeds' mean at the
    chosen lr is kept apart (`select_loss`) and never averaged in, since the lr was picked
    because that value was low (selection bias).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from pathlib import Path
 from typing import Callable, Sequence
@@ -27,13 +33,48 @@ import numpy as np
 import pandas as pd
 
 from experiments import figures as F
+from experiments import rules
 from experiments.report_md import md_table
-from experiments.runs import DONE, curves_at, from_table
-from experiments.sweep import Block, LrSearch, Sweep, fmt
+from experiments.runs import DONE, curves_at, finals, from_table
+from experiments.sweep import Block, LrSearch, Sweep, config_extras, fmt
 
 CURVE_COLS = ("train/loss", "eval/loss", "train/lr", "train/grad_norm")
-POLICY = ("each group's lr is chosen on seed 0 alone and its numbers are the mean ± std "
-          "of fresh seeds at that lr, never seed 0")
+POLICY = ("each group's lr is chosen on its selection seeds alone and its numbers are the "
+          "mean ± std of fresh seeds at that lr, never a selection seed")
+DIVERGED_RULE = rules.DIVERGED_RULE
+
+
+@functools.lru_cache(maxsize=32)
+def _vocab_size(overrides: tuple) -> int:
+  from pergrad.analysis import scale_summary
+
+  return int(scale_summary(list(overrides))["vocab_size"])
+
+
+def vocab_size(base: dict, extra: Sequence[str] = ()) -> int:
+  """V of the config that `base` (a sweep's shared overrides) and the config-changing
+  `extra` overrides compose (`pergrad.analysis.scale_summary`)."""
+  return _vocab_size(tuple(f"{k}={fmt(v)}" for k, v in base.items()) + tuple(config_extras(extra)))
+
+
+def marked_finals(table: pd.DataFrame, base: dict, extra: Sequence[str] = ()) -> pd.DataFrame:
+  """`runs.finals(table)` with `DIVERGED_RULE` applied on each run's eval history
+  (`rules.mark_diverged`): every diverged run's final_eval_loss is +inf."""
+  fin = finals(table)
+  if fin.empty or "eval/loss" not in table:
+    return fin
+  return rules.mark_diverged(fin, vocab_size(base, extra), table)
+
+
+def _seed_set(v) -> tuple:
+  """A best.csv `select_seed` cell (0, 0.0 or "0 1") -> (0,) / (0, 1)."""
+  if isinstance(v, str):
+    return tuple(from_table(float(x)) for x in v.split())
+  return (from_table(v),)
+
+
+def _in(col: pd.Series, seeds) -> pd.Series:
+  return col.astype(float).isin([float(s) for s in seeds])
 
 
 def _is_null(v) -> bool:
@@ -60,10 +101,12 @@ def _values(text) -> list[float]:
 def best_lr(fin: pd.DataFrame, group_keys: Sequence[str], lr_key: str,
             seed_key: str = "train.seed", metric: str = "final_eval_loss",
             select_seed=None) -> pd.DataFrame:
-  """Per group: the lr chosen on the selection seed, and the fresh seeds' numbers there.
+  """Per group: the lr chosen on the selection seeds, and the fresh seeds' numbers there.
 
-  The selection seed is `select_seed`, else the group's lowest seed. Columns: group keys,
-  lr_key (the chosen lr), `select_seed`, `select_loss` (the selection seed's loss there),
+  The selection seeds are `select_seed` (one seed or a tuple), else the group's lowest
+  seed; each lr's value is the mean over them (inf when one diverged). A group key absent
+  from `fin` reads as None. Columns: group keys, lr_key (the chosen lr), `select_seed`
+  (a seed, or "0 1" for several), `select_loss` (the selection seeds' mean there),
   `loss_mean`, `loss_std`, `n_seeds` (over the OTHER seeds at the chosen lr only; NaN, NaN,
   0 when there are none; a diverged seed makes the mean inf), `fresh_seeds`,
   `fresh_losses` (space-separated), `at_edge`, `edge`, `grid` (sorted lrs tried on the
@@ -72,11 +115,13 @@ def best_lr(fin: pd.DataFrame, group_keys: Sequence[str], lr_key: str,
   """
   rows = []
   completed = fin[fin["status"].isin(DONE)] if "status" in fin else fin
+  completed = completed.assign(**{k: None for k in group_keys if k not in completed})
   for gvals, g in completed.groupby(list(group_keys), sort=False, dropna=False):
     gvals = gvals if isinstance(gvals, tuple) else (gvals,)
     has_seed = seed_key in g
-    sel = (select_seed if select_seed is not None else g[seed_key].min()) if has_seed else None
-    s0 = g[g[seed_key] == sel] if has_seed else g
+    sel = ((tuple(select_seed) if isinstance(select_seed, (tuple, list)) else (select_seed,))
+           if select_seed is not None else (g[seed_key].min(),)) if has_seed else ()
+    s0 = g[_in(g[seed_key], sel)] if has_seed else g
     if s0.empty:  # no selection run in this group: nothing was selected
       continue
     per_lr = s0.groupby(lr_key)[metric].mean().sort_index()
@@ -84,15 +129,16 @@ def best_lr(fin: pd.DataFrame, group_keys: Sequence[str], lr_key: str,
     finite = np.isfinite(per_lr.to_numpy(dtype=float))
     best = per_lr.idxmin() if finite.any() else lrs[0]
     i = lrs.index(best)
-    fresh = g[(g[seed_key] != sel) & np.isclose(g[lr_key].astype(float), float(best),
-                                                 rtol=1e-9)] if has_seed else g.iloc[:0]
+    fresh = g[~_in(g[seed_key], sel) & np.isclose(g[lr_key].astype(float), float(best),
+                                                  rtol=1e-9)] if has_seed else g.iloc[:0]
     fresh = fresh.sort_values(seed_key) if has_seed else fresh
     vals = [float(v) if np.isfinite(v) else math.inf for v in fresh[metric]]
     finite_vals = all(np.isfinite(vals))
     rows.append({
         **dict(zip(group_keys, gvals, strict=False)),
         lr_key: best,
-        "select_seed": from_table(sel) if has_seed else None,
+        "select_seed": (from_table(sel[0]) if len(sel) == 1
+                        else " ".join(fmt(from_table(x)) for x in sel)) if has_seed else None,
         "select_loss": float(per_lr.loc[best]),
         "loss_mean": (float(np.mean(vals)) if finite_vals else math.inf) if vals else math.nan,
         "loss_std": float(np.std(vals, ddof=1)) if len(vals) > 1 and finite_vals else math.nan,
@@ -123,8 +169,8 @@ def follow_up_blocks(sweep: Sweep, fin: pd.DataFrame, round_: int) -> tuple[list
   ls = sweep.lr_search
   if ls is None or fin.empty:
     return [], "none"
-  seed0 = _first_seed(sweep, ls)
-  best = best_lr(fin, ls.group_keys, ls.lr_key, ls.seed_key, select_seed=seed0)
+  seed0 = list(select_seeds(sweep))
+  best = best_lr(fin, ls.group_keys, ls.lr_key, ls.seed_key, select_seed=tuple(seed0))
   extend, seeds = [], []
   for _, b in best.iterrows():
     group = {k: from_table(b[k]) for k in ls.group_keys}
@@ -135,11 +181,11 @@ def follow_up_blocks(sweep: Sweep, fin: pd.DataFrame, round_: int) -> tuple[list
       floor = (low if low is not None else grid[-1]) / ls.diverged_floor
       if grid[0] > floor * (1 + 1e-6):
         extend.append(Block({**one, ls.lr_key: [_round_lr(grid[0] / ls.factor)],
-                             ls.seed_key: [seed0]}))
+                             ls.seed_key: seed0}))
       continue
     if b["at_edge"] and round_ < ls.max_extend:
       lr = grid[0] / ls.factor if b["edge"] == "low" else grid[-1] * ls.factor
-      extend.append(Block({**one, ls.lr_key: [_round_lr(lr)], ls.seed_key: [seed0]}))
+      extend.append(Block({**one, ls.lr_key: [_round_lr(lr)], ls.seed_key: seed0}))
       continue
     if ls.seeds and np.isfinite(b["select_loss"]):
       seeds.append(Block({**one, ls.lr_key: [float(b[ls.lr_key])],
@@ -160,11 +206,13 @@ def _first_grid_low(sweep: Sweep, ls: LrSearch, group: dict) -> float | None:
   return min(lows) if lows else None
 
 
-def _first_seed(sweep: Sweep, ls: LrSearch):
+def select_seeds(sweep: Sweep) -> tuple:
+  """The selection seeds of an lr search: the seeds of the first block that sets them."""
+  ls = sweep.lr_search
   for bl in sweep.blocks:
-    if ls.seed_key in bl.grid:
-      return bl.grid[ls.seed_key][0]
-  return 0
+    if ls is not None and ls.seed_key in bl.grid:
+      return tuple(bl.grid[ls.seed_key])
+  return (0,)
 
 
 def _round_lr(x: float) -> float:
@@ -187,14 +235,12 @@ def load_best(out_dir: Path, group_keys: Sequence[str], lr_key: str = "optimizer
   return best
 
 
-def tuned_lr(inputs, experiment: str, where: dict) -> float:
-  """The lr that `experiment`'s own search chose for the group `where` (e.g.
-  {"optimizer.placement": "ema"}), re-derived from its runs (`inputs.sweep_dir(experiment)`,
-  same preset and extras; `best_lr` as its `analyze` does): how the descriptive experiments
-  (snr, moments, batch_scaling, gns_*) run a variant at its tuned lr. One clear error, before
-  any run, when that search has not been run yet."""
+def tuned_best(inputs, experiment: str) -> pd.DataFrame:
+  """`best_lr` of `experiment`'s own search (its selection seeds, `DIVERGED_RULE`),
+  re-derived from its runs (`inputs.sweep_dir(experiment)`, same preset and extras) as its
+  `analyze` does. One clear error, before any run, when that search has not been run."""
   from experiments.record import get
-  from experiments.runs import aggregate, finals
+  from experiments.runs import aggregate
 
   sdir = inputs.sweep_dir(experiment)
   table = aggregate(sdir) if sdir.is_dir() else pd.DataFrame()
@@ -203,16 +249,25 @@ def tuned_lr(inputs, experiment: str, where: dict) -> float:
         f"{sdir} holds no runs: this sweep runs at the lr that {experiment}'s search chose; "
         f"run `python scripts/reproduce.py {experiment} --preset {inputs.preset}` first "
         "(with the same --sweeps-root)")
-  ls = get(experiment).sweep(inputs.preset).lr_search
-  best = best_lr(finals(table), ls.group_keys, ls.lr_key, ls.seed_key)
-  rows = best
+  sw = get(experiment).sweep_at(inputs.preset, inputs)
+  ls = sw.lr_search
+  return best_lr(marked_finals(table, sw.base, inputs.extra), ls.group_keys, ls.lr_key,
+                 ls.seed_key, select_seed=select_seeds(sw))
+
+
+def tuned_lr(inputs, experiment: str, where: dict) -> float:
+  """The lr that `experiment`'s own search chose for the group `where` (e.g.
+  {"optimizer.placement": "ema"}; `tuned_best`): how the descriptive experiments (snr,
+  moments, batch_scaling, gns_*) run a variant at its tuned lr."""
+  rows = tuned_best(inputs, experiment)
   for k, v in where.items():
     col = rows[k] if k in rows else pd.Series([None] * len(rows), index=rows.index)
     rows = rows[[_same(from_table(c), v) for c in col]]
   if len(rows) != 1:
-    raise ValueError(f"{sdir}: {len(rows)} groups of {experiment} match {where}; expected "
-                     f"exactly one (re-run `python scripts/reproduce.py {experiment}`)")
-  return float(rows[ls.lr_key].iloc[0])
+    raise ValueError(f"{inputs.sweep_dir(experiment)}: {len(rows)} groups of {experiment} "
+                     f"match {where}; expected exactly one (re-run `python "
+                     f"scripts/reproduce.py {experiment}`)")
+  return float(rows["optimizer.lr"].iloc[0])
 
 
 def by_label(best: pd.DataFrame, labeler: Callable[[dict], str]) -> dict[str, list[float]]:
@@ -227,9 +282,15 @@ def group_lines(best: pd.DataFrame, labeler: Callable[[dict], str],
 
   recs = sorted(best.to_dict("records"),
                 key=lambda r: (np.nan_to_num(r["loss_mean"], nan=np.inf), r["select_loss"]))
-  return "; ".join(f"{labeler(r)}: diverged at every lr (seed 0)" if r.get("all_diverged")
+  return "; ".join(f"{labeler(r)}: diverged at every lr ({_seeds_text(r)})"
+                   if r.get("all_diverged")
                    else f"{labeler(r)}: {summarize(r['values']).text()} at lr "
                    f"{fmt(float(r[lr_key]))}" for r in recs)
+
+
+def _seeds_text(r: dict) -> str:
+  seeds = _seed_set(r.get("select_seed", 0)) if not _is_null(r.get("select_seed")) else (0,)
+  return ("seed " if len(seeds) == 1 else "seeds ") + " ".join(fmt(x) for x in seeds)
 
 
 def search_notes(best: pd.DataFrame, labeler: Callable[[dict], str]) -> str:
@@ -240,7 +301,7 @@ def search_notes(best: pd.DataFrame, labeler: Callable[[dict], str]) -> str:
     if r.get("all_diverged"):
       grid = [float(x) for x in str(r["grid"]).split()]
       notes.append(f"`{labeler(r)}` diverged at every lr from {fmt(max(grid))} down to "
-                   f"{fmt(min(grid))} (seed 0).")
+                   f"{fmt(min(grid))} ({_seeds_text(r)}).")
   edges = [labeler(r) for r in best.to_dict("records") if r.get("at_edge")]
   if edges:
     notes.append(f"Caution: chosen lr at an edge of the grid for {edges} (extended as far "
@@ -250,13 +311,14 @@ def search_notes(best: pd.DataFrame, labeler: Callable[[dict], str]) -> str:
 
 def analyze(table: pd.DataFrame, fin: pd.DataFrame, out_dir: Path,
             group_keys: Sequence[str], lr_key: str = "optimizer.lr",
-            seed_key: str = "train.seed") -> None:
-  """Writes finals.csv (every run), best.csv (chosen lr per group: the selection seed's
-  value and the fresh seeds' mean ± std), curves.csv (at the chosen lr: the fresh seeds'
-  curves, or the selection seed's where a group has no fresh seed)."""
+            seed_key: str = "train.seed", select_seed=None) -> None:
+  """Writes finals.csv (every run), best.csv (chosen lr per group: the selection seeds'
+  mean and the fresh seeds' mean ± std; `select_seed` as in `best_lr`), curves.csv (at
+  the chosen lr: the fresh seeds' curves, or the selection seeds' where a group has no
+  fresh seed)."""
   out_dir = Path(out_dir)
   fin.to_csv(out_dir / "finals.csv", index=False)
-  best = best_lr(fin, group_keys, lr_key, seed_key)
+  best = best_lr(fin, group_keys, lr_key, seed_key, select_seed=select_seed)
   best.to_csv(out_dir / "best.csv", index=False)
   curves = curves_at(table, best, [*group_keys, lr_key], CURVE_COLS)
   if seed_key in curves and not best.empty:
@@ -266,7 +328,7 @@ def analyze(table: pd.DataFrame, fin: pd.DataFrame, out_dir: Path,
       key = tuple(from_table(r[k]) for k in group_keys)
       s, n = next((v for k, v in sel.items()
                    if all(_same(a, b) for a, b in zip(k, key, strict=True))), (None, 0))
-      return n == 0 or not _same(r[seed_key], s)
+      return n == 0 or s is None or not any(_same(r[seed_key], x) for x in _seed_set(s))
     curves = curves[[keep(r) for r in curves.to_dict("records")]]
   curves.to_csv(out_dir / "curves.csv", index=False)
 
@@ -303,8 +365,8 @@ def best_md(best: pd.DataFrame, group_keys: Sequence[str], lr_key: str = "optimi
   cols = [*group_keys, lr_key, "select_loss", "loss_mean", "loss_std", "n_seeds", "grid",
           "n_diverged", "at_edge", *extra]
   b = b[cols].rename(columns={k: k.split(".")[-1] for k in [*group_keys, lr_key]})
-  b = b.rename(columns={"lr": "lr (chosen on seed 0)",
-                        "select_loss": "seed-0 loss (selection only)",
+  b = b.rename(columns={"lr": "lr (chosen on the selection seeds)",
+                        "select_loss": "selection-seed loss (selection only)",
                         "loss_mean": "final eval loss, fresh seeds (mean)",
                         "loss_std": "std over fresh seeds", "n_seeds": "fresh seeds",
                         "grid": "lr grid", "n_diverged": "diverged lrs",

@@ -26,7 +26,7 @@ from pathlib import Path
 from experiments import lr_search, report_md
 from experiments.launch import LAUNCHERS, LaunchLog, launch_blocks
 from experiments.record import BUILTIN, Experiment, Inputs, Report, get, provenance
-from experiments.runs import METRICS, SUMMARY, aggregate, finals
+from experiments.runs import METRICS, SUMMARY, aggregate
 from experiments.sweep import PRESETS, REPO, config_extras, fmt, record_sweep, sweep_dir
 
 EXPERIMENTS = BUILTIN  # the built-in experiments' names; `record.experiments()` has plugins'
@@ -105,7 +105,8 @@ def run_experiment(
     for r in range(n_rounds):
       if dry_run or analyze_only:
         break
-      blocks, kind = lr_search.follow_up_blocks(sweep, finals(aggregate(sdir)), r)
+      fin = lr_search.marked_finals(aggregate(sdir), sweep.base, extra)
+      blocks, kind = lr_search.follow_up_blocks(sweep, fin, r)
       if blocks:
         echo(f"[{name}/{preset}] follow-up round {r}: {kind}")
         launch_blocks(sdir, sweep.base, blocks, **kw)
@@ -135,7 +136,7 @@ def run_experiment(
     # The runs' shared overrides (e.g. the model behind per-leaf parameter counts).
     table.attrs["overrides"] = [f"{k}={fmt(v)}" for k, v in sweep.base.items()] + list(
         config_extras(extra))
-    exp.analyze(table, finals(table), out_dir)
+    exp.analyze(table, lr_search.marked_finals(table, sweep.base, extra), out_dir)
   else:
     exp.analyze(sdir, out_dir)
   exp.figures(out_dir)

@@ -126,12 +126,17 @@ def fake_runs(root: Path, name: str, preset: str, losses: dict) -> Path:
 
 
 def needed_runs(root: Path, preset: str) -> Inputs:
-  """Runs of the searches the descriptive experiments need (preconditioner's Adam: best lr
-  0.03; sign_placement: ema 0.003, batch and example 0.01), as `Inputs`."""
-  adam = {"optimizer.variant": "adam", "optimizer.clip_norm": None}
+  """Runs of the searches the experiments that need them read (preconditioner's Adam: best
+  lr 0.03, its MicroAdamMSQ: ε 1e-4 at lr 0.01; sign_placement: ema 0.003, batch and
+  example 0.01), as `Inputs`."""
+  adam = {"optimizer.variant": "adam", "optimizer.clip_norm": None, "optimizer.eps": 1e-8}
+  msq = {"optimizer.variant": "micro_adam_msq", "optimizer.clip_norm": None,
+         "optimizer.eps": 1e-4}
   fake_runs(root, "preconditioner", preset, {
-      tuple({**adam, "optimizer.lr": lr, "train.seed": s}.items()): loss
-      for lr, s, loss in ((0.01, 0, 4.2), (0.03, 0, 4.0), (0.1, 0, 4.5), (0.03, 1, 4.01))})
+      tuple({**g, "optimizer.lr": lr, "train.seed": s}.items()): loss
+      for g, lr, s, loss in ((adam, 0.01, 0, 4.2), (adam, 0.03, 0, 4.0), (adam, 0.1, 0, 4.5),
+                             (adam, 0.03, 1, 4.01), (msq, 0.003, 0, 4.2), (msq, 0.01, 0, 4.0),
+                             (msq, 0.01, 1, 4.05))})
   fake_runs(root, "sign_placement", preset, {
       (("optimizer.placement", p), ("optimizer.lr", lr), ("train.seed", 0)):
       4.0 + (lr != best) for p, best in (("ema", 3e-3), ("batch", 1e-2), ("example", 1e-2))

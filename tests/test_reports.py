@@ -1,4 +1,4 @@
-"""Every `report()` of sign_placement, preconditioner, msq_eps and overhead, and the lr policy
+"""Every `report()` of sign_placement, preconditioner and overhead, and the lr policy
 of experiments.lr_search, on constructed CSVs in tmp dirs (no training runs).
 
 The finals table of a constructed sweep holds, per group, seed 0 over an lr grid (the
@@ -19,7 +19,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from experiments import lr_search, msq_eps, overhead, preconditioner, sign_placement  # noqa: E402
+from experiments import lr_search, overhead, preconditioner, sign_placement  # noqa: E402
 from experiments.sweep import Block, LrSearch, Sweep, run_dirname  # noqa: E402
 
 INF = math.inf
@@ -187,47 +187,6 @@ def test_preconditioner_ci_like_single_seed_is_undetermined(tmp_path):
   assert "Not run in this preset: ['micro_adam', 'micro_adam_msq']" in rep.finding
   rep = _variants(tmp_path, {"adam": [], "micro_adam_var": []})  # no fresh seed at all
   assert rep.verdict == "undetermined" and "adam: no seeds" in rep.finding
-
-
-# --------------------------------------------------------------------------- msq_eps
-
-
-def _eps(tmp_path, fresh: dict) -> dict:
-  rows = []
-  for (v, eps), (seed0, vals) in fresh.items():
-    g = {"optimizer.variant": v, "optimizer.eps": eps}
-    rows += (group_runs(g, diverged_all=True) if vals == "diverged"
-             else group_runs(g, vals, seed0=seed0))
-  return msq_eps.report(write(tmp_path / "me", rows, msq_eps.GROUP))
-
-
-def test_msq_eps_tie_is_at_least_as_well(tmp_path):
-  rep = _eps(tmp_path, {("adam", 1e-8): (4.00, [4.00, 4.02, 4.04]),
-                        ("adam", 1e-4): (4.03, [4.03, 4.05, 4.04]),
-                        ("micro_adam_msq", 1e-8): (INF, "diverged"),
-                        ("micro_adam_msq", 1e-4): (4.01, [4.01, 4.03, 4.05])})
-  assert rep.verdict == "reproduced" and rep.rule == msq_eps.RULE
-  assert "micro_adam_msq, eps=0.0001 ties with adam, eps=1e-08" in rep.finding
-  assert "micro_adam_msq, eps=1e-08 loses to adam, eps=1e-08" in rep.finding
-
-
-def test_msq_eps_loss_partly_and_not(tmp_path):
-  base = {("adam", 1e-8): (4.00, [4.00, 4.01, 4.02]),
-          ("adam", 1e-4): (4.20, [4.20, 4.21, 4.22]),
-          ("micro_adam_msq", 1e-8): (INF, "diverged"),
-          ("micro_adam_msq", 1e-4): (4.10, [4.10, 4.11, 4.12])}
-  rep = _eps(tmp_path, base)  # loses to the best Adam, beats Adam at the same ε
-  assert rep.verdict == "partly reproduced"
-  assert "micro_adam_msq, eps=0.0001 beats adam, eps=0.0001" in rep.finding
-  rep = _eps(tmp_path, {**base, ("adam", 1e-4): (4.05, [4.05, 4.06, 4.04])})
-  assert rep.verdict == "not reproduced"
-
-
-def test_msq_eps_undetermined_and_not_tested(tmp_path):
-  rep = _eps(tmp_path, {("adam", 1e-8): (4.0, [4.0]), ("micro_adam_msq", 1e-4): (3.9, [3.9])})
-  assert rep.verdict == "undetermined"
-  rep = _eps(tmp_path, {("micro_adam_msq", 1e-4): (3.9, [])})  # the ci preset: no Adam
-  assert rep.verdict.startswith("not tested")
 
 
 # --------------------------------------------------------------------------- overhead

@@ -19,7 +19,8 @@ The direction and the statistics it reads come from the optimizer's registry ent
 (`pergrad.optim.configs.REGISTRY`, builders below for the built-ins): sgd: ḡ; momentum:
 optax.trace(b1) (heavy ball); adam/adamw: `scale_by_adam_family("adam")` (=
 optax.scale_by_adam); sign: `scale_by_sign_placement`; adam_family:
-`scale_by_adam_family(variant)`. Weight decay is decoupled and multiplied by the
+`scale_by_adam_family(variant)`, with its ε held in the chain (`diagnostics.hold_eps`)
+for the eps_share diagnostic. Weight decay is decoupled and multiplied by the
 learning rate (optax.adamw's convention), on every parameter. adam and adamw differ
 only in their config defaults. A builder may return a direction that clips ḡ itself
 (`clips=True`), so that the statistics follow the clipping.
@@ -35,6 +36,7 @@ import optax
 from pergrad.optim import configs
 from pergrad.optim.adam_family import request_for_variant, scale_by_adam_family
 from pergrad.optim.common import with_float32_state
+from pergrad.optim.diagnostics import hold_eps
 from pergrad.optim.diagnostics import track_snr as track_snr_tx
 from pergrad.optim.schedule import (
   ScaledHparams,
@@ -137,8 +139,8 @@ def momentum(cfg: configs.MomentumConfig, hp: ScaledHparams) -> Direction:
 
 
 def adam(cfg: configs.AdamConfig, hp: ScaledHparams) -> Direction:
-  return Direction(scale_by_adam_family("adam", hp.b1, hp.b2, hp.eps, hp.eps_root,
-                                        clip_norm=cfg.clip_norm), clips=True)
+  tx = scale_by_adam_family("adam", hp.b1, hp.b2, hp.eps, hp.eps_root, clip_norm=cfg.clip_norm)
+  return Direction(optax.chain(tx, hold_eps(hp.eps, hp.eps_root)), clips=True)
 
 
 adamw = adam
@@ -153,4 +155,5 @@ def adam_family(cfg: configs.AdamFamilyConfig, hp: ScaledHparams) -> Direction:
   variant = cfg.variant
   tx = scale_by_adam_family(variant, hp.b1, hp.b2, hp.eps, hp.eps_root, cfg.mix_a, cfg.mix_b,
                             clip_norm=cfg.clip_norm)
-  return Direction(tx, request_for_variant(variant), clips=True)
+  return Direction(optax.chain(tx, hold_eps(hp.eps, hp.eps_root)), request_for_variant(variant),
+                   clips=True)

@@ -32,6 +32,14 @@ For the Adam family (states of `scale_by_adam_family`), the shares of the curren
 (statistics before any clipping). Adam's v estimates μ² + σ²/B (share_mu2 + share_var_b
 ≈ 1 for a stationary mean), MicroAdam's μ² + σ² (share_mu2 + share_var ≈ 1).
 
+Where the chain also holds the direction's ε (`hold_eps`, put there by `build_optimizer`
+for the Adam family), the share of coordinates whose denominator √(v̂ + eps_root) + ε is
+dominated by ε, a coordinate count over a coordinate count:
+
+    eps_share = #{j : ε > √(v̂_j + eps_root)} / #{j}
+
+(≈ 1: u ≈ m̂/ε, the momentum direction scaled by 1/ε; ≈ 0: the preconditioner acts).
+
 With a layer selection (`GradStats.layers`), only the selected leaves are reported and
 "all" sums over them. A quantity is left out when what it needs is absent (no 'sq'
 statistic, no tracker, no Adam state), so `diagnostics` is jittable for a fixed
@@ -59,6 +67,31 @@ from pergrad.optim.common import check_beta, f32, find_state, require_stats
 from pergrad.stats import noise
 from pergrad.stats.layers import TYPE_RULES
 from pergrad.stats.types import GradStats
+
+
+# --- ε of the Adam family ------------------------------------------------------------------
+class EpsState(NamedTuple):
+  """The ε and eps_root of the Adam-family direction in the same chain (float32 scalars)."""
+
+  eps: jax.Array
+  eps_root: jax.Array
+
+
+def hold_eps(eps: float, eps_root: float = 0.0) -> optax.GradientTransformation:
+  """Identity on the updates; its state holds the direction's ε (and eps_root) so that
+  `diagnostics` can log eps_share (module docstring)."""
+  if eps < 0 or eps_root < 0:
+    raise ValueError(f"hold_eps: eps={eps} and eps_root={eps_root} must be >= 0")
+
+  def init_fn(params):
+    del params
+    return EpsState(eps=jnp.float32(eps), eps_root=jnp.float32(eps_root))
+
+  def update_fn(updates, state, params=None):
+    del params
+    return updates, state
+
+  return optax.GradientTransformation(init_fn, update_fn)
 
 
 # --- SNR -------------------------------------------------------------------------------------
@@ -91,8 +124,8 @@ def track_snr(beta: float) -> optax.GradientTransformationExtraArgs:
 
 
 def diagnostics(opt_state: Any, stats: GradStats) -> dict[str, jax.Array]:
-  """Ratios of sums of the SNRs² and second-moment shares (module docstring), keyed
-  "opt/<leaf>/<name>" per parameter leaf and "opt/all/<name>" over all coordinates."""
+  """Ratios of sums of the SNRs², second-moment shares and eps_share (module docstring),
+  keyed "opt/<leaf>/<name>" per parameter leaf and "opt/all/<name>" over all coordinates."""
   require_stats(stats, "diagnostics")
   # name -> (numerator tree, denominator tree), both like params
   quantities: dict[str, tuple[Any, Any]] = {}
@@ -111,6 +144,13 @@ def diagnostics(opt_state: Any, stats: GradStats) -> dict[str, jax.Array]:
     quantities["share_mu2"] = (mu2, v_hat)
     quantities["share_var_b"] = (var_b, v_hat)
     quantities["share_var"] = (var, v_hat)
+  held = find_state(opt_state, EpsState)
+  if adam is not None and held is not None:
+    v_hat = jax.tree.map(lambda v: noise.debiased(v, adam.nu_weight), adam.nu)
+    quantities["eps_share"] = (
+        jax.tree.map(lambda v: (held.eps > jnp.sqrt(v + held.eps_root)).astype(jnp.float32),
+                     v_hat),
+        jax.tree.map(lambda v: jnp.ones_like(v, jnp.float32), v_hat))
 
   out = {}
   for name, (num, den) in quantities.items():

@@ -1,0 +1,208 @@
+"""preconditioner and msq_eps on constructed runs and CSVs (no training): the ln V
+divergence rule in the lr search, selection on two seeds, each variant at its chosen ε,
+and msq_eps's verdict against Adam and the ε-only control with eps_share."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from experiments import lr_search, msq_eps, preconditioner  # noqa: E402
+from experiments.record import Inputs  # noqa: E402
+from experiments.runs import aggregate  # noqa: E402
+from experiments.sweep import Block, LrSearch, Sweep, run_dirname  # noqa: E402
+
+INF = math.inf
+LN_V = math.log(1024)  # the cpu preset's BPE vocabulary
+CPU = {"experiment": "preconditioner", "scale": "cpu"}
+
+
+def _table(runs: dict) -> pd.DataFrame:
+  """A long metrics table: point -> eval losses at steps 0, 50, 100, ... (train loss alike)."""
+  rows = []
+  for point, evals in runs.items():
+    point = dict(point)
+    for i, loss in enumerate(evals):
+      rows.append({"run": run_dirname(point), "status": "completed", **point, "step": 50 * i,
+                   "eval/loss": loss, "train/loss": loss})
+  return pd.DataFrame(rows)
+
+
+def _point(variant, eps, lr, seed, clip=None) -> tuple:
+  return (("optimizer.variant", variant), ("optimizer.clip_norm", clip),
+          ("optimizer.eps", eps), ("optimizer.lr", lr), ("train.seed", seed))
+
+
+def test_a_loss_above_ln_v_counts_as_diverged_in_the_search(tmp_path):
+  # MicroAdamMSQ at ε = 1e-5 ends at 35 / 17,368 / 40,971 nats: finite, but above ln V.
+  runs = {_point("micro_adam_msq", 1e-5, lr, s): [7.5, 5.0, end]
+          for lr, end in ((1e-3, 35.2), (3e-3, 17368.0), (1e-2, 40971.0)) for s in (0, 1)}
+  runs |= {_point("micro_adam_msq", 1e-4, lr, s): [7.5, 5.0, 4.0 + abs(math.log10(lr / 3e-3))]
+           for lr in (1e-3, 3e-3, 1e-2) for s in (0, 1)}
+  runs |= {_point("micro_adam_msq", 1e-4, 3e-3, s): [7.5, 5.0, 4.0 + 0.01 * s] for s in (2, 3, 4)}
+  runs |= {_point("adam", 1e-8, 3e-3, s): [7.5, 5.0, 4.1 + 0.01 * s] for s in (0, 1, 2, 3, 4)}
+  runs |= {_point("adam", 1e-8, lr, s): [7.5, 5.0, 4.3] for lr in (1e-3, 1e-2) for s in (0, 1)}
+  table = _table(runs)
+  fin = lr_search.marked_finals(table, CPU)
+  msq5 = fin[fin["optimizer.eps"] == 1e-5]
+  assert msq5["diverged"].all() and (msq5["final_eval_loss"] == INF).all()
+  assert not fin[fin["optimizer.eps"] != 1e-5]["diverged"].any()
+  # A spike above ln V after the run was below it diverges too, even if it recovers.
+  spike = lr_search.marked_finals(_table({_point("adam", 1e-8, 0.1, 0): [7.5, 5.0, 9.0, 4.5]}),
+                                  CPU)
+  assert spike["diverged"].all()
+
+  out = tmp_path / "pc"
+  out.mkdir()
+  preconditioner.analyze(table, fin, out)
+  best = pd.read_csv(out / "best.csv")
+  assert set(best["select_seed"]) == {"0 1"}
+  msq = best[best["optimizer.variant"] == "micro_adam_msq"].set_index("optimizer.eps")
+  assert msq.loc[1e-5, "all_diverged"] and not msq.loc[1e-4, "all_diverged"]
+  assert msq.loc[1e-4, "fresh_seeds"] == "2 3 4"
+  chosen = preconditioner.chosen(lr_search.load_best(out, preconditioner.GROUP))
+  assert dict(zip(chosen["optimizer.variant"], chosen["optimizer.eps"], strict=True)) == {
+      "micro_adam_msq": 1e-4, "adam": 1e-8}
+  rep = preconditioner.report(out)
+  assert rep.rule == preconditioner.RULE and "ln V" in rep.rule and "ε ∈ {1e-5, 1e-4}" in rep.rule
+  assert "micro_adam_msq, eps=0.0001: 4.030 ± 0.01 (n=3) at lr 0.003" in rep.finding
+  assert "Not chosen" in rep.finding and "micro_adam_msq, eps=1e-05: diverged" in rep.finding
+  assert "diverged at every lr from 0.01 down to 0.001 (seeds 0 1)" in rep.finding
+
+
+def test_lr_is_chosen_on_the_mean_of_two_selection_seeds():
+  g = {"optimizer.placement": "ema"}
+  rows = [{**g, "optimizer.lr": lr, "train.seed": s, "final_eval_loss": v, "status": "completed"}
+          for lr, s, v in ((1e-3, 0, 4.00), (1e-3, 1, 4.40), (3e-3, 0, 4.05), (3e-3, 1, 4.10),
+                           (1e-2, 0, 4.50), (1e-2, 1, 4.50), (3e-3, 2, 4.2), (3e-3, 3, 4.3),
+                           (1e-3, 2, 3.0))]
+  fin = pd.DataFrame(rows)
+  best = lr_search.best_lr(fin, ("optimizer.placement",), "optimizer.lr", select_seed=(0, 1))
+  r = best.iloc[0]
+  assert r["optimizer.lr"] == 3e-3  # seed 0 alone would pick 1e-3
+  assert r["select_loss"] == pytest.approx(4.075) and r["fresh_seeds"] == "2 3"
+  assert r["loss_mean"] == pytest.approx(4.25) and not r["at_edge"]
+  # The follow-ups run both selection seeds at an extended lr, fresh seeds at a settled one.
+  sw = Sweep({}, (Block({**{k: [v] for k, v in g.items()}, "optimizer.lr": [1e-3, 3e-3],
+                         "train.seed": [0, 1]}),),
+             LrSearch(("optimizer.placement",), max_extend=1, seeds=(2, 3)))
+  assert lr_search.select_seeds(sw) == (0, 1)
+  blocks, kind = lr_search.follow_up_blocks(sw, fin[fin["optimizer.lr"] < 5e-3], 0)
+  assert kind == "extend" and blocks[0].grid["train.seed"] == [0, 1]
+  assert blocks[0].grid["optimizer.lr"] == [0.009]
+
+
+# --------------------------------------------------------------------------- msq_eps
+
+
+def _msq_out(tmp_path, msq, adam, control, share_msq=0.9) -> Path:
+  """finals.csv, best.csv and eps_share.csv as msq_eps.analyze writes them: MicroAdamMSQ and
+  Adam fixed on the fresh seeds, the control searched on seeds 0 and 1."""
+  rows = []
+  fixed = (("micro_adam_msq", 1e-4, 1e-2, msq), ("adam", 1e-8, 3e-2, adam))
+  for v, eps, lr, vals in fixed:
+    rows += [{"optimizer.variant": v, "optimizer.eps": eps, "optimizer.lr": lr,
+              "train.seed": s, "final_eval_loss": x, "status": "completed"}
+             for s, x in zip(msq_eps.SEEDS, vals, strict=False)]
+  ctrl = {"optimizer.variant": "adam", "optimizer.eps": 1.0}
+  rows += [{**ctrl, "optimizer.lr": lr, "train.seed": s, "final_eval_loss": x,
+            "status": "completed"}
+           for lr, x0 in ((0.3, 4.6), (1.0, min(control)), (3.0, 4.7)) for s, x in
+           ((0, x0), (1, x0))]
+  rows += [{**ctrl, "optimizer.lr": 1.0, "train.seed": s, "final_eval_loss": x,
+            "status": "completed"} for s, x in zip(msq_eps.SEEDS, control, strict=True)]
+  out = tmp_path / "me"
+  out.mkdir(exist_ok=True)
+  fin = pd.DataFrame(rows)
+  fin.to_csv(out / "finals.csv", index=False)
+  lr_search.best_lr(fin, msq_eps.GROUP, "optimizer.lr", select_seed=msq_eps.SELECT).to_csv(
+      out / "best.csv", index=False)
+  pd.DataFrame([{"optimizer.variant": v, "optimizer.eps": e, "train.seed": s, "eps_share": sh}
+                for v, e, sh in (("micro_adam_msq", 1e-4, share_msq), ("adam", 1e-8, 0.01),
+                                 ("adam", 1.0, 1.0)) for s in msq_eps.SEEDS]).to_csv(
+      out / "eps_share.csv", index=False)
+  return out
+
+
+def test_msq_eps_msq_like_momentum_is_partly_reproduced(tmp_path):
+  rep = msq_eps.report(_msq_out(tmp_path, [4.01, 4.03, 4.05], [4.00, 4.02, 4.04],
+                                [4.02, 4.03, 4.04]))
+  assert rep.verdict == "partly reproduced" and rep.rule == msq_eps.RULE
+  assert "micro_adam_msq, eps=0.0001 ties with adam, eps=1e-08" in rep.finding
+  assert "ties with control (adam, eps=1: momentum)" in rep.finding
+  assert "behaves like the ε-only control (momentum)" in rep.finding
+  assert "ε dominates MicroAdamMSQ's denominator on 90% of its coordinates" in rep.finding
+  assert "micro_adam_msq, eps=0.0001: 90.0%" in rep.finding
+
+
+@pytest.mark.parametrize(("msq", "control", "share", "verdict"), [
+    ([4.01, 4.03, 4.05], [4.30, 4.31, 4.32], 0.1, "reproduced"),  # ties Adam, beats control
+    ([4.20, 4.21, 4.22], [4.30, 4.31, 4.32], 0.1, "not reproduced"),  # loses to Adam
+    ([4.01, INF, 4.05], [4.30, 4.31, 4.32], 0.1, "not reproduced"),  # a diverged seed
+    ([4.01], [4.30, 4.31, 4.32], 0.1, "undetermined"),  # one seed: no noise estimate
+])
+def test_msq_eps_verdicts(tmp_path, msq, control, share, verdict):
+  rep = msq_eps.report(_msq_out(tmp_path, msq, [4.00, 4.02, 4.04], control, share))
+  assert rep.verdict == verdict
+  if verdict == "reproduced":
+    assert "MicroAdamMSQ behaves like" not in rep.finding and "on only 10%" in rep.finding
+
+
+def test_msq_eps_without_adam_is_not_tested(tmp_path):
+  rep = msq_eps.report(_msq_out(tmp_path, [4.0, 4.1], [], [4.3, 4.3, 4.3]))
+  assert rep.verdict.startswith("not tested")
+
+
+def test_eps_share_table_averages_the_logged_steps():
+  t = pd.DataFrame({"run": ["a"] * 3 + ["b"] * 3, "optimizer.variant": "micro_adam_msq",
+                    "optimizer.eps": 1e-4, "optimizer.lr": 1e-2,
+                    "train.seed": [2] * 3 + [3] * 3, "step": [1, 50, 51] * 2,
+                    "opt/all/eps_share": [0.8, 0.6, None, 0.5, 0.7, None],
+                    "opt/block_0/mlp/kernel/eps_share": [1.0, 0.0, None, 0.5, 0.5, None]})
+  out = msq_eps.eps_share(t).set_index("train.seed")
+  assert out.loc[2, "eps_share"] == pytest.approx(0.7)
+  assert out.loc[3, "eps_share/block_0/mlp/kernel"] == pytest.approx(0.5)
+
+
+def _fake_run(d: Path, point: dict, loss: float) -> None:
+  rd = d / run_dirname(point)
+  rd.mkdir(parents=True)
+  recs = [{"step": s, "split": sp, "loss": x} for s, x in ((0, 7.5), (400, loss))
+          for sp in ("train", "eval")]
+  (rd / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+  (rd / "summary.json").write_text(json.dumps({"status": "completed"}))
+
+
+def test_msq_eps_runs_at_the_eps_and_lr_preconditioner_chose(tmp_path):
+  d = tmp_path / "preconditioner" / "cpu"
+  for v, eps, best in (("adam", 1e-8, 3e-2), ("micro_adam_msq", 1e-5, 1e-2),
+                       ("micro_adam_msq", 1e-4, 1e-2), ("micro_adam", 1e-8, 3e-2),
+                       ("micro_adam_var", 1e-8, 1e-1)):
+    for lr in (best / 3, best, best * 3):
+      for s in (0, 1):
+        loss = (4.0 if lr == best else 4.2) + (0.05 if eps == 1e-5 else 0.0)
+        _fake_run(d, {"optimizer.variant": v, "optimizer.clip_norm": None,
+                      "optimizer.eps": eps, "optimizer.lr": lr, "train.seed": s}, loss)
+  _fake_run(d, {"optimizer.variant": "adam", "optimizer.clip_norm": None, "optimizer.eps": 1e-8,
+                "optimizer.lr": 0.1, "train.seed": 0}, 17368.0)  # above ln V: diverged
+  inputs = Inputs(tmp_path, "cpu")
+  assert len(aggregate(d)) > 0
+  assert lr_search.tuned_lr(inputs, "preconditioner",
+                            {"optimizer.variant": "adam", "optimizer.clip_norm": None}) == 3e-2
+  sw = msq_eps.sweep("cpu", inputs)
+  pts = [p for b in sw.blocks for p in b.points()]
+  fixed = {(p["optimizer.variant"], p["optimizer.eps"], p["optimizer.lr"]) for p in pts
+           if p["optimizer.eps"] != msq_eps.CONTROL_EPS}
+  assert fixed == {("micro_adam_msq", 1e-4, 1e-2), ("adam", 1e-8, 3e-2)}
+  assert sorted({p["train.seed"] for p in pts if p["optimizer.eps"] != 1.0}) == [2, 3, 4]
+  assert lr_search.select_seeds(sw) == (0, 1) and sw.base["stats.log_every"] == 50
+  n = {"preconditioner": 5 * (3 * 2 + 3), "msq_eps": len(pts) + 3}
+  assert n == {"preconditioner": 45, "msq_eps": 15}  # cpu runs without extensions
