@@ -219,15 +219,10 @@ def _round_lr(x: float) -> float:
   return float(f"{x:.3g}")
 
 
-def load_best(out_dir: Path, group_keys: Sequence[str], lr_key: str = "optimizer.lr",
-              seed_key: str = "train.seed") -> pd.DataFrame:
+def load_best(out_dir: Path) -> pd.DataFrame:
   """best.csv with a `values` column: the fresh seeds' losses as a list, or [inf] for a
-  group that diverged at every lr (it has no fresh seed). Recomputed from finals.csv when
-  best.csv predates the fresh-seed columns."""
-  out_dir = Path(out_dir)
-  best = pd.read_csv(out_dir / "best.csv")
-  if "fresh_losses" not in best:
-    best = best_lr(pd.read_csv(out_dir / "finals.csv"), group_keys, lr_key, seed_key)
+  group that diverged at every lr (it has no fresh seed)."""
+  best = pd.read_csv(Path(out_dir) / "best.csv")
   # A group that diverged at every lr has no fresh seed; its (diverged, unbiased) seed-0
   # run stands for it, so that it loses to every group that trained.
   best["values"] = [_values(v) or ([math.inf] if r else [])

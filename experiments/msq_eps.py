@@ -140,7 +140,7 @@ def verdict_of(head, ctrl) -> str:
 def report(out_dir: Path) -> Report:
   out_dir = Path(out_dir)
   fin = pd.read_csv(out_dir / "finals.csv")
-  best = lr_search.load_best(out_dir, GROUP)
+  best = lr_search.load_best(out_dir)
   shares = pd.read_csv(out_dir / "eps_share.csv") if (out_dir / "eps_share.csv").exists() \
       else pd.DataFrame()
   msq, adam = _fresh(fin, MSQ, False), _fresh(fin, ADAM, False)

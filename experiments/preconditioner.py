@@ -146,7 +146,7 @@ WIDTH = "lrs within 0.05 of best (selection seeds)"
 
 def report(out_dir: Path) -> Report:
   out_dir = Path(out_dir)
-  every = lr_search.load_best(out_dir, GROUP)
+  every = lr_search.load_best(out_dir)
   fin = pd.read_csv(out_dir / "finals.csv")
   every[WIDTH] = [_stable_width(fin).get(_full_label(r), 0) for r in every.to_dict("records")]
   best = chosen(every)

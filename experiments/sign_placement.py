@@ -72,7 +72,7 @@ def _label(g: dict) -> str:
 
 
 def report(out_dir: Path) -> Report:
-  best = lr_search.load_best(out_dir, GROUP)
+  best = lr_search.load_best(out_dir)
   groups = lr_search.by_label(best, _label)
   orders = [[p for p in chain if p in groups] for chain in CHAINS]
   orders = [o for o in orders if len(o) > 1]

@@ -59,21 +59,22 @@ class Block:
 
 @dataclasses.dataclass(frozen=True)
 class LrSearch:
-  """Per-group learning-rate search on one seed, then fresh seeds at the chosen lr.
+  """Per-group learning-rate search on selection seeds, then fresh seeds at the chosen lr.
 
-  The lr policy (`experiments.lr_search`): each group's lr is chosen on the selection
-  seed alone (the first `seed_key` value of the sweep's blocks); a grid whose best lr lies
+  The lr policy (`experiments.lr_search`): each group's lr is the one with the lowest mean
+  final eval loss over the selection seeds (the `seed_key` values of the sweep's first
+  block; a run above ln V counts as diverged); a grid whose best lr lies
   at an edge is extended past it, up to `max_extend` times per side; a group whose every
   run diverged is extended DOWNWARD by `factor` until a run trains or the lowest lr is
   `diverged_floor` times below the lowest lr of its first grid; then `seeds` (fresh seeds,
-  never the selection seed) are run at each group's chosen lr, and the reported numbers
+  never a selection seed) are run at each group's chosen lr, and the reported numbers
   are those fresh seeds' only.
 
   group_keys: the keys that define a variant (e.g. ("optimizer.placement",)).
   lr_key: the swept learning-rate key.
   factor: ratio between neighbouring grid values (used to extend past an edge).
   max_extend: how many times the grid may be extended past an edge on each side.
-  seed_key: the seed key; its first value in the blocks is the selection seed.
+  seed_key: the seed key; its values in the first block are the selection seeds.
   seeds: the fresh seeds run at each group's chosen lr (the reported numbers).
   diverged_floor: how far below its first grid an all-diverged group is searched.
   """

@@ -68,7 +68,7 @@ def test_a_loss_above_ln_v_counts_as_diverged_in_the_search(tmp_path):
   msq = best[best["optimizer.variant"] == "micro_adam_msq"].set_index("optimizer.eps")
   assert msq.loc[1e-5, "all_diverged"] and not msq.loc[1e-4, "all_diverged"]
   assert msq.loc[1e-4, "fresh_seeds"] == "2 3 4"
-  chosen = preconditioner.chosen(lr_search.load_best(out, preconditioner.GROUP))
+  chosen = preconditioner.chosen(lr_search.load_best(out))
   assert dict(zip(chosen["optimizer.variant"], chosen["optimizer.eps"], strict=True)) == {
       "micro_adam_msq": 1e-4, "adam": 1e-8}
   rep = preconditioner.report(out)

@@ -12,7 +12,6 @@ import math
 import sys
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import pytest
 
@@ -317,12 +316,3 @@ def test_edge_extension_and_rounds_budget():
   blocks, kind = lr_search.follow_up_blocks(sweep, fin, 1)  # edge budget spent
   assert kind == "seeds" and len([p for b in blocks for p in b.points()]) == 6
   assert LrSearch(("a",)).rounds == 6 and LrSearch(("a",), max_extend=7).rounds == 8
-
-
-def test_old_best_csv_is_recomputed_from_finals(tmp_path):
-  rows = group_runs({"optimizer.placement": "ema"}, [4.0, 4.1])
-  out = write(tmp_path / "old", rows, sign_placement.GROUP)
-  pd.read_csv(out / "best.csv")[["optimizer.placement", "optimizer.lr"]].assign(
-      loss_mean=4.0).to_csv(out / "best.csv", index=False)  # an old best.csv
-  best = lr_search.load_best(out, sign_placement.GROUP)
-  assert best.loc[0, "values"] == [4.0, 4.1] and np.isclose(best.loc[0, "select_loss"], 4.0)

@@ -18,9 +18,9 @@ Since ḡ² = μ̂² + σ̂²/B and q = ḡ² + (B-1)/B·σ̂² = μ̂² + σ̂�
 statistics, the named variants are mix(1, 1/B), mix(1, 1), mix(0, 1) and mix(1, 0).
 
 micro_adam_msq (and mix with b = 0) has s = 0 on every coordinate whose batch mean is
-noise-dominated (ḡ² ≤ σ̂²/B), where the update is then m̂/ε: ε is its floor. With
-Adam's ε = 1e-8 it diverges within a few steps at any learning rate; ε = 1e-4 trains
-as well as Adam on the cpu preset (results/msq_eps).
+noise-dominated (ḡ² ≤ σ̂²/B), where the update is then m̂/ε: ε is its floor, so it
+needs a far larger ε than Adam's 1e-8 (the msq_eps experiment searches it and logs the
+share of coordinates where ε > √v̂).
 
 "MicroAdam" here is the per-example Adam of Roulet & Agarwala (arXiv 2510.00236), equal
 to the Micro-Adam of optax's `examples/aggregate.ipynb` and to the batch-size-invariant
