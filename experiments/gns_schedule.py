@@ -74,11 +74,12 @@ def sizes(preset: str) -> tuple[int, int, tuple[int, ...]]:
 def lr_grid(preset: str, b: int) -> list[float]:
   """The fixed arm's first lr grid (factor 2). cpu: around Adam's lrs at this horizon
   (preconditioner, B = 32, 400 steps: 1e-2 → 4.023, 3e-2 → 4.008, 1e-1 → 5.2; at B = 64,
-  4.2e-2 over 400 steps → 4.50): smaller B lower. ci: the config's lr."""
+  4.2e-2 over 400 steps → 4.50): smaller B lower. paper: one grid. ci: the config's lr."""
   if preset == "ci":
     return [float(experiment_value(NAME, "optimizer.lr"))]
-  ref = sizes(preset)[0]
-  return [5e-3, 1e-2, 2e-2] if b < ref else [1e-2, 2e-2, 4e-2]
+  if preset == "paper":
+    return [2.5e-4, 5e-4, 1e-3]
+  return [5e-3, 1e-2, 2e-2] if b < sizes(preset)[0] else [1e-2, 2e-2, 4e-2]
 
 
 def _per_size(b: int, examples: int, warmup: int, n_evals: int) -> dict:
@@ -91,9 +92,8 @@ def _per_size(b: int, examples: int, warmup: int, n_evals: int) -> dict:
 def sweep(preset: str) -> Sweep:
   """The fixed arms' lr search (the schedules come in `follow_up`)."""
   ref, b_max, fixed = sizes(preset)
-  examples = ref * int(scale_value(preset, "train.steps"))
+  examples, n = ref * int(scale_value(preset, "train.steps")), N_EVALS[preset]
   warmup = ref * int(scale_value(preset, "schedule.warmup_steps"))
-  n = N_EVALS[preset]
   base = base_for(NAME, preset, **{
       "data.batch_size": b_max, "batch.start": b_max // 8, "logging.log_every": 5,
       **_per_size(b_max, examples, warmup, n)})
