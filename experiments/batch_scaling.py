@@ -362,9 +362,9 @@ def report(out_dir: Path) -> Report:
   ref_b, ref_row = j["ref"], col[col["reference"].astype(bool)].iloc[0]
   seeds, steps = int(ref_row["n_seeds"]), col.drop_duplicates(KEY).sort_values(KEY)
   steps_text = ", ".join(f"B={int(r[KEY])}: {int(r['steps'])}" for _, r in steps.iterrows())
-  per = [f"{s}: collapses {_at(d['collapsed'])}, "
-         + (f"breaks at B = {d['break']}" if d["break"] is not None else "break undetermined"
-            if d["undetermined"] else "never breaks")
+  brk = lambda d: (f"breaks at B = {d['break']}" if d.get("break") is not None
+                   else "break undetermined" if d.get("undetermined") else "never breaks")
+  per = [f"{s}: collapses {_at(d['collapsed'])}, {brk(d)}"
          + (f" (undetermined {_at(d['undetermined'])})" if d["undetermined"] else "")
          for s, d in j["scalings"].items()]
   finding = (f"Eval-loss curves against B_ref = {ref_b} over the second half of training "
@@ -374,11 +374,9 @@ def report(out_dir: Path) -> Report:
              + f". At B = {j['at']} (mean |gap| to the reference curve per seed): "
              + ("; ".join(p.sentence() for p in j["pairs"]) or "no other scaling") + ".")
   sq = j["scalings"].get("sqrt", {})
-  row = ("√B: collapses " + _at(sq.get("collapsed", []))
-         + (f", breaks at B = {sq['break']}" if sq.get("break") is not None else ", no break")
+  row = ("√B: collapses " + _at(sq.get("collapsed", [])) + f", {brk(sq)}"
          + (f", undetermined {_at(sq['undetermined'])}" if sq.get("undetermined") else "")
-         + "".join(f"; {s}: breaks at B = {d['break']}" if d["break"] is not None
-                   else f"; {s}: no break" for s, d in j["scalings"].items() if s != "sqrt")
+         + "".join(f"; {s}: {brk(d)}" for s, d in j["scalings"].items() if s != "sqrt")
          + f" (B_ref = {ref_b}, {seeds} seed(s), ±{MARGIN:g} nats, "
          + f"{int(ref_row['examples']):,} examples). At B = {j['at']}: "
          + ", ".join(f"√ {p.outcome} vs {p.b.split(' ')[0]}" for p in j["pairs"]) + ".")
