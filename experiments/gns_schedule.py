@@ -46,7 +46,7 @@ TITLE = "batch-size schedules (GNS-guided, fitted ramp) against the best fixed b
 CLAIM = ("A batch-size schedule guided by the gradient noise scale (in the paper a linear "
          "ramp chosen from it) reaches a fixed-batch run's final loss with fewer tokens: 18% "
          "fewer on a Chinchilla-optimal language model (Gray et al., arXiv 2411.00999).")
-GROUP = ("data.batch_size",)  # a fixed arm
+GROUP, SIZE = ("batch.kind", "data.batch_size"), "data.batch_size"  # a fixed arm
 GUIDED = ("gns_norm", "gns_total", "linear_fit")  # the claim's schedules (the verdict's)
 SELECT_SEED = 0
 SEEDS = {"ci": (1,), "cpu": (1, 2, 3), "paper": (1, 2, 3)}  # fresh: judged on
@@ -94,9 +94,9 @@ def sweep(preset: str) -> Sweep:
   ref, b_max, fixed = sizes(preset)
   examples, n = ref * int(scale_value(preset, "train.steps")), N_EVALS[preset]
   warmup = ref * int(scale_value(preset, "schedule.warmup_steps"))
-  base = base_for(NAME, preset, **{
-      "data.batch_size": b_max, "batch.start": b_max // 8, "logging.log_every": 5,
-      **_per_size(b_max, examples, warmup, n)})
+  base = base_for(NAME, preset, **{  # ci logs every step: enough points for the ramp's fit
+      "data.batch_size": b_max, "batch.start": b_max // 8,
+      "logging.log_every": 1 if preset == "ci" else 5, **_per_size(b_max, examples, warmup, n)})
   blocks = tuple(Block({"batch.kind": ["fixed"], "data.batch_size": [b],
                         "optimizer.lr": lr_grid(preset, b), "train.seed": [SELECT_SEED]},
                        fixed=_per_size(b, examples, warmup, n)) for b in fixed)
@@ -124,7 +124,7 @@ def best_fixed(fin: pd.DataFrame) -> dict | None:
 def _best_runs(table: pd.DataFrame, best: dict) -> pd.DataFrame:
   """The rows of the best fixed arm's fresh-seed runs."""
   return table[(table["batch.kind"] == "fixed")
-               & np.isclose(table["data.batch_size"].astype(float), float(best[GROUP[0]]))
+               & np.isclose(table["data.batch_size"].astype(float), float(best[SIZE]))
                & np.isclose(table["optimizer.lr"].astype(float), float(best["optimizer.lr"]))
                & (table["train.seed"] != SELECT_SEED)]
 
@@ -205,7 +205,7 @@ def compared(table: pd.DataFrame, search: pd.DataFrame, best: dict | None) -> pd
   of the fixed runs) on the fresh seeds, and the schedules' runs at the best arm's lr."""
   if best is None:
     return table[:0]
-  chosen = {float(r[GROUP[0]]): float(r["optimizer.lr"]) for _, r in search.iterrows()}
+  chosen = {float(r[SIZE]): float(r["optimizer.lr"]) for _, r in search.iterrows()}
   lr, size = table["optimizer.lr"].astype(float), table["data.batch_size"].astype(float)
   fixed = (table["batch.kind"] == "fixed") & (table["train.seed"] != SELECT_SEED) & np.isclose(
       lr, size.map(chosen).fillna(-1.0))
@@ -267,13 +267,13 @@ def analyze(table: pd.DataFrame, fin: pd.DataFrame, out_dir: Path) -> None:
   fixed = fin[fin["batch.kind"] == "fixed"] if "batch.kind" in fin else fin[:0]
   search = (lr_search.best_lr(fixed, GROUP, "optimizer.lr", select_seed=SELECT_SEED) if len(fixed)
             else pd.DataFrame(columns=[*GROUP, "optimizer.lr"]))
-  search["best_arm"] = [best is not None and r[GROUP[0]] == best[GROUP[0]]
+  search["best_arm"] = [best is not None and r[SIZE] == best[SIZE]
                         for _, r in search.iterrows()]
   search.to_csv(out_dir / "best.csv", index=False)
   judged = compared(table, search, best)
   cur = curves(judged)
   cur.to_csv(out_dir / "curves.csv", index=False)
-  best_arm = f"fixed_{int(best[GROUP[0]])}" if best is not None else ""
+  best_arm = f"fixed_{int(best[SIZE])}" if best is not None else ""
   to_target(cur, best_arm).to_csv(out_dir / "to_target.csv", index=False)
   keys = [k for k in ("gns/total/b_simple", "gns/norm/b_simple") if k in judged]
   if keys:
@@ -350,7 +350,7 @@ def report(out_dir: Path) -> Report:
     return Report(verdict="not measured", rule=RULE, numbers_md="",
                   finding="no fixed arm finished its fresh seeds, so there is no target loss.")
   best = search[search["best_arm"]].iloc[0]
-  base = f"fixed_{int(best[GROUP[0]])}"
+  base = f"fixed_{int(best[SIZE])}"
   tokens = {k: g["tokens_to_target"].tolist() for k, g in tt.groupby("arm")}
   times = {k: g["time_to_target_s"].tolist() for k, g in tt.groupby("arm")}
   pairs_ = [(k, base) for k in GUIDED]
@@ -366,8 +366,8 @@ def report(out_dir: Path) -> Report:
       time_to_target_s=("time_to_target_s", "mean"), final_eval_loss=("final_eval_loss", "mean"),
       final_std=("final_eval_loss", "std"), updates=("updates", "mean"),
       seeds=("run", "count")).reset_index()
-  arms = lr_search.group_lines(search, lambda r: f"fixed B={int(r[GROUP[0]])}")
-  measured = (f"Baseline: the best fixed arm, B = {int(best[GROUP[0]])} at lr "
+  arms = lr_search.group_lines(search, lambda r: f"fixed B={int(r[SIZE])}")
+  measured = (f"Baseline: the best fixed arm, B = {int(best[SIZE])} at lr "
               f"{best['optimizer.lr']:g} (fixed arms' fresh-seed final eval loss, {arms}). "
               "Token saving to reach its final loss: GNS-guided online by the normalization "
               f"layers {_pct(saving['gns_norm'])}, by the whole model "
