@@ -46,7 +46,8 @@ TITLE = "batch-size schedules (GNS-guided, fitted ramp) against the best fixed b
 CLAIM = ("A batch-size schedule guided by the gradient noise scale (in the paper a linear "
          "ramp chosen from it) reaches a fixed-batch run's final loss with fewer tokens: 18% "
          "fewer on a Chinchilla-optimal language model (Gray et al., arXiv 2411.00999).")
-GROUP, SIZE = ("batch.kind", "data.batch_size"), "data.batch_size"  # a fixed arm
+SIZE, PER_SIZE = "data.batch_size", ("train.steps", "train.eval_every", "schedule.warmup_steps")
+GROUP = ("batch.kind", SIZE, *PER_SIZE)  # a fixed arm (in its runs' names: lr_search copies it)
 GUIDED = ("gns_norm", "gns_total", "linear_fit")  # the claim's schedules (the verdict's)
 SELECT_SEED = 0
 SEEDS = {"ci": (1,), "cpu": (1, 2, 3), "paper": (1, 2, 3)}  # fresh: judged on
@@ -84,9 +85,7 @@ def lr_grid(preset: str, b: int) -> list[float]:
 
 def _per_size(b: int, examples: int, warmup: int, n_evals: int) -> dict:
   steps = examples // b
-  return {"train.steps": steps, "train.eval_every": max(steps // n_evals, 1),
-          "train.checkpoint_every": max(steps // 4, 1),
-          "schedule.warmup_steps": max(warmup // b, 1)}
+  return dict(zip(PER_SIZE, (steps, max(steps // n_evals, 1), max(warmup // b, 1)), strict=True))
 
 
 def sweep(preset: str) -> Sweep:
@@ -97,9 +96,9 @@ def sweep(preset: str) -> Sweep:
   base = base_for(NAME, preset, **{  # ci logs every step: enough points for the ramp's fit
       "data.batch_size": b_max, "batch.start": b_max // 8,
       "logging.log_every": 1 if preset == "ci" else 5, **_per_size(b_max, examples, warmup, n)})
-  blocks = tuple(Block({"batch.kind": ["fixed"], "data.batch_size": [b],
-                        "optimizer.lr": lr_grid(preset, b), "train.seed": [SELECT_SEED]},
-                       fixed=_per_size(b, examples, warmup, n)) for b in fixed)
+  blocks = tuple(Block({"batch.kind": ["fixed"], SIZE: [b], **{k: [v] for k, v in _per_size(
+      b, examples, warmup, n).items()}, "optimizer.lr": lr_grid(preset, b),
+      "train.seed": [SELECT_SEED]}) for b in fixed)
   search = LrSearch(GROUP, factor=2.0, max_extend=0 if preset == "ci" else 1,
                     seeds=SEEDS[preset])
   # cpu: 9 selection (+ ≤ 3 extension), 9 fresh, 9 schedule runs; ~1.1 min each on 2 cores

@@ -143,6 +143,9 @@ def _schedule_table(speedup: dict[str, float], seeds=(1, 2, 3), n_evals=25, budg
       loss = 3 + 4 * np.exp(-3 * s * jitter * x / budget)
       rows.append({"run": f"{name},lr={lr},seed={seed}", "status": "completed",
                    "batch.kind": kind, "data.batch_size": b if b else np.nan,
+                   "train.steps": budget // b if b else np.nan,
+                   "train.eval_every": budget // b // n_evals if b else np.nan,
+                   "schedule.warmup_steps": 640 // b if b else np.nan,
                    "batch.gns_group": group,
                    "batch.ramp_tokens": 12_345 if kind == "linear" else np.nan,
                    "optimizer.lr": lr, "train.seed": seed, "step": i * 4 + 30,
@@ -180,11 +183,11 @@ def test_gns_schedule_sweep_plan():
   pts = [p for b in sw.blocks for p in b.points()]
   assert sorted({p["data.batch_size"] for p in pts}) == [16, 32, 64] and len(pts) == 9
   assert {p["train.seed"] for p in pts} == {0} and sw.lr_search.seeds == (1, 2, 3)
-  for b in sw.blocks:  # every arm spends 400 x 32 examples, warmup 640, 25 evaluations
-    size = b.grid["data.batch_size"][0]
-    assert b.fixed["train.steps"] * size == 12_800
-    assert b.fixed["schedule.warmup_steps"] * size == 640
-    assert b.fixed["train.eval_every"] * size * 25 == 12_800
+  for b in sw.blocks:  # every arm spends 400 x 32 examples, warmup 640, 25 evaluations,
+    size = b.grid["data.batch_size"][0]  # in the grid, so that lr_search's stages keep them
+    assert b.grid["train.steps"] == [12_800 // size] and set(gs.PER_SIZE) <= set(gs.GROUP)
+    assert b.grid["schedule.warmup_steps"][0] * size == 640
+    assert b.grid["train.eval_every"][0] * size * 25 == 12_800
   assert sw.base["data.batch_size"] == 64 and sw.base["train.steps"] * 64 == 12_800
   assert sw.wall_estimate_min <= 35
   ci = gs.sweep("ci")
