@@ -1,16 +1,24 @@
 """Claim 4: with lr tuned at a reference batch size and scaled by sqrt(B / B_ref), Adam's
 loss-vs-examples curves collapse for small to medium B and separate at large B.
 
-Design. Adam's lr is tuned at B_ref (the scale's batch size; at the cpu scale B_ref = 32
-and lr = 3e-2, Adam's best lr in the preconditioner search) and scaled by
-(B / B_ref)^κ with κ = 1/2 (`optimizer.lr_scaling=sqrt`), beside the same sweep with
-κ = 1 (`linear`) and κ = 0 (`none`), over a ladder of batch sizes and several seeds.
-Every run sees the same number of examples, large enough that the largest B takes at
-least `MIN_STEPS` steps (steps = examples / B); the warmup is fixed in examples; every
-run is evaluated at the same examples counts. At B = B_ref the three scalings are the
-same run, so it is run once (labelled `sqrt`) and is the reference of all three.
+Design. Adam's lr at B_ref (the scale's batch size; cpu: 32) is scaled by (B / B_ref)^κ,
+κ = 1/2 (`optimizer.lr_scaling=sqrt`), beside κ = 1 (`linear`) and κ = 0 (`none`). Every
+run sees B_ref's examples (train.steps × B_ref; cpu: 12,800), raised so that the largest B
+takes ≥ `MIN_STEPS` steps, with the warmup in examples and evals at the same examples.
+B_ref runs once (labelled `sqrt`). Its lr is one step of the preconditioner search's
+factor-3 grid below the lr it chose for Adam (`LR_STEP`): at this horizon (400 steps of
+B = 32) that search ends at 4.008 with 3e-2, 4.023 with 1e-2 and 5.2 with 1e-1 (Adam's
+stability cliff), and from 3e-2 sqrt scaling put B = 64 (4.2e-2) at 4.50 against B_ref's
+3.81. From 1e-2 sqrt stays ≤ 3e-2 up to B = 128 (2e-2); linear reaches 4e-2 there.
 
-The rule (`RULE`): whole curves, not one final point, over the second half of training.
+The rule (`RULE`): `rules.equivalence` within ±`MARGIN` over the second half of training.
+At the cpu runs' noise at B_ref (spread of the seeds' curve averages 0.0115, per point
+0.013, 13 points) identical curves pass with 3 seeds at margin 0.02 about 21% of the time,
+with 5 seeds at 0.03 about 96% (`rules.simulate_curves`; tests/test_batch_scaling.py): so
+sqrt and B_ref run 5 seeds at margin 0.03 nats, the contrasts (linear, none) 3. A failed
+test is "breaks" when its interval lies beyond the margin, a seed diverged
+(`rules.diverged`: eval loss above ln V) or identical curves at its measured noise pass
+≥ `POWER` of the time (`power`); otherwise "undetermined" (underpowered).
 """
 
 from __future__ import annotations
@@ -22,12 +30,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from experiments import lr_search
+from experiments import lr_search, rules
 from experiments import verdict as V
 from experiments.figures import plot_curves, plt, savefig, style
 from experiments.record import ROWS, Experiment, Inputs, Report, register
 from experiments.report_md import md_table
-from experiments.sweep import Block, Sweep, base_for, scale_value
+from experiments.sweep import PRESETS, Block, Sweep, base_for, scale_value
 
 NAME = "batch_scaling"
 TITLE = "square-root learning-rate scaling with batch size"
@@ -41,27 +49,31 @@ REF = "optimizer.ref_batch_size"
 SEED = "train.seed"
 SCALINGS = ("sqrt", "linear", "none")  # sqrt first: the claim's; B_ref runs once, as sqrt
 
-# The ladder per preset. cpu: B = 16 is left out to keep the sweep under an hour
-# (`wall_estimate_min`); the paper preset keeps every power of two.
-SIZES = {"ci": [8, 32], "cpu": [8, 32, 64, 128, 256],
-         "paper": [32, 64, 128, 256, 512, 1024, 2048]}
-SEEDS = {"ci": [0], "cpu": [0, 1, 2], "paper": [0, 1, 2]}
+SIZES = {"ci": [8, 32], "cpu": [8, 16, 64, 128], "paper": [32, 64, 128, 256, 512, 1024, 2048]}
+SEEDS = {"ci": [0], "cpu": [0, 1, 2, 3, 4], "paper": [0, 1, 2, 3, 4]}  # sqrt and B_ref
+CONTRAST_SEEDS = {"ci": [0], "cpu": [0, 1, 2], "paper": [0, 1, 2]}  # linear, none
 SCALINGS_AT = {"ci": ("sqrt", "linear"), "cpu": SCALINGS, "paper": SCALINGS}
 MIN_STEPS = {"ci": 4, "cpu": 100, "paper": 200}  # steps of the largest B, at least
 N_EVALS = {"ci": 4, "cpu": 25, "paper": 40}  # evaluations per run, at the same examples
-# Wall-time model of the cpu preset (2 cores): a step takes STEP_S at B = 32, roughly
-# proportional to B, plus RUN_OVERHEAD_S per run (start-up, compilation, evaluations,
-# checkpoints).
-STEP_S_B32 = 0.085  # measured on this machine (Adam, scale=cpu, 2026-11-23)
-RUN_OVERHEAD_S = 10.0
-FRACTION = 0.9  # share of second-half eval points within noise for a collapse
-RULE = ("A batch size B collapses onto B_ref when, at ≥ 90% of the eval points of the "
-        "second half of training (same examples seen), the gap between the two seed-mean "
-        "eval-loss curves is at most their combined seed spread √(s_B² + s_ref²) (s = std "
-        "over seeds, ≥ 2 seeds each); collapse breaks at the smallest B that does not "
-        "collapse, and there √ scaling beats another scaling when its seeds' mean |gap| to "
-        "the reference curve is lower by more than the combined seed spread of that "
-        "statistic (experiments.verdict).")
+LR_STEP = 3.0  # B_ref's lr = the preconditioner search's Adam lr / LR_STEP (one grid step)
+MARGIN = 0.03  # nats: the equivalence margin
+POWER = 0.9  # a failed test is "breaks" only if identical curves would pass this often
+POWER_REPS = 400  # simulated pairs of identical families per power estimate
+STEP_S_B32 = 0.085  # s per step at B = 32 (∝ B) on 2 cores (Adam, scale=cpu, 2026-11-23)
+RUN_OVERHEAD_S = 10.0  # s per run: start-up, compilation, evaluations, checkpoints
+COLLAPSES, BREAKS, UNDETERMINED = "collapses", "breaks", "undetermined"
+RULE = (f"Over the second half of training's eval points, B collapses onto B_ref when the "
+        f"{100 * (1 - 2 * rules.ALPHA):g}% Welch interval of the gap of the seeds' curve "
+        f"averages lies within ±{MARGIN:g} nats and no point's gap of seed means exceeds "
+        f"{rules.GUARD:g} × {MARGIN:g} (rules.equivalence, ≥ 2 seeds a side); if not, it breaks "
+        f"when the interval lies beyond the margin, a seed diverged (eval loss above ln V), "
+        f"or identical curves at the measured noise pass ≥ {POWER:.0%} of the time, else it is "
+        "undetermined (underpowered). "
+        "Reproduced when under √ scaling every B below the smallest B that breaks collapses, "
+        "at least one B above B_ref does, some B breaks, and there √ beats linear and none "
+        "(each seed's mean |gap| to B_ref's seed-mean curve, lower by more than the combined "
+        "seed spread, experiments.verdict); not reproduced when another scaling beats √ "
+        "there or √ collapses at no B that was decided; undetermined when no B was decided.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,18 +81,21 @@ class Plan:
   """What every run of the sweep sees at one preset."""
 
   sizes: tuple
-  ref: int  # B_ref: the scale's batch size, at which the lr was tuned
+  ref: int  # B_ref: the scale's batch size
   examples: int  # examples per run (every B)
   warmup_examples: int
   eval_examples: int  # examples between two evaluations (every B)
-  seeds: tuple
+  seeds: tuple  # of sqrt (and B_ref)
+  contrast_seeds: tuple  # of the other scalings
   scalings: tuple
 
   def steps(self, b: int) -> int:
     return self.examples // b
 
   def runs(self, b: int) -> int:
-    return len(self.seeds) * (1 if b == self.ref else len(self.scalings))
+    if b == self.ref:
+      return len(self.seeds)
+    return len(self.seeds) + (len(self.scalings) - 1) * len(self.contrast_seeds)
 
 
 def plan(preset: str) -> Plan:
@@ -96,7 +111,8 @@ def plan(preset: str) -> Plan:
   every = examples // N_EVALS[preset]
   assert all(every % b == 0 for b in sizes), (sizes, every)
   warm = ref * int(scale_value(preset, "schedule.warmup_steps"))
-  return Plan(sizes, ref, examples, warm, every, tuple(SEEDS[preset]), SCALINGS_AT[preset])
+  return Plan(sizes, ref, examples, warm, every, tuple(SEEDS[preset]),
+              tuple(CONTRAST_SEEDS[preset]), SCALINGS_AT[preset])
 
 
 def wall_estimate_min(p: Plan) -> float:
@@ -106,24 +122,27 @@ def wall_estimate_min(p: Plan) -> float:
 
 
 def sweep(preset: str, inputs: Inputs | None = None) -> Sweep:
-  """At cpu and paper, lr (at B_ref) is the one Adam's own search chose (no clipping),
-  re-derived from the preconditioner runs (`inputs`); at ci, the config's."""
+  """At cpu and paper, B_ref's lr is the preconditioner search's Adam lr (no clipping)
+  / LR_STEP, re-derived from its runs (`inputs`); at ci, the config's."""
   p = plan(preset)
-  tuned = {} if preset == "ci" else {"optimizer.lr": lr_search.tuned_lr(
-      inputs, "preconditioner", {"optimizer.variant": "adam", "optimizer.clip_norm": None})}
+  tuned = {}
+  if preset != "ci":
+    lr = lr_search.tuned_lr(inputs, "preconditioner",
+                            {"optimizer.variant": "adam", "optimizer.clip_norm": None})
+    tuned = {"optimizer.lr": float(f"{lr / LR_STEP:.3g}")}
   base = base_for(NAME, preset, **tuned)
   blocks = []
   for b in p.sizes:
     steps = p.steps(b)
-    blocks.append(Block(
-        {KEY: [b], REF: [p.ref], SCALING: list(p.scalings[:1] if b == p.ref else p.scalings),
-         SEED: list(p.seeds)},
-        fixed={"train.steps": steps, "train.eval_every": p.eval_examples // b,
-               "train.checkpoint_every": max(steps // 4, 1),
-               "logging.log_every": max(steps // 40, 1),
-               "schedule.warmup_steps": max(p.warmup_examples // b, 1)}))
-  # cpu: 3 seeds × (4 batch sizes × 3 scalings + B_ref once) = 39 runs of 25,600 examples
-  # each (B = 8: 3,200 steps ... B = 256: 100 steps): about 50 min by the model above.
+    fixed = {"train.steps": steps, "train.eval_every": p.eval_examples // b,
+             "train.checkpoint_every": max(steps // 4, 1),
+             "logging.log_every": max(steps // 40, 1),
+             "schedule.warmup_steps": max(p.warmup_examples // b, 1)}
+    groups = [(p.scalings[:1], p.seeds)]
+    if b != p.ref and len(p.scalings) > 1:
+      groups.append((p.scalings[1:], p.contrast_seeds))
+    blocks += [Block({KEY: [b], REF: [p.ref], SCALING: list(sc), SEED: list(seeds)},
+                     fixed=fixed) for sc, seeds in groups]
   est = {"ci": 1.0}.get(preset, round(wall_estimate_min(p)) if preset == "cpu" else None)
   return Sweep(base, tuple(blocks), wall_estimate_min=est)
 
@@ -131,133 +150,137 @@ def sweep(preset: str, inputs: Inputs | None = None) -> Sweep:
 # --------------------------------------------------------------------------- analysis
 
 
-def _reference(table: pd.DataFrame) -> int:
-  if REF in table and table[REF].notna().any():
-    return int(table[REF].dropna().iloc[0])
-  sizes = sorted(table[KEY].unique())  # older sweeps: the middle of the ladder
-  return int(sizes[len(sizes) // 2 - 1]) if len(sizes) > 2 else int(sizes[0])
+def vocab_size(out_dir: Path) -> int:
+  """data.vocab_size of `experiment=batch_scaling scale=<preset>`, the preset read from
+  where the runner writes (results/<preset>/<name>, <sweeps>/<name>/<preset>/report)."""
+  from pergrad.analysis import composed
+
+  preset = Path(out_dir).resolve().parent.name.split("-")[0]
+  scale = [f"scale={preset}"] if preset in PRESETS else []
+  return int(composed([f"experiment={NAME}", *scale])["data"]["vocab_size"])
 
 
-def eval_curves(table: pd.DataFrame, fin: pd.DataFrame) -> pd.DataFrame:
+def eval_curves(table: pd.DataFrame, fin: pd.DataFrame, vocab: int) -> pd.DataFrame:
   """Eval rows: batch size, scaling, seed, examples seen (= step × B), eval loss, and
-  whether the run diverged."""
+  whether the run diverged (non-finite, or `rules.diverged` with V = vocab)."""
   t = table.copy()
-  if SCALING not in t:
-    t[SCALING] = "sqrt"
   t["examples_seen"] = t["step"] * t[KEY]
   div = dict(zip(fin["run"], fin["diverged"], strict=False)) if "diverged" in fin else {}
-  t["diverged"] = t["run"].map(div).fillna(False).astype(bool)
+  by_lnv = rules.diverged_runs(t, vocab) if "eval/loss" in t else pd.Series(dtype=bool)
+  t["diverged"] = (t["run"].map(div).fillna(False).astype(bool)
+                   | t["run"].map(by_lnv).fillna(False).astype(bool))
   cols = ["run", KEY, SCALING, SEED, "step", "examples_seen", "diverged",
           *[c for c in ("eval/loss", "train/loss", "train/lr") if c in t]]
   return t[cols]
 
 
-def _seed_values(g: pd.DataFrame, xs) -> dict:
-  """{seed: values at xs}; a diverged run is +inf from its first missing point on, a run
-  that has not reached a point (unfinished) has NaN there."""
-  out = {}
-  for seed, r in g.groupby(SEED):
-    ev = r.dropna(subset=["eval/loss"]).set_index("examples_seen")["eval/loss"]
-    ev = ev[~ev.index.duplicated(keep="last")]
-    y = ev.reindex(xs).to_numpy(dtype=float)
-    y = np.where(np.isfinite(y) | np.isnan(y), y, np.inf)
-    if bool(r["diverged"].any()):
-      y = np.where(np.isnan(y), np.inf, y)
-    out[int(seed)] = y
-  return out
+def _seed_curves(g: pd.DataFrame, xs) -> np.ndarray:
+  """seeds × len(xs) eval losses; a diverged run is +inf everywhere, a point a run has
+  not reached is NaN."""
+  out = []
+  for _, r in g.groupby(SEED):
+    ev = r.dropna(subset=["eval/loss"]).drop_duplicates("examples_seen", keep="last")
+    y = ev.set_index("examples_seen")["eval/loss"].reindex(xs).to_numpy(dtype=float)
+    out.append(np.full(len(xs), np.inf) if bool(r["diverged"].any()) else
+               np.where(np.isnan(y) | np.isfinite(y), y, np.inf))
+  return np.array(out).reshape(len(out), len(xs))
 
 
-def _mean_std(vals: list[float]) -> tuple[float, float, int]:
-  x = np.asarray([v for v in vals if not np.isnan(v)], dtype=float)
-  if len(x) == 0:
-    return math.nan, math.nan, 0
-  if np.isinf(x).any():
-    return math.inf, math.nan, len(x)
-  return float(x.mean()), float(x.std(ddof=1)) if len(x) > 1 else math.nan, len(x)
+def power(a_SxP, b_SxP, margin: float = MARGIN, reps: int = POWER_REPS, rho: float = 0.5) -> float:
+  """How often `rules.equivalence` passes two families of IDENTICAL curves with the seeds,
+  points and noise of a and b (`rules.simulate_curves`, AR(1) ρ along the points): each
+  family's per-point seed std σ, and the shared per-seed offset that gives its spread of
+  curve averages s̄. NaN: < 2 seeds on a side, or a non-finite value."""
+  a, b = np.asarray(a_SxP, float), np.asarray(b_SxP, float)
+  keep = ~(np.isnan(a).any(axis=0) | np.isnan(b).any(axis=0))
+  a, b = a[:, keep], b[:, keep]
+  if min(len(a), len(b)) < 2 or not keep.any() or not np.isfinite([a.sum(), b.sum()]).all():
+    return math.nan
+  k = np.arange(a.shape[1])  # v_avg: the variance of the mean of a unit AR(1) over k
+  v_avg = float(np.mean(rho ** np.abs(k[:, None] - k[None, :])))
+
+  def sim(rng, x):
+    sigma = float(np.sqrt(np.mean(np.var(x, axis=0, ddof=1))))
+    r = float(np.var(x.mean(axis=1), ddof=1)) / sigma**2 if sigma > 0 else 1.0
+    shared = float(np.clip((r - v_avg) / (1 - v_avg), 0.0, 1.0))
+    return rules.simulate_curves(rng, len(x), x.shape[1], sigma, rho, shared=shared)
+
+  rng = np.random.default_rng(0)
+  return sum(bool(rules.equivalence(sim(rng, a), sim(rng, b), margin).equivalent)
+             for _ in range(reps)) / reps
+
+
+def outcome(eq: rules.Equivalence, pw: float) -> str:
+  """collapses | breaks | undetermined from an equivalence test and its power (RULE)."""
+  if eq.equivalent:
+    return COLLAPSES
+  if eq.equivalent is None:
+    return UNDETERMINED
+  beyond = eq.lo > eq.margin or eq.hi < -eq.margin or math.isinf(eq.max_abs_gap)
+  return BREAKS if beyond or (not math.isnan(pw) and pw >= POWER) else UNDETERMINED
 
 
 def collapse_tables(curves: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-  """(points, per-seed mismatch, summary) of every (scaling, B) against B_ref's curve.
-
-  points: one row per (scaling, B, second-half eval point): both seed means and stds, the
-    gap, the noise √(s_B² + s_ref²) and whether the gap is within it (NaN: < 2 seeds).
-  mismatch: one row per (scaling, B, seed): the mean |gap| of that seed's curve to the
-    reference seed-mean curve over those points (inf for a diverged run).
-  summary: one row per (scaling, B): share of points within noise, collapsed (True /
-    False / NaN when undetermined), the mean |gap|, steps and examples, final eval loss.
-  """
+  """(points, mismatch, summary) of every (scaling, B) against B_ref's curve: per
+  second-half eval point the seed means and their gap; per seed the mean |gap| of its
+  curve to B_ref's seed-mean curve (inf: diverged); per (scaling, B) the equivalence test
+  (gap, interval, max point gap), its power and outcome, steps, final eval loss."""
   ref_b = int(curves["ref"].iloc[0])
-  ev = curves.dropna(subset=["eval/loss"])
-  ref = ev[ev[KEY] == ref_b]
-  budget = float(curves.loc[curves[KEY] == ref_b, "examples_seen"].max())
-  xs = np.array(sorted(x for x in ref["examples_seen"].unique() if x > budget / 2))
-  # B_ref's runs are the same under every scaling: one value per seed.
-  ref_vals = _seed_values(ref.drop_duplicates(["examples_seen", SEED], keep="first"), xs)
-  ref_stats = [_mean_std([v[i] for v in ref_vals.values()]) for i in range(len(xs))]
-  m_ref = np.array([s[0] for s in ref_stats])
+  ref = curves[curves[KEY] == ref_b]
+  x_ref = ref.dropna(subset=["eval/loss"])["examples_seen"]
+  xs = np.array(sorted(x for x in x_ref.unique() if x > ref["examples_seen"].max() / 2))
+  ref_y = _seed_curves(ref, xs)  # B_ref's runs are the same under every scaling
+  with np.errstate(invalid="ignore"):
+    m_ref = ref_y.mean(axis=0) if len(ref_y) else np.full(len(xs), np.nan)
   points, mismatch, summary = [], [], []
   scalings = [s for s in SCALINGS if s in set(curves[SCALING])] + sorted(
       set(curves[SCALING]) - set(SCALINGS))
   for scaling in scalings:
-    for b in sorted(curves[KEY].unique()):
-      b = int(b)
-      g = ref if b == ref_b else ev[(ev[KEY] == b) & (ev[SCALING] == scaling)]
-      runs = curves[(curves[KEY] == b) & ((curves[SCALING] == scaling) | (b == ref_b))]
+    for b in sorted(int(b) for b in curves[KEY].unique()):
+      runs = ref if b == ref_b else curves[(curves[KEY] == b) & (curves[SCALING] == scaling)]
       if runs.empty:
         continue
-      vals = _seed_values(g.drop_duplicates(["examples_seen", SEED], keep="first"), xs) \
-          if not g.empty else {int(s): np.full(len(xs), np.inf if d else np.nan)
-                               for s, d in runs.groupby(SEED)["diverged"].any().items()}
-      within = []
-      for i, x in enumerate(xs):
-        mb, sb, nb = _mean_std([v[i] for v in vals.values()])
-        mr, sr, nr = ref_stats[i]
-        gap = mb - mr if math.isfinite(mb) and math.isfinite(mr) else math.inf
-        noise = math.sqrt(sb ** 2 + sr ** 2) if nb > 1 and nr > 1 else math.nan
-        if b == ref_b:
-          ok = 1.0
-        elif not math.isfinite(gap):
-          ok = 0.0
-        else:
-          ok = float(abs(gap) <= noise) if math.isfinite(noise) else math.nan
-        within.append(ok)
-        points.append({SCALING: scaling, KEY: b, "examples_seen": int(x), "mean": mb,
-                       "std": sb, "n_seeds": nb, "mean_ref": mr, "std_ref": sr,
-                       "gap": gap, "noise": noise, "within": ok})
-      for seed, y in vals.items():
-        d = np.abs(y - m_ref)
+      y = ref_y if b == ref_b else _seed_curves(runs, xs)
+      with np.errstate(invalid="ignore"):
+        sd = y.std(axis=0, ddof=1) if len(y) > 1 else np.nan * xs
+        points.append(pd.DataFrame({SCALING: scaling, KEY: b, "examples_seen": xs.astype(int),
+                                    "mean": y.mean(axis=0), "std": sd, "n_seeds": len(y),
+                                    "mean_ref": m_ref, "gap": y.mean(axis=0) - m_ref}))
+      for seed, row in zip(sorted(runs[SEED].unique()), y, strict=False):
+        d = np.abs(row - m_ref)
         mis = math.inf if np.isinf(d).any() else float(np.nanmean(d)) if len(d) else math.nan
-        mismatch.append({SCALING: scaling, KEY: b, SEED: seed, "mean_abs_gap": mis})
-      w = np.array(within, dtype=float)
-      frac = float(np.mean(w)) if len(w) and not np.isnan(w).any() else math.nan
-      gaps = [abs(p["gap"]) for p in points[-len(xs):]] if len(xs) else []
-      fin = [v[-1] for v in vals.values()] if len(xs) else []
-      fm, fs, n = _mean_std(fin)
+        mismatch.append({SCALING: scaling, KEY: b, SEED: int(seed), "mean_abs_gap": mis})
+      eq = rules.equivalence(y, ref_y, MARGIN)
+      pw = math.nan if b == ref_b else power(y, ref_y)
       steps = runs.groupby("run")["step"].max()
+      fm = V.summarize(y[:, -1] if len(xs) else [])
       summary.append({
-          SCALING: scaling, KEY: b, "reference": b == ref_b, "n_seeds": n,
+          SCALING: scaling, KEY: b, "reference": b == ref_b, "n_seeds": len(y),
           "n_diverged": int(runs.groupby("run")["diverged"].any().sum()),
           "steps": int(steps.max()) if len(steps) else 0,
           "examples": int(runs["examples_seen"].max()),
           "peak_lr": float(runs["train/lr"].max()) if "train/lr" in runs else math.nan,
-          "n_points": len(xs), "frac_within": frac,
-          "collapsed": (True if b == ref_b else math.nan if math.isnan(frac)
-                        else bool(frac >= FRACTION)),
-          "mean_abs_gap": float(np.mean(gaps)) if gaps else math.nan,
-          "final_eval_loss": fm, "final_eval_loss_std": fs})
-  return pd.DataFrame(points), pd.DataFrame(mismatch), pd.DataFrame(summary)
+          "n_points": len(xs), "gap": eq.gap, "lo": eq.lo, "hi": eq.hi,
+          "max_abs_gap": eq.max_abs_gap, "power": pw,
+          "outcome": "reference" if b == ref_b else outcome(eq, pw),
+          "final_eval_loss": fm.mean, "final_eval_loss_std": fm.std})
+  points = pd.concat(points, ignore_index=True) if points else pd.DataFrame()
+  return points, pd.DataFrame(mismatch), pd.DataFrame(summary)
 
 
-def analyze(table: pd.DataFrame, fin: pd.DataFrame, out_dir: Path) -> None:
-  out_dir = Path(out_dir)
-  fin.to_csv(out_dir / "finals.csv", index=False)
-  curves = eval_curves(table, fin)
-  curves.insert(1, "ref", _reference(table))
+def analyze(table: pd.DataFrame, fin: pd.DataFrame, out_dir: Path,
+            vocab: int | None = None) -> None:
+  """curves.csv (with ref and vocab_size), collapse_points.csv, mismatch.csv, collapse.csv;
+  vocab: V of `rules.diverged` (default: `vocab_size(out_dir)`)."""
+  fin.to_csv(Path(out_dir) / "finals.csv", index=False)
+  out_dir, vocab = Path(out_dir), vocab or vocab_size(out_dir)
+  curves = eval_curves(table, fin, vocab)
+  curves.insert(1, "ref", int(table[REF].dropna().iloc[0]))
+  curves.insert(2, "vocab_size", vocab)
   curves.to_csv(out_dir / "curves.csv", index=False)
   points, mismatch, summary = collapse_tables(curves)
-  points.to_csv(out_dir / "collapse_points.csv", index=False)
-  mismatch.to_csv(out_dir / "mismatch.csv", index=False)
-  summary.to_csv(out_dir / "collapse.csv", index=False)
+  for df, name in ((points, "collapse_points"), (mismatch, "mismatch"), (summary, "collapse")):
+    df.to_csv(out_dir / f"{name}.csv", index=False)
 
 
 # --------------------------------------------------------------------------- figures
@@ -267,12 +290,10 @@ def figures(out_dir: Path) -> list[Path]:
   out_dir = Path(out_dir)
   curves = pd.read_csv(out_dir / "curves.csv")
   col = pd.read_csv(out_dir / "collapse.csv")
-  ref_b = int(curves["ref"].iloc[0]) if "ref" in curves else None
+  ref_b = int(curves["ref"].iloc[0])
   scalings = [s for s in SCALINGS if s in set(curves[SCALING])]
-  pyplot = plt()
-  n = len(scalings) + ("frac_within" in col)
-  fig, axes = pyplot.subplots(1, n, figsize=(4.6 * n, 4.2), squeeze=False)
-  axes = axes[0]
+  n = len(scalings) + 1
+  axes = (fig := plt().figure(figsize=(4.6 * n, 4.2))).subplots(1, n, squeeze=False)[0]
   y = curves["eval/loss"].replace([np.inf, -np.inf], np.nan).dropna()
   half = curves.groupby(KEY)["examples_seen"].max().max() / 2
   for ax, scaling in zip(axes, scalings, strict=False):
@@ -283,29 +304,23 @@ def figures(out_dir: Path) -> list[Path]:
     if not y.empty:
       ax.set_ylim(y.min() - 0.05, np.percentile(y, 85) + 0.1)
     style(ax, title=f"lr_scaling={scaling}: eval loss vs examples", legend=7)
-  if "frac_within" in col:
-    ax = axes[-1]
-    shown = 0
-    for scaling in scalings:
-      g = col[(col[SCALING] == scaling) & ~col["reference"].astype(bool)].sort_values(KEY)
-      g = g.dropna(subset=["frac_within"])
-      shown += len(g)
-      ax.plot(g[KEY], g["frac_within"], "o-", label=scaling)
-    ax.axhline(FRACTION, color="grey", ls="--", lw=1)
-    if shown:
-      ax.set_xscale("log", base=2)
-    else:
-      ax.text(0.5, 0.5, "undetermined: < 2 seeds", ha="center", transform=ax.transAxes)
-    style(ax, xlabel="batch size B", ylabel="share of 2nd-half eval points within noise",
-          title=f"collapse onto B_ref = {ref_b}", legend=8, grid=True)
+  ax = axes[-1]
+  for i, scaling in enumerate(scalings):  # side by side
+    g = col[(col[SCALING] == scaling) & np.isfinite(col["gap"]) & (col[KEY] != ref_b)]
+    ax.errorbar(g[KEY] * 2 ** (0.06 * (i - 1)), g["gap"], fmt="o", capsize=3, label=scaling,
+                yerr=[g["gap"] - g["lo"], g["hi"] - g["gap"]])
+  ax.axhspan(-MARGIN, MARGIN, color="grey", alpha=0.2, label=f"±{MARGIN:g} (margin)")
+  ax.set_xscale("log", base=2)
+  ax.set_yscale("symlog", linthresh=MARGIN)
+  style(ax, xlabel="batch size B", ylabel="gap of curve averages to B_ref (90% interval)",
+        title=f"collapse onto B_ref = {ref_b}", legend=8, grid=True)
   return [savefig(fig, out_dir / "batch_scaling.png")]
 
 
 # --------------------------------------------------------------------------- report
 
 
-def _at(sizes) -> str:
-  """"at B = 8, 64" or "at no B"."""
+def _at(sizes) -> str:  # "at B = 8, 64" or "at no B"
   return "at B = " + ", ".join(str(int(b)) for b in sizes) if len(sizes) else "at no B"
 
 
@@ -314,34 +329,24 @@ def judge(col: pd.DataFrame, mismatch: pd.DataFrame) -> dict:
   ref_b = int(col.loc[col["reference"].astype(bool), KEY].iloc[0])
   out = {"ref": ref_b, "scalings": {}}
   for scaling, g in col[~col["reference"].astype(bool)].groupby(SCALING, sort=False):
-    g = g.sort_values(KEY)
-    c = g["collapsed"]
-    undetermined = c.isna() | (c.astype(str).str.lower() == "nan")
-    flag = c.astype(str).str.lower() == "true"
-    ok = list(g.loc[flag & ~undetermined, KEY].astype(int))
-    bad = list(g.loc[~flag & ~undetermined, KEY].astype(int))
-    und = list(g.loc[undetermined, KEY].astype(int))
-    out["scalings"][scaling] = {"collapsed": ok, "not_collapsed": bad, "undetermined": und,
-                                "break": min(bad) if bad else None}
+    by = {o: sorted(int(b) for b in g.loc[g["outcome"] == o, KEY]) for o in
+          (COLLAPSES, BREAKS, UNDETERMINED)}
+    out["scalings"][scaling] = {"collapsed": by[COLLAPSES], "not_collapsed": by[BREAKS],
+                                "undetermined": by[UNDETERMINED],
+                                "break": min(by[BREAKS]) if by[BREAKS] else None}
   sq = out["scalings"].get("sqrt")
   sizes = sorted(int(b) for b in col[KEY].unique() if int(b) != ref_b)
-  at = (sq["break"] if sq and sq["break"] is not None else (max(sizes) if sizes else None))
-  out["at"] = at
-  pairs = []
-  if at is not None:
-    for other in ("linear", "none"):
-      vals = lambda s: list(mismatch[(mismatch[SCALING] == s) & (mismatch[KEY] == at)]
-                            ["mean_abs_gap"])
-      if other in out["scalings"]:
-        pairs.append(V.compare(vals("sqrt"), vals(other), (f"sqrt at B={at}",
-                                                           f"{other} at B={at}")))
-  out["pairs"] = pairs
-  if not sq or len(sizes) < 2 or (sq["undetermined"] and not sq["collapsed"]
-                                  and not sq["not_collapsed"]):
+  out["at"] = at = (sq["break"] if sq and sq["break"] is not None
+                    else (max(sizes) if sizes else None))
+  vals = lambda s: list(mismatch.loc[(mismatch[SCALING] == s) & (mismatch[KEY] == at),
+                                     "mean_abs_gap"])
+  out["pairs"] = pairs = [V.compare(vals("sqrt"), vals(o), (f"sqrt at B={at}", f"{o} at B={at}"))
+                          for o in ("linear", "none") if at is not None and o in out["scalings"]]
+  if not sq or not (sq["collapsed"] or sq["not_collapsed"]):
     v = "undetermined"
-  elif not sq["collapsed"] or any(p.outcome == V.LOSS for p in pairs):
+  elif any(p.outcome == V.LOSS for p in pairs) or not (sq["collapsed"] or sq["undetermined"]):
     v = "not reproduced"
-  elif (sq["break"] is not None and any(b > ref_b and b < sq["break"] for b in sq["collapsed"])
+  elif (sq["break"] is not None and any(ref_b < b < sq["break"] for b in sq["collapsed"])
         and all(b in sq["collapsed"] for b in sizes if b < sq["break"])
         and pairs and all(p.outcome == V.WIN for p in pairs)):
     v = "reproduced"
@@ -352,42 +357,37 @@ def judge(col: pd.DataFrame, mismatch: pd.DataFrame) -> dict:
 
 
 def report(out_dir: Path) -> Report:
-  out_dir = Path(out_dir)
-  col = pd.read_csv(out_dir / "collapse.csv")
-  mismatch = pd.read_csv(out_dir / "mismatch.csv")
-  j = judge(col, mismatch)
-  ref_b = j["ref"]
-  ref_row = col[col["reference"].astype(bool)].iloc[0]
-  seeds = int(ref_row["n_seeds"])
-  steps = col.drop_duplicates(KEY).sort_values(KEY)
+  col = pd.read_csv(Path(out_dir) / "collapse.csv")
+  j = judge(col, pd.read_csv(Path(out_dir) / "mismatch.csv"))
+  ref_b, ref_row = j["ref"], col[col["reference"].astype(bool)].iloc[0]
+  seeds, steps = int(ref_row["n_seeds"]), col.drop_duplicates(KEY).sort_values(KEY)
   steps_text = ", ".join(f"B={int(r[KEY])}: {int(r['steps'])}" for _, r in steps.iterrows())
-  per = []
-  for s, d in j["scalings"].items():
-    brk = (f"breaks at B = {d['break']}" if d["break"] is not None
-           else "break undetermined" if d["undetermined"] else "never breaks")
-    und = f" (undetermined {_at(d['undetermined'])})" if d["undetermined"] else ""
-    per.append(f"{s}: collapses {_at(d['collapsed'])}, {brk}{und}")
-  cmp_text = "; ".join(p.sentence() for p in j["pairs"]) or "no other scaling to compare"
+  brk = lambda d: (f"breaks at B = {d['break']}" if d.get("break") is not None
+                   else "break undetermined" if d.get("undetermined") else "never breaks")
+  per = [f"{s}: collapses {_at(d['collapsed'])}, {brk(d)}"
+         + (f" (undetermined {_at(d['undetermined'])})" if d["undetermined"] else "")
+         for s, d in j["scalings"].items()]
   finding = (f"Eval-loss curves against B_ref = {ref_b} over the second half of training "
              f"({int(ref_row['n_points'])} eval points; {int(ref_row['examples']):,} examples "
-             f"per run, steps {steps_text}; {seeds} seed(s)). " + "; ".join(per)
+             f"per run, steps {steps_text}; {seeds} seed(s) at B_ref and under √, margin "
+             f"±{MARGIN:g} nats). " + "; ".join(per)
              + f". At B = {j['at']} (mean |gap| to the reference curve per seed): "
-             + cmp_text + ".")
+             + ("; ".join(p.sentence() for p in j["pairs"]) or "no other scaling") + ".")
   sq = j["scalings"].get("sqrt", {})
-  row = ("√B: collapses " + _at(sq.get("collapsed", []))
-         + (f", breaks at B = {sq['break']}" if sq.get("break") is not None else
-            ", no break")
-         + "".join(f"; {s}: breaks at B = {d['break']}" if d["break"] is not None
-                   else f"; {s}: no break" for s, d in j["scalings"].items() if s != "sqrt")
-         + f" (B_ref = {ref_b}, {seeds} seed(s), {int(ref_row['examples']):,} examples). At B = "
-         + f"{j['at']}: " + ", ".join(f"√ {p.outcome} vs {p.b.split(' ')[0]}"
-                                      for p in j["pairs"]) + ".")
+  row = ("√B: collapses " + _at(sq.get("collapsed", [])) + f", {brk(sq)}"
+         + (f", undetermined {_at(sq['undetermined'])}" if sq.get("undetermined") else "")
+         + "".join(f"; {s}: {brk(d)}" for s, d in j["scalings"].items() if s != "sqrt")
+         + f" (B_ref = {ref_b}, {seeds} seed(s), ±{MARGIN:g} nats, "
+         + f"{int(ref_row['examples']):,} examples). At B = {j['at']}: "
+         + ", ".join(f"√ {p.outcome} vs {p.b.split(' ')[0]}" for p in j["pairs"]) + ".")
   show = col.rename(columns={KEY: "B", SCALING: "lr_scaling"})[
-      ["lr_scaling", "B", "n_seeds", "n_diverged", "steps", "examples", "peak_lr",
-       "frac_within", "collapsed", "mean_abs_gap", "final_eval_loss", "final_eval_loss_std"]]
-  numbers = (md_table(show) + "\n\n`frac_within`: share of the second-half eval points at "
-             "which the gap to B_ref's seed-mean curve is within √(s_B² + s_ref²); "
-             f"collapsed when ≥ {FRACTION:g}. The scalings compared at B = {j['at']}:\n\n"
+      ["lr_scaling", "B", "n_seeds", "n_diverged", "steps", "peak_lr", "gap", "lo", "hi",
+       "max_abs_gap", "power", "outcome", "final_eval_loss", "final_eval_loss_std"]]
+  numbers = (md_table(show) + f"\n\n`gap` [`lo`, `hi`]: the gap of the seeds' curve averages "
+             f"to B_ref's and its {100 * (1 - 2 * rules.ALPHA):g}% Welch interval; "
+             f"`max_abs_gap`: the largest gap of seed means at one point; `power`: how often "
+             f"identical curves at this noise pass (≥ {POWER:g} for a decided break). The "
+             f"scalings compared at B = {j['at']}:\n\n"
              + (V.pairs_md(j["pairs"]) if j["pairs"] else "(none)"))
   return Report(verdict=j["verdict"], finding=finding, claim_row=row, rule=RULE,
                 numbers_md=numbers)

@@ -362,7 +362,7 @@ def test_batch_scaling_ci_compares_scalings(ci_sweeps):
   assert doc["rule"] == bs.RULE and doc["verdict"] == "undetermined"  # one seed at ci
   readme = (report / "README.md").read_text()
   assert "**Rule.**" in readme and "Resolved (`experiment=batch_scaling scale=ci`" in readme
-  assert "`lr=0.03`" in readme and "`weight_decay=0`" in readme
+  assert "`lr=0.01`" in readme and "`weight_decay=0`" in readme
 
 
 @pytest.mark.slow
