@@ -1,8 +1,8 @@
 """Tests of the experiment machinery (experiments/, scripts/reproduce.py, notebooks/).
 
 Fast part (no JAX): a fake Hydra training entry checks launch / skip / resume / aggregate
-logic, including a sweep killed part-way and restarted; the scale presets compose to the
-values they always had; a sweep's directory follows its config-changing extra overrides.
+logic, including a sweep killed part-way and restarted; a sweep's directory follows its
+config-changing extra overrides (the scale presets: tests/test_scales.py).
 Slow part: the `ci` preset of every experiment through the real `python -m pergrad.train`
 and the statistics benchmark, a kill-and-restart of a real sweep, and both notebooks
 executed with nbclient, all on the one session-wide sweep of `ci_sweeps` (tests/conftest.py).
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import compose, kill_and_restart
+from conftest import kill_and_restart
 from omegaconf import OmegaConf
 from test_record import needed_runs
 
@@ -34,7 +34,6 @@ from experiments.sweep import (  # noqa: E402
     Sweep,
     record_sweep,
     run_dirname,
-    scale_file,
 )
 
 PY = sys.executable
@@ -199,69 +198,6 @@ def test_unknown_experiment_or_preset_is_one_clear_error():
     runner.load("nope")
   with pytest.raises(ValueError, match="unknown preset"):
     runner.run_experiment("snr", "huge")
-
-
-# --------------------------------------------------------------------------- scale presets
-
-# The scale of every preset as it was set before configs/scale/ (command-line overrides
-# of every run): `scale=<preset>` must resolve to exactly these values.
-OLD_SCALE = {
-    "ci": {
-        "model.n_layers": 1, "model.d_model": 32, "model.n_heads": 2, "model.d_ff": 64,
-        "model.vocab_size": 256, "model.seq_len": 32,
-        "data.tokenizer": "byte", "data.vocab_size": 256, "data.seq_len": 32,
-        "data.batch_size": 8, "data.eval_batch_size": 8,
-        "train.steps": 20, "train.eval_every": 10, "train.eval_batches": 2,
-        "train.checkpoint_every": 10, "schedule.warmup_steps": 2,
-        "logging.log_every": 5, "logging.progress": False, "logging.wandb.mode": "disabled",
-    },
-    "cpu": {
-        "model.n_layers": 2, "model.d_model": 128, "model.n_heads": 4, "model.d_ff": 512,
-        "model.vocab_size": 1024, "model.seq_len": 64,
-        "data.tokenizer": "bpe", "data.vocab_size": 1024, "data.seq_len": 64,
-        "data.batch_size": 32, "data.eval_batch_size": 32,
-        "train.steps": 400, "train.eval_every": 50, "train.eval_batches": 4,
-        "train.checkpoint_every": 100, "schedule.warmup_steps": 20,
-        "logging.log_every": 10, "logging.progress": False, "logging.wandb.mode": "disabled",
-    },
-    "paper": {
-        "model.n_layers": 6, "model.d_model": 512, "model.n_heads": 8, "model.d_ff": 2048,
-        "model.vocab_size": 32768, "model.seq_len": 512, "model.compute_dtype": "bfloat16",
-        "data.name": "c4", "data.tokenizer": "bpe", "data.vocab_size": 32768,
-        "data.seq_len": 512, "data.batch_size": 256, "data.eval_batch_size": 256,
-        "train.steps": 20000, "train.eval_every": 1000, "train.eval_batches": 16,
-        "train.checkpoint_every": 1000, "schedule.warmup_steps": 1000,
-        "logging.log_every": 50, "logging.progress": False, "logging.wandb.mode": "offline",
-    },
-}
-
-
-def _value(cfg, key):
-  v = OmegaConf.select(cfg, key)
-  return getattr(v, "value", v)  # enums of the typed schema -> their string
-
-
-@pytest.mark.parametrize("preset", PRESETS)
-def test_scale_presets_compose_to_the_old_values(preset):
-  assert set(PRESETS) == set(OLD_SCALE) == {p.stem for p in scale_file("ci").parent.glob("*.yaml")}
-  for experiment in (None, *[n for n in runner.EXPERIMENTS if runner.load(n).sweep is not None]):
-    overrides = [f"scale={preset}"] + ([f"experiment={experiment}"] if experiment else [])
-    cfg = compose(overrides)
-    got = {k: _value(cfg, k) for k in OLD_SCALE[preset]}
-    assert got == OLD_SCALE[preset], (experiment, preset)
-    if experiment:  # the experiment's own settings still apply on top of the scale
-      assert cfg.experiment == experiment
-
-
-def test_multirun_command_runs_the_installed_entry_at_a_scale(tmp_path):
-  sweep = runner.load("snr").sweep_at("ci")
-  cmd = launch.multirun_command(tmp_path, sweep.base, sweep.blocks[0],
-                                extra=["logging.log_every=7"])
-  assert cmd[:4] == [sys.executable, "-m", "pergrad.train", "-m"]
-  assert "scale=ci" in cmd and "experiment=snr" in cmd and "logging.log_every=7" in cmd
-  exclude = next(c for c in cmd if c.startswith("hydra.job.config.override_dirname.exclude"))
-  assert "scale" in exclude and "logging.log_every" in exclude
-  assert (REPO / "pergrad" / "train" / "__main__.py").exists()
 
 
 # --------------------------------------------------------------------------- sweep dirs

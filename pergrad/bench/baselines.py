@@ -33,7 +33,7 @@ from pergrad.stats.options import StatsOptions
 from pergrad.stats.request import StatsRequest
 from pergrad.stats.surgery import dense, norm
 from pergrad.stats.surgery.plan import KIND, METHODS, make_plan
-from pergrad.stats.surgery.tap import F32, Call, Env, rows
+from pergrad.stats.surgery.tap import F32, Call, Env
 from pergrad.stats.types import GradStats
 
 NAMES = ("value_and_grad", "surgery", "contraction")
@@ -53,12 +53,8 @@ def _contracted_dense(module, site, B: int, x):
     return fwd(x_, k_, b_), (x_, k_, b_)
 
   def f_bwd(res, dy):
-    x_, k_, b_ = res
-    _, vjp_x = jax.vjp(lambda xx: fwd(xx, k_, b_), x_)
-    (dx,) = vjp_x(dy)
-    nfeat = dy.ndim - (x_.ndim - len(site.contract))
-    a_BxRxK = rows(x_, site.in_axis, B, site.contract, dtype=None)
-    d_BxRxL = rows(dy, site.out_axis, B, tuple(range(-nfeat, 0)), dtype=None)
+    _, k_, b_ = res
+    dx, a_BxRxK, d_BxRxL = dense.backward_rows(fwd, site, B, res, dy)
     dk = jnp.einsum("brk,brl->kl", a_BxRxK, d_BxRxL, preferred_element_type=F32)
     db = (None if b_ is None
           else d_BxRxL.astype(F32).sum(axis=(0, 1)).reshape(b_.shape).astype(b_.dtype))

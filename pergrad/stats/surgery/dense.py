@@ -78,6 +78,18 @@ def _dense_forward(module, x, kernel, bias, contract):
   return y
 
 
+def backward_rows(fwd, site, B: int, res, dy):
+  """A dense call's input cotangent (autodiff's) and its rows: inputs a_BxRxK and output
+  cotangents d_BxRxL, from the residuals (x, kernel, bias) and dy."""
+  x_, k_, b_ = res
+  _, vjp_x = jax.vjp(lambda xx: fwd(xx, k_, b_), x_)
+  (dx,) = vjp_x(dy)
+  nfeat = dy.ndim - (x_.ndim - len(site.contract))
+  a_BxRxK = rows(x_, site.in_axis, B, site.contract, dtype=None)
+  d_BxRxL = rows(dy, site.out_axis, B, tuple(range(-nfeat, 0)), dtype=None)
+  return dx, a_BxRxK, d_BxRxL
+
+
 def simultaneous_dense(env: Env, call: Call):
   """y of the dense call, through a custom VJP whose backward pass forms the per-example
   weight gradients G_b = A_bᵀΔ_b (B×K×L, float32 accumulation) ONCE: the weight
@@ -98,12 +110,8 @@ def simultaneous_dense(env: Env, call: Call):
     return fwd(x_, k_, b_), (x_, k_, b_)
 
   def f_bwd(res, dy):
-    x_, k_, b_ = res
-    _, vjp_x = jax.vjp(lambda xx: fwd(xx, k_, b_), x_)
-    (dx,) = vjp_x(dy)
-    nfeat = dy.ndim - (x_.ndim - len(site.contract))
-    a = rows(x_, site.in_axis, B, site.contract, dtype=None)
-    d = rows(dy, site.out_axis, B, tuple(range(-nfeat, 0)), dtype=None)
+    _, k_, b_ = res
+    dx, a, d = backward_rows(fwd, site, B, res, dy)
     g_BxKL = jnp.einsum("brk,brl->bkl", a, d, preferred_element_type=F32).reshape(B, -1)
     dk = sm.sum_examples(g_BxKL).reshape(k_.shape).astype(k_.dtype)
     put, done = collector(shapes)
