@@ -343,7 +343,7 @@ def report(out_dir: Path) -> Report:
   out_dir = Path(out_dir)
   path, bpath = out_dir / "to_target.csv", out_dir / "best.csv"
   tt = pd.read_csv(path) if path.exists() and path.stat().st_size > 1 else pd.DataFrame()
-  search = lr_search.load_best(out_dir, GROUP) if bpath.exists() and bpath.stat().st_size > 1 \
+  search = lr_search.load_best(out_dir) if bpath.exists() and bpath.stat().st_size > 1 \
       else pd.DataFrame()
   if tt.empty or search.empty or not search["best_arm"].any():
     return Report(verdict="not measured", rule=RULE, numbers_md="",
