@@ -76,12 +76,13 @@ def plot_curves(ax, curves: pd.DataFrame, group_keys, y: str, x: str = "examples
 
 
 def style(ax, *, title=None, xlabel=None, ylabel=None, yscale=None, legend=None, grid=False):
-  """Sets what is given: titles and labels, the y scale, a legend of that font size, a grid."""
+  """Sets what is given: titles and labels, the y scale, a legend of that font size (when
+  anything drawn has a label), a grid."""
   for setter, value in ((ax.set_title, title), (ax.set_xlabel, xlabel),
                         (ax.set_ylabel, ylabel), (ax.set_yscale, yscale)):
     if value is not None:
       setter(value)
-  if legend is not None:
+  if legend is not None and ax.get_legend_handles_labels()[0]:
     ax.legend(fontsize=legend)
   if grid:
     ax.grid(alpha=0.3)
