@@ -178,13 +178,19 @@ def in_order(names) -> tuple:
   return tuple(out)
 
 
+OUTPUTS = "results"  # what the reproduction writes: not part of the code it ran
+
+
 def provenance(repo: Path = REPO) -> dict:
-  """{"commit": HEAD's hash, "clean": `git status --porcelain` is empty}; the commit is
-  "unknown" (and clean False) outside a git checkout."""
+  """{"commit": HEAD's hash, "clean": no uncommitted change outside results/}; the commit
+  is "unknown" (and clean False) outside a git checkout. results/ is left out because the
+  reproduction writes there: one experiment's results must not mark the next as run from
+  a modified tree."""
   try:
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True,
                           text=True, check=True).stdout.strip()
-    status = subprocess.run(["git", "status", "--porcelain"], cwd=repo, capture_output=True,
+    status = subprocess.run(["git", "status", "--porcelain", "--", ".",
+                             f":(exclude){OUTPUTS}"], cwd=repo, capture_output=True,
                             text=True, check=True).stdout.strip()
   except (OSError, subprocess.CalledProcessError):
     return {"commit": "unknown", "clean": False}

@@ -333,6 +333,14 @@ def reproduction_lines(results_root: Path) -> list[str]:
   d = json.loads(path.read_text())
   rows = [f"| `{n}` | {e['wall_s'] / 60:.1f} | {e['status']} |"
           for n, e in d["experiments"].items()]
+  inv = d.get("invocations", [])
+  resumed = (f" in {len(inv)} invocations of that command (each resumed the stopped one, "
+             "skipping its finished runs; wall times "
+             + " + ".join(f"{i['wall_s'] / 60:.0f}" for i in inv) + " min)"
+             if len(inv) > 1 else "")
+  end = (f"finished {d['finished']}" if d.get("finished")
+         else "NOT finished (stopped" + (f" during `{d['running']['name']}`"
+                                         if d.get("running") else "") + ")")
   return [
       "## The end-to-end reproduction",
       "",
@@ -340,7 +348,7 @@ def reproduction_lines(results_root: Path) -> list[str]:
       + ("" if d.get("fresh") else " (NOT empty: some runs were skipped as finished)")
       + f", at commit `{d['commit']}`"
       + (" with uncommitted changes" if d.get("clean") is False else "")
-      + f": started {d['started']}, finished {d['finished']}, "
+      + f"{resumed}: started {d['started']}, {end}, "
       f"**{d['wall_s'] / 60:.0f} min** of wall time on this 2-core machine.",
       "",
       "| Experiment | Wall time (min) | Status |",

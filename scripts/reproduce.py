@@ -35,6 +35,7 @@ import datetime
 import json
 import shlex
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -53,6 +54,83 @@ def _render(preset: str) -> None:
   root = runner.RESULTS / preset
   if root.is_dir():
     print(f"[readme] {report_md.write_index(root, preset)}")
+
+
+class Record:
+  """results/PRESET/reproduction.json of `all`, rewritten after each experiment and every
+  minute, so an invocation that is stopped leaves its record. An unfinished record at the
+  same commit is continued (its invocations listed, their wall times summed): a stopped
+  reproduction resumes where it was, skipping the runs that finished."""
+
+  def __init__(self, path: Path, command: str, fresh: bool, heartbeat_s: float = 60.0):
+    self.path, self.t0 = Path(path), time.time()
+    prov = rec.provenance()
+    old = json.loads(self.path.read_text()) if self.path.exists() else {}
+    now = datetime.datetime.now().isoformat(timespec="seconds")
+    if old.get("commit") == prov["commit"] and not old.get("finished") \
+        and old.get("command") == command:
+      self.d = old
+      self.d["clean"] = bool(old.get("clean")) and prov["clean"]
+    else:
+      self.d = {"command": command, **prov, "fresh": fresh, "started": now,
+                "experiments": {}, "invocations": []}
+    self.done = dict(self.d["experiments"])  # what earlier invocations recorded
+    stopped = self.d.pop("running", None)  # the experiment a stopped invocation was in
+    if stopped:
+      self.done[stopped["name"]] = {"wall_s": stopped["wall_s"],
+                                    "launch_wall_s": stopped["wall_s"], "launched": 0,
+                                    "skipped": 0, "partial": True}
+    self._running = None
+    self.d["invocations"].append({"started": now, "wall_s": 0.0})
+    self._lock = threading.Lock()
+    self._stop = threading.Event()
+    self._write()
+    threading.Thread(target=self._beat, args=(heartbeat_s,), daemon=True).start()
+
+  def _beat(self, every: float) -> None:
+    while not self._stop.wait(every):
+      self._write()
+
+  def _write(self) -> None:
+    with self._lock:
+      now = time.time()
+      self.d["invocations"][-1]["wall_s"] = round(now - self.t0, 1)
+      if self._running:
+        self.d["running"] = {"name": self._running[0], "wall_s": round(now - self._running[1], 1)}
+      else:
+        self.d.pop("running", None)
+      self.d["wall_s"] = round(sum(i["wall_s"] for i in self.d["invocations"]), 1)
+      self.path.parent.mkdir(parents=True, exist_ok=True)
+      tmp = self.path.with_suffix(".tmp")
+      tmp.write_text(json.dumps(self.d, indent=1))
+      tmp.replace(self.path)
+
+  def begin(self, name: str) -> None:
+    with self._lock:
+      self._running = (name, time.time())
+    self._write()
+
+  def experiment(self, name: str, entry: dict) -> None:
+    """Records one experiment; an earlier invocation's costs for it are added (the runs an
+    earlier invocation of a fresh reproduction finished count as launched, not skipped)."""
+    old = self.done.get(name)
+    if old and old.get("partial") and self.d["fresh"]:
+      entry = {**entry, "launched": entry["launched"] + entry["skipped"], "skipped": 0}
+    if old:
+      entry = {**entry, **{k: round(old.get(k, 0) + entry[k], 1) if k != "launched"
+                           else old.get(k, 0) + entry[k]
+                           for k in ("wall_s", "launch_wall_s", "launched")},
+               "skipped": entry["skipped"] if old.get("partial") else old.get("skipped", 0)}
+    with self._lock:
+      self.d["experiments"][name] = entry
+      self._running = None
+    self._write()
+
+  def finish(self) -> dict:
+    self._stop.set()
+    self.d["finished"] = datetime.datetime.now().isoformat(timespec="seconds")
+    self._write()
+    return self.d
 
 
 def main(argv=None) -> int:
@@ -97,18 +175,18 @@ def main(argv=None) -> int:
   failed, errors = [], []
   wrote_results = False
   record = None
-  if a.experiment == ["all"] and not (a.dry_run or a.analyze_only):
+  if a.experiment == ["all"] and not (a.dry_run or a.analyze_only) and a.preset != "ci" \
+      and not a.results_dir:
     root = a.sweeps_root or report_md.REPO / "runs" / "sweeps"
     fresh = not any(any(runner.default_sweep_dir(n, a.preset, root, tuple(a.hydra_arg)).glob(
         "*/summary.json")) for n in names)
-    record = {"command": "python scripts/reproduce.py all --preset " + a.preset + "".join(
-        f" {x}" for x in argv if x not in ("all", "--preset", a.preset)),
-        **rec.provenance(), "fresh": fresh,
-        "started": datetime.datetime.now().isoformat(timespec="seconds"),
-        "experiments": {}}
-    t_all = time.time()
+    command = "python scripts/reproduce.py all --preset " + a.preset + "".join(
+        f" {x}" for x in argv if x not in ("all", "--preset", a.preset))
+    record = Record(runner.RESULTS / a.preset / report_md.REPRODUCTION, command, fresh)
   for n in names:
     t0 = time.time()
+    if record is not None:
+      record.begin(n)
     try:
       out = runner.run_experiment(
           n, a.preset, launcher=a.launcher, n_jobs=a.n_jobs, dry_run=a.dry_run,
@@ -126,27 +204,24 @@ def main(argv=None) -> int:
       print(f"[error] {n}: {e}")
       errors.append(n)
       if record is not None:
-        record["experiments"][n] = {"wall_s": time.time() - t0, "status": f"error: {e}"}
+        record.experiment(n, {"wall_s": round(time.time() - t0, 1), "launch_wall_s": 0.0,
+                              "launched": 0, "skipped": 0, "status": f"error: {e}"})
       continue
     if record is not None:
-      record["experiments"][n] = {
+      record.experiment(n, {
           "wall_s": round(time.time() - t0, 1),
           "launch_wall_s": round(out.log.wall_s, 1), "launched": len(out.log.launched),
           "skipped": len(out.log.skipped),
           "status": (f"{len(out.log.failed)} run(s) failed" if out.log.failed else "completed")
-          + (f", verdict: {out.report.verdict}" if out.report else "")}
+          + (f", verdict: {out.report.verdict}" if out.report else "")})
     if out.report:
       print(f"[{n}] verdict: {out.report.verdict}. {out.report.finding}")
       print(f"[{n}] results in {out.results_dir}")
     failed += out.log.failed
     wrote_results |= out.report is not None and out.results_dir.parent == runner.RESULTS / a.preset
-  if record is not None and a.preset != "ci" and not a.results_dir:
-    record.update(finished=datetime.datetime.now().isoformat(timespec="seconds"),
-                  wall_s=round(time.time() - t_all, 1))
-    root = runner.RESULTS / a.preset
-    root.mkdir(parents=True, exist_ok=True)
-    (root / report_md.REPRODUCTION).write_text(json.dumps(record, indent=1))
-    print(f"[all] {record['wall_s'] / 60:.1f} min at commit {record['commit']}")
+  if record is not None:
+    d = record.finish()
+    print(f"[all] {d['wall_s'] / 60:.1f} min at commit {d['commit']}")
     wrote_results = True
   if wrote_results or a.render_readme:
     _render(a.preset)

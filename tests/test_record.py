@@ -173,6 +173,9 @@ def test_provenance_records_commit_and_clean_tree(tmp_path):
   head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True,
                         text=True).stdout.strip()
   assert record.provenance(tmp_path) == {"commit": head, "clean": True}
+  (tmp_path / "results" / "cpu").mkdir(parents=True)  # the reproduction's own outputs
+  (tmp_path / "results" / "cpu" / "report.json").write_text("{}")
+  assert record.provenance(tmp_path) == {"commit": head, "clean": True}
   (tmp_path / "b.txt").write_text("untracked")
   assert record.provenance(tmp_path) == {"commit": head, "clean": False}
   assert record.provenance(tmp_path / "nowhere") == {"commit": "unknown", "clean": False}
@@ -225,3 +228,53 @@ def test_experiments_use_pergrad_through_its_analysis_surface():
           bad.append(f"{path.name}: {m}")
   assert not bad, bad
   assert all(len(p.read_text().splitlines()) <= 400 for p in (REPO / "experiments").glob("*.py"))
+
+
+# --------------------------------------------------------------------------- reproduction.json
+
+
+def _reproduce_module():
+  spec = importlib.util.spec_from_file_location("reproduce_script",
+                                                REPO / "scripts" / "reproduce.py")
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod
+
+
+def test_reproduction_record_survives_a_stop_and_is_continued(tmp_path, monkeypatch):
+  """A stopped `all` leaves its record (written on each experiment and each beat); the same
+  command at the same commit continues it: invocations listed, costs summed, the stopped
+  experiment's earlier runs counted as launched."""
+  mod = _reproduce_module()
+  monkeypatch.setattr(mod.rec, "provenance", lambda: {"commit": "abc", "clean": True})
+  path = tmp_path / "reproduction.json"
+  first = mod.Record(path, "python scripts/reproduce.py all --preset cpu", fresh=True)
+  first.begin("a")
+  first.experiment("a", {"wall_s": 10.0, "launch_wall_s": 9.0, "launched": 3, "skipped": 0,
+                         "status": "completed"})
+  first.begin("b")
+  first._running = ("b", first._running[1] - 30.0)  # 30 s into b when stopped
+  first._write()
+  first._stop.set()
+  stopped = json.loads(path.read_text())
+  assert stopped["running"]["name"] == "b" and "finished" not in stopped
+  assert "NOT finished (stopped during `b`)" in "\n".join(
+      report_md.reproduction_lines(tmp_path))
+
+  second = mod.Record(path, "python scripts/reproduce.py all --preset cpu", fresh=False)
+  second.begin("b")
+  second.experiment("b", {"wall_s": 5.0, "launch_wall_s": 4.0, "launched": 1, "skipped": 2,
+                          "status": "completed"})
+  d = second.finish()
+  assert d["fresh"] is True and len(d["invocations"]) == 2 and "running" not in d
+  assert d["experiments"]["a"]["launched"] == 3
+  b = d["experiments"]["b"]
+  assert (b["launched"], b["skipped"]) == (3, 0) and b["wall_s"] >= 35.0
+  assert d["wall_s"] == pytest.approx(sum(i["wall_s"] for i in d["invocations"]))
+  text = "\n".join(report_md.reproduction_lines(tmp_path))
+  assert "in 2 invocations" in text and "finished " in text
+
+  monkeypatch.setattr(mod.rec, "provenance", lambda: {"commit": "def", "clean": True})
+  third = mod.Record(path, "python scripts/reproduce.py all --preset cpu", fresh=True)
+  third._stop.set()
+  assert len(third.d["invocations"]) == 1 and third.d["commit"] == "def"  # a new commit
