@@ -157,10 +157,26 @@ def claim_rows() -> dict[str, tuple]:
   return rows
 
 
-def launch_wall_s(info: dict) -> float:
-  """The launch wall time a run_info.json records (`launch_wall_s`, this invocation's own;
-  `launch_wall_s_total` in the results written before provenance was recorded)."""
-  return float(info.get("launch_wall_s", info.get("launch_wall_s_total", 0.0)))
+def launch_costs(results_root: Path) -> dict[str, float]:
+  """{experiment: seconds of launches that made its committed results}: the end-to-end
+  record's (reproduction.json, summed over its invocations) for an experiment whose
+  run_info.json is from that record's commit, else run_info.json's `launch_wall_s` (the
+  invocation that wrote it)."""
+  results_root = Path(results_root)
+  path = results_root / REPRODUCTION
+  record = json.loads(path.read_text()) if path.exists() else {}
+  out = {}
+  for n in experiments():
+    f = results_root / n / "run_info.json"
+    if not f.exists():
+      continue
+    info = json.loads(f.read_text())
+    entry = record.get("experiments", {}).get(n)
+    if entry and info.get("commit") == record.get("commit"):
+      out[n] = float(entry["launch_wall_s"])
+    else:
+      out[n] = float(info["launch_wall_s"])
+  return out
 
 
 README_BEGIN = "<!-- claims:begin -->"
@@ -169,15 +185,27 @@ README_END = "<!-- claims:end -->"
 
 STALE = " (written before reports recorded their commit: re-run with the current rules)"
 NO_RULE = " (no stated rule: re-run)"
+OLD_RULE = " (decided by an earlier rule than the code's: re-run)"
 
 
-def stale_mark(doc: dict) -> str:
+def stale_mark(doc: dict, name: str | None = None) -> str:
   """What the claims table says beside a verdict whose report.json cannot vouch for it:
-  no commit (results older than the provenance record, analysed by earlier rules) or no
-  stated rule."""
+  no commit (results older than the provenance record), no stated rule, or a rule other
+  than the one the experiment's module (`RULE`) states now."""
   if not doc.get("commit"):
     return STALE
-  return "" if doc.get("rule") else NO_RULE
+  if not doc.get("rule"):
+    return NO_RULE
+  current = _current_rule(name) if name else None
+  return OLD_RULE if current is not None and current != doc["rule"] else ""
+
+
+def _current_rule(name: str) -> str | None:
+  """The RULE of the module that reports experiment `name` (None: it states none)."""
+  import sys
+
+  exp = experiments().get(name)
+  return getattr(sys.modules.get(exp.report.__module__), "RULE", None) if exp else None
 
 
 def claims_table(results_root: Path, link_prefix: str = "") -> str:
@@ -197,7 +225,7 @@ def claims_table(results_root: Path, link_prefix: str = "") -> str:
       doc = json.loads(rep.read_text())
       d = Report.from_json(doc)
       measured.append(f"`{n}`: {d.claim_row or d.finding}")
-      verdicts.append(f"{n}: **{d.verdict}**" + stale_mark(doc))
+      verdicts.append(f"{n}: **{d.verdict}**" + stale_mark(doc, n))
       figs += [f"[{p.name}]({link_prefix}{n}/{p.name})"
                for p in sorted((results_root / n).glob("*.png"))]
     rows.append(f"| {claim} | {'<br>'.join(measured)} | {' '.join(figs) or '—'} | "
@@ -229,11 +257,7 @@ def setup_text(results_root: Path, preset: str = "cpu") -> str:
   m = scale_summary([f"scale={preset}"])
   seeds = [(n, _seeds(results_root / n)) for n in experiments()]
   seeds_text = ", ".join(f"{n} {s}" for n, s in seeds if s)
-  wall = 0.0
-  for n in experiments():
-    f = results_root / n / "run_info.json"
-    if f.exists():
-      wall += launch_wall_s(json.loads(f.read_text()))
+  wall = sum(launch_costs(results_root).values())
   return (
       f"Setup (preset `{preset}`, `configs/scale/{preset}.yaml` over the defaults): the "
       f"`{m['model']}` transformer ({m['n_layers']} layers, width {m['d_model']}, "
@@ -283,12 +307,12 @@ def readme_block(readme: Path = REPO / "README.md") -> str:
 
 def index_text(results_root: Path, preset: str) -> str:
   """results/<preset>/README.md: the claims (`claims_block`) and each experiment's cost."""
-  times = []
+  times, costs = [], launch_costs(results_root)
   for n in experiments():
     p = results_root / n / "run_info.json"
     if p.exists():
       d = json.loads(p.read_text())
-      times.append(f"| `{n}` | `{d['command']}` | {launch_wall_s(d) / 60:.1f} | "
+      times.append(f"| `{n}` | `{d['command']}` | {costs[n] / 60:.1f} | "
                    f"{d['n_runs_completed']} |")
     else:
       times.append(f"| `{n}` | `python scripts/reproduce.py {n} --preset {preset}` | "
@@ -314,8 +338,9 @@ def index_text(results_root: Path, preset: str) -> str:
       "|---|---|---|---|",
       *times,
       "",
-      "Wall times are those of the launches that made the committed results (`run_info.json`"
-      " of each experiment), often with other jobs sharing the 2 cores. Regenerate "
+      "Wall times are those of the launches that made the committed results (the end-to-end "
+      "record's, else `run_info.json` of each experiment), often with other jobs sharing the "
+      "2 cores. Regenerate "
       f"everything: `python scripts/reproduce.py all --preset {preset}` (resumable: finished "
       "runs are skipped). Redraw the figures from the CSVs: `notebooks/figures.ipynb`.",
       "",

@@ -130,6 +130,7 @@ def run_experiment(
     return Outcome(name, preset, sdir, out_dir, log, None)
 
   out_dir.mkdir(parents=True, exist_ok=True)
+  clear_outputs(out_dir)
   if table is not None:
     if table.empty:
       raise RuntimeError(f"no run of {sdir} wrote {METRICS}; see the log above.")
@@ -146,6 +147,18 @@ def run_experiment(
   if out_dir.parent == RESULTS / preset:
     report_md.write_index(out_dir.parent, preset)
   return Outcome(name, preset, sdir, out_dir, log, report)
+
+
+def clear_outputs(out_dir: Path) -> list[Path]:
+  """Removes the CSVs and figures of the report `out_dir` holds (it has a report.json), so
+  that a file the new report does not write again cannot pass for one of its own."""
+  out_dir = Path(out_dir)
+  if not (out_dir / "report.json").exists():
+    return []
+  old = sorted([*out_dir.glob("*.csv"), *out_dir.glob("*.png")])
+  for p in old:
+    p.unlink()
+  return old
 
 
 def run_info(out_dir, name, preset, sdir, log, wall, command, launcher, prov) -> dict:

@@ -105,6 +105,12 @@ class Record:
       tmp.write_text(json.dumps(self.d, indent=1))
       tmp.replace(self.path)
 
+  def finished_before(self, name: str) -> bool:
+    """Whether an earlier invocation of this record completed experiment `name` (it is not
+    run again: its results and run_info.json stay those of the launches that made them)."""
+    e = self.done.get(name)
+    return bool(e) and not e.get("partial") and str(e.get("status", "")).startswith("completed")
+
   def begin(self, name: str) -> None:
     with self._lock:
       self._running = (name, time.time())
@@ -185,6 +191,9 @@ def main(argv=None) -> int:
     record = Record(runner.RESULTS / a.preset / report_md.REPRODUCTION, command, fresh)
   for n in names:
     t0 = time.time()
+    if record is not None and record.finished_before(n):
+      print(f"[all] {n}: completed by an earlier invocation of this reproduction; not re-run")
+      continue
     if record is not None:
       record.begin(n)
     try:

@@ -206,7 +206,29 @@ def test_run_info_and_report_count_this_invocation_only(tmp_path):
   assert Report.from_json(doc) == Report("measured", "f", "R")
   text = (out / "README.md").read_text()
   assert "commit `abc` with uncommitted changes" in text and "launching 1 run(s)" in text
-  assert report_md.launch_wall_s(info) == 12.3
+  results = tmp_path / "results"  # costs: run_info.json's, or the record's at its commit
+  for n, wall in (("overhead", 60.0), ("snr", 120.0)):
+    (results / n).mkdir(parents=True)
+    (results / n / "run_info.json").write_text(json.dumps({**info, "launch_wall_s": 0.0 if
+                                                            n == "snr" else wall}))
+  assert report_md.launch_costs(results) == {"overhead": 60.0, "snr": 0.0}
+  (results / report_md.REPRODUCTION).write_text(json.dumps(
+      {"commit": "abc", "experiments": {"snr": {"launch_wall_s": 120.0}}}))
+  assert report_md.launch_costs(results) == {"overhead": 60.0, "snr": 120.0}
+  (results / report_md.REPRODUCTION).write_text(json.dumps(
+      {"commit": "zzz", "experiments": {"snr": {"launch_wall_s": 120.0}}}))
+  assert report_md.launch_costs(results)["snr"] == 0.0  # another commit's record
+
+
+def test_a_new_report_removes_the_files_of_the_old_one(tmp_path):
+  out = tmp_path / "out"
+  out.mkdir()
+  for f in ("old.csv", "old.png", "notes.txt"):
+    (out / f).write_text("x")
+  assert runner.clear_outputs(out) == []  # not a report's directory: nothing removed
+  (out / "report.json").write_text("{}")
+  assert [p.name for p in runner.clear_outputs(out)] == ["old.csv", "old.png"]
+  assert sorted(p.name for p in out.iterdir()) == ["notes.txt", "report.json"]
 
 
 # --------------------------------------------------------------------------- layering
@@ -265,6 +287,7 @@ def test_reproduction_record_survives_a_stop_and_is_continued(tmp_path, monkeypa
   second.begin("b")
   second.experiment("b", {"wall_s": 5.0, "launch_wall_s": 4.0, "launched": 1, "skipped": 2,
                           "status": "completed"})
+  assert second.finished_before("a") and not second.finished_before("b")
   d = second.finish()
   assert d["fresh"] is True and len(d["invocations"]) == 2 and "running" not in d
   assert d["experiments"]["a"]["launched"] == 3

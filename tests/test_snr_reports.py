@@ -213,6 +213,11 @@ def test_reports_with_a_rule_lose_the_old_rule_mark(tmp_path):
   assert report_md.NO_RULE not in table and report_md.STALE not in table
   assert report_md.stale_mark({"verdict": "x", "rule": "r"}) == report_md.STALE
   assert report_md.stale_mark({"verdict": "x", "commit": "abc"}) == report_md.NO_RULE
+  from experiments import snr
+
+  doc = {"verdict": "x", "commit": "abc", "rule": snr.RULE}
+  assert report_md.stale_mark(doc, "snr") == ""
+  assert report_md.stale_mark({**doc, "rule": "an older rule"}, "snr") == report_md.OLD_RULE
   assert Report.from_json({"verdict": "x"}).rule == ""
 
 

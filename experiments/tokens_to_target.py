@@ -1,0 +1,150 @@
+"""Tokens to a target loss and the schedule verdict of `gns_schedule` (Gray et al.'s G3).
+
+A curve reaches a target T where its eval loss first gets ≤ T, linear between evaluations;
+a curve that does not within its budget has not reached it (inf), which says nothing about
+divergence. The verdict judges final losses at equal tokens (`verdict.compare`) and asks
+whether a tie could have shown a saving of the paper's size: Δ18, the best fixed arm's
+final loss on 82 % of the tokens minus on all of them, must exceed the pair's noise.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from experiments import verdict
+
+
+def crossing(x: np.ndarray, y: np.ndarray, target: float) -> float:
+  """The first x where the curve y(x) reaches ≤ target, linear between points (inf if
+  never; x[0] if already there)."""
+  hit = np.flatnonzero(y <= target)
+  if not len(hit):
+    return math.inf
+  i = int(hit[0])
+  if i == 0:
+    return float(x[0])
+  x0, x1, y0, y1 = x[i - 1], x[i], y[i - 1], y[i]
+  return float(x0 + (x1 - x0) * (y0 - target) / (y0 - y1))
+
+
+
+def mean_curve(cur: pd.DataFrame, arm_: str, col: str = "eval_loss") -> pd.DataFrame:
+  """The arm's seed-mean curve: tokens, `col` and train time averaged over seeds per
+  evaluation (the arms evaluate at the same examples seen, up to one batch)."""
+  g = cur[cur["arm"] == arm_].sort_values("tokens")
+  g = g.assign(eval_index=g.groupby("run").cumcount())
+  return g.groupby("eval_index")[["tokens", col, "train_time_s"]].mean()
+
+
+
+def to_target(cur: pd.DataFrame, best_arm: str, fin: pd.DataFrame | None = None
+              ) -> pd.DataFrame:
+  """Per run: the target T (the best fixed arm's seed-mean final eval loss), tokens and
+  time to reach it (inf: not reached within the budget), and the final eval loss (+inf for
+  a run `fin`, the marked finals, says diverged)."""
+  ref = cur[cur["arm"] == best_arm]
+  if ref.empty:
+    return pd.DataFrame()
+  target = float(ref.sort_values("tokens").groupby("run")["eval_loss"].last().mean())
+  marked = {} if fin is None else dict(zip(fin["run"], fin["final_eval_loss"], strict=True))
+  rows = []
+  for run, r in cur.groupby("run", sort=False):
+    r = r.sort_values("tokens")
+    x, y = r["tokens"].to_numpy(float), r["eval_loss"].to_numpy(float)
+    tok = crossing(x, y, target)
+    t = (float(np.interp(tok, x, r["train_time_s"].to_numpy(float)))
+         if math.isfinite(tok) else math.inf)
+    final = float(marked.get(run, y[-1]))
+    rows.append({"run": run, "arm": r["arm"].iloc[0], "train.seed": r["train.seed"].iloc[0],
+                 "target": target, "tokens_to_target": tok, "time_to_target_s": t,
+                 "final_eval_loss": final if math.isfinite(final) else math.inf,
+                 "tokens_total": float(x[-1]), "time_total_s": float(r["train_time_s"].iloc[-1]),
+                 "updates": int(r["step"].iloc[-1])})
+  return pd.DataFrame(rows)
+
+
+
+def delta_short(finals: dict[str, list[float]], base: str) -> float:
+  """Δ18 = the short arm's seed-mean final eval loss minus the best fixed arm's (NaN
+  without short runs; inf when a short run diverged)."""
+  short, full = np.asarray(finals.get(f"{base}_short", []), float), np.asarray(
+      finals.get(base, []), float)
+  if not len(short) or not len(full):
+    return math.nan
+  return float(np.mean(short) - np.mean(full))
+
+
+
+def schedule_verdict(pairs: list[verdict.Comparison], delta: float) -> str:
+  """`RULE`'s verdict from the schedules' pairs (each expected to be a win) and Δ18."""
+  outcomes = [p.outcome for p in pairs]
+  if verdict.LOSS in outcomes:
+    return "not reproduced"
+  if all(o == verdict.WIN for o in outcomes):
+    return "reproduced"
+  if verdict.WIN in outcomes:
+    return "partly reproduced"
+  if math.isfinite(delta) and all(o == verdict.TIE and p.noise < delta
+                                  for o, p in zip(outcomes, pairs, strict=True)):
+    return "not reproduced"
+  return "undetermined"
+
+
+
+def seed_mean_to_target(cur: pd.DataFrame, best_arm: str, target: float) -> pd.DataFrame:
+  """Per arm: tokens and train time where its seed-mean curve first reaches `target` (inf:
+  not reached), and the token saving against the best fixed arm's."""
+  rows = []
+  for a in sorted(set(cur["arm"])):
+    m = mean_curve(cur, a)
+    x = m["tokens"].to_numpy(float)
+    tok = crossing(x, m["eval_loss"].to_numpy(float), target)
+    rows.append({"arm": a, "tokens_to_target": tok,
+                 "time_to_target_s": float(np.interp(tok, x, m["train_time_s"].to_numpy(float)))
+                 if math.isfinite(tok) else math.inf})
+  out = pd.DataFrame(rows)
+  ref = float(out.loc[out["arm"] == best_arm, "tokens_to_target"].iloc[0])
+  out["token_saving"] = 1.0 - out["tokens_to_target"] / ref
+  return out
+
+
+def curves(table: pd.DataFrame, arm_of) -> pd.DataFrame:
+  """Per run and evaluation: arm, seed, lr, step, tokens, eval loss, training time (s) and
+  batch size there (time: interpolated from the train records that log it); `arm_of` names
+  a run's arm from its first row."""
+  rows = []
+  for run, g in table.groupby("run", sort=False):
+    g = g.sort_values("step")
+    ev = g.dropna(subset=["eval/loss"])
+    tr = g.dropna(subset=["train/tokens_seen"])
+    timed = tr.dropna(subset=["train/train_time_s"]) if "train/train_time_s" in tr else tr[:0]
+    tokens = ev["eval/tokens_seen"].to_numpy(float)
+    time_s = (np.interp(tokens, timed["train/tokens_seen"], timed["train/train_time_s"])
+              if len(timed) else np.full(len(ev), np.nan))
+    size = np.interp(ev["step"], tr["step"], tr["train/batch_size"]) if len(tr) else np.nan
+    rows.append(pd.DataFrame({
+        "run": run, "arm": arm_of(g.iloc[0].to_dict()), "train.seed": g["train.seed"].iloc[0],
+        "lr": g["optimizer.lr"].iloc[0], "step": ev["step"].to_numpy(), "tokens": tokens,
+        "eval_loss": ev["eval/loss"].to_numpy(), "train_time_s": time_s, "batch_size": size}))
+  cols = ["run", "arm", "train.seed", "lr", "step", "tokens", "eval_loss", "train_time_s",
+          "batch_size"]
+  return pd.concat(rows, ignore_index=True)[cols] if rows else pd.DataFrame(columns=cols)
+
+
+
+def labelled(df: pd.DataFrame) -> pd.DataFrame:
+  """inf as words: `not reached` (tokens and time to target), `diverged` (losses)."""
+  out = df.astype(object)
+  for c in df.columns:
+    if pd.api.types.is_numeric_dtype(df[c]):
+      word = "diverged" if "loss" in c else "not reached"
+      out[c] = [word if isinstance(x, float) and math.isinf(x) else x for x in df[c]]
+  return out
+
+
+
+def saving_text(x: float) -> str:
+  return "not reached" if not math.isfinite(x) else f"{100 * x:.1f}%"
