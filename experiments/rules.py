@@ -18,13 +18,14 @@ or tables and returns numbers, so a report can recompute any verdict from its CS
 from __future__ import annotations
 
 import dataclasses
-import fnmatch
 import math
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 from scipy import stats
+
+from pergrad.layer_types import layer_type
 
 # --------------------------------------------------------------------------- equivalence
 
@@ -196,10 +197,6 @@ def mark_diverged(finals: pd.DataFrame, vocab_size: int, table: pd.DataFrame | N
 
 # --------------------------------------------------------------------------- per leaf
 
-# The normalization-layer rules of `pergrad.stats.layers.TYPE_RULES` ("*norm*", "*ln_*"),
-# matched case-insensitively so "LayerNorm_0" and "RMSNorm" count too. Pass
-# `lambda p: layers.layer_type(p) == "norm"` to use the library's classifier itself.
-NORM_PATTERNS = ("*norm*", "*ln_*")
 LEAF_RULE = ("Per-leaf aggregates: the whole-model ratio of sums Σnum/Σden, the share of "
              "parameters in leaves whose own ratio exceeds 1, and the median leaf ratio "
              "(plain, and weighted by the leaves' parameter counts), each over all leaves "
@@ -207,9 +204,9 @@ LEAF_RULE = ("Per-leaf aggregates: the whole-model ratio of sums Σnum/Σden, th
 
 
 def is_norm_leaf(path: str) -> bool:
-  """Whether a leaf path ("block_0/norm_attn/scale") is a normalization layer's."""
-  p = path.lower()
-  return any(fnmatch.fnmatchcase(p, pat) for pat in NORM_PATTERNS)
+  """Whether a leaf path ("block_0/norm_attn/scale") is a normalization layer's
+  (`pergrad.layer_types`, the library's one classifier)."""
+  return layer_type(path) == "norm"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -95,7 +95,7 @@ def leaf_sizes(overrides: Sequence[str]) -> dict[str, int]:
 
 
 def layer_type(path: str) -> str:
-  """The layer type of a leaf path by the GNS groups' rules (`pergrad.stats.layers`)."""
-  from pergrad.stats.layers import layer_type as kind
+  """The layer type of a leaf path by the GNS groups' rules (`pergrad.layer_types`)."""
+  from pergrad.layer_types import layer_type as kind
 
   return kind(path)

@@ -23,7 +23,7 @@ from pergrad.optim import configs as optim_registry
 from pergrad.optim.diagnostics import track_gns
 from pergrad.plan import Config, RunPlan, StatsPlan, StatsSpec
 from pergrad.stats import StatsRequest, check_microbatch, resolve_backend
-from pergrad.stats.layers import LAYER_TYPES
+from pergrad.layer_types import LAYER_TYPES
 from pergrad.stats.noise import TOTAL
 from pergrad.train import batch_schedule
 from pergrad.train.batch_schedule import BatchConfig, BatchSchedule

@@ -19,7 +19,7 @@ from pergrad.model import TIED_EMBEDDING, ModelSpec, Transformer, init_params
 from pergrad.optim.common import find_state
 from pergrad.optim.diagnostics import GnsTrackerState, gns_metrics, track_gns
 from pergrad.stats import StatsRequest, compute, noise, synthetic
-from pergrad.stats.layers import layer_type
+from pergrad.layer_types import layer_type
 from pergrad.train.metrics import resmooth
 
 K = 4.0  # z-score bound of the synthetic tests (each has a handful of comparisons)

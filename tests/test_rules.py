@@ -158,7 +158,7 @@ def test_leaf_aggregates_norm_leaf_dominates_the_sum():
   row = agg.row()
   assert row["ratio_of_sums_no_norm"] == agg.no_norm.ratio_of_sums and "norm_share_den" in row
   # The library's own classifier as the predicate gives the same split on these names.
-  from pergrad.stats.layers import layer_type
+  from pergrad.layer_types import layer_type
 
   lib = rules.leaf_aggregates(num, den, n_params,
                               is_norm=lambda p: layer_type(p.lower()) == "norm")
@@ -167,14 +167,19 @@ def test_leaf_aggregates_norm_leaf_dominates_the_sum():
     rules.leaf_aggregates(num, den, {"embed/embedding": 1})
 
 
-def test_norm_patterns_follow_the_library_rules():
-  from pergrad.stats.layers import layer_type
+def test_one_classifier_case_insensitive_with_flax_default_names():
+  from pergrad.layer_types import layer_type
 
-  paths = ["block_0/norm_attn/scale", "norm_final/bias", "h/ln_1/weight", "transformer/ln_f/b",
-           "LayerNorm_0/scale", "RMSNorm/scale", "block_0/attn/query/kernel", "embed/embedding",
-           "unembed/kernel", "block_1/mlp/fc_out/kernel"]
-  for p in paths:
-    assert rules.is_norm_leaf(p) == (layer_type(p.lower()) == "norm"), p
+  norm = ["block_0/norm_attn/scale", "norm_final/bias", "h/ln_1/weight", "transformer/ln_f/b",
+          "LayerNorm_0/scale", "RMSNorm_0/scale", "Block_1/LayerNorm_1/bias"]
+  other = ["block_0/attn/query/kernel", "embed/embedding", "Embed_0/embedding",
+           "unembed/kernel", "block_1/mlp/fc_out/kernel", "Dense_0/kernel"]
+  for p in norm:
+    assert rules.is_norm_leaf(p) and layer_type(p) == "norm", p
+  for p in other:
+    assert not rules.is_norm_leaf(p) and layer_type(p) != "norm", p
+  assert layer_type("Embed_0/embedding") == "embedding"
+  assert layer_type("MultiHeadDotProductAttention_0/query/kernel") == "attention"
 
 
 def test_weighted_median():

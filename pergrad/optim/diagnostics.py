@@ -65,7 +65,7 @@ import optax
 from pergrad.optim.adam_family import ScaleByAdamFamilyState
 from pergrad.optim.common import check_beta, f32, find_state, require_stats
 from pergrad.stats import noise
-from pergrad.stats.layers import TYPE_RULES
+from pergrad.layer_types import TYPE_RULES
 from pergrad.stats.types import GradStats
 
 

@@ -27,7 +27,7 @@ w_t = 1 − α^t, carried as the recurrence w_t = α w_{t−1} + (1 − α) (`em
 `smooth` runs the same float32 recurrences in NumPy on logged raw terms: it equals the
 online values to float32 rounding (the device may fuse a multiply-add into one FMA).
 
-Groups (`groups_of`): each layer type present (`pergrad.stats.layers`) and "total". A
+Groups (`groups_of`): each layer type present (`pergrad.layer_types`) and "total". A
 tied embedding is one parameter used twice: with tied="include" it counts once, as
 "embedding"; with tied="exclude" (nanoGNS's convention) it is left out of every group.
 
@@ -52,7 +52,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pergrad.stats.layers import LAYER_TYPES, TYPE_RULES, layer_type, selects
+from pergrad.layer_types import LAYER_TYPES, TYPE_RULES, layer_type, selects
 from pergrad.stats.types import GradStats
 
 TOTAL = "total"
@@ -78,7 +78,7 @@ def groups_of(paths: Sequence[str], *, tied_leaf: str | None = None, tied: str =
 
   tied_leaf: the path of a tied embedding table (None: untied); `tied` says whether it is
   counted ("include", as "embedding") or left out of every group ("exclude", nanoGNS).
-  layers: the statistics' layer selection (`pergrad.stats.layers`; empty: every leaf);
+  layers: the statistics' layer selection (`pergrad.layer_types`; empty: every leaf);
   "total" is then the total over the selected leaves.
   """
   if tied not in TIED:

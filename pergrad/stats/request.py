@@ -12,7 +12,7 @@ import dataclasses
 from collections.abc import Sequence
 
 from pergrad.fields import Choice
-from pergrad.stats import layers as layers_lib
+from pergrad import layer_types as layers_lib
 from pergrad.stats import registry, types
 
 
@@ -34,7 +34,7 @@ class StatsRequest:
     per_example_clip: clip each g_b to this global norm before every statistic
       (so "mean" is the mean of clipped gradients); None: no clipping.
     layers: the leaves whose statistics (other than "mean", always complete) are asked:
-      layer types and/or path patterns (`pergrad.stats.layers`); empty: every leaf.
+      layer types and/or path patterns (`pergrad.layer_types`); empty: every leaf.
       The surgery backend touches no other layer; the others compute every leaf and
       mark the selection (`GradStats.layers`).
   """

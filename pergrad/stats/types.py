@@ -43,7 +43,7 @@ class GradStats:
   # name -> Σ_coords φ(g_b) per leaf, leaves float32[B] (kind "example")
   example_stats: dict = flax.struct.field(default_factory=dict)
   granularity: str = flax.struct.field(pytree_node=False, default="example")
-  # The leaves whose statistics were asked (`pergrad.stats.layers`; () = all): the values
+  # The leaves whose statistics were asked (`pergrad.layer_types`; () = all): the values
   # of other leaves are zeros (surgery) or computed anyway (vmap, loop); read `selects`.
   layers: tuple = flax.struct.field(pytree_node=False, default=())
 
@@ -68,7 +68,7 @@ class GradStats:
   def selects(self, path: str) -> bool:
     """Whether the statistics of the leaf at `path` ("block_0/attn/query/kernel") were
     asked (always True without a layer selection)."""
-    from pergrad.stats.layers import selects
+    from pergrad.layer_types import selects
 
     return selects(self.layers, path)
 

@@ -75,7 +75,7 @@ def surgery_stats(loss_fn, params, batch, request: StatsRequest, options: StatsO
     batch: pytree of arrays with a leading example axis B.
     request: statistics (`want`), granularity "example" (n = B samples) or "token"
       (n = B·T samples), and `layers`: the leaves that get statistics
-      (`pergrad.stats.layers`; empty: all). A layer call none of whose leaves is selected
+      (`pergrad.layer_types`; empty: all). A layer call none of whose leaves is selected
       runs untouched (plain autodiff, no tap): its statistics are zeros and cost nothing.
     options: `dense_method` and `scan_unroll` (`StatsOptions`).
   Returns:

@@ -18,7 +18,7 @@ import flax.linen as nn
 import jax
 import numpy as np
 
-from pergrad.stats.layers import LAYER_TYPES, selects
+from pergrad.layer_types import LAYER_TYPES, selects
 from pergrad.stats.request import StatsRequest
 
 # Layer type -> handler kind (`pergrad.stats.surgery.HANDLERS`), and each kind's leaves.

@@ -1,11 +1,14 @@
-"""Which parameter leaves a statistics request covers: layer types and path patterns.
+"""Layer types of parameter leaves, and layer selections: the one classifier (no JAX).
 
 A leaf is named by its path, "block_0/attn/query/kernel". Its layer type is the first
-match of `TYPE_RULES` (fnmatch on the path): "norm", "unembedding", "embedding",
-"attention", "mlp", else "other" (the rules fit `pergrad.model.Transformer` and the
-common GPT namings). A selection is a tuple of layer types and/or fnmatch patterns; the
-empty selection covers every leaf. `StatsRequest.layers` carries one, and the gradient
-noise scale (`pergrad.stats.noise.groups_of`) groups leaves by these types.
+match of `TYPE_RULES` (fnmatch on the LOWER-CASED path): "norm", "unembedding",
+"embedding", "attention", "mlp", else "other". The rules cover `pergrad.model.Transformer`,
+the common GPT namings and Flax's default module names ("LayerNorm_0", "RMSNorm_0",
+"Embed_0", "MultiHeadDotProductAttention_0"); a user passes their own rules where a
+function takes `rules`. A selection is a tuple of layer types and/or fnmatch path
+patterns (matched as written); the empty selection covers every leaf. `StatsRequest.layers`
+carries one, and the gradient noise scale (`pergrad.stats.noise.groups_of`) groups leaves
+by these types.
 """
 
 from __future__ import annotations
@@ -25,9 +28,10 @@ TYPE_RULES: tuple[tuple[str, str], ...] = (
 
 
 def layer_type(path: str, rules: Sequence[tuple[str, str]] = TYPE_RULES) -> str:
-  """The layer type of a leaf path (first matching rule; "other" if none)."""
+  """The layer type of a leaf path (first rule matching the lower-cased path; "other")."""
+  lowered = path.lower()
   for pattern, kind in rules:
-    if fnmatch.fnmatchcase(path, pattern):
+    if fnmatch.fnmatchcase(lowered, pattern.lower()):
       return kind
   return "other"
 
