@@ -233,7 +233,7 @@ def test_training_logs_gns_every_step_and_resmooth_reproduces_it(tmp_path):
   fuses multiply-adds; NumPy rounds twice), and another α gives other values."""
   from conftest import compose
 
-  from pergrad.configure import build_plan
+  from pergrad.config import build_plan
   from pergrad.train.loop import run
 
   cfg = compose(["scale=ci", "stats=gns", "train.steps=12", "stats.log_every=5",
@@ -269,7 +269,7 @@ def test_training_logs_gns_every_step_and_resmooth_reproduces_it(tmp_path):
 def test_bad_gns_settings_fail_in_the_plan():
   from conftest import compose
 
-  from pergrad.configure import build_plan
+  from pergrad.config import build_plan
   with pytest.raises(ValueError, match="stats.gns alpha"):
     build_plan(compose(["scale=ci", "stats=gns", "stats.gns_alpha=1.5"]))
   with pytest.raises(ValueError, match="stats.gns tied"):
@@ -345,7 +345,7 @@ def test_norm_layers_only_match_the_loop_and_leave_the_rest_untouched(backend):
 def test_training_with_norm_layers_only_tracks_their_gns(tmp_path):
   from conftest import compose
 
-  from pergrad.configure import build_plan
+  from pergrad.config import build_plan
   from pergrad.train.loop import run
   plan = build_plan(compose(["scale=ci", "stats=gns_norm", "train.steps=6"]))
   assert plan.stats.request.layers == ("norm",) and plan.stats.backend == "surgery"

@@ -15,11 +15,12 @@ import pytest
 from conftest import REPO, compose
 
 import pergrad.stats as ps
-from pergrad.configure import build_plan, to_config, to_plain
+from pergrad.config import build_plan, to_config, to_plain
 from pergrad.data import DataSpec
 from pergrad.model import ModelSpec
 from pergrad.optim import AdamConfig, Direction, OptimizerConfig, SignConfig, configs
-from pergrad.plan import Config, fingerprint, resumable_keys
+from pergrad.config.plan import fingerprint, resumable_keys
+from pergrad.config.schema import Config
 from pergrad.stats import StatsRequest
 from pergrad.train import run
 from pergrad.train.metrics import read_records
@@ -85,7 +86,7 @@ def toy_optimizer():
   ps.register(ABS)
   configs.register("toy", ToyConfig, _toy_build)
   yield
-  configs.unregister("toy")
+  configs.REGISTRY.unregister("toy")
   ps.unregister("toy_abs")
 
 

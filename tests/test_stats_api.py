@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 from test_stats import ROOT, assert_close, run_backend, setup
 
 import pergrad.stats as ps
-from pergrad.plan import StatsSpec
+from pergrad.config.schema import StatsSpec
 
 # --- invalid requests ----------------------------------------------------------------
 INVALID = [
