@@ -25,7 +25,7 @@ from test_optim import (
   _stats,
 )
 
-from pergrad.config import compose as config_lib
+from pergrad.config import composer as config_lib
 from pergrad.optim import build_optimizer, optimizer_config, scaled_hparams
 from pergrad.optim.adam_family import VARIANTS, scale_by_adam_family
 from pergrad.optim.configs import REGISTRY as OPTIMIZERS

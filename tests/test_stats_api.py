@@ -100,4 +100,4 @@ def test_stats_configs_merge_into_schema():
     cfg = OmegaConf.merge(OmegaConf.structured(StatsSpec),
                           OmegaConf.load(os.path.join(folder, f)))
     ps.resolve_backend(ps.StatsRequest(tuple(cfg.want) or ("mean",), cfg.granularity.value),
-                       cfg.backend.value)
+                       cfg.backend)

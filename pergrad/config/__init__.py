@@ -9,7 +9,7 @@ folder, plugins imported once, `compose`), `help` (the `--help` page), `plan` (`
 `build_plan`, the resume fingerprint). Imports nothing from `pergrad.train`.
 """
 
-from pergrad.config.compose import compose, configs_dir, load_plugins
+from pergrad.config.composer import compose, configs_dir, load_plugins
 from pergrad.config.plan import (
     RunPlan,
     StatsPlan,

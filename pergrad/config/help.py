@@ -35,7 +35,7 @@ def field_docs(cls: type) -> dict[str, str]:
       m = _FIELD.match(line)
       if m:
         trailing = line.split("  # ", 1)[1].strip() if "  # " in line else ""
-        above = " ".join(block).split(". ")[0].rstrip(".")
+        above = re.split(r"\. | \(|: ", " ".join(block))[0].rstrip(".")
         if trailing or above:
           docs[m.group(1)] = trailing or above
       block = []
@@ -84,6 +84,11 @@ def _optimizer_lines() -> list[str]:
   return out
 
 
+def node() -> dict:
+  """The `hydra/help` config: `hydra.help.template` and the keys Hydra reads beside it."""
+  return {"app_name": "pergrad-train", "header": "", "footer": "", "template": template()}
+
+
 def template() -> str:
   """Hydra's help template (`hydra.help.template`)."""
   from pergrad.config.schema import Config
@@ -98,13 +103,12 @@ def template() -> str:
   fields += [" top level:", *field_lines(Config, "", skip=tuple(
       f.name for f in dataclasses.fields(Config) if dataclasses.is_dataclass(hints[f.name])))]
   text = "\n".join([
-      "${hydra.help.app_name}: train one run (python -m pergrad.train [group=option] "
-      "[key=value] ...)", "",
+      "pergrad-train: train one run (python -m pergrad.train [group=option] [key=value] ...)",
+      "",
       "== Config groups ==", "Choose one option per group (e.g. optimizer=sign):", "",
       "$APP_CONFIG_GROUPS", "",
       "== Fields ==", "Set any field as key=value (e.g. optimizer.lr=1e-3); "
       "(a|b) lists a field's choices:", "",
       *fields, "",
       "--cfg job prints the composed config; --hydra-help shows Hydra's own options."])
-  return text.replace("${", "\\${").replace("\\${hydra.help.app_name}",
-                                              "${hydra.help.app_name}")
+  return text.replace("${", "\\${")

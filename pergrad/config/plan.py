@@ -1,6 +1,6 @@
 """Config -> the frozen run plan, checked once.
 
-    cfg = compose(["model=tiny", "optimizer=sign"])   # pergrad.config.compose
+    cfg = compose(["model=tiny", "optimizer=sign"])   # pergrad.config.composer
     plan = build_plan(cfg, n_devices)                  # RunPlan
     plan.model, plan.data, plan.optimizer, plan.stats, plan.batch, plan.train, plan.logging
 

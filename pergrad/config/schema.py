@@ -4,7 +4,7 @@
     schedule: ScheduleConfig batch: BatchConfig     train: TrainSpec
     logging: LoggingSpec    stats: StatsSpec        dist: DistSpec
 
-Hydra composes `configs/` against `Config` (`pergrad.config.compose` stores it), so an
+Hydra composes `configs/` against `Config` (`pergrad.config.composer` stores it), so an
 unknown key, a wrong type or an unknown choice fails at compose time naming the key;
 `OmegaConf.to_object` then builds these dataclasses once, and each `__post_init__`
 checks its own fields (one ValueError line naming the key). Rules that span nodes are
@@ -119,7 +119,7 @@ class GnsTied(Choice):
 class StatsSpec:
   """Per-example gradient statistics logged during training (see pergrad.stats)."""
 
-  # stats backend: auto, vmap, surgery, loop, or one a plugin registers (checked by the plan)
+  # auto, vmap, surgery, loop, or a backend a plugin registers (checked by `build_plan`)
   backend: str = resumable("auto")
   granularity: Granularity = resumable(Granularity.example)  # samples: examples or tokens
   want: tuple[str, ...] = resumable(())  # logged statistics, e.g. [mean, sq, sign, norms]
@@ -203,7 +203,7 @@ class Config:
   dist: DistSpec = resumable(default_factory=DistSpec)
   name: str = resumable("run")  # free-form run name (W&B run name, sweep tables)
   experiment: Any = resumable(None)  # set by configs/experiment/*.yaml (free-form tag)
-  # Modules imported before Hydra composes (`pergrad.config.compose.load_plugins`): user
+  # Modules imported before Hydra composes (`pergrad.config.composer.load_plugins`): user
   # code that registers statistics, backends or optimizers.
   plugins: tuple[str, ...] = resumable(())
 

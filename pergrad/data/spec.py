@@ -35,7 +35,7 @@ class DataSpec:
   vocab_size: int = 1024  # tokenizer vocabulary (BPE; 256 for bytes)
   seq_len: int = 128  # tokens per training sequence (T)
   batch_size: int = 32  # global batch (B), split across devices
-  eval_batch_size: int = 32
+  eval_batch_size: int = 32  # validation batch
   seed: int = 0  # data order; example i is a pure function of (seed, i)
 
   def __post_init__(self):

@@ -18,7 +18,7 @@ How to add an optimizer (from a plugin module, no edit of the package):
      `name = "<name>"` and its fields, checked in `__post_init__`;
   2. `def build(cfg, hp) -> Direction` (`pergrad.optim.build.Direction`);
   3. `register("<name>", NameConfig, build)`; list the module in `plugins=[module]`, then
-     `optimizer=<name>` selects it (`pergrad.config.compose` stores its schema for Hydra)
+     `optimizer=<name>` selects it (`pergrad.config.composer` stores its schema)
      and `optimizer.<field>=...` sets its fields.
 """
 
@@ -67,7 +67,7 @@ class OptimizerConfig:
   weight_decay: float = 0.0  # decoupled (AdamW-style), times the learning rate
   clip_norm: float | None = None  # global-norm clipping of the mean gradient
   per_example_clip: float | None = None  # clip each g_i before every statistic (vmap/loop)
-  lr_scaling: LrScaling = LrScaling.none
+  lr_scaling: LrScaling = LrScaling.none  # lr x (B / ref_batch_size)^k, k = 0, 1/2, 1
   ref_batch_size: int = 32  # B_ref of lr = lr * (B / B_ref) ** kappa
 
   def __post_init__(self):
@@ -102,7 +102,7 @@ class MomentumConfig(OptimizerConfig):
 @dataclasses.dataclass
 class SignConfig(MomentumConfig):
   name: str = "sign"
-  placement: Placement = Placement.ema
+  placement: Placement = Placement.ema  # where the sign is taken (before or after the EMA)
 
   def __post_init__(self):
     super().__post_init__()
@@ -114,8 +114,8 @@ class AdamConfig(MomentumConfig):
   """A second-moment EMA and ε (adam, adamw, the Adam family)."""
 
   name: str = "adamw"
-  b2: float = 0.95
-  eps: float = 1e-8
+  b2: float = 0.95  # second-moment EMA decay
+  eps: float = 1e-8  # added to the square root of the second moment
   eps_root: float = 0.0  # epsilon inside the square root
 
   def __post_init__(self):
@@ -129,9 +129,9 @@ class AdamConfig(MomentumConfig):
 @dataclasses.dataclass
 class AdamFamilyConfig(AdamConfig):
   name: str = "adam_family"
-  variant: AdamVariant = AdamVariant.adam
+  variant: AdamVariant = AdamVariant.adam  # the second moment s the update divides by
   mix_a: float = 1.0  # variant=mix: s = mix_a * mu2_hat + mix_b * sigma2_hat
-  mix_b: float = 0.0
+  mix_b: float = 0.0  # variant=mix: weight of sigma2_hat
 
   def __post_init__(self):
     super().__post_init__()

@@ -3,7 +3,7 @@
     python scripts/train.py model=tiny train.steps=200 optimizer.lr=3e-3 logging.wandb.mode=disabled
     python scripts/train.py -m optimizer.lr=1e-3,3e-3 data.batch_size=16,32
 
-Hydra composes `configs/config.yaml` (`pergrad.config.compose.configs_dir`) against the
+Hydra composes `configs/config.yaml` (`pergrad.config.composer.configs_dir`) against the
 typed schema `pergrad.config.schema.Config`, so a typo'd key, a wrong type or an unknown
 option stops here with Hydra's message naming the key (or the valid options); then
 `pergrad.config.build_plan` builds the schema's dataclasses (each checks its fields) and
@@ -33,7 +33,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from pergrad.config import compose as pconfig
+from pergrad.config import composer as pconfig
 
 
 def _hydra_info() -> dict:

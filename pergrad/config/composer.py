@@ -68,7 +68,7 @@ def register() -> None:
     cs.store(name=schema_name(name), node=entry.config(name=name))
     if not (shipped / f"{name}.yaml").exists():
       cs.store(group="optimizer", name=name, node=entry.config(name=name))
-  cs.store(group="hydra/help", name="pergrad", node={"template": help_lib.template()})
+  cs.store(group="hydra/help", name="pergrad", node=help_lib.node())
 
 
 def plugins_in(overrides) -> tuple[str, ...]:
