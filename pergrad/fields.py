@@ -23,7 +23,7 @@ RESUMABLE = "resumable"  # field metadata: the key may differ between a run and 
 
 
 def resumable(default: Any = dataclasses.MISSING, *, default_factory: Any = dataclasses.MISSING):
-  """A dataclass field that a resumed run may change (`pergrad.config.plan.fingerprint` skips it)."""
+  """A dataclass field a resumed run may change (`pergrad.config.plan.fingerprint` skips it)."""
   return dataclasses.field(default=default, default_factory=default_factory,
                            metadata={RESUMABLE: True})
 

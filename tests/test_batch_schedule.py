@@ -14,9 +14,9 @@ import pytest
 from conftest import compose
 
 from pergrad.config import build_plan
-from pergrad.optim.schedule import make_schedule, scale_by_token_schedule
-from pergrad.config.schema import TrainSpec
 from pergrad.config.batch import BatchSchedule, default_sizes
+from pergrad.config.schema import TrainSpec
+from pergrad.optim.schedule import make_schedule, scale_by_token_schedule
 from pergrad.train.batch_schedule import next_size
 from pergrad.train.loop import run
 from pergrad.train.metrics import read_records

@@ -91,7 +91,7 @@ def test_the_schema_is_what_the_library_takes():
   assert isinstance(c.optimizer, SignConfig) and not hasattr(c.optimizer, "b2")
   assert c.model.norm == "rmsnorm" and type(c.model.norm) is str  # choices: plain strings
   assert c.stats.want == ("mean", "sq") and c.logging.wandb.mode == "offline"
-  plan = build_plan(compose(["optimizer=sign"]))
+  plan = build_plan(compose(["optimizer=sign", "model.norm=rmsnorm"]))
   assert plan.model == c.model and plan.optimizer.request.want == ("mean",)
   with pytest.raises(dataclasses.FrozenInstanceError):
     plan.model = ModelSpec()  # type: ignore[misc]

@@ -62,11 +62,11 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from pergrad.optim.adam_family import ScaleByAdamFamilyState
 from pergrad.fields import check_decay
+from pergrad.layer_types import TYPE_RULES
+from pergrad.optim.adam_family import ScaleByAdamFamilyState
 from pergrad.optim.common import f32, find_state, require_stats
 from pergrad.stats import noise
-from pergrad.layer_types import TYPE_RULES
 from pergrad.stats.types import GradStats
 
 

@@ -46,6 +46,7 @@ import optax
 from pergrad.fields import Choice
 from pergrad.optim.configs import LrScaling
 
+
 class ScheduleName(Choice):
   cosine = "cosine"
   constant = "constant"

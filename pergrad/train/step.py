@@ -33,13 +33,13 @@ import optax
 from jax.sharding import Mesh
 
 import pergrad.stats as pstats
+from pergrad.config.plan import RunPlan
 from pergrad.loss import make_loss_fn
 from pergrad.model import Transformer
 from pergrad.optim import Optimizer, diagnostics
 from pergrad.optim.common import find_state
 from pergrad.optim.diagnostics import gns_metrics
 from pergrad.optim.schedule import TokenScheduleState
-from pergrad.config.plan import RunPlan
 from pergrad.train import mesh as mesh_lib
 from pergrad.train.heldout import SignLog
 from pergrad.train.state import TrainState, make_init_fn
