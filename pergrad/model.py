@@ -35,9 +35,13 @@ class Positions(Choice):
   rope = "rope"
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(unsafe_hash=True)
 class ModelSpec:
-  """Model hyper-parameters (the `model` config node); checked on construction."""
+  """Model hyper-parameters (the `model` config node); checked on construction.
+
+  A plain dataclass (Hydra merges into it), hashed by value: a spec is a static argument
+  (`jax.jit(init_params, static_argnums=0)`) and a Flax module attribute, so it is not
+  changed once built."""
 
   name: str = "tiny"  # the preset's name (configs/model/<name>.yaml), a label only
   n_layers: int = 2  # transformer blocks
