@@ -49,7 +49,7 @@ def ema_gain(snr2_ema, snr2_batch):
 
 def composed(overrides: Sequence[str]) -> dict:
   """The config `python -m pergrad.train OVERRIDES` would run, as plain values."""
-  from pergrad.configure import compose, to_plain
+  from pergrad.config import compose, to_plain
 
   return to_plain(compose(list(overrides)))
 
@@ -57,7 +57,7 @@ def composed(overrides: Sequence[str]) -> dict:
 def scale_summary(overrides: Sequence[str]) -> dict:
   """{model (its name), n_layers, d_model, n_heads, data (its name), vocab_size, tokenizer,
   batch_size, seq_len, steps} of the composed config, after the plan's checks."""
-  from pergrad.configure import build_plan, compose
+  from pergrad.config import build_plan, compose
 
   p = build_plan(compose(list(overrides)))
   m, d = p.model, p.data
@@ -71,7 +71,7 @@ def n_params(overrides: Sequence[str]) -> int:
   """The number of parameters of the composed config's model (shapes only)."""
   import jax
 
-  from pergrad.configure import build_plan, compose
+  from pergrad.config import build_plan, compose
   from pergrad.model import init_params
 
   model = build_plan(compose(list(overrides))).model
@@ -84,7 +84,7 @@ def leaf_sizes(overrides: Sequence[str]) -> dict[str, int]:
   its parameter count} of the composed config's model (shapes only)."""
   import jax
 
-  from pergrad.configure import build_plan, compose
+  from pergrad.config import build_plan, compose
   from pergrad.model import init_params
   from pergrad.stats.noise import leaf_path
 

@@ -25,10 +25,10 @@ from test_optim import (
   _stats,
 )
 
-from pergrad import config as config_lib
+from pergrad.config import composer as config_lib
 from pergrad.optim import build_optimizer, optimizer_config, scaled_hparams
 from pergrad.optim.adam_family import VARIANTS, scale_by_adam_family
-from pergrad.optim.configs import names as optimizer_names
+from pergrad.optim.configs import REGISTRY as OPTIMIZERS
 from pergrad.optim.diagnostics import diagnostics, track_snr
 from pergrad.optim.schedule import ScheduleConfig
 from pergrad.optim.sign import PLACEMENTS, scale_by_sign_placement
@@ -86,7 +86,7 @@ def test_sde_scaling():
 
 
 def _all_options():
-  opts = [optimizer_config(name=n) for n in optimizer_names() if n not in ("sign", "adam_family")]
+  opts = [optimizer_config(name=n) for n in OPTIMIZERS.names() if n not in ("sign", "adam_family")]
   opts += [optimizer_config(name="sign", placement=p, lr=1e-3) for p in PLACEMENTS]
   opts += [optimizer_config(name="adam_family", variant=v, mix_b=0.5) for v in VARIANTS]
   opts += [optimizer_config(name="adam_family", variant="micro_adam", clip_norm=1.0,
@@ -199,7 +199,7 @@ def test_yaml_options_compose_and_build(tmp_path):
   (tmp_path / "probe.yaml").write_text(
       "defaults:\n  - pergrad_schema\n  - optimizer: adamw\n  - schedule: cosine\n  - _self_\n")
   names = sorted(p.stem for p in (CONFIGS / "optimizer").glob("*.yaml"))
-  assert set(names) == set(optimizer_names())
+  assert set(names) == set(OPTIMIZERS.names())
   with initialize_config_dir(config_dir=str(tmp_path), version_base="1.3"):
     for name in names:
       for sched in ("cosine", "constant"):

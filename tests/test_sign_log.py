@@ -17,8 +17,9 @@ import orbax.checkpoint as ocp
 import pytest
 from conftest import compose
 
-from pergrad.configure import build_plan
-from pergrad.plan import StatsSpec, resumable_keys
+from pergrad.config import build_plan
+from pergrad.config.plan import resumable_keys
+from pergrad.config.schema import StatsSpec
 from pergrad.stats import noise
 from pergrad.stats.sign_agreement import SignCounts
 from pergrad.train.loop import run

@@ -22,7 +22,7 @@ import orbax.checkpoint as ocp
 import pytest
 from conftest import REPO, TRAIN, compose, run_cli
 
-from pergrad.configure import build_plan
+from pergrad.config import build_plan
 from pergrad.train.loop import run
 from pergrad.train.metrics import read_records
 
@@ -349,7 +349,7 @@ def test_run_dir_lacking_a_config_key_is_another_run(base_run, tiny_overrides, t
   compatibility with configs written before a key existed), unless the key is resumable."""
   import yaml
 
-  from pergrad.plan import resume_decision
+  from pergrad.config.plan import resume_decision
   d = tmp_path / "old"
   shutil.copytree(base_run[0], d)
   cfg = yaml.safe_load((d / "config.yaml").read_text())

@@ -69,7 +69,7 @@ def scaled_hparams(opt: configs.OptimizerConfig, batch_size: int) -> ScaledHpara
 
 
 def _builder(name: str):
-  build = configs.entry(name).build
+  build = configs.REGISTRY.get(name).build
   if isinstance(build, str):
     module, _, fn = build.partition(":")
     build = getattr(importlib.import_module(module), fn)

@@ -62,10 +62,11 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from pergrad.optim.adam_family import ScaleByAdamFamilyState
-from pergrad.optim.common import check_beta, f32, find_state, require_stats
-from pergrad.stats import noise
+from pergrad.fields import check_decay
 from pergrad.layer_types import TYPE_RULES
+from pergrad.optim.adam_family import ScaleByAdamFamilyState
+from pergrad.optim.common import f32, find_state, require_stats
+from pergrad.stats import noise
 from pergrad.stats.types import GradStats
 
 
@@ -105,7 +106,7 @@ def track_snr(beta: float) -> optax.GradientTransformationExtraArgs:
 
   Needs the 'sq' statistic. Put it in the chain so the EMA SNR can be logged.
   """
-  check_beta(beta)
+  check_decay(beta)
 
   def init_fn(params):
     zeros = lambda: optax.tree.zeros_like(params, dtype=jnp.float32)
@@ -183,7 +184,7 @@ def track_gns(alpha: float, *, tied_leaf: str | None = None, tied: str = "includ
   """Identity on the updates; tracks the GNS terms of every group (`noise.groups_of` on
   the parameter paths, restricted to `layers`) from `grad_stats`, which must hold
   per-example "norms" of those leaves (ask for them with `request(layers)`)."""
-  check_beta(alpha, "gns alpha")
+  check_decay(alpha, "gns alpha")
   if tied not in noise.TIED:
     raise ValueError(f"gns tied={tied!r}; choose one of {noise.TIED}.")
   groups = lambda tree: noise.groups_of(noise.leaf_paths(tree), tied_leaf=tied_leaf,

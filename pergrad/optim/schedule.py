@@ -44,8 +44,7 @@ import jax.numpy as jnp
 import optax
 
 from pergrad.fields import Choice
-
-LR_SCALINGS = {"none": 0.0, "sqrt": 0.5, "linear": 1.0}
+from pergrad.optim.configs import LrScaling
 
 
 class ScheduleName(Choice):
@@ -56,16 +55,16 @@ class ScheduleName(Choice):
 SCHEDULES = ScheduleName.values()
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass
 class ScheduleConfig:
   """The learning-rate schedule's shape (the `schedule` config node)."""
 
-  name: ScheduleName = ScheduleName.cosine
-  warmup_steps: int = 20
+  name: ScheduleName = ScheduleName.cosine  # warmup then cosine decay, or constant
+  warmup_steps: int = 20  # steps of linear warmup from peak/warmup_steps
   final_lr_frac: float = 0.1  # cosine decays to final_lr_frac * peak
 
   def __post_init__(self):
-    object.__setattr__(self, "name", ScheduleName.check(self.name, "schedule.name"))
+    self.name = ScheduleName.check(self.name, "schedule.name")
     if self.warmup_steps < 0:
       raise ValueError(f"schedule.warmup_steps={self.warmup_steps} must be >= 0")
     if not 0.0 <= self.final_lr_frac <= 1.0:
@@ -88,8 +87,8 @@ def scale_hparams(*, lr: float, b1: float, b2: float, eps: float, eps_root: floa
                   lr_scaling: str, sde_scaling: bool, batch_size: int,
                   ref_batch_size: int) -> ScaledHparams:
   """Applies the batch-size rules of the module docstring."""
-  if lr_scaling not in LR_SCALINGS:
-    raise ValueError(f"unknown lr_scaling {lr_scaling!r}; choose one of {tuple(LR_SCALINGS)}")
+  if lr_scaling not in LrScaling.values():
+    raise ValueError(f"unknown lr_scaling {lr_scaling!r}; choose one of {LrScaling.values()}")
   if batch_size < 1 or ref_batch_size < 1:
     raise ValueError(
         f"batch_size={batch_size} and ref_batch_size={ref_batch_size} must be positive")
@@ -98,7 +97,7 @@ def scale_hparams(*, lr: float, b1: float, b2: float, eps: float, eps_root: floa
         f"sde_scaling=true goes with lr_scaling=sqrt (Malladi et al.), got lr_scaling="
         f"{lr_scaling}; set optimizer.lr_scaling=sqrt or optimizer.sde_scaling=false")
   kappa_b = batch_size / ref_batch_size
-  peak = lr * kappa_b ** LR_SCALINGS[lr_scaling]
+  peak = lr * kappa_b ** LrScaling(lr_scaling).exponent
   if sde_scaling:
     b1, b2 = (1.0 - min(kappa_b * (1.0 - b), 1.0) for b in (b1, b2))
     eps, eps_root = eps / math.sqrt(kappa_b), eps_root / kappa_b
@@ -147,9 +146,9 @@ def scale_by_token_schedule(schedule: optax.Schedule, max_batch: int,
   the examples seen. With a constant B = max_batch it equals
   `optax.scale_by_learning_rate(schedule)` (τ = the update count).
   """
-  if lr_scaling not in LR_SCALINGS:
-    raise ValueError(f"batch.lr_scaling={lr_scaling!r}; choose one of {tuple(LR_SCALINGS)}")
-  kappa = LR_SCALINGS[lr_scaling]
+  if lr_scaling not in LrScaling.values():
+    raise ValueError(f"batch.lr_scaling={lr_scaling!r}; choose one of {LrScaling.values()}")
+  kappa = LrScaling(lr_scaling).exponent
 
   def init_fn(params):
     del params

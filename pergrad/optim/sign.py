@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import optax
 
-from pergrad.optim.common import check_beta, f32, require_stats
+from pergrad.fields import check_decay
+from pergrad.optim.common import f32, require_stats
 from pergrad.optim.configs import Placement
 from pergrad.stats.request import StatsRequest
 
@@ -60,7 +61,7 @@ def scale_by_sign_placement(placement: str, beta: float, *, debias: bool = True
   """
   if placement not in PLACEMENTS:
     raise ValueError(f"unknown sign placement {placement!r}; choose one of {PLACEMENTS}")
-  check_beta(beta)
+  check_decay(beta)
   if placement == "ema":
     # Exactly optax.signum without the learning rate: no debiasing before a sign.
     return optax.chain(optax.ema(beta, debias=False), optax.scale_by_sign())

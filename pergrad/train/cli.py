@@ -3,12 +3,14 @@
     python scripts/train.py model=tiny train.steps=200 optimizer.lr=3e-3 logging.wandb.mode=disabled
     python scripts/train.py -m optimizer.lr=1e-3,3e-3 data.batch_size=16,32
 
-Hydra composes `configs/config.yaml` (shipped in the package as `pergrad.configs`)
-against the typed schema `pergrad.plan.Config`, so a typo'd key, a wrong type or an
-unknown option stops here with Hydra's message naming the key (or the valid options);
-then `pergrad.configure.build_plan` builds the schema's dataclasses (each checks its
-fields) and checks every cross-field rule, before any data is read or anything compiled.
-`plugins=[module,...]` imports user modules first (their statistics and optimizers).
+Hydra composes `configs/config.yaml` (`pergrad.config.composer.configs_dir`) against the
+typed schema `pergrad.config.schema.Config`, so a typo'd key, a wrong type or an unknown
+option stops here with Hydra's message naming the key (or the valid options); then
+`pergrad.config.build_plan` builds the schema's dataclasses (each checks its fields) and
+checks every cross-field rule, before any data is read or anything compiled.
+`plugins=[module,...]` imports user modules once, before Hydra composes (their
+statistics, backends and optimizers); `--help` lists each group's choices and every
+field.
 The run writes to `train.out_dir` (default: Hydra's run directory, `outputs/<date>/<time>`, or
 `multirun/<date>/<time>/<overrides>` for a sweep point). Re-running the same command
 on the same directory resumes it; a completed run is skipped.
@@ -31,9 +33,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from pergrad import config as pconfig
-
-pconfig.register()
+from pergrad.config import composer as pconfig
 
 
 def _hydra_info() -> dict:
@@ -46,12 +46,11 @@ def _hydra_info() -> dict:
   }
 
 
-@hydra.main(version_base="1.3", config_path=f"pkg://{pconfig.CONFIGS_PACKAGE}",
-            config_name="config")
+@hydra.main(version_base="1.3", config_path=str(pconfig.configs_dir()), config_name="config")
 def _main(cfg: DictConfig) -> float | None:
   import jax
 
-  from pergrad.configure import build_plan
+  from pergrad.config.plan import build_plan
   from pergrad.train import distributed
   from pergrad.train.loop import NonFiniteLossError, run
 
@@ -62,7 +61,7 @@ def _main(cfg: DictConfig) -> float | None:
     shutil.copytree(hydra_dir / ".hydra", out_dir / ".hydra", dirs_exist_ok=True)
   try:
     d = cfg.dist
-    pconfig.load_plugins(cfg.plugins)  # also those set in a YAML file (a sweep's workers)
+    pconfig.load_plugins(cfg.plugins)  # those set in a YAML file, or in a sweep's worker
     distributed.initialize(d.coordinator_address, d.num_processes, d.process_id, auto=d.auto)
     if jax.process_count() > 1 and not cfg.train.out_dir and hc.mode == RunMode.RUN:
       raise ValueError(
@@ -85,7 +84,7 @@ def main() -> None:
   override are imported before Hydra composes the config, so that `optimizer=<name>`
   can select an optimizer they register."""
   try:
-    pconfig.load_plugins(pconfig.plugins_from_argv())
+    pconfig.load_plugins(pconfig.plugins_in(sys.argv[1:]))
   except ValueError as e:
     sys.exit(f"error: {e}")
   _main()

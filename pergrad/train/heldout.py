@@ -39,6 +39,7 @@ compiled ahead of time, once per run.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 from typing import Any
 
@@ -46,12 +47,12 @@ import jax
 import jax.numpy as jnp
 
 import pergrad.stats as pstats
+from pergrad.config.plan import HELDOUT_REQUEST
 from pergrad.stats import sign_agreement
 from pergrad.stats.types import GradStats
 from pergrad.train import mesh as mesh_lib
 
 PyTree = Any
-HELDOUT_REQUEST = pstats.StatsRequest(want=("mean", "sq"))
 HELDOUT_SEED = 2**63  # the held-out stream's seed is data.seed + HELDOUT_SEED
 PREFIX = "sign"
 
@@ -100,7 +101,8 @@ class SignLog:
     self.n_h = sp.sign_agreement
     repl = mesh_lib.replicated(mesh)
     batch_sharding = mesh_lib.batch_sharding(mesh)
-    options = pstats.StatsOptions(microbatch_size=sp.microbatch_size or B)
+    options = dataclasses.replace(sp.options,
+                                  microbatch_size=sp.options.microbatch_size or B)
     stats_fn = jax.jit(
         functools.partial(heldout_stats, loss_fn=loss_fn, backend=sp.sign_backend,
                           options=options),

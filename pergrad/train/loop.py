@@ -1,6 +1,6 @@
 """The training loop: `run(plan, out_dir) -> summary`.
 
-    plan = pergrad.configure.build_plan(cfg, jax.device_count())
+    plan = pergrad.config.build_plan(cfg, jax.device_count())
     summary = run(plan, "outputs/my_run")
 
 Order of work: decide from the plan's fingerprint whether `out_dir` is new, to resume
@@ -25,7 +25,7 @@ train records the update's batch_size. A fixed-batch run makes train.steps updat
 a batch-size schedule (`pergrad.train.batch_schedule`) the loop asks it for each update's
 size, feeds examples seen..seen+B-1 and runs the step compiled for B, until
 train.steps x data.batch_size examples are seen; evaluations and checkpoints fall at the
-same examples seen whatever the schedule (`pergrad.plan.TrainSpec`).
+same examples seen whatever the schedule (`pergrad.config.schema.TrainSpec`).
 """
 
 from __future__ import annotations
@@ -43,10 +43,11 @@ import numpy as np
 import yaml
 
 from pergrad import files
+from pergrad.config.plan import CONFIG, SUMMARY, RunPlan, resume_decision
 from pergrad.model import count_params
 from pergrad.optim.diagnostics import gns_metrics
-from pergrad.plan import CONFIG, SUMMARY, RunPlan, resume_decision
 from pergrad.train import distributed
+from pergrad.train.batch_schedule import next_size
 from pergrad.train.checkpoint import Checkpoints
 from pergrad.train.heldout import HeldOutData
 from pergrad.train.metrics import MetricsLogger, read_records
@@ -123,7 +124,7 @@ def run(plan: RunPlan, out_dir: str | Path, *, hydra_info: dict | None = None,
     pending = []  # (k, examples seen, B, metrics on the device), pulled one step late
     k = start
     while not plan.train.done(seen, unit):
-      size = sched.next_size(k, seen, size, b_simple)
+      size = next_size(sched, k, seen, size, b_simple)
       batch = steps.put_batch(data.train_examples(seen, size, part))
       extra = (steps.put_batch(heldout.batch(seen))
                if heldout is not None and steps.logs_at(k + 1) else None)

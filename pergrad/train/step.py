@@ -33,13 +33,13 @@ import optax
 from jax.sharding import Mesh
 
 import pergrad.stats as pstats
+from pergrad.config.plan import RunPlan
 from pergrad.loss import make_loss_fn
 from pergrad.model import Transformer
 from pergrad.optim import Optimizer, diagnostics
 from pergrad.optim.common import find_state
 from pergrad.optim.diagnostics import gns_metrics
 from pergrad.optim.schedule import TokenScheduleState
-from pergrad.plan import RunPlan
 from pergrad.train import mesh as mesh_lib
 from pergrad.train.heldout import SignLog
 from pergrad.train.state import TrainState, make_init_fn
@@ -109,7 +109,7 @@ class Steps:
                                       sharding=self.batch_sharding)
               for k in ("inputs", "targets")}
 
-    options = pstats.StatsOptions(microbatch_size=sp.microbatch_size)
+    options = sp.options
 
     def jit_step(request, backend, log_stats, keep_update=False):
       return jax.jit(
