@@ -56,8 +56,6 @@ class ScheduleName(Choice):
   constant = "constant"
 
 
-SCHEDULES = ScheduleName.values()
-
 
 @dataclasses.dataclass(frozen=True)
 class ScheduleConfig:

@@ -9,13 +9,13 @@ ONCE per step (`pergrad.stats.compute`) and feeds the result to the optimizer an
 trackers beside it (`Optimizer.snr`, `Optimizer.gns`), whose states it keeps in the
 `TrainState` with the examples seen, the batch size and the learning rate of the update
 (lr = `Optimizer.token_lr(examples seen, B)`, the one the optimizer's last link applies).
-On most steps it asks for what the optimizer reads
-(`plan.stats.request`; for "mean" alone that is the plain `jax.value_and_grad` path).
+On most steps it asks for what the optimizer and the trackers read (`plan.stats.request`;
+for "mean" alone that is the plain `jax.value_and_grad` path).
 On statistics-logging steps a second compiled variant asks for the union of that and
 the logged statistics (`plan.stats.log_request`) in the same backward pass, and adds
 to the metrics the per-layer summaries (`pergrad.stats.summaries`, keys "stats/...")
-and the optimizer's diagnostics on its new state (`pergrad.optim.diagnostics`, keys
-"opt/..."). The update is the same on both kinds of step, up to float rounding: the
+and the diagnostics of the new optimizer and SNR-tracker states
+(`pergrad.optim.diagnostics`, keys "opt/..."). The update is the same on both kinds of step, up to float rounding: the
 mean gradient of a per-example backend sums in another order than `value_and_grad`.
 With stats.sign_agreement, logging steps also get the held-out statistics (computed
 before the step by a separate compiled function at the same θ) and log the update's sign
