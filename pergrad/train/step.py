@@ -15,8 +15,9 @@ On statistics-logging steps a second compiled variant asks for the union of that
 the logged statistics (`plan.stats.log_request`) in the same backward pass, and adds
 to the metrics the per-layer summaries (`pergrad.stats.summaries`, keys "stats/...")
 and the diagnostics of the new optimizer and SNR-tracker states
-(`pergrad.optim.diagnostics`, keys "opt/..."). The update is the same on both kinds of step, up to float rounding: the
-mean gradient of a per-example backend sums in another order than `value_and_grad`.
+(`pergrad.optim.diagnostics`, keys "opt/..."). The update is the same on both kinds of
+step, up to float rounding: the mean gradient of a per-example backend sums in another
+order than `value_and_grad`.
 With stats.sign_agreement, logging steps also get the held-out statistics (computed
 before the step by a separate compiled function at the same θ) and log the update's sign
 agreement with the held-out mean gradient ("sign/...", `pergrad.train.heldout`), without
