@@ -97,6 +97,7 @@ def second_moment_statistic(variant: str, mean: Any, stats: GradStats | None, *,
   var = jax.tree.map(lambda v: scale_sq * v, f32(stats.variance))
   if variant == "micro_adam_var":
     return var
+  # TODO(lead): μ̂² = ḡ² − σ̂²/n below and in mix has its one home in pergrad.stats; use it.
   if variant == "micro_adam_msq":
     return jax.tree.map(lambda m, v: jnp.maximum(jnp.square(m) - v / n, 0.0), g, var)
   return jax.tree.map(

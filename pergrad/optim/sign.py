@@ -8,7 +8,8 @@ With per-example gradients g_i (i = 1..B), their mean ḡ and EMA_β(x)_t =
     batch:    u = EMA_β( sign(ḡ) )                sign of the batch mean; β = 0: signSGD
     ema:      u = sign( EMA_β(ḡ) )                SignEMA (Signum) = optax.signum
 
-(times -lr, applied by `optax.scale_by_learning_rate` later in the chain).
+(times -lr, applied later in the chain by `pergrad.optim.schedule.scale_by_token_schedule`,
+`optax.scale_by_learning_rate` for a fixed batch size).
 
 Only the name "SignEMA" and its definition are confirmed from the paper (Roulet &
 Agarwala, arXiv 2510.00236) and the authors' `optax.signum`; the `example`, `token`

@@ -21,8 +21,8 @@ the batch schedule. Kinds:
 floor_sizes(x) is the largest allowed size ≤ x (at least the smallest). Each allowed
 size has its own compiled train step (buckets, compiled before the loop), so changing B
 never compiles. A decision depends only on (k, seen, the current B, the state after
-update k), all of which a checkpoint holds (the current B is the last update's, kept in
-the learning-rate transformation's state), so a resumed run makes the same decisions.
+update k), all of which a checkpoint holds (the current B is the last update's,
+`TrainState.batch_size`), so a resumed run makes the same decisions.
 """
 
 from __future__ import annotations

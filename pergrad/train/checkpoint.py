@@ -1,4 +1,4 @@
-"""Orbax checkpoints of the whole `TrainState` (params, optimizer state, step, RNG).
+"""Orbax checkpoints of the whole `TrainState` (`pergrad.train.state`).
 
     ckpt = Checkpoints(run_dir / "checkpoints", keep=2)
     state = ckpt.restore_latest(abstract_state)   # None when there is nothing to resume

@@ -30,10 +30,10 @@ On each statistics-logging step k (`StatsPlan.logs_at`) with n_h = stats.sign_ag
                  leaves, steps and seeds by adding counts (`sign_agreement.summary`).
 
 The training trajectory is untouched: the held-out statistics are a separate compiled
-function of θ_{k−1} (called before the train step donates the state), the logging train
-step returns its update beside the metrics (`pergrad.train.step.train_step`,
-keep_update), and a second small compiled function turns both into counts. Both are
-compiled ahead of time, once per run.
+function of θ_{k−1} (`SignLog.stats`, called before the train step donates the state,
+compiled ahead of time once per run), passed to the logging train step
+(`pergrad.train.step.train_step(state, batch, heldout)`), which turns its update and
+them into counts (`sign_metrics`) beside its other metrics.
 """
 
 from __future__ import annotations
@@ -93,7 +93,8 @@ def sign_metrics(updates: PyTree, heldout: GradStats,
 
 
 class SignLog:
-  """The run's two compiled functions: held-out statistics and counts."""
+  """The run's compiled held-out statistics `stats(params, batch)` and the abstract
+  shape of their result (`abstract_stats`, replicated: the train step's argument)."""
 
   def __init__(self, plan, loss_fn, mesh, abstract_params: PyTree):
     sp = plan.stats
@@ -111,6 +112,6 @@ class SignLog:
     batch = {k: jax.ShapeDtypeStruct((self.n_h * B, T), jnp.int32, sharding=batch_sharding)
              for k in ("inputs", "targets")}
     self.stats = stats_fn.lower(abstract_params, batch).compile()
-    abstract_stats = jax.eval_shape(stats_fn, abstract_params, batch)
-    self.counts = jax.jit(sign_metrics, in_shardings=repl, out_shardings=repl).lower(
-        abstract_params, abstract_stats).compile()
+    self.abstract_stats = jax.tree.map(
+        lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=repl),
+        jax.eval_shape(stats_fn, abstract_params, batch))

@@ -73,7 +73,7 @@ def run(plan: RunPlan, out_dir: str | Path, *, hydra_info: dict | None = None,
 
   from pergrad.data import make_data
   from pergrad.train.mesh import make_mesh
-  from pergrad.train.step import Steps, token_schedule
+  from pergrad.train.step import Steps
 
   data = make_data(plan.data)
   _check_vocab(data.vocab_size, plan.model.vocab_size, plan.data, echo)
@@ -89,8 +89,7 @@ def run(plan: RunPlan, out_dir: str | Path, *, hydra_info: dict | None = None,
     state = steps.init(jnp.int32(plan.train.seed))
   else:
     echo(f"[pergrad] resuming {out_dir} from the checkpoint of step {start}.")
-  lr_state = jax.device_get(token_schedule(state.opt_state))
-  seen, size = int(lr_state.examples), int(lr_state.batch_size)  # examples, last B
+  seen, size = map(int, jax.device_get((state.examples_seen, state.batch_size)))  # last B
   config = {**plan.config, **({"hydra": hydra_info} if hydra_info else {})}
   logger = MetricsLogger(out_dir, resume_step=start or None, wandb=plan.logging.wandb,
                          config=config, name=plan.name, enabled=main)
@@ -113,7 +112,7 @@ def run(plan: RunPlan, out_dir: str | Path, *, hydra_info: dict | None = None,
 
   def b_simple() -> float:  # the GNS schedule's decisions read the state after update k
     key = f"gns/{sched.gns_group}/b_simple"
-    return float(jax.device_get(gns_metrics(state.opt_state)[key]))
+    return float(jax.device_get(gns_metrics(state.gns)[key]))
 
   status, error = "interrupted", None
   gc.collect()
