@@ -63,6 +63,9 @@ class TrainSpec:
   checkpoint_every: int = resumable(100)  # 0: only at the end
   keep_checkpoints: int = resumable(2)
   out_dir: str | None = resumable(None)  # null: Hydra's run directory
+  # When every checkpoint in the run directory is unreadable: start again from step 0
+  # (true) instead of stopping with an error (false).
+  restart: bool = resumable(False)
 
   def __post_init__(self):
     if self.steps < 1:
@@ -177,6 +180,11 @@ class DistSpec:
   num_processes: int | None = None
   process_id: int | None = None
   auto: bool = True  # initialize from a multi-task SLURM job or TPU slice's environment
+  timeout_s: int = 300  # give up when not every process has joined within this time
+
+  def __post_init__(self):
+    if self.timeout_s < 1:
+      raise ValueError(f"dist.timeout_s={self.timeout_s} must be >= 1 (seconds).")
 
 
 @dataclasses.dataclass(frozen=True)

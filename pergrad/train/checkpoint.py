@@ -8,16 +8,67 @@ Saving is asynchronous (Orbax copies the arrays to host memory before `save`
 returns, then writes in the background); a run killed while writing leaves only a
 temporary directory that Orbax never lists as a step. A listed step whose restore
 fails (missing or damaged files) is moved aside to `<step>.corrupt` with a message
-and the previous step is tried: nothing is deleted silently.
+and the previous step is tried: nothing is deleted silently. When no checkpoint is
+readable but some were (now or earlier moved aside), the run stops with one line instead
+of starting again from step 0, unless `train.restart=true` asks for that on purpose.
+
+A save that cannot write (disk full, read-only or missing folder) raises `OutputError`
+naming the path; its temporary folder is removed and the earlier checkpoints are intact.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import gc
+import logging
+import shutil
 from pathlib import Path
 from typing import Any, Callable
 
 import jax
 import orbax.checkpoint as ocp
+
+TMP_SUFFIX = ".orbax-checkpoint-tmp"
+_WRITE_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOTDIR,
+                 errno.EDQUOT, errno.ENOENT, errno.EEXIST}
+
+
+class OutputError(RuntimeError):
+  """The run directory (or a checkpoint in it) cannot be written or read; one line."""
+
+  @classmethod
+  def of(cls, e: OSError, path: Path, what: str = "the run directory") -> OutputError:
+    why = e.strerror or type(e).__name__
+    return cls(f"cannot write {what} {path} ({why}"
+               + (f": {e.filename}" if e.filename and str(e.filename) != str(path) else "")
+               + "); free disk space there or set train.out_dir to a writable folder.")
+
+
+def _write_error(e: BaseException) -> OSError | None:
+  """The OSError of a failed write in `e`'s chain (Orbax wraps its thread's errors)."""
+  seen = set()
+  while e is not None and id(e) not in seen:
+    seen.add(id(e))
+    if isinstance(e, OSError) and e.errno in _WRITE_ERRNOS:
+      return e
+    e = e.__cause__ or e.__context__
+  return None
+
+
+@contextlib.contextmanager
+def _quiet():
+  """Silences Orbax's and asyncio's logging of a failed restore (a page per array)."""
+  loggers = [logging.getLogger(n) for n in ("absl", "asyncio", "orbax")]
+  levels = [lg.level for lg in loggers]
+  for lg in loggers:
+    lg.setLevel(logging.CRITICAL)
+  try:
+    yield
+  finally:
+    gc.collect()  # the failed read's futures log "never retrieved" when collected
+    for lg, level in zip(loggers, levels, strict=True):
+      lg.setLevel(level)
 
 
 class Checkpoints:
@@ -34,15 +85,40 @@ class Checkpoints:
   def steps(self) -> list[int]:
     return sorted(self.manager.all_steps())
 
-  def save(self, step: int, state: Any) -> None:
-    self.manager.save(step, args=ocp.args.StandardSave(state), force=True)
+  def latest(self) -> int | None:
+    """The newest complete checkpoint's step (after the pending save finished)."""
+    self.wait()
+    steps = self.steps()
+    return steps[-1] if steps else None
 
-  def restore_latest(self, abstract_state: Any,
-                     echo: Callable[[str], None] = print) -> Any | None:
-    """The newest step that restores completely, or None; damaged steps are moved aside."""
+  def save(self, step: int, state: Any) -> None:
+    with self._writing(step):
+      self.manager.save(step, args=ocp.args.StandardSave(state), force=True)
+
+  @contextlib.contextmanager
+  def _writing(self, step: int | None):
+    try:
+      yield
+    except Exception as e:
+      os_error = _write_error(e)
+      if os_error is None:
+        raise
+      for tmp in self.directory.glob(f"*{TMP_SUFFIX}*"):
+        shutil.rmtree(tmp, ignore_errors=True)
+      what = "a checkpoint to" if step is None else f"the checkpoint of step {step} to"
+      kept = [s for s in self.steps() if s != step]
+      raise OutputError(str(OutputError.of(os_error, self.directory, what)).rstrip(".")
+                        + f"; the earlier checkpoints are intact (steps {kept}).") from None
+
+  def restore_latest(self, abstract_state: Any, echo: Callable[[str], None] = print,
+                     restart: bool = False) -> Any | None:
+    """The newest step that restores completely, or None when there is none to resume;
+    damaged steps are moved aside. OutputError when every checkpoint is unreadable,
+    unless `restart` (then None: start again from step 0)."""
     for step in sorted(self.manager.all_steps(), reverse=True):
       try:
-        state = self.manager.restore(step, args=ocp.args.StandardRestore(abstract_state))
+        with _quiet():
+          state = self.manager.restore(step, args=ocp.args.StandardRestore(abstract_state))
         got = int(jax.device_get(state.step))
         if got != step:
           raise ValueError(f"it holds step {got}")
@@ -54,6 +130,12 @@ class Checkpoints:
              f"({type(e).__name__}: {reason}); moved it to {moved.name} and trying the "
              "previous checkpoint.")
         self.manager.reload()
+    corrupt = sorted(p.name for p in self.directory.glob("*.corrupt*"))
+    if corrupt and not restart:
+      raise OutputError(
+          f"every checkpoint in {self.directory} is unreadable ({', '.join(corrupt)}); "
+          "nothing was restored. Set train.restart=true to start again from step 0 on "
+          "purpose (this run's metrics are then rewritten), or set another train.out_dir.")
     return None
 
   def _move_aside(self, step: int) -> Path:
@@ -68,7 +150,8 @@ class Checkpoints:
     return dst
 
   def wait(self) -> None:
-    self.manager.wait_until_finished()
+    with self._writing(None):
+      self.manager.wait_until_finished()
 
   def close(self) -> None:
     self.manager.close()

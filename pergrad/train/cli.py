@@ -14,9 +14,12 @@ The run writes to `train.out_dir` (default: Hydra's run directory, `outputs/<dat
 on the same directory resumes it; a completed run is skipped.
 
 Errors of the run itself (a bad setting found at start-up, a missing dataset, a
-non-finite loss) print one line `error: ...` and exit with status 1; set
-HYDRA_FULL_ERROR=1 for the traceback. In a multirun a failed point does not stop the
-others: Hydra reports the failure after the last point.
+diverged loss, an unwritable run directory or unreadable checkpoints) print one line
+`error: ...` and exit with status 1; set HYDRA_FULL_ERROR=1 for the traceback. In a
+multirun a failed point does not stop the others: Hydra reports the failure after the last
+point. SIGINT, SIGTERM or the pre-emption signal stop the run between two updates with a
+checkpoint and one line saying how to resume, exit status 128 + the signal's number; in a
+submitit job the pre-emption signal then requeues the job (`pergrad.train.interrupt`).
 """
 
 from __future__ import annotations
@@ -53,6 +56,8 @@ def _main(cfg: DictConfig) -> float | None:
 
   from pergrad.configure import build_plan
   from pergrad.train import distributed
+  from pergrad.train.checkpoint import OutputError
+  from pergrad.train.interrupt import Interrupts
   from pergrad.train.loop import NonFiniteLossError, run
 
   hc = HydraConfig.get()
@@ -60,24 +65,41 @@ def _main(cfg: DictConfig) -> float | None:
   out_dir = Path(cfg.train.out_dir) if cfg.train.out_dir else hydra_dir
   if out_dir.resolve() != hydra_dir.resolve() and (hydra_dir / ".hydra").exists():
     shutil.copytree(hydra_dir / ".hydra", out_dir / ".hydra", dirs_exist_ok=True)
+  stop = Interrupts()
   try:
     d = cfg.dist
     pconfig.load_plugins(cfg.plugins)  # also those set in a YAML file (a sweep's workers)
-    distributed.initialize(d.coordinator_address, d.num_processes, d.process_id, auto=d.auto)
+    distributed.initialize(d.coordinator_address, d.num_processes, d.process_id, auto=d.auto,
+                           timeout_s=d.timeout_s)
     if jax.process_count() > 1 and not cfg.train.out_dir and hc.mode == RunMode.RUN:
       raise ValueError(
           f"a run of {jax.process_count()} processes needs one run directory for all: set "
           "train.out_dir (Hydra's default directory is named by each process's clock).")
     plan = build_plan(cfg, jax.device_count())
-    summary = run(plan, out_dir, hydra_info=_hydra_info())
-  except (ValueError, NonFiniteLossError) as e:  # incl. pergrad.data.DataError
+    summary = run(plan, out_dir, hydra_info=_hydra_info(), stop=stop)
+  except (ValueError, NonFiniteLossError, OutputError, OSError, KeyboardInterrupt) as e:
     if os.environ.get("HYDRA_FULL_ERROR") == "1":
       raise
-    print(f"error: {e}", file=sys.stderr, flush=True)
-    if hc.mode == RunMode.MULTIRUN:
+    print(f"error: {_one_line(e, out_dir)}", file=sys.stderr, flush=True)
+    if hc.mode == RunMode.MULTIRUN and not isinstance(e, KeyboardInterrupt):
       raise  # Hydra runs the other points, then reports this one
-    sys.exit(1)
+    sys.exit(130 if isinstance(e, KeyboardInterrupt) else 1)
+  if summary["status"] == "interrupted":
+    sys.stdout.flush()
+    stop.hand_over()  # submitit's handler requeues the job and exits
+    sys.exit(stop.exit_code())
   return summary.get("final_eval_loss")
+
+
+def _one_line(e: BaseException, out_dir: Path) -> str:
+  """The message of an error the run reports in one line."""
+  if isinstance(e, KeyboardInterrupt):
+    return (f"interrupted before training started or while stopping; {out_dir} resumes "
+            "from its last checkpoint: re-run the same command.")
+  if isinstance(e, OSError):
+    return (f"{e.strerror or type(e).__name__}: {e.filename or e}; check that path (free "
+            "disk space there, or set train.out_dir to a writable folder).")
+  return str(e)
 
 
 def main() -> None:
