@@ -56,6 +56,53 @@ def _write_error(e: BaseException) -> OSError | None:
   return None
 
 
+def _closed_loop(exc: BaseException | None) -> bool:
+  return isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed"
+
+
+def _drop_closed_loop_errors() -> None:
+  """When a restore or save fails, TensorStore's operations still in flight call back into
+  Orbax's closed asyncio loop from their threads, during and after the failure, each
+  printing a traceback of "Event loop is closed" (harmless: the failure is reported
+  already). Those errors alone are dropped."""
+  import sys
+  import threading
+
+  if getattr(sys.excepthook, "_pergrad", False):
+    return
+  excepthook, unraisable, thread_hook = sys.excepthook, sys.unraisablehook, threading.excepthook
+
+  def on_exception(kind, value, tb):
+    if not _closed_loop(value):
+      excepthook(kind, value, tb)
+
+  def on_unraisable(u):
+    if not _closed_loop(u.exc_value):
+      unraisable(u)
+
+  def on_thread(args):
+    if not _closed_loop(args.exc_value):
+      thread_hook(args)
+
+  on_exception._pergrad = True
+  sys.excepthook, sys.unraisablehook, threading.excepthook = (on_exception, on_unraisable,
+                                                             on_thread)
+
+
+class _OrbaxTracebacks(logging.Filter):
+  """Drops Orbax's tracebacks of a failed background save: the same error is raised to
+  the caller, and reported in one line."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return not (record.exc_info and "orbax" in record.pathname)
+
+
+def _quiet_orbax_tracebacks() -> None:
+  absl = logging.getLogger("absl")
+  if not any(isinstance(f, _OrbaxTracebacks) for f in absl.filters):
+    absl.addFilter(_OrbaxTracebacks())
+
+
 @contextlib.contextmanager
 def _quiet():
   """Silences Orbax's and asyncio's logging of a failed restore (a page per array)."""
@@ -81,6 +128,9 @@ class Checkpoints:
     options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
                                            cleanup_tmp_directories=True)
     self.manager = ocp.CheckpointManager(self.directory, options=options)
+    self._saving: int | None = None  # the step of the save in flight
+    _quiet_orbax_tracebacks()
+    _drop_closed_loop_errors()
 
   def steps(self) -> list[int]:
     return sorted(self.manager.all_steps())
@@ -92,6 +142,9 @@ class Checkpoints:
     return steps[-1] if steps else None
 
   def save(self, step: int, state: Any) -> None:
+    with self._writing(self._saving):  # the previous save's error surfaces here
+      self.manager.check_for_errors()
+    self._saving = step
     with self._writing(step):
       self.manager.save(step, args=ocp.args.StandardSave(state), force=True)
 
@@ -150,8 +203,18 @@ class Checkpoints:
     return dst
 
   def wait(self) -> None:
-    with self._writing(None):
+    with self._writing(self._saving):
       self.manager.wait_until_finished()
+    self._saving = None
+
+  def finish(self) -> OutputError | None:
+    """Waits for the save in flight; returns (not raises) its OutputError, if any."""
+    try:
+      self.wait()
+    except OutputError as e:
+      self._saving = None
+      return e
+    return None
 
   def close(self) -> None:
     self.manager.close()

@@ -63,10 +63,10 @@ def _main(cfg: DictConfig) -> float | None:
   hc = HydraConfig.get()
   hydra_dir = Path(hc.runtime.output_dir)
   out_dir = Path(cfg.train.out_dir) if cfg.train.out_dir else hydra_dir
-  if out_dir.resolve() != hydra_dir.resolve() and (hydra_dir / ".hydra").exists():
-    shutil.copytree(hydra_dir / ".hydra", out_dir / ".hydra", dirs_exist_ok=True)
   stop = Interrupts()
   try:
+    if out_dir.resolve() != hydra_dir.resolve() and (hydra_dir / ".hydra").exists():
+      shutil.copytree(hydra_dir / ".hydra", out_dir / ".hydra", dirs_exist_ok=True)
     d = cfg.dist
     pconfig.load_plugins(cfg.plugins)  # also those set in a YAML file (a sweep's workers)
     distributed.initialize(d.coordinator_address, d.num_processes, d.process_id, auto=d.auto,

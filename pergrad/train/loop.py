@@ -177,7 +177,8 @@ def run(plan: RunPlan, out_dir: str | Path, *, hydra_info: dict | None = None,
     stop.restore()
     gc.unfreeze()
     progress.close()
-    ckpt.wait()
+    failure = ckpt.finish()  # a save that could not write (OutputError)
+    status = "failed" if failure else status
     summary = _summary(plan, out_dir, status, error, recorder, clock, start, ckpt, logger,
                        time.time() - t_begin, count_params(state.params), mesh.devices.size)
     if status == "interrupted":
@@ -189,6 +190,8 @@ def run(plan: RunPlan, out_dir: str | Path, *, hydra_info: dict | None = None,
       logger.summary({k: v for k, v in summary.items() if isinstance(v, (int, float))})
       files.write_json(out_dir / SUMMARY, summary)
     logger.close(exit_code=0 if status == "completed" else 1)
+    if failure:
+      raise failure
   if status == "interrupted":
     echo(f"[pergrad] interrupted by {stop.name} after step {summary['last_step']}: "
          f"checkpoint saved in {summary['checkpoints']}; re-run the same command to resume"
