@@ -23,6 +23,7 @@ import errno
 import gc
 import logging
 import shutil
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -156,12 +157,25 @@ class Checkpoints:
       os_error = _write_error(e)
       if os_error is None:
         raise
-      for tmp in self.directory.glob(f"*{TMP_SUFFIX}*"):
-        shutil.rmtree(tmp, ignore_errors=True)
+      self._remove_temporary()
       what = "a checkpoint to" if step is None else f"the checkpoint of step {step} to"
       kept = [s for s in self.steps() if s != step]
       raise OutputError(str(OutputError.of(os_error, self.directory, what)).rstrip(".")
                         + f"; the earlier checkpoints are intact (steps {kept}).") from None
+
+  def _remove_temporary(self) -> None:
+    """Removes the temporary folders of a failed save. Its other writes may still be in
+    flight (Orbax raises at the first failure) and recreate them: wait for those, then
+    remove again until none comes back within 0.2 s (at most about 5 s)."""
+    with contextlib.suppress(Exception):
+      self.manager.wait_until_finished()
+    for _ in range(25):
+      tmp = list(self.directory.glob(f"*{TMP_SUFFIX}*"))
+      for p in tmp:
+        shutil.rmtree(p, ignore_errors=True)
+      time.sleep(0.2)
+      if not tmp and not list(self.directory.glob(f"*{TMP_SUFFIX}*")):
+        return
 
   def restore_latest(self, abstract_state: Any, echo: Callable[[str], None] = print,
                      restart: bool = False) -> Any | None:
