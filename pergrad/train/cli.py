@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import sys
 from pathlib import Path
 
@@ -81,9 +82,12 @@ def _main(cfg: DictConfig) -> float | None:
     if os.environ.get("HYDRA_FULL_ERROR") == "1":
       raise
     print(f"error: {_one_line(e, out_dir)}", file=sys.stderr, flush=True)
-    if hc.mode == RunMode.MULTIRUN and not isinstance(e, KeyboardInterrupt):
+    if isinstance(e, KeyboardInterrupt):  # XLA's threads may be mid-compile: no teardown
+      sys.stdout.flush()
+      os._exit(130)
+    if hc.mode == RunMode.MULTIRUN:
       raise  # Hydra runs the other points, then reports this one
-    sys.exit(130 if isinstance(e, KeyboardInterrupt) else 1)
+    sys.exit(1)
   if summary["status"] == "interrupted":
     sys.stdout.flush()
     stop.hand_over()  # submitit's handler requeues the job and exits
@@ -94,8 +98,8 @@ def _main(cfg: DictConfig) -> float | None:
 def _one_line(e: BaseException, out_dir: Path) -> str:
   """The message of an error the run reports in one line."""
   if isinstance(e, KeyboardInterrupt):
-    return (f"interrupted before training started or while stopping; {out_dir} resumes "
-            "from its last checkpoint: re-run the same command.")
+    return (f"interrupted twice: stopped without saving; re-run the same command to resume "
+            f"{out_dir} from its last checkpoint.")
   if isinstance(e, OSError):
     return (f"{e.strerror or type(e).__name__}: {e.filename or e}; check that path (free "
             "disk space there, or set train.out_dir to a writable folder).")
@@ -106,11 +110,21 @@ def main() -> None:
   """Console-script entry point (`pergrad-train`). The modules of a `plugins=[...]`
   override are imported before Hydra composes the config, so that `optimizer=<name>`
   can select an optimizer they register."""
+  signal.signal(signal.SIGINT, _interrupted_at_start)  # the loop installs its own
   try:
     pconfig.load_plugins(pconfig.plugins_from_argv())
   except ValueError as e:
     sys.exit(f"error: {e}")
   _main()
+
+
+def _interrupted_at_start(signum, frame) -> None:
+  """Ctrl-C before training started (composing, importing JAX, preparing data, compiling)."""
+  del signum, frame
+  sys.stdout.flush()
+  print("error: interrupted before training started (nothing to save); re-run the same "
+        "command to start or resume the run.", file=sys.stderr, flush=True)
+  os._exit(130)  # XLA's threads may be mid-compile: no interpreter teardown
 
 
 if __name__ == "__main__":

@@ -81,21 +81,16 @@ class Interrupts:
       self.signum = got[0]
     return bool(got)
 
-  def _next_handler(self):
-    h = self.before.get(self.signum)
-    return h if callable(h) and h is not signal.default_int_handler else None
-
   def requeues(self) -> bool:
     """Whether the handler it replaced for this signal is submitit's requeue."""
-    h = self._next_handler()
+    h = self.before.get(self.signum)
     return getattr(h, "__name__", "") == "checkpoint_and_try_requeue"
 
   def hand_over(self) -> None:
-    """Calls the replaced handler (submitit's: checkpoint the job's callable and requeue,
-    which exits); returns when there is none or it returns."""
-    h = self._next_handler()
-    if h is not None:
-      h(self.signum, None)
+    """Calls the replaced handler when it is submitit's requeue (it pickles the job's
+    callable, requeues the job and exits); otherwise returns."""
+    if self.requeues():
+      self.before[self.signum](self.signum, None)
 
   def exit_code(self) -> int:
     return 128 + int(self.signum or 0)
