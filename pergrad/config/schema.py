@@ -48,6 +48,8 @@ class TrainSpec:
   checkpoint_every: int = resumable(100)  # steps between checkpoints; 0: only at the end
   keep_checkpoints: int = resumable(2)  # checkpoints kept on disk
   out_dir: str | None = resumable(None)  # run directory; null: Hydra's run directory
+  # every checkpoint unreadable: start again from step 0 (true) or stop with an error
+  restart: bool = resumable(False)
 
   def __post_init__(self):
     if self.steps < 1:
@@ -182,6 +184,11 @@ class DistSpec:
   num_processes: int | None = None  # processes of the run; null: from the environment
   process_id: int | None = None  # this process's rank; null: from the environment
   auto: bool = True  # initialize from a multi-task SLURM job or TPU slice's environment
+  timeout_s: int = 300  # give up when not every process joined within this many seconds
+
+  def __post_init__(self):
+    if self.timeout_s < 1:
+      raise ValueError(f"dist.timeout_s={self.timeout_s} must be >= 1 (seconds).")
 
 
 def _node(cls: type):

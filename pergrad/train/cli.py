@@ -16,15 +16,19 @@ The run writes to `train.out_dir` (default: Hydra's run directory, `outputs/<dat
 on the same directory resumes it; a completed run is skipped.
 
 Errors of the run itself (a bad setting found at start-up, a missing dataset, a
-non-finite loss) print one line `error: ...` and exit with status 1; set
-HYDRA_FULL_ERROR=1 for the traceback. In a multirun a failed point does not stop the
-others: Hydra reports the failure after the last point.
+diverged loss, an unwritable run directory or unreadable checkpoints) print one line
+`error: ...` and exit with status 1; set HYDRA_FULL_ERROR=1 for the traceback. In a
+multirun a failed point does not stop the others: Hydra reports the failure after the last
+point. SIGINT, SIGTERM or the pre-emption signal stop the run between two updates with a
+checkpoint and one line saying how to resume, exit status 128 + the signal's number; in a
+submitit job the pre-emption signal then requeues the job (`pergrad.train.interrupt`).
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import signal
 import sys
 from pathlib import Path
 
@@ -52,42 +56,74 @@ def _main(cfg: DictConfig) -> float | None:
 
   from pergrad.config.plan import build_plan
   from pergrad.train import distributed
+  from pergrad.train.checkpoint import OutputError
+  from pergrad.train.interrupt import Interrupts
   from pergrad.train.loop import NonFiniteLossError, run
 
   hc = HydraConfig.get()
   hydra_dir = Path(hc.runtime.output_dir)
   out_dir = Path(cfg.train.out_dir) if cfg.train.out_dir else hydra_dir
-  if out_dir.resolve() != hydra_dir.resolve() and (hydra_dir / ".hydra").exists():
-    shutil.copytree(hydra_dir / ".hydra", out_dir / ".hydra", dirs_exist_ok=True)
+  stop = Interrupts()
   try:
+    if out_dir.resolve() != hydra_dir.resolve() and (hydra_dir / ".hydra").exists():
+      shutil.copytree(hydra_dir / ".hydra", out_dir / ".hydra", dirs_exist_ok=True)
     d = cfg.dist
     pconfig.load_plugins(cfg.plugins)  # those set in a YAML file, or in a sweep's worker
-    distributed.initialize(d.coordinator_address, d.num_processes, d.process_id, auto=d.auto)
+    distributed.initialize(d.coordinator_address, d.num_processes, d.process_id, auto=d.auto,
+                           timeout_s=d.timeout_s)
     if jax.process_count() > 1 and not cfg.train.out_dir and hc.mode == RunMode.RUN:
       raise ValueError(
           f"a run of {jax.process_count()} processes needs one run directory for all: set "
           "train.out_dir (Hydra's default directory is named by each process's clock).")
     plan = build_plan(cfg, jax.device_count())
-    summary = run(plan, out_dir, hydra_info=_hydra_info())
-  except (ValueError, NonFiniteLossError) as e:  # incl. pergrad.data.DataError
+    summary = run(plan, out_dir, hydra_info=_hydra_info(), stop=stop)
+  except (ValueError, NonFiniteLossError, OutputError, OSError, KeyboardInterrupt) as e:
     if os.environ.get("HYDRA_FULL_ERROR") == "1":
       raise
-    print(f"error: {e}", file=sys.stderr, flush=True)
+    print(f"error: {_one_line(e, out_dir)}", file=sys.stderr, flush=True)
+    if isinstance(e, KeyboardInterrupt):  # XLA's threads may be mid-compile: no teardown
+      sys.stdout.flush()
+      os._exit(130)
     if hc.mode == RunMode.MULTIRUN:
       raise  # Hydra runs the other points, then reports this one
     sys.exit(1)
+  if summary["status"] == "interrupted":
+    sys.stdout.flush()
+    stop.hand_over()  # submitit's handler requeues the job and exits
+    sys.exit(stop.exit_code())
   return summary.get("final_eval_loss")
+
+
+def _one_line(e: BaseException, out_dir: Path) -> str:
+  """The message of an error the run reports in one line."""
+  if isinstance(e, KeyboardInterrupt):
+    return (f"interrupted twice: stopped without saving; re-run the same command to resume "
+            f"{out_dir} from its last checkpoint.")
+  if isinstance(e, OSError):
+    return (f"{e.strerror or type(e).__name__}: {e.filename or e}; check that path (free "
+            "disk space there, or set train.out_dir to a writable folder).")
+  return str(e)
 
 
 def main() -> None:
   """Console-script entry point (`pergrad-train`). The modules of a `plugins=[...]`
   override are imported before Hydra composes the config, so that `optimizer=<name>`
   can select an optimizer they register."""
+  signal.signal(signal.SIGINT, _interrupted_at_start)  # the loop installs its own
   try:
     pconfig.load_plugins(pconfig.plugins_in(sys.argv[1:]))
   except ValueError as e:
     sys.exit(f"error: {e}")
   _main()
+
+
+def _interrupted_at_start(signum, frame) -> None:
+  """Ctrl-C before training started (composing, importing JAX, preparing data, compiling)."""
+  del signum, frame
+  sys.stdout.flush()
+  print("error: interrupted before training started (nothing to save); re-run the same "
+        "command to start or resume the run.", file=sys.stderr, flush=True)
+  os._exit(130)  # XLA's threads may be mid-compile: no interpreter teardown
 
 
 if __name__ == "__main__":
