@@ -32,7 +32,7 @@ from pergrad.stats.backends import value_and_grad_stats
 from pergrad.stats.options import StatsOptions
 from pergrad.stats.request import StatsRequest
 from pergrad.stats.surgery import dense, norm
-from pergrad.stats.surgery.plan import KIND, METHODS, make_plan
+from pergrad.stats.surgery.sites import KIND, METHODS, make_plan
 from pergrad.stats.surgery.tap import F32, Call, Env
 from pergrad.stats.types import GradStats
 
@@ -43,7 +43,7 @@ def _contracted_dense(module, site, B: int, x):
   """y of a dense call whose kernel gradient is one contraction over (example, row)."""
   params = module.variables["params"]
   kernel, bias = params["kernel"], params.get("bias")
-  fwd = lambda x_, k_, b_: dense._dense_forward(module, x_, k_, b_, site.contract)
+  fwd = lambda x_, k_, b_: dense.dense_forward(module, x_, k_, b_, site.contract)
 
   @jax.custom_vjp
   def f(x_, k_, b_):

@@ -11,7 +11,7 @@ What: a `StatsRequest`; how: a `StatsOptions`; by which backend: a name of the t
 """
 
 from pergrad.stats import backends, summaries
-from pergrad.stats.api import BACKENDS, check_microbatch, compute, resolve_backend
+from pergrad.stats.api import check_microbatch, compute, resolve_backend
 from pergrad.stats.backends import Backend, register_backend, unregister_backend
 from pergrad.stats.options import StatsOptions
 from pergrad.stats.registry import Statistic, register, unregister
@@ -19,7 +19,7 @@ from pergrad.stats.request import Granularity, StatsRequest
 from pergrad.stats.types import STATISTICS, GradStats
 
 __all__ = [
-    "BACKENDS", "Granularity", "STATISTICS", "Backend", "GradStats", "StatsOptions",
+    "Granularity", "STATISTICS", "Backend", "GradStats", "StatsOptions",
     "StatsRequest", "Statistic", "backends", "check_microbatch", "compute", "register",
     "register_backend", "resolve_backend", "summaries", "unregister", "unregister_backend",
 ]

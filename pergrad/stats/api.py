@@ -63,9 +63,6 @@ class StatsBackend(Choice):
   loop = "loop"
 
 
-BACKENDS = StatsBackend.values()
-
-
 def resolve_backend(request: StatsRequest, backend: str = "auto") -> str:
   """The backend that serves `request`: "value_and_grad", "vmap", "surgery", "loop" (or
   a registered one).

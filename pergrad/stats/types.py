@@ -34,6 +34,11 @@ PyTree = Any
 STATISTICS = registry.STATISTICS
 
 
+def unbiased_sq_mean(mean, variance, n):
+  """μ̂² = ḡ² − σ̂²/n per coordinate: unbiased for μ² (E ḡ² = μ² + σ²/n); may be negative."""
+  return jnp.square(mean) - variance / n
+
+
 @flax.struct.dataclass
 class GradStats:
   count: jax.Array  # float32 scalar: number of samples n
@@ -50,7 +55,7 @@ class GradStats:
   def __init__(self, count, sum=None, coordinate_stats=None, example_stats=None,
                granularity: str = "example", layers: tuple = (), *, sum_sq=None,
                sum_sign=None, sq_norms=None):
-    """Also takes the built-ins by their field names of old: sum_sq, sum_sign, sq_norms."""
+    """Also takes the built-ins by field name: sum_sq, sum_sign, sq_norms."""
     coord = dict(coordinate_stats or {})
     example = dict(example_stats or {})
     for name, value, into in (("sq", sum_sq, coord), ("sign", sum_sign, coord),
@@ -100,7 +105,7 @@ class GradStats:
     """(1/n) Σ_n φ(g_n) of coordinate statistic `name`."""
     return jax.tree.map(lambda s: s / self.count, self.coord(name))
 
-  # --- the built-ins by their historical names ---------------------------------
+  # --- the built-ins by field name ---------------------------------
   @property
   def sum_sq(self) -> PyTree:  # Σ g_i², like params (None unless asked)
     return self.coordinate_stats.get("sq")
@@ -143,7 +148,8 @@ class GradStats:
   @property
   def mean_sq_unbiased(self) -> PyTree:
     """μ̂² = ḡ² - σ̂²/n (may be negative; clip where a non-negative value is needed)."""
-    return jax.tree.map(lambda m, v: jnp.square(m) - v / self.count, self.mean, self.variance)
+    return jax.tree.map(lambda m, v: unbiased_sq_mean(m, v, self.count), self.mean,
+                        self.variance)
 
   @property
   def total_sq_norms(self) -> jax.Array:

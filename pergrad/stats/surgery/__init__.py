@@ -57,7 +57,7 @@ from pergrad.stats import registry
 from pergrad.stats.options import StatsOptions
 from pergrad.stats.request import StatsRequest
 from pergrad.stats.surgery import dense, embed, norm
-from pergrad.stats.surgery.plan import KIND, METHODS, make_plan
+from pergrad.stats.surgery.sites import KIND, METHODS, make_plan
 from pergrad.stats.surgery.tap import F32, Call, Env
 from pergrad.stats.types import GradStats
 
@@ -102,7 +102,7 @@ def surgery_stats(loss_fn, params, batch, request: StatsRequest, options: StatsO
       site = plan.sites[state["i"]]
       state["i"] += 1
       here = (tuple(ctx.module.path), ctx.method_name == "attend")
-      if (site.path, site.kind == "attend") != here:
+      if (site.path, site.attend) != here:
         raise RuntimeError(f"surgery: call order changed at {ctx.module.path}")
       if not site.selected:
         return next_fun(*args, **kwargs)

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pergrad.stats import surgery_math as sm
-from pergrad.stats.surgery.plan import Site
+from pergrad.stats.surgery.sites import Site
 from pergrad.stats.surgery.tap import F32, Call, Env, collector, rows, shapes_of, tapped
 
 # Largest per-example gradient tensor B×K×L (float32 elements) a layer materialises: 256 MB.
@@ -36,7 +36,7 @@ def simultaneous_is_used(site: Site, B: int, x_shape, want, token: bool,
   when it does not fit) serve it. `method` (`StatsOptions.dense_method`): "auto" is this
   rule, "simultaneous" wherever it applies, "separate" never."""
   if token or site.kind != "dense" or site.in_axis is None or not site.plain_dot \
-      or method == "separate" or not (sm._phis(want) or sm._examples(want)):
+      or method == "separate" or not (sm.coordinate_names(want) or sm.example_names(want)):
     return False
   if method == "simultaneous":
     return True
@@ -46,7 +46,7 @@ def simultaneous_is_used(site: Site, B: int, x_shape, want, token: bool,
   L = site.out_features
   if L * K * B > SIMULTANEOUS_MAX_ELEMS:
     return False
-  norms_only = not sm._phis(want) and set(sm._examples(want)) == {"norms"}
+  norms_only = not sm.coordinate_names(want) and set(sm.example_names(want)) == {"norms"}
   return not norms_only or 2 * K * L <= 2 * R * R * (K + L) + R * R
 
 
@@ -67,7 +67,7 @@ def handle(env: Env, call: Call):
   return tapped(env, call, body)[0]
 
 
-def _dense_forward(module, x, kernel, bias, contract):
+def dense_forward(module, x, kernel, bias, contract):
   """What nn.Dense / nn.DenseGeneral (no batch_dims, default dot_general) compute."""
   x, kernel, bias = module.promote_dtype(x, kernel, bias, dtype=module.dtype)
   n = len(contract)
@@ -99,7 +99,7 @@ def simultaneous_dense(env: Env, call: Call):
   module, site, B, want, scale = call.module, call.site, env.B, env.want, env.scale
   params = module.variables["params"]
   kernel, bias = params["kernel"], params.get("bias")
-  fwd = lambda x_, k_, b_: _dense_forward(module, x_, k_, b_, site.contract)
+  fwd = lambda x_, k_, b_: dense_forward(module, x_, k_, b_, site.contract)
   shapes = shapes_of(call.probes)
 
   @jax.custom_vjp

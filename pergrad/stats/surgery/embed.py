@@ -22,7 +22,7 @@ from pergrad.stats.surgery.tap import Call, Env, lead, rows, tapped, zero_ct
 
 def handle(env: Env, call: Call):
   """y of one lookup or attend call, with its statistics (module docstring)."""
-  if call.site.kind == "attend":
+  if call.site.attend:
     return _attend(env, call)
   return _lookup(env, call)
 
@@ -48,7 +48,7 @@ def _lookup(env: Env, call: Call):
 
   if not site.tied:
     return tapped(env, call, body)[0]
-  attend = next(s for s in env.sites if s.path == site.path and s.kind == "attend")
+  attend = next(s for s in env.sites if s.path == site.path and s.attend)
   D = call.module.features
   carrier_shapes = ((B, attend.rows, D),) if env.token else (
       (B, attend.rows, site.num_rows), (B, attend.rows, D))

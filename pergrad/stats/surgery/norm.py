@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from flax.linen import dtypes as flax_dtypes
 
 from pergrad.stats import surgery_math as sm
-from pergrad.stats.surgery.plan import Site
+from pergrad.stats.surgery.sites import Site
 from pergrad.stats.surgery.tap import F32, Call, Env, collector, rows, shapes_of, tapped
 
 
@@ -25,7 +25,7 @@ def simultaneous_norm_is_used(site: Site, want, token: bool, method: str = "auto
   (`StatsOptions.dense_method`) is "separate" (autodiff's backward, then the tap's row
   sums over a recomputed x̂)."""
   return (not token and site.kind == "norm" and site.in_axis is not None
-          and method != "separate" and bool(sm._phis(want) or sm._examples(want)))
+          and method != "separate" and bool(sm.coordinate_names(want) or sm.example_names(want)))
 
 
 def handle(env: Env, call: Call):

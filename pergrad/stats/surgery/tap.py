@@ -18,7 +18,7 @@ import numpy as np
 
 from pergrad.stats import surgery_math as sm
 from pergrad.stats.options import StatsOptions
-from pergrad.stats.surgery.plan import Site
+from pergrad.stats.surgery.sites import Site
 
 F32 = jnp.float32
 

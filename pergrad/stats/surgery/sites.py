@@ -37,13 +37,14 @@ class Site:
   """One intercepted layer call, in forward order."""
 
   path: tuple[str, ...]
-  kind: str  # "dense" | "lookup" | "attend" | "norm"
+  kind: str  # the handler kind (`KIND`): "dense" | "embed" | "norm"
   leaves: tuple[str, ...]  # its parameter leaves (of LEAVES[its handler kind])
   selected: bool  # covered by StatsRequest.layers: else it runs untouched
   in_axis: int | None  # example axis of the input; None: shared across the batch
   out_axis: int  # example axis of the (broadcast) output
   contract: tuple[int, ...] = ()  # dense: contracted input axes, in kernel order
   num_rows: int = 0  # embed: table rows V
+  attend: bool = False  # embed: the `attend` call (y = x Eᵀ), else a lookup
   tied: bool = False  # embed used by both __call__ and attend
   norm: tuple = ()  # (epsilon, use_mean, use_fast_variance)
   rows: int = 0  # tokens per example R
@@ -168,13 +169,11 @@ def _site(c1: dict, c2: dict, B: int, **kw) -> Site:
   """The Site of one call, traced at batch sizes B (c1) and B+1 (c2); kw: tied, leaves,
   selected."""
   kind, a = KIND[c1["type"]], c1["module"]
-  if c1["method"] == "attend":
-    kind = "attend"
-  elif kind == "embed":
-    kind = "lookup"
+  attend = c1["method"] == "attend"
+  lookup = kind == "embed" and not attend
   ax = _example_axis(c1["x"], c2["x"], B, B + 1)
   nx = len(c1["x"])
-  kw.update(path=c1["path"], kind=kind, in_axis=ax)
+  kw.update(path=c1["path"], kind=kind, attend=attend, in_axis=ax)
   contract = ()
   if kind == "dense":
     if a.get("batch_dims"):
@@ -185,7 +184,7 @@ def _site(c1: dict, c2: dict, B: int, **kw) -> Site:
     kw["plain_dot"] = a.get("dot_general") is None and a.get("dot_general_cls") is None
     kw["out_features"] = int(np.prod(c1["y"][len(c1["x"]) - len(contract):])) \
         if c1["y"] else 0
-  if kind in ("lookup", "attend"):
+  if kind == "embed":
     kw["num_rows"] = a["num_embeddings"]
   if kind == "norm":
     if a["axis_name"] is not None or any(
@@ -194,6 +193,6 @@ def _site(c1: dict, c2: dict, B: int, **kw) -> Site:
                         "over axes other than the last one (or over a named axis)")
     kw["norm"] = (a["epsilon"], c1["type"] is nn.LayerNorm, a["use_fast_variance"])
   kw["out_axis"] = 0 if ax is None else ax - sum(i < ax for i in contract)
-  feat = set(contract) if kind == "dense" else (set() if kind == "lookup" else {nx - 1})
+  feat = set(contract) if kind == "dense" else (set() if lookup else {nx - 1})
   kw["rows"] = int(np.prod([d for i, d in enumerate(c1["x"]) if i != ax and i not in feat]))
   return Site(**kw)
