@@ -25,7 +25,6 @@ INVALID = [
     (dict(backend="pmap"), "unknown backend"),
     (dict(want="sq", backend="vmap", microbatch_size=3), "positive divisor of the batch size"),
     (dict(want="sq", backend="vmap", microbatch_size=0), "positive divisor"),
-    (dict(want="sq", backend="surgery", per_example_clip=1.0), "backend='vmap'"),
     (dict(per_example_clip=-1.0), "must be a positive norm"),
     (dict(want="sq", granularity="token", per_example_clip=1.0), "granularity='example'"),
     (dict(want="sq", backend="value_and_grad"), "mean gradient alone"),

@@ -43,6 +43,7 @@ import jax
 from optax import microbatching
 
 from pergrad.fields import Choice
+from pergrad.layer_types import TYPE_RULES
 from pergrad.stats import backends, registry
 from pergrad.stats.options import StatsOptions
 from pergrad.stats.request import StatsRequest
@@ -206,6 +207,8 @@ def compute(
     loss, stats = _microbatched(chunk_fn, params, batch, chunk)
   if which == "value_and_grad":
     return loss, stats
+  if request.type_rules and not stats.rules:
+    stats = stats.replace(rules=request.type_rules + TYPE_RULES)
   return loss, stats.replace(layers=request.layers) if request.layers else stats
 
 
@@ -219,11 +222,11 @@ def _microbatched(chunk_fn: Callable, params: PyTree, batch: PyTree, microbatch_
   """
   B = batch_size(batch)
   SUM, CONCAT = microbatching.AccumulationType.SUM, microbatching.AccumulationType.CONCAT
-  granularity = []
+  seen = []
 
   def fn(p, b):
     loss, stats = chunk_fn(p, b)
-    granularity.append(stats.granularity)
+    seen.append(stats)
     out = dict(loss_sum=loss * batch_size(b), count=stats.count, sum=stats.sum)
     if stats.coordinate_stats:
       out["coordinate_stats"] = stats.coordinate_stats
@@ -237,5 +240,6 @@ def _microbatched(chunk_fn: Callable, params: PyTree, batch: PyTree, microbatch_
                                  accumulator=acc)(params, batch)
   stats = GradStats(count=out["count"], sum=out["sum"],
                     coordinate_stats=out.get("coordinate_stats"),
-                    example_stats=out.get("example_stats"), granularity=granularity[-1])
+                    example_stats=out.get("example_stats"), granularity=seen[-1].granularity,
+                    rules=seen[-1].rules)
   return out["loss_sum"] / B, stats

@@ -12,7 +12,8 @@ batch. Built in:
 
   value_and_grad  the plain ḡ = ∇ (1/B) Σ_b loss_b; "mean" alone (sum = B ḡ, count = B)
   vmap            per-example gradients by `jax.vmap(jax.grad)`, reduced in the same jit
-  surgery         one backward pass with custom VJPs that emit the statistics
+  surgery         one backward pass with custom VJPs that emit the statistics (and
+                  per-example clipping without a second backward: `surgery/clip.py`)
   loop            a Python loop over examples: a reference for tests
 
 `register_backend` adds one (a user's, from a plugin module).
@@ -81,7 +82,8 @@ REGISTRY: Registry[Backend] = Registry(
 REGISTRY.register("value_and_grad", Backend(value_and_grad_stats, statistics=False,
                                             microbatch=False))
 REGISTRY.register("vmap", Backend(vmap.vmap_stats, clip="clip_power"))
-REGISTRY.register("surgery", Backend(surgery.surgery_stats, granularities=("example", "token")))
+REGISTRY.register("surgery", Backend(surgery.surgery_stats, granularities=("example", "token"),
+                                     clip="any"))
 REGISTRY.register("loop", Backend(reference.loop_stats, clip="any", microbatch=False))
 REGISTRY.seal()
 

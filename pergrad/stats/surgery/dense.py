@@ -1,4 +1,5 @@
-"""Surgery handler for dense layers (nn.Dense, nn.DenseGeneral without batch_dims).
+"""Surgery handler for dense layers (nn.Dense, nn.DenseGeneral without batch_dims,
+nnx.Linear, nnx.LinearGeneral without batch axes, `taps.dense`).
 
 Samples of the kernel are G_b = B·A_bᵀΔ_b (A: input rows, Δ: output cotangent rows), of
 the bias B·Σ_r Δ_br. Two methods:
@@ -67,17 +68,6 @@ def handle(env: Env, call: Call):
   return tapped(env, call, body)[0]
 
 
-def dense_forward(module, x, kernel, bias, contract):
-  """What nn.Dense / nn.DenseGeneral (no batch_dims, default dot_general) compute."""
-  x, kernel, bias = module.promote_dtype(x, kernel, bias, dtype=module.dtype)
-  n = len(contract)
-  y = jax.lax.dot_general(x, kernel, ((contract, tuple(range(n))), ((), ())),
-                          precision=module.precision)
-  if bias is not None:
-    y = y + jnp.reshape(bias, (1,) * (y.ndim - bias.ndim) + bias.shape)
-  return y
-
-
 def backward_rows(fwd, site, B: int, res, dy):
   """A dense call's input cotangent (autodiff's) and its rows: inputs a_BxRxK and output
   cotangents d_BxRxL, from the residuals (x, kernel, bias) and dy."""
@@ -96,10 +86,9 @@ def simultaneous_dense(env: Env, call: Call):
   gradient is Σ_b G_b, the statistics are Σ_b φ(B·G_b) and Σ_coords φ(B·G_b); the input
   cotangent is autodiff's. The only extra work over a plain backward pass is φ and the
   sums over b."""
-  module, site, B, want, scale = call.module, call.site, env.B, env.want, env.scale
-  params = module.variables["params"]
-  kernel, bias = params["kernel"], params.get("bias")
-  fwd = lambda x_, k_, b_: dense_forward(module, x_, k_, b_, site.contract)
+  site, B, want, scale = call.site, env.B, env.want, env.scale
+  kernel, bias = call.layer.params["kernel"], call.layer.params.get("bias")
+  fwd = lambda x_, k_, b_: call.layer.forward(x_, {"kernel": k_, "bias": b_})
   shapes = shapes_of(call.probes)
 
   @jax.custom_vjp

@@ -1,4 +1,5 @@
-"""Surgery handler for embedding tables (nn.Embed: `__call__` lookups and `attend`).
+"""Surgery handler for embedding tables (nn.Embed, nnx.Embed, `taps.embed`/`taps.attend`:
+lookups and `attend`).
 
 A lookup adds its output cotangent row δ_bt to table row id_bt: per example a sort-based
 segment-sum combines repeated ids before φ; per token the rows are scattered. `attend`
@@ -49,7 +50,7 @@ def _lookup(env: Env, call: Call):
   if not site.tied:
     return tapped(env, call, body)[0]
   attend = next(s for s in env.sites if s.path == site.path and s.attend)
-  D = call.module.features
+  D = call.layer.params["embedding"].shape[-1]
   carrier_shapes = ((B, attend.rows, D),) if env.token else (
       (B, attend.rows, site.num_rows), (B, attend.rows, D))
   y, carrier = tapped(env, call, body, carrier_shapes=carrier_shapes)
