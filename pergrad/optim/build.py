@@ -31,6 +31,8 @@ from __future__ import annotations
 import importlib
 from typing import NamedTuple
 
+import jax
+import jax.numpy as jnp
 import optax
 
 from pergrad.optim import configs
@@ -117,6 +119,8 @@ def build_optimizer(opt: configs.OptimizerConfig, sched: ScheduleConfig, *, tota
           f"{request.granularity}-level statistics; turn stats.gns off for this optimizer.")
     request = request.union(("norms",), "example", gns_layers)
   parts = ([gns] if gns is not None else []) + ([track_snr_tx(hp.b1)] if track_snr else [])
+  if opt.noise_multiplier > 0:
+    parts.insert(0, add_clipped_noise(opt.noise_multiplier * opt.per_example_clip / batch_size))
   if opt.clip_norm is not None and not direction.clips:
     parts.append(optax.clip_by_global_norm(opt.clip_norm))
   parts.append(direction.tx)
@@ -125,6 +129,26 @@ def build_optimizer(opt: configs.OptimizerConfig, sched: ScheduleConfig, *, tota
   parts.append(scale_by_token_schedule(lr, batch_size, batch_lr_scaling))
   return Optimizer(tx=with_float32_state(optax.chain(*parts)), request=request,
                    learning_rate=lr)
+
+
+def add_clipped_noise(std: float, seed: int = 0) -> optax.GradientTransformation:
+  """DP-SGD's noise on the mean of B clipped per-example gradients: updates + std·ξ,
+  ξ ~ N(0, I), std = σ·C/B (noise σ·C on the clipped sum); ξ drawn from
+  fold_in(PRNGKey(seed), step), the step counted in the state (deterministic)."""
+
+  def init(params):
+    del params
+    return jnp.zeros([], jnp.int32)
+
+  def update(updates, count, params=None):
+    del params
+    leaves, treedef = jax.tree.flatten(updates)
+    keys = jax.random.split(jax.random.fold_in(jax.random.PRNGKey(seed), count), len(leaves))
+    noisy = [u + std * jax.random.normal(k, u.shape, u.dtype)
+             for u, k in zip(leaves, keys, strict=True)]
+    return jax.tree.unflatten(treedef, noisy), count + 1
+
+  return optax.GradientTransformation(init, update)
 
 
 # --- the built-in optimizers' builders (registered in configs.py) ----------------------
