@@ -148,10 +148,9 @@ def _sq_norms(g, sp, shape):
 def _weighted(g, sp, w_B, shape, want):
   """(Σ_b w_b g_b like the leaf, {statistic: value} of the clipped ĝ_b = w_b g_b)."""
   stats = registry.select(want)
-  if g is not None:
-    gw = g * w_B[:, None]
-    return sm.sum_examples(gw).reshape(shape), (sm.flat_example_stats(gw, stats)
-                                                if stats else {})
+  if g is not None:  # wᵀg: a GEMV, no weighted copy of g unless a statistic needs it
+    total = jnp.dot(w_B, g).reshape(shape)
+    return total, (sm.flat_example_stats(g * w_B[:, None], stats) if stats else {})
   ids, rows_ = sp
   rw = rows_ * w_B[:, None, None]
   V, D = shape
