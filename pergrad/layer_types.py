@@ -36,11 +36,12 @@ def layer_type(path: str, rules: Sequence[tuple[str, str]] = TYPE_RULES) -> str:
   return "other"
 
 
-def selects(layers: Sequence[str], path: str) -> bool:
+def selects(layers: Sequence[str], path: str,
+            rules: Sequence[tuple[str, str]] = TYPE_RULES) -> bool:
   """Whether the selection `layers` (types or fnmatch patterns; empty: all) covers `path`."""
   if not layers:
     return True
-  kind = layer_type(path)
+  kind = layer_type(path, rules)
   return any(sel == kind or fnmatch.fnmatchcase(path, sel) for sel in layers)
 
 

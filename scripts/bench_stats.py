@@ -25,7 +25,7 @@ def main(argv=None) -> dict:
   p = argparse.ArgumentParser(description=stats.__doc__,
                               formatter_class=argparse.RawTextHelpFormatter)
   p.add_argument("--quick", action="store_true",
-                 help="micro preset, B=4, 3 reps, 'all', 'sq+sign', 'norms'")
+                 help="micro preset, B=4, 3 reps, 'all', 'sq+sign', 'norms', 'clip'")
   p.add_argument("--presets", "--preset", default="tiny,medium",
                  help="comma-separated: micro, tiny, medium, small, paper")
   p.add_argument("--peak-flops", type=float, default=None,
@@ -33,7 +33,8 @@ def main(argv=None) -> dict:
   p.add_argument("--batch-sizes", default="8,32", help="for tiny; medium uses --medium-batch-sizes")
   p.add_argument("--medium-batch-sizes", default="8")
   p.add_argument("--reps", type=int, default=5)
-  p.add_argument("--stat-sets", default="sq+sign,norms,all")
+  p.add_argument("--stat-sets", default="sq+sign,norms,all,clip",
+                 help="of sq+sign, norms, all, clip (per-example clipping, vmap and surgery)")
   p.add_argument("--no-layout-first", dest="layout_first", action="store_false")
   p.add_argument("--out", default=None, help="write the JSON document here")
   args = p.parse_args(argv)

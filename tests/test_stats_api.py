@@ -25,7 +25,6 @@ INVALID = [
     (dict(backend="pmap"), "unknown backend"),
     (dict(want="sq", backend="vmap", microbatch_size=3), "positive divisor of the batch size"),
     (dict(want="sq", backend="vmap", microbatch_size=0), "positive divisor"),
-    (dict(want="sq", backend="surgery", per_example_clip=1.0), "backend='vmap'"),
     (dict(per_example_clip=-1.0), "must be a positive norm"),
     (dict(want="sq", granularity="token", per_example_clip=1.0), "granularity='example'"),
     (dict(want="sq", backend="value_and_grad"), "mean gradient alone"),
@@ -52,7 +51,7 @@ def test_registered_backend_gets_request_and_options_after_the_dispatchers_check
 
   ps.register_backend("mine", ps.Backend(mine))
   try:
-    with pytest.raises(ValueError, match="is built in"):
+    with pytest.raises(ValueError, match="cannot be redefined"):
       ps.register_backend("vmap", ps.Backend(mine))
     opts = ps.StatsOptions(microbatch_size=4, vmap_layout="first")
     _, stats = jax.jit(lambda p, b: ps.compute(loss_fn, p, b, ps.StatsRequest(("sq",)), opts,
@@ -66,7 +65,7 @@ def test_registered_backend_gets_request_and_options_after_the_dispatchers_check
         ps.compute(loss_fn, params, batch, want="sq", backend="mine", **kw)
   finally:
     ps.unregister_backend("mine")
-  with pytest.raises(ValueError, match="unknown backend='mine'"):
+  with pytest.raises(ValueError, match="unknown backend 'mine'"):
     ps.compute(loss_fn, params, batch, want="sq", backend="mine")
 
 

@@ -24,7 +24,7 @@ from pergrad.loss import make_loss_fn
 from pergrad.model import ModelSpec, Transformer, init_params
 from pergrad.stats import surgery_math as sm
 from pergrad.stats.surgery import dense
-from pergrad.stats.surgery.plan import Site
+from pergrad.stats.surgery.sites import Site
 
 V, T = 17, 5
 CONFIGS = {

@@ -22,7 +22,6 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -31,19 +30,18 @@ from pergrad.stats import surgery
 from pergrad.stats.backends import value_and_grad_stats
 from pergrad.stats.options import StatsOptions
 from pergrad.stats.request import StatsRequest
-from pergrad.stats.surgery import dense, norm
-from pergrad.stats.surgery.plan import KIND, METHODS, make_plan
+from pergrad.stats.surgery import dense, frontends, norm, sites
+from pergrad.stats.surgery.sites import make_plan
 from pergrad.stats.surgery.tap import F32, Call, Env
 from pergrad.stats.types import GradStats
 
 NAMES = ("value_and_grad", "surgery", "contraction")
 
 
-def _contracted_dense(module, site, B: int, x):
+def _contracted_dense(layer, site, B: int, x):
   """y of a dense call whose kernel gradient is one contraction over (example, row)."""
-  params = module.variables["params"]
-  kernel, bias = params["kernel"], params.get("bias")
-  fwd = lambda x_, k_, b_: dense._dense_forward(module, x_, k_, b_, site.contract)
+  kernel, bias = layer.params["kernel"], layer.params.get("bias")
+  fwd = lambda x_, k_, b_: layer.forward(x_, {"kernel": k_, "bias": b_})
 
   @jax.custom_vjp
   def f(x_, k_, b_):
@@ -72,23 +70,14 @@ def contraction_stats(loss_fn, params, batch):
             sites=plan.sites)
 
   def objective(p):
-    state = {"i": 0}
-
-    def interceptor(next_fun, args, kwargs, ctx):
-      if ctx.method_name not in METHODS or type(ctx.module) not in KIND:
-        return next_fun(*args, **kwargs)
-      site = plan.sites[state["i"]]
-      state["i"] += 1
-      x = args[0] if args else next(iter(kwargs.values()))
+    def handler(site, layer):
       if site.kind == "dense" and site.in_axis is not None and site.plain_dot:
-        return _contracted_dense(ctx.module, site, B, x)
+        return _contracted_dense(layer, site, B, layer.x)
       if site.kind == "norm" and site.in_axis is not None:
-        call = Call(site=site, module=ctx.module, x=x, probes={},
-                    run=lambda: next_fun(*args, **kwargs))
-        return norm.simultaneous_norm(env, call)
-      return next_fun(*args, **kwargs)
+        return norm.simultaneous_norm(env, Call(site=site, layer=layer, probes={}))
+      return layer.run()
 
-    with nn.intercept_methods(interceptor):
+    with frontends.route(sites.site_router(plan, p, handler)):
       return loss_fn(p, batch).mean()
 
   loss, grads = jax.value_and_grad(objective)(params)

@@ -79,7 +79,9 @@ STAT_SETS = {
     "sq+sign": ("mean", "sq", "sign"),
     "norms": ("mean", "norms"),
     "all": ("mean", "sq", "sign", "norms"),
+    "clip": ("mean",),  # the mean of per-example gradients clipped to norm CLIP
 }
+CLIP = 1.0  # the clipping norm of the "clip" rows (their cost does not depend on it)
 
 
 def micro_grad_fn(loss_fn, want):
@@ -121,6 +123,11 @@ def variants(loss_fn, stat_sets, with_layout_first: bool, scan_unroll: int | boo
   out = []
   for name in stat_sets:
     want = STAT_SETS[name]
+    if name == "clip":  # per-example clipping, vmap and surgery side by side
+      clipped = R(want, per_example_clip=CLIP)
+      out.append(("vmap", "example", name, _stats(loss_fn, clipped, "vmap")))
+      out.append(("surgery", "example", name, surgery(clipped)))
+      continue
     out.append(("vmap", "example", name, _stats(loss_fn, R(want), "vmap")))
     if with_layout_first:
       out.append(("vmap-first", "example", name,
@@ -295,6 +302,11 @@ def checks(rows: list[dict]) -> list[dict]:
                               r["flops_ratio"], 1.05))
       out.append(_time_check("all-layer per-example norms: time_ratio <= 1.03", where, r,
                              1.03))
+    if surgery and r["stats"] == "clip":
+      out.append(_bound_check("per-example clipping: flops_ratio <= 1.15", where,
+                              r["flops_ratio"], 1.15))
+      out.append(_bound_check("per-example clipping: peak_ratio <= 1.1", where,
+                              r["peak_ratio"], 1.1))
     if surgery and r["stats"] == "norms@norm":
       out.append(_bound_check("normalization-layer norms only: flops_ratio <= 1.01", where,
                               r["flops_ratio"], 1.01))
@@ -329,10 +341,10 @@ def table(rows: list[dict]) -> str:
 
 
 DEFAULTS = dict(presets=("tiny", "medium"), batch_sizes=(8, 32), medium_batch_sizes=(8,),
-                reps=5, stat_sets=("sq+sign", "norms", "all"), layout_first=True,
+                reps=5, stat_sets=("sq+sign", "norms", "all", "clip"), layout_first=True,
                 peak_flops=None)
 QUICK = dict(presets=("micro",), batch_sizes=(4,), reps=3,
-             stat_sets=("all", "sq+sign", "norms"), layout_first=False)
+             stat_sets=("all", "sq+sign", "norms", "clip"), layout_first=False)
 
 
 def as_argv(quick: bool = False, **kw) -> list[str]:
@@ -356,7 +368,7 @@ def run(*, quick: bool = False, argv: Sequence[str] | None = None,
   """Measures every variant; returns the JSON document (baselines, rows, "done when" checks).
 
   Keywords as in DEFAULTS (presets, batch_sizes, medium_batch_sizes, reps, stat_sets,
-  layout_first); quick=True: the micro preset, B=4, 3 reps, 'all', 'sq+sign', 'norms'.
+  layout_first); quick=True: the micro preset, B=4, 3 reps, 'all', 'sq+sign', 'norms', 'clip'.
   argv: recorded in the document (default: the equivalent command-line arguments).
   echo: called with each (preset, B) group's table as it is measured.
   """

@@ -46,7 +46,7 @@ from pergrad.fields import check_decay
 from pergrad.optim.common import f32, require_stats
 from pergrad.optim.configs import AdamVariant
 from pergrad.stats.request import StatsRequest
-from pergrad.stats.types import GradStats
+from pergrad.stats.types import GradStats, unbiased_sq_mean
 
 VARIANTS = AdamVariant.values()
 NEEDS_SQ = frozenset(VARIANTS) - {"adam"}
@@ -97,11 +97,10 @@ def second_moment_statistic(variant: str, mean: Any, stats: GradStats | None, *,
   var = jax.tree.map(lambda v: scale_sq * v, f32(stats.variance))
   if variant == "micro_adam_var":
     return var
-  # TODO(lead): μ̂² = ḡ² − σ̂²/n below and in mix has its one home in pergrad.stats; use it.
   if variant == "micro_adam_msq":
-    return jax.tree.map(lambda m, v: jnp.maximum(jnp.square(m) - v / n, 0.0), g, var)
+    return jax.tree.map(lambda m, v: jnp.maximum(unbiased_sq_mean(m, v, n), 0.0), g, var)
   return jax.tree.map(
-      lambda m, v: jnp.maximum(mix_a * (jnp.square(m) - v / n) + mix_b * v, 0.0), g, var)
+      lambda m, v: jnp.maximum(mix_a * unbiased_sq_mean(m, v, n) + mix_b * v, 0.0), g, var)
 
 
 def scale_by_adam_family(variant: str = "adam", b1: float = 0.9, b2: float = 0.999,

@@ -36,6 +36,8 @@ from __future__ import annotations
 import importlib
 from typing import NamedTuple
 
+import jax
+import jax.numpy as jnp
 import optax
 
 from pergrad.optim import configs
@@ -121,6 +123,8 @@ def build_optimizer(opt: configs.OptimizerConfig, sched: ScheduleConfig, *, tota
           f"{request.granularity}-level statistics; turn stats.gns off for this optimizer.")
     request = request.union(("norms",), "example", gns_layers)
   parts = []
+  if opt.noise_multiplier > 0:
+    parts.append(add_clipped_noise(opt.noise_multiplier * opt.per_example_clip / batch_size))
   if opt.clip_norm is not None and not direction.clips:
     parts.append(optax.clip_by_global_norm(opt.clip_norm))
   parts.append(direction.tx)
@@ -131,6 +135,26 @@ def build_optimizer(opt: configs.OptimizerConfig, sched: ScheduleConfig, *, tota
                    learning_rate=lr, token_lr=token_lr(lr, batch_size, batch_lr_scaling),
                    snr=snr_tracker(hp.b1) if track_snr else OFF,
                    gns=gns if gns is not None else OFF)
+
+
+def add_clipped_noise(std: float, seed: int = 0) -> optax.GradientTransformation:
+  """DP-SGD's noise on the mean of B clipped per-example gradients: updates + std·ξ,
+  ξ ~ N(0, I), std = σ·C/B (noise σ·C on the clipped sum); ξ drawn from
+  fold_in(PRNGKey(seed), step), the step counted in the state (deterministic)."""
+
+  def init(params):
+    del params
+    return jnp.zeros([], jnp.int32)
+
+  def update(updates, count, params=None):
+    del params
+    leaves, treedef = jax.tree.flatten(updates)
+    keys = jax.random.split(jax.random.fold_in(jax.random.PRNGKey(seed), count), len(leaves))
+    noisy = [u + std * jax.random.normal(k, u.shape, u.dtype)
+             for u, k in zip(leaves, keys, strict=True)]
+    return jax.tree.unflatten(treedef, noisy), count + 1
+
+  return optax.GradientTransformation(init, update)
 
 
 # --- the built-in optimizers' builders (registered in configs.py) ----------------------

@@ -66,7 +66,8 @@ class OptimizerConfig:
   lr: float = 3e-3  # peak learning rate at batch size `ref_batch_size`
   weight_decay: float = 0.0  # decoupled (AdamW-style), times the learning rate
   clip_norm: float | None = None  # global-norm clipping of the mean gradient
-  per_example_clip: float | None = None  # clip each g_i before every statistic (vmap/loop)
+  per_example_clip: float | None = None  # clip each g_i before every statistic
+  noise_multiplier: float = 0.0  # DP-SGD: N(0, (σ·C)²) on the clipped sum (C: per_example_clip)
   lr_scaling: LrScaling = LrScaling.none  # lr x (B / ref_batch_size)^k, k = 0, 1/2, 1
   ref_batch_size: int = 32  # B_ref of lr = lr * (B / B_ref) ** kappa
 
@@ -80,6 +81,9 @@ class OptimizerConfig:
       raise ValueError(f"optimizer.clip_norm={self.clip_norm} must be positive (or null)")
     if self.ref_batch_size < 1:
       raise ValueError(f"optimizer.ref_batch_size={self.ref_batch_size} must be positive")
+    if self.noise_multiplier < 0 or (self.noise_multiplier and self.per_example_clip is None):
+      raise ValueError(f"optimizer.noise_multiplier={self.noise_multiplier} must be >= 0, and "
+                       "> 0 only with optimizer.per_example_clip set (the noise is σ·C).")
 
 
 @dataclasses.dataclass

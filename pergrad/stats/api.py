@@ -15,7 +15,9 @@ unrolling, vmap's layout); which backend, a name of the table `backends.REGISTRY
   - "vmap":    per-example gradients by `jax.vmap(jax.grad)`, reduced in the same jit
                (`vmap.py`); granularity "example" only; supports `per_example_clip`.
   - "surgery": one backward pass with custom VJPs that emit the statistics
-               (`surgery/`); granularities "example" and "token".
+               (`surgery/`); granularities "example" and "token"; `per_example_clip`
+               from per-example records of the taps (`surgery/clip.py`). Any model of
+               standard Flax Linen / NNX layers, or calling `pergrad.stats.taps`.
   - "loop":    a Python loop over examples (`reference.py`); a reference for tests.
   - "auto":    the cheapest backend that can supply the request (`resolve_backend`):
                surgery, or vmap with per-example clipping.
@@ -43,6 +45,7 @@ import jax
 from optax import microbatching
 
 from pergrad.fields import Choice
+from pergrad.layer_types import TYPE_RULES
 from pergrad.stats import backends, registry
 from pergrad.stats.options import StatsOptions
 from pergrad.stats.request import StatsRequest
@@ -63,9 +66,6 @@ class StatsBackend(Choice):
   loop = "loop"
 
 
-BACKENDS = StatsBackend.values()
-
-
 def resolve_backend(request: StatsRequest, backend: str = "auto") -> str:
   """The backend that serves `request`: "value_and_grad", "vmap", "surgery", "loop" (or
   a registered one).
@@ -74,7 +74,9 @@ def resolve_backend(request: StatsRequest, backend: str = "auto") -> str:
   `scripts/reproduce.py overhead norm_cost --preset cpu`, measured on XLA:CPU):
     - "mean" only, example granularity, no clipping -> "value_and_grad";
     - token granularity -> "surgery" (the only backend with per-token statistics);
-    - per-example clipping -> "vmap" (surgery reduces before any per-example gradient);
+    - per-example clipping -> "vmap" (on the cpu presets surgery's clipping takes 1.01-1.02x
+      the plain step's FLOPs and 0.99-1.12x its peak, vmap's 1.005-1.01x and 1.09-1.24x: not
+      yet timed against each other; ask backend="surgery" for it);
     - otherwise (example granularity) -> "surgery": with the simultaneous methods it was
       the faster of surgery and vmap for sq+sign, norms and all statistics on the tiny
       and medium presets (both timed against the same plain step). Surgery
@@ -110,7 +112,7 @@ def check_support(request: StatsRequest, backend: str) -> None:
   if clip and entry.clip is None:
     raise ValueError(
         f"per_example_clip is not supported by backend='{backend}' (its statistics are reduced "
-        "before any per-example gradient exists); use backend='vmap' (or 'loop').")
+        "before any per-example gradient exists); use backend='surgery', 'vmap' or 'loop'.")
   asked = registry.select(request.want)
   if clip and entry.clip == "clip_power":
     for k in asked:
@@ -209,6 +211,8 @@ def compute(
     loss, stats = _microbatched(chunk_fn, params, batch, chunk)
   if which == "value_and_grad":
     return loss, stats
+  if request.type_rules and not stats.rules:
+    stats = stats.replace(rules=request.type_rules + TYPE_RULES)
   return loss, stats.replace(layers=request.layers) if request.layers else stats
 
 
@@ -222,11 +226,11 @@ def _microbatched(chunk_fn: Callable, params: PyTree, batch: PyTree, microbatch_
   """
   B = batch_size(batch)
   SUM, CONCAT = microbatching.AccumulationType.SUM, microbatching.AccumulationType.CONCAT
-  granularity = []
+  seen = []
 
   def fn(p, b):
     loss, stats = chunk_fn(p, b)
-    granularity.append(stats.granularity)
+    seen.append(stats)
     out = dict(loss_sum=loss * batch_size(b), count=stats.count, sum=stats.sum)
     if stats.coordinate_stats:
       out["coordinate_stats"] = stats.coordinate_stats
@@ -240,5 +244,6 @@ def _microbatched(chunk_fn: Callable, params: PyTree, batch: PyTree, microbatch_
                                  accumulator=acc)(params, batch)
   stats = GradStats(count=out["count"], sum=out["sum"],
                     coordinate_stats=out.get("coordinate_stats"),
-                    example_stats=out.get("example_stats"), granularity=granularity[-1])
+                    example_stats=out.get("example_stats"), granularity=seen[-1].granularity,
+                    rules=seen[-1].rules)
   return out["loss_sum"] / B, stats

@@ -12,7 +12,8 @@ batch. Built in:
 
   value_and_grad  the plain ḡ = ∇ (1/B) Σ_b loss_b; "mean" alone (sum = B ḡ, count = B)
   vmap            per-example gradients by `jax.vmap(jax.grad)`, reduced in the same jit
-  surgery         one backward pass with custom VJPs that emit the statistics
+  surgery         one backward pass with custom VJPs that emit the statistics (and
+                  per-example clipping without a second backward: `surgery/clip.py`)
   loop            a Python loop over examples: a reference for tests
 
 `register_backend` adds one (a user's, from a plugin module).
@@ -27,6 +28,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from pergrad.registry import Registry
 from pergrad.stats import reference, surgery, vmap
 from pergrad.stats.options import StatsOptions
 from pergrad.stats.request import Granularity, StatsRequest
@@ -75,41 +77,30 @@ def value_and_grad_stats(loss_fn, params, batch, request: StatsRequest, options:
   return loss, stats
 
 
-REGISTRY: dict[str, Backend] = {
-    "value_and_grad": Backend(value_and_grad_stats, statistics=False, microbatch=False),
-    "vmap": Backend(vmap.vmap_stats, clip="clip_power"),
-    "surgery": Backend(surgery.surgery_stats, granularities=("example", "token")),
-    "loop": Backend(reference.loop_stats, clip="any", microbatch=False),
-}
-BUILTIN = tuple(REGISTRY)
+REGISTRY: Registry[Backend] = Registry(
+    "backend", hint="add one with pergrad.stats.register_backend", reserved=("auto",))
+REGISTRY.register("value_and_grad", Backend(value_and_grad_stats, statistics=False,
+                                            microbatch=False))
+REGISTRY.register("vmap", Backend(vmap.vmap_stats, clip="clip_power"))
+REGISTRY.register("surgery", Backend(surgery.surgery_stats, granularities=("example", "token"),
+                                     clip="any"))
+REGISTRY.register("loop", Backend(reference.loop_stats, clip="any", microbatch=False))
+REGISTRY.seal()
 
 
 def register_backend(name: str, backend: Backend, *, replace: bool = False) -> Backend:
-  """Adds `backend` to the table under `name` (then `compute(..., backend=name)`)."""
+  """Adds `backend` to `REGISTRY` under `name` (then `compute(..., backend=name)`)."""
   if not isinstance(backend, Backend):
     raise ValueError(f"register_backend({name!r}, ...) takes a Backend(fn, ...), got "
                      f"{type(backend).__name__}.")
-  _check_own(name)
-  if name in REGISTRY and not replace:
-    raise ValueError(f"backend {name!r} is already registered; pass replace=True to "
-                     "redefine it.")
-  REGISTRY[name] = backend
-  return backend
+  return REGISTRY.register(name, backend, replace=replace)
 
 
 def unregister_backend(name: str) -> None:
   """Removes a backend added by `register_backend`; no error if it is absent."""
-  _check_own(name)
-  REGISTRY.pop(name, None)
-
-
-def _check_own(name: str) -> None:
-  if name == "auto" or name in BUILTIN:
-    raise ValueError(f"backend {name!r} is built in; register yours under another name.")
+  REGISTRY.unregister(name)
 
 
 def get(name: str) -> Backend:
-  """The table entry of `name`; ValueError naming the valid ones."""
-  if name not in REGISTRY:
-    raise ValueError(f"unknown backend={name!r}; valid: {('auto', *REGISTRY)}.")
-  return REGISTRY[name]
+  """The table entry of `name`; ValueError naming the registered ones."""
+  return REGISTRY.get(name)

@@ -53,7 +53,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pergrad.layer_types import LAYER_TYPES, TYPE_RULES, layer_type, selects
-from pergrad.stats.types import GradStats
+from pergrad.stats.types import GradStats, unbiased_sq_mean
 
 TOTAL = "total"
 TIED = ("include", "exclude")
@@ -174,7 +174,7 @@ def snr_terms(stats: GradStats) -> tuple[Any, Any, Any]:
   n = stats.count
   f32 = lambda t: jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), t)
   mean, var = f32(stats.mean), f32(stats.variance)
-  mu2 = jax.tree.map(lambda m, v: jnp.square(m) - v / n, mean, var)
+  mu2 = jax.tree.map(lambda m, v: unbiased_sq_mean(m, v, n), mean, var)
   return mu2, var, jax.tree.map(lambda v: v / n, var)
 
 

@@ -45,6 +45,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from pergrad.registry import Registry
+
 KINDS = ("coordinate", "example")
 
 
@@ -84,43 +86,30 @@ class Statistic:
                        "or None.")
 
 
-_REGISTRY: dict[str, Statistic] = {}
-_BUILTIN = ("sq", "sign", "norms")
+REGISTRY: Registry[Statistic] = Registry(
+    "statistic", hint="add one with pergrad.stats.register", reserved=("mean",))
 
 
 def register(stat: Statistic, *, replace: bool = False) -> Statistic:
-  """Adds `stat` to the registry (ValueError if its name is taken, unless replace=True)."""
+  """Adds `stat` to `REGISTRY` under its name (`Registry.register`)."""
   if not isinstance(stat, Statistic):
     raise TypeError(f"register() takes a Statistic, got {type(stat).__name__}.")
-  if stat.name in _REGISTRY and not replace:
-    raise ValueError(f"statistic '{stat.name}' is already registered; pass replace=True to "
-                     "redefine it.")
-  if stat.name in _BUILTIN and stat.name in _REGISTRY:
-    raise ValueError(f"the built-in statistic '{stat.name}' cannot be redefined (backends "
-                     "special-case it); register the variant under a new name.")
-  _REGISTRY[stat.name] = stat
-  return stat
+  return REGISTRY.register(stat.name, stat, replace=replace)
 
 
 def unregister(name: str) -> None:
   """Removes a registered statistic (not a built-in one); no error if it is absent."""
-  if name in _BUILTIN:
-    raise ValueError(f"the built-in statistic '{name}' cannot be unregistered.")
-  _REGISTRY.pop(name, None)
+  REGISTRY.unregister(name)
 
 
 def get(name: str) -> Statistic:
   """The registered statistic `name` (ValueError naming the valid ones if unknown)."""
-  try:
-    return _REGISTRY[name]
-  except KeyError:
-    raise ValueError(f"unknown statistic '{name}'; registered statistics are "
-                     f"{tuple(_REGISTRY)} (add one with pergrad.stats.register).") from None
+  return REGISTRY.get(name)
 
 
 def names(kind: str | None = None) -> tuple[str, ...]:
   """Registered statistic names in registration order (of one kind if given); no "mean"."""
-  return tuple(k for k, s in _REGISTRY.items() if kind is None or s.kind == kind)
+  return tuple(k for k, s in REGISTRY.items() if kind is None or s.kind == kind)
 
 
 def select(want: Sequence[str], kind: str | None = None) -> tuple[str, ...]:
@@ -139,13 +128,13 @@ class _StatisticsView(Sequence):
     return self._names()[i]
 
   def __len__(self) -> int:
-    return 1 + len(_REGISTRY)
+    return 1 + len(REGISTRY)
 
   def __iter__(self) -> Iterator[str]:
     return iter(self._names())
 
   def __contains__(self, x) -> bool:
-    return x == "mean" or x in _REGISTRY
+    return x == "mean" or x in REGISTRY
 
   def __eq__(self, other) -> bool:
     return isinstance(other, (tuple, list, _StatisticsView)) and tuple(self) == tuple(other)
@@ -167,3 +156,4 @@ register(Statistic("sign", "coordinate", jnp.sign, clip_power=0, multiplicative=
                    doc="Σ_n sign(g_n) per coordinate (sign agreement)"))
 register(Statistic("norms", "example", jnp.square, clip_power=2, multiplicative=True,
                    doc="‖g_b‖² = Σ_coords g_b² per example and leaf"))
+REGISTRY.seal()

@@ -37,12 +37,15 @@ class StatsRequest:
       layer types and/or path patterns (`pergrad.layer_types`); empty: every leaf.
       The surgery backend touches no other layer; the others compute every leaf and
       mark the selection (`GradStats.layers`).
+    type_rules: the user's (fnmatch pattern, layer type) rules, matched before the layer
+      kind the surgery backend sees (norm, embedding) and `layer_types.TYPE_RULES`.
   """
 
   want: tuple[str, ...] = ("mean",)
   granularity: str = "example"
   per_example_clip: float | None = None
   layers: tuple[str, ...] = ()
+  type_rules: tuple[tuple[str, str], ...] = ()
 
   def __post_init__(self):
     want = (self.want,) if isinstance(self.want, str) else tuple(self.want)
@@ -54,6 +57,11 @@ class StatsRequest:
           "(variance, sign mean, etc. are derived from 'mean', 'sq', 'sign' by GradStats).")
     object.__setattr__(self, "want", tuple(s for s in known if s in set(want) | {"mean"}))
     object.__setattr__(self, "layers", layers_lib.check(self.layers))
+    rules = tuple(tuple(r) for r in self.type_rules)
+    if any(len(r) != 2 or r[1] not in layers_lib.LAYER_TYPES for r in rules):
+      raise ValueError(f"type_rules={list(self.type_rules)}: each is (path pattern, layer "
+                       f"type of {layers_lib.LAYER_TYPES}).")
+    object.__setattr__(self, "type_rules", rules)
     if self.granularity not in Granularity.values():
       raise ValueError(f"unknown granularity={self.granularity!r}; valid: "
                        f"{Granularity.values()}.")
@@ -100,4 +108,5 @@ class StatsRequest:
     else:
       merged = self.layers if self.layers == layers else ()
     return StatsRequest(want=self.want + extra, granularity=granularity,
-                        per_example_clip=self.per_example_clip, layers=merged)
+                        per_example_clip=self.per_example_clip, layers=merged,
+                        type_rules=self.type_rules)

@@ -56,7 +56,7 @@ import jax
 import jax.numpy as jnp
 
 from pergrad.stats.noise import leaf_path
-from pergrad.stats.types import GradStats
+from pergrad.stats.types import GradStats, unbiased_sq_mean
 
 PyTree = Any
 Z = 4.0  # held-out |t| from which a coordinate's mean sign counts as known (Φ(−4) = 3e-5)
@@ -87,7 +87,7 @@ def counts(u, h, v, n_h, z: float = Z) -> SignCounts:
   f = lambda x: jnp.sum(x, dtype=jnp.float32)
   return SignCounts(coords=jnp.asarray(u.size, jnp.float32), agree_all=f(same),
                     selected=f(sel), agree=f(same & sel), progress=f(su * h),
-                    mu2=f(jnp.square(h) - v / n_h))
+                    mu2=f(unbiased_sq_mean(h, v, n_h)))
 
 
 def agreement(c: SignCounts) -> jax.Array:

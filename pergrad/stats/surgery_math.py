@@ -45,12 +45,12 @@ def zeros_after(x, shape):
   return jnp.full(shape, zero_after(x), jnp.float32)
 
 
-def _phis(want):
+def coordinate_names(want):
   """The coordinate statistics in `want`, in registration order (e.g. ["sq", "sign"])."""
   return list(registry.select(want, "coordinate"))
 
 
-def _examples(want):
+def example_names(want):
   """The example statistics in `want`, in registration order (e.g. ["norms"])."""
   return list(registry.select(want, "example"))
 
@@ -62,8 +62,9 @@ def _phi(name):
 def _needs_materialised(want, ghost_ok: bool) -> bool:
   """Whether per-example gradients must be formed: a coordinate statistic, an example
   statistic other than "norms", or "norms" where the ghost norm is not an option."""
-  ex = _examples(want)
-  return bool(_phis(want)) or any(k != "norms" for k in ex) or ("norms" in ex and not ghost_ok)
+  ex = example_names(want)
+  return (bool(coordinate_names(want)) or any(k != "norms" for k in ex)
+          or ("norms" in ex and not ghost_ok))
 
 
 def _phi_of_scalar(name, scale: float) -> float:
@@ -90,7 +91,7 @@ def outer_token_stats(left_BxRxP, right_BxRxQ, want, scale: float = 1.0,
   every chunk), one φ after the other, so that at most ~max_elems of them live at once:
   no per-token tensor beyond an activation slice.
   """
-  phis = _phis(want)
+  phis = coordinate_names(want)
   if not phis:
     return {}
   B, R, P = left_BxRxP.shape
@@ -146,7 +147,7 @@ def outer_example_stats(left_BxRxP, right_BxRxQ, want, scale: float = 1.0):
   out = {}
   _, R, P = left_BxRxP.shape
   Q = right_BxRxQ.shape[-1]
-  phis, examples = _phis(want), _examples(want)
+  phis, examples = coordinate_names(want), example_names(want)
   if _needs_materialised(want, ghost_norm_is_cheaper(R, P, Q)):
     g_BxPxQ = jnp.einsum("brp,brq->bpq", left_BxRxP, right_BxRxQ) * scale
     for k in phis:
@@ -163,14 +164,14 @@ def outer_example_stats(left_BxRxP, right_BxRxQ, want, scale: float = 1.0):
 # --- row-sum layers (biases, norm scales) --------------------------------------
 def rowsum_token_stats(v_NxP, want):
   """Samples are the rows themselves: Σ_n φ(v_n)."""
-  return {k: _phi(k)(v_NxP).sum(axis=0) for k in _phis(want)}
+  return {k: _phi(k)(v_NxP).sum(axis=0) for k in coordinate_names(want)}
 
 
 def rowsum_example_stats(v_BxRxP, want):
   """g_b = Σ_r v_br: Σ_b φ(g_b) and Σ_coords φ(g_b) (e.g. ‖g_b‖²)."""
   g_BxP = v_BxRxP.sum(axis=1)
-  out = {k: _phi(k)(g_BxP).sum(axis=0) for k in _phis(want)}
-  for k in _examples(want):
+  out = {k: _phi(k)(g_BxP).sum(axis=0) for k in coordinate_names(want)}
+  for k in example_names(want):
     out[k] = _phi(k)(g_BxP).sum(axis=-1)
   return out
 
@@ -184,8 +185,8 @@ def sum_examples(v_BxN):
 def flat_example_stats(g_BxN, want):
   """Per-example gradients g_b (rows of g, already scaled): Σ_b φ(g_b) per coordinate
   and Σ_coords φ(g_b) per example (e.g. ‖g_b‖²)."""
-  return {**{k: sum_examples(_phi(k)(g_BxN)) for k in _phis(want)},
-          **{k: _phi(k)(g_BxN).sum(axis=1) for k in _examples(want)}}
+  return {**{k: sum_examples(_phi(k)(g_BxN)) for k in coordinate_names(want)},
+          **{k: _phi(k)(g_BxN).sum(axis=1) for k in example_names(want)}}
 
 
 # --- embedding lookups -----------------------------------------------------------
@@ -193,7 +194,7 @@ def lookup_token_stats(ids_N, rows_NxD, num_rows: int, want):
   """Token n adds rows_n to table row ids_n: Σ_n φ(·) = scatter-add of φ(rows_n)."""
   D = rows_NxD.shape[-1]
   return {k: zeros_after(rows_NxD, (num_rows, D)).at[ids_N].add(_phi(k)(rows_NxD))
-          for k in _phis(want)}
+          for k in coordinate_names(want)}
 
 
 def combine_repeated_ids(ids_BxR, rows_BxRxD):
@@ -226,7 +227,7 @@ def lookup_example_stats(ids_BxR, rows_BxRxD, num_rows: int, want):
   B, R, D = rows_BxRxD.shape
   slot_ids_N, slots_NxD = combine_repeated_ids(ids_BxR, rows_BxRxD)
   out = lookup_token_stats(slot_ids_N, slots_NxD, num_rows, want)
-  for k in _examples(want):
+  for k in example_names(want):
     out[k] = _phi(k)(slots_NxD).reshape(B, R * D).sum(axis=-1)
   return out
 
@@ -246,7 +247,7 @@ def tied_token_lookup_stats(ids_N, din_NxD, u_NxD, num_rows: int, want):
   """
   D = din_NxD.shape[-1]
   return {k: zeros_after(din_NxD, (num_rows, D)).at[ids_N].add(
-      _phi(k)(din_NxD + u_NxD) - _phi(k)(u_NxD)) for k in _phis(want)}
+      _phi(k)(din_NxD + u_NxD) - _phi(k)(u_NxD)) for k in coordinate_names(want)}
 
 
 def tied_example_stats(ids_BxR, din_BxRxD, dout_BxSxV, x_BxSxD, want,
@@ -259,7 +260,7 @@ def tied_example_stats(ids_BxR, din_BxRxD, dout_BxSxV, x_BxSxD, want,
   + ‖scatter(ids_b, din_b)‖², the first term by the ghost norm when cheaper.
   """
   V, D = dout_BxSxV.shape[-1], x_BxSxD.shape[-1]
-  phis, examples = _phis(want), _examples(want)
+  phis, examples = coordinate_names(want), example_names(want)
   if _needs_materialised(want, ghost_ok=True):
     def step(acc, ex):
       ids_R, din_RxD, dout_SxV, x_SxD = ex

@@ -34,6 +34,11 @@ PyTree = Any
 STATISTICS = registry.STATISTICS
 
 
+def unbiased_sq_mean(mean, variance, n):
+  """μ̂² = ḡ² − σ̂²/n per coordinate: unbiased for μ² (E ḡ² = μ² + σ²/n); may be negative."""
+  return jnp.square(mean) - variance / n
+
+
 @flax.struct.dataclass
 class GradStats:
   count: jax.Array  # float32 scalar: number of samples n
@@ -46,11 +51,14 @@ class GradStats:
   # The leaves whose statistics were asked (`pergrad.layer_types`; () = all): the values
   # of other leaves are zeros (surgery) or computed anyway (vmap, loop); read `selects`.
   layers: tuple = flax.struct.field(pytree_node=False, default=())
+  # The layer-type rules of the leaves (the surgery backend's class-derived types first;
+  # () = `pergrad.layer_types.TYPE_RULES`), for `selects` and `noise.groups_of(rules=...)`.
+  rules: tuple = flax.struct.field(pytree_node=False, default=())
 
   def __init__(self, count, sum=None, coordinate_stats=None, example_stats=None,
-               granularity: str = "example", layers: tuple = (), *, sum_sq=None,
-               sum_sign=None, sq_norms=None):
-    """Also takes the built-ins by their field names of old: sum_sq, sum_sign, sq_norms."""
+               granularity: str = "example", layers: tuple = (), rules: tuple = (), *,
+               sum_sq=None, sum_sign=None, sq_norms=None):
+    """Also takes the built-ins by field name: sum_sq, sum_sign, sq_norms."""
     coord = dict(coordinate_stats or {})
     example = dict(example_stats or {})
     for name, value, into in (("sq", sum_sq, coord), ("sign", sum_sign, coord),
@@ -63,14 +71,15 @@ class GradStats:
     object.__setattr__(self, "example_stats", example)
     object.__setattr__(self, "granularity", granularity)
     object.__setattr__(self, "layers", tuple(layers))
+    object.__setattr__(self, "rules", tuple(rules))
 
   # --- generic access ---------------------------------------------------------
   def selects(self, path: str) -> bool:
     """Whether the statistics of the leaf at `path` ("block_0/attn/query/kernel") were
     asked (always True without a layer selection)."""
-    from pergrad.layer_types import selects
+    from pergrad.layer_types import TYPE_RULES, selects
 
-    return selects(self.layers, path)
+    return selects(self.layers, path, self.rules or TYPE_RULES)
 
   def has(self, name: str) -> bool:
     """Whether statistic `name` ("mean" or a registered one) was computed."""
@@ -100,7 +109,7 @@ class GradStats:
     """(1/n) Σ_n φ(g_n) of coordinate statistic `name`."""
     return jax.tree.map(lambda s: s / self.count, self.coord(name))
 
-  # --- the built-ins by their historical names ---------------------------------
+  # --- the built-ins by field name ---------------------------------
   @property
   def sum_sq(self) -> PyTree:  # Σ g_i², like params (None unless asked)
     return self.coordinate_stats.get("sq")
@@ -143,7 +152,8 @@ class GradStats:
   @property
   def mean_sq_unbiased(self) -> PyTree:
     """μ̂² = ḡ² - σ̂²/n (may be negative; clip where a non-negative value is needed)."""
-    return jax.tree.map(lambda m, v: jnp.square(m) - v / self.count, self.mean, self.variance)
+    return jax.tree.map(lambda m, v: unbiased_sq_mean(m, v, self.count), self.mean,
+                        self.variance)
 
   @property
   def total_sq_norms(self) -> jax.Array:
@@ -174,6 +184,7 @@ class GradStats:
         example_stats={k: cat(v, other.example_stats[k]) for k, v in self.example_stats.items()},
         granularity=self.granularity,
         layers=self.layers,
+        rules=self.rules,
     )
 
 

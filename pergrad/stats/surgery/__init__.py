@@ -1,16 +1,16 @@
 """Surgery backend: per-example / per-token gradient statistics in ONE backward pass.
 
-The model stays a plain Flax module. `surgery_stats` attaches from outside with
-`nn.intercept_methods`: the output y of every standard layer call (nn.Dense,
-nn.DenseGeneral, nn.Embed.__call__ / .attend, nn.LayerNorm, nn.RMSNorm) goes through
-an identity `jax.custom_vjp` "tap" whose residual is the layer input and whose extra
-zero-valued "probe" inputs receive the statistics as cotangents. The layer's own
-forward and the parameter gradient are untouched (plain autodiff); in the backward
-pass each tap sees its layer's input A and output cotangent Δ and computes the
-requested statistics of the samples (`pergrad.stats.surgery_math`). One
-`jax.value_and_grad` w.r.t. (params, probes) yields the batch-mean gradient and all
-statistics. Probes are keyed by the module's scope path, so their cotangents land on
-the params tree. Any other module that owns parameters raises a ValueError.
+The model stays as written: Flax Linen, Flax NNX, or plain JAX calling
+`pergrad.stats.taps` (`frontends.route`). The output y of every standard layer call
+(dense, embedding lookup / attend, LayerNorm, RMSNorm) goes through an identity
+`jax.custom_vjp` "tap" whose residual is the layer input and whose extra zero-valued
+"probe" inputs receive the statistics as cotangents. The layer's own forward and the
+parameter gradient are untouched (plain autodiff); in the backward pass each tap sees
+its layer's input A and output cotangent Δ and computes the requested statistics of
+the samples (`pergrad.stats.surgery_math`). One `jax.value_and_grad` w.r.t. (params,
+probes) yields the batch-mean gradient and all statistics. Probes are keyed by the
+parameter leaves' paths, so their cotangents land on the params tree. A parameter that
+no standard layer call uses raises a ValueError. Per-example clipping: `clip.py`.
 
 Samples (GradStats.count = n):
 - granularity "example" (n = B): g_b = ∇ loss_b. With the batch-mean loss each
@@ -37,10 +37,10 @@ segment-sum (repeated ids combine before φ). Statistics are computed in float32
 the compute dtype. `StatsOptions.dense_method` forces a method; `StatsOptions.scan_unroll`
 unrolls the scans.
 
-Structure: `plan.make_plan` (the planner) traces the model into `Site`s, one per layer
+Structure: `sites.make_plan` (the planner) traces the model into `Site`s, one per layer
 call; `HANDLERS` maps each layer kind to the module that computes its statistics
 (`dense`, `embed`, `norm`, all built on `tap`); `surgery_stats` runs the one backward
-pass, sending each intercepted call to its handler.
+pass, sending each layer call (`site_router`) to its handler.
 
 A layer whose input has no example axis (found by tracing at two batch sizes) is taken
 to be broadcast against the batch along a new leading axis; its output is broadcast
@@ -49,19 +49,18 @@ explicitly to B×... so that its cotangent keeps the example axis.
 
 from __future__ import annotations
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from pergrad.stats import registry
 from pergrad.stats.options import StatsOptions
 from pergrad.stats.request import StatsRequest
-from pergrad.stats.surgery import dense, embed, norm
-from pergrad.stats.surgery.plan import KIND, METHODS, make_plan
+from pergrad.stats.surgery import clip, dense, embed, frontends, norm, sites
+from pergrad.stats.surgery.sites import make_plan
 from pergrad.stats.surgery.tap import F32, Call, Env
 from pergrad.stats.types import GradStats
 
-# Layer kind (`plan.KIND`) -> handler(env, call) -> the layer's output y.
+# Layer kind (`Site.kind`) -> handler(env, call) -> the layer's output y.
 HANDLERS = {"dense": dense.handle, "embed": embed.handle, "norm": norm.handle}
 
 
@@ -83,6 +82,8 @@ def surgery_stats(loss_fn, params, batch, request: StatsRequest, options: StatsO
   """
   want, granularity = request.want, request.granularity
   plan = make_plan(loss_fn, params, batch, request)
+  if request.per_example_clip is not None:
+    return clip.clipped_stats(loss_fn, params, batch, request, options, plan)
   B, token = plan.B, granularity == "token"
   count = B * plan.T if token else B
   scale = float(count)
@@ -94,26 +95,13 @@ def surgery_stats(loss_fn, params, batch, request: StatsRequest, options: StatsO
 
   def objective(p, probes):
     env = Env(B=B, token=token, want=want, scale=scale, options=options, sites=plan.sites)
-    state = {"i": 0}
 
-    def interceptor(next_fun, args, kwargs, ctx):
-      if ctx.method_name not in METHODS or type(ctx.module) not in KIND or not stat_keys:
-        return next_fun(*args, **kwargs)
-      site = plan.sites[state["i"]]
-      state["i"] += 1
-      here = (tuple(ctx.module.path), ctx.method_name == "attend")
-      if (site.path, site.kind == "attend") != here:
-        raise RuntimeError(f"surgery: call order changed at {ctx.module.path}")
-      if not site.selected:
-        return next_fun(*args, **kwargs)
-      sub = {k: {leaf: probes[k][site.path + (leaf,)] for leaf in site.leaves}
+    def handler(site, layer):
+      sub = {k: {leaf: probes[k][key] for leaf, key in zip(site.leaves, site.keys, strict=True)}
              for k in stat_keys}
-      x = args[0] if args else next(iter(kwargs.values()))
-      call = Call(site=site, module=ctx.module, x=x, probes=sub,
-                  run=lambda: next_fun(*args, **kwargs))
-      return HANDLERS[KIND[type(ctx.module)]](env, call)
+      return HANDLERS[site.kind](env, Call(site=site, layer=layer, probes=sub))
 
-    with nn.intercept_methods(interceptor):
+    with frontends.route(sites.site_router(plan, p, handler if stat_keys else None)):
       return loss_fn(p, batch).mean()
 
   loss, (grads, probe_cts) = jax.value_and_grad(objective, argnums=(0, 1))(params, probes)
@@ -124,4 +112,6 @@ def surgery_stats(loss_fn, params, batch, request: StatsRequest, options: StatsO
       example_stats={k: plan.tree(probe_cts[k]) for k in stat_keys if k in example_keys},
       granularity=granularity,
       layers=tuple(request.layers),
+      rules=plan.rules,
   )
+

@@ -1,4 +1,5 @@
-"""Surgery handler for dense layers (nn.Dense, nn.DenseGeneral without batch_dims).
+"""Surgery handler for dense layers (nn.Dense, nn.DenseGeneral without batch_dims,
+nnx.Linear, nnx.LinearGeneral without batch axes, `taps.dense`).
 
 Samples of the kernel are G_b = B·A_bᵀΔ_b (A: input rows, Δ: output cotangent rows), of
 the bias B·Σ_r Δ_br. Two methods:
@@ -17,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pergrad.stats import surgery_math as sm
-from pergrad.stats.surgery.plan import Site
+from pergrad.stats.surgery.sites import Site
 from pergrad.stats.surgery.tap import F32, Call, Env, collector, rows, shapes_of, tapped
 
 # Largest per-example gradient tensor B×K×L (float32 elements) a layer materialises: 256 MB.
@@ -36,7 +37,7 @@ def simultaneous_is_used(site: Site, B: int, x_shape, want, token: bool,
   when it does not fit) serve it. `method` (`StatsOptions.dense_method`): "auto" is this
   rule, "simultaneous" wherever it applies, "separate" never."""
   if token or site.kind != "dense" or site.in_axis is None or not site.plain_dot \
-      or method == "separate" or not (sm._phis(want) or sm._examples(want)):
+      or method == "separate" or not (sm.coordinate_names(want) or sm.example_names(want)):
     return False
   if method == "simultaneous":
     return True
@@ -46,7 +47,7 @@ def simultaneous_is_used(site: Site, B: int, x_shape, want, token: bool,
   L = site.out_features
   if L * K * B > SIMULTANEOUS_MAX_ELEMS:
     return False
-  norms_only = not sm._phis(want) and set(sm._examples(want)) == {"norms"}
+  norms_only = not sm.coordinate_names(want) and set(sm.example_names(want)) == {"norms"}
   return not norms_only or 2 * K * L <= 2 * R * R * (K + L) + R * R
 
 
@@ -67,17 +68,6 @@ def handle(env: Env, call: Call):
   return tapped(env, call, body)[0]
 
 
-def _dense_forward(module, x, kernel, bias, contract):
-  """What nn.Dense / nn.DenseGeneral (no batch_dims, default dot_general) compute."""
-  x, kernel, bias = module.promote_dtype(x, kernel, bias, dtype=module.dtype)
-  n = len(contract)
-  y = jax.lax.dot_general(x, kernel, ((contract, tuple(range(n))), ((), ())),
-                          precision=module.precision)
-  if bias is not None:
-    y = y + jnp.reshape(bias, (1,) * (y.ndim - bias.ndim) + bias.shape)
-  return y
-
-
 def backward_rows(fwd, site, B: int, res, dy):
   """A dense call's input cotangent (autodiff's) and its rows: inputs a_BxRxK and output
   cotangents d_BxRxL, from the residuals (x, kernel, bias) and dy."""
@@ -96,10 +86,9 @@ def simultaneous_dense(env: Env, call: Call):
   gradient is Σ_b G_b, the statistics are Σ_b φ(B·G_b) and Σ_coords φ(B·G_b); the input
   cotangent is autodiff's. The only extra work over a plain backward pass is φ and the
   sums over b."""
-  module, site, B, want, scale = call.module, call.site, env.B, env.want, env.scale
-  params = module.variables["params"]
-  kernel, bias = params["kernel"], params.get("bias")
-  fwd = lambda x_, k_, b_: _dense_forward(module, x_, k_, b_, site.contract)
+  site, B, want, scale = call.site, env.B, env.want, env.scale
+  kernel, bias = call.layer.params["kernel"], call.layer.params.get("bias")
+  fwd = lambda x_, k_, b_: call.layer.forward(x_, {"kernel": k_, "bias": b_})
   shapes = shapes_of(call.probes)
 
   @jax.custom_vjp

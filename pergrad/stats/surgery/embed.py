@@ -1,4 +1,5 @@
-"""Surgery handler for embedding tables (nn.Embed: `__call__` lookups and `attend`).
+"""Surgery handler for embedding tables (nn.Embed, nnx.Embed, `taps.embed`/`taps.attend`:
+lookups and `attend`).
 
 A lookup adds its output cotangent row δ_bt to table row id_bt: per example a sort-based
 segment-sum combines repeated ids before φ; per token the rows are scattered. `attend`
@@ -22,7 +23,7 @@ from pergrad.stats.surgery.tap import Call, Env, lead, rows, tapped, zero_ct
 
 def handle(env: Env, call: Call):
   """y of one lookup or attend call, with its statistics (module docstring)."""
-  if call.site.kind == "attend":
+  if call.site.attend:
     return _attend(env, call)
   return _lookup(env, call)
 
@@ -48,8 +49,8 @@ def _lookup(env: Env, call: Call):
 
   if not site.tied:
     return tapped(env, call, body)[0]
-  attend = next(s for s in env.sites if s.path == site.path and s.kind == "attend")
-  D = call.module.features
+  attend = next(s for s in env.sites if s.path == site.path and s.attend)
+  D = call.layer.params["embedding"].shape[-1]
   carrier_shapes = ((B, attend.rows, D),) if env.token else (
       (B, attend.rows, site.num_rows), (B, attend.rows, D))
   y, carrier = tapped(env, call, body, carrier_shapes=carrier_shapes)

@@ -1,4 +1,5 @@
-"""Surgery handler for normalization layers (nn.LayerNorm, nn.RMSNorm over the last axis).
+"""Surgery handler for normalization layers over the last axis (nn.LayerNorm, nn.RMSNorm,
+nnx.LayerNorm, nnx.RMSNorm, `taps.layer_norm`, `taps.rms_norm`).
 
 Samples of the scale are B·Σ_r Δ_br ⊙ x̂_br, of the bias B·Σ_r Δ_br (x̂ the normalized
 input, Δ the output cotangent). Per example (input with an example axis, unless
@@ -14,7 +15,7 @@ import jax.numpy as jnp
 from flax.linen import dtypes as flax_dtypes
 
 from pergrad.stats import surgery_math as sm
-from pergrad.stats.surgery.plan import Site
+from pergrad.stats.surgery.sites import Site
 from pergrad.stats.surgery.tap import F32, Call, Env, collector, rows, shapes_of, tapped
 
 
@@ -25,7 +26,7 @@ def simultaneous_norm_is_used(site: Site, want, token: bool, method: str = "auto
   (`StatsOptions.dense_method`) is "separate" (autodiff's backward, then the tap's row
   sums over a recomputed x̂)."""
   return (not token and site.kind == "norm" and site.in_axis is not None
-          and method != "separate" and bool(sm._phis(want) or sm._examples(want)))
+          and method != "separate" and bool(sm.coordinate_names(want) or sm.example_names(want)))
 
 
 def handle(env: Env, call: Call):
@@ -37,13 +38,13 @@ def handle(env: Env, call: Call):
   def body(res, dy, dcarriers, put):
     x = rows(res["x"], site.in_axis, env.B)
     d = rows(dy, site.out_axis, env.B) * env.scale
-    put(env.rowsum(env.flat(d * _normalized(x, *site.norm))), "scale")
+    put(env.rowsum(env.flat(d * normalized(x, *site.norm))), "scale")
     put(env.rowsum(env.flat(d)), "bias")
 
   return tapped(env, call, body)[0]
 
 
-def _norm_stats(x32, eps, use_mean, fast):
+def norm_stats(x32, eps, use_mean, fast):
   """Flax's float32 mean and variance over the last axis (`_compute_stats`)."""
   if not use_mean:
     var = jnp.square(x32).mean(-1, keepdims=True)
@@ -54,9 +55,9 @@ def _norm_stats(x32, eps, use_mean, fast):
   return mu, jnp.square(x32 - mu).mean(-1, keepdims=True)
 
 
-def _normalized(x_BxRxD, eps, use_mean, fast):
+def normalized(x_BxRxD, eps, use_mean, fast):
   """x̂ of LayerNorm (use_mean) or RMSNorm, as Flax computes it, in float32."""
-  mu, var = _norm_stats(x_BxRxD, eps, use_mean, fast)
+  mu, var = norm_stats(x_BxRxD, eps, use_mean, fast)
   return (x_BxRxD - mu) * jax.lax.rsqrt(var + eps)
 
 
@@ -67,17 +68,16 @@ def simultaneous_norm(env: Env, call: Call):
   once: the parameter gradients are their sums over b, the statistics Σ_b φ(B·g_b) and
   Σ_coords φ(B·g_b), and the input cotangent is LayerNorm's (RMSNorm's without the mean
   terms) dx = r·(dx̂ − mean(dx̂) − x̂·mean(dx̂ ⊙ x̂)), dx̂ = Δ ⊙ γ."""
-  module, site, B, x = call.module, call.site, env.B, call.x
-  params = module.variables["params"]
-  gamma, beta = params.get("scale"), params.get("bias")
+  site, B, x = call.site, env.B, call.x
+  gamma, beta = call.layer.params.get("scale"), call.layer.params.get("bias")
   eps, use_mean, fast = site.norm
   out_dtype = flax_dtypes.canonicalize_dtype(
-      *[a for a in (x, gamma, beta) if a is not None], dtype=module.dtype)
+      *[a for a in (x, gamma, beta) if a is not None], dtype=call.layer.attrs["dtype"])
   shapes = shapes_of(call.probes)
 
   def forward(x_, g_, b_):
     x32 = x_.astype(jnp.promote_types(x_.dtype, F32))
-    mu, var = _norm_stats(x32, eps, use_mean, fast)
+    mu, var = norm_stats(x32, eps, use_mean, fast)
     r = jax.lax.rsqrt(var + eps)
     y = (x_ - mu) * (r * g_ if g_ is not None else r)
     y = y + b_ if b_ is not None else y

@@ -18,7 +18,8 @@ import numpy as np
 
 from pergrad.stats import surgery_math as sm
 from pergrad.stats.options import StatsOptions
-from pergrad.stats.surgery.plan import Site
+from pergrad.stats.surgery.sites import Site
+from pergrad.stats.taps import LayerCall
 
 F32 = jnp.float32
 
@@ -62,14 +63,20 @@ class Env:
 
 @dataclasses.dataclass(frozen=True)
 class Call:
-  """One intercepted layer call: its site, module, input, its leaves' probes
-  ({stat: {leaf: zeros}}), and `run()`, the layer's own forward."""
+  """One layer call on its way through the backend: its site, the `taps.LayerCall` a
+  frontend reported (input, parameters, own forward), its leaves' probes
+  ({stat: {leaf: zeros}})."""
 
   site: Site
-  module: object
-  x: jax.Array
+  layer: LayerCall
   probes: dict
-  run: Callable[[], jax.Array]
+
+  @property
+  def x(self) -> jax.Array:
+    return self.layer.x
+
+  def run(self) -> jax.Array:
+    return self.layer.run()
 
 
 # --- layouts ------------------------------------------------------------------------

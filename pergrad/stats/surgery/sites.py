@@ -1,0 +1,264 @@
+"""The surgery planner: which layer calls get statistics, on which leaves, along which axis.
+
+`make_plan` traces loss_fn abstractly at batch sizes B and B+1 with every frontend routed
+(`frontends.route`: Linen, NNX, `pergrad.stats.taps`) and records one `Site` per
+standard layer call, in forward order: its kind (from the layer's class or tap function),
+its parameter leaves, whether the request's layer selection covers it, the example axis
+of its input (the one axis whose size follows the batch; None for an input shared across
+the batch), the dense contraction axes, the tokens per example. A parameter leaf no layer
+call uses, a layer used twice (other than a tied embedding table, lookup then attend), a
+normalization over other axes, a dense layer with batch axes raise a ValueError naming it.
+
+Layer types (`pergrad.layer_types`) of the leaves of a norm or embedding call come from
+that (class-derived) kind; the others' from their names (`Plan.rules`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import flax.linen as nn
+import jax
+import numpy as np
+
+from pergrad.layer_types import LAYER_TYPES, TYPE_RULES, selects
+from pergrad.stats.request import StatsRequest
+from pergrad.stats.surgery import frontends
+
+# The layer type of a handler kind's leaves, where the kind decides it.
+KIND_TYPES = {"norm": "norm", "embed": "embedding"}
+
+
+def unsupported(msg: str) -> ValueError:
+  return ValueError(f"surgery backend: {msg}; use backend='vmap', which supports any model.")
+
+
+@dataclasses.dataclass(frozen=True)
+class Site:
+  """One layer call, in forward order."""
+
+  path: tuple[str, ...]  # the layer (Linen module path, or its first leaf's parent)
+  kind: str  # the handler kind: "dense" | "embed" | "norm"
+  leaves: tuple[str, ...]  # its roles that have a parameter (kernel, bias, embedding, scale)
+  selected: bool  # covered by StatsRequest.layers: else it runs untouched
+  in_axis: int | None  # example axis of the input; None: shared across the batch
+  out_axis: int  # example axis of the (broadcast) output
+  keys: tuple[tuple[str, ...], ...] = ()  # each role's leaf path in params
+  contract: tuple[int, ...] = ()  # dense: contracted input axes, in kernel order
+  num_rows: int = 0  # embed: table rows V
+  attend: bool = False  # embed: the `attend` call (y = x Eᵀ), else a lookup
+  tied: bool = False  # embed used by both a lookup and attend
+  norm: tuple = ()  # (epsilon, use_mean, use_fast_variance)
+  rows: int = 0  # tokens per example R
+  out_features: int = 0  # dense: L, the product of the kernel's output axes
+  plain_dot: bool = True  # dense: `LayerCall.forward` is the layer's own forward
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """The sites of one model and batch shape, and the parameter leaves they cover.
+
+  Attributes:
+    sites: one per layer call, in forward order.
+    B: examples in the batch.
+    T: tokens per example (rows seen by every layer; 1 for a model without sites).
+    keys: every parameter leaf's path (tuple of names), in tree order.
+    treedef: the parameter tree's structure (for `keys`).
+    rules: layer-type rules: the request's own, then each norm/embedding leaf's type
+      from its layer's kind, then `TYPE_RULES` (names).
+  """
+
+  sites: tuple[Site, ...]
+  B: int
+  T: int
+  keys: tuple[tuple[str, ...], ...]
+  treedef: object
+  rules: tuple[tuple[str, str], ...] = TYPE_RULES
+
+  def tree(self, flat: dict):
+    """The parameter-shaped tree of {leaf path: value}."""
+    return jax.tree_util.tree_unflatten(self.treedef, [flat[k] for k in self.keys])
+
+
+def leaf_keys(params) -> tuple[tuple[tuple[str, ...], ...], tuple[str, ...], object]:
+  """(keys, "a/b/c" paths, treedef) of the parameter leaves, in tree order."""
+  path_leaves, treedef = jax.tree_util.tree_flatten_with_path(params)
+  keys = tuple(tuple(str(getattr(k, "key", k)) for k in kp) for kp, _ in path_leaves)
+  paths = tuple(jax.tree_util.keystr(tuple(kp), simple=True, separator="/")
+                for kp, _ in path_leaves)
+  return keys, paths, treedef
+
+
+def call_keys(call, ids: dict) -> dict:
+  """role -> leaf key of one `LayerCall` (by module path, else by array identity)."""
+  out = {}
+  for role, value in call.params.items():
+    if value is None:
+      continue
+    if call.path is not None:
+      out[role] = call.path + (role,)
+    elif id(value) in ids:
+      out[role] = ids[id(value)]
+    else:
+      raise unsupported(f"the {role} of a {call.name} call is not a leaf of params (pass "
+                        "each parameter array as it is in params, not a transformed copy)")
+  return out
+
+
+def array_ids(p, keys) -> dict:
+  """{id(leaf): key} of the parameter leaves as traced."""
+  return {id(v): k for k, v in zip(keys, jax.tree.leaves(p), strict=True)}
+
+
+def site_router(plan: Plan, p, handler, every: bool = False):
+  """The routed handler of one trace: the i-th layer call with parameters is
+  plan.sites[i], sent to handler(site, LayerCall) when selected (else it runs untouched;
+  all run untouched when handler is None; every: send unselected ones too)."""
+  ids = array_ids(p, plan.keys)
+  state = {"i": 0}
+
+  def route(layer):
+    keys = call_keys(layer, ids)
+    if handler is None or not keys:
+      return layer.run()
+    site = plan.sites[state["i"]]
+    state["i"] += 1
+    if (site.keys, site.attend) != (tuple(keys.values()), layer.attend):
+      raise RuntimeError(f"surgery: call order changed at {'/'.join(site.path)}")
+    return handler(site, layer) if site.selected or every else layer.run()
+
+  return route
+
+
+
+def _exact(path: str) -> str:
+  return re.sub(r"([*?\[])", r"[\1]", path)
+
+
+def make_plan(loss_fn, params, batch, request: StatsRequest) -> Plan:
+  """The plan of `loss_fn` on a batch shaped like `batch` (module docstring)."""
+  B = next(x.shape[0] for x in jax.tree.leaves(batch) if np.ndim(x))
+  keys, paths, treedef = leaf_keys(params)
+  calls, linen_types = _traced_sites(loss_fn, params, batch, B, keys)
+  by_key = dict(zip(keys, paths, strict=True))
+  typed = {by_key[k]: KIND_TYPES[c1["kind"]] for c1, _ in calls if c1["kind"] in KIND_TYPES
+           for k in c1["keys"].values()}
+  rules = (tuple(request.type_rules) + tuple((_exact(p), t) for p, t in typed.items())
+           + TYPE_RULES)
+  chosen = {k for k, p in zip(keys, paths, strict=True) if selects(request.layers, p, rules)}
+  sites = _sites(calls, B, set(keys), chosen, linen_types)
+  rows = {s.rows for s in sites}
+  if request.granularity == "token" and len(rows) > 1:
+    raise unsupported(f"per-token statistics need every layer to see the same tokens per "
+                      f"example, got {sorted(rows)}")
+  if not chosen:
+    raise ValueError(f"layers={list(request.layers)} selects no parameter leaf; choose layer "
+                     f"types {LAYER_TYPES} or path patterns of the model's leaves.")
+  return Plan(sites=tuple(sites), B=B, T=rows.pop() if rows else 1, keys=keys,
+              treedef=treedef, rules=rules)
+
+
+def _trace_calls(loss_fn, params, batch, keys):
+  """(every layer call's record, {Linen module path: class name}) of loss_fn, traced
+  abstractly."""
+  log, linen_types = [], {}
+
+  def linen_log(next_fun, args, kwargs, ctx):
+    linen_types.setdefault(tuple(ctx.module.path), type(ctx.module).__name__)
+    return next_fun(*args, **kwargs)
+
+  def run(p, b):
+    ids = array_ids(p, keys)
+
+    def rec(call):
+      out = call.run()
+      log.append(dict(keys=call_keys(call, ids), kind=call.kind, attend=call.attend,
+                      attrs=call.attrs, name=call.name, x=tuple(call.x.shape),
+                      y=tuple(getattr(out, "shape", ()))))
+      return out
+
+    with nn.intercept_methods(linen_log), frontends.route(rec):
+      return loss_fn(p, b)
+
+  jax.eval_shape(run, params, batch)
+  return log, linen_types
+
+
+def _struct(x, lead=None):
+  shape = tuple(x.shape)
+  if lead is not None and shape:
+    shape = (lead,) + shape[1:]
+  return jax.ShapeDtypeStruct(shape, x.dtype)
+
+
+def _example_axis(s1, s2, b1, b2):
+  diff = [i for i, (u, v) in enumerate(zip(s1, s2, strict=True)) if u != v]
+  if not diff:
+    return None
+  if len(diff) != 1 or (s1[diff[0]], s2[diff[0]]) != (b1, b2):
+    raise unsupported(f"cannot find the example axis of a layer input {s1}")
+  return diff[0]
+
+
+def _name(key) -> str:
+  return "/".join(key)
+
+
+def _traced_sites(loss_fn, params, batch, B: int, keys):
+  """([(call at B, call at B+1)] of the layer calls that own parameters, Linen types)."""
+  p_abs = jax.tree.map(_struct, params)
+  log1, linen_types = _trace_calls(loss_fn, p_abs, jax.tree.map(lambda a: _struct(a, B), batch),
+                                   keys)
+  log2, _ = _trace_calls(loss_fn, p_abs, jax.tree.map(lambda a: _struct(a, B + 1), batch),
+                         keys)
+  return [(c1, c2) for c1, c2 in zip(log1, log2, strict=True) if c1["keys"]], linen_types
+
+
+def _sites(calls, B: int, keys: set, chosen: set, linen_types: dict) -> list[Site]:
+  """One Site per layer call (`keys`: every leaf; `chosen`: the selected leaves)."""
+  used: dict[tuple, list] = {}
+  for c1, _ in calls:
+    for k in c1["keys"].values():
+      used.setdefault(k, []).append(c1)
+  for k in sorted(keys - set(used)):
+    owner = linen_types.get(k[:-1])
+    what = f"{owner} at '{_name(k[:-1])}'" if owner else f"the parameter '{_name(k)}'"
+    raise unsupported(f"cannot handle {what}, which owns parameters (no standard layer or "
+                      "pergrad.stats.taps call uses it)")
+  for k, cs in used.items():
+    methods = ["attend" if c["attend"] else "__call__" for c in cs]
+    if len(cs) > 1 and (methods != ["__call__", "attend"] or cs[0]["kind"] != "embed"):
+      raise unsupported(
+          f"'{_name(k[:-1])}' is used {len(cs)} times ({methods}); shared weights are "
+          "handled only for a tied embedding table (lookup then attend)")
+  return [_site(c1, c2, B, chosen, tied=len(used[next(iter(c1["keys"].values()))]) > 1)
+          for c1, c2 in calls]
+
+
+def _site(c1: dict, c2: dict, B: int, chosen: set, tied: bool) -> Site:
+  """The Site of one call, traced at batch sizes B (c1) and B+1 (c2)."""
+  kind, a, attend = c1["kind"], c1["attrs"], c1["attend"]
+  roles = tuple(c1["keys"])
+  first = c1["keys"][roles[0]]
+  if a.get("unsupported"):
+    raise unsupported(f"{a['unsupported']} at '{_name(first[:-1])}'")
+  ax = _example_axis(c1["x"], c2["x"], B, B + 1)
+  nx = len(c1["x"])
+  kw = dict(path=first[:-1], kind=kind, attend=attend, in_axis=ax, tied=tied, leaves=roles,
+            keys=tuple(c1["keys"][r] for r in roles),
+            selected=any(k in chosen for k in c1["keys"].values()))
+  contract = ()
+  if kind == "dense":
+    contract = kw["contract"] = a["contract"]
+    kw["plain_dot"] = a["plain_dot"]
+    kw["out_features"] = int(np.prod(c1["y"][nx - len(contract):])) if c1["y"] else 0
+  if kind == "embed":
+    kw["num_rows"] = a["num_embeddings"]
+  if kind == "norm":
+    kw["norm"] = a["norm"]
+  kw["out_axis"] = 0 if ax is None else ax - sum(i < ax for i in contract)
+  lookup = kind == "embed" and not attend
+  feat = set(contract) if kind == "dense" else (set() if lookup else {nx - 1})
+  kw["rows"] = int(np.prod([d for i, d in enumerate(c1["x"]) if i != ax and i not in feat]))
+  return Site(**kw)

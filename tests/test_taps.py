@@ -1,0 +1,177 @@
+"""The surgery backend on any model: Flax NNX and plain JAX (`pergrad.stats.taps`) against
+per-example loops and the Linen twin's explicit per-token contributions; per-example
+clipping by surgery against vmap on all three; layer types from the layer class."""
+
+import functools
+
+import any_models as am
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import test_surgery as ts
+from flax import nnx
+
+import pergrad.stats as ps
+from pergrad.layer_types import layer_type
+from pergrad.loss import make_loss_fn
+from pergrad.stats import noise, taps
+
+ALL = ("mean", "sq", "sign", "norms")
+KINDS = ("nnx", "plain")
+
+
+@functools.lru_cache(maxsize=None)
+def _samples(kind, tied, B):
+  """Per-example gradients of the model (a Python loop of jax.grad), leaves (B, ...)."""
+  loss_fn, params, _ = am.models(tied)[kind]
+  return ts._per_example_reference(loss_fn, params, am.batch(B))
+
+
+@functools.lru_cache(maxsize=None)
+def _token_samples(tied, B):
+  """Per-token contributions, explicit, of the Linen twin (tests/test_surgery.py)."""
+  _, params, linen = am.models(tied)["linen"]
+  return jax.jit(functools.partial(ts._per_token_reference, linen))(params, am.batch(B))
+
+
+def _check(stats, samples, want, weights=None):
+  """Every asked statistic of the (weighted) samples, leaf by leaf, as test_surgery."""
+  samples = jax.device_get(samples)
+  if weights is not None:
+    samples = jax.tree.map(lambda g: g * weights.reshape((-1,) + (1,) * (g.ndim - 1)), samples)
+  scale = max(float(np.abs(g).max()) for g in jax.tree.leaves(samples))
+  check = functools.partial(np.testing.assert_allclose, rtol=1e-4)
+  leaves = lambda name: jax.tree.leaves(jax.device_get(stats.get(name)))
+  n = jax.tree.leaves(samples)[0].shape[0]
+  assert float(stats.count) == n
+  for i, g in enumerate(jax.tree.leaves(samples)):
+    check(leaves("mean")[i], g.sum(0), atol=1e-6 * scale * n, err_msg=f"sum {i}")
+    if "sq" in want:
+      check(leaves("sq")[i], np.square(g).sum(0), atol=1e-6 * scale**2, err_msg=f"sq {i}")
+    if "sign" in want:
+      a = np.abs(g)
+      ok = np.all((a == 0) | (a > 1e-5 * scale), axis=0)
+      np.testing.assert_allclose(np.where(ok, leaves("sign")[i], 0),
+                                 np.where(ok, np.sign(g).sum(0), 0), atol=1e-5)
+    if "norms" in want:
+      check(leaves("norms")[i], np.square(g).reshape(n, -1).sum(-1), atol=1e-6 * scale**2,
+            err_msg=f"norms {i}")
+
+
+EXT = pytest.mark.extended
+
+
+@pytest.mark.parametrize("kind,tied,chunk", [
+    ("nnx", True, 2), ("plain", False, None), pytest.param("nnx", False, None, marks=EXT),
+    pytest.param("plain", True, 2, marks=EXT)])
+def test_per_example_matches_loop_with_and_without_microbatches(kind, tied, chunk):
+  loss_fn, params, _ = am.models(tied)[kind]
+  _, stats = jax.jit(lambda p, b: ps.compute(
+      loss_fn, p, b, want=ALL, backend="surgery", microbatch_size=chunk))(params, am.batch(4))
+  _check(stats, _samples(kind, tied, 4), ALL)
+
+
+@pytest.mark.parametrize("tied", [pytest.param(False, marks=EXT), True])
+def test_per_token_matches_the_linen_twins_explicit_contributions(tied):
+  want = ("mean", "sq", "sign")
+  for kind in KINDS:
+    loss_fn, params, _ = am.models(tied)[kind]
+    _, stats = jax.jit(lambda p, b, f=loss_fn: ps.compute(
+        f, p, b, want=want, granularity="token", backend="surgery"))(params, am.batch(3))
+    _check(stats, _token_samples(tied, 3), want)
+
+
+@pytest.mark.parametrize("tied,backends", [
+    (False, ("surgery",)), (True, ("surgery", "vmap")),
+    pytest.param(False, ("vmap",), marks=EXT)])
+def test_clipping_by_surgery_matches_vmap_on_every_model_kind(tied, backends):
+  """Some examples clipped, some not; every statistic of the clipped gradients ĝ_b = w_b g_b
+  (the loop's per-example gradients, weighted: vmap's definition), by each backend."""
+  B = 4
+  samples = _samples("nnx", tied, B)  # NNX's arithmetic is Linen's; plain's within rtol
+  for kind in ("linen", *KINDS):
+    loss_fn, params, _ = am.models(tied)[kind]
+    norms = np.sqrt(sum(np.square(g).reshape(B, -1).sum(-1) for g in jax.tree.leaves(samples)))
+    C = float(np.median(norms))
+    w = np.minimum(1.0, C / norms)
+    assert (w < 1).any() and (w == 1).any()
+    out = {be: jax.jit(lambda p, b, be=be, f=loss_fn, c=C: ps.compute(
+        f, p, b, want=ALL, per_example_clip=c, backend=be))(params, am.batch(B))
+        for be in backends}
+    for _, stats in out.values():
+      _check(stats, samples, ALL, weights=w)
+
+
+def test_layer_kind_comes_from_the_class_names_are_the_fallback():
+  """ln1/ln2 are not "norm" by name, but are norm layers: surgery selects them (and
+  ln_f) with layers=("norm",) on all three model kinds, and nothing else."""
+  assert layer_type("ln1/scale") == "other"
+  for kind in ("linen", *KINDS):
+    loss_fn, params, _ = am.models(False)[kind]
+    _, stats = ps.compute(loss_fn, params, am.batch(2),
+                          ps.StatsRequest(("norms",), layers=("norm",)), backend="surgery")
+    paths = noise.leaf_paths(params)
+    chosen = {p.split("/")[0] for p in paths if stats.selects(p)}
+    assert chosen == {"ln1", "ln2", "ln_f"}, (kind, chosen)
+    for p, n in zip(paths, jax.tree.leaves(stats.sq_norms), strict=True):
+      assert (np.asarray(n) > 0).all() == stats.selects(p), (kind, p)
+  rules = ps.StatsRequest(("norms",), layers=("norm",), type_rules=(("ln1*", "mlp"),))
+  loss_fn, params, _ = am.models(False)["plain"]
+  _, stats = ps.compute(loss_fn, params, am.batch(2), rules, backend="surgery")
+  assert not stats.selects("ln1/scale") and stats.selects("ln2/scale")
+
+
+class _DefaultNames(nn.Module):
+  """An LM with Flax's default module names: Embed_0, LayerNorm_0, Dense_0, RMSNorm_0."""
+
+  @nn.compact
+  def __call__(self, ids):
+    x = nn.Embed(am.V, am.D)(ids)
+    x = x + nn.Dense(am.D)(nn.LayerNorm()(x))
+    return nn.Dense(am.V)(nn.RMSNorm()(x))
+
+
+def test_default_flax_names_select_exactly_the_norm_layers():
+  model = _DefaultNames()
+  params = model.init(jax.random.PRNGKey(0), jnp.zeros((1, am.T), jnp.int32))["params"]
+  loss_fn, paths = make_loss_fn(model), noise.leaf_paths(params)
+  norm_leaves = {i for i, p in enumerate(paths) if p.split("/")[0] in ("LayerNorm_0",
+                                                                        "RMSNorm_0")}
+  assert len(norm_leaves) == 3
+  assert set(noise.groups_of(paths)["norm"]) == norm_leaves
+  assert set(noise.groups_of(paths, layers=("norm",))["total"]) == norm_leaves
+  req = ps.StatsRequest(("norms",), layers=("norm",))
+  for backend in ("surgery", "vmap"):
+    _, stats = ps.compute(loss_fn, params, am.batch(2), req, backend=backend)
+    assert {i for i, p in enumerate(paths) if stats.selects(p)} == norm_leaves
+  _, surgery = ps.compute(loss_fn, params, am.batch(2), req, backend="surgery")
+  nonzero = {i for i, n in enumerate(jax.tree.leaves(surgery.sq_norms)) if np.any(n)}
+  assert nonzero == norm_leaves  # surgery touches no other layer
+
+
+def test_nnx_layers_are_restored_and_taps_are_plain_outside_the_backend():
+  originals = {(c, m): c.__dict__.get(m) for c in (nnx.Linear, nnx.Embed, nnx.LayerNorm)
+               for m in ("__call__", "attend")}
+  loss_fn, params, _ = am.models(True)["nnx"]
+
+  def failing(p, b):
+    loss_fn(p, b)
+    raise RuntimeError("boom")
+
+  with pytest.raises(RuntimeError, match="boom"):
+    ps.compute(failing, params, am.batch(2), want=("sq",), backend="surgery")
+  ps.compute(loss_fn, params, am.batch(2), want=("sq",), backend="surgery")
+  assert originals == {k: k[0].__dict__.get(k[1]) for k in originals}
+  assert not taps.active()
+  x, w, b = jnp.ones((2, 3)), jnp.arange(12.0).reshape(3, 4), jnp.ones(4)
+  np.testing.assert_allclose(taps.dense(x, w, b), x @ w + b)
+
+
+def test_a_transformed_parameter_is_refused_by_name():
+  loss_fn = lambda p, b: per_example(p, b)
+  per_example = lambda p, b: (taps.dense(b["x"], p["w"] * 2.0) ** 2).sum(-1)
+  params, batch = {"w": jnp.ones((3, 2))}, {"x": jnp.ones((4, 3))}
+  with pytest.raises(ValueError, match="kernel of a taps.dense call is not a leaf"):
+    ps.compute(loss_fn, params, batch, want=("sq",), backend="surgery")
