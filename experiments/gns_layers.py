@@ -27,13 +27,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from experiments import leafwise, lr_search
+from experiments import calibrate, leafwise, lr_search
 from experiments.figures import plot_curves, plt, savefig, style
 from experiments.record import ROWS, Experiment, Inputs, Report, register
-from experiments.report_md import fmt_num, md_table
 from experiments.rules import part_whole
 from experiments.runs import x_examples
 from experiments.sweep import Block, Sweep, base_for, experiment_value
+from experiments.verdict import fmt_num, md_table
 from pergrad.analysis import GNS_TOTAL, layer_type, smooth
 
 NAME = "gns_layers"
@@ -44,6 +44,8 @@ CLAIM = ("The gradient noise scale of the normalization layers alone predicts th
 ALPHA = float(experiment_value(NAME, "stats.gns_alpha"))
 ALPHAS = (0.9, ALPHA, 0.98, 0.99)
 R_MIN = 0.9
+CLAIMED_R = 0.95  # "high correlation": our reading of the paper's figure
+PAPER = "norm-layer GNS predicts the total GNS (high correlation, linear)"
 SEEDS = {"ci": (0,), "cpu": (0, 1, 2), "paper": (0, 1, 2)}
 NORM = "norm"
 PART_WHOLE = "gns_part_whole.csv"
@@ -111,7 +113,8 @@ def regression(sm: pd.DataFrame, alpha: float) -> pd.DataFrame:
   return pd.DataFrame(rows)
 
 
-def analyze(table: pd.DataFrame, fin: pd.DataFrame, out_dir: Path) -> None:
+def analyze(runs, out_dir: Path) -> None:
+  table, fin = runs.table, runs.finals
   """gns_terms.csv (raw terms), gns_smoothed.csv (α = ALPHA), gns_part_whole.csv (every α),
   leaf_params.csv (the leaves' parameter counts, when known)."""
   out_dir = Path(out_dir)
@@ -177,7 +180,7 @@ def report(out_dir: Path) -> Report:
   path = Path(out_dir) / PART_WHOLE
   reg = pd.read_csv(path) if path.exists() and path.stat().st_size > 1 else pd.DataFrame()
   if reg.empty or "r_complement" not in reg:
-    return Report(verdict="not measured", rule=RULE, finding=(
+    return Report(verdict="not measured", rule=RULE, ours=(
         f"{PART_WHOLE} is missing or empty (no gns/norm and gns/total terms logged, stats.gns "
         f"off, runs too short for ≥ 3 steps past the EMA warm-up, or an analysis without the "
         f"complement regression): re-run `python scripts/reproduce.py "
@@ -209,7 +212,12 @@ def report(out_dir: Path) -> Report:
                 f"part-whole r of the total, {f(at['r_total'])}, is not evidence"
                 + _params_text(Path(out_dir)) + ". Final B_simple per type: "
               + ", ".join(f"{g} {fmt_num(float(v))}" for g, v in b_last.items()) + ".")
-  return Report(verdict=verdict, rule=RULE, finding=measured, claim_row=measured,
+  rs = at["r_complement"].dropna().tolist()
+  cal = calibrate.calibrate("threshold", float(np.std(rs, ddof=1)) if len(rs) > 1 else np.nan,
+                            len(rs), R_MIN, CLAIMED_R, effect=CLAIMED_R)
+  return Report(verdict=calibrate.gate(verdict, cal), rule=RULE, paper=PAPER, calibration=cal.row(),
+                ours=f"r(complement, norm) = {f(at['r_complement'])} at α = {ALPHA:g}",
+                checks=(measured,),
                 numbers_md="Regressions on the normalization layers' B_simple and the norm "
                 "group's shares (`rules.part_whole`; per seed, by α):\n\n" + md_table(reg)
                 + "\n\nBy α (mean and std over seeds):\n\n" + md_table(by_alpha))

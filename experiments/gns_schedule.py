@@ -1,40 +1,21 @@
-"""G3 (Gray et al. 2024): a batch-size schedule guided by the gradient noise scale saves
-tokens against the best fixed batch.
+"""G3 (Gray et al. 2024): a GNS-guided batch-size schedule saves tokens against the best fixed batch.
 
-Runs (`pergrad.train.batch_schedule`): Adam, every arm spending the same examples E =
-train.steps × B_ref (the scale's run; cpu: 400 × 32 = 12,800 sequences), the GNS of
-every layer type and of the whole model tracked every step in every arm (so that their
-per-step costs match), the warmup fixed in examples, evaluations at the same examples.
-  fixed      B = B_ref/2, B_ref, B_max = 2·B_ref (cpu: 16, 32, 64) every update, each at
-             its own lr: a factor-2 grid on seed 0 (`lr_search`, extended once past an
-             edge), then fresh seeds 1-3 at the chosen lr. The best fixed arm is the one
-             with the lowest fresh-seed mean final eval loss (chosen on the seeds it is
-             judged on: the baseline's selection bias counts against the schedules).
-  gns_norm   online: every 25 updates B = max(B, floor(B_simple)), B_simple = EMA(S) /
-             EMA(|G|²) (α = 0.95) of the normalization layers (`batch.gns_group=norm`,
-             the paper's predictor), from B_max/8 up to B_max
-  gns_total  the same, guided by the whole model's B_simple
-  linear_fit a linear ramp in tokens fitted to the measured GNS (`fit_ramp`): a
-             least-squares line B_simple ≈ a + b·tokens through the best fixed arm's
-             tracked total B_simple (fresh seeds' mean, past the EMA's warm-up)
-  short      the best fixed arm with 82 % of the examples (its lr, warmup, evaluations
-             and fresh seeds; the cosine decays over its own steps): what an 18 % saving
-             of tokens costs that arm at the end
-The schedules and the short arm run in a follow-up stage (`follow_up`), once the fixed
-arms' fresh seeds are done, with the fresh seeds and at the best fixed arm's lr (no search
-of their own), the lr unchanged when B changes.
-
-Judged: each schedule's final eval loss at the common budget E against the best fixed
-arm's, per fresh seed (`verdict.compare`; a run diverged by `lr_search.DIVERGED_RULE`
-loses). A tie says something only when the test could have seen a saving of the paper's
-size (our reading): Δ18 = L̄_short − L̄, the short arm's seed-mean final eval loss minus the
-best fixed arm's, is the loss 18 % of the tokens are worth at the end, so a schedule that
-needs 18 % fewer tokens than the fixed arm ends about Δ18 below it; Δ18 must exceed the
-pair's noise. Reported, not
-judged: tokens and wall time (training time, evaluation left out) to the target T = the
-best fixed arm's seed-mean final eval loss, where each arm's seed-mean curve first reaches
-T (linear between evaluations; `not reached` within E), and the same per seed. The rule is
-`RULE`.
+Every arm spends the same examples E = train.steps × B_ref (cpu: 12,800 sequences), tracks
+the GNS of every layer type every step (equal per-step costs), warmup fixed in examples,
+evaluations at the same examples. Arms:
+  fixed        B = 8, 16, 32, 64 (cpu), each with its own lr (factor-2 grid on seed 0,
+               extended once), then the fresh seeds; the best is the baseline
+  gns_norm     online: every 25 updates B = max(B, B_simple of the normalization layers)
+  linear_paper the paper's schedule: a linear ramp over the whole budget from B_max/8 to B_max
+  linear_fit   a ramp fitted to the best fixed arm's measured B_simple, clipped to the budget
+  warmup       batch-size warmup (Merrill et al. 2025): B doubles from B_max/8 over the first
+               quarter of the budget, lr × √(B / B_max) (a fixed schedule from their finding
+               that the critical batch size grows early, then plateaus)
+  short        the best fixed arm on 82 % of the examples: Δ18, the loss an 18 % saving is worth
+The schedules run in a follow-up stage at the best fixed arm's lr and fresh seeds. Seeds: 6,
+the fewest at which the pair rule has power ≥ 0.8 for Δ18 ≈ 0.043 at the per-arm noise 0.023
+measured in the earlier run (`calibrate.seeds_for`). Seesaw (arXiv 2510.14717) needs a batch
+kind coupled to a step lr schedule that the train loop does not have yet.
 """
 
 from __future__ import annotations
@@ -45,12 +26,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from experiments import lr_search, verdict
+from experiments import calibrate, lr_search, rules
 from experiments import tokens_to_target as ttt
 from experiments.figures import plt, savefig, style
 from experiments.record import ROWS, Experiment, Report, register
-from experiments.report_md import md_table
 from experiments.sweep import Block, LrSearch, Sweep, base_for, experiment_value, scale_value
+from experiments.verdict import md_table, outcomes, pairs_md
 
 NAME = "gns_schedule"
 TITLE = "batch-size schedules (GNS-guided, fitted ramp) against the best fixed batch"
@@ -59,33 +40,31 @@ CLAIM = ("A batch-size schedule guided by the gradient noise scale (in the paper
          "fewer on a Chinchilla-optimal language model (Gray et al., arXiv 2411.00999).")
 SIZE, PER_SIZE = "data.batch_size", ("train.steps", "train.eval_every", "schedule.warmup_steps")
 GROUP = ("batch.kind", SIZE, *PER_SIZE)  # a fixed arm (in its runs' names: lr_search copies it)
-GUIDED = ("gns_norm", "gns_total", "linear_fit")  # the claim's schedules (the verdict's)
+GUIDED = ("gns_norm", "linear_paper", "linear_fit")  # the claim's schedules (the verdict's)
+BASELINES = ("warmup",)  # published schedules, reported beside
+PAPER_RAMP_SHARE = 0.999  # a ramp this close to the budget is the paper's
+WARMUP_SHARE = 0.25  # warmup: the share of the budget over which B grows
 SELECT_SEED = 0
-SEEDS = {"ci": (1,), "cpu": (1, 2, 3), "paper": (1, 2, 3)}  # fresh: judged on
+SEEDS = {"ci": (1,), "cpu": (1, 2, 3, 4, 5, 6), "paper": (1, 2, 3, 4, 5, 6)}  # fresh: judged on
 N_EVALS = {"ci": 5, "cpu": 25, "paper": 25}
 PAPER_SAVING = 0.18
 SHORT = 1 - PAPER_SAVING  # the short arm's share of the examples
 WARMUP = 20  # steps of the α = 0.95 EMA left out of the fit (1 / (1 − α))
-RULE = ("Fixed batches B_ref/2, B_ref and 2·B_ref, each at its own lr (chosen on seed 0), "
-        "then fresh seeds; the best fixed arm has the lowest fresh-seed mean final eval loss. "
-        "Each GNS-guided schedule (gns_norm and gns_total: online from the normalization "
-        "layers' and the whole model's B_simple; linear_fit: a ramp fitted to the measured "
-        "total B_simple), at the best fixed arm's lr and seeds, vs the best fixed arm in "
-        f"final eval loss at the same tokens is {verdict.PAIR_WIN}. The paper's saving is "
-        "resolvable in a pair when Δ18 exceeds the pair's noise: the seed-mean final eval "
-        "loss of the best fixed arm trained on 82 % of the tokens minus that arm's. "
-        "Reproduced if every schedule wins, not reproduced if one loses or none wins while "
-        "every pair resolves Δ18, partly reproduced if some win, undetermined otherwise. "
-        "Tokens and wall time to the "
-        "best fixed arm's seed-mean final loss (on seed-mean curves; not reached within the "
-        "budget is not a divergence) are reported, not judged (two runs share the two cores).")
+PAPER = "18% fewer tokens to the fixed batch's final loss"
+RULE = (f"Each GNS-guided schedule ({', '.join(GUIDED)}) at the best fixed arm's lr and seeds vs "
+        f"the best fixed arm (lowest fresh-seed mean final eval loss) in final eval loss at equal "
+        f"tokens: {rules.PAIR_WIN}. The claimed effect is Δ18, the best fixed arm's seed-mean final "
+        "loss on 82% of the tokens minus on all. Reproduced if every schedule wins, not reproduced "
+        "if one loses or none wins while the rule has power ≥ 0.8 for Δ18, partly reproduced if "
+        "some win, undetermined otherwise. Tokens and wall time to the fixed arm's final loss on "
+        "seed-mean curves are reported, not judged.")
 
 
 def sizes(preset: str) -> tuple[int, int, tuple[int, ...]]:
-  """(B_ref, B_max, the fixed arms' sizes): the scale's batch size, 2·B_ref, and B_ref/2,
-  B_ref, B_max (ci: B_ref, B_max)."""
+  """(B_ref, B_max, the fixed arms' sizes): the scale's batch size, 2·B_ref, and B_ref/4 ...
+  B_max (ci: B_ref, B_max)."""
   ref = int(scale_value(preset, "data.batch_size"))
-  return ref, 2 * ref, ((ref, 2 * ref) if preset == "ci" else (ref // 2, ref, 2 * ref))
+  return ref, 2 * ref, ((ref, 2 * ref) if preset == "ci" else (ref // 4, ref // 2, ref, 2 * ref))
 
 
 def lr_grid(preset: str, b: int) -> list[float]:
@@ -96,7 +75,8 @@ def lr_grid(preset: str, b: int) -> list[float]:
     return [float(experiment_value(NAME, "optimizer.lr"))]
   if preset == "paper":
     return [2.5e-4, 5e-4, 1e-3]
-  return [5e-3, 1e-2, 2e-2] if b < sizes(preset)[0] else [1e-2, 2e-2, 4e-2]
+  ref = sizes(preset)[0]
+  return [2.5e-3, 5e-3, 1e-2] if b < ref // 2 else [5e-3, 1e-2, 2e-2] if b < ref else [1e-2, 2e-2, 4e-2]
 
 
 def _per_size(b: int, examples: int, warmup: int, n_evals: int) -> dict:
@@ -117,8 +97,8 @@ def sweep(preset: str) -> Sweep:
       "train.seed": [SELECT_SEED]}) for b in fixed)
   search = LrSearch(GROUP, factor=2.0, max_extend=0 if preset == "ci" else 1,
                     seeds=SEEDS[preset])
-  # cpu: 9 selection (+ ≤ 3 extension), 9 fresh, 9 schedule runs; ~1.1 min each on 2 cores
-  return Sweep(base, blocks, search, wall_estimate_min={"ci": 1.0, "cpu": 32}.get(preset))
+  # cpu: 12 selection (+ ≤ 4 extension), 24 fresh, 30 follow-up runs; ~0.8 min each
+  return Sweep(base, blocks, search, wall_estimate_min={"ci": 1.0, "cpu": 56}.get(preset))
 
 
 # --- choosing the baseline and the fitted ramp ------------------------------------------
@@ -192,8 +172,14 @@ def fit_ramp(rows: pd.DataFrame, b_max: int) -> dict | None:
           "a": float(a), "b_per_token": float(b)}
 
 
+def _budget_tokens(preset: str) -> int:
+  """Tokens every arm spends: train.steps × B_ref sequences of data.seq_len tokens."""
+  ref = sizes(preset)[0]
+  return ref * int(scale_value(preset, "train.steps")) * int(scale_value(preset, "data.seq_len"))
+
+
 def follow_up(preset: str, sweep_dir: Path) -> tuple[Block, ...]:
-  """The schedules at the best fixed arm's lr and fresh seeds: gns_norm, gns_total, and
+  """The schedules at the best fixed arm's lr and fresh seeds: gns_norm, the paper's ramp, warmup, and
   linear_fit with its ramp fitted to that arm's runs (`fit_ramp`); and the short arm."""
   from experiments.runs import aggregate, finals
 
@@ -202,31 +188,39 @@ def follow_up(preset: str, sweep_dir: Path) -> tuple[Block, ...]:
   if best is None:
     return ()
   lr, seeds = [float(best["optimizer.lr"])], list(SEEDS[preset])
-  blocks = [Block({"batch.kind": ["gns"], "batch.gns_group": ["norm", "total"],
-                   "optimizer.lr": lr, "train.seed": seeds}),
+  b_max = sizes(preset)[1]
+  tokens = _budget_tokens(preset)
+  ramp = lambda kind, start, tok, **kw: Block({"batch.kind": [kind], "batch.ramp_tokens": [int(tok)],
+                                               **kw, "optimizer.lr": lr, "train.seed": seeds},
+                                              fixed={"batch.start": start})
+  blocks = [Block({"batch.kind": ["gns"], "batch.gns_group": ["norm"], "optimizer.lr": lr, "train.seed": seeds}),
             Block({"batch.kind": ["fixed"], SIZE: [int(best[SIZE])],
                    "train.steps": [int(round(SHORT * int(best["train.steps"])))],
                    "train.eval_every": [int(best["train.eval_every"])],
                    "schedule.warmup_steps": [int(best["schedule.warmup_steps"])],
-                   "optimizer.lr": lr, "train.seed": seeds})]
-  fit = fit_ramp(_best_runs(table, best), sizes(preset)[1])
-  if fit is not None:
-    blocks.append(Block({"batch.kind": ["linear"], "batch.ramp_tokens": [fit["batch.ramp_tokens"]],
-                         "optimizer.lr": lr, "train.seed": seeds},
-                        fixed={"batch.start": fit["batch.start"]}))
+                   "optimizer.lr": lr, "train.seed": seeds}),
+            ramp("linear", b_max // 8, tokens),  # the paper's: over the whole budget
+            ramp("linear", b_max // 8, WARMUP_SHARE * tokens, **{"batch.lr_scaling": ["sqrt"]})]
+  fit = fit_ramp(_best_runs(table, best), b_max)
+  if fit is not None:  # a fitted ramp that fits the budget
+    blocks.append(ramp("linear", fit["batch.start"], min(fit["batch.ramp_tokens"], tokens - 1)))
   return tuple(blocks)
 
 
 # --- analysis ----------------------------------------------------------------------------
 def arm(row: dict) -> str:
-  """fixed_<B> | gns_norm | gns_total | linear_fit, from a run's swept values."""
+  """fixed_<B>[_short] | gns_<group> | linear_paper | linear_fit | warmup, from a run's first row."""
   kind = row.get("batch.kind")
   if kind == "fixed":
     return f"fixed_{int(row['data.batch_size'])}" + ("_short" if row.get("short") else "")
   if kind == "gns":
     group = row.get("batch.gns_group")
     return f"gns_{'total' if group is None or pd.isna(group) else group}"
-  return "linear_fit" if kind == "linear" else str(kind)
+  if kind == "linear":
+    scaled = str(row.get("batch.lr_scaling", "none")) == "sqrt"
+    tok = float(row.get("batch.ramp_tokens") or 0)
+    return "warmup" if scaled else "linear_paper" if tok >= PAPER_RAMP_SHARE * row.get("_budget", tok) else "linear_fit"
+  return str(kind)
 
 
 def compared(table: pd.DataFrame, search: pd.DataFrame, best: dict | None) -> pd.DataFrame:
@@ -329,42 +323,27 @@ def report(out_dir: Path) -> Report:
   cur = pd.read_csv(out_dir / "curves.csv")
   target = float(tt["target"].iloc[0])
   finals = {k: g["final_eval_loss"].tolist() for k, g in tt.groupby("arm")}
-  _, pairs = verdict.decide(finals, [(k, base) for k in GUIDED])
+  _, pairs = rules.decide(finals, [(k, base) for k in GUIDED])
   delta = ttt.delta_short(finals, base)
-  v = ttt.schedule_verdict(pairs, delta)
+  cal = calibrate.calibrate("pair", calibrate.pooled_std([finals[k] for k in (base, *GUIDED) if k in finals]),
+                            min(len(finals.get(base, [])), *(len(finals.get(k, [])) or 99 for k in GUIDED)),
+                            delta if math.isfinite(delta) else math.nan)
+  v = ttt.schedule_verdict(pairs, cal.power)
   mean_tt = ttt.seed_mean_to_target(cur, base, target)
   saving = mean_tt.set_index("arm")["token_saving"]
   by_arm = tt.groupby("arm").agg(
       final_eval_loss=("final_eval_loss", "mean"), final_std=("final_eval_loss", "std"),
-      updates=("updates", "mean"), time_total_s=("time_total_s", "mean"),
-      seeds=("run", "count"),
+      updates=("updates", "mean"), time_total_s=("time_total_s", "mean"), seeds=("run", "count"),
       not_reached=("tokens_to_target", lambda x: int((~np.isfinite(x)).sum()))).reset_index()
   by_arm = by_arm.merge(mean_tt, on="arm")
-  arms = lr_search.group_lines(search, lambda r: f"fixed B={int(r[SIZE])}")
-  resolves = sum(p.noise < delta for p in pairs if math.isfinite(p.noise))
-  measured = (f"Baseline: the best fixed arm, B = {int(best[SIZE])} at lr "
-              f"{best['optimizer.lr']:g} (fixed arms' fresh-seed final eval loss, {arms}). "
-              "Final eval loss at the same tokens: "
-              + "; ".join(p.sentence() for p in pairs)
-              + f"; Δ18 (the best fixed arm on 82% of the tokens minus on all) "
-              f"{delta:.3g}, above the noise of {resolves} of {len(pairs)} pairs. Token saving "
-              f"to the fixed arm's mean final loss {target:.3f}, on seed-mean curves "
-              "(reported, not judged): GNS-guided online by the normalization layers "
-              f"{ttt.saving_text(saving.get('gns_norm', math.nan))}, by the whole model "
-              f"{ttt.saving_text(saving.get('gns_total', math.nan))}, linear ramp fitted to the "
-              f"measured GNS {ttt.saving_text(saving.get('linear_fit', math.nan))} (paper: "
-              f"{100 * PAPER_SAVING:.0f}%).")
-  return Report(verdict=v, rule=RULE, finding=f"Rule: {RULE} {measured}", claim_row=measured,
-                numbers_md="Fixed arms (lr chosen on seed 0; fresh seeds):\n\n"
-                + lr_search.best_md(search, GROUP, extra=("best_arm",))
-                + "\n\nFinal eval loss at the same tokens (the verdict's pairs; Δ18 = "
-                + f"{delta:.4f}):\n\n" + verdict.pairs_md(pairs)
-                + "\n\nBy arm (final eval loss: mean and std over seeds; tokens and time to "
-                f"the target {target:.4f} on the seed-mean curve, and seeds whose own curve "
-                "does not reach it; 2 runs shared the 2 cores):\n\n"
-                + md_table(ttt.labelled(by_arm))
-                + "\n\nPer run (target: the best fixed arm's seed-mean final loss):\n\n"
-                + md_table(ttt.labelled(tt)) + _fit_md(out_dir))
+  save = ", ".join(f"{a} {ttt.saving_text(saving.get(a, math.nan))}" for a in (*GUIDED, *BASELINES) if a in saving)
+  return Report(verdict=v, rule=RULE, paper=PAPER, calibration=cal.row(),
+                ours=f"token saving to B={int(best[SIZE])}'s final loss: {save or 'n/a'}; {outcomes(pairs)}",
+                checks=(f"baseline: fixed B = {int(best[SIZE])} at lr {best['optimizer.lr']:g}",
+                        *(p.sentence() for p in pairs), f"Δ18 = {delta:.3g}"),
+                numbers_md=lr_search.best_md(search, GROUP, extra=("best_arm",)) + "\n\n" + pairs_md(pairs)
+                + "\n\nBy arm (seed-mean curves; tokens and time to the target "
+                f"{target:.4f}):\n\n" + md_table(ttt.labelled(by_arm)) + _fit_md(out_dir))
 
 
 def _fit_md(out_dir: Path) -> str:

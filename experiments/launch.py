@@ -92,9 +92,10 @@ def launch_blocks(
     for p in block.points():
       name = run_dirname(p)
       (done if run_status(sweep_dir / name) in DONE else todo).append(name)
-    log.skipped += done
-    for name in done:
-      echo(f"[skip] {name} ({run_status(sweep_dir / name)})")
+    for name in done:  # each run once: a later round lists finished runs again
+      if name not in log.skipped and name not in log.launched:
+        log.skipped.append(name)
+        echo(f"[skip] {name} ({run_status(sweep_dir / name)})")
     if not todo:
       continue
     cmd = multirun_command(sweep_dir, base, block, train_cmd=train_cmd, launcher=launcher,
@@ -102,13 +103,13 @@ def launch_blocks(
     log.commands.append(cmd)
     echo(f"[launch] {len(todo)} run(s): " + " ".join(_quote(c) for c in cmd[1:]))
     if dry_run:
-      log.launched += todo
+      log.launched += [n for n in todo if n not in log.launched]
       continue
     t0 = time.time()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.run(cmd, cwd=REPO, env=env)
     log.wall_s += time.time() - t0
-    log.launched += todo
+    log.launched += [n for n in todo if n not in log.launched]
     for name in todo:
       if run_status(sweep_dir / name) != "completed":
         log.failed.append(name)

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from experiments.rules import LeafAggregates, is_norm_leaf, leaf_aggregates
+from experiments.rules import is_norm_leaf, leaf_aggregates
 from experiments.runs import leaf_of, stat_columns
 
 SIZES_CSV = "leaf_params.csv"
@@ -65,7 +65,7 @@ def second_half(df: pd.DataFrame) -> pd.DataFrame:
   return df[df["step"] > last / 2]
 
 
-def aggregates(num: pd.Series, den: pd.Series, sizes: dict[str, int]) -> LeafAggregates:
+def aggregates(num: pd.Series, den: pd.Series, sizes: dict[str, int]) -> dict:
   """`rules.leaf_aggregates` of leaf-indexed sums; a leaf without a count is an error."""
   missing = sorted(set(num.index) - set(sizes))
   if missing:
@@ -77,12 +77,12 @@ def aggregates(num: pd.Series, den: pd.Series, sizes: dict[str, int]) -> LeafAgg
 def per_seed_views(by_leaf: pd.DataFrame, sizes: dict[str, int], keys: list[str]
                    ) -> pd.DataFrame:
   """by_leaf: rows keys + [leaf, num, den] (one per leaf and group of `keys`); out: one row
-  per group, the flat `LeafAggregates.row()` of its leaves."""
+  per group, `rules.leaf_aggregates` of its leaves."""
   rows = []
   for key, g in by_leaf.groupby(keys, sort=False):
     key = key if isinstance(key, tuple) else (key,)
     agg = aggregates(g.set_index("leaf")["num"], g.set_index("leaf")["den"], sizes)
-    rows.append({**dict(zip(keys, key, strict=True)), **agg.row()})
+    rows.append({**dict(zip(keys, key, strict=True)), **agg})
   return pd.DataFrame(rows)
 
 

@@ -1,25 +1,10 @@
-"""Learning-rate sweeps: the best lr per variant, follow-up stages, their CSVs and figures.
+"""Learning-rate sweeps (`sweep.POLICY`): the best lr per group, follow-up stages, CSVs, figures.
 
-The lr policy. An experiment with an `LrSearch` compares variants ("groups"), each at its
-own learning rate, chosen on its selection seeds and reported on OTHERS:
-
-0. Divergence (`DIVERGED_RULE`, `experiments.rules`): a run whose eval loss is
-   non-finite, ends above ln V (a uniform prediction over the V-token vocabulary) or
-   exceeds ln V after having been below it diverged; its final eval loss counts as +inf
-   (`marked_finals`, which the runner applies to every stage's finals).
-1. Selection: each group's lr is the one with the lowest final eval loss, averaged over
-   the selection seeds (the seeds of the sweep's first block, e.g. seed 0, or 0 and 1)
-   alone; a diverged selection run makes that lr diverged.
-2. Extension (`follow_up_blocks`, kind "extend"): a group whose chosen lr lies at an edge
-   of its grid gets the next lr past that edge (by `factor`), up to `max_extend` times; a
-   group whose every run diverged gets the next lr BELOW its grid, until a run trains or
-   its lowest lr is `diverged_floor` (100) times below the lowest lr of its first grid.
-3. Fresh seeds (kind "seeds"): each group that trained is re-run at its chosen lr with the
-   fresh seeds `LrSearch.seeds` (e.g. 1, 2, 3), never a selection seed.
-4. Reporting: the numbers of a group (`loss_mean`, `loss_std`, `n_seeds` of best.csv, and
-   every verdict) are those of the fresh seeds ONLY; the selection seeds' mean at the
-   chosen lr is kept apart (`select_loss`) and never averaged in, since the lr was picked
-   because that value was low (selection bias).
+Selection: each group's lr has the lowest final eval loss averaged over the selection seeds
+(a diverged run, `rules.DIVERGED_RULE`, counts as +inf). Extension (`follow_up_blocks`,
+"extend"): a chosen lr at a grid edge gets the next lr past it; an all-diverged group the
+next lr below. Fresh seeds ("seeds") then run at the chosen lr; only they are reported
+(`loss_mean`, `loss_std`, `n_seeds`); the selection seeds' mean stays apart (`select_loss`).
 """
 
 from __future__ import annotations
@@ -34,14 +19,11 @@ import pandas as pd
 
 from experiments import figures as F
 from experiments import rules
-from experiments.report_md import md_table
 from experiments.runs import DONE, curves_at, finals, from_table
 from experiments.sweep import Block, LrSearch, Sweep, config_extras, fmt
+from experiments.verdict import md_table
 
 CURVE_COLS = ("train/loss", "eval/loss", "train/lr", "train/grad_norm")
-POLICY = ("each group's lr is chosen on its selection seeds alone and its numbers are the "
-          "mean ± std of fresh seeds at that lr, never a selection seed")
-DIVERGED_RULE = rules.DIVERGED_RULE
 
 
 @functools.lru_cache(maxsize=32)
@@ -270,48 +252,22 @@ def by_label(best: pd.DataFrame, labeler: Callable[[dict], str]) -> dict[str, li
   return {labeler(r): list(r["values"]) for r in best.to_dict("records")}
 
 
-def group_lines(best: pd.DataFrame, labeler: Callable[[dict], str],
-                lr_key: str = "optimizer.lr") -> str:
-  """One clause per group, best fresh mean first: `label: mean ± std (n=k) at lr X`."""
-  from experiments.verdict import summarize
-
-  recs = sorted(best.to_dict("records"),
-                key=lambda r: (np.nan_to_num(r["loss_mean"], nan=np.inf), r["select_loss"]))
-  return "; ".join(f"{labeler(r)}: diverged at every lr ({_seeds_text(r)})"
-                   if r.get("all_diverged")
-                   else f"{labeler(r)}: {summarize(r['values']).text()} at lr "
-                   f"{fmt(float(r[lr_key]))}" for r in recs)
+def edges_note(best: pd.DataFrame, labeler: Callable[[dict], str]) -> str:
+  """"Chosen lr at a grid edge for [...]" or "diverged at every lr: [...]" ('' when none)."""
+  recs = best.to_dict("records")
+  div = [labeler(r) for r in recs if r.get("all_diverged")]
+  edge = [labeler(r) for r in recs if r.get("at_edge")]
+  return " ".join(x for x in (f"Diverged at every lr: {div}." if div else "",
+                              f"Chosen lr at a grid edge: {edge}." if edge else "") if x)
 
 
-def _seeds_text(r: dict) -> str:
-  seeds = _seed_set(r.get("select_seed", 0)) if not _is_null(r.get("select_seed")) else (0,)
-  return ("seed " if len(seeds) == 1 else "seeds ") + " ".join(fmt(x) for x in seeds)
-
-
-def search_notes(best: pd.DataFrame, labeler: Callable[[dict], str]) -> str:
-  """Sentences on all-diverged groups ("diverged at every lr from X down to Y") and on
-  chosen lrs at a grid edge; '' when none."""
-  notes = []
-  for r in best.to_dict("records"):
-    if r.get("all_diverged"):
-      grid = [float(x) for x in str(r["grid"]).split()]
-      notes.append(f"`{labeler(r)}` diverged at every lr from {fmt(max(grid))} down to "
-                   f"{fmt(min(grid))} ({_seeds_text(r)}).")
-  edges = [labeler(r) for r in best.to_dict("records") if r.get("at_edge")]
-  if edges:
-    notes.append(f"Caution: chosen lr at an edge of the grid for {edges} (extended as far "
-                 "as allowed; see best.csv).")
-  return " ".join(notes)
-
-
-def analyze(table: pd.DataFrame, fin: pd.DataFrame, out_dir: Path,
-            group_keys: Sequence[str], lr_key: str = "optimizer.lr",
+def analyze(runs, out_dir: Path, group_keys: Sequence[str], lr_key: str = "optimizer.lr",
             seed_key: str = "train.seed", select_seed=None) -> None:
   """Writes finals.csv (every run), best.csv (chosen lr per group: the selection seeds'
   mean and the fresh seeds' mean ± std; `select_seed` as in `best_lr`), curves.csv (at
   the chosen lr: the fresh seeds' curves, or the selection seeds' where a group has no
   fresh seed)."""
-  out_dir = Path(out_dir)
+  out_dir, table, fin = Path(out_dir), runs.table, runs.finals
   fin.to_csv(out_dir / "finals.csv", index=False)
   best = best_lr(fin, group_keys, lr_key, seed_key, select_seed=select_seed)
   best.to_csv(out_dir / "best.csv", index=False)
@@ -367,3 +323,26 @@ def best_md(best: pd.DataFrame, group_keys: Sequence[str], lr_key: str = "optimi
                         "grid": "lr grid", "n_diverged": "diverged lrs",
                         "at_edge": "chosen at edge"})
   return md_table(b)
+
+
+def pairs_report(groups: dict, expected: list, *, rule: str, paper: str, effect: float,
+                 numbers_md: str, checks=(), verdict_fn=None):
+  """The report of a pairs rule (`rules.decide` on `expected`): pooled seed noise, the rule's
+  simulated error rates at it for an effect of `effect` (`calibrate`), the gated verdict."""
+  from experiments import calibrate, rules
+  from experiments.record import Report
+  from experiments.verdict import groups as groups_text
+  from experiments.verdict import outcomes, pairs_md
+
+  verdict, pairs = rules.decide(groups, expected) if expected else ("not tested", [])
+  if verdict_fn is not None:
+    verdict = verdict_fn(pairs)
+  used = {x for p in expected for x in p}
+  vals = [v for k, v in groups.items() if k in used]
+  cal = calibrate.calibrate("pair", calibrate.pooled_std(vals),
+                            min((len(v) for v in vals), default=0), effect)
+  return Report(verdict=calibrate.gate(verdict, cal), rule=rule, paper=paper,
+                ours=outcomes(pairs), calibration=cal.row(),
+                checks=(groups_text({k: groups[k] for k in groups if k in used}),
+                        *(p.sentence() for p in pairs), *checks),
+                numbers_md=numbers_md + ("\n\n" + pairs_md(pairs) if pairs else ""))

@@ -36,14 +36,15 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from experiments import leafwise, lr_search
-from experiments import verdict as vd
+from experiments import calibrate, leafwise, lr_search
+from experiments import rules as vd
+from experiments import verdict as vd_text
 from experiments.figures import plot_curves, plt, savefig, style
 from experiments.record import ROWS, Experiment, Inputs, Report, register
-from experiments.report_md import fmt_num, md_table
 from experiments.rules import is_norm_leaf
 from experiments.runs import leaf_of, stat_columns, x_examples
 from experiments.sweep import Block, Sweep, base_for
+from experiments.verdict import fmt_num, md_table
 
 NAME = "moments"
 TITLE = "μ², σ²/B and σ² in Adam's second moment over training"
@@ -56,7 +57,7 @@ MAGNITUDES = ("gbar2_mean", "mu2_mean", "var_mean")  # per leaf only
 # Shares of the step's μ̂², σ̂²/B, σ̂² in Adam's debiased v̂ (`pergrad.optim.diagnostics`).
 SHARES = ("share_mu2", "share_var_b", "share_var")
 SEEDS = {"ci": (0,), "cpu": (0, 1, 2), "paper": (0, 1, 2)}
-IDS = ["run", "train.seed", "step", "examples_seen"]
+IDS = ["run", "train.seed", "step", "examples_seen", "B"]  # B: NaN at the scale's batch size
 WHOLE = ("total", "all")  # the whole-model "leaf" of stats/ and opt/ keys
 RULE = ("Per seed, each leaf's r = Σμ̂²/Σ(σ̂²/B) over its coordinates and the second half "
         "of training's logged steps; the seed's value is the parameter-weighted median of r "
@@ -65,6 +66,8 @@ RULE = ("Per seed, each leaf's r = Σμ̂²/Σ(σ̂²/B) over its coordinates an
         "of Σμ̂² and Σσ̂²/B). Against 1 (higher: μ² dominates Adam's v), " + vd.PAIR_WIN + ": "
         "reproduced if μ² wins, not reproduced if σ²/B does, partly reproduced on a tie, "
         "undetermined with < 2 seeds.")
+PAPER = "v ≈ μ² + σ²/B dominated by μ² (qualitative)"
+EFFECT = 1.0  # r − 1: μ² twice σ²/B, our stated prior for "μ² dominates"
 RERUN = f"re-run `python scripts/reproduce.py {NAME} --preset <preset>`"
 
 
@@ -75,11 +78,16 @@ def sweep(preset: str, inputs: Inputs | None = None) -> Sweep:
   tuned = {} if preset == "ci" else {"optimizer.lr": lr_search.tuned_lr(
       inputs, "preconditioner", {"optimizer.variant": "adam", "optimizer.clip_norm": None})}
   base = base_for(NAME, preset, **{"stats.log_every": log_every}, **tuned)
-  blocks = (Block({"optimizer.variant": ["adam"], "train.seed": list(SEEDS[preset])}),)
-  return Sweep(base, blocks, wall_estimate_min={"ci": 0.3, "cpu": 8}.get(preset))
+  sizes = [None] if preset == "ci" else [None, 128]  # the scale's B, and B = 128 (r grows with B)
+  blocks = tuple(Block({"optimizer.variant": ["adam"], "train.seed": list(SEEDS[preset]),
+                        **({"data.batch_size": [b]} if b else {})},
+                       fixed={"train.steps": 100} if b else {}) for b in sizes)
+  # cpu: 3 runs at B = 32 (400 steps) + 3 at B = 128 (100 steps: the same examples); ~6 min
+  return Sweep(base, blocks, wall_estimate_min={"ci": 0.3, "cpu": 6}.get(preset))
 
 
-def analyze(table: pd.DataFrame, fin: pd.DataFrame, out_dir: Path) -> None:
+def analyze(runs, out_dir: Path) -> None:
+  table, fin = runs.table, runs.finals
   """moments_per_leaf.csv and moments_all.csv (whole model): long tables IDS, [leaf,]
   quantity, value."""
   out_dir = Path(out_dir)
@@ -89,7 +97,7 @@ def analyze(table: pd.DataFrame, fin: pd.DataFrame, out_dir: Path) -> None:
   for name, prefix in [*((n, "stats") for n in MAGNITUDES),
                        *((n, "opt") for n in (*RATIOS, *SHARES))]:
     for col in stat_columns(t, name, prefix):
-      sub = t[IDS + [col]].dropna(subset=[col])
+      sub = t.assign(B=t.get("data.batch_size", np.nan))[IDS + [col]].dropna(subset=[col])
       rows.append(sub.rename(columns={col: "value"}).assign(quantity=name, leaf=leaf_of(col)))
   long = (pd.concat(rows, ignore_index=True) if rows else
           pd.DataFrame(columns=[*IDS, "value", "quantity", "leaf"]))
@@ -98,6 +106,11 @@ def analyze(table: pd.DataFrame, fin: pd.DataFrame, out_dir: Path) -> None:
   long[whole].drop(columns="leaf").to_csv(out_dir / "moments_all.csv", index=False)
   leafwise.write_sizes(table, out_dir)
   fin.to_csv(out_dir / "finals.csv", index=False)
+
+
+def at_ref(df: pd.DataFrame) -> pd.DataFrame:
+  """The rows of the runs at the scale's batch size (the verdict's; B = 128 is reported beside)."""
+  return df[df["B"].isna()] if "B" in df else df
 
 
 def per_seed(all_df: pd.DataFrame) -> pd.DataFrame:
@@ -133,10 +146,10 @@ def leaf_views(out_dir: Path) -> pd.DataFrame | None:
   path = Path(out_dir) / "moments_per_leaf.csv"
   if sizes is None or not path.exists():
     return None
-  per_leaf = pd.read_csv(path)
+  per_leaf = at_ref(pd.read_csv(path))
   if not {"mu2_mean", "var_mean"} <= set(per_leaf["quantity"]):
     return None
-  n = sample_count(pd.read_csv(Path(out_dir) / "moments_all.csv"))
+  n = sample_count(at_ref(pd.read_csv(Path(out_dir) / "moments_all.csv")))
   return leafwise.per_seed_views(leaf_sums(per_leaf, sizes, n), sizes, ["train.seed"])
 
 
@@ -178,9 +191,10 @@ def figures(out_dir: Path) -> list[Path]:
 
 def report(out_dir: Path) -> Report:
   path = Path(out_dir) / "moments_all.csv"
-  all_df = pd.read_csv(path) if path.exists() else pd.DataFrame()
+  raw = pd.read_csv(path) if path.exists() else pd.DataFrame()
+  all_df, big = at_ref(raw), raw[raw["B"].notna()] if "B" in raw else raw[:0]
   if all_df.empty or "snr2_batch" not in set(all_df["quantity"]):
-    return Report(verdict="not measured", rule=RULE, finding="μ̂²/(σ̂²/B) was not logged "
+    return Report(verdict="not measured", rule=RULE, ours="μ̂²/(σ̂²/B) was not logged "
                   f"(opt/all/snr2_batch missing from metrics.jsonl): {RERUN}.")
   seeds = per_seed(all_df)
   mean = seeds.mean()
@@ -191,13 +205,13 @@ def report(out_dir: Path) -> Report:
            f"{get('share_var_b')}")
   views = leaf_views(out_dir)
   if views is None:
-    return Report(verdict="not measured", rule=RULE, finding=(
+    return Report(verdict="not measured", rule=RULE, ours=(
         "The per-leaf μ̂², σ̂² or the leaves' parameter counts (leaf_params.csv) are "
         f"missing, so the rule's per-leaf value cannot be computed: {RERUN}. Measured, "
         f"not a verdict: {whole}."), numbers_md="Per seed, whole model:\n\n"
         + md_table(seeds.reset_index()))
   r = views["weighted_median_no_norm"].dropna().tolist()
-  verdict, pairs = vd.ordering({"μ²": r, "σ²/B": [1.0] * len(r)}, ["μ²", "σ²/B"],
+  verdict, pairs = vd.decide({"μ²": r, "σ²/B": [1.0] * len(r)}, [("μ²", "σ²/B")],
                                lower_is_better=False)
   m = views.mean(numeric_only=True)
   measured = (f"Per leaf r = Σμ̂²/Σ(σ̂²/B), second half of training, mean over {len(views)} "
@@ -208,11 +222,13 @@ def report(out_dir: Path) -> Report:
   cols = ["train.seed", "ratio_of_sums", "ratio_of_sums_no_norm", "share_params_above_1",
           "share_params_above_1_no_norm", "median_no_norm", "weighted_median",
           "weighted_median_no_norm", "norm_share_num", "norm_share_den", "norm_share_params"]
-  return Report(verdict=verdict, rule=RULE, finding=measured, claim_row=measured,
-                numbers_md="Per seed, per-leaf r = Σμ̂²/Σ(σ̂²/B) aggregated over leaves "
-                "(`rules.leaf_aggregates`; `_no_norm`: without the normalization layers):\n\n"
-                + md_table(views[cols]) + "\n\nPer seed, whole model (ratios of sums over all "
-                "coordinates; signed), mean over the second half of training:\n\n"
+  cal = calibrate.calibrate("pair", calibrate.pooled_std([r]), len(r), EFFECT, n_b=len(r))
+  return Report(verdict=calibrate.gate(verdict, cal), rule=RULE, paper=PAPER, calibration=cal.row(),
+                ours=vd_text.outcomes(pairs), checks=(measured, *(
+                    [f"At B = 128, whole-model Σμ̂²/Σ(σ̂²/B) per seed: "
+                     f"{per_seed(big).get('snr2_batch', pd.Series(dtype=float)).round(3).tolist()}"]
+                    if len(big) else [])),
+                numbers_md=md_table(views[cols]) + "\n\nPer seed, whole model:\n\n"
                 + md_table(seeds.reset_index()))
 
 

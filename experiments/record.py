@@ -37,27 +37,36 @@ ROWS = {
 
 @dataclasses.dataclass(frozen=True)
 class Report:
-  """What `Experiment.report(out_dir)` returns. verdict: "reproduced", "not reproduced", ...;
-  rule: the decision rule stated before the data; finding: the sentence behind the verdict;
-  claim_row: the claims table's cell (else `finding`); numbers_md / setup_md: Markdown of the
-  experiment's README (setup_md replaces the setup described from the sweep)."""
+  """What `Experiment.report(out_dir)` returns: the verdict, the rule stated before the data,
+  the paper's figure and ours (the claims table's cells), the checks behind the verdict
+  (sentences of `verdict`'s templates), the rule's simulated error rates (`calibrate`),
+  and the Markdown of the experiment's README (numbers; setup, else described from the sweep)."""
 
   verdict: str
-  finding: str = ""
   rule: str = ""
-  claim_row: str = ""
+  paper: str = ""
+  ours: str = ""
+  checks: tuple = ()
+  calibration: dict | None = None
   numbers_md: str = ""
   setup_md: str = ""
 
-  KEPT = ("verdict", "finding", "claim_row", "rule")  # what report.json holds
+  @property
+  def finding(self) -> str:
+    from experiments.verdict import finding
+
+    return finding(self.verdict, self.ours, self.checks)
 
   def to_json(self, provenance: dict) -> dict:
-    """report.json: the kept fields and the provenance (`provenance()`) of the results."""
-    return {**{k: getattr(self, k) for k in self.KEPT}, **provenance}
+    """report.json: the claims table's fields, the checks, the calibration, the provenance."""
+    return {"verdict": self.verdict, "rule": self.rule, "paper": self.paper, "ours": self.ours,
+            "checks": list(self.checks), "calibration": self.calibration, **provenance}
 
   @classmethod
   def from_json(cls, doc: dict) -> "Report":
-    return cls(**{k: doc.get(k) or "" for k in cls.KEPT})
+    return cls(verdict=doc.get("verdict", ""), rule=doc.get("rule", ""), paper=doc.get("paper", ""),
+               ours=doc.get("ours") or doc.get("claim_row") or doc.get("finding", ""),
+               checks=tuple(doc.get("checks") or ()), calibration=doc.get("calibration"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,9 +92,9 @@ class Experiment:
   sweep(preset) -> Sweep: the training runs at a preset ("ci", "cpu", "paper"); with
     `needs`, sweep(preset, inputs) (`Inputs`: where the needed experiments' runs are); or
   launch(preset, sweep_dir, dry_run=, echo=) -> LaunchLog for a benchmark (no training).
-  analyze(table, finals, out_dir) (a sweep) or analyze(sweep_dir, out_dir) (a benchmark):
-    the compact CSVs of its findings; figures(out_dir) -> PNGs from those CSVs only;
-    report(out_dir) -> Report from them.
+  analyze(runs, out_dir): `runs.Runs` (the sweep dir; for a sweep its table and marked
+    finals) -> the compact CSVs of its findings; figures(out_dir) -> PNGs from those CSVs
+    only; report(out_dir) -> Report from them.
   needs: experiments whose sweeps (same preset and extras) this one reads, run before it.
   follow_up(preset, sweep_dir) -> blocks: runs chosen from the first stage's (optional).
   describe_setup(preset) -> Markdown: a benchmark's setup (a sweep's is described from it).

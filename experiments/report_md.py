@@ -1,4 +1,4 @@
-"""Markdown of the results: number formatting, tables, each experiment's README, the index."""
+"""Markdown of the results: each experiment's README, the claims table, the results index."""
 
 from __future__ import annotations
 
@@ -9,25 +9,8 @@ from pathlib import Path
 import pandas as pd
 
 from experiments.record import Experiment, Inputs, Report, experiments
-from experiments.sweep import REPO, fmt, scale_file
-
-
-def fmt_num(x: float, digits: int = 3) -> str:
-  if x is None or (isinstance(x, float) and math.isnan(x)):
-    return "n/a"
-  if isinstance(x, float) and math.isinf(x):
-    return "diverged"
-  return f"{x:.{digits}g}" if abs(x) < 1e-2 or abs(x) >= 1e4 else f"{x:.{digits}f}"
-
-
-def md_table(df: pd.DataFrame) -> str:
-  """A small DataFrame as a Markdown table (no tabulate dependency)."""
-  cols = list(df.columns)
-  lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-  for _, r in df.iterrows():
-    cells = [fmt_num(v) if isinstance(v, float) else str(v) for v in r]
-    lines.append("| " + " | ".join(cells) + " |")
-  return "\n".join(lines)
+from experiments.sweep import POLICY, REPO, fmt, scale_file
+from experiments.verdict import fmt_num, md_table  # noqa: F401  (md_table: re-exported)
 
 
 def _yaml_block(path: Path, title: str) -> list[str]:
@@ -64,12 +47,6 @@ def _resolved_md(name: str, preset: str) -> list[str]:
   return [*lines, ""]
 
 
-def _lr_policy() -> str:
-  from experiments import lr_search  # imports this module: import here, not at the top
-
-  return getattr(lr_search, "POLICY", "each group's lr is chosen on its first seed")
-
-
 def describe_setup(exp: Experiment, preset: str, inputs: Inputs | None = None) -> str:
   """The settings of an experiment at `preset`, as Markdown, from its own definitions:
   its config and scale files, the resolved optimizer, schedule and scale, the grids."""
@@ -96,7 +73,7 @@ def describe_setup(exp: Experiment, preset: str, inputs: Inputs | None = None) -
               f"past that edge, up to {ls.max_extend} times"
               + (f"; then `{ls.seed_key}` ∈ {{{', '.join(map(str, ls.seeds))}}} is run at "
                  "each group's chosen learning rate" if ls.seeds else "")
-              + f". Policy: {_lr_policy()}."]
+              + f". Policy: {POLICY}."]
   if sw.wall_estimate_min is not None:
     lines += ["", f"Estimated wall time at this preset: {sw.wall_estimate_min:g} min on 2 cores "
               "(`sweep().wall_estimate_min`)."]
@@ -116,6 +93,9 @@ def write_readme(exp: Experiment, out_dir: Path, report: Report, info: dict,
       f"**Verdict: {report.verdict}.** {report.finding}",
       "",
       *([f"**Rule.** {report.rule}", ""] if report.rule else []),
+      *([f"**Paper.** {report.paper}", ""] if report.paper else []),
+      *([f"**Error rates of the rule.** {_cal_text(report.calibration)}", ""]
+        if report.calibration else []),
       "## Numbers",
       "",
       report.numbers_md,
@@ -208,28 +188,36 @@ def _current_rule(name: str) -> str | None:
   return getattr(sys.modules.get(exp.report.__module__), "RULE", None) if exp else None
 
 
+def _cal_text(cal: dict | None) -> str:
+  if not cal:
+    return "not simulated"
+  f = lambda x: "n/a" if x is None or not math.isfinite(float(x)) else f"{float(x):.2f}"
+  return (f"{cal['kind']} rule simulated at {cal['source']} noise {float(cal['noise']):.3g} with "
+          f"{cal['n']} seeds, claimed effect {float(cal['effect']):.3g}: false alarm "
+          f"{f(cal['false_alarm'])}, power {f(cal['power'])}")
+
+
 def claims_table(results_root: Path, link_prefix: str = "") -> str:
-  """The table of claims: one row per claim, every number and verdict from the experiments'
-  `report.json` (`claim_row`, else `finding`; `verdict`), nothing else. `link_prefix` is
-  prepended to the figure links (`"results/"` in the top-level README)."""
+  """One short row per experiment: claim, the paper's figure, ours, verdict, the rule's
+  false-alarm rate and power (from report.json), and the figures."""
   results_root = Path(results_root)
-  rows = ["| Claim | What we measured | Figures | Verdict |", "|---|---|---|---|"]
+  f = lambda c, k: "—" if not c or c.get(k) is None or not math.isfinite(float(c[k])) \
+      else f"{float(c[k]):.2f}"
+  rows = ["| Claim | Experiment | Paper | Ours | Verdict | False alarm | Power | Figures |",
+          "|---|---|---|---|---|---|---|---|"]
   for claim, names in claim_rows().items():
-    measured, figs, verdicts = [], [], []
     for n in names:
       rep = results_root / n / "report.json"
       if not rep.exists():
-        measured.append(f"`{n}`: not yet run")
-        verdicts.append(f"{n}: not yet run")
+        rows.append(f"| {claim} | `{n}` | | not yet run | not yet run | — | — | — |")
         continue
       doc = json.loads(rep.read_text())
       d = Report.from_json(doc)
-      measured.append(f"`{n}`: {d.claim_row or d.finding}")
-      verdicts.append(f"{n}: **{d.verdict}**" + stale_mark(doc, n))
-      figs += [f"[{p.name}]({link_prefix}{n}/{p.name})"
-               for p in sorted((results_root / n).glob("*.png"))]
-    rows.append(f"| {claim} | {'<br>'.join(measured)} | {' '.join(figs) or '—'} | "
-                f"{'<br>'.join(verdicts)} |")
+      figs = " ".join(f"[{p.name}]({link_prefix}{n}/{p.name})"
+                      for p in sorted((results_root / n).glob("*.png"))) or "—"
+      rows.append(f"| {claim} | [`{n}`]({link_prefix}{n}/README.md) | {d.paper or '—'} | {d.ours} "
+                  f"| **{d.verdict}**{stale_mark(doc, n)} | {f(d.calibration, 'false_alarm')} | "
+                  f"{f(d.calibration, 'power')} | {figs} |")
   return "\n".join(rows)
 
 

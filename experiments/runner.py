@@ -26,7 +26,7 @@ from pathlib import Path
 from experiments import lr_search, report_md
 from experiments.launch import LAUNCHERS, LaunchLog, launch_blocks
 from experiments.record import BUILTIN, Experiment, Inputs, Report, get, provenance
-from experiments.runs import METRICS, SUMMARY, aggregate
+from experiments.runs import METRICS, SUMMARY, Runs, aggregate
 from experiments.sweep import PRESETS, REPO, config_extras, fmt, record_sweep, sweep_dir
 
 EXPERIMENTS = BUILTIN  # the built-in experiments' names; `record.experiments()` has plugins'
@@ -124,10 +124,15 @@ def run_experiment(
       table.to_csv(sdir / "table.csv", index=False)
 
   wall = time.time() - t0
-  echo(f"[{name}/{preset}] skipped {len(log.skipped)} finished run(s), launched "
-       f"{len(log.launched)}, failed {len(log.failed)}; {wall:.0f} s")
   if dry_run:
+    rounds = sweep.lr_search.rounds if training and sweep.lr_search else 0
+    later = (f", then up to {rounds} follow-up round(s) chosen from their results" if rounds else "")
+    later += ", then a follow-up stage chosen from them" if exp.follow_up else ""
+    echo(f"[{name}/{preset}] dry run: would launch {len(log.launched)} run(s) "
+         f"({len(log.skipped)} already finished){later}")
     return Outcome(name, preset, sdir, out_dir, log, None)
+  echo(f"[{name}/{preset}] launched {len(log.launched)} run(s), skipped {len(log.skipped)} "
+       f"finished, failed {len(log.failed)}; {wall:.0f} s")
 
   out_dir.mkdir(parents=True, exist_ok=True)
   clear_outputs(out_dir)
@@ -135,11 +140,12 @@ def run_experiment(
     if table.empty:
       raise RuntimeError(f"no run of {sdir} wrote {METRICS}; see the log above.")
     # The runs' shared overrides (e.g. the model behind per-leaf parameter counts).
-    table.attrs["overrides"] = [f"{k}={fmt(v)}" for k, v in sweep.base.items()] + list(
-        config_extras(extra))
-    exp.analyze(table, lr_search.marked_finals(table, sweep.base, extra), out_dir)
+    overrides = [f"{k}={fmt(v)}" for k, v in sweep.base.items()] + list(config_extras(extra))
+    table.attrs["overrides"] = overrides
+    exp.analyze(Runs(sdir, table, lr_search.marked_finals(table, sweep.base, extra),
+                     tuple(overrides)), out_dir)
   else:
-    exp.analyze(sdir, out_dir)
+    exp.analyze(Runs(sdir), out_dir)
   exp.figures(out_dir)
   report = exp.report(out_dir)
   info = run_info(out_dir, name, preset, sdir, log, wall, command, launcher, prov)
@@ -162,9 +168,10 @@ def clear_outputs(out_dir: Path) -> list[Path]:
 
 
 def run_info(out_dir, name, preset, sdir, log, wall, command, launcher, prov) -> dict:
-  """run_info.json: the provenance (`record.provenance()` at the start of this invocation),
-  this invocation's wall time and its own launches only (runs it skipped as finished are
-  counted, not timed), and the runs' own compute summed over the sweep's summaries."""
+  """run_info.json: the provenance (`record.provenance()` at the start of this invocation), the
+  launches that made the results (an earlier invocation's at the same commit and sweep added:
+  a resumed invocation never leaves a zero cost), runs counted once each, the runs' own
+  compute summed over the sweep's summaries."""
   compute_s, n_done = 0.0, 0
   for s in Path(sdir).glob(f"*/{SUMMARY}"):
     try:
@@ -174,6 +181,13 @@ def run_info(out_dir, name, preset, sdir, log, wall, command, launcher, prov) ->
     n_done += d.get("status") == "completed"
     compute_s += float(d.get("wall_time_s", 0.0))
   resolved = Path(sdir).resolve()
+  old_path = Path(out_dir, "run_info.json")
+  old = json.loads(old_path.read_text()) if old_path.exists() else {}
+  same = old.get("commit") == prov.get("commit") and old.get("sweep_dir") in (str(sdir), str(
+      resolved.relative_to(REPO)) if resolved.is_relative_to(REPO) else str(sdir))
+  if same:  # a resumed invocation adds its launches to those that made the results
+    log.wall_s += float(old.get("launch_wall_s", 0.0))
+    log.launched = list(dict.fromkeys([*old.get("launched_runs", []), *log.launched]))
   info = {
       "experiment": name,
       "preset": preset,
@@ -187,6 +201,8 @@ def run_info(out_dir, name, preset, sdir, log, wall, command, launcher, prov) ->
       "wall_s": round(wall, 1),
       "launch_wall_s": round(log.wall_s, 1),
       "launched": len(log.launched),
+      "launched_runs": list(log.launched),
+      "invocations": int(old.get("invocations", 1)) + 1 if same else 1,
       "skipped": len(log.skipped),
       "failed": log.failed,
       "date": datetime.datetime.now().isoformat(timespec="seconds"),

@@ -7,6 +7,7 @@ one table: one row per (run, step), the swept values of the run as columns.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -21,6 +22,18 @@ from pergrad.analysis import read_records
 SUMMARY = "summary.json"
 METRICS = "metrics.jsonl"
 DONE = ("completed", "diverged")  # statuses that are not launched again
+
+
+@dataclasses.dataclass
+class Runs:
+  """What every experiment's `analyze(runs, out_dir)` gets: the sweep directory and, for a
+  training sweep, its table (a row per run and step), the finals with `DIVERGED_RULE`
+  applied (`lr_search.marked_finals`) and the runs' shared overrides."""
+
+  sweep_dir: Path
+  table: pd.DataFrame | None = None
+  finals: pd.DataFrame | None = None
+  overrides: tuple = ()
 
 
 def run_status(run_dir: Path) -> str:

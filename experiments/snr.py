@@ -48,14 +48,15 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from experiments import leafwise, lr_search, sign_counts
-from experiments import verdict as vd
+from experiments import calibrate, leafwise, lr_search, sign_counts
+from experiments import rules as vd
+from experiments import verdict as vd_text
 from experiments.figures import plot_curves, plt, savefig, style
 from experiments.record import ROWS, Experiment, Inputs, Report, register
-from experiments.report_md import fmt_num, md_table
 from experiments.rules import is_norm_leaf, weighted_median
 from experiments.runs import leaf_of, stat_columns, x_examples
 from experiments.sweep import Block, Sweep, base_for, experiment_value
+from experiments.verdict import fmt_num, md_table
 from pergrad.analysis import ema_gain
 
 NAME = "snr"
@@ -80,6 +81,9 @@ RULE = ("Per placement's runs, per seed and stage, each leaf's SNR² is its mean
         "Expected ema > batch in every placement's runs (batch = B × example by "
         "construction, so that pair is not tested), each pair " + vd.PAIR_WIN + ": "
         + vd.PAIRS_VERDICT + ".")
+PAPER = "SNR per-example < batch < EMA (argument; the measured plot is not known)"
+EFFECT = constant_mean_gain_sq = (1 + float(experiment_value(NAME, "optimizer.b1"))) / (
+    1 - float(experiment_value(NAME, "optimizer.b1"))) - 1  # SNR²_ema − SNR²_batch, in SNR²_batch
 RERUN = f"re-run `python scripts/reproduce.py {NAME} --preset <preset>`"
 
 
@@ -120,7 +124,8 @@ def _long(table: pd.DataFrame, leaves: bool) -> pd.DataFrame:
   return pd.concat(rows, ignore_index=True)[cols] if rows else pd.DataFrame(columns=cols)
 
 
-def analyze(table: pd.DataFrame, fin: pd.DataFrame, out_dir: Path) -> None:
+def analyze(runs, out_dir: Path) -> None:
+  table, fin = runs.table, runs.finals
   """snr_per_leaf.csv (per leaf) and snr_all.csv (whole model), long tables of snr2."""
   out_dir = Path(out_dir)
   _long(table, leaves=True).to_csv(out_dir / "snr_per_leaf.csv", index=False)
@@ -276,8 +281,7 @@ def report(out_dir: Path) -> Report:
   path = out_dir / "snr_all.csv"
   all_df = pd.read_csv(path) if path.exists() else pd.DataFrame()
   if all_df.empty:
-    return Report(verdict="not measured", rule=RULE, finding="no SNR² statistics were "
-                  f"logged (opt/all/snr2_* keys missing from metrics.jsonl): {RERUN}.")
+    return Report(verdict="not measured", rule=RULE, ours=f"no SNR² logged: {RERUN}")
   whole, whole_md = _whole_model(all_df)
   whole = ("Whole model (ratios of sums over all coordinates, each seed's mean over the "
            "second half of training, mean over seeds): " + whole + f". A mean gradient "
@@ -290,10 +294,8 @@ def report(out_dir: Path) -> Report:
   sizes, leaf_path = leafwise.read_sizes(out_dir), out_dir / "snr_per_leaf.csv"
   per_leaf = pd.read_csv(leaf_path) if leaf_path.exists() else pd.DataFrame()
   if sizes is None or per_leaf.empty:
-    return Report(verdict="not measured", rule=RULE, finding=(
-        "The per-leaf SNR² or the leaves' parameter counts (leaf_params.csv) are missing, so "
-        f"the rule's per-leaf value cannot be computed: {RERUN}. Measured, not a verdict: "
-        f"{whole} {sign_text}"), numbers_md=whole_md + sign_md)
+    return Report(verdict="not measured", rule=RULE, ours=f"no per-leaf SNR² or leaf sizes: {RERUN}",
+                  checks=(whole, sign_text), numbers_md=whole_md + sign_md)
   means = leaf_means(per_leaf)
   views, gains = leaf_views(means, sizes), leaf_gains(means)
   if PLACEMENT in views:  # SignEMA's runs first
@@ -311,17 +313,17 @@ def report(out_dir: Path) -> Report:
         f"{st.replace('snr2_', '')} {fmt_num(float(m[st]))}" for st in STAGES if st in m)
         + f", per-leaf EMA gain (parameter-weighted median, no norm) {fmt_num(g)}")
   verdict = vd.verdict_of(pairs)
-  measured = ("Per leaf, parameter-weighted median SNR² over the leaves other than the "
-              "normalization layers (mean over seeds): " + "; ".join(parts) + ". Rule's test: "
-              + "; ".join(p.sentence() for p in pairs) + f". {whole} {sign_text}")
+  cal = calibrate.calibrate("pair", calibrate.pooled_std(
+      [views[views["stage"] == st][VIEW].dropna().tolist() for st in ("snr2_ema", "snr2_batch")]),
+      int(views["train.seed"].nunique()), EFFECT * float(views[views["stage"] == "snr2_batch"][VIEW].mean()))
   gain_md = (gains.pivot_table(index="leaf", columns=PLACEMENT, values="gain").reset_index()
              if PLACEMENT in gains and len(gains) else gains)
-  return Report(verdict=verdict, rule=RULE, finding=measured, claim_row=measured,
-                numbers_md="Per run and stage, per-leaf SNR² (each leaf's mean over the second "
-                "half of training) aggregated over leaves (`rules.leaf_aggregates`; `_no_norm`: "
+  return Report(verdict=calibrate.gate(verdict, cal), rule=RULE, paper=PAPER, calibration=cal.row(),
+                ours=vd_text.outcomes(pairs), checks=(*parts, *(p.sentence() for p in pairs), whole, sign_text),
+                numbers_md="Per run and stage, per-leaf SNR² aggregated over leaves (`_no_norm`: "
                 "without the normalization layers):\n\n" + md_table(views)
-                + "\n\nPer-leaf EMA gain SNR_ema/SNR_batch (seed-mean SNR²s):\n\n"
-                + md_table(gain_md) + "\n\n" + whole_md + sign_md)
+                + "\n\nPer-leaf EMA gain SNR_ema/SNR_batch:\n\n" + md_table(gain_md) + "\n\n"
+                + whole_md + sign_md)
 
 
 EXPERIMENT = register(Experiment(

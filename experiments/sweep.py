@@ -57,18 +57,19 @@ class Block:
     return [dict(zip(keys, vals, strict=False)) for vals in itertools.product(*self.grid.values())]
 
 
+POLICY = ("each group's lr is chosen on its selection seeds alone and its numbers are the "
+          "mean ± std of fresh seeds at that lr, never a selection seed")
+
+
 @dataclasses.dataclass(frozen=True)
 class LrSearch:
   """Per-group learning-rate search on selection seeds, then fresh seeds at the chosen lr.
 
-  The lr policy (`experiments.lr_search`): each group's lr is the one with the lowest mean
-  final eval loss over the selection seeds (the `seed_key` values of the sweep's first
-  block; a run above ln V counts as diverged); a grid whose best lr lies
-  at an edge is extended past it, up to `max_extend` times per side; a group whose every
-  run diverged is extended DOWNWARD by `factor` until a run trains or the lowest lr is
-  `diverged_floor` times below the lowest lr of its first grid; then `seeds` (fresh seeds,
-  never a selection seed) are run at each group's chosen lr, and the reported numbers
-  are those fresh seeds' only.
+  `POLICY` (`experiments.lr_search`): the lowest mean final eval loss over the selection
+  seeds (the first block's `seed_key` values; diverged runs lose) picks each group's lr; a
+  best lr at an edge extends the grid by `factor`, up to `max_extend` times a side; an
+  all-diverged group extends downward to `diverged_floor` below its first grid; `seeds`
+  (fresh) then run at the chosen lr and are the only reported numbers.
 
   group_keys: the keys that define a variant (e.g. ("optimizer.placement",)).
   lr_key: the swept learning-rate key.
@@ -124,16 +125,6 @@ def parse_dirname(name: str) -> dict:
     k, _, v = item.partition("=")
     out[k] = v
   return out
-
-
-def logged_run(name: str, preset: str, point: dict) -> Sweep:
-  """One configuration with per-layer statistics logged every few steps, over 2 seeds
-  (1 at ci): the sweep of the descriptive experiments (snr, moments)."""
-  log_every = {"ci": 5, "cpu": 10, "paper": 100}[preset]
-  base = base_for(name, preset, **{"stats.log_every": log_every})
-  seeds = [0] if preset == "ci" else [0, 1]
-  blocks = (Block({**{k: [v] for k, v in point.items()}, "train.seed": seeds}),)
-  return Sweep(base, blocks, wall_estimate_min={"ci": 0.3, "cpu": 5}.get(preset))
 
 
 # --------------------------------------------------------------------------- scale presets
