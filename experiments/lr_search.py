@@ -255,7 +255,8 @@ def by_label(best: pd.DataFrame, labeler: Callable[[dict], str]) -> dict[str, li
 def edges_note(best: pd.DataFrame, labeler: Callable[[dict], str]) -> str:
   """"Chosen lr at a grid edge for [...]" or "diverged at every lr: [...]" ('' when none)."""
   recs = best.to_dict("records")
-  div = [labeler(r) for r in recs if r.get("all_diverged")]
+  span = lambda g: f" (lr {g.split()[-1]} down to {g.split()[0]})" if isinstance(g, str) else ""
+  div = [labeler(r) + span(r.get("grid")) for r in recs if r.get("all_diverged")]
   edge = [labeler(r) for r in recs if r.get("at_edge")]
   return " ".join(x for x in (f"Diverged at every lr: {div}." if div else "",
                               f"Chosen lr at a grid edge: {edge}." if edge else "") if x)
@@ -326,9 +327,10 @@ def best_md(best: pd.DataFrame, group_keys: Sequence[str], lr_key: str = "optimi
 
 
 def pairs_report(groups: dict, expected: list, *, rule: str, paper: str, effect: float,
-                 numbers_md: str, checks=(), verdict_fn=None):
+                 numbers_md: str, checks=(), verdict_fn=None, planned=()):
   """The report of a pairs rule (`rules.decide` on `expected`): pooled seed noise, the rule's
-  simulated error rates at it for an effect of `effect` (`calibrate`), the gated verdict."""
+  simulated error rates at it for an effect of `effect` (`calibrate`), the gated verdict;
+  the `planned` groups without runs are named."""
   from experiments import calibrate, rules
   from experiments.record import Report
   from experiments.verdict import groups as groups_text
@@ -338,11 +340,13 @@ def pairs_report(groups: dict, expected: list, *, rule: str, paper: str, effect:
   if verdict_fn is not None:
     verdict = verdict_fn(pairs)
   used = {x for p in expected for x in p}
-  vals = [v for k, v in groups.items() if k in used]
+  missing = [g for g in planned if g not in groups]
+  vals = [v for k, v in groups.items() if k in used and np.isfinite(v).all()]  # diverged: no noise
   cal = calibrate.calibrate("pair", calibrate.pooled_std(vals),
                             min((len(v) for v in vals), default=0), effect)
   return Report(verdict=calibrate.gate(verdict, cal), rule=rule, paper=paper,
                 ours=outcomes(pairs), calibration=cal.row(),
                 checks=(groups_text({k: groups[k] for k in groups if k in used}),
-                        *(p.sentence() for p in pairs), *checks),
+                        *(p.sentence() for p in pairs), *checks,
+                        *([f"Not run in this preset: {missing}"] if missing else [])),
                 numbers_md=numbers_md + ("\n\n" + pairs_md(pairs) if pairs else ""))

@@ -90,7 +90,7 @@ def report(out_dir):
               if m + s in groups and v + s in groups]
   return lr_search.pairs_report(groups, expected, rule=RULE, paper=PAPER, effect=EFFECT,
                                 numbers_md=lr_search.best_md(every, GROUP),
-                                checks=(lr_search.edges_note(every, label),))
+                                checks=(lr_search.edges_note(every, label),), planned=VARIANTS)
 
 
 EXPERIMENT = register(Experiment(name=NAME, title=TITLE, claim=CLAIM, row=ROWS["3"], sweep=sweep,

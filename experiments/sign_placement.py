@@ -57,7 +57,8 @@ def report(out_dir):
   expected = list(dict.fromkeys(p for o in orders for p in zip(o, o[1:], strict=False)))
   return lr_search.pairs_report(groups, expected, rule=RULE, paper=PAPER, effect=EFFECT,
                                 numbers_md=lr_search.best_md(best, GROUP),
-                                checks=(lr_search.edges_note(best, lambda g: str(g["optimizer.placement"])),))
+                                checks=(lr_search.edges_note(best, lambda g: str(g["optimizer.placement"])),),
+                                planned=tuple(dict.fromkeys(sum(CHAINS, ()))))
 
 
 EXPERIMENT = register(Experiment(name=NAME, title=TITLE, claim=CLAIM, row=ROWS["2"], sweep=sweep,
