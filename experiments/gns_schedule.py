@@ -237,10 +237,10 @@ def compared(table: pd.DataFrame, search: pd.DataFrame, best: dict | None) -> pd
   return table[fixed | sched].assign(short=is_short(table)[fixed | sched])
 
 
-def analyze(table: pd.DataFrame, fin: pd.DataFrame, out_dir: Path) -> None:
+def analyze(runs, out_dir: Path) -> None:
   """best.csv (fixed arms' lr search; `best_arm` marks the baseline), curves.csv and
   to_target.csv (the runs judged), gns.csv (tracked B_simple per step), ramp_fit.csv."""
-  out_dir = Path(out_dir)
+  out_dir, table, fin = Path(out_dir), runs.table, runs.finals
   fin.to_csv(out_dir / "finals.csv", index=False)
   best = best_fixed(fin)
   fixed = full_fixed(fin)
@@ -316,8 +316,8 @@ def report(out_dir: Path) -> Report:
   search = lr_search.load_best(out_dir) if bpath.exists() and bpath.stat().st_size > 1 \
       else pd.DataFrame()
   if tt.empty or search.empty or not search["best_arm"].any():
-    return Report(verdict="not measured", rule=RULE, numbers_md="",
-                  finding="no fixed arm finished its fresh seeds, so there is no target loss.")
+    return Report(verdict="not measured", rule=RULE, paper=PAPER,
+                  ours="no fixed arm finished its fresh seeds, so there is no target loss")
   best = search[search["best_arm"]].iloc[0]
   base = f"fixed_{int(best[SIZE])}"
   cur = pd.read_csv(out_dir / "curves.csv")
