@@ -123,7 +123,7 @@ def report(out_dir):
       shares[[c for c in (*GROUP, "train.seed", "eps_share", "eps_share_weighted") if c in shares]])
       if len(shares) else "")
   return lr_search.pairs_report(
-      g, [p for p in expected if p[0] in g and p[1] in g] or expected[:1], rule=RULE, paper=PAPER,
+      g, [expected[0], *(p for p in expected[1:] if p[1] in g)], rule=RULE, paper=PAPER,
       effect=preconditioner.EFFECT, verdict_fn=verdict,
       numbers_md=lr_search.best_md(lr_search.load_best(out_dir), GROUP) + share_md)
 

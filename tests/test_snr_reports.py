@@ -97,6 +97,7 @@ def test_snr_analyze_figures_report_from_a_table(tmp_path):
   """analyze -> figures -> report on a table shaped like runs.aggregate's, with the sign
   counts the train loop logs (which also give the leaves' parameter counts)."""
   from experiments import sign_counts, snr
+  from experiments.runs import Runs
   leaves = {"dense/kernel": (1.0, 1000), "embed/embedding": (-0.01, 500),
             "norm/scale": (50.0, 4)}
   # per step: coords, agree_all, selected, agree, progress, mu2
@@ -113,7 +114,7 @@ def test_snr_analyze_figures_report_from_a_table(tmp_path):
         r[f"opt/{leaf}/snr2_ema"] = 3 * scale + 0.01 * seed
       rows.append({**r, **_sign_columns(counts, step)})
   table = pd.DataFrame(rows)
-  snr.analyze(table, pd.DataFrame({"run": ["s0"]}), tmp_path)
+  snr.analyze(Runs(tmp_path, table, pd.DataFrame({"run": ["s0"]})), tmp_path)
   leaf = pd.read_csv(tmp_path / "snr_per_leaf.csv")
   assert set(leaf["leaf"]) == set(leaves)
   assert len(pd.read_csv(tmp_path / "snr_all.csv")) == 3 * 4 * 3
