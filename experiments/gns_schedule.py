@@ -46,6 +46,7 @@ PAPER_RAMP_SHARE = 0.999  # a ramp this close to the budget is the paper's
 WARMUP_SHARE = 0.25  # warmup: the share of the budget over which B grows
 SELECT_SEED = 0
 SEEDS = {"ci": (1,), "cpu": (1, 2, 3, 4, 5, 6), "paper": (1, 2, 3, 4, 5, 6)}  # fresh: judged on
+N_OTHER = 3  # fresh seeds of the fixed arms other than the best, and of the warmup baseline
 N_EVALS = {"ci": 5, "cpu": 25, "paper": 25}
 PAPER_SAVING = 0.18
 SHORT = 1 - PAPER_SAVING  # the short arm's share of the examples
@@ -96,9 +97,9 @@ def sweep(preset: str) -> Sweep:
       b, examples, warmup, n).items()}, "optimizer.lr": lr_grid(preset, b),
       "train.seed": [SELECT_SEED]}) for b in fixed)
   search = LrSearch(GROUP, factor=2.0, max_extend=0 if preset == "ci" else 1,
-                    seeds=SEEDS[preset])
-  # cpu: 12 selection (+ ≤ 4 extension), 24 fresh, 30 follow-up runs; ~0.8 min each
-  return Sweep(base, blocks, search, wall_estimate_min={"ci": 1.0, "cpu": 56}.get(preset))
+                    seeds=SEEDS[preset][:N_OTHER])
+  # cpu: 12 selection (+ ≤ 4 extension), 12 fresh, 3 more of the best, 27 follow-up runs
+  return Sweep(base, blocks, search, wall_estimate_min={"ci": 1.0, "cpu": 46}.get(preset))
 
 
 # --- choosing the baseline and the fitted ramp ------------------------------------------
@@ -190,17 +191,21 @@ def follow_up(preset: str, sweep_dir: Path) -> tuple[Block, ...]:
   lr, seeds = [float(best["optimizer.lr"])], list(SEEDS[preset])
   b_max = sizes(preset)[1]
   tokens = _budget_tokens(preset)
-  ramp = lambda kind, start, tok, **kw: Block({"batch.kind": [kind], "batch.ramp_tokens": [int(tok)],
-                                               **kw, "optimizer.lr": lr, "train.seed": seeds},
-                                              fixed={"batch.start": start})
-  blocks = [Block({"batch.kind": ["gns"], "batch.gns_group": ["norm"], "optimizer.lr": lr, "train.seed": seeds}),
+  ramp = lambda kind, start, tok, seeds=seeds, **kw: Block(
+      {"batch.kind": [kind], "batch.ramp_tokens": [int(tok)], **kw, "optimizer.lr": lr,
+       "train.seed": seeds}, fixed={"batch.start": start})
+  per_size = {k: [int(best[k])] for k in PER_SIZE}
+  blocks = [Block({"batch.kind": ["fixed"], SIZE: [int(best[SIZE])], **per_size, "optimizer.lr": lr,
+                   "train.seed": seeds[N_OTHER:]}),  # the best arm's other fresh seeds
+            Block({"batch.kind": ["gns"], "batch.gns_group": ["norm"], "optimizer.lr": lr, "train.seed": seeds}),
             Block({"batch.kind": ["fixed"], SIZE: [int(best[SIZE])],
                    "train.steps": [int(round(SHORT * int(best["train.steps"])))],
                    "train.eval_every": [int(best["train.eval_every"])],
                    "schedule.warmup_steps": [int(best["schedule.warmup_steps"])],
                    "optimizer.lr": lr, "train.seed": seeds}),
             ramp("linear", b_max // 8, tokens),  # the paper's: over the whole budget
-            ramp("linear", b_max // 8, WARMUP_SHARE * tokens, **{"batch.lr_scaling": ["sqrt"]})]
+            ramp("linear", b_max // 8, WARMUP_SHARE * tokens, seeds[:N_OTHER],  # warmup: beside
+                 **{"batch.lr_scaling": ["sqrt"]})]
   fit = fit_ramp(_best_runs(table, best), b_max)
   if fit is not None:  # a fitted ramp that fits the budget
     blocks.append(ramp("linear", fit["batch.start"], min(fit["batch.ramp_tokens"], tokens - 1)))

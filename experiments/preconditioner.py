@@ -3,8 +3,8 @@
 Variants (`pergrad.optim`): `adam` v = EMA ḡ² (μ² + σ²/B), `micro_adam` mean_i g_i² (μ² + σ²),
 `micro_adam_var` σ̂², `micro_adam_msq` max(ḡ² − σ̂²/B, 0) (≈ μ², our reading; its v is 0
 where the mean is noise-dominated, so it runs at ε = 1e-5, the ε its earlier search chose).
-Every variant gets the same grid: 5 lrs a factor √2 apart around its optimum, 2 selection
-seeds, then 5 fresh seeds at the chosen lr (`lr_search`). Expected: each μ²-dominated
+Every variant gets the same grid: 5 lrs a factor √2 apart around its optimum, 1 selection
+seed, then 5 fresh seeds at the chosen lr (`lr_search`). Expected: each μ²-dominated
 variant (adam, micro_adam_msq) beats each σ²-dominated one (micro_adam, micro_adam_var).
 """
 
@@ -28,7 +28,7 @@ PAPER = "μ²-dominated ≥ Adam > MicroAdam, MicroAdamVar (qualitative; no figu
 GROUP = ("optimizer.variant", "optimizer.clip_norm", "optimizer.eps")
 MEAN_DOMINATED, VAR_DOMINATED = ("adam", "micro_adam_msq"), ("micro_adam", "micro_adam_var")
 VARIANTS = MEAN_DOMINATED + VAR_DOMINATED
-SELECT, SEEDS = (0, 1), (2, 3, 4, 5, 6)
+SELECT, SEEDS = (0,), (2, 3, 4, 5, 6)
 EPS = {"adam": 1e-8, "micro_adam": 1e-8, "micro_adam_var": 1e-8, "micro_adam_msq": 1e-5}
 OPTIMUM = {"adam": 3e-2, "micro_adam": 3e-2, "micro_adam_var": 3e-2, "micro_adam_msq": 1e-2}
 EFFECT = 0.02  # nats: our stated prior for "a better preconditioner" at this scale
@@ -54,9 +54,9 @@ def sweep(preset: str) -> Sweep:
   blocks = tuple(Block({"optimizer.variant": [v], "optimizer.clip_norm": clips,
                         "optimizer.eps": [EPS[v]], "optimizer.lr": grid(OPTIMUM[v] * scale),
                         "train.seed": list(SELECT)}) for v in VARIANTS)
-  # cpu: 4 variants × (5 lrs × 2 selection + 5 fresh) = 60 runs, ~32 s each on 2 cores
+  # cpu: 4 variants × (5 lrs × 1 selection + 5 fresh) = 40 runs, ~32 s each on 2 cores
   return Sweep(base, blocks, LrSearch(GROUP, factor=math.sqrt(2), max_extend=2, seeds=SEEDS),
-               wall_estimate_min=32 if preset == "cpu" else None)
+               wall_estimate_min=21 if preset == "cpu" else None)
 
 
 def label(g: dict) -> str:

@@ -232,7 +232,8 @@ def test_gns_schedule_sweep_plan():
   pts = [p for b in sw.blocks for p in b.points()]
   # bracketed on both sides of B_ref = 32, 3 lrs each (factor 2)
   assert sorted({p["data.batch_size"] for p in pts}) == [8, 16, 32, 64] and len(pts) == 12
-  assert {p["train.seed"] for p in pts} == {0} and sw.lr_search.seeds == gs.SEEDS["cpu"]
+  # 3 fresh seeds per fixed arm; the best one gets the other 3 in the follow-up
+  assert {p["train.seed"] for p in pts} == {0} and sw.lr_search.seeds == gs.SEEDS["cpu"][:3]
   for b in sw.blocks:  # every arm spends 400 x 32 examples, warmup 640, 25 evaluations,
     size = b.grid["data.batch_size"][0]  # in the grid, so that lr_search's stages keep them
     assert b.grid["train.steps"] == [12_800 // size] and set(gs.PER_SIZE) <= set(gs.GROUP)
