@@ -1,1 +1,1 @@
-"""The shipped Hydra configs, importable as `pergrad.configs` (pergrad/configs links here)."""
+"""The Hydra configs; the wheel ships them as the package `pergrad.configs` (package-dir)."""

@@ -70,14 +70,14 @@ def ema_gain(snr2_ema, snr2_batch):
 
 
 def _plan(overrides: Sequence[str]):
-  from pergrad.configure import build_plan, compose
+  from pergrad.config import build_plan, compose
 
   return build_plan(compose(list(overrides)))
 
 
 def composed(overrides: Sequence[str]) -> dict:
   """The config `python -m pergrad.train OVERRIDES` would run, as plain values."""
-  from pergrad.configure import compose, to_plain
+  from pergrad.config import compose, to_plain
 
   return to_plain(compose(list(overrides)))
 

@@ -1,4 +1,5 @@
-"""Config field helpers: `Choice` (a fixed set of options) and `resumable()`.
+"""Config field helpers: `Choice` (a fixed set of options), `resumable()`, and the
+checks that more than one floor shares (`positive`, `check_decay`).
 
 A choice set is one str-Enum, defined next to the component that uses it, e.g.
 
@@ -22,7 +23,7 @@ RESUMABLE = "resumable"  # field metadata: the key may differ between a run and 
 
 
 def resumable(default: Any = dataclasses.MISSING, *, default_factory: Any = dataclasses.MISSING):
-  """A dataclass field that a resumed run may change (`pergrad.plan.fingerprint` skips it)."""
+  """A dataclass field a resumed run may change (`pergrad.config.plan.fingerprint` skips it)."""
   return dataclasses.field(default=default, default_factory=default_factory,
                            metadata={RESUMABLE: True})
 
@@ -49,3 +50,10 @@ def positive(obj, prefix: str, *keys: str, zero: bool = False) -> None:
     if v is not None and (v < 0 if zero else v <= 0):
       raise ValueError(f"{prefix}.{key}={v} must be {'>= 0' if zero else '> 0'}"
                        f"{' (0 turns it off)' if zero else ''}.")
+
+
+def check_decay(beta: float, key: str = "beta") -> float:
+  """`beta` if it is an EMA decay, 0 <= beta < 1; else ValueError (one line) naming `key`."""
+  if not 0.0 <= beta < 1.0:
+    raise ValueError(f"{key}={beta} is outside [0, 1); choose an EMA decay in [0, 1).")
+  return beta

@@ -35,27 +35,31 @@ class Positions(Choice):
   rope = "rope"
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(unsafe_hash=True)
 class ModelSpec:
-  """Model hyper-parameters (the `model` config node); checked on construction."""
+  """Model hyper-parameters (the `model` config node); checked on construction.
+
+  A plain dataclass (Hydra merges into it), hashed by value: a spec is a static argument
+  (`jax.jit(init_params, static_argnums=0)`) and a Flax module attribute, so it is not
+  changed once built."""
 
   name: str = "tiny"  # the preset's name (configs/model/<name>.yaml), a label only
-  n_layers: int = 2
-  d_model: int = 128
-  n_heads: int = 4
-  d_ff: int = 512
+  n_layers: int = 2  # transformer blocks
+  d_model: int = 128  # residual width
+  n_heads: int = 4  # attention heads (dividing d_model)
+  d_ff: int = 512  # MLP hidden width
   vocab_size: int = 1024  # must equal the tokenizer's vocabulary (checked at start-up)
   seq_len: int = 128  # longest sequence the model supports (size of learned positions)
-  norm: Norm = Norm.layernorm
-  positions: Positions = Positions.learned
-  tie_embeddings: bool = False
-  use_bias: bool = False
-  param_dtype: str = "float32"
+  norm: Norm = Norm.layernorm  # normalization layers
+  positions: Positions = Positions.learned  # learned position embeddings or rotary
+  tie_embeddings: bool = False  # the unembedding is the embedding table, transposed
+  use_bias: bool = False  # biases in dense and normalization layers
+  param_dtype: str = "float32"  # dtype of the parameters
   compute_dtype: str = "float32"  # "bfloat16" for mixed precision
 
   def __post_init__(self):
-    object.__setattr__(self, "norm", Norm.check(self.norm, "model.norm"))
-    object.__setattr__(self, "positions", Positions.check(self.positions, "model.positions"))
+    self.norm = Norm.check(self.norm, "model.norm")
+    self.positions = Positions.check(self.positions, "model.positions")
     positive(self, "model", "n_layers", "d_model", "n_heads", "d_ff", "vocab_size", "seq_len")
     if self.d_model % self.n_heads:
       raise ValueError(

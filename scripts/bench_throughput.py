@@ -92,7 +92,7 @@ def loop_tokens_per_s(overrides: list[str], steps: int) -> float:
   """Tokens/s of the full training loop, as the loop reports it."""
   import jax
 
-  from pergrad.configure import build_plan, compose
+  from pergrad.config import build_plan, compose
   from pergrad.train import run
 
   with tempfile.TemporaryDirectory() as d:
@@ -128,7 +128,7 @@ def main(argv=None) -> dict:
   import jax
 
   from pergrad.bench import mfu
-  from pergrad.configure import build_plan, compose
+  from pergrad.config import build_plan, compose
   from pergrad.train import distributed
 
   cfg = compose(overrides)

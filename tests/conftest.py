@@ -31,7 +31,7 @@ TINY = (
 
 def compose(overrides=()):
   """The composed Hydra config of configs/config.yaml with `overrides` (no Hydra run)."""
-  from pergrad.configure import compose as _compose
+  from pergrad.config import compose as _compose
 
   return _compose(overrides)
 
@@ -39,7 +39,7 @@ def compose(overrides=()):
 @pytest.fixture(scope="session")
 def tfds_dir(tmp_path_factory) -> Path:
   """A TFDS directory with the TINY data prepared once for the whole session."""
-  from pergrad.configure import build_plan
+  from pergrad.config import build_plan
   from pergrad.data import make_data
 
   d = tmp_path_factory.mktemp("tfds")

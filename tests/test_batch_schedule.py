@@ -13,10 +13,16 @@ import optax
 import pytest
 from conftest import compose
 
-from pergrad.configure import build_plan
-from pergrad.optim.schedule import make_schedule, scale_by_token_schedule
-from pergrad.plan import TrainSpec
-from pergrad.train.batch_schedule import BatchSchedule, default_sizes
+from pergrad.config import build_plan
+from pergrad.config.batch import BatchSchedule, default_sizes
+from pergrad.config.schema import TrainSpec
+from pergrad.optim.schedule import (
+  ScheduleConfig,
+  make_schedule,
+  scale_by_token_schedule,
+  token_lr,
+)
+from pergrad.train.batch_schedule import next_size
 from pergrad.train.loop import run
 from pergrad.train.metrics import read_records
 
@@ -27,23 +33,23 @@ def _never():
 
 def test_fixed_and_linear_sizes():
   fixed = BatchSchedule(sizes=(32,), start=32)
-  assert [fixed.next_size(k, 32 * k, 32, _never) for k in range(3)] == [32, 32, 32]
+  assert [next_size(fixed, k, 32 * k, 32, _never) for k in range(3)] == [32, 32, 32]
   lin = BatchSchedule(kind="linear", sizes=(4, 8, 16, 32), start=4, ramp_examples=280)
   # target = 4 + 28 * min(seen / 280, 1), rounded down to an allowed size
   for seen, want in [(0, 4), (39, 4), (40, 8), (119, 8), (120, 16), (279, 16), (280, 32),
                      (10_000, 32)]:
-    assert lin.next_size(0, seen, 0, _never) == want, seen
+    assert next_size(lin, 0, seen, 0, _never) == want, seen
   assert default_sizes(8, 64) == (8, 16, 32, 64) and default_sizes(8, 48) == (8, 16, 32, 48)
 
 
 def test_gns_sizes_follow_b_simple_rounded_down_never_decreasing():
   s = BatchSchedule(kind="gns", sizes=(8, 16, 32, 64), start=8, gns_factor=2.0, every=10)
   read = iter([3.0, 9.0, 5.0, float("nan"), -4.0, 100.0]).__next__
-  assert s.next_size(0, 0, 0, _never) == 8  # the first update
-  assert s.next_size(7, 56, 8, _never) == 8  # between decisions: no read
+  assert next_size(s, 0, 0, 0, _never) == 8  # the first update
+  assert next_size(s, 7, 56, 8, _never) == 8  # between decisions: no read
   got, current = [], 8
   for k in (10, 20, 30, 40, 50, 60):
-    current = s.next_size(k, 0, current, read)
+    current = next_size(s, k, 0, current, read)
     got.append(current)
   # 2·3 = 6 -> 8 (the smallest); 18 -> 16; 10 -> 8 but never decreases; nan and < 0 keep B;
   # 200 -> 64 (the largest)
@@ -51,33 +57,36 @@ def test_gns_sizes_follow_b_simple_rounded_down_never_decreasing():
 
 
 def test_token_schedule_equals_optax_for_a_fixed_batch():
-  sched = make_schedule("cosine", 0.1, total_steps=50, warmup_steps=5, final_lr_frac=0.1)
+  sched = make_schedule(ScheduleConfig(warmup_steps=5, final_lr_frac=0.1), 0.1, total_steps=50)
   mine, ref = scale_by_token_schedule(sched, 32), optax.scale_by_learning_rate(sched)
   u = {"w": jnp.linspace(-1.0, 1.0, 7)}
   s_mine, s_ref = mine.init(u), ref.init(u)
-  for _ in range(60):
-    a, s_mine = mine.update(u, s_mine, batch_size=32)
+  assert s_mine == optax.EmptyState()  # stateless: the examples seen are the train state's
+  for k in range(60):
+    a, s_mine = mine.update(u, s_mine, examples_seen=jnp.int32(32 * k), batch_size=32)
     b, s_ref = ref.update(u, s_ref)
     np.testing.assert_array_equal(np.asarray(a["w"]), np.asarray(b["w"]))
-  assert int(s_mine.examples) == 60 * 32 and int(s_mine.batch_size) == 32
+  with pytest.raises(ValueError, match="examples_seen"):
+    mine.update(u, s_mine, batch_size=32)
 
 
 @pytest.mark.parametrize("scaling,kappa", [("none", 0.0), ("sqrt", 0.5), ("linear", 1.0)])
 def test_token_schedule_follows_examples_seen_with_lr_scaling(scaling, kappa):
-  sched = make_schedule("cosine", 0.1, total_steps=20, warmup_steps=4, final_lr_frac=0.1)
+  sched = make_schedule(ScheduleConfig(warmup_steps=4, final_lr_frac=0.1), 0.1, total_steps=20)
   tx = scale_by_token_schedule(sched, 16, scaling)
+  lr_of = token_lr(sched, 16, scaling)
   u = {"w": jnp.ones(3)}
   state, seen = tx.init(u), 0
   for B in (4, 4, 8, 8, 8, 16, 16, 4):
-    out, state = jax.jit(lambda s, B=B: tx.update(u, s, batch_size=B))(state)
+    out, state = jax.jit(lambda s, n, B=B: tx.update(u, s, examples_seen=n, batch_size=B))(
+        state, jnp.int32(seen))
     # the NumPy reference of the schedule's formula at τ = seen / 16
     t = min(max((seen / 16 - 4) / 16, 0.0), 1.0)
     warm = min((seen / 16 + 1) / 4, 1.0)
     lr = 0.1 * warm * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t))) * (B / 16) ** kappa
     np.testing.assert_allclose(np.asarray(out["w"]), -lr, rtol=2e-6)
-    np.testing.assert_allclose(float(state.lr), lr, rtol=2e-6)
+    np.testing.assert_array_equal(np.asarray(out["w"]), -lr_of(jnp.int32(seen), B))
     seen += B
-  assert int(state.examples) == seen
 
 
 def test_evaluations_fall_at_the_same_examples_whatever_the_batch():

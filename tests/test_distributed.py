@@ -162,3 +162,22 @@ def test_submitit_local_sweep_end_to_end(tmp_path, tiny_overrides):
   table = aggregate(sweep)
   assert set(table["optimizer.lr"].astype(float)) == {1e-3, 3e-3}
   assert (sweep / ".submitit").is_dir()  # it really went through submitit
+
+
+def test_missing_peer_stops_after_dist_timeout_in_one_line(tmp_path):
+  """Process 0 of 2 alone: after dist.timeout_s it exits with one line naming the
+  coordinator and the process count (not a hang, not JAX's C++ abort)."""
+  port = _free_port()
+  env = {**os.environ, "WANDB_MODE": "disabled"}
+  env.pop("HYDRA_FULL_ERROR", None)
+  t0 = time.time()
+  out = subprocess.run(
+      [sys.executable, "-m", "pergrad.train", f"dist.coordinator_address=localhost:{port}",
+       "dist.num_processes=2", "dist.process_id=0", "dist.timeout_s=5",
+       f"train.out_dir={tmp_path / 'run'}", f"hydra.run.dir={tmp_path / 'h'}"],
+      cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+  assert out.returncode == 1 and time.time() - t0 < 60
+  errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
+  assert len(errors) == 1 and "Check failure" not in out.stderr, out.stderr[-3000:]
+  assert f"not all 2 processes joined the coordinator at localhost:{port}" in errors[0]
+  assert "dist.timeout_s=5 s" in errors[0]

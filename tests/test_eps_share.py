@@ -30,7 +30,7 @@ def test_eps_share_matches_numpy_on_a_constructed_state():
                                       "b": {"k": jnp.float32(nu["b"]["k"])}},
                                   nu_weight=jnp.float32(weight)),
            EpsState(eps=jnp.float32(eps), eps_root=jnp.float32(eps_root)))
-  got = diagnostics(state, _stats({"a": jnp.zeros(5), "b": {"k": jnp.zeros((3, 4))}}))
+  got = diagnostics(_stats({"a": jnp.zeros(5), "b": {"k": jnp.zeros((3, 4))}}), state)
   dominated = {k: eps > np.sqrt(v / weight + eps_root) for k, v in
                (("a", nu["a"]), ("b/k", nu["b"]["k"]))}
   for k, d in dominated.items():
@@ -44,7 +44,7 @@ def test_eps_share_matches_numpy_on_a_constructed_state():
 
 def test_eps_share_needs_the_held_eps_and_an_adam_state():
   stats = _stats({"a": jnp.zeros(3)})
-  assert diagnostics(EpsState(jnp.float32(1.0), jnp.float32(0.0)), stats) == {}
+  assert diagnostics(stats, EpsState(jnp.float32(1.0), jnp.float32(0.0))) == {}
   with pytest.raises(ValueError, match="eps=-1"):
     hold_eps(-1.0)
 
@@ -58,6 +58,7 @@ def test_build_optimizer_holds_eps_for_the_adam_family(eps, want):
   g = {"w": jnp.full((4, 3), 0.5)}
   stats = GradStats(count=jnp.float32(4), sum={"w": 4 * g["w"]},
                     sum_sq={"w": 4 * g["w"] ** 2}, sum_sign=None, granularity="example")
-  _, state = opt.tx.update(g, state, params, grad_stats=stats, batch_size=4)
-  got = diagnostics(state, stats)
+  _, state = opt.tx.update(g, state, params, grad_stats=stats, examples_seen=jnp.int32(0),
+                           batch_size=4)
+  got = diagnostics(stats, state)
   assert float(got["opt/all/eps_share"]) == want and float(got["opt/w/eps_share"]) == want

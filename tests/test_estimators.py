@@ -127,7 +127,7 @@ def test_snr2_example_and_batch_recover_truth():
   zs = {k: [] for k in ("example", "batch", "mu2_mean", "var_mean")}
   for _ in range(30):
     stats = synthetic.grad_stats(src.step(B), want=("mean", "sq"))
-    d, s = _diag((), stats), _summ(stats)
+    d, s = _diag(stats), _summ(stats)
     mu, var = _leaves(src.mean), _leaves(src.variance)
     for key in (*KEYS, None):
       dk, sk = (f"opt/{key}", f"stats/{key}") if key else ("opt/all", "stats/total")
@@ -164,7 +164,7 @@ def test_noise_scale_recovers_trace_and_signal():
     g2, s = (float(t[noise.TOTAL]) for t in noise.group_terms(stats, groups))
     G2.append(g2)
     S.append(s)
-    np.testing.assert_allclose(g2 / s, _diag((), stats)["opt/all/snr2_example"],
+    np.testing.assert_allclose(g2 / s, _diag(stats)["opt/all/snr2_example"],
                                rtol=1e-3)  # per-example norms vs coordinate sums
   mu2 = np.concatenate([x.ravel() for x in jax.tree.leaves(src.mean)]) ** 2
   s2 = np.concatenate([x.ravel() for x in jax.tree.leaves(src.variance)])
@@ -189,21 +189,24 @@ def test_noise_scale_recovers_trace_and_signal():
 def _run_tracker(src, beta, steps, checkpoints, adam=None):
   """Drives track_snr(β) (and an Adam-family transform) on the source; at each checkpoint
   t returns (diagnostics, EmaTruth copy, true mean, true variance)."""
-  parts = [track_snr(beta)] + ([adam] if adam is not None else [])
-  tx = optax.chain(*parts)
+  tracker = track_snr(beta)
+  tx = adam if adam is not None else optax.with_extra_args_support(optax.identity())
   params = jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), src.mean)
-  state = tx.init(params)
+  snr, state = tracker.init(params), tx.init(params)
   update = jax.jit(lambda g, s, st: tx.update(g, s, params, grad_stats=st))
+  track = jax.jit(tracker.update)
   truth = {k: synthetic.EmaTruth(beta) for k in KEYS}
   out = {}
   for t in range(1, steps + 1):
     stats = synthetic.grad_stats(src.step(B), want=("mean", "sq"))
     _, state = update(stats.mean, state, stats)
+    snr = track(snr, stats)
     mu, var = _leaves(src.mean), _leaves(src.variance)
     for k in KEYS:
       truth[k].update(mu[k], var[k], B)
     if t in checkpoints:
-      out[t] = (_diag(state, stats), {k: (v.M, v.W, v.U) for k, v in truth.items()}, mu, var)
+      out[t] = (_diag(stats, state, snr), {k: (v.M, v.W, v.U) for k, v in truth.items()}, mu,
+                var)
   return out
 
 
@@ -323,17 +326,17 @@ def test_zero_signal_medians_on_floor_ratios_of_sums_at_zero():
   standard error."""
   n, beta = 16, 0.9
   src = _source(seed=8, mu_factor=0.0)
-  tx = track_snr(beta)
+  tracker = track_snr(beta)
   params = jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), src.mean)
-  state = tx.init(params)
-  update = jax.jit(lambda g, s, st: tx.update(g, s, params, grad_stats=st))
+  state = tracker.init(params)
+  update = jax.jit(tracker.update)
   truth = synthetic.EmaTruth(beta)
   var_all = np.concatenate([x.ravel() for x in jax.tree.leaves(src.variance)])
   for _ in range(50):
     stats = synthetic.grad_stats(src.step(n), want=("mean", "sq"))
-    _, state = update(stats.mean, state, stats)
+    state = update(state, stats)
     truth.update(np.zeros_like(var_all), var_all, n)
-  d = _diag(state, stats)
+  d = _diag(stats, snr=state)
   flat = lambda t: np.concatenate([np.asarray(x, np.float64).ravel() for x in jax.tree.leaves(t)])
   gbar, sd = flat(stats.mean), np.sqrt(flat(stats.variance))
   old_batch = np.median(np.sqrt(n) * np.abs(gbar) / sd)  # the removed snr_batch
@@ -365,7 +368,7 @@ def test_new_estimator_separates_two_known_snrs():
   got = []
   for noise_seed, factor in ((9, 1.0), (10, np.sqrt(2.0))):
     src = _source(seed=9, mu_factor=factor, noise_seed=noise_seed)
-    d = _diag((), synthetic.grad_stats(src.step(B), want=("mean", "sq")))
+    d = _diag(synthetic.grad_stats(src.step(B), want=("mean", "sq")))
     R, se = _batch_truth(src, B)
     assert abs(float(d["opt/all/snr2_batch"]) - R) < K * se
     got.append((float(d["opt/all/snr2_batch"]), R, se))

@@ -57,17 +57,29 @@ def _stats(leaves, granularity="example", want=("mean", "sq", "sign")):
       granularity=granularity)
 
 
-def _run(tx, samples, granularity="example", want=("mean", "sq", "sign"), params=None):
-  """Runs tx for len(samples) steps; returns per-step updates as lists of leaves."""
+def _run(tx, samples, granularity="example", want=("mean", "sq", "sign"), params=None,
+         max_batch=B):
+  """Runs tx for len(samples) steps (update k after k·max_batch examples, as the train step
+  passes them); returns per-step updates as lists of leaves."""
   params = _params() if params is None else params
   state = tx.init(params)
-  update = jax.jit(lambda g, s, p, st: tx.update(g, s, p, grad_stats=st))
+  update = jax.jit(lambda g, s, p, st, seen: tx.update(g, s, p, grad_stats=st,
+                                                      examples_seen=seen, batch_size=max_batch))
   out = []
-  for leaves in samples:
+  for k, leaves in enumerate(samples):
     stats = _stats(leaves, granularity, want)
-    updates, state = update(stats.mean, state, params, stats)
+    updates, state = update(stats.mean, state, params, stats, jnp.int32(k * max_batch))
     out.append([np.asarray(u) for u in jax.tree.leaves(updates)])
   return out, state
+
+
+def _track(tracker, samples, want=("mean", "sq", "sign")):
+  """The state of `tracker` (`pergrad.optim.diagnostics.Tracker`) after len(samples) steps."""
+  state = tracker.init(_params())
+  update = jax.jit(tracker.update)
+  for leaves in samples:
+    state = update(state, _stats(leaves, "example", want))
+  return state
 
 
 def _assert_close(got, want, rtol=1e-5, atol=1e-6):
@@ -250,10 +262,10 @@ def test_adam_family_clip_scales_statistics_consistently():
 def test_diagnostics_match_numpy():
   beta, b2 = 0.8, 0.9
   samples = _samples(seed=14, n=B)
-  tx = optax.chain(track_snr(beta), scale_by_adam_family("micro_adam", b1=beta, b2=b2))
-  _, state = _run(tx, samples)
+  _, state = _run(scale_by_adam_family("micro_adam", b1=beta, b2=b2), samples)
+  snr = _track(track_snr(beta), samples)
   stats = _stats(samples[-1])
-  got = jax.jit(diagnostics)(state, stats)
+  got = jax.jit(diagnostics)(stats, state, snr)
   keys = ["a", "blk/kernel", "c"]
   m = [np.zeros(s) for s in _shape_leaves()]
   w = [np.zeros(s) for s in _shape_leaves()]
@@ -292,4 +304,4 @@ def test_diagnostics_without_sq_reports_only_what_it_can():
   opt = build_optimizer(optimizer_config(name="sign", placement="ema"), ScheduleConfig(),
                         total_steps=STEPS, batch_size=B)
   _, state = _run(opt.tx, _samples(seed=15, n=B, steps=2), want=("mean",))
-  assert diagnostics(state, _stats(_samples(seed=16, n=B, steps=1)[0], want=("mean",))) == {}
+  assert diagnostics(_stats(_samples(seed=16, n=B, steps=1)[0], want=("mean",)), state) == {}

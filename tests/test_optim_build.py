@@ -23,12 +23,13 @@ from test_optim import (
   _samples,
   _shape_leaves,
   _stats,
+  _track,
 )
 
-from pergrad import config as config_lib
+from pergrad.config import composer as config_lib
 from pergrad.optim import build_optimizer, optimizer_config, scaled_hparams
 from pergrad.optim.adam_family import VARIANTS, scale_by_adam_family
-from pergrad.optim.configs import names as optimizer_names
+from pergrad.optim.configs import REGISTRY as OPTIMIZERS
 from pergrad.optim.diagnostics import diagnostics, track_snr
 from pergrad.optim.schedule import ScheduleConfig
 from pergrad.optim.sign import PLACEMENTS, scale_by_sign_placement
@@ -56,8 +57,8 @@ def test_lr_scaling_ratio_at_every_step(scaling, ratio):
   assert np.all(np.diff(lr_small[5:]) < 0) and lr_small[-1] >= 0.1 * peak
   # The transformation applies the same schedule: SGD steps are -lr(k) * ḡ.
   samples = _samples(seed=9, n=B, steps=7)
-  for opt, lrs in ((small, lr_small), (large, lr_large)):
-    got, _ = _run(opt.tx, samples, want=("mean",))
+  for opt, lrs, max_batch in ((small, lr_small, 8), (large, lr_large, 32)):
+    got, _ = _run(opt.tx, samples, want=("mean",), max_batch=max_batch)
     want = [[-lrs[k] * g.astype(np.float64).mean(0) for g in leaves]
             for k, leaves in enumerate(samples)]
     _assert_close(got, want)
@@ -86,7 +87,7 @@ def test_sde_scaling():
 
 
 def _all_options():
-  opts = [optimizer_config(name=n) for n in optimizer_names() if n not in ("sign", "adam_family")]
+  opts = [optimizer_config(name=n) for n in OPTIMIZERS.names() if n not in ("sign", "adam_family")]
   opts += [optimizer_config(name="sign", placement=p, lr=1e-3) for p in PLACEMENTS]
   opts += [optimizer_config(name="adam_family", variant=v, mix_b=0.5) for v in VARIANTS]
   opts += [optimizer_config(name="adam_family", variant="micro_adam", clip_norm=1.0,
@@ -112,6 +113,7 @@ def test_build_optimizer_every_option(track):
       assert req.per_example_clip == cfg.per_example_clip
       (updates, *_), state = _run(opt.tx, _samples(seed=11, n=n, steps=2), req.granularity,
                                   req.want, params)
+      snr = _track(opt.snr, _samples(seed=11, n=n, steps=2), req.want) if track else None
       assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(state)
                  if jnp.issubdtype(x.dtype, jnp.floating)), cfg
       for u, shape in zip(updates, _shape_leaves(), strict=True):
@@ -119,7 +121,7 @@ def test_build_optimizer_every_option(track):
       lrs = np.array([opt.learning_rate(k) for k in range(STEPS)])
       assert np.all(lrs > 0) and np.all(np.isfinite(lrs))
       stats = _stats(_samples(seed=12, n=n, steps=1)[0], req.granularity, req.want)
-      diag = jax.jit(diagnostics)(state, stats)
+      diag = jax.jit(diagnostics)(stats, state, snr)
       assert ("opt/all/snr2_ema" in diag) == track
       assert all(np.isfinite(v) for v in diag.values())
 
@@ -149,7 +151,7 @@ def test_missing_statistic_gives_clear_error():
   with pytest.raises(ValueError, match="grad_stats=stats"):
     tx.update(_params(), tx.init(_params()), _params())
   with pytest.raises(ValueError, match="needs the 'sq' statistic"):
-    _run(track_snr(0.9), samples, want=("mean",))
+    _track(track_snr(0.9), samples, want=("mean",))
 
 
 @pytest.mark.parametrize("kw,match", [
@@ -199,7 +201,7 @@ def test_yaml_options_compose_and_build(tmp_path):
   (tmp_path / "probe.yaml").write_text(
       "defaults:\n  - pergrad_schema\n  - optimizer: adamw\n  - schedule: cosine\n  - _self_\n")
   names = sorted(p.stem for p in (CONFIGS / "optimizer").glob("*.yaml"))
-  assert set(names) == set(optimizer_names())
+  assert set(names) == set(OPTIMIZERS.names())
   with initialize_config_dir(config_dir=str(tmp_path), version_base="1.3"):
     for name in names:
       for sched in ("cosine", "constant"):

@@ -1,6 +1,7 @@
 """The README's "How to add" recipes from outside the package: a plugin module (one file,
-on PYTHONPATH) registers a statistic and an optimizer, and a Hydra multirun of the
-installed entry point selects them with `plugins=[toy_plugin] optimizer=toy`."""
+on PYTHONPATH) registers a statistic, a statistics backend and an optimizer, and a Hydra
+multirun of the installed entry point selects them with
+`plugins=[toy_plugin] optimizer=toy stats.backend=toy_vmap`."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from conftest import REPO, TINY, cache_env
 from pergrad.train.metrics import read_records
 
 PLUGIN = '''
-"""A user's plugin: one statistic and one optimizer, registered at import."""
+"""A user's plugin: one statistic, one backend and one optimizer, registered at import."""
 import dataclasses
 
 import jax
@@ -30,9 +31,10 @@ from pergrad.stats import StatsRequest
 
 ps.register(ps.Statistic(name="toy_abs", kind="coordinate", phi=jnp.abs, clip_power=1,
                          multiplicative=True, doc="sum_n |g_n| per coordinate"))
+ps.register_backend("toy_vmap", ps.Backend(ps.backends.get("vmap").fn))
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass
 class ToyConfig(OptimizerConfig):
   name: str = "toy"
   power: float = 0.5  # u = mean g / (mean_i |g_i| + eps)^power
@@ -61,6 +63,7 @@ def test_plugin_optimizer_and_statistic_in_a_cli_sweep(tmp_path, tfds_dir, jax_c
   sweep = tmp_path / "sweep"
   # Every step logs statistics and nothing is evaluated: one compiled step per run.
   args = ["-m", "plugins=[toy_plugin]", "optimizer=toy", "optimizer.lr=1e-3,2e-3",
+          "stats.backend=toy_vmap",
           *TINY, f"data.tfds_dir={tfds_dir}", "train.steps=3", "train.eval_batches=0",
           "train.checkpoint_every=0", "stats.log_every=1", "stats.want=[mean]",
           f"hydra.sweep.dir={sweep}", "hydra.sweep.subdir=${hydra.job.num}"]
@@ -76,3 +79,4 @@ def test_plugin_optimizer_and_statistic_in_a_cli_sweep(tmp_path, tfds_dir, jax_c
     assert len(stats) == 3 and any(k.endswith("/toy_abs_mean") for k in stats[0])
     config = (sweep / job / "config.yaml").read_text()
     assert "name: toy" in config and f"lr: {lr}" in config and "toy_plugin" in config
+    assert "backend: toy_vmap" in config

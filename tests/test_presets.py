@@ -11,7 +11,7 @@ import pytest
 from conftest import compose
 
 import pergrad.stats as ps
-from pergrad.configure import build_plan
+from pergrad.config import build_plan
 from pergrad.loss import make_loss_fn
 from pergrad.model import Transformer, init_params
 from pergrad.train import run

@@ -17,8 +17,9 @@ import orbax.checkpoint as ocp
 import pytest
 from conftest import compose
 
-from pergrad.configure import build_plan
-from pergrad.plan import StatsSpec, resumable_keys
+from pergrad.config import build_plan
+from pergrad.config.plan import resumable_keys
+from pergrad.config.schema import StatsSpec
 from pergrad.stats import noise
 from pergrad.stats.sign_agreement import SignCounts
 from pergrad.train.loop import run
@@ -121,16 +122,25 @@ def test_logged_counts_equal_numpy_from_the_update_and_heldout_stats(runs, tiny_
 
   state = steps.init(jnp.int32(plan.train.seed))
   stats = steps.sign.stats(state.params, steps.put_batch(host))
-  _, _, updates = steps.train_logged[B](state, steps.put_batch(data.train_examples(0, B)))
+  before = jax.device_get(state.params)
+  after, metrics = steps.train_logged[B](state, steps.put_batch(data.train_examples(0, B)),
+                                         stats)
   n = float(stats.count)
   assert n == N_H * B
-  u = np.concatenate([-np.ravel(x) for x in jax.tree.leaves(jax.device_get(updates))])
+  # u = −update = θ_0 − θ_1: SignEMA's first update is −lr·sign(ḡ), |u| = lr (or 0) far
+  # above the rounding of θ, so the difference has the update's signs exactly.
+  u = np.concatenate([np.ravel(a - b) for a, b in zip(
+      jax.tree.leaves(before), jax.tree.leaves(jax.device_get(after.params)), strict=True)])
+  np.testing.assert_allclose(np.abs(u[u != 0]), plan.optimizer.learning_rate(0), rtol=1e-3)
   h = np.concatenate([np.ravel(x) for x in jax.tree.leaves(jax.device_get(stats.mean))])
   v = np.concatenate([np.ravel(x) for x in jax.tree.leaves(jax.device_get(stats.variance))])
   want = _numpy_counts(u, h, v, n)
   logged = next(r for r in _records(runs[N_H], "stats") if r["step"] == 1)
   for f in ("coords", "agree_all", "selected", "agree"):
     assert logged[f"sign/total/{f}"] == want[f], f
+  for key, value in jax.device_get(metrics).items():  # what the step returned was logged
+    if key.startswith("sign/"):
+      np.testing.assert_allclose(logged[key], value, rtol=1e-6, err_msg=key)
   for f in ("progress", "mu2"):
     np.testing.assert_allclose(logged[f"sign/total/{f}"], want[f], rtol=1e-4)
 

@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 from test_stats import ROOT, assert_close, run_backend, setup
 
 import pergrad.stats as ps
-from pergrad.plan import StatsSpec
+from pergrad.config.schema import StatsSpec
 
 # --- invalid requests ----------------------------------------------------------------
 INVALID = [
@@ -100,4 +100,4 @@ def test_stats_configs_merge_into_schema():
     cfg = OmegaConf.merge(OmegaConf.structured(StatsSpec),
                           OmegaConf.load(os.path.join(folder, f)))
     ps.resolve_backend(ps.StatsRequest(tuple(cfg.want) or ("mean",), cfg.granularity.value),
-                       cfg.backend.value)
+                       cfg.backend)

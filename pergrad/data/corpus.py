@@ -13,6 +13,7 @@ from pathlib import Path
 from pergrad.data.errors import DataError
 
 VALIDATION_FRACTION = 0.1
+INVALID_UTF8_TOLERANCE = 1e-3  # share of a file's bytes that may be invalid UTF-8
 
 # (document name, function returning its text)
 Document = tuple[str, Callable[[], str]]
@@ -70,4 +71,28 @@ def txt_folder_key(folder: Path, files: list[Path]) -> str:
 
 
 def read_text(p: Path) -> Callable[[], str]:
+  """The file's text; the few invalid bytes that `check_text_files` tolerates become U+FFFD."""
   return lambda: p.read_text(encoding="utf-8", errors="replace")
+
+
+def not_text(raw: bytes) -> str | None:
+  """Why `raw` is not UTF-8 text, or None: a NUL byte (binary content), or invalid UTF-8
+  in more than INVALID_UTF8_TOLERANCE of its bytes (each invalid byte decodes to U+FFFD)."""
+  if b"\0" in raw:
+    return "NUL bytes (binary content)"
+  invalid = raw.decode("utf-8", errors="replace").count("\ufffd") - raw.count(
+      "\ufffd".encode())
+  if invalid > INVALID_UTF8_TOLERANCE * len(raw):
+    return f"{invalid / len(raw):.0%} of its bytes are invalid UTF-8"
+  return None
+
+
+def check_text_files(folder: Path, files: list[Path], setting: str) -> None:
+  """DataError (one line naming the files) when any of `files` is not UTF-8 text."""
+  bad = [(p, why) for p in files if (why := not_text(p.read_bytes()))]
+  if bad:
+    named = "; ".join(f"{p.relative_to(folder)}: {why}" for p, why in bad[:5])
+    more = f"; and {len(bad) - 5} more" if len(bad) > 5 else ""
+    raise DataError(
+        f"{setting}: {len(bad)} of {len(files)} .txt files are not text ({named}{more}); "
+        "remove them or convert them to UTF-8 (e.g. iconv -f latin1 -t utf-8).")

@@ -230,13 +230,13 @@ def make_data(spec: DataSpec) -> LMData:
   problem and fix) for a missing or unusable dataset, before any compute."""
   if spec.name in TFDS_DATASETS:
     return _tfds_data(spec)
-  if spec.name == "txt_folder":
-    key = corpus.txt_folder_key(*corpus.txt_folder_files(spec.path))
-  else:
-    key = "shakespeare"
+  folder_files = corpus.txt_folder_files(spec.path) if spec.name == "txt_folder" else None
+  key = corpus.txt_folder_key(*folder_files) if folder_files else "shakespeare"
   cache = Path(spec.tfds_dir) / "pergrad_tokens" / key / CACHE_VERSION
   meta_path = cache / f"{spec.tok_key}.json"
   if not meta_path.exists():
+    if folder_files:  # before the TFDS preparation and the tokenizer
+      corpus.check_text_files(*folder_files, f"data.path={spec.path}")
     with _locked(cache):
       if not meta_path.exists():  # another process may have prepared it meanwhile
         _prepare_local(spec, key, cache, meta_path)

@@ -24,25 +24,25 @@ class Tokenizer(Choice):
   byte = "byte"  # raw UTF-8 bytes (vocabulary 256)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass
 class DataSpec:
   """Checked on construction (DataError, one line)."""
 
-  name: Dataset = Dataset.shakespeare
+  name: Dataset = Dataset.shakespeare  # the corpus
   path: str | None = None  # folder of .txt files for name=txt_folder
   tfds_dir: str = resumable("~/.cache/pergrad/tfds")  # where TFDS datasets are prepared / looked up
-  tokenizer: Tokenizer = Tokenizer.bpe
-  vocab_size: int = 1024
+  tokenizer: Tokenizer = Tokenizer.bpe  # BPE trained on the corpus, or raw bytes
+  vocab_size: int = 1024  # tokenizer vocabulary (BPE; 256 for bytes)
   seq_len: int = 128  # tokens per training sequence (T)
   batch_size: int = 32  # global batch (B), split across devices
-  eval_batch_size: int = 32
+  eval_batch_size: int = 32  # validation batch
   seed: int = 0  # data order; example i is a pure function of (seed, i)
 
   def __post_init__(self):
-    object.__setattr__(self, "tfds_dir", os.path.expanduser(str(self.tfds_dir)))
+    self.tfds_dir = os.path.expanduser(str(self.tfds_dir))
     try:
-      object.__setattr__(self, "name", Dataset.check(self.name, "data.name"))
-      object.__setattr__(self, "tokenizer", Tokenizer.check(self.tokenizer, "data.tokenizer"))
+      self.name = Dataset.check(self.name, "data.name")
+      self.tokenizer = Tokenizer.check(self.tokenizer, "data.tokenizer")
     except ValueError as e:
       raise DataError(str(e)) from None
     for key in ("seq_len", "batch_size", "eval_batch_size"):

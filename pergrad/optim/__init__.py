@@ -3,12 +3,14 @@
     opt = build_optimizer(optimizer_config("sign", placement="ema"), ScheduleConfig(),
                           total_steps=N, batch_size=B)
     stats = <statistics engine>(params, batch, want=opt.request.want, ...)
-    updates, opt_state = opt.tx.update(stats.mean, opt_state, params, grad_stats=stats)
+    updates, opt_state = opt.tx.update(stats.mean, opt_state, params, grad_stats=stats,
+                                       examples_seen=seen, batch_size=B)
 
 Modules: `sign` (sign placements), `adam_family` (Adam / MicroAdam / MicroAdamVar /
 MicroAdamMSQ / mix; this MicroAdam is the per-example Adam of Roulet & Agarwala, not
 IST-DASLab's compression optimizer), `schedule` (warmup + cosine, batch-size scaling),
-`diagnostics` (SNR and second-moment shares), `configs` (one config dataclass per
+`diagnostics` (the trackers beside the optimizer, `track_snr` and `track_gns`, and the
+SNR, second-moment shares and GNS they log), `configs` (one config dataclass per
 optimizer and the registry: how to add an optimizer), `build` (config -> Optimizer).
 """
 
@@ -28,16 +30,25 @@ from pergrad.optim.configs import (
     optimizer_config,
     register,
 )
-from pergrad.optim.diagnostics import SnrTrackerState, diagnostics, track_snr
+from pergrad.optim.diagnostics import (
+    OFF,
+    GnsTrackerState,
+    SnrTrackerState,
+    Tracker,
+    diagnostics,
+    gns_metrics,
+    track_gns,
+    track_snr,
+)
 from pergrad.optim.schedule import ScaledHparams, ScheduleConfig, make_schedule, scale_hparams
 from pergrad.optim.sign import PLACEMENTS, scale_by_sign_placement
 from pergrad.optim.types import Optimizer
 
 __all__ = [
-    "PLACEMENTS", "VARIANTS", "AdamConfig", "AdamFamilyConfig", "Direction", "MomentumConfig",
-    "Optimizer", "OptimizerConfig",
+    "OFF", "PLACEMENTS", "VARIANTS", "AdamConfig", "AdamFamilyConfig", "Direction",
+    "GnsTrackerState", "MomentumConfig", "Optimizer", "OptimizerConfig",
     "ScaleByAdamFamilyState", "ScaledHparams", "ScheduleConfig", "SignConfig", "SnrTrackerState",
-    "build_optimizer", "optimizer_config", "register", "diagnostics", "make_schedule",
-    "scale_by_adam_family", "scale_by_sign_placement", "scale_hparams", "scaled_hparams",
-    "second_moment_statistic", "track_snr",
+    "Tracker", "build_optimizer", "optimizer_config", "register", "diagnostics", "gns_metrics",
+    "make_schedule", "scale_by_adam_family", "scale_by_sign_placement", "scale_hparams",
+    "scaled_hparams", "second_moment_statistic", "track_gns", "track_snr",
 ]

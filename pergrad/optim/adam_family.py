@@ -42,7 +42,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from pergrad.optim.common import check_beta, f32, require_stats
+from pergrad.fields import check_decay
+from pergrad.optim.common import f32, require_stats
 from pergrad.optim.configs import AdamVariant
 from pergrad.stats.request import StatsRequest
 from pergrad.stats.types import GradStats
@@ -63,8 +64,8 @@ def check_adam_args(variant: str, b1: float, b2: float, eps: float, eps_root: fl
   """One clear ValueError for an invalid setting (called before any compute)."""
   if variant not in VARIANTS:
     raise ValueError(f"unknown Adam variant {variant!r}; choose one of {VARIANTS}")
-  check_beta(b1, "b1")
-  check_beta(b2, "b2")
+  check_decay(b1, "b1")
+  check_decay(b2, "b2")
   if eps < 0 or eps_root < 0:
     raise ValueError(f"eps={eps} and eps_root={eps_root} must be >= 0")
   if variant == "mix" and (mix_a < 0 or mix_b < 0 or mix_a + mix_b == 0):
@@ -96,6 +97,7 @@ def second_moment_statistic(variant: str, mean: Any, stats: GradStats | None, *,
   var = jax.tree.map(lambda v: scale_sq * v, f32(stats.variance))
   if variant == "micro_adam_var":
     return var
+  # TODO(lead): μ̂² = ḡ² − σ̂²/n below and in mix has its one home in pergrad.stats; use it.
   if variant == "micro_adam_msq":
     return jax.tree.map(lambda m, v: jnp.maximum(jnp.square(m) - v / n, 0.0), g, var)
   return jax.tree.map(

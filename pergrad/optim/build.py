@@ -1,19 +1,24 @@
-"""`build_optimizer`: optimizer config -> (transformation, statistics request, schedule).
+"""`build_optimizer`: optimizer config -> (transformation, statistics request, schedule,
+trackers).
 
 Every optimizer is one optax chain
 
-    [track_gns] -> [track_snr(b1)] -> [clip_by_global_norm] -> direction
-        -> [add_decayed_weights] -> -lr(examples seen)
+    [clip_by_global_norm] -> direction -> [add_decayed_weights] -> -lr(examples seen, B)
 
 whose update the train step calls alike for all of them:
 
     updates, state = opt.tx.update(stats.mean, state, params, grad_stats=stats,
-                                   batch_size=B)
+                                   examples_seen=seen, batch_size=B)
 
-The last link, `scale_by_token_schedule`, indexes the learning-rate schedule by the
-examples seen (`pergrad.optim.schedule`), so that a batch-size schedule
-(`pergrad.train.batch_schedule`) leaves it unchanged; with B = data.batch_size every
-update it is `optax.scale_by_learning_rate(schedule)`.
+The last link, `scale_by_token_schedule`, is stateless: it indexes the learning-rate
+schedule by the examples seen, an extra argument from the train state
+(`pergrad.optim.schedule`), so that a batch-size schedule leaves it unchanged; with
+B = data.batch_size every update it is `optax.scale_by_learning_rate(schedule)`.
+
+Beside the chain, not in it, sit the trackers of the diagnostics (`Optimizer.snr`,
+`Optimizer.gns`: `pergrad.optim.diagnostics.track_snr(b1)`, `track_gns`), whose states the
+train state holds: the optimizer state is the same with or without them. They add to the
+request the statistics they read ('sq'; per-example 'norms').
 
 The direction and the statistics it reads come from the optimizer's registry entry
 (`pergrad.optim.configs.REGISTRY`, builders below for the built-ins): sgd: ḡ; momentum:
@@ -36,14 +41,15 @@ import optax
 from pergrad.optim import configs
 from pergrad.optim.adam_family import request_for_variant, scale_by_adam_family
 from pergrad.optim.common import with_float32_state
-from pergrad.optim.diagnostics import hold_eps
-from pergrad.optim.diagnostics import track_snr as track_snr_tx
+from pergrad.optim.diagnostics import OFF, Tracker, hold_eps
+from pergrad.optim.diagnostics import track_snr as snr_tracker
 from pergrad.optim.schedule import (
   ScaledHparams,
   ScheduleConfig,
   make_schedule,
   scale_by_token_schedule,
   scale_hparams,
+  token_lr,
 )
 from pergrad.optim.sign import request_for_placement, scale_by_sign_placement
 from pergrad.optim.types import Optimizer
@@ -69,7 +75,7 @@ def scaled_hparams(opt: configs.OptimizerConfig, batch_size: int) -> ScaledHpara
 
 
 def _builder(name: str):
-  build = configs.entry(name).build
+  build = configs.REGISTRY.get(name).build
   if isinstance(build, str):
     module, _, fn = build.partition(":")
     build = getattr(importlib.import_module(module), fn)
@@ -77,8 +83,7 @@ def _builder(name: str):
 
 
 def build_optimizer(opt: configs.OptimizerConfig, sched: ScheduleConfig, *, total_steps: int,
-                    batch_size: int, track_snr: bool = False,
-                    gns: optax.GradientTransformationExtraArgs | None = None,
+                    batch_size: int, track_snr: bool = False, gns: Tracker | None = None,
                     gns_layers: tuple[str, ...] = (),
                     batch_lr_scaling: str = "none") -> Optimizer:
   """Builds the optimizer of `opt` with the schedule of `sched` (module docstring).
@@ -86,26 +91,25 @@ def build_optimizer(opt: configs.OptimizerConfig, sched: ScheduleConfig, *, tota
   Args:
     opt: the optimizer's config dataclass (`pergrad.optim.optimizer_config(name, ...)`),
       checked on construction.
-    sched: schedule config.
+    sched: schedule config (checked on construction).
     total_steps: number of updates (the cosine decays over it).
     batch_size: global batch size B (for lr_scaling); with a batch-size schedule, the
       largest size, B_max (the schedule is indexed by examples seen / B_max).
-    track_snr: add `track_snr(b1)` to the chain, so that `pergrad.optim.diagnostics` can
-      report the EMA SNR; it adds 'sq' to the request.
-    gns: a GNS tracker (`pergrad.optim.diagnostics.track_gns`) put first in the chain; it
-      adds 'norms' (per-example squared norms, every step) of the leaves `gns_layers` (layer types
-      or path patterns; (): all) to the request.
+    track_snr: the tracker `track_snr(b1)` beside the chain (Optimizer.snr), so that
+      `pergrad.optim.diagnostics` can report the EMA SNR; it adds 'sq' to the request.
+    gns: a GNS tracker (`pergrad.optim.diagnostics.track_gns`) beside the chain
+      (Optimizer.gns); it adds 'norms' (per-example squared norms, every step) of the
+      leaves `gns_layers` (layer types or path patterns; (): all) to the request.
     batch_lr_scaling: lr x (B / batch_size)^κ' for an update of B < batch_size examples
       (none, sqrt, linear: κ' = 0, 1/2, 1).
 
   Returns:
-    Optimizer(tx, request, learning_rate); raises ValueError on a bad setting, before
-    any compute.
+    Optimizer(tx, request, learning_rate, token_lr, snr, gns); raises ValueError on a
+    bad setting, before any compute.
   """
   build = _builder(opt.name)
   hp = scaled_hparams(opt, batch_size)
-  lr = make_schedule(sched.name, hp.peak_lr, total_steps=total_steps,
-                     warmup_steps=sched.warmup_steps, final_lr_frac=sched.final_lr_frac)
+  lr = make_schedule(sched, hp.peak_lr, total_steps=total_steps)
   direction = build(opt, hp)
   request = StatsRequest(want=direction.request.want + (("sq",) if track_snr else ()),
                          granularity=direction.request.granularity,
@@ -116,7 +120,7 @@ def build_optimizer(opt: configs.OptimizerConfig, sched: ScheduleConfig, *, tota
           f"stats.gns needs per-example norms but the optimizer reads "
           f"{request.granularity}-level statistics; turn stats.gns off for this optimizer.")
     request = request.union(("norms",), "example", gns_layers)
-  parts = ([gns] if gns is not None else []) + ([track_snr_tx(hp.b1)] if track_snr else [])
+  parts = []
   if opt.clip_norm is not None and not direction.clips:
     parts.append(optax.clip_by_global_norm(opt.clip_norm))
   parts.append(direction.tx)
@@ -124,7 +128,9 @@ def build_optimizer(opt: configs.OptimizerConfig, sched: ScheduleConfig, *, tota
     parts.append(optax.add_decayed_weights(opt.weight_decay))
   parts.append(scale_by_token_schedule(lr, batch_size, batch_lr_scaling))
   return Optimizer(tx=with_float32_state(optax.chain(*parts)), request=request,
-                   learning_rate=lr)
+                   learning_rate=lr, token_lr=token_lr(lr, batch_size, batch_lr_scaling),
+                   snr=snr_tracker(hp.b1) if track_snr else OFF,
+                   gns=gns if gns is not None else OFF)
 
 
 # --- the built-in optimizers' builders (registered in configs.py) ----------------------

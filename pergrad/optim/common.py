@@ -40,12 +40,6 @@ def find_state(opt_state: Any, cls: type) -> Any:
   return found[0] if found else None
 
 
-def check_beta(beta: float, name: str = "beta") -> None:
-  """ValueError unless `beta` is an EMA decay in [0, 1)."""
-  if not 0.0 <= beta < 1.0:
-    raise ValueError(f"{name}={beta} is outside [0, 1); choose an EMA decay in [0, 1)")
-
-
 def f32(tree: Any) -> Any:
   """Casts every leaf to float32 (statistics and optimizer math run in float32)."""
   return jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), tree)

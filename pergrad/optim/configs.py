@@ -1,9 +1,12 @@
 """Optimizer configs: one dataclass per optimizer, and the registry of optimizers.
 
-Pure Python (no JAX), so that Hydra can check `configs/optimizer/<name>.yaml` against
-its dataclass before anything heavy is imported. Every optimizer is one entry
+This module is plain Python: it imports no JAX, and the `pergrad.config.schema` of the
+`optimizer` node is these dataclasses (plain, so that Hydra merges
+`configs/optimizer/<name>.yaml` into them). JAX is nevertheless imported before Hydra
+composes, by the other nodes of the schema (`pergrad.model.ModelSpec` lives beside the
+model); nothing is compiled before the config is checked. Every optimizer is one entry
 
-    REGISTRY[name] = Entry(config=<dataclass>, build="module:function" or a callable)
+    REGISTRY.get(name) = Entry(config=<dataclass>, build="module:function" or a callable)
 
 where `build(cfg, hp) -> (direction, StatsRequest)` returns the optimizer's direction
 (an optax transformation) and the statistics it reads; `pergrad.optim.build` wraps it
@@ -15,8 +18,8 @@ How to add an optimizer (from a plugin module, no edit of the package):
      `name = "<name>"` and its fields, checked in `__post_init__`;
   2. `def build(cfg, hp) -> Direction` (`pergrad.optim.build.Direction`);
   3. `register("<name>", NameConfig, build)`; list the module in `plugins=[module]`, then
-     `optimizer=<name>` selects it (`pergrad.config` stores its schema for Hydra) and
-     `optimizer.<field>=...` sets its fields.
+     `optimizer=<name>` selects it (`pergrad.config.composer` stores its schema)
+     and `optimizer.<field>=...` sets its fields.
 """
 
 from __future__ import annotations
@@ -24,13 +27,20 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
-from pergrad.fields import Choice
+from pergrad.fields import Choice, check_decay
+from pergrad.registry import Registry
 
 
 class LrScaling(Choice):
+  """lr x (B / B_ref)^κ with κ = `exponent`: none 0, sqrt 1/2, linear 1."""
+
   none = "none"
   sqrt = "sqrt"
   linear = "linear"
+
+  @property
+  def exponent(self) -> float:
+    return {"none": 0.0, "sqrt": 0.5, "linear": 1.0}[self.value]
 
 
 class Placement(Choice):
@@ -48,12 +58,7 @@ class AdamVariant(Choice):
   mix = "mix"
 
 
-def _beta(beta: float, key: str) -> None:
-  if not 0.0 <= beta < 1.0:
-    raise ValueError(f"{key}={beta} is outside [0, 1); choose an EMA decay in [0, 1)")
-
-
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass
 class OptimizerConfig:
   """Fields every optimizer has: the chain around its direction (sgd: this alone)."""
 
@@ -62,12 +67,11 @@ class OptimizerConfig:
   weight_decay: float = 0.0  # decoupled (AdamW-style), times the learning rate
   clip_norm: float | None = None  # global-norm clipping of the mean gradient
   per_example_clip: float | None = None  # clip each g_i before every statistic (vmap/loop)
-  lr_scaling: LrScaling = LrScaling.none
+  lr_scaling: LrScaling = LrScaling.none  # lr x (B / ref_batch_size)^k, k = 0, 1/2, 1
   ref_batch_size: int = 32  # B_ref of lr = lr * (B / B_ref) ** kappa
 
   def __post_init__(self):
-    object.__setattr__(self, "lr_scaling",
-                       LrScaling.check(self.lr_scaling, "optimizer.lr_scaling"))
+    self.lr_scaling = LrScaling.check(self.lr_scaling, "optimizer.lr_scaling")
     if not self.lr > 0:
       raise ValueError(f"optimizer.lr={self.lr} must be positive")
     if self.weight_decay < 0:
@@ -78,7 +82,7 @@ class OptimizerConfig:
       raise ValueError(f"optimizer.ref_batch_size={self.ref_batch_size} must be positive")
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass
 class MomentumConfig(OptimizerConfig):
   """An EMA of the gradient (momentum, sign family)."""
 
@@ -88,59 +92,60 @@ class MomentumConfig(OptimizerConfig):
 
   def __post_init__(self):
     super().__post_init__()
-    _beta(self.b1, "optimizer.b1")
+    check_decay(self.b1, "optimizer.b1")
     if self.sde_scaling and self.lr_scaling != "sqrt":
       raise ValueError(
           f"sde_scaling=true goes with lr_scaling=sqrt (Malladi et al.), got lr_scaling="
           f"{self.lr_scaling}; set optimizer.lr_scaling=sqrt or optimizer.sde_scaling=false")
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass
 class SignConfig(MomentumConfig):
   name: str = "sign"
-  placement: Placement = Placement.ema
+  placement: Placement = Placement.ema  # where the sign is taken (before or after the EMA)
 
   def __post_init__(self):
     super().__post_init__()
-    object.__setattr__(self, "placement", Placement.check(self.placement, "optimizer.placement"))
+    self.placement = Placement.check(self.placement, "optimizer.placement")
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass
 class AdamConfig(MomentumConfig):
   """A second-moment EMA and ε (adam, adamw, the Adam family)."""
 
   name: str = "adamw"
-  b2: float = 0.95
-  eps: float = 1e-8
+  b2: float = 0.95  # second-moment EMA decay
+  eps: float = 1e-8  # added to the square root of the second moment
   eps_root: float = 0.0  # epsilon inside the square root
 
   def __post_init__(self):
     super().__post_init__()
-    _beta(self.b2, "optimizer.b2")
+    check_decay(self.b2, "optimizer.b2")
     if self.eps < 0 or self.eps_root < 0:
       raise ValueError(f"optimizer.eps={self.eps} and optimizer.eps_root={self.eps_root} "
                        "must be >= 0")
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass
 class AdamFamilyConfig(AdamConfig):
   name: str = "adam_family"
-  variant: AdamVariant = AdamVariant.adam
+  variant: AdamVariant = AdamVariant.adam  # the second moment s the update divides by
   mix_a: float = 1.0  # variant=mix: s = mix_a * mu2_hat + mix_b * sigma2_hat
-  mix_b: float = 0.0
+  mix_b: float = 0.0  # variant=mix: weight of sigma2_hat
 
   def __post_init__(self):
     super().__post_init__()
-    object.__setattr__(self, "variant", AdamVariant.check(self.variant, "optimizer.variant"))
+    self.variant = AdamVariant.check(self.variant, "optimizer.variant")
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass
 class Entry:
   config: type  # dataclass, subclass of OptimizerConfig
   build: str | Callable[[Any, Any], tuple]  # "module:function" (imported lazily) or callable
 
 
-REGISTRY: dict[str, Entry] = {}
+REGISTRY: Registry[Entry] = Registry("optimizer", hint="a plugin adds one with "
+                                    "pergrad.optim.register")
 
 
 def register(name: str, config: type, build: str | Callable, *, replace: bool = False) -> None:
@@ -148,28 +153,12 @@ def register(name: str, config: type, build: str | Callable, *, replace: bool = 
   if not (dataclasses.is_dataclass(config) and issubclass(config, OptimizerConfig)):
     raise ValueError(f"optimizer {name!r}: its config must be a dataclass subclassing "
                      "OptimizerConfig.")
-  if name in REGISTRY and not replace:
-    raise ValueError(f"optimizer {name!r} is already registered; pass replace=True.")
-  REGISTRY[name] = Entry(config=config, build=build)
-
-
-def unregister(name: str) -> None:
-  REGISTRY.pop(name, None)
-
-
-def names() -> tuple[str, ...]:
-  return tuple(REGISTRY)
-
-
-def entry(name: str) -> Entry:
-  if name not in REGISTRY:
-    raise ValueError(f"unknown optimizer {name!r}; choose one of {names()}")
-  return REGISTRY[name]
+  REGISTRY.register(name, Entry(config=config, build=build), replace=replace)
 
 
 def optimizer_config(name: str = "adamw", **fields) -> OptimizerConfig:
   """The config dataclass of optimizer `name` with `fields` set (enums or their values)."""
-  return entry(name).config(name=name, **fields)
+  return REGISTRY.get(name).config(name=name, **fields)
 
 
 register("sgd", OptimizerConfig, "pergrad.optim.build:sgd")
@@ -178,3 +167,4 @@ for _name in ("adam", "adamw"):
   register(_name, AdamConfig, f"pergrad.optim.build:{_name}")
 register("sign", SignConfig, "pergrad.optim.build:sign")
 register("adam_family", AdamFamilyConfig, "pergrad.optim.build:adam_family")
+REGISTRY.seal()

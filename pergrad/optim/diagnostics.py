@@ -1,5 +1,11 @@
-"""Trackers (optax-style transformations, identity on the updates) and what is logged from
-them: the SNR diagnostics ("opt/...") and the gradient noise scale ("gns/...").
+"""Trackers beside the optimizer and what is logged from them: the SNR diagnostics
+("opt/...") and the gradient noise scale ("gns/...").
+
+A tracker is a pair of pure functions (`Tracker`): state = init(params) and
+state = update(state, grad_stats). It never touches the updates, and its state lives in
+the train state beside the optimizer's (`pergrad.train.state.TrainState.snr`, `.gns`), so
+turning a diagnostic on or off leaves the optimizer state (and its checkpoint) unchanged.
+A tracker that is off (`OFF`) has the empty state `optax.EmptyState()`.
 
 The estimators are the pure math of `pergrad.stats.noise`. Every SNR quantity is a RATIO
 OF SUMS over the coordinates j of a parameter leaf ("opt/<leaf path>/<name>") and over all
@@ -9,7 +15,7 @@ bias O(1/D) over D coordinates), and reads ≈ 0 on a leaf without signal:
 
     snr2_example = Σ μ̂² / Σ σ̂²            SNR² of one sample (`noise.snr_terms`)
     snr2_batch   = Σ μ̂² / Σ (σ̂²/n)        SNR² of ḡ, = n · snr2_example by construction
-    snr2_ema     = Σ (m² − V) / Σ V         SNR² of the EMA m (needs `track_snr`)
+    snr2_ema     = Σ (m² − V) / Σ V         SNR² of the EMA m (needs the `track_snr` state)
 
 where `track_snr` tracks, along the updates,
 
@@ -32,9 +38,9 @@ For the Adam family (states of `scale_by_adam_family`), the shares of the curren
 (statistics before any clipping). Adam's v estimates μ² + σ²/B (share_mu2 + share_var_b
 ≈ 1 for a stationary mean), MicroAdam's μ² + σ² (share_mu2 + share_var ≈ 1).
 
-Where the chain also holds the direction's ε (`hold_eps`, put there by `build_optimizer`
-for the Adam family), the share of coordinates whose denominator √(v̂ + eps_root) + ε is
-dominated by ε, a coordinate count over a coordinate count:
+Where the optimizer's chain also holds the direction's ε (`hold_eps`, put there by
+`build_optimizer` for the Adam family), the share of coordinates whose denominator
+√(v̂ + eps_root) + ε is dominated by ε, a coordinate count over a coordinate count:
 
     eps_share = #{j : ε > √(v̂_j + eps_root)} / #{j}
 
@@ -42,31 +48,42 @@ dominated by ε, a coordinate count over a coordinate count:
 
 With a layer selection (`GradStats.layers`), only the selected leaves are reported and
 "all" sums over them. A quantity is left out when what it needs is absent (no 'sq'
-statistic, no tracker, no Adam state), so `diagnostics` is jittable for a fixed
-(opt_state, stats) structure. `tests/test_estimators.py` checks each estimator against the
+statistic, no tracker state, no Adam state), so `diagnostics` is jittable for a fixed
+(stats, opt_state, snr) structure. `tests/test_estimators.py` checks each estimator against the
 known truth of `pergrad.stats.synthetic`.
 
 `track_gns` reads the per-example squared norms of `grad_stats` ("norms") every step and
 keeps, per group (`noise.groups_of`), the step's raw terms |G|²_est, S_est and their EMAs;
-`gns_metrics(opt_state)` gives the "gns/<group>/..." keys, logged every step. The raw
+`gns_metrics(gns_state)` gives the "gns/<group>/..." keys, logged every step. The raw
 terms are written with the 9 digits that round-trip a float32, so `noise.smooth` on them
 (`pergrad.train.metrics.resmooth`) recomputes B_simple offline with any α.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
 
-from pergrad.optim.adam_family import ScaleByAdamFamilyState
-from pergrad.optim.common import check_beta, f32, find_state, require_stats
-from pergrad.stats import noise
+from pergrad.fields import check_decay
 from pergrad.layer_types import TYPE_RULES
+from pergrad.optim.adam_family import ScaleByAdamFamilyState
+from pergrad.optim.common import f32, find_state, require_stats
+from pergrad.stats import noise
 from pergrad.stats.types import GradStats
+
+
+class Tracker(NamedTuple):
+  """A diagnostic beside the optimizer: pure functions of its state (module docstring)."""
+
+  init: Callable[[Any], Any]  # params -> state
+  update: Callable[[Any, GradStats], Any]  # (state, grad_stats) -> state
+
+
+OFF = Tracker(init=lambda params: optax.EmptyState(), update=lambda state, stats: state)
 
 
 # --- ε of the Adam family ------------------------------------------------------------------
@@ -100,32 +117,33 @@ class SnrTrackerState(NamedTuple):
   var_mu: Any  # V = β² V + (1-β)² σ̂²/n, float32 like params
 
 
-def track_snr(beta: float) -> optax.GradientTransformationExtraArgs:
-  """Identity on the updates; tracks (m, V) of the module docstring from `grad_stats`.
+def track_snr(beta: float) -> Tracker:
+  """Tracks (m, V) of the module docstring from `grad_stats`, which needs the 'sq'
+  statistic, so that the EMA SNR can be logged."""
+  check_decay(beta)
 
-  Needs the 'sq' statistic. Put it in the chain so the EMA SNR can be logged.
-  """
-  check_beta(beta)
-
-  def init_fn(params):
+  def init(params):
     zeros = lambda: optax.tree.zeros_like(params, dtype=jnp.float32)
     return SnrTrackerState(mu=zeros(), var_mu=zeros())
 
-  def update_fn(updates, state, params=None, *, grad_stats=None, **extra_args):
-    del params, extra_args
+  def update(state, grad_stats):
     stats = require_stats(grad_stats, "the SNR tracker (track_snr)", need=("sq",))
     n = stats.count
     mu = jax.tree.map(lambda m, g: beta * m + (1.0 - beta) * g, state.mu, f32(stats.mean))
     var_mu = jax.tree.map(lambda w, v: beta**2 * w + (1.0 - beta)**2 * v / n,
                           state.var_mu, f32(stats.variance))
-    return updates, SnrTrackerState(mu=mu, var_mu=var_mu)
+    return SnrTrackerState(mu=mu, var_mu=var_mu)
 
-  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+  return Tracker(init, update)
 
 
-def diagnostics(opt_state: Any, stats: GradStats) -> dict[str, jax.Array]:
+def diagnostics(stats: GradStats, opt_state: Any = None, snr: Any = None
+                ) -> dict[str, jax.Array]:
   """Ratios of sums of the SNRs², second-moment shares and eps_share (module docstring),
-  keyed "opt/<leaf>/<name>" per parameter leaf and "opt/all/<name>" over all coordinates."""
+  keyed "opt/<leaf>/<name>" per parameter leaf and "opt/all/<name>" over all coordinates.
+
+  `opt_state`: the optimizer state, read for the Adam family's v and ε (`hold_eps`);
+  `snr`: the `track_snr` state (an empty state or None: no snr2_ema)."""
   require_stats(stats, "diagnostics")
   # name -> (numerator tree, denominator tree), both like params
   quantities: dict[str, tuple[Any, Any]] = {}
@@ -134,10 +152,9 @@ def diagnostics(opt_state: Any, stats: GradStats) -> dict[str, jax.Array]:
     mu2, var, var_b = noise.snr_terms(stats)
     quantities["snr2_example"] = (mu2, var)
     quantities["snr2_batch"] = (mu2, var_b)
-  tracker = find_state(opt_state, SnrTrackerState)
-  if tracker is not None:
-    quantities["snr2_ema"] = (jax.tree.map(lambda m, w: jnp.square(m) - w, tracker.mu,
-                                           tracker.var_mu), tracker.var_mu)
+  if isinstance(snr, SnrTrackerState):
+    quantities["snr2_ema"] = (jax.tree.map(lambda m, w: jnp.square(m) - w, snr.mu, snr.var_mu),
+                              snr.var_mu)
   adam = find_state(opt_state, ScaleByAdamFamilyState)
   if adam is not None and has_sq:
     v_hat = jax.tree.map(lambda v: noise.debiased(v, adam.nu_weight), adam.nu)
@@ -179,41 +196,39 @@ class GnsTrackerState(NamedTuple):
 
 def track_gns(alpha: float, *, tied_leaf: str | None = None, tied: str = "include",
               rules: Sequence[tuple[str, str]] = TYPE_RULES, layers: Sequence[str] = ()
-              ) -> optax.GradientTransformationExtraArgs:
-  """Identity on the updates; tracks the GNS terms of every group (`noise.groups_of` on
-  the parameter paths, restricted to `layers`) from `grad_stats`, which must hold
-  per-example "norms" of those leaves (ask for them with `request(layers)`)."""
-  check_beta(alpha, "gns alpha")
+              ) -> Tracker:
+  """Tracks the GNS terms of every group (`noise.groups_of` on the parameter paths,
+  restricted to `layers`) from `grad_stats`, which must hold per-example "norms" of those
+  leaves (`build_optimizer(gns=...)` adds them to the optimizer's request)."""
+  check_decay(alpha, "gns alpha")
   if tied not in noise.TIED:
     raise ValueError(f"gns tied={tied!r}; choose one of {noise.TIED}.")
   groups = lambda tree: noise.groups_of(noise.leaf_paths(tree), tied_leaf=tied_leaf,
                                         tied=tied, rules=rules, layers=layers)
 
-  def init_fn(params):
+  def init(params):
     zero = {g: jnp.float32(0.0) for g in groups(params)}
     return GnsTrackerState(G2=zero, S=dict(zero), ema_G2=dict(zero), ema_S=dict(zero),
                            weight=jnp.float32(0.0))
 
-  def update_fn(updates, state, params=None, *, grad_stats=None, **extra_args):
-    del params, extra_args
+  def update(state, grad_stats):
     if grad_stats is None:
       raise ValueError("track_gns needs grad_stats with per-example 'norms' (stats.gns).")
     G2, S = noise.group_terms(grad_stats, groups(grad_stats.mean))
-    return updates, GnsTrackerState(
+    return GnsTrackerState(
         G2=G2, S=S,
         ema_G2={g: noise.ema(alpha, state.ema_G2[g], G2[g]) for g in G2},
         ema_S={g: noise.ema(alpha, state.ema_S[g], S[g]) for g in S},
         weight=noise.ema(alpha, state.weight, jnp.float32(1.0)))
 
-  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+  return Tracker(init, update)
 
 
-def gns_metrics(opt_state: Any) -> dict[str, jax.Array]:
+def gns_metrics(st: Any) -> dict[str, jax.Array]:
   """"gns/<group>/{G2,S}" (this step's raw terms: what `resmooth` reads), and the smoothed
-  "gns/<group>/{G2_ema,S_ema}" (debiased) and "gns/<group>/b_simple" = S_ema / G2_ema;
-  {} when the chain has no `track_gns`."""
-  st = find_state(opt_state, GnsTrackerState)
-  if st is None:
+  "gns/<group>/{G2_ema,S_ema}" (debiased) and "gns/<group>/b_simple" = S_ema / G2_ema,
+  from the `track_gns` state `st`; {} for an empty state (the GNS is not tracked)."""
+  if not isinstance(st, GnsTrackerState):
     return {}
   out = {}
   for g in st.G2:

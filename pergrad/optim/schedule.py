@@ -22,30 +22,32 @@ Schedule shape (step k = 0 is the first update, W warmup steps, N total steps):
 with f = final_lr_frac. The warmup starts at peak/W, not 0, so no step is wasted.
 A run shorter than its warmup (a smoke test) simply ends during the warmup.
 
-Indexed by examples (`scale_by_token_schedule`, the last link of every optimizer's
-chain): with a batch-size schedule the k of the formulas above is τ = seen / B_max, the
-examples seen before the update in units of full batches (B_max = data.batch_size), so
-the learning rate follows the tokens seen, whatever the batch sizes (T is fixed, so
-examples and tokens are proportional). An update of B examples then uses
+Indexed by examples (`token_lr`; `scale_by_token_schedule`, the last link of every
+optimizer's chain): with a batch-size schedule the k of the formulas above is
+τ = seen / B_max, the examples seen before the update in units of full batches
+(B_max = data.batch_size), so the learning rate follows the tokens seen, whatever the
+batch sizes (T is fixed, so examples and tokens are proportional). An update of B
+examples then uses
 
     lr = schedule(τ) · (B / B_max)^κ',   κ' = 0, 1/2, 1 for batch.lr_scaling none/sqrt/linear
 
-With B = B_max every update, τ = k exactly: the schedule of a fixed-batch run.
+With B = B_max every update, τ = k exactly: the schedule of a fixed-batch run. The
+transformation is stateless: the examples seen are the train state's
+(`pergrad.train.state.TrainState.examples_seen`), passed to `update` as an extra argument.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import NamedTuple
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
 import optax
 
 from pergrad.fields import Choice
-
-LR_SCALINGS = {"none": 0.0, "sqrt": 0.5, "linear": 1.0}
+from pergrad.optim.configs import LrScaling
 
 
 class ScheduleName(Choice):
@@ -53,19 +55,17 @@ class ScheduleName(Choice):
   constant = "constant"
 
 
-SCHEDULES = ScheduleName.values()
 
-
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass
 class ScheduleConfig:
   """The learning-rate schedule's shape (the `schedule` config node)."""
 
-  name: ScheduleName = ScheduleName.cosine
-  warmup_steps: int = 20
+  name: ScheduleName = ScheduleName.cosine  # warmup then cosine decay, or constant
+  warmup_steps: int = 20  # steps of linear warmup from peak/warmup_steps
   final_lr_frac: float = 0.1  # cosine decays to final_lr_frac * peak
 
   def __post_init__(self):
-    object.__setattr__(self, "name", ScheduleName.check(self.name, "schedule.name"))
+    self.name = ScheduleName.check(self.name, "schedule.name")
     if self.warmup_steps < 0:
       raise ValueError(f"schedule.warmup_steps={self.warmup_steps} must be >= 0")
     if not 0.0 <= self.final_lr_frac <= 1.0:
@@ -88,8 +88,8 @@ def scale_hparams(*, lr: float, b1: float, b2: float, eps: float, eps_root: floa
                   lr_scaling: str, sde_scaling: bool, batch_size: int,
                   ref_batch_size: int) -> ScaledHparams:
   """Applies the batch-size rules of the module docstring."""
-  if lr_scaling not in LR_SCALINGS:
-    raise ValueError(f"unknown lr_scaling {lr_scaling!r}; choose one of {tuple(LR_SCALINGS)}")
+  if lr_scaling not in LrScaling.values():
+    raise ValueError(f"unknown lr_scaling {lr_scaling!r}; choose one of {LrScaling.values()}")
   if batch_size < 1 or ref_batch_size < 1:
     raise ValueError(
         f"batch_size={batch_size} and ref_batch_size={ref_batch_size} must be positive")
@@ -98,7 +98,7 @@ def scale_hparams(*, lr: float, b1: float, b2: float, eps: float, eps_root: floa
         f"sde_scaling=true goes with lr_scaling=sqrt (Malladi et al.), got lr_scaling="
         f"{lr_scaling}; set optimizer.lr_scaling=sqrt or optimizer.sde_scaling=false")
   kappa_b = batch_size / ref_batch_size
-  peak = lr * kappa_b ** LR_SCALINGS[lr_scaling]
+  peak = lr * kappa_b ** LrScaling(lr_scaling).exponent
   if sde_scaling:
     b1, b2 = (1.0 - min(kappa_b * (1.0 - b), 1.0) for b in (b1, b2))
     eps, eps_root = eps / math.sqrt(kappa_b), eps_root / kappa_b
@@ -106,17 +106,13 @@ def scale_hparams(*, lr: float, b1: float, b2: float, eps: float, eps_root: floa
                        batch_ratio=kappa_b)
 
 
-def make_schedule(name: str, peak_lr: float, *, total_steps: int, warmup_steps: int,
-                  final_lr_frac: float) -> optax.Schedule:
-  """Linear warmup then cosine decay (or constant); see the module docstring."""
-  if name not in SCHEDULES:
-    raise ValueError(f"unknown schedule {name!r}; choose one of {SCHEDULES}")
+def make_schedule(sched: ScheduleConfig, peak_lr: float, *, total_steps: int
+                  ) -> optax.Schedule:
+  """Linear warmup then cosine decay (or constant) of `sched` (checked by ScheduleConfig);
+  see the module docstring."""
   if total_steps < 1:
     raise ValueError(f"total_steps={total_steps} must be >= 1")
-  if warmup_steps < 0:
-    raise ValueError(f"schedule.warmup_steps={warmup_steps} must be >= 0")
-  if not 0.0 <= final_lr_frac <= 1.0:
-    raise ValueError(f"schedule.final_lr_frac={final_lr_frac} must be in [0, 1]")
+  name, warmup_steps, final_lr_frac = sched.name, sched.warmup_steps, sched.final_lr_frac
   decay_steps = max(total_steps - warmup_steps, 1)
 
   def schedule(step):
@@ -132,39 +128,41 @@ def make_schedule(name: str, peak_lr: float, *, total_steps: int, warmup_steps: 
   return schedule
 
 
-class TokenScheduleState(NamedTuple):
-  examples: jax.Array  # int32: examples seen by the updates so far
-  batch_size: jax.Array  # int32: B of the last update (0 before the first)
-  lr: jax.Array  # float32: the last update's learning rate
+def token_lr(schedule: optax.Schedule, max_batch: int, lr_scaling: str = "none"
+             ) -> Callable[[jax.Array, int], jax.Array]:
+  """(seen, B) -> lr = schedule(seen / max_batch) · (B / max_batch)^κ' (module docstring),
+  float32; `seen` an int32 count of examples, B a Python int."""
+  if lr_scaling not in LrScaling.values():
+    raise ValueError(f"batch.lr_scaling={lr_scaling!r}; choose one of {LrScaling.values()}")
+  kappa = LrScaling(lr_scaling).exponent
+
+  def lr(seen: jax.Array, batch_size: int) -> jax.Array:
+    # τ in integer arithmetic first: exactly k for a fixed-batch run.
+    tau = (seen // max_batch).astype(jnp.float32) + (seen % max_batch) / max_batch
+    return jnp.asarray(schedule(tau) * (batch_size / max_batch) ** kappa, jnp.float32)
+
+  return lr
 
 
 def scale_by_token_schedule(schedule: optax.Schedule, max_batch: int,
                             lr_scaling: str = "none") -> optax.GradientTransformationExtraArgs:
-  """u -> −lr · u with lr = schedule(seen / max_batch) · (B / max_batch)^κ' (docstring).
+  """u -> −lr · u with lr = `token_lr(schedule, max_batch, lr_scaling)(seen, B)`.
 
-  `update` takes the update's batch size as the extra argument `batch_size` (a Python
-  int: the compiled step's static batch dimension; None: max_batch); the state counts
-  the examples seen. With a constant B = max_batch it equals
-  `optax.scale_by_learning_rate(schedule)` (τ = the update count).
+  Stateless; `update` takes the extra arguments `examples_seen` (int32: examples seen
+  before this update) and `batch_size` (a Python int: the compiled step's static batch
+  dimension; None: max_batch). With a constant B = max_batch and examples_seen = k · B
+  it equals `optax.scale_by_learning_rate(schedule)` at update k.
   """
-  if lr_scaling not in LR_SCALINGS:
-    raise ValueError(f"batch.lr_scaling={lr_scaling!r}; choose one of {tuple(LR_SCALINGS)}")
-  kappa = LR_SCALINGS[lr_scaling]
+  lr_of = token_lr(schedule, max_batch, lr_scaling)
 
-  def init_fn(params):
-    del params
-    return TokenScheduleState(jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32),
-                              jnp.zeros((), jnp.float32))
-
-  def update_fn(updates, state, params=None, *, batch_size: int | None = None, **extra_args):
+  def update_fn(updates, state, params=None, *, examples_seen=None,
+                batch_size: int | None = None, **extra_args):
     del params, extra_args
-    batch_size = max_batch if batch_size is None else batch_size
-    seen = state.examples
-    # τ in integer arithmetic first: exactly k for a fixed-batch run.
-    tau = (seen // max_batch).astype(jnp.float32) + (seen % max_batch) / max_batch
-    lr = schedule(tau) * (batch_size / max_batch) ** kappa
-    updates = jax.tree.map(lambda u: jnp.asarray(-lr, u.dtype) * u, updates)
-    return updates, TokenScheduleState(seen + batch_size, jnp.int32(batch_size),
-                                       jnp.asarray(lr, jnp.float32))
+    if examples_seen is None:
+      raise ValueError("scale_by_token_schedule needs the extra argument examples_seen "
+                       "(the examples seen before this update).")
+    lr = lr_of(jnp.asarray(examples_seen, jnp.int32),
+               max_batch if batch_size is None else batch_size)
+    return jax.tree.map(lambda u: jnp.asarray(-lr, u.dtype) * u, updates), state
 
-  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+  return optax.GradientTransformationExtraArgs(optax.init_empty_state, update_fn)

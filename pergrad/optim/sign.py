@@ -8,7 +8,8 @@ With per-example gradients g_i (i = 1..B), their mean ḡ and EMA_β(x)_t =
     batch:    u = EMA_β( sign(ḡ) )                sign of the batch mean; β = 0: signSGD
     ema:      u = sign( EMA_β(ḡ) )                SignEMA (Signum) = optax.signum
 
-(times -lr, applied by `optax.scale_by_learning_rate` later in the chain).
+(times -lr, applied later in the chain by `pergrad.optim.schedule.scale_by_token_schedule`,
+`optax.scale_by_learning_rate` for a fixed batch size).
 
 Only the name "SignEMA" and its definition are confirmed from the paper (Roulet &
 Agarwala, arXiv 2510.00236) and the authors' `optax.signum`; the `example`, `token`
@@ -25,7 +26,8 @@ from __future__ import annotations
 
 import optax
 
-from pergrad.optim.common import check_beta, f32, require_stats
+from pergrad.fields import check_decay
+from pergrad.optim.common import f32, require_stats
 from pergrad.optim.configs import Placement
 from pergrad.stats.request import StatsRequest
 
@@ -60,7 +62,7 @@ def scale_by_sign_placement(placement: str, beta: float, *, debias: bool = True
   """
   if placement not in PLACEMENTS:
     raise ValueError(f"unknown sign placement {placement!r}; choose one of {PLACEMENTS}")
-  check_beta(beta)
+  check_decay(beta)
   if placement == "ema":
     # Exactly optax.signum without the learning rate: no debiasing before a sign.
     return optax.chain(optax.ema(beta, debias=False), optax.scale_by_sign())

@@ -2,24 +2,34 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
+import jax
 import optax
 
+from pergrad.optim.diagnostics import OFF, Tracker
 from pergrad.stats.request import StatsRequest
 
 
 class Optimizer(NamedTuple):
-  """A built optimizer.
+  """A built optimizer and the trackers beside it.
 
   Attributes:
-    tx: the transformation; call it as
-      `tx.update(stats.mean, opt_state, params, grad_stats=stats)`.
-    request: the statistics `tx` needs in `grad_stats` (a `pergrad.stats.StatsRequest`).
+    tx: the transformation; call it as `tx.update(stats.mean, opt_state, params,
+      grad_stats=stats, examples_seen=seen, batch_size=B)` (seen: int32, the examples
+      seen before the update; B: the update's static batch size).
+    request: the statistics `tx` and the trackers need in `grad_stats`
+      (a `pergrad.stats.StatsRequest`).
     learning_rate: effective learning rate (after batch-size scaling) as a function
-      of τ = examples seen / B (the update count of a fixed-batch run; 0 = first update).
+      of τ = examples seen / B_max (the update count of a fixed-batch run; 0 = first update).
+    token_lr: (seen, B) -> the learning rate `tx` applies to that update (float32).
+    snr, gns: the trackers (`pergrad.optim.diagnostics.Tracker`; `OFF` when not tracked),
+      kept outside `tx` so that the optimizer state does not depend on them.
   """
 
   tx: optax.GradientTransformationExtraArgs
   request: StatsRequest
   learning_rate: optax.Schedule
+  token_lr: Callable[[jax.Array, int], jax.Array]
+  snr: Tracker = OFF
+  gns: Tracker = OFF

@@ -11,8 +11,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from pergrad.fields import Choice
 from pergrad import layer_types as layers_lib
+from pergrad.fields import Choice
 from pergrad.stats import registry, types
 
 

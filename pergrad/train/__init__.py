@@ -1,6 +1,6 @@
 """Training: mesh, state, jitted steps, loop, Orbax checkpoints, metrics, Hydra CLI.
 
-    from pergrad.configure import build_plan, compose
+    from pergrad.config import build_plan, compose
     from pergrad.train import run
     summary = run(build_plan(compose(["train.steps=50"])), out_dir)     # see loop.py
 

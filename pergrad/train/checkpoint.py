@@ -1,4 +1,4 @@
-"""Orbax checkpoints of the whole `TrainState` (params, optimizer state, step, RNG).
+"""Orbax checkpoints of the whole `TrainState` (`pergrad.train.state`).
 
     ckpt = Checkpoints(run_dir / "checkpoints", keep=2)
     state = ckpt.restore_latest(abstract_state)   # None when there is nothing to resume
@@ -8,16 +8,115 @@ Saving is asynchronous (Orbax copies the arrays to host memory before `save`
 returns, then writes in the background); a run killed while writing leaves only a
 temporary directory that Orbax never lists as a step. A listed step whose restore
 fails (missing or damaged files) is moved aside to `<step>.corrupt` with a message
-and the previous step is tried: nothing is deleted silently.
+and the previous step is tried: nothing is deleted silently. When no checkpoint is
+readable but some were (now or earlier moved aside), the run stops with one line instead
+of starting again from step 0, unless `train.restart=true` asks for that on purpose.
+
+A save that cannot write (disk full, read-only or missing folder) raises `OutputError`
+naming the path; its temporary folder is removed and the earlier checkpoints are intact.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import gc
+import logging
+import shutil
+import time
 from pathlib import Path
 from typing import Any, Callable
 
 import jax
 import orbax.checkpoint as ocp
+
+TMP_SUFFIX = ".orbax-checkpoint-tmp"
+_WRITE_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOTDIR,
+                 errno.EDQUOT, errno.ENOENT, errno.EEXIST}
+
+
+class OutputError(RuntimeError):
+  """The run directory (or a checkpoint in it) cannot be written or read; one line."""
+
+  @classmethod
+  def of(cls, e: OSError, path: Path, what: str = "the run directory") -> OutputError:
+    why = e.strerror or type(e).__name__
+    return cls(f"cannot write {what} {path} ({why}"
+               + (f": {e.filename}" if e.filename and str(e.filename) != str(path) else "")
+               + "); free disk space there or set train.out_dir to a writable folder.")
+
+
+def _write_error(e: BaseException) -> OSError | None:
+  """The OSError of a failed write in `e`'s chain (Orbax wraps its thread's errors)."""
+  seen = set()
+  while e is not None and id(e) not in seen:
+    seen.add(id(e))
+    if isinstance(e, OSError) and e.errno in _WRITE_ERRNOS:
+      return e
+    e = e.__cause__ or e.__context__
+  return None
+
+
+def _closed_loop(exc: BaseException | None) -> bool:
+  return isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed"
+
+
+def _drop_closed_loop_errors() -> None:
+  """When a restore or save fails, TensorStore's operations still in flight call back into
+  Orbax's closed asyncio loop from their threads, during and after the failure, each
+  printing a traceback of "Event loop is closed" (harmless: the failure is reported
+  already). Those errors alone are dropped."""
+  import sys
+  import threading
+
+  if getattr(sys.excepthook, "_pergrad", False):
+    return
+  excepthook, unraisable, thread_hook = sys.excepthook, sys.unraisablehook, threading.excepthook
+
+  def on_exception(kind, value, tb):
+    if not _closed_loop(value):
+      excepthook(kind, value, tb)
+
+  def on_unraisable(u):
+    if not _closed_loop(u.exc_value):
+      unraisable(u)
+
+  def on_thread(args):
+    if not _closed_loop(args.exc_value):
+      thread_hook(args)
+
+  on_exception._pergrad = True
+  sys.excepthook, sys.unraisablehook, threading.excepthook = (on_exception, on_unraisable,
+                                                             on_thread)
+
+
+class _OrbaxTracebacks(logging.Filter):
+  """Drops Orbax's tracebacks of a failed background save: the same error is raised to
+  the caller, and reported in one line."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return not (record.exc_info and "orbax" in record.pathname)
+
+
+def _quiet_orbax_tracebacks() -> None:
+  absl = logging.getLogger("absl")
+  if not any(isinstance(f, _OrbaxTracebacks) for f in absl.filters):
+    absl.addFilter(_OrbaxTracebacks())
+
+
+@contextlib.contextmanager
+def _quiet():
+  """Silences Orbax's and asyncio's logging of a failed restore (a page per array)."""
+  loggers = [logging.getLogger(n) for n in ("absl", "asyncio", "orbax")]
+  levels = [lg.level for lg in loggers]
+  for lg in loggers:
+    lg.setLevel(logging.CRITICAL)
+  try:
+    yield
+  finally:
+    gc.collect()  # the failed read's futures log "never retrieved" when collected
+    for lg, level in zip(loggers, levels, strict=True):
+      lg.setLevel(level)
 
 
 class Checkpoints:
@@ -30,19 +129,63 @@ class Checkpoints:
     options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
                                            cleanup_tmp_directories=True)
     self.manager = ocp.CheckpointManager(self.directory, options=options)
+    self._saving: int | None = None  # the step of the save in flight
+    _quiet_orbax_tracebacks()
+    _drop_closed_loop_errors()
 
   def steps(self) -> list[int]:
     return sorted(self.manager.all_steps())
 
-  def save(self, step: int, state: Any) -> None:
-    self.manager.save(step, args=ocp.args.StandardSave(state), force=True)
+  def latest(self) -> int | None:
+    """The newest complete checkpoint's step (after the pending save finished)."""
+    self.wait()
+    steps = self.steps()
+    return steps[-1] if steps else None
 
-  def restore_latest(self, abstract_state: Any,
-                     echo: Callable[[str], None] = print) -> Any | None:
-    """The newest step that restores completely, or None; damaged steps are moved aside."""
+  def save(self, step: int, state: Any) -> None:
+    with self._writing(self._saving):  # the previous save's error surfaces here
+      self.manager.check_for_errors()
+    self._saving = step
+    with self._writing(step):
+      self.manager.save(step, args=ocp.args.StandardSave(state), force=True)
+
+  @contextlib.contextmanager
+  def _writing(self, step: int | None):
+    try:
+      yield
+    except Exception as e:
+      os_error = _write_error(e)
+      if os_error is None:
+        raise
+      self._remove_temporary()
+      what = "a checkpoint to" if step is None else f"the checkpoint of step {step} to"
+      kept = [s for s in self.steps() if s != step]
+      raise OutputError(str(OutputError.of(os_error, self.directory, what)).rstrip(".")
+                        + f"; the earlier checkpoints are intact (steps {kept}).") from None
+
+  def _remove_temporary(self) -> None:
+    """Removes the temporary folders of a failed save. Its other writes may still be in
+    flight (Orbax raises at the first failure) and recreate them: wait for those, then
+    remove again until none comes back within 0.2 s (at most about 5 s)."""
+    with contextlib.suppress(Exception):
+      self.manager.wait_until_finished()
+    for _ in range(25):
+      tmp = list(self.directory.glob(f"*{TMP_SUFFIX}*"))
+      for p in tmp:
+        shutil.rmtree(p, ignore_errors=True)
+      time.sleep(0.2)
+      if not tmp and not list(self.directory.glob(f"*{TMP_SUFFIX}*")):
+        return
+
+  def restore_latest(self, abstract_state: Any, echo: Callable[[str], None] = print,
+                     restart: bool = False) -> Any | None:
+    """The newest step that restores completely, or None when there is none to resume;
+    damaged steps are moved aside. OutputError when every checkpoint is unreadable,
+    unless `restart` (then None: start again from step 0)."""
     for step in sorted(self.manager.all_steps(), reverse=True):
       try:
-        state = self.manager.restore(step, args=ocp.args.StandardRestore(abstract_state))
+        with _quiet():
+          state = self.manager.restore(step, args=ocp.args.StandardRestore(abstract_state))
         got = int(jax.device_get(state.step))
         if got != step:
           raise ValueError(f"it holds step {got}")
@@ -54,6 +197,12 @@ class Checkpoints:
              f"({type(e).__name__}: {reason}); moved it to {moved.name} and trying the "
              "previous checkpoint.")
         self.manager.reload()
+    corrupt = sorted(p.name for p in self.directory.glob("*.corrupt*"))
+    if corrupt and not restart:
+      raise OutputError(
+          f"every checkpoint in {self.directory} is unreadable ({', '.join(corrupt)}); "
+          "nothing was restored. Set train.restart=true to start again from step 0 on "
+          "purpose (this run's metrics are then rewritten), or set another train.out_dir.")
     return None
 
   def _move_aside(self, step: int) -> Path:
@@ -68,7 +217,18 @@ class Checkpoints:
     return dst
 
   def wait(self) -> None:
-    self.manager.wait_until_finished()
+    with self._writing(self._saving):
+      self.manager.wait_until_finished()
+    self._saving = None
+
+  def finish(self) -> OutputError | None:
+    """Waits for the save in flight; returns (not raises) its OutputError, if any."""
+    try:
+      self.wait()
+    except OutputError as e:
+      self._saving = None
+      return e
+    return None
 
   def close(self) -> None:
     self.manager.close()

@@ -3,26 +3,32 @@
     python scripts/train.py model=tiny train.steps=200 optimizer.lr=3e-3 logging.wandb.mode=disabled
     python scripts/train.py -m optimizer.lr=1e-3,3e-3 data.batch_size=16,32
 
-Hydra composes `configs/config.yaml` (shipped in the package as `pergrad.configs`)
-against the typed schema `pergrad.plan.Config`, so a typo'd key, a wrong type or an
-unknown option stops here with Hydra's message naming the key (or the valid options);
-then `pergrad.configure.build_plan` builds the schema's dataclasses (each checks its
-fields) and checks every cross-field rule, before any data is read or anything compiled.
-`plugins=[module,...]` imports user modules first (their statistics and optimizers).
+Hydra composes `configs/config.yaml` (`pergrad.config.composer.configs_dir`) against the
+typed schema `pergrad.config.schema.Config`, so a typo'd key, a wrong type or an unknown
+option stops here with Hydra's message naming the key (or the valid options); then
+`pergrad.config.build_plan` builds the schema's dataclasses (each checks its fields) and
+checks every cross-field rule, before any data is read or anything compiled.
+`plugins=[module,...]` imports user modules once, before Hydra composes (their
+statistics, backends and optimizers); `--help` lists each group's choices and every
+field.
 The run writes to `train.out_dir` (default: Hydra's run directory, `outputs/<date>/<time>`, or
 `multirun/<date>/<time>/<overrides>` for a sweep point). Re-running the same command
 on the same directory resumes it; a completed run is skipped.
 
 Errors of the run itself (a bad setting found at start-up, a missing dataset, a
-non-finite loss) print one line `error: ...` and exit with status 1; set
-HYDRA_FULL_ERROR=1 for the traceback. In a multirun a failed point does not stop the
-others: Hydra reports the failure after the last point.
+diverged loss, an unwritable run directory or unreadable checkpoints) print one line
+`error: ...` and exit with status 1; set HYDRA_FULL_ERROR=1 for the traceback. In a
+multirun a failed point does not stop the others: Hydra reports the failure after the last
+point. SIGINT, SIGTERM or the pre-emption signal stop the run between two updates with a
+checkpoint and one line saying how to resume, exit status 128 + the signal's number; in a
+submitit job the pre-emption signal then requeues the job (`pergrad.train.interrupt`).
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import signal
 import sys
 from pathlib import Path
 
@@ -31,9 +37,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from pergrad import config as pconfig
-
-pconfig.register()
+from pergrad.config import composer as pconfig
 
 
 def _hydra_info() -> dict:
@@ -46,49 +50,80 @@ def _hydra_info() -> dict:
   }
 
 
-@hydra.main(version_base="1.3", config_path=f"pkg://{pconfig.CONFIGS_PACKAGE}",
-            config_name="config")
+@hydra.main(version_base="1.3", config_path=str(pconfig.configs_dir()), config_name="config")
 def _main(cfg: DictConfig) -> float | None:
   import jax
 
-  from pergrad.configure import build_plan
+  from pergrad.config.plan import build_plan
   from pergrad.train import distributed
+  from pergrad.train.checkpoint import OutputError
+  from pergrad.train.interrupt import Interrupts
   from pergrad.train.loop import NonFiniteLossError, run
 
   hc = HydraConfig.get()
   hydra_dir = Path(hc.runtime.output_dir)
   out_dir = Path(cfg.train.out_dir) if cfg.train.out_dir else hydra_dir
-  if out_dir.resolve() != hydra_dir.resolve() and (hydra_dir / ".hydra").exists():
-    shutil.copytree(hydra_dir / ".hydra", out_dir / ".hydra", dirs_exist_ok=True)
+  stop = Interrupts()
   try:
+    if out_dir.resolve() != hydra_dir.resolve() and (hydra_dir / ".hydra").exists():
+      shutil.copytree(hydra_dir / ".hydra", out_dir / ".hydra", dirs_exist_ok=True)
     d = cfg.dist
-    pconfig.load_plugins(cfg.plugins)  # also those set in a YAML file (a sweep's workers)
-    distributed.initialize(d.coordinator_address, d.num_processes, d.process_id, auto=d.auto)
+    pconfig.load_plugins(cfg.plugins)  # those set in a YAML file, or in a sweep's worker
+    distributed.initialize(d.coordinator_address, d.num_processes, d.process_id, auto=d.auto,
+                           timeout_s=d.timeout_s)
     if jax.process_count() > 1 and not cfg.train.out_dir and hc.mode == RunMode.RUN:
       raise ValueError(
           f"a run of {jax.process_count()} processes needs one run directory for all: set "
           "train.out_dir (Hydra's default directory is named by each process's clock).")
     plan = build_plan(cfg, jax.device_count())
-    summary = run(plan, out_dir, hydra_info=_hydra_info())
-  except (ValueError, NonFiniteLossError) as e:  # incl. pergrad.data.DataError
+    summary = run(plan, out_dir, hydra_info=_hydra_info(), stop=stop)
+  except (ValueError, NonFiniteLossError, OutputError, OSError, KeyboardInterrupt) as e:
     if os.environ.get("HYDRA_FULL_ERROR") == "1":
       raise
-    print(f"error: {e}", file=sys.stderr, flush=True)
+    print(f"error: {_one_line(e, out_dir)}", file=sys.stderr, flush=True)
+    if isinstance(e, KeyboardInterrupt):  # XLA's threads may be mid-compile: no teardown
+      sys.stdout.flush()
+      os._exit(130)
     if hc.mode == RunMode.MULTIRUN:
       raise  # Hydra runs the other points, then reports this one
     sys.exit(1)
+  if summary["status"] == "interrupted":
+    sys.stdout.flush()
+    stop.hand_over()  # submitit's handler requeues the job and exits
+    sys.exit(stop.exit_code())
   return summary.get("final_eval_loss")
+
+
+def _one_line(e: BaseException, out_dir: Path) -> str:
+  """The message of an error the run reports in one line."""
+  if isinstance(e, KeyboardInterrupt):
+    return (f"interrupted twice: stopped without saving; re-run the same command to resume "
+            f"{out_dir} from its last checkpoint.")
+  if isinstance(e, OSError):
+    return (f"{e.strerror or type(e).__name__}: {e.filename or e}; check that path (free "
+            "disk space there, or set train.out_dir to a writable folder).")
+  return str(e)
 
 
 def main() -> None:
   """Console-script entry point (`pergrad-train`). The modules of a `plugins=[...]`
   override are imported before Hydra composes the config, so that `optimizer=<name>`
   can select an optimizer they register."""
+  signal.signal(signal.SIGINT, _interrupted_at_start)  # the loop installs its own
   try:
-    pconfig.load_plugins(pconfig.plugins_from_argv())
+    pconfig.load_plugins(pconfig.plugins_in(sys.argv[1:]))
   except ValueError as e:
     sys.exit(f"error: {e}")
   _main()
+
+
+def _interrupted_at_start(signum, frame) -> None:
+  """Ctrl-C before training started (composing, importing JAX, preparing data, compiling)."""
+  del signum, frame
+  sys.stdout.flush()
+  print("error: interrupted before training started (nothing to save); re-run the same "
+        "command to start or resume the run.", file=sys.stderr, flush=True)
+  os._exit(130)  # XLA's threads may be mid-compile: no interpreter teardown
 
 
 if __name__ == "__main__":

@@ -30,15 +30,16 @@ On each statistics-logging step k (`StatsPlan.logs_at`) with n_h = stats.sign_ag
                  leaves, steps and seeds by adding counts (`sign_agreement.summary`).
 
 The training trajectory is untouched: the held-out statistics are a separate compiled
-function of θ_{k−1} (called before the train step donates the state), the logging train
-step returns its update beside the metrics (`pergrad.train.step.train_step`,
-keep_update), and a second small compiled function turns both into counts. Both are
-compiled ahead of time, once per run.
+function of θ_{k−1} (`SignLog.stats`, called before the train step donates the state,
+compiled ahead of time once per run), passed to the logging train step
+(`pergrad.train.step.train_step(state, batch, heldout)`), which turns its update and
+them into counts (`sign_metrics`) beside its other metrics.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 from typing import Any
 
@@ -46,12 +47,12 @@ import jax
 import jax.numpy as jnp
 
 import pergrad.stats as pstats
+from pergrad.config.plan import HELDOUT_REQUEST
 from pergrad.stats import sign_agreement
 from pergrad.stats.types import GradStats
 from pergrad.train import mesh as mesh_lib
 
 PyTree = Any
-HELDOUT_REQUEST = pstats.StatsRequest(want=("mean", "sq"))
 HELDOUT_SEED = 2**63  # the held-out stream's seed is data.seed + HELDOUT_SEED
 PREFIX = "sign"
 
@@ -92,7 +93,8 @@ def sign_metrics(updates: PyTree, heldout: GradStats,
 
 
 class SignLog:
-  """The run's two compiled functions: held-out statistics and counts."""
+  """The run's compiled held-out statistics `stats(params, batch)` and the abstract
+  shape of their result (`abstract_stats`, replicated: the train step's argument)."""
 
   def __init__(self, plan, loss_fn, mesh, abstract_params: PyTree):
     sp = plan.stats
@@ -100,7 +102,8 @@ class SignLog:
     self.n_h = sp.sign_agreement
     repl = mesh_lib.replicated(mesh)
     batch_sharding = mesh_lib.batch_sharding(mesh)
-    options = pstats.StatsOptions(microbatch_size=sp.microbatch_size or B)
+    options = dataclasses.replace(sp.options,
+                                  microbatch_size=sp.options.microbatch_size or B)
     stats_fn = jax.jit(
         functools.partial(heldout_stats, loss_fn=loss_fn, backend=sp.sign_backend,
                           options=options),
@@ -109,6 +112,6 @@ class SignLog:
     batch = {k: jax.ShapeDtypeStruct((self.n_h * B, T), jnp.int32, sharding=batch_sharding)
              for k in ("inputs", "targets")}
     self.stats = stats_fn.lower(abstract_params, batch).compile()
-    abstract_stats = jax.eval_shape(stats_fn, abstract_params, batch)
-    self.counts = jax.jit(sign_metrics, in_shardings=repl, out_shardings=repl).lower(
-        abstract_params, abstract_stats).compile()
+    self.abstract_stats = jax.tree.map(
+        lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=repl),
+        jax.eval_shape(stats_fn, abstract_params, batch))

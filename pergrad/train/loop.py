@@ -1,6 +1,6 @@
 """The training loop: `run(plan, out_dir) -> summary`.
 
-    plan = pergrad.configure.build_plan(cfg, jax.device_count())
+    plan = pergrad.config.build_plan(cfg, jax.device_count())
     summary = run(plan, "outputs/my_run")
 
 Order of work: decide from the plan's fingerprint whether `out_dir` is new, to resume
@@ -14,6 +14,16 @@ evaluation or a checkpoint every pending step is pulled and checked, so a checkp
 never holds a state whose loss or parameters are non-finite. At the end the run draws
 `curves.png` beside `metrics.jsonl`.
 
+Divergence stops the run (status "diverged" in summary.json, a one-line error naming the
+step and the last good checkpoint): a non-finite training loss, gradient or parameter
+norm, or an eval loss at a step > 0 that is non-finite or above ln V (V: the tokenizer's
+vocabulary; a uniform guess) after an earlier eval was below it (the lr sweeps' rule,
+experiments.rules) or above the step-0 loss (`eval_diverged`). Every checkpoint is
+evaluated before it is saved (unlogged when the step is not an eval step), so a saved
+checkpoint is a good one.
+SIGINT, SIGTERM and the pre-emption signal (`pergrad.train.interrupt`) stop the run
+between two updates with a checkpoint and status "interrupted"; the same command resumes.
+
 Vocabulary: the model presets set `model.vocab_size: ${data.vocab_size}`; a tokenizer
 with more tokens than model.vocab_size is an error (one line naming both), a larger
 model vocabulary (padding, or byte tokens with the default 1024) a note.
@@ -25,7 +35,7 @@ train records the update's batch_size. A fixed-batch run makes train.steps updat
 a batch-size schedule (`pergrad.train.batch_schedule`) the loop asks it for each update's
 size, feeds examples seen..seen+B-1 and runs the step compiled for B, until
 train.steps x data.batch_size examples are seen; evaluations and checkpoints fall at the
-same examples seen whatever the schedule (`pergrad.plan.TrainSpec`).
+same examples seen whatever the schedule (`pergrad.config.schema.TrainSpec`).
 """
 
 from __future__ import annotations
@@ -43,23 +53,27 @@ import numpy as np
 import yaml
 
 from pergrad import files
+from pergrad.config.plan import CONFIG, SUMMARY, RunPlan, resume_decision
 from pergrad.model import count_params
 from pergrad.optim.diagnostics import gns_metrics
-from pergrad.plan import CONFIG, SUMMARY, RunPlan, resume_decision
 from pergrad.train import distributed
-from pergrad.train.checkpoint import Checkpoints
+from pergrad.train.batch_schedule import next_size
+from pergrad.train.checkpoint import Checkpoints, OutputError
 from pergrad.train.heldout import HeldOutData
+from pergrad.train.interrupt import Interrupts
 from pergrad.train.metrics import MetricsLogger, read_records
 from pergrad.train.progress import Clock, Progress
 
 
 class NonFiniteLossError(RuntimeError):
-  """The loss, gradient or parameters became NaN/inf; the message names the step."""
+  """The run diverged (module docstring); the message names the step and the last good
+  checkpoint."""
 
 
 def run(plan: RunPlan, out_dir: str | Path, *, hydra_info: dict | None = None,
-        echo: Callable[[str], None] = print) -> dict:
-  """Trains (or resumes, or skips a completed run in `out_dir`); returns the summary."""
+        echo: Callable[[str], None] = print, stop: Interrupts | None = None) -> dict:
+  """Trains (or resumes, or skips a completed run in `out_dir`); returns the summary.
+  `stop`: the signal flags to read between updates (default: installed here)."""
   t_begin = time.time()
   for name in ("absl", "jax"):  # Orbax logs every file at INFO; JAX its backend search
     logging.getLogger(name).setLevel(logging.WARNING)
@@ -72,24 +86,27 @@ def run(plan: RunPlan, out_dir: str | Path, *, hydra_info: dict | None = None,
 
   from pergrad.data import make_data
   from pergrad.train.mesh import make_mesh
-  from pergrad.train.step import Steps, token_schedule
+  from pergrad.train.step import Steps
 
+  try:
+    out_dir.mkdir(parents=True, exist_ok=True)
+  except OSError as e:
+    raise OutputError.of(e, out_dir) from None
   data = make_data(plan.data)
   _check_vocab(data.vocab_size, plan.model.vocab_size, plan.data, echo)
-  out_dir.mkdir(parents=True, exist_ok=True)
   if main:
     files.write_text(out_dir / CONFIG, yaml.safe_dump(plan.config, sort_keys=False))
   mesh = make_mesh()
   steps = Steps(plan, mesh)
   ckpt = Checkpoints(out_dir / "checkpoints", keep=plan.train.keep_checkpoints)
-  state = ckpt.restore_latest(steps.abstract_sharded_state(), echo=echo)
+  state = ckpt.restore_latest(steps.abstract_sharded_state(), echo=echo,
+                             restart=plan.train.restart)
   start = 0 if state is None else int(jax.device_get(state.step))
   if state is None:
     state = steps.init(jnp.int32(plan.train.seed))
   else:
     echo(f"[pergrad] resuming {out_dir} from the checkpoint of step {start}.")
-  lr_state = jax.device_get(token_schedule(state.opt_state))
-  seen, size = int(lr_state.examples), int(lr_state.batch_size)  # examples, last B
+  seen, size = map(int, jax.device_get((state.examples_seen, state.batch_size)))  # last B
   config = {**plan.config, **({"hydra": hydra_info} if hydra_info else {})}
   logger = MetricsLogger(out_dir, resume_step=start or None, wandb=plan.logging.wandb,
                          config=config, name=plan.name, enabled=main)
@@ -107,14 +124,22 @@ def run(plan: RunPlan, out_dir: str | Path, *, hydra_info: dict | None = None,
              if steps.sign is not None else None)
   evaluate = Evaluator(steps, data.eval_batches(plan.train.eval_batches, part))
   clock = Clock(tokens_per_example=T)
-  recorder = Recorder(plan, logger, history, clock, start, seen)
+  recorder = Recorder(plan, logger, history, clock, start, seen, data.vocab_size, ckpt)
   progress = Progress(plan.train.steps, seen // unit, plan.logging, plan.name)
 
   def b_simple() -> float:  # the GNS schedule's decisions read the state after update k
     key = f"gns/{sched.gns_group}/b_simple"
-    return float(jax.device_get(gns_metrics(state.opt_state)[key]))
+    return float(jax.device_get(gns_metrics(state.gns)[key]))
 
-  status, error = "interrupted", None
+  def checkpoint(k: int, seen: int, log_eval: bool, save: bool) -> None:
+    """Evaluates θ_k (logged if `log_eval`), stops on divergence, then saves if `save`."""
+    if log_eval or (save and k not in ckpt.steps()):
+      recorder.eval(k, seen, evaluate(state.params), log=log_eval)
+    if save and k not in ckpt.steps():
+      ckpt.save(k, state)
+
+  status, error = "failed", None
+  stop = (stop or Interrupts()).install(every=plan.logging.log_every)
   gc.collect()
   gc.freeze()  # setup's objects leave the collector's generations: cheaper collections
   try:
@@ -123,7 +148,10 @@ def run(plan: RunPlan, out_dir: str | Path, *, hydra_info: dict | None = None,
     pending = []  # (k, examples seen, B, metrics on the device), pulled one step late
     k = start
     while not plan.train.done(seen, unit):
-      size = sched.next_size(k, seen, size, b_simple)
+      if stop.requested(k):
+        status = "interrupted"
+        break
+      size = next_size(sched, k, seen, size, b_simple)
       batch = steps.put_batch(data.train_examples(seen, size, part))
       extra = (steps.put_batch(heldout.batch(seen))
                if heldout is not None and steps.logs_at(k + 1) else None)
@@ -135,31 +163,42 @@ def run(plan: RunPlan, out_dir: str | Path, *, hydra_info: dict | None = None,
       if evals or ckpts:
         pending = _pull(pending, 0, recorder, progress)
         with clock.paused():
-          if evals:
-            recorder.eval(k, seen, evaluate(state.params))
-          if ckpts:
-            ckpt.save(k, state)
+          checkpoint(k, seen, evals, ckpts)
       elif len(pending) > plan.logging.log_every:
         pending = _pull(pending, 1, recorder, progress)
     _pull(pending, 0, recorder, progress)
-    status = "completed"
+    if status == "interrupted":
+      checkpoint(k, seen, False, True)
+    else:
+      status = "completed"
   except NonFiniteLossError as e:
     status, error = "diverged", str(e)
     raise
   finally:
+    stop.restore()
     gc.unfreeze()
     progress.close()
-    ckpt.wait()
+    failure = ckpt.finish()  # a save that could not write (OutputError)
+    status = "failed" if failure else status
     summary = _summary(plan, out_dir, status, error, recorder, clock, start, ckpt, logger,
                        time.time() - t_begin, count_params(state.params), mesh.devices.size)
+    if status == "interrupted":
+      summary["signal"] = stop.name
     ckpt.close()
     if status == "completed" and main:
       summary["figure"] = _figure(out_dir, echo)
-    if (status == "completed" or error) and main:
+    if status != "failed" and main:
       logger.summary({k: v for k, v in summary.items() if isinstance(v, (int, float))})
       files.write_json(out_dir / SUMMARY, summary)
     logger.close(exit_code=0 if status == "completed" else 1)
-  _print_summary(summary, echo)
+    if failure:
+      raise failure
+  if status == "interrupted":
+    echo(f"[pergrad] interrupted by {stop.name} after step {summary['last_step']}: "
+         f"checkpoint saved in {summary['checkpoints']}; re-run the same command to resume"
+         + (" (this submitit job requeues itself)." if stop.requeues() else "."))
+  else:
+    _print_summary(summary, echo)
   return summary
 
 
@@ -198,6 +237,16 @@ class Evaluator:
     return float(np.mean(jax.device_get([self._eval(params, b) for b in self._batches])))
 
 
+def eval_diverged(loss: float, earlier: dict[int, float], ln_v: float) -> bool:
+  """An eval loss after some updates diverged: non-finite, or above ln V when an earlier
+  eval was at most ln V (the lr sweeps' rule, experiments.rules) or when it is above the
+  untrained model's loss (step 0)."""
+  if not math.isfinite(loss):
+    return True
+  return loss > ln_v and (min(earlier.values(), default=math.inf) <= ln_v
+                          or loss > earlier.get(0, math.inf))
+
+
 class History:
   """What a resumed run already logged: eval losses by step and the last train loss."""
 
@@ -215,19 +264,35 @@ class Recorder:
   """Pulls a step's metrics to the host, checks them and writes the records."""
 
   def __init__(self, plan: RunPlan, logger: MetricsLogger, history: History, clock: Clock,
-               start: int, seen: int):
-    self.logger, self.history, self.clock = logger, history, clock
+               start: int, seen: int, vocab_size: int, ckpt: Checkpoints):
+    self.logger, self.history, self.clock, self.ckpt = logger, history, clock, ckpt
+    self.ln_v = math.log(vocab_size)
     self.first, self.every = start + 1, plan.logging.log_every
     self.T, self.unit, self.budget = (plan.data.seq_len, plan.batch.max_size,
                                       plan.train.steps * plan.batch.max_size)
     self.last_step, self.last_seen = start, seen
     self.diverged_step = None
 
-  def eval(self, k: int, seen: int, loss: float | None) -> None:
-    if loss is not None:
+  def eval(self, k: int, seen: int, loss: float | None, log: bool = True) -> None:
+    """Records (if `log`) and checks the eval loss of θ_k; NonFiniteLossError when it
+    diverged (`eval_diverged`)."""
+    if loss is None:
+      return
+    earlier = dict(self.history.evals)
+    if log:
       self.history.evals[k] = loss
       self.logger.write({"step": k, "split": "eval", "loss": loss, "examples_seen": seen,
                          "tokens_seen": seen * self.T})
+    if k > 0 and eval_diverged(loss, earlier, self.ln_v):
+      self.diverged_step = k
+      raise NonFiniteLossError(
+          f"the eval loss diverged at step {k} (loss={loss:.4g}, ln V={self.ln_v:.4g}); "
+          f"stopped, {self._kept()}. Lower optimizer.lr or set optimizer.clip_norm.")
+
+  def _kept(self) -> str:
+    good = self.ckpt.latest()
+    return ("no checkpoint was saved before it" if good is None else
+            f"the last good checkpoint is step {good} in {self.ckpt.directory}")
 
   def train(self, k: int, seen: int, size: int, metrics: dict) -> tuple[int, dict]:
     """Checks and records update k's metrics (on the host; `seen` examples after it, of
@@ -242,8 +307,8 @@ class Recorder:
       self.diverged_step = k
       raise NonFiniteLossError(
           f"non-finite training loss at step {k} (loss={m['loss']}, grad_norm="
-          f"{m['grad_norm']}, param_norm={m['param_norm']}); stopped, the last good "
-          "checkpoint is kept. Lower optimizer.lr or set optimizer.clip_norm.")
+          f"{m['grad_norm']}, param_norm={m['param_norm']}); stopped, {self._kept()}. "
+          "Lower optimizer.lr or set optimizer.clip_norm.")
     self.history.train_loss, self.last_step, self.last_seen = m["loss"], k, seen
     shown = {}
     if k == self.first or seen >= self.budget or k % self.every == 0:

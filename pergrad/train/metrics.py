@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from pergrad import files
+from pergrad.fields import check_decay
 from pergrad.stats import noise
 
 METRICS = "metrics.jsonl"
@@ -147,8 +148,7 @@ def resmooth(run_dir: str | Path, alpha: float) -> dict[str, dict[str, np.ndarra
   """B_simple of every logged GNS group recomputed with EMA decay `alpha` from the raw
   terms "gns/<group>/{G2,S}" (`noise.smooth`): {group: {"step", "G2", "S", "G2_ema",
   "S_ema", "b_simple"}}. The terms must be logged at every step from the first."""
-  if not 0.0 <= alpha < 1.0:
-    raise ValueError(f"alpha={alpha} is outside [0, 1); choose an EMA decay in [0, 1).")
+  check_decay(alpha, "alpha")
   is_G2 = lambda k: k.startswith("gns/") and k.endswith("/G2")
   recs = [r for r in read_records(Path(run_dir) / METRICS) if any(map(is_G2, r))]
   groups = [k[len("gns/"):-len("/G2")] for k in (recs[0] if recs else {}) if is_G2(k)]

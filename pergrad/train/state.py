@@ -1,10 +1,18 @@
-"""The training state: a pytree of arrays (step, params, optimizer state, RNG key).
+"""The training state: a pytree of arrays, everything training needs to know.
+
+    step           int32: updates done
+    params         the model's parameters θ_k
+    opt_state      the optimizer chain's state (`pergrad.optim.build`)
+    examples_seen  int32: examples seen by the updates so far (the learning-rate
+                   schedule is indexed by it, `pergrad.optim.schedule`)
+    batch_size     int32: B of the last update (0 before the first)
+    lr             float32: the last update's learning rate (0 before the first)
+    snr, gns       the trackers' states beside the optimizer (`pergrad.optim.diagnostics`;
+                   `optax.EmptyState()` when off); gns holds the controller's B_simple
 
 It is created directly with its shardings by a jitted init (no host copy of the
 parameters), and saved / restored whole by Orbax (`checkpoint.py`). The data order
-needs no state of its own: example i is a pure function of (data.seed, i), and the
-examples seen (with the last update's batch size) are in the learning-rate
-transformation's state (`pergrad.train.step.token_schedule`).
+needs no state of its own: example i is a pure function of (data.seed, i).
 """
 
 from __future__ import annotations
@@ -14,28 +22,33 @@ from typing import Any, Callable
 import flax.struct
 import jax
 import jax.numpy as jnp
-import optax
 
 from pergrad.model import ModelSpec, init_params
+from pergrad.optim import Optimizer
 
 
 @flax.struct.dataclass
 class TrainState:
-  step: jax.Array  # int32 scalar: number of updates done
+  step: jax.Array
   params: Any
   opt_state: Any
-  rng: jax.Array  # uint32[2] raw key (reserved for stochastic layers / sampling)
+  examples_seen: jax.Array
+  batch_size: jax.Array
+  lr: jax.Array
+  snr: Any
+  gns: Any
 
 
-def make_init_fn(spec: ModelSpec, tx: optax.GradientTransformation,
+def make_init_fn(spec: ModelSpec, opt: Optimizer,
                  seq_len: int) -> Callable[[jax.Array], TrainState]:
   """seed (int32 scalar) -> TrainState, a pure function (jit it with out_shardings)."""
 
   def init(seed: jax.Array) -> TrainState:
-    key = jax.random.PRNGKey(seed)
-    init_key, rng = jax.random.split(key)
+    init_key = jax.random.split(jax.random.PRNGKey(seed))[0]
     params = init_params(spec, init_key, seq_len)
-    return TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                      opt_state=tx.init(params), rng=rng)
+    zero = lambda dtype=jnp.int32: jnp.zeros((), dtype)
+    return TrainState(step=zero(), params=params, opt_state=opt.tx.init(params),
+                      examples_seen=zero(), batch_size=zero(), lr=zero(jnp.float32),
+                      snr=opt.snr.init(params), gns=opt.gns.init(params))
 
   return init

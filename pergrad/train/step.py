@@ -1,19 +1,27 @@
 """The jitted functions of training: init, train step (plain and logging), eval step.
 
-    state, metrics = train_step(state, batch)      # metrics: loss, grad_norm, ...
+    state, metrics = train_step(state, batch)            # metrics: loss, grad_norm, ...
+    state, metrics = train_step(state, batch, heldout)   # logging step with sign agreement
     loss = eval_step(params, batch)
 
-`train_step` asks the statistics engine ONCE per step (`pergrad.stats.compute`) and
-feeds the result to the optimizer. On most steps it asks for what the optimizer reads
-(`plan.stats.request`; for "mean" alone that is the plain `jax.value_and_grad` path).
+`train_step` is pure and always returns (state, metrics). It asks the statistics engine
+ONCE per step (`pergrad.stats.compute`) and feeds the result to the optimizer and to the
+trackers beside it (`Optimizer.snr`, `Optimizer.gns`), whose states it keeps in the
+`TrainState` with the examples seen, the batch size and the learning rate of the update
+(lr = `Optimizer.token_lr(examples seen, B)`, the one the optimizer's last link applies).
+On most steps it asks for what the optimizer and the trackers read (`plan.stats.request`;
+for "mean" alone that is the plain `jax.value_and_grad` path).
 On statistics-logging steps a second compiled variant asks for the union of that and
 the logged statistics (`plan.stats.log_request`) in the same backward pass, and adds
 to the metrics the per-layer summaries (`pergrad.stats.summaries`, keys "stats/...")
-and the optimizer's diagnostics on its new state (`pergrad.optim.diagnostics`, keys
-"opt/..."). The update is the same on both kinds of step, up to float rounding: the
-mean gradient of a per-example backend sums in another order than `value_and_grad`.
-With stats.sign_agreement, logging steps also log the update's sign agreement with a
-held-out mean gradient ("sign/...", `pergrad.train.heldout`), without changing the update.
+and the diagnostics of the new optimizer and SNR-tracker states
+(`pergrad.optim.diagnostics`, keys "opt/..."). The update is the same on both kinds of
+step, up to float rounding: the mean gradient of a per-example backend sums in another
+order than `value_and_grad`.
+With stats.sign_agreement, logging steps also get the held-out statistics (computed
+before the step by a separate compiled function at the same θ) and log the update's sign
+agreement with the held-out mean gradient ("sign/...", `pergrad.train.heldout`), without
+changing the update.
 
 `Steps` jits each function once over a 1-D ('data',) mesh: explicit in/out
 shardings (batch split on 'data', state replicated), the state donated to the
@@ -33,55 +41,56 @@ import optax
 from jax.sharding import Mesh
 
 import pergrad.stats as pstats
+from pergrad.config.plan import RunPlan
 from pergrad.loss import make_loss_fn
 from pergrad.model import Transformer
 from pergrad.optim import Optimizer, diagnostics
-from pergrad.optim.common import find_state
 from pergrad.optim.diagnostics import gns_metrics
-from pergrad.optim.schedule import TokenScheduleState
-from pergrad.plan import RunPlan
+from pergrad.stats.types import GradStats
 from pergrad.train import mesh as mesh_lib
-from pergrad.train.heldout import SignLog
+from pergrad.train.heldout import SignLog, sign_metrics
 from pergrad.train.state import TrainState, make_init_fn
 
 
-def train_step(state: TrainState, batch: dict, *, loss_fn, opt: Optimizer,
-               request: pstats.StatsRequest, backend: str, options: pstats.StatsOptions,
-               log_stats: bool = False, keep_update: bool = False) -> tuple:
-  """One update θ_{k+1} = θ_k + tx(ḡ_k, stats_k): (new state, metrics of step k), and
-  with `keep_update` the update tx(ḡ_k, stats_k) itself third (`pergrad.train.heldout`).
+def train_step(state: TrainState, batch: dict, heldout: GradStats | None = None, *, loss_fn,
+               opt: Optimizer, request: pstats.StatsRequest, backend: str,
+               options: pstats.StatsOptions, log_stats: bool = False
+               ) -> tuple[TrainState, dict[str, jax.Array]]:
+  """One update θ_{k+1} = θ_k + tx(ḡ_k, stats_k): (new state, metrics of step k).
 
   Metrics: loss (mean over the batch at θ_k), grad_norm ‖ḡ‖, update_norm,
   param_norm ‖θ_{k+1}‖, lr (the effective learning rate of this update, which depends on
   the examples seen and on B = the batch's static leading size); "gns/..."
-  when the optimizer tracks the gradient noise scale (`gns_metrics`, every step); with
-  `log_stats`, also "stats/..." and "opt/..." scalars (module docstring).
+  when the GNS is tracked (`gns_metrics`, every step); with `log_stats`, also "stats/..."
+  and "opt/..." scalars (module docstring); with `heldout` (the held-out statistics at
+  θ_k), also the update's sign-agreement counts "sign/..." (`pergrad.train.heldout`).
   """
   loss, stats = pstats.compute(loss_fn, state.params, batch, request, options,
                                backend=backend)
   grads = stats.mean
   B = batch["inputs"].shape[0]  # static: one compiled step per batch size
+  seen = state.examples_seen
   updates, opt_state = opt.tx.update(grads, state.opt_state, state.params, grad_stats=stats,
-                                     batch_size=B)
+                                     examples_seen=seen, batch_size=B)
   params = optax.apply_updates(state.params, updates)
+  new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state,
+                         examples_seen=seen + B, batch_size=jnp.int32(B),
+                         lr=opt.token_lr(seen, B), snr=opt.snr.update(state.snr, stats),
+                         gns=opt.gns.update(state.gns, stats))
   metrics = {
       "loss": loss,
       "grad_norm": optax.tree.norm(grads),
       "update_norm": optax.tree.norm(updates),
       "param_norm": optax.tree.norm(params),
-      "lr": token_schedule(opt_state).lr,
-      **gns_metrics(opt_state),  # every step when the optimizer tracks the GNS
+      "lr": new_state.lr,
+      **gns_metrics(new_state.gns),  # every step when the GNS is tracked
   }
   if log_stats:
     metrics.update(pstats.summaries.layer_summaries(stats))
-    metrics.update(diagnostics(opt_state, stats))
-  new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state, rng=state.rng)
-  return (new_state, metrics, updates) if keep_update else (new_state, metrics)
-
-
-def token_schedule(opt_state: Any) -> TokenScheduleState:
-  """The learning-rate transformation's state: examples seen, last B, last lr."""
-  return find_state(opt_state, TokenScheduleState)
+    metrics.update(diagnostics(stats, opt_state, new_state.snr))
+  if heldout is not None:
+    metrics.update(sign_metrics(updates, heldout))
+  return new_state, metrics
 
 
 def eval_step(params: Any, batch: dict, *, loss_fn) -> jax.Array:
@@ -99,7 +108,7 @@ class Steps:
     repl = mesh_lib.replicated(mesh)
     self.batch_sharding = mesh_lib.batch_sharding(mesh)
 
-    init = make_init_fn(plan.model, opt.tx, plan.data.seq_len)
+    init = make_init_fn(plan.model, opt, plan.data.seq_len)
     self.abstract_state = jax.eval_shape(init, jnp.int32(0))
     self.state_shardings = jax.tree.map(lambda _: repl, self.abstract_state)
     self.init = jax.jit(init, out_shardings=self.state_shardings)
@@ -109,33 +118,34 @@ class Steps:
                                       sharding=self.batch_sharding)
               for k in ("inputs", "targets")}
 
-    options = pstats.StatsOptions(microbatch_size=sp.microbatch_size)
+    options = sp.options
 
-    def jit_step(request, backend, log_stats, keep_update=False):
+    self.logs_at = sp.logs_at
+    self.sign = (SignLog(plan, self.loss_fn, mesh, self.abstract_sharded_state().params)
+                 if sp.sign_agreement and sp.log_request is not None else None)
+
+    def jit_step(request, backend, log_stats, heldout=False):
       return jax.jit(
           functools.partial(train_step, loss_fn=self.loss_fn, opt=opt, request=request,
-                            backend=backend, options=options, log_stats=log_stats,
-                            keep_update=keep_update),
-          in_shardings=(self.state_shardings, self.batch_sharding),
-          out_shardings=(self.state_shardings, repl) + ((repl,) if keep_update else ()),
+                            backend=backend, options=options, log_stats=log_stats),
+          in_shardings=(self.state_shardings, self.batch_sharding) + ((repl,) if heldout else ()),
+          out_shardings=(self.state_shardings, repl),
           # The batch is not donated: no output has its shape (XLA could not reuse it).
           donate_argnames=("state",))
 
-    def compiled(fn, B):  # ahead of time, before the loop
-      return fn.lower(self.abstract_sharded_state(), abstract_batch(B)).compile()
+    def compiled(fn, B, *heldout):  # ahead of time, before the loop
+      return fn.lower(self.abstract_sharded_state(), abstract_batch(B), *heldout).compile()
 
     self.train_jit = jit_step(sp.request, sp.backend, False)
-    logged_jit = (jit_step(sp.log_request, sp.log_backend, True, bool(sp.sign_agreement))
+    logged_jit = (jit_step(sp.log_request, sp.log_backend, True, self.sign is not None)
                   if sp.log_request is not None else None)
+    heldout = (self.sign.abstract_stats,) if self.sign is not None else ()
     sizes = plan.batch.sizes if plan.batch.kind != "fixed" else (plan.batch.max_size,)
     # One compiled pair per allowed batch size (buckets), so a batch schedule never
     # compiles in the loop.
     self.train = {B: compiled(self.train_jit, B) for B in sizes}
-    self.train_logged = ({B: compiled(logged_jit, B) for B in sizes}
+    self.train_logged = ({B: compiled(logged_jit, B, *heldout) for B in sizes}
                          if logged_jit is not None else None)
-    self.logs_at = sp.logs_at
-    self.sign = (SignLog(plan, self.loss_fn, mesh, self.abstract_sharded_state().params)
-                 if sp.sign_agreement and logged_jit is not None else None)
     self.eval = jax.jit(
         functools.partial(eval_step, loss_fn=self.loss_fn),
         in_shardings=(self.state_shardings.params, self.batch_sharding), out_shardings=repl)
@@ -153,8 +163,7 @@ class Steps:
       raise ValueError(f"step {k} logs the sign agreement (stats.sign_agreement="
                        f"{self.sign.n_h}) but got no held-out batch.")
     stats = self.sign.stats(state.params, heldout)  # at θ_{k-1}, before the donation
-    state, metrics, updates = self.train_logged[B](state, batch)
-    return state, {**metrics, **self.sign.counts(updates, stats)}
+    return self.train_logged[B](state, batch, stats)
 
   def abstract_sharded_state(self) -> TrainState:
     """ShapeDtypeStructs with shardings (the restore target for Orbax)."""
