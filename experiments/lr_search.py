@@ -324,29 +324,3 @@ def best_md(best: pd.DataFrame, group_keys: Sequence[str], lr_key: str = "optimi
                         "grid": "lr grid", "n_diverged": "diverged lrs",
                         "at_edge": "chosen at edge"})
   return md_table(b)
-
-
-def pairs_report(groups: dict, expected: list, *, rule: str, paper: str, effect: float,
-                 numbers_md: str, checks=(), verdict_fn=None, planned=()):
-  """The report of a pairs rule (`rules.decide` on `expected`): pooled seed noise, the rule's
-  simulated error rates at it for an effect of `effect` (`calibrate`), the gated verdict;
-  the `planned` groups without runs are named."""
-  from experiments import calibrate, rules
-  from experiments.record import Report
-  from experiments.verdict import groups as groups_text
-  from experiments.verdict import outcomes, pairs_md
-
-  verdict, pairs = rules.decide(groups, expected) if expected else ("not tested", [])
-  if verdict_fn is not None:
-    verdict = verdict_fn(pairs)
-  used = {x for p in expected for x in p}
-  missing = [g for g in planned if g not in groups]
-  vals = [v for k, v in groups.items() if k in used and np.isfinite(v).all()]  # diverged: no noise
-  cal = calibrate.calibrate("pair", calibrate.pooled_std(vals),
-                            min((len(v) for v in vals), default=0), effect)
-  return Report(verdict=calibrate.gate(verdict, cal), rule=rule, paper=paper,
-                ours=outcomes(pairs), calibration=cal.row(),
-                checks=(groups_text({k: groups[k] for k in groups if k in used}),
-                        *(p.sentence() for p in pairs), *checks,
-                        *([f"Not run in this preset: {missing}"] if missing else [])),
-                numbers_md=numbers_md + ("\n\n" + pairs_md(pairs) if pairs else ""))

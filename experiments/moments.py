@@ -1,32 +1,12 @@
 """Claim 3, mechanism: which term dominates Adam's second moment over training.
 
-Per coordinate E[ḡ²] = μ² + σ²/B (Adam's v) and E[mean g_i²] = μ² + σ² (MicroAdam's v).
-Estimators, all RATIOS OF SUMS over coordinates with the unbiased μ̂² = ḡ² − σ̂²/B in the
-numerator (signed: ≈ 0, possibly < 0, where there is no signal; never clipped before
-aggregating), validated against known truth in `tests/test_estimators.py`:
-
-    snr2_batch     = Σ μ̂² / Σ (σ̂²/B)   μ² over Adam's noise term (> 1: v is μ²-dominated)
-    snr2_example   = Σ μ̂² / Σ σ̂²       μ² over MicroAdam's noise term (= the above / B)
-    share_mu2, share_var_b, share_var = Σ μ̂², Σ σ̂²/B, Σ σ̂² over Σ v̂ (Adam's debiased v)
-
-per parameter leaf (`stats/<leaf>/mu2_mean|var_mean`, `opt/<leaf>/...`) and over all
-coordinates (`opt/all/...`), during Adam runs at Adam's best lr (the preconditioner
-search's, weight decay 0 as there), 3 seeds (1 at ci).
-
-The whole-model ratio weighs each leaf by its share of Σμ̂² and Σσ̂²/B: in the cpu runs
-the normalization layers (0.19 % of the parameters) hold most of both. So the verdict is
-taken per leaf (`experiments.leafwise`): leaf l's ratio r_l = Σμ̂²/Σ(σ̂²/B) over its
-coordinates and the second half of training's logged steps, aggregated per seed by
-`rules.leaf_aggregates` (share of parameters with r_l > 1, median, parameter-weighted
-median; all leaves and without the normalization layers).
-
-Figures (`moments_over_training.png`): left, whole-model μ̂²/(σ̂²/B) and μ̂²/σ̂² over
-training (mean over seeds, band = min-max) against 1; middle, the whole-model shares of
-μ̂², σ̂²/B and σ̂² in Adam's v̂; right, per-leaf μ̂²/(σ̂²/B) over the second half of
-training (normalization layers marked), symmetric log axis.
-
-Verdict (`RULE`): each seed's parameter-weighted median over the leaves other than the
-normalization layers of r_l, against 1 by `experiments.verdict` (higher is better).
+Per coordinate E[ḡ²] = μ² + σ²/B (Adam's v) and E[mean g_i²] = μ² + σ² (MicroAdam's v). Logged
+(`pergrad.optim.diagnostics`, ratios of sums with the unbiased μ̂² = ḡ² − σ̂²/B, signed) per
+leaf and over all coordinates: snr2_batch = Σμ̂²/Σ(σ̂²/B), snr2_example = Σμ̂²/Σσ̂², and the
+shares of μ̂², σ̂²/B, σ̂² in Adam's debiased v̂; Adam at its tuned lr, 3 seeds, at the scale's
+B and at B = 128 (r grows with B). The verdict reads each leaf's r = Σμ̂²/Σ(σ̂²/B) over the
+second half of training, aggregated per seed by `leafwise` (the normalization layers, 0.19 %
+of the parameters, hold most of the whole-model sums).
 """
 
 from __future__ import annotations
@@ -38,13 +18,12 @@ import pandas as pd
 
 from experiments import calibrate, leafwise, lr_search
 from experiments import rules as vd
-from experiments import verdict as vd_text
 from experiments.figures import plot_curves, plt, savefig, style
-from experiments.record import ROWS, Experiment, Inputs, Report, register
+from experiments.record import ROWS, Experiment, Inputs, register
 from experiments.rules import is_norm_leaf
-from experiments.runs import leaf_of, stat_columns, x_examples
+from experiments.runs import leaf_of, read_csv, stat_columns, x_examples
 from experiments.sweep import Block, Sweep, base_for
-from experiments.verdict import fmt_num, md_table
+from experiments.verdict import fmt_num, md_table, not_measured, pairs_report
 
 NAME = "moments"
 TITLE = "μ², σ²/B and σ² in Adam's second moment over training"
@@ -68,7 +47,6 @@ RULE = ("Per seed, each leaf's r = Σμ̂²/Σ(σ̂²/B) over its coordinates an
         "undetermined with < 2 seeds.")
 PAPER = "v ≈ μ² + σ²/B dominated by μ² (qualitative)"
 EFFECT = 1.0  # r − 1: μ² twice σ²/B, our stated prior for "μ² dominates"
-RERUN = f"re-run `python scripts/reproduce.py {NAME} --preset <preset>`"
 
 
 def sweep(preset: str, inputs: Inputs | None = None) -> Sweep:
@@ -87,10 +65,8 @@ def sweep(preset: str, inputs: Inputs | None = None) -> Sweep:
 
 
 def analyze(runs, out_dir: Path) -> None:
-  table, fin = runs.table, runs.finals
-  """moments_per_leaf.csv and moments_all.csv (whole model): long tables IDS, [leaf,]
-  quantity, value."""
-  out_dir = Path(out_dir)
+  """moments_per_leaf.csv, moments_all.csv: long tables IDS, [leaf,] quantity, value."""
+  out_dir, table, fin = Path(out_dir), runs.table, runs.finals
   t = table.copy()
   t["examples_seen"] = x_examples(t)
   rows = []
@@ -189,47 +165,30 @@ def figures(out_dir: Path) -> list[Path]:
   return [savefig(fig, out_dir / "moments_over_training.png")]
 
 
-def report(out_dir: Path) -> Report:
-  path = Path(out_dir) / "moments_all.csv"
-  raw = pd.read_csv(path) if path.exists() else pd.DataFrame()
+def report(out_dir: Path):
+  raw = read_csv(Path(out_dir) / "moments_all.csv")
   all_df, big = at_ref(raw), raw[raw["B"].notna()] if "B" in raw else raw[:0]
   if all_df.empty or "snr2_batch" not in set(all_df["quantity"]):
-    return Report(verdict="not measured", rule=RULE, ours="μ̂²/(σ̂²/B) was not logged "
-                  f"(opt/all/snr2_batch missing from metrics.jsonl): {RERUN}.")
+    return not_measured(RULE, "μ̂²/(σ̂²/B) was not logged (opt/all/snr2_batch)", NAME)
   seeds = per_seed(all_df)
-  mean = seeds.mean()
-  get = lambda k: fmt_num(float(mean[k])) if k in mean else "n/a"
-  whole = (f"whole model (ratios of sums over all coordinates, second half of training, mean "
-           f"over {len(seeds)} seed(s)): Σμ̂²/Σ(σ̂²/B) = {get('snr2_batch')}, Σμ̂²/Σσ̂² = "
-           f"{get('snr2_example')}; shares of Adam's v̂: μ̂² {get('share_mu2')}, σ̂²/B "
-           f"{get('share_var_b')}")
+  whole = ("Whole model, ratios of sums, mean over seeds: " + ", ".join(
+      f"{k} {fmt_num(float(v))}" for k, v in seeds.mean().items()))
+  if len(big):
+    whole += f"; at B = 128, snr2_batch per seed {per_seed(big)['snr2_batch'].round(3).tolist()}"
+  numbers = "Per seed, whole model:\n\n" + md_table(seeds.reset_index())
   views = leaf_views(out_dir)
   if views is None:
-    return Report(verdict="not measured", rule=RULE, ours=(
-        "The per-leaf μ̂², σ̂² or the leaves' parameter counts (leaf_params.csv) are "
-        f"missing, so the rule's per-leaf value cannot be computed: {RERUN}. Measured, "
-        f"not a verdict: {whole}."), numbers_md="Per seed, whole model:\n\n"
-        + md_table(seeds.reset_index()))
+    return not_measured(RULE, "the per-leaf μ̂², σ̂² or the leaves' parameter counts "
+                        "(leaf_params.csv) are missing", NAME, checks=(whole,), numbers_md=numbers)
   r = views["weighted_median_no_norm"].dropna().tolist()
-  verdict, pairs = vd.decide({"μ²": r, "σ²/B": [1.0] * len(r)}, [("μ²", "σ²/B")],
-                               lower_is_better=False)
   m = views.mean(numeric_only=True)
-  measured = (f"Per leaf r = Σμ̂²/Σ(σ̂²/B), second half of training, mean over {len(views)} "
-              f"seed(s): {leafwise.view_text(m, 'r')}; ratio of sums {fmt_num(m['ratio_of_sums'])}"
-              f" (all leaves) / {fmt_num(m['ratio_of_sums_no_norm'])} (no norm); "
-              + leafwise.norm_shares_text(m, "Σμ̂²", "Σσ̂²/B") + ". Rule's test: "
-              + "; ".join(p.sentence() for p in pairs) + f". Also measured, {whole}.")
-  cols = ["train.seed", "ratio_of_sums", "ratio_of_sums_no_norm", "share_params_above_1",
-          "share_params_above_1_no_norm", "median_no_norm", "weighted_median",
-          "weighted_median_no_norm", "norm_share_num", "norm_share_den", "norm_share_params"]
+  shares = ", ".join(f"{k} {fmt_num(m[k])}" for k in ("ratio_of_sums", "ratio_of_sums_no_norm",
+                                                       "norm_share_num", "norm_share_params"))
   cal = calibrate.calibrate("pair", calibrate.pooled_std([r]), len(r), EFFECT, n_b=len(r))
-  return Report(verdict=calibrate.gate(verdict, cal), rule=RULE, paper=PAPER, calibration=cal.row(),
-                ours=vd_text.outcomes(pairs), checks=(measured, *(
-                    [f"At B = 128, whole-model Σμ̂²/Σ(σ̂²/B) per seed: "
-                     f"{per_seed(big).get('snr2_batch', pd.Series(dtype=float)).round(3).tolist()}"]
-                    if len(big) else [])),
-                numbers_md=md_table(views[cols]) + "\n\nPer seed, whole model:\n\n"
-                + md_table(seeds.reset_index()))
+  return pairs_report({"μ²": r, "σ²/B": [1.0] * len(r)}, [("μ²", "σ²/B")], rule=RULE,
+                      paper=PAPER, effect=EFFECT, cal=cal, lower_is_better=False,
+                      checks=(f"Per leaf r, mean over seeds: {shares}", whole),
+                      numbers_md=md_table(views) + "\n\n" + numbers)
 
 
 EXPERIMENT = register(Experiment(

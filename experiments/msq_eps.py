@@ -19,7 +19,7 @@ from experiments.record import ROWS, Experiment, register
 from experiments.rules import LOSS, PAIR_WIN, UNDETERMINED, WIN
 from experiments.runs import stat_columns
 from experiments.sweep import Block, LrSearch, Sweep, base_for, fmt
-from experiments.verdict import md_table
+from experiments.verdict import md_table, pairs_report
 
 NAME = "msq_eps"
 TITLE = "MicroAdamMSQ: its μ² preconditioner or its ε floor?"
@@ -122,7 +122,7 @@ def report(out_dir):
   share_md = ("\n\neps_share per run (mean over its logged steps):\n\n" + md_table(
       shares[[c for c in (*GROUP, "train.seed", "eps_share", "eps_share_weighted") if c in shares]])
       if len(shares) else "")
-  return lr_search.pairs_report(
+  return pairs_report(
       g, [expected[0], *(p for p in expected[1:] if p[1] in g)], rule=RULE, paper=PAPER,
       effect=preconditioner.EFFECT, verdict_fn=verdict,
       numbers_md=lr_search.best_md(lr_search.load_best(out_dir), GROUP) + share_md)

@@ -18,6 +18,7 @@ from experiments import lr_search
 from experiments.record import ROWS, Experiment, register
 from experiments.rules import PAIR_WIN, PAIRS_VERDICT
 from experiments.sweep import Block, LrSearch, Sweep, base_for, fmt
+from experiments.verdict import pairs_report
 
 NAME = "preconditioner"
 TITLE = "mean- vs variance-dominated Adam preconditioners"
@@ -88,7 +89,7 @@ def report(out_dir):
   suffixes = sorted({label({**r, "optimizer.variant": ""}) for r in best.to_dict("records")})
   expected = [(m + s, v + s) for s in suffixes for m in MEAN_DOMINATED for v in VAR_DOMINATED
               if m + s in groups and v + s in groups]
-  return lr_search.pairs_report(groups, expected, rule=RULE, paper=PAPER, effect=EFFECT,
+  return pairs_report(groups, expected, rule=RULE, paper=PAPER, effect=EFFECT,
                                 numbers_md=lr_search.best_md(every, GROUP),
                                 checks=(lr_search.edges_note(every, label),), planned=VARIANTS)
 

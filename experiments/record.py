@@ -1,15 +1,5 @@
-"""One experiment record: the `Experiment` an experiment module registers, its typed `Report`,
-the registry the runner reads, and the provenance every output carries.
-
-An experiment module ends with
-
-    EXPERIMENT = register(Experiment(name=NAME, title=TITLE, claim=CLAIM, row=ROWS["2"],
-                                     sweep=sweep, analyze=analyze, figures=figures,
-                                     report=report))
-
-and a plugin module (`scripts/reproduce.py --plugin path/to/mine.py`) does the same: the
-runner knows the built-in modules (`BUILTIN`) and whatever was registered since.
-"""
+"""The `Experiment` a module registers (`EXPERIMENT = register(Experiment(...))`, also from a
+plugin: `scripts/reproduce.py --plugin mine.py`), the registry the runner reads, provenance."""
 
 from __future__ import annotations
 
@@ -21,6 +11,7 @@ from pathlib import Path
 from typing import Callable
 
 from experiments.sweep import REPO, sweep_dir
+from experiments.verdict import Report
 
 # The rows of the claims table (README.md, results/<preset>/README.md), in order.
 ROWS = {
@@ -33,40 +24,6 @@ ROWS = {
     "G2": "G2. The normalization layers' GNS predicts the total GNS (Gray et al.)",
     "G3": "G3. A GNS-guided batch-size schedule saves tokens (Gray et al.: 18%)",
 }
-
-
-@dataclasses.dataclass(frozen=True)
-class Report:
-  """What `Experiment.report(out_dir)` returns: the verdict, the rule stated before the data,
-  the paper's figure and ours (the claims table's cells), the checks behind the verdict
-  (sentences of `verdict`'s templates), the rule's simulated error rates (`calibrate`),
-  and the Markdown of the experiment's README (numbers; setup, else described from the sweep)."""
-
-  verdict: str
-  rule: str = ""
-  paper: str = ""
-  ours: str = ""
-  checks: tuple = ()
-  calibration: dict | None = None
-  numbers_md: str = ""
-  setup_md: str = ""
-
-  @property
-  def finding(self) -> str:
-    from experiments.verdict import finding
-
-    return finding(self.verdict, self.ours, self.checks)
-
-  def to_json(self, provenance: dict) -> dict:
-    """report.json: the claims table's fields, the checks, the calibration, the provenance."""
-    return {"verdict": self.verdict, "rule": self.rule, "paper": self.paper, "ours": self.ours,
-            "checks": list(self.checks), "calibration": self.calibration, **provenance}
-
-  @classmethod
-  def from_json(cls, doc: dict) -> "Report":
-    return cls(verdict=doc.get("verdict", ""), rule=doc.get("rule", ""), paper=doc.get("paper", ""),
-               ours=doc.get("ours") or doc.get("claim_row") or doc.get("finding", ""),
-               checks=tuple(doc.get("checks") or ()), calibration=doc.get("calibration"))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -36,6 +36,12 @@ class Runs:
   overrides: tuple = ()
 
 
+def read_csv(path) -> pd.DataFrame:
+  """A CSV as a DataFrame; empty when the file is missing or holds no column."""
+  path = Path(path)
+  return pd.read_csv(path) if path.exists() and path.stat().st_size > 1 else pd.DataFrame()
+
+
 def run_status(run_dir: Path) -> str:
   """'completed' | a summary's other status (e.g. 'diverged') | 'partial' | 'missing'."""
   summ = run_dir / SUMMARY

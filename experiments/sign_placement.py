@@ -11,6 +11,7 @@ from experiments import lr_search
 from experiments.record import ROWS, Experiment, register
 from experiments.rules import PAIR_WIN, PAIRS_VERDICT
 from experiments.sweep import Block, LrSearch, Sweep, base_for
+from experiments.verdict import pairs_report
 
 NAME = "sign_placement"
 TITLE = "where to put the sign in signSGD"
@@ -55,7 +56,7 @@ def report(out_dir):
   groups = lr_search.by_label(best, lambda g: str(g["optimizer.placement"]))
   orders = [o for o in ([p for p in c if p in groups] for c in CHAINS) if len(o) > 1]
   expected = list(dict.fromkeys(p for o in orders for p in zip(o, o[1:], strict=False)))
-  return lr_search.pairs_report(groups, expected, rule=RULE, paper=PAPER, effect=EFFECT,
+  return pairs_report(groups, expected, rule=RULE, paper=PAPER, effect=EFFECT,
                                 numbers_md=lr_search.best_md(best, GROUP),
                                 checks=(lr_search.edges_note(best, lambda g: str(g["optimizer.placement"])),),
                                 planned=tuple(dict.fromkeys(sum(CHAINS, ()))))

@@ -1,17 +1,68 @@
-"""The few sentence templates and Markdown tables every report is written with.
+"""The report every experiment returns and the few templates its sentences are written with.
 
-  finding(verdict, ours, checks, cal)   "<verdict>: <ours>. <checks>. <rule's error rates>."
-  outcomes(pairs)                       "a vs b: win; c vs d: tie"
-  groups(values)                        "a: 4.012 ± 0.003 (n=5); b: ..."
+  Report                     verdict, rule, the paper's figure and ours, checks, error rates
+  finding(...)               "<verdict>: <ours>. <checks>. <rule's error rates>."
+  not_measured(rule, what)   the Report of an experiment whose inputs are missing
+  pairs_report(groups, ...)  the Report of a pairs rule, calibrated and gated
+  md_table, pairs_md, fmt_num, outcomes, groups   numbers as Markdown and text
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
+import numpy as np
 import pandas as pd
 
-from experiments.rules import LOSS, TIE, UNDETERMINED, WIN, Comparison, summarize
+from experiments import calibrate, rules
+
+RERUN = "re-run `python scripts/reproduce.py {name} --preset <preset>`"
+
+
+def finding(verdict: str, ours: str, checks=(), cal=None) -> str:
+  """The one finding template: the verdict, what we measured, the rule's checks, its error rates."""
+  parts = [f"{verdict}: {ours}", *checks]
+  if cal is not None:
+    parts.append(f"Rule's error rates ({cal.text()})")
+  return ". ".join(p.rstrip(".") for p in parts if p) + "."
+
+
+@dataclasses.dataclass(frozen=True)
+class Report:
+  """What `Experiment.report(out_dir)` returns: the verdict, the rule stated before the data,
+  the paper's figure and ours (the claims table's cells), the checks behind the verdict,
+  the rule's simulated error rates (`calibrate`), the Markdown of the experiment's README."""
+
+  verdict: str
+  rule: str = ""
+  paper: str = ""
+  ours: str = ""
+  checks: tuple = ()
+  calibration: dict | None = None
+  numbers_md: str = ""
+  setup_md: str = ""
+
+  @property
+  def finding(self) -> str:
+    return finding(self.verdict, self.ours, self.checks)
+
+  def to_json(self, provenance: dict) -> dict:
+    """report.json: the claims table's fields, the checks, the calibration, the provenance."""
+    return {"verdict": self.verdict, "rule": self.rule, "paper": self.paper, "ours": self.ours,
+            "checks": list(self.checks), "calibration": self.calibration, **provenance}
+
+  @classmethod
+  def from_json(cls, doc: dict) -> Report:
+    return cls(verdict=doc.get("verdict", ""), rule=doc.get("rule", ""), paper=doc.get("paper", ""),
+               ours=doc.get("ours") or doc.get("claim_row") or doc.get("finding", ""),
+               checks=tuple(doc.get("checks") or ()), calibration=doc.get("calibration"))
+
+
+def not_measured(rule: str, what: str, name: str = "", **kw) -> Report:
+  """"not measured: <what>; re-run ..." (the experiment's inputs are missing)."""
+  return Report(verdict="not measured", rule=rule,
+                ours=what + (f": {RERUN.format(name=name)}" if name else ""), **kw)
 
 
 def fmt_num(x, digits: int = 3) -> str:
@@ -24,33 +75,47 @@ def fmt_num(x, digits: int = 3) -> str:
 
 def md_table(df: pd.DataFrame) -> str:
   """A small DataFrame as a Markdown table."""
-  cols = list(df.columns)
-  lines = ["| " + " | ".join(map(str, cols)) + " |", "|" + "---|" * len(cols)]
+  lines = ["| " + " | ".join(map(str, df.columns)) + " |", "|" + "---|" * len(df.columns)]
   for _, r in df.iterrows():
     lines.append("| " + " | ".join(fmt_num(v) if isinstance(v, float) else str(v) for v in r) + " |")
   return "\n".join(lines)
 
 
 def pairs_md(pairs) -> str:
-  """Comparisons as a table (expected better first)."""
-  word = {WIN: "win", LOSS: "LOSS", TIE: "tie", UNDETERMINED: "undetermined"}
+  """Comparisons as a table (expected better first; a loss in capitals)."""
   return md_table(pd.DataFrame([{"expected better": p.a, "expected worse": p.b,
-                                 "outcome": word[p.outcome], "mean (better)": p.mean_a,
+                                 "outcome": "LOSS" if p.outcome == rules.LOSS else p.outcome, "mean (better)": p.mean_a,
                                  "mean (worse)": p.mean_b, "95% half-width": p.noise}
                                 for p in pairs]))
 
 
-def outcomes(pairs: list[Comparison]) -> str:
+def outcomes(pairs) -> str:
   return "; ".join(f"{p.a} vs {p.b}: {p.outcome}" for p in pairs) or "no pair"
 
 
 def groups(values: dict) -> str:
-  return "; ".join(f"{k}: {summarize(v)}" for k, v in values.items())
+  return "; ".join(f"{k}: {rules.summarize(v)}" for k, v in values.items())
 
 
-def finding(verdict: str, ours: str, checks=(), cal=None) -> str:
-  """The one finding template: the verdict, what we measured, the rule's checks, its error rates."""
-  parts = [f"{verdict}: {ours}", *checks]
-  if cal is not None:
-    parts.append(f"Rule's error rates ({cal.text()})")
-  return ". ".join(p.rstrip(".") for p in parts if p) + "."
+def pairs_report(values: dict, expected: list, *, rule: str, paper: str, effect: float,
+                 numbers_md: str = "", checks=(), verdict_fn=None, planned=(),
+                 lower_is_better: bool = True, cal: calibrate.Calibration | None = None) -> Report:
+  """The report of a pairs rule (`rules.decide` on `expected`, `verdict_fn` on its pairs if
+  given): the rule's simulated error rates at the pooled seed noise for `effect` (or `cal`),
+  the gated verdict; the `planned` groups without runs are named."""
+  verdict, pairs = (rules.decide(values, expected, lower_is_better=lower_is_better)
+                    if expected else ("not tested", []))
+  if verdict_fn is not None:
+    verdict = verdict_fn(pairs)
+  used = {x for p in expected for x in p}
+  if cal is None:
+    vals = [v for k, v in values.items() if k in used and np.isfinite(v).all()]  # diverged: no noise
+    cal = calibrate.calibrate("pair", calibrate.pooled_std(vals),
+                              min((len(v) for v in vals), default=0), effect)
+  missing = [g for g in planned if g not in values]
+  return Report(verdict=calibrate.gate(verdict, cal), rule=rule, paper=paper,
+                ours=outcomes(pairs), calibration=cal.row(),
+                checks=(groups({k: values[k] for k in values if k in used}),
+                        *(p.sentence() for p in pairs), *checks,
+                        *([f"Not run in this preset: {missing}"] if missing else [])),
+                numbers_md=numbers_md + ("\n\n" + pairs_md(pairs) if pairs else ""))
