@@ -1,21 +1,13 @@
 """G3 (Gray et al. 2024): a GNS-guided batch-size schedule saves tokens against the best fixed batch.
 
-Every arm spends the same examples E = train.steps × B_ref (cpu: 12,800 sequences), tracks
-the GNS of every layer type every step (equal per-step costs), warmup fixed in examples,
-evaluations at the same examples. Arms:
-  fixed        B = 8, 16, 32, 64 (cpu), each with its own lr (factor-2 grid on seed 0,
-               extended once), then the fresh seeds; the best is the baseline
-  gns_norm     online: every 25 updates B = max(B, B_simple of the normalization layers)
-  linear_paper the paper's schedule: a linear ramp over the whole budget from B_max/8 to B_max
-  linear_fit   a ramp fitted to the best fixed arm's measured B_simple, clipped to the budget
-  warmup       batch-size warmup (Merrill et al. 2025): B doubles from B_max/8 over the first
-               quarter of the budget, lr × √(B / B_max) (a fixed schedule from their finding
-               that the critical batch size grows early, then plateaus)
-  short        the best fixed arm on 82 % of the examples: Δ18, the loss an 18 % saving is worth
-The schedules run in a follow-up stage at the best fixed arm's lr and fresh seeds. Seeds: 6,
-the fewest at which the pair rule has power ≥ 0.8 for Δ18 ≈ 0.043 at the per-arm noise 0.023
-measured in the earlier run (`calibrate.seeds_for`). Seesaw (arXiv 2510.14717) needs a batch
-kind coupled to a step lr schedule that the train loop does not have yet.
+Every arm spends the same examples (cpu: 400 × 32 sequences), tracks every layer type's GNS
+every step, warmup and evaluations at the same examples. Arms: fixed B = 8 ... 64, each with
+its own lr (factor-2 grid on seed 0, extended once), the best one the baseline; gns_norm (B
+follows the norm layers' B_simple); linear_paper (a ramp over the whole budget from B_max/8);
+linear_fit (a ramp fitted to the best fixed arm's B_simple, within the budget); warmup (Merrill
+et al. 2025: B doubles over the first quarter, lr × √ratio; beside); short (the best fixed arm
+on 82 % of the examples: Δ18). Schedules run at the best arm's lr on 6 fresh seeds, the
+fewest with power ≥ 0.8 for Δ18 ≈ 0.043 at the noise 0.023 measured before.
 """
 
 from __future__ import annotations
@@ -29,9 +21,10 @@ import pandas as pd
 from experiments import calibrate, lr_search, rules
 from experiments import tokens_to_target as ttt
 from experiments.figures import plt, savefig, style
-from experiments.record import ROWS, Experiment, Report, register
+from experiments.record import ROWS, Experiment, register
+from experiments.runs import read_csv
 from experiments.sweep import Block, LrSearch, Sweep, base_for, experiment_value, scale_value
-from experiments.verdict import md_table, outcomes, pairs_md
+from experiments.verdict import Report, md_table, not_measured, outcomes, pairs_md
 
 NAME = "gns_schedule"
 TITLE = "batch-size schedules (GNS-guided, fitted ramp) against the best fixed batch"
@@ -62,16 +55,14 @@ RULE = (f"Each GNS-guided schedule ({', '.join(GUIDED)}) at the best fixed arm's
 
 
 def sizes(preset: str) -> tuple[int, int, tuple[int, ...]]:
-  """(B_ref, B_max, the fixed arms' sizes): the scale's batch size, 2·B_ref, and B_ref/4 ...
-  B_max (ci: B_ref, B_max)."""
+  """(B_ref, B_max = 2·B_ref, the fixed arms' sizes B_ref/4 ... B_max; ci: B_ref, B_max)."""
   ref = int(scale_value(preset, "data.batch_size"))
   return ref, 2 * ref, ((ref, 2 * ref) if preset == "ci" else (ref // 4, ref // 2, ref, 2 * ref))
 
 
 def lr_grid(preset: str, b: int) -> list[float]:
-  """The fixed arm's first lr grid (factor 2). cpu: around Adam's lrs at this horizon
-  (preconditioner, B = 32, 400 steps: 1e-2 → 4.023, 3e-2 → 4.008, 1e-1 → 5.2; at B = 64,
-  4.2e-2 over 400 steps → 4.50): smaller B lower. paper: one grid. ci: the config's lr."""
+  """The fixed arm's first lr grid (factor 2; cpu: around Adam's best at this horizon, lower
+  for smaller B; ci: the config's lr)."""
   if preset == "ci":
     return [float(experiment_value(NAME, "optimizer.lr"))]
   if preset == "paper":
@@ -98,14 +89,12 @@ def sweep(preset: str) -> Sweep:
       "train.seed": [SELECT_SEED]}) for b in fixed)
   search = LrSearch(GROUP, factor=2.0, max_extend=0 if preset == "ci" else 1,
                     seeds=SEEDS[preset][:N_OTHER])
-  # cpu: 12 selection (+ ≤ 4 extension), 12 fresh, 3 more of the best, 27 follow-up runs
   return Sweep(base, blocks, search, wall_estimate_min={"ci": 1.0, "cpu": 46}.get(preset))
 
 
-# --- choosing the baseline and the fitted ramp ------------------------------------------
 def best_fixed(fin: pd.DataFrame) -> dict | None:
-  """The best fixed arm's row of `lr_search.best_lr` (its size, chosen lr, fresh seeds'
-  losses): the lowest fresh-seed mean final eval loss (None: no arm has fresh seeds)."""
+  """The `lr_search.best_lr` row of the fixed arm with the lowest fresh-seed mean final eval
+  loss (None: no arm has fresh seeds)."""
   fixed = full_fixed(fin)
   if fixed.empty:
     return None
@@ -148,13 +137,10 @@ def _best_runs(table: pd.DataFrame, best: dict) -> pd.DataFrame:
 
 
 def fit_ramp(rows: pd.DataFrame, b_max: int) -> dict | None:
-  """The linear ramp through the tracked total B_simple of `rows` (fixed runs): {"batch.start",
-  "batch.ramp_tokens", "a", "b_per_token"} (None without enough logged points).
-
-  B_simple ≈ a + b·tokens (least squares over steps past WARMUP, or past the first quarter
-  of a shorter run, mean over seeds), then start = the largest power-of-two size ≤ a within
-  [b_max/8, b_max], and the ramp from start to b_max at slope b: ramp_tokens = (b_max −
-  start) / b (b ≤ 0: no ramp within 100 runs' tokens)."""
+  """B_simple ≈ a + b·tokens by least squares on the seed-mean total B_simple of `rows` past
+  WARMUP steps (or a short run's first quarter); the ramp starts at the largest power-of-two
+  size ≤ a in [b_max/8, b_max] and reaches b_max after (b_max − start)/b tokens (b ≤ 0: 100
+  budgets). None without 3 points."""
   key = "gns/total/b_simple"
   if key not in rows or rows[key].notna().sum() < 3:
     return None
@@ -180,8 +166,8 @@ def _budget_tokens(preset: str) -> int:
 
 
 def follow_up(preset: str, sweep_dir: Path) -> tuple[Block, ...]:
-  """The schedules at the best fixed arm's lr and fresh seeds: gns_norm, the paper's ramp, warmup, and
-  linear_fit with its ramp fitted to that arm's runs (`fit_ramp`); and the short arm."""
+  """The schedules and the short arm at the best fixed arm's lr and fresh seeds (and that
+  arm's other fresh seeds)."""
   from experiments.runs import aggregate, finals
 
   table = aggregate(sweep_dir)
@@ -212,7 +198,6 @@ def follow_up(preset: str, sweep_dir: Path) -> tuple[Block, ...]:
   return tuple(blocks)
 
 
-# --- analysis ----------------------------------------------------------------------------
 def arm(row: dict) -> str:
   """fixed_<B>[_short] | gns_<group> | linear_paper | linear_fit | warmup, from a run's first row."""
   kind = row.get("batch.kind")
@@ -243,8 +228,8 @@ def compared(table: pd.DataFrame, search: pd.DataFrame, best: dict | None) -> pd
 
 
 def analyze(runs, out_dir: Path) -> None:
-  """best.csv (fixed arms' lr search; `best_arm` marks the baseline), curves.csv and
-  to_target.csv (the runs judged), gns.csv (tracked B_simple per step), ramp_fit.csv."""
+  """best.csv (the fixed arms' search; `best_arm`), curves.csv and to_target.csv (the runs
+  judged), gns.csv (tracked B_simple), ramp_fit.csv."""
   out_dir, table, fin = Path(out_dir), runs.table, runs.finals
   fin.to_csv(out_dir / "finals.csv", index=False)
   best = best_fixed(fin)
@@ -274,55 +259,41 @@ def analyze(runs, out_dir: Path) -> None:
 
 
 def figures(out_dir: Path) -> list[Path]:
-  """Eval loss (whole run, and the end where the target is crossed), batch size and the
-  tracked B_simple (total solid, normalization layers dashed) against tokens; means over
-  seeds per evaluation (the arms evaluate at the same examples seen, up to one batch)."""
+  """Seed-mean eval loss, batch size and tracked B_simple (total —, norm layers --) vs tokens."""
   out_dir = Path(out_dir)
   cur = pd.read_csv(out_dir / "curves.csv")
   cur["eval_index"] = cur.sort_values("tokens").groupby("run").cumcount()
-  fig, axes = plt().subplots(1, 4, figsize=(20, 4.2))
+  fig, axes = plt().subplots(1, 3, figsize=(16, 4.2))
   colors = {a: f"C{i}" for i, a in enumerate(sorted(set(cur["arm"])))}
   for name, g in cur.groupby("arm", sort=True):
     agg = g.groupby("eval_index")[["tokens", "eval_loss", "batch_size"]].mean()
-    for ax in axes[:2]:
-      ax.plot(agg["tokens"], agg["eval_loss"], color=colors[name], label=name)
-    axes[2].step(agg["tokens"], agg["batch_size"], where="post", color=colors[name], label=name)
-  tt = pd.read_csv(out_dir / "to_target.csv") if (out_dir / "to_target.csv").stat().st_size > 1 \
-      else pd.DataFrame()
+    axes[0].plot(agg["tokens"], agg["eval_loss"], color=colors[name], label=name)
+    axes[1].step(agg["tokens"], agg["batch_size"], where="post", color=colors[name], label=name)
+  tt = read_csv(out_dir / "to_target.csv")
   if len(tt):
-    target = tt.groupby("train.seed")["target"].first().mean()
-    for ax in axes[:2]:
-      ax.axhline(target, color="k", lw=0.8, ls="--", label="target (best fixed, final)")
-    axes[1].set_xlim(0.6 * cur["tokens"].max(), 1.01 * cur["tokens"].max())
-    axes[1].set_ylim(target - 0.05, target + 0.35)
-  style(axes[0], xlabel="tokens seen", ylabel="eval loss", title="eval loss (mean over seeds)",
-        legend=8, grid=True)
-  style(axes[1], xlabel="tokens seen", ylabel="eval loss", title="the end of the runs", grid=True)
-  style(axes[2], xlabel="tokens seen", ylabel="batch size B (mean over seeds)",
-        title="batch size", legend=8, grid=True)
-  gpath = out_dir / "gns.csv"
-  if gpath.exists():
-    gdf = pd.read_csv(gpath).dropna(subset=["tokens"])
-    for name, g in gdf.groupby("arm", sort=True):
-      for col, ls in (("total", "-"), ("norm", "--")):
-        for i, (_, r) in enumerate(g.groupby("run", sort=False)):
-          if col in r:
-            axes[3].plot(r["tokens"], r[col], color=colors.get(name), lw=0.8, ls=ls,
-                         label=f"{name} ({col})" if i == 0 else None)
-  style(axes[3], xlabel="tokens seen", ylabel="B_simple (α = 0.95)", yscale="log",
-        title="tracked noise scale: total (—), norm layers (--)", legend=7, grid=True)
+    target = float(tt["target"].iloc[0])
+    axes[0].axhline(target, color="k", lw=0.8, ls="--", label="target (best fixed, final)")
+    axes[0].set_ylim(target - 0.1, target + 0.6)
+  for name, g in read_csv(out_dir / "gns.csv").groupby("arm", sort=True):
+    for col, ls in (("total", "-"), ("norm", "--")):
+      for i, (_, r) in enumerate(g.groupby("run", sort=False)):
+        if col in r:
+          axes[2].plot(r["tokens"], r[col], color=colors.get(name), lw=0.8, ls=ls,
+                       label=f"{name} ({col})" if i == 0 else None)
+  style(axes[0], xlabel="tokens seen", ylabel="eval loss", title="eval loss", legend=8, grid=True)
+  style(axes[1], xlabel="tokens seen", ylabel="batch size", title="batch size", legend=8, grid=True)
+  style(axes[2], xlabel="tokens seen", ylabel="B_simple", yscale="log", title="tracked B_simple",
+        legend=7, grid=True)
   return [savefig(fig, out_dir / "gns_schedule.png")]
 
 
 def report(out_dir: Path) -> Report:
   out_dir = Path(out_dir)
-  path, bpath = out_dir / "to_target.csv", out_dir / "best.csv"
-  tt = pd.read_csv(path) if path.exists() and path.stat().st_size > 1 else pd.DataFrame()
-  search = lr_search.load_best(out_dir) if bpath.exists() and bpath.stat().st_size > 1 \
-      else pd.DataFrame()
+  tt, search = read_csv(out_dir / "to_target.csv"), read_csv(out_dir / "best.csv")
   if tt.empty or search.empty or not search["best_arm"].any():
-    return Report(verdict="not measured", rule=RULE, paper=PAPER,
-                  ours="no fixed arm finished its fresh seeds, so there is no target loss")
+    return not_measured(RULE, "no fixed arm finished its fresh seeds, so there is no target loss",
+                        paper=PAPER)
+  search = lr_search.load_best(out_dir)
   best = search[search["best_arm"]].iloc[0]
   base = f"fixed_{int(best[SIZE])}"
   cur = pd.read_csv(out_dir / "curves.csv")
@@ -341,23 +312,18 @@ def report(out_dir: Path) -> Report:
       updates=("updates", "mean"), time_total_s=("time_total_s", "mean"), seeds=("run", "count"),
       not_reached=("tokens_to_target", lambda x: int((~np.isfinite(x)).sum()))).reset_index()
   by_arm = by_arm.merge(mean_tt, on="arm")
-  save = ", ".join(f"{a} {ttt.saving_text(saving.get(a, math.nan))}" for a in (*GUIDED, *BASELINES) if a in saving)
+  for c in ("tokens_to_target", "time_to_target_s", "token_saving"):  # inf: not reached
+    by_arm[c] = by_arm[c].astype(object).where(np.isfinite(by_arm[c].astype(float)), "not reached")
+  pct = lambda x: f"{100 * x:.1f}%" if math.isfinite(x) else "not reached"
+  save = ", ".join(f"{a} {pct(saving[a])}" for a in (*GUIDED, *BASELINES) if a in saving)
   return Report(verdict=v, rule=RULE, paper=PAPER, calibration=cal.row(),
                 ours=f"token saving to B={int(best[SIZE])}'s final loss: {save or 'n/a'}; {outcomes(pairs)}",
                 checks=(f"baseline: fixed B = {int(best[SIZE])} at lr {best['optimizer.lr']:g}",
                         *(p.sentence() for p in pairs), f"Δ18 = {delta:.3g}"),
                 numbers_md=lr_search.best_md(search, GROUP, extra=("best_arm",)) + "\n\n" + pairs_md(pairs)
-                + "\n\nBy arm (seed-mean curves; tokens and time to the target "
-                f"{target:.4f}):\n\n" + md_table(ttt.labelled(by_arm)) + _fit_md(out_dir))
-
-
-def _fit_md(out_dir: Path) -> str:
-  path = out_dir / "ramp_fit.csv"
-  fit = pd.read_csv(path) if path.exists() and path.stat().st_size > 1 else pd.DataFrame()
-  if fit.empty:
-    return ""
-  return ("\n\nThe fitted ramp (best fixed arm's total B_simple ≈ a + b·tokens):\n\n"
-          + md_table(fit))
+                + f"\n\nBy arm (seed-mean curves; to the target {target:.4f}):\n\n"
+                + md_table(by_arm) + "\n\nThe fitted ramp (B_simple ≈ a + b·tokens):\n\n"
+                + md_table(read_csv(out_dir / "ramp_fit.csv")))
 
 
 EXPERIMENT = register(Experiment(

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 
 import pandas as pd
 
+from experiments.calibrate import Calibration
 from experiments.record import Experiment, Inputs, Report, experiments
 from experiments.sweep import POLICY, REPO, fmt, scale_file
-from experiments.verdict import fmt_num, md_table  # noqa: F401  (md_table: re-exported)
 
 
 def _yaml_block(path: Path, title: str) -> list[str]:
@@ -20,31 +21,25 @@ def _yaml_block(path: Path, title: str) -> list[str]:
   return [f"{title} `{path.relative_to(REPO)}`:", "", "```yaml", *body, "```", ""]
 
 
-def resolved_config(name: str, preset: str) -> dict:
-  """The optimizer, schedule and scale of `experiment=name scale=preset` as composed by
-  Hydra (before a sweep's per-run overrides), as plain values."""
-  from pergrad.analysis import composed
-
-  c = composed([f"experiment={name}", f"scale={preset}"])
-  m, d, t = c["model"], c["data"], c["train"]
-  scale = {"model": {k: m[k] for k in ("n_layers", "d_model", "n_heads", "d_ff", "vocab_size",
-                                       "seq_len") if k in m},
-           "data": {k: d[k] for k in ("name", "tokenizer", "vocab_size", "seq_len",
-                                      "batch_size", "eval_batch_size") if k in d},
-           "train": {k: t[k] for k in ("steps", "eval_every", "eval_batches",
-                                       "checkpoint_every") if k in t}}
-  return {"optimizer": c["optimizer"], "schedule": c["schedule"], **scale}
+RESOLVED = {"model": ("n_layers", "d_model", "n_heads", "d_ff", "vocab_size", "seq_len"),
+            "data": ("name", "tokenizer", "vocab_size", "seq_len", "batch_size", "eval_batch_size"),
+            "train": ("steps", "eval_every", "eval_batches", "checkpoint_every")}
 
 
 def _resolved_md(name: str, preset: str) -> list[str]:
+  """The optimizer, schedule and scale of `experiment=name scale=preset` as Hydra composes
+  them (before a sweep's per-run overrides)."""
+  from pergrad.analysis import composed
+
   try:
-    r = resolved_config(name, preset)
+    c = composed([f"experiment={name}", f"scale={preset}"])
   except Exception as e:  # noqa: BLE001 - the README still gets written
     return [f"Resolved config: could not compose `experiment={name} scale={preset}` ({e}).", ""]
-  lines = [f"Resolved (`experiment={name} scale={preset}`, before each run's swept values):", ""]
-  for part, vals in r.items():
-    lines.append(f"- {part}: " + ", ".join(f"`{k}={fmt(v)}`" for k, v in vals.items()))
-  return [*lines, ""]
+  parts = {"optimizer": c["optimizer"], "schedule": c["schedule"],
+           **{p: {k: c[p][k] for k in keys if k in c[p]} for p, keys in RESOLVED.items()}}
+  return [f"Resolved (`experiment={name} scale={preset}`, before each run's swept values):", "",
+          *(f"- {p}: " + ", ".join(f"`{k}={fmt(v)}`" for k, v in vals.items())
+            for p, vals in parts.items()), ""]
 
 
 def describe_setup(exp: Experiment, preset: str, inputs: Inputs | None = None) -> str:
@@ -56,16 +51,12 @@ def describe_setup(exp: Experiment, preset: str, inputs: Inputs | None = None) -
   lines = [*_yaml_block(REPO / "configs" / "experiment" / f"{exp.name}.yaml", "Experiment config"),
            *_yaml_block(scale_file(preset), "Scale"),
            *_resolved_md(exp.name, preset)]
-  lines.append("Every run (preset `" + preset + "`): "
-               + ", ".join(f"`{k}={fmt(v)}`" for k, v in sw.base.items()
-                           if k != "experiment") + ".")
-  lines.append("")
+  kv = lambda d: ", ".join(f"`{k}={fmt(v)}`" for k, v in d.items() if k != "experiment")
+  lines += [f"Every run (preset `{preset}`): {kv(sw.base)}.", ""]
   for i, bl in enumerate(sw.blocks):
-    grid = "; ".join(f"`{k}` ∈ {{{', '.join(fmt(v) for v in vals)}}}"
-                     for k, vals in bl.grid.items())
-    fixed = (" with " + ", ".join(f"`{k}={fmt(v)}`" for k, v in bl.fixed.items())
-             if bl.fixed else "")
-    lines.append(f"- grid {i + 1}: {grid}{fixed}")
+    lines.append(f"- grid {i + 1}: " + "; ".join(f"`{k}` ∈ {{{', '.join(fmt(v) for v in vals)}}}"
+                                                  for k, vals in bl.grid.items())
+                 + (f" with {kv(bl.fixed)}" if bl.fixed else ""))
   ls = sw.lr_search
   if ls:
     lines += ["", f"Learning-rate search per ({', '.join(f'`{k}`' for k in ls.group_keys)}): "
@@ -94,7 +85,7 @@ def write_readme(exp: Experiment, out_dir: Path, report: Report, info: dict,
       "",
       *([f"**Rule.** {report.rule}", ""] if report.rule else []),
       *([f"**Paper.** {report.paper}", ""] if report.paper else []),
-      *([f"**Error rates of the rule.** {_cal_text(report.calibration)}", ""]
+      *([f"**Error rates of the rule.** {Calibration(**report.calibration).text()}", ""]
         if report.calibration else []),
       "## Numbers",
       "",
@@ -159,10 +150,7 @@ def launch_costs(results_root: Path) -> dict[str, float]:
   return out
 
 
-README_BEGIN = "<!-- claims:begin -->"
-README_END = "<!-- claims:end -->"
-
-
+README_BEGIN, README_END = "<!-- claims:begin -->", "<!-- claims:end -->"
 STALE = " (written before reports recorded their commit: re-run with the current rules)"
 NO_RULE = " (no stated rule: re-run)"
 OLD_RULE = " (decided by an earlier rule than the code's: re-run)"
@@ -182,19 +170,8 @@ def stale_mark(doc: dict, name: str | None = None) -> str:
 
 def _current_rule(name: str) -> str | None:
   """The RULE of the module that reports experiment `name` (None: it states none)."""
-  import sys
-
   exp = experiments().get(name)
   return getattr(sys.modules.get(exp.report.__module__), "RULE", None) if exp else None
-
-
-def _cal_text(cal: dict | None) -> str:
-  if not cal:
-    return "not simulated"
-  f = lambda x: "n/a" if x is None or not math.isfinite(float(x)) else f"{float(x):.2f}"
-  return (f"{cal['kind']} rule simulated at {cal['source']} noise {float(cal['noise']):.3g} with "
-          f"{cal['n']} seeds, claimed effect {float(cal['effect']):.3g}: false alarm "
-          f"{f(cal['false_alarm'])}, power {f(cal['power'])}")
 
 
 def claims_table(results_root: Path, link_prefix: str = "") -> str:

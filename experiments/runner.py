@@ -1,18 +1,8 @@
-"""Runs one experiment end to end: sweep -> follow-up lr stages -> table -> results/.
-
-    run_experiment("sign_placement", "cpu")  # what `scripts/reproduce.py` calls
-
-Outputs:
-  <sweeps_root>/<name>/<preset>/<run>/...   every run (checkpoints, metrics.jsonl, ...)
-  <sweeps_root>/<name>/<preset>/sweep.json  the preset, base overrides and extra overrides
-  <sweeps_root>/<name>/<preset>/table.csv   one row per run and step
-  <results_dir>/                            CSVs of findings, PNGs, README.md, report.json,
-                                            run_info.json (results/<preset>/<name>/; ci: the
-                                            sweep's report/)
-
-Extra overrides that change the runs' config (`--hydra-arg data=txt_folder`, not
-`hydra.*`, `logging.*` or `data.tfds_dir`) put the sweep in `<preset>-<hash of those
-overrides>` instead (`experiments.sweep.sweep_dir`).
+"""Runs one experiment end to end (what `scripts/reproduce.py` calls): sweep, follow-up
+stages, table, results. Writes every run under <sweeps_root>/<name>/<preset>/ (with
+sweep.json and table.csv; `<preset>-<hash>` for config-changing extra overrides) and the
+CSVs, PNGs, README.md, report.json and run_info.json under results/<preset>/<name>/ (ci:
+the sweep's report/).
 """
 
 from __future__ import annotations
@@ -85,9 +75,8 @@ def run_experiment(
   root = sweeps_root or REPO / "runs" / "sweeps"
   sdir = default_sweep_dir(name, preset, root, tuple(extra) if training else ())
   out_dir = Path(results_dir) if results_dir else default_results_dir(name, preset, sdir)
-  inputs = Inputs(Path(root), preset, tuple(extra))
-  t0 = time.time()
-  log = LaunchLog()
+  inputs = Inputs(Path(root), preset, tuple(extra), dry_run=dry_run)
+  t0, log, rounds = time.time(), LaunchLog(), 0
 
   if not training:
     if not analyze_only:
@@ -100,11 +89,8 @@ def run_experiment(
     kw = dict(launcher=launcher, n_jobs=n_jobs, extra=extra, dry_run=dry_run, log=log, echo=echo)
     if not analyze_only:
       launch_blocks(sdir, sweep.base, sweep.blocks, **kw)
-    # Follow-up stages: extend lr grids past edges, then extra seeds at the best lr.
-    n_rounds = sweep.lr_search.rounds if sweep.lr_search else 0
-    for r in range(n_rounds):
-      if dry_run or analyze_only:
-        break
+    rounds = sweep.lr_search.rounds if sweep.lr_search else 0
+    for r in range(0 if dry_run or analyze_only else rounds):  # extend lr grids, then seeds
       fin = lr_search.marked_finals(aggregate(sdir), sweep.base, extra)
       blocks, kind = lr_search.follow_up_blocks(sweep, fin, r)
       if blocks:
@@ -112,8 +98,6 @@ def run_experiment(
         launch_blocks(sdir, sweep.base, blocks, **kw)
       if kind != "extend":
         break
-    # A follow-up stage chosen from the first stage's runs (e.g. gns_schedule's ramp
-    # fitted to the measured noise scale).
     if exp.follow_up is not None and not (dry_run or analyze_only):
       blocks = exp.follow_up(preset, sdir)
       if blocks:
@@ -125,9 +109,12 @@ def run_experiment(
 
   wall = time.time() - t0
   if dry_run:
-    rounds = sweep.lr_search.rounds if training and sweep.lr_search else 0
-    later = (f", then up to {rounds} follow-up round(s) chosen from their results" if rounds else "")
+    later = f", then up to {rounds} follow-up round(s) chosen from their results" if (
+        training and rounds) else ""
     later += ", then a follow-up stage chosen from them" if exp.follow_up else ""
+    missing = [n for n in exp.needs if not any(inputs.sweep_dir(n).glob(f"*/{METRICS}"))]
+    later += (f"; {', '.join(missing)} not run yet: the lrs shown are placeholders for those "
+              "its search will choose (run it first)" if missing else "")
     echo(f"[{name}/{preset}] dry run: would launch {len(log.launched)} run(s) "
          f"({len(log.skipped)} already finished){later}")
     return Outcome(name, preset, sdir, out_dir, log, None)
@@ -139,7 +126,6 @@ def run_experiment(
   if table is not None:
     if table.empty:
       raise RuntimeError(f"no run of {sdir} wrote {METRICS}; see the log above.")
-    # The runs' shared overrides (e.g. the model behind per-leaf parameter counts).
     overrides = [f"{k}={fmt(v)}" for k, v in sweep.base.items()] + list(config_extras(extra))
     table.attrs["overrides"] = overrides
     exp.analyze(Runs(sdir, table, lr_search.marked_finals(table, sweep.base, extra),
@@ -156,8 +142,8 @@ def run_experiment(
 
 
 def clear_outputs(out_dir: Path) -> list[Path]:
-  """Removes the CSVs and figures of the report `out_dir` holds (it has a report.json), so
-  that a file the new report does not write again cannot pass for one of its own."""
+  """Removes the CSVs and figures of an earlier report in `out_dir` (one with a report.json),
+  so that a file the new report does not write cannot pass for one of its own."""
   out_dir = Path(out_dir)
   if not (out_dir / "report.json").exists():
     return []
@@ -168,10 +154,9 @@ def clear_outputs(out_dir: Path) -> list[Path]:
 
 
 def run_info(out_dir, name, preset, sdir, log, wall, command, launcher, prov) -> dict:
-  """run_info.json: the provenance (`record.provenance()` at the start of this invocation), the
-  launches that made the results (an earlier invocation's at the same commit and sweep added:
-  a resumed invocation never leaves a zero cost), runs counted once each, the runs' own
-  compute summed over the sweep's summaries."""
+  """run_info.json: the provenance at the start of this invocation, the launches that made the
+  results (an earlier invocation's at the same commit and sweep added), runs counted once,
+  the runs' own compute summed over the sweep's summaries."""
   compute_s, n_done = 0.0, 0
   for s in Path(sdir).glob(f"*/{SUMMARY}"):
     try:

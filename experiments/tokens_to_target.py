@@ -1,10 +1,7 @@
-"""Tokens to a target loss and the schedule verdict of `gns_schedule` (Gray et al.'s G3).
+"""Tokens to a target loss and the schedule verdict of `gns_schedule`.
 
-A curve reaches a target T where its eval loss first gets ≤ T, linear between evaluations;
-a curve that does not within its budget has not reached it (inf), which says nothing about
-divergence. The verdict judges final losses at equal tokens (`rules.compare`); a tie is "not reproduced"
-only when the rule has power ≥ 0.8 for Δ18, the best fixed arm's final loss on 82 % of the
-tokens minus on all of them (`calibrate`).
+A curve reaches a target T where its eval loss first gets ≤ T, linear between evaluations
+(inf: not within its budget, which says nothing about divergence).
 """
 
 from __future__ import annotations
@@ -128,17 +125,3 @@ def curves(table: pd.DataFrame, arm_of) -> pd.DataFrame:
   cols = ["run", "arm", "train.seed", "lr", "step", "tokens", "eval_loss", "train_time_s",
           "batch_size"]
   return pd.concat(rows, ignore_index=True)[cols] if rows else pd.DataFrame(columns=cols)
-
-
-def labelled(df: pd.DataFrame) -> pd.DataFrame:
-  """inf as words: `not reached` (tokens and time to target), `diverged` (losses)."""
-  out = df.astype(object)
-  for c in df.columns:
-    if pd.api.types.is_numeric_dtype(df[c]):
-      word = "diverged" if "loss" in c else "not reached"
-      out[c] = [word if isinstance(x, float) and math.isinf(x) else x for x in df[c]]
-  return out
-
-
-def saving_text(x: float) -> str:
-  return "not reached" if not math.isfinite(x) else f"{100 * x:.1f}%"
