@@ -1,16 +1,10 @@
 """Each rule's error rates, by simulating it at the noise an experiment measures.
 
-`calibrate(kind, noise, n, effect)` draws DRAWS synthetic experiments (NumPy, fixed seed) and
-applies the rule to each:
-
-  false_alarm  identical arms called different (pair), an equivalent arm (its gap at the
-               margin) called broken (equivalence), a claim true at the paper's figure
-               called false (threshold), a variant at the bound called over it (bound)
-  power        an effect of the size the paper claims is detected
-
-A verdict whose rule has power < MIN_POWER at the measured noise cannot say "not
-reproduced" (`gate`): it says "undetermined". The rule, its error rates and the noise it
-assumed go into report.json and the claims table (`Calibration.row`).
+`calibrate(kind, noise, n, effect)` applies the rule to DRAWS synthetic experiments (fixed
+seed). false_alarm: identical arms called different (pair), an arm at the margin called
+broken (equivalence), a claim true at the paper's figure called false (threshold), a variant
+at its bound called over it (bound). power: an effect of the claimed size detected. With
+power < MIN_POWER a "not reproduced" says "undetermined" (`gate`).
 """
 
 from __future__ import annotations
@@ -138,3 +132,15 @@ def seeds_for(noise: float, effect: float, kind: str = "pair", *args, target: fl
     if calibrate(kind, noise, n, *(args or (effect,))).power >= target:
       return n
   return None
+
+
+def simulate_curves(rng, n_seeds: int, n_points: int, sigma: float, rho: float = 0.5,
+                    offset: float = 0.0, shared: float = 0.0) -> np.ndarray:
+  """seeds × points of noise σ(√shared·c + √(1 − shared)·e) around `offset`: c one N(0, 1)
+  offset per seed, e an AR(1) along the points (coefficient ρ, unit variance)."""
+  c = rng.standard_normal((n_seeds, 1))
+  e = np.empty((n_seeds, n_points))
+  e[:, 0] = rng.standard_normal(n_seeds)
+  for p in range(1, n_points):
+    e[:, p] = rho * e[:, p - 1] + math.sqrt(1 - rho**2) * rng.standard_normal(n_seeds)
+  return offset + sigma * (math.sqrt(shared) * c + math.sqrt(1 - shared) * e)

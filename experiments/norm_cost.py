@@ -1,10 +1,7 @@
-"""G1 (Gray et al. 2024), cost: per-example gradient norms of every layer simultaneously
-with the weight gradient at a small cost; of the normalization layers alone, at none.
-
-The statistics benchmark restricted to per-example norms (`overhead.launch`), every variant
-timed rep by rep beside the fastest plain step. Bounds from arithmetic (`overhead`): all-layer
-norms 1 + 1/3 (one extra contraction at most), normalization layers alone 1.01 (their
-parameters are < 1 % of the model); time bounds floored at the baseline's self-ratio.
+"""G1 (Gray et al. 2024), cost: per-example gradient norms of every layer at a small cost, of
+the normalization layers at none. The statistics benchmark restricted to per-example norms
+(`overhead`); bounds: all layers 1 + 1/3 (one extra contraction), norm layers 1.01 (< 1 % of
+the parameters).
 """
 
 from __future__ import annotations
@@ -56,8 +53,7 @@ def analyze(runs, out_dir):
 
 
 def summary(pairs: pd.DataFrame) -> pd.DataFrame:
-  """Per shape and variant: FLOP ratio, median and order-statistic quartiles of the paired
-  time ratios, peak ratio, reps."""
+  """Per shape and variant: FLOP ratio, the paired time ratios' median and quartiles, peak."""
   rows = []
   for (p, b, v), g in pairs.groupby(["preset", "B", "variant"], sort=False):
     q25, q75 = quartiles(g["time_ratio"])

@@ -1,13 +1,8 @@
-"""Claim 1: per-example statistics are cheap. The statistics benchmark (`pergrad.bench.stats`
-via `pergrad.analysis.run_benchmark`: XLA FLOPs, paired time ratios and peak memory of each
-backend × granularity × statistic set, over the fastest plain step computing the same
-gradient, timed in the same process); no training runs.
-
-Bounds from arithmetic (`bounds`): each extra contraction the size of the weight gradient
-costs ≈ 1/3 of a step (a step is 3: forward, and two backward contractions), so a statistic
-needing k of them is bounded by 1 + k/3 in FLOPs and, judged against FLOPs, in time; vmap is
-judged against the paper's figure (≤ 1.17× time, ≈ 1.0× peak memory). A time bound is never
-tighter than the baseline timed against itself (its self-ratio q75, `rules.bound`).
+"""Claim 1: per-example statistics are cheap. The statistics benchmark (`pergrad.bench.stats`:
+XLA FLOPs, paired time ratios and peak memory of each backend × granularity × statistic set
+over the fastest plain step, in one process); no training runs. A step is 3 weight-gradient
+sized contractions, so a statistic needing k more is bounded by 1 + k/3 in FLOPs and time;
+vmap by the paper's figure (≤ 1.17× time, ≈ 1.0× peak memory).
 """
 
 from __future__ import annotations
@@ -52,7 +47,7 @@ def flop_bound(stats: str) -> float:
 
 def launch(preset: str, sweep_dir: Path, *, dry_run: bool = False, echo=print, bench=None):
   """Runs the benchmark once (skipped when its JSON exists in the sweep dir)."""
-  from pergrad.analysis import run_benchmark
+  from pergrad.bench import stats
 
   bench, log, out = BENCH[preset] if bench is None else bench, LaunchLog(), sweep_dir / "bench.json"
   sweep_dir.mkdir(parents=True, exist_ok=True)
@@ -66,7 +61,7 @@ def launch(preset: str, sweep_dir: Path, *, dry_run: bool = False, echo=print, b
     return log
   t0 = time.time()
   try:
-    doc = run_benchmark(echo=echo, **bench)
+    doc = stats.run(**bench, echo=echo)
   except Exception as e:  # one line for `reproduce.py all`, which goes on with the others
     log.failed.append("bench")
     raise RuntimeError(f"the statistics benchmark failed: {type(e).__name__}: {e}") from e
@@ -76,9 +71,9 @@ def launch(preset: str, sweep_dir: Path, *, dry_run: bool = False, echo=print, b
 
 
 def describe_setup(preset: str, bench=None) -> str:
-  from pergrad.analysis import benchmark_argv
+  from pergrad.bench import stats
 
-  args = " ".join(benchmark_argv(**(BENCH[preset] if bench is None else bench)))
+  args = " ".join(stats.as_argv(**(BENCH[preset] if bench is None else bench)))
   return f"`python scripts/bench_stats.py {args}` (no training runs)."
 
 

@@ -13,14 +13,6 @@ from experiments.calibrate import Calibration
 from experiments.record import Experiment, Inputs, Report, experiments
 from experiments.sweep import POLICY, REPO, fmt, scale_file
 
-
-def _yaml_block(path: Path, title: str) -> list[str]:
-  if not path.exists():
-    return []
-  body = [ln for ln in path.read_text().splitlines() if ln.strip() and not ln.startswith("#")]
-  return [f"{title} `{path.relative_to(REPO)}`:", "", "```yaml", *body, "```", ""]
-
-
 RESOLVED = {"model": ("n_layers", "d_model", "n_heads", "d_ff", "vocab_size", "seq_len"),
             "data": ("name", "tokenizer", "vocab_size", "seq_len", "batch_size", "eval_batch_size"),
             "train": ("steps", "eval_every", "eval_batches", "checkpoint_every")}
@@ -43,14 +35,13 @@ def _resolved_md(name: str, preset: str) -> list[str]:
 
 
 def describe_setup(exp: Experiment, preset: str, inputs: Inputs | None = None) -> str:
-  """The settings of an experiment at `preset`, as Markdown, from its own definitions:
-  its config and scale files, the resolved optimizer, schedule and scale, the grids."""
+  """An experiment's settings at `preset` as Markdown: its config files, the resolved
+  optimizer, schedule and scale, the grids, the lr search."""
   if exp.sweep is None:
     return exp.describe_setup(preset) if exp.describe_setup else ""
   sw = exp.sweep_at(preset, inputs)
-  lines = [*_yaml_block(REPO / "configs" / "experiment" / f"{exp.name}.yaml", "Experiment config"),
-           *_yaml_block(scale_file(preset), "Scale"),
-           *_resolved_md(exp.name, preset)]
+  lines = [f"Configs `configs/experiment/{exp.name}.yaml` and "
+           f"`{scale_file(preset).relative_to(REPO)}`.", "", *_resolved_md(exp.name, preset)]
   kv = lambda d: ", ".join(f"`{k}={fmt(v)}`" for k, v in d.items() if k != "experiment")
   lines += [f"Every run (preset `{preset}`): {kv(sw.base)}.", ""]
   for i, bl in enumerate(sw.blocks):
@@ -59,15 +50,11 @@ def describe_setup(exp: Experiment, preset: str, inputs: Inputs | None = None) -
                  + (f" with {kv(bl.fixed)}" if bl.fixed else ""))
   ls = sw.lr_search
   if ls:
-    lines += ["", f"Learning-rate search per ({', '.join(f'`{k}`' for k in ls.group_keys)}): "
-              f"a grid whose best value lies at an edge is extended by a factor {ls.factor:g} "
-              f"past that edge, up to {ls.max_extend} times"
-              + (f"; then `{ls.seed_key}` ∈ {{{', '.join(map(str, ls.seeds))}}} is run at "
-                 "each group's chosen learning rate" if ls.seeds else "")
-              + f". Policy: {POLICY}."]
+    lines += ["", f"Learning-rate search per ({', '.join(f'`{k}`' for k in ls.group_keys)}), "
+              f"factor {ls.factor:g}, up to {ls.max_extend} extensions past an edge, fresh seeds "
+              f"{list(ls.seeds)}: {POLICY}."]
   if sw.wall_estimate_min is not None:
-    lines += ["", f"Estimated wall time at this preset: {sw.wall_estimate_min:g} min on 2 cores "
-              "(`sweep().wall_estimate_min`)."]
+    lines += ["", f"Estimated wall time: {sw.wall_estimate_min:g} min on 2 cores."]
   return "\n".join(lines)
 
 
@@ -285,14 +272,11 @@ def index_text(results_root: Path, preset: str) -> str:
   return "\n".join([
       "# Results",
       "",
-      "Reproduction of the findings of Roulet & Agarwala, *Per-example gradients: a new "
-      "frontier for understanding and improving optimizers* (arXiv 2510.00236), at the scale "
-      "of a 2-core CPU machine (tiny transformers on the embedded Shakespeare corpus), with "
-      f"`scripts/reproduce.py EXPERIMENT --preset {preset}`. Every verdict below comes from runs "
-      "actually made; an experiment marked *not yet run* has no verdict. The paper ran "
-      "large transformers on TPUs, so a verdict here says whether the *qualitative* finding "
-      "holds at this small scale, nothing more. Each experiment's own README gives the "
-      "setup, numbers, figures and the exact command.",
+      "The findings of Roulet & Agarwala (arXiv 2510.00236) and Gray et al. (arXiv "
+      "2411.00999) at the scale of a 2-core CPU machine, from runs actually made "
+      f"(`scripts/reproduce.py EXPERIMENT --preset {preset}`): whether each *qualitative* "
+      "finding holds at this small scale. Each experiment's README gives the rule, numbers, "
+      "setup, figures and command.",
       "",
       claims_block(results_root, preset=preset),
       "",
@@ -303,11 +287,9 @@ def index_text(results_root: Path, preset: str) -> str:
       "|---|---|---|---|",
       *times,
       "",
-      "Wall times are those of the launches that made the committed results (the end-to-end "
-      "record's, else `run_info.json` of each experiment), often with other jobs sharing the "
-      "2 cores. Regenerate "
-      f"everything: `python scripts/reproduce.py all --preset {preset}` (resumable: finished "
-      "runs are skipped). Redraw the figures from the CSVs: `notebooks/figures.ipynb`.",
+      "Wall times of the launches that made the committed results (often beside other jobs). "
+      f"Regenerate: `python scripts/reproduce.py all --preset {preset}` (resumable); redraw "
+      "the figures from the CSVs: `notebooks/figures.ipynb`.",
       "",
   ])
 

@@ -1,15 +1,7 @@
-"""Decision rules on seeds: pure NumPy / SciPy, so a report recomputes any verdict from its CSVs.
-
-  compare / decide / chains  A beats B when the gap of seed means exceeds the combined seed
-                 spread √(s_A² + s_B²) (`PAIR_WIN`); expected pairs give a verdict
-                 (`verdict_of`)
-  equivalence    two families of curves (seeds × points) are the same curve within ±margin:
-                 a TOST on the seeds' curve averages plus a guard on every point (`EQUIV`)
-  bound          a ratio measured against a bound, with the baseline's own self-ratio as the
-                 floor of what a time bound can resolve (`BOUND`)
-  diverged       eval loss non-finite or above ln V once below it (`DIVERGED_RULE`)
-  leaf_aggregates, part_whole  per-leaf and part-whole views of ratios of sums
-"""
+"""Decision rules on seeds (NumPy / SciPy: a report recomputes any verdict from its CSVs):
+`compare` / `decide` (`PAIR_WIN`, `PAIRS_VERDICT`), `equivalence` (`EQUIV`), `bound`
+(`BOUND`), `diverged` (`DIVERGED_RULE`), and the per-leaf and part-whole views of ratios of
+sums (`leaf_aggregates`, `part_whole`)."""
 
 from __future__ import annotations
 
@@ -106,7 +98,6 @@ def summarize(values: Sequence[float]) -> str:
   return f"{x.mean():.3f}" + (f" ± {x.std(ddof=1):.2g} (n={len(x)})" if len(x) > 1 else " (n=1)")
 
 
-# --------------------------------------------------------------------------- equivalence
 MARGIN, ALPHA, GUARD = 0.02, 0.05, 2.0
 EQUIV = ("equivalent when the 90% Welch interval of the gap of the seeds' curve averages lies "
          "within ±margin and no point's gap of seed means exceeds 2 × margin")
@@ -150,9 +141,9 @@ def welch_interval(a, b, alpha: float = ALPHA) -> tuple[float, float, float]:
 
 
 def equivalence(a_SxP, b_SxP, margin: float = MARGIN, *, alpha=ALPHA, guard=GUARD) -> Equivalence:
-  """`EQUIV` on seeds × points (same points; NaN drops a point, ±inf: not equivalent). Each
-  seed's curve is averaged over the points, so the noise along a curve enters only through
-  the spread of those averages; the guard catches curves that cross."""
+  """`EQUIV` on seeds × points (same points; NaN drops a point, ±inf: not equivalent): the
+  noise along a curve enters through the spread of the seeds' averages; the guard catches
+  curves that cross."""
   a, b = np.atleast_2d(np.asarray(a_SxP, float)), np.atleast_2d(np.asarray(b_SxP, float))
   if a.shape[1] != b.shape[1]:
     raise ValueError(f"equivalence: {a.shape[1]} vs {b.shape[1]} points; align both families first")
@@ -170,19 +161,6 @@ def equivalence(a_SxP, b_SxP, margin: float = MARGIN, *, alpha=ALPHA, guard=GUAR
                      mx, margin, n_a, n_b, n_p, lo95, hi95)
 
 
-def simulate_curves(rng, n_seeds: int, n_points: int, sigma: float, rho: float = 0.5,
-                    offset: float = 0.0, shared: float = 0.0) -> np.ndarray:
-  """seeds × points of noise σ(√shared·c + √(1 − shared)·e) around `offset`: c one N(0, 1)
-  offset per seed, e an AR(1) along the points (coefficient ρ, unit variance)."""
-  c = rng.standard_normal((n_seeds, 1))
-  e = np.empty((n_seeds, n_points))
-  e[:, 0] = rng.standard_normal(n_seeds)
-  for p in range(1, n_points):
-    e[:, p] = rho * e[:, p - 1] + math.sqrt(1 - rho**2) * rng.standard_normal(n_seeds)
-  return offset + sigma * (math.sqrt(shared) * c + math.sqrt(1 - shared) * e)
-
-
-# --------------------------------------------------------------------------- bounds
 HOLDS, FAILS, WITHIN = "holds", "fails", "within noise"
 BOUND = ("a FLOP or memory ratio holds when ≤ its bound; a time ratio is judged on the "
          "quartiles (lower q25, upper q75 order statistics) of its paired per-rep ratios against max(bound, the baseline's own "
@@ -190,8 +168,8 @@ BOUND = ("a FLOP or memory ratio holds when ≤ its bound; a time ratio is judge
 
 
 def quartiles(x, axis=None):
-  """(q25, q75) as order statistics (NumPy "lower" / "higher"), so that a ratio exactly at a
-  bound fails (q25 above it) with probability ≤ 5 % from 11 reps on."""
+  """(q25, q75) as order statistics ("lower" / "higher"): a ratio exactly at a bound fails
+  (q25 above it) with probability ≤ 5 % from 11 reps on."""
   x = np.asarray(x, float)
   return (np.percentile(x, 25, axis=axis, method="lower"),
           np.percentile(x, 75, axis=axis, method="higher"))
@@ -199,8 +177,7 @@ def quartiles(x, axis=None):
 
 def bound(value: float, limit: float, q25: float = math.nan, q75: float = math.nan,
           self_q75: float = math.nan) -> str:
-  """`BOUND`: exact when no quartiles are given; a time bound is never tighter than the
-  baseline timed against itself."""
+  """`BOUND` (exact when no quartiles are given)."""
   if not (np.isfinite(value) or np.isfinite(q75)):
     return UNDETERMINED
   if not np.isfinite(q75):
@@ -209,7 +186,6 @@ def bound(value: float, limit: float, q25: float = math.nan, q75: float = math.n
   return HOLDS if q75 <= lim else FAILS if q25 > lim else WITHIN
 
 
-# --------------------------------------------------------------------------- divergence
 DIVERGED_RULE = ("a run diverged when an eval loss is non-finite, its last eval loss exceeds "
                  "ln V (uniform prediction over V tokens), or an eval loss exceeds ln V after "
                  "an earlier one was below it")
@@ -239,8 +215,8 @@ def diverged_runs(table: pd.DataFrame, vocab_size: int, *, loss="eval/loss", run
 
 def mark_diverged(finals: pd.DataFrame, vocab_size: int, table: pd.DataFrame | None = None, *,
                   loss="final_eval_loss", run="run") -> pd.DataFrame:
-  """A copy of a finals table whose `diverged` holds the rule's verdict (from the eval history
-  in `table` when given) and whose `loss` is +inf for every diverged run."""
+  """A copy of `finals` with `diverged` by the rule (on `table`'s eval history when given)
+  and `loss` +inf for every diverged run."""
   fin = finals.copy()
   x = fin[loss].astype(float)
   flag = ~np.isfinite(x) | (x > math.log(vocab_size))
@@ -252,7 +228,6 @@ def mark_diverged(finals: pd.DataFrame, vocab_size: int, table: pd.DataFrame | N
   return fin
 
 
-# --------------------------------------------------------------------------- per leaf
 def is_norm_leaf(path: str) -> bool:
   """A normalization layer's leaf (`pergrad.layer_types`, the library's one classifier)."""
   return layer_type(path) == "norm"
@@ -293,8 +268,8 @@ def _aggregate(num, den, size) -> Aggregate:
 
 def leaf_aggregates(num: Mapping[str, float], den: Mapping[str, float], n_params: Mapping[str, int],
                     is_norm: Callable[[str], bool] = is_norm_leaf) -> dict[str, float]:
-  """Flat {view: value}: `Aggregate` of Σnum/Σden over all leaves and `_no_norm`, and the
-  norm leaves' shares of Σnum, Σden and the parameters (a leaf with den = 0 has no ratio)."""
+  """{view: value}: `Aggregate` over all leaves and `_no_norm`, and the norm leaves' shares
+  of Σnum, Σden and the parameters (a leaf with den = 0 has no ratio)."""
   leaves = list(num)
   missing = [k for k in leaves if k not in den or k not in n_params]
   if missing or not leaves:
@@ -332,8 +307,8 @@ def _fit(x, y):
 
 
 def part_whole(g2_total, s_total, g2_group, s_group) -> PartWhole:
-  """On series over the same steps: B = S/|G|² of the group, total and complement; steps with
-  a group or complement |G|² ≤ 0 or a non-finite value are dropped."""
+  """B = S/|G|² of the complement and of the total regressed on the group's, over the same
+  steps (a step with a non-positive |G|² or a non-finite value dropped)."""
   gt, st, gg, sg = (np.asarray(x, float) for x in (g2_total, s_total, g2_group, s_group))
   if not gt.shape == st.shape == gg.shape == sg.shape:
     raise ValueError("part_whole: the four series differ in length; give them on the same steps")

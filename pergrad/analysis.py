@@ -1,10 +1,10 @@
 """The surface of pergrad that analysis code (the `experiments` package, notebooks) may use.
 
 Experiments read run directories (metrics.jsonl, summary.json, config.yaml) and launch
-`python -m pergrad.train`; for everything else they call the functions here. The table
-readers and the offline formulas are NumPy only (importing this module or reading a table
-imports no JAX); the functions that compose a config or build a model's shapes import the
-library inside the call.
+`python -m pergrad.train`; for the rest they call the functions here (and the benchmark,
+`pergrad.bench.stats`). The table readers and the offline formulas are NumPy only (importing
+this module or reading a table imports no JAX); the functions that compose a config or build
+a model's shapes import the library inside the call.
 
   read_records(path)                the records of a metrics.jsonl
   smooth(G2, S, alpha)              the GNS tracker's recurrence, offline (B_simple)
@@ -15,8 +15,8 @@ library inside the call.
   n_params(overrides)               the parameter count of its model (no initialization)
   leaf_sizes(overrides)             {leaf path: parameter count} of its model, as logged
   layer_type(path)                  a leaf path's layer type ("norm", "mlp", ...; the GNS groups)
-  run_benchmark(**opts)             the statistics benchmark's JSON document (imports JAX)
-  benchmark_argv(**opts)            its `scripts/bench_stats.py` arguments
+
+The statistics benchmark is `pergrad.bench.stats` (same floor: analysis does not import it).
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ import numpy as np
 from pergrad.layer_types import layer_type
 
 GNS_TOTAL = "total"
-__all__ = ["GNS_TOTAL", "benchmark_argv", "composed", "ema_gain", "layer_type", "leaf_sizes",
-           "n_params", "read_records", "run_benchmark", "scale_summary", "smooth"]
+__all__ = ["GNS_TOTAL", "composed", "ema_gain", "layer_type", "leaf_sizes", "n_params",
+           "read_records", "scale_summary", "smooth"]
 
 
 def read_records(path: str | Path) -> list[dict]:
@@ -116,17 +116,3 @@ def leaf_sizes(overrides: Sequence[str]) -> dict[str, int]:
 
   flat = jax.tree_util.tree_flatten_with_path(_shapes(overrides))[0]
   return {leaf_path(p): int(math.prod(x.shape)) for p, x in flat}
-
-
-def run_benchmark(echo=print, **opts) -> dict:
-  """`pergrad.bench.stats.run(**opts)`: the statistics benchmark's JSON document."""
-  from pergrad.bench import stats
-
-  return stats.run(**opts, echo=echo)
-
-
-def benchmark_argv(**opts) -> list[str]:
-  """The `scripts/bench_stats.py` arguments of `run_benchmark(**opts)`."""
-  from pergrad.bench import stats
-
-  return stats.as_argv(**opts)

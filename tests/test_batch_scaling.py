@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from experiments import batch_scaling as bs  # noqa: E402
-from experiments import lr_search, rules, runs  # noqa: E402
+from experiments import calibrate, lr_search, rules, runs  # noqa: E402
 from experiments.sweep import run_dirname  # noqa: E402
 
 REF, EXAMPLES, EVAL_EXAMPLES, SIZES = bs.budget("cpu")
@@ -64,8 +64,8 @@ CPU_NOISE = dict(sigma=0.0131, rho=0.5, shared=0.7)  # B_ref's runs: s̄ ≈ 0.0
 
 def _pass_rate(n_seeds, margin, reps=600, seed=0):
   rng = np.random.default_rng(seed)
-  ok = sum(bool(rules.equivalence(rules.simulate_curves(rng, n_seeds, 13, **CPU_NOISE),
-                                  rules.simulate_curves(rng, n_seeds, 13, **CPU_NOISE),
+  ok = sum(bool(rules.equivalence(calibrate.simulate_curves(rng, n_seeds, 13, **CPU_NOISE),
+                                  calibrate.simulate_curves(rng, n_seeds, 13, **CPU_NOISE),
                                   margin).equivalent) for _ in range(reps))
   return ok / reps
 
@@ -77,8 +77,8 @@ def test_seeds_and_margin_pass_identical_curves_at_the_cpu_noise():
 
 def test_margin_is_fixed_from_the_margin_seeds():
   rng = np.random.default_rng(1)
-  quiet = rules.simulate_curves(rng, 3, 13, 0.001, shared=0.7)
-  loud = rules.simulate_curves(rng, 3, 13, 0.05, shared=0.9)
+  quiet = calibrate.simulate_curves(rng, 3, 13, 0.001, shared=0.7)
+  loud = calibrate.simulate_curves(rng, 3, 13, 0.05, shared=0.9)
   assert bs.margin(quiet) == bs.MIN_MARGIN  # never below the floor
   assert bs.margin(loud) == pytest.approx(bs.MARGIN_SPREADS * np.std(loud.mean(1), ddof=1))
   assert bs.margin(quiet[:1]) == bs.FALLBACK_MARGIN  # one seed: no spread

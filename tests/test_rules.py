@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from experiments import rules
+from experiments import calibrate, rules
 
 # Seed noise like the batch_scaling runs': 3 seeds, 20 eval points, AR(1) along the curve
 # (ρ = 0.5; the cpu runs' second-half lag-1 correlation of seed deviations is 0.15-0.67 for
@@ -31,8 +31,8 @@ def pass_rates(sigma, offset, *, rho=RHO, shared=0.0, seed=0):
   rng = np.random.default_rng(seed)
   ours = today = 0
   for _ in range(N_SIMS):
-    a = rules.simulate_curves(rng, N_SEEDS, N_POINTS, sigma, rho)
-    b = rules.simulate_curves(rng, N_SEEDS, N_POINTS, sigma, rho, offset=offset, shared=shared)
+    a = calibrate.simulate_curves(rng, N_SEEDS, N_POINTS, sigma, rho)
+    b = calibrate.simulate_curves(rng, N_SEEDS, N_POINTS, sigma, rho, offset=offset, shared=shared)
     ours += bool(rules.equivalence(a, b).equivalent)
     today += spread_rule(a, b)
   return ours / N_SIMS, today / N_SIMS
@@ -65,8 +65,8 @@ def test_power_limit_when_seed_noise_is_a_constant_offset():
 
 def test_equivalence_edge_cases():
   rng = np.random.default_rng(0)
-  a = rules.simulate_curves(rng, 3, 10, 0.005)
-  b = rules.simulate_curves(rng, 3, 10, 0.005)
+  a = calibrate.simulate_curves(rng, 3, 10, 0.005)
+  b = calibrate.simulate_curves(rng, 3, 10, 0.005)
   assert rules.equivalence(a, b).equivalent is True
   crossing = b + np.linspace(-0.06, 0.06, 10)  # averages to 0, differs by 0.06 at the ends
   res = rules.equivalence(a, crossing)
