@@ -29,7 +29,8 @@ CLAIM = ("With lr tuned at a reference batch size and scaled by sqrt(B / B_ref),
          "loss-vs-examples curves nearly coincide for small to medium batch sizes and separate "
          "at large ones; sqrt scaling does this better than linear or no scaling.")
 PAPER = "curves coincide for small/medium B under √ scaling, separate at large B (qualitative)"
-KEY, SCALING, REF, SEED = "data.batch_size", "optimizer.lr_scaling", "optimizer.ref_batch_size", "train.seed"
+KEY, SCALING, SEED = "data.batch_size", "optimizer.lr_scaling", "train.seed"
+REF = "optimizer.ref_batch_size"
 SCALINGS = ("sqrt", "linear", "none")
 LONG = "sqrt_2x"  # √ scaling at twice the examples (small B only)
 SIZES = {"ci": [8, 32], "cpu": [8, 16, 64, 128], "paper": [32, 64, 128, 256, 512, 1024, 2048]}
@@ -69,8 +70,9 @@ def sweep(preset: str, inputs=None) -> Sweep:
 
   def block(b, scalings, seeds, examples=ex):
     steps = examples // b
-    fixed = {"train.steps": steps, "train.eval_every": every // b, "logging.log_every": max(steps // 40, 1),
-             "train.checkpoint_every": max(steps // 4, 1), "schedule.warmup_steps": max(warm // b, 1)}
+    fixed = {"train.steps": steps, "train.eval_every": every // b,
+             "logging.log_every": max(steps // 40, 1), "train.checkpoint_every": max(steps // 4, 1),
+             "schedule.warmup_steps": max(warm // b, 1)}
     return Block({KEY: [b], REF: [ref], SCALING: list(scalings), SEED: list(seeds)}, fixed=fixed)
 
   scalings = SCALINGS if preset != "ci" else SCALINGS[:2]
@@ -93,7 +95,8 @@ def analyze(runs, out_dir):
   if "train.steps" in t:  # only the long arm has it in its run name
     t.loc[t["train.steps"].notna(), SCALING] = LONG
   t.insert(1, "ref", int(t[REF].dropna().iloc[0]))
-  cols = ["run", "ref", KEY, SCALING, SEED, "step", "examples_seen", "diverged", "eval/loss", "train/lr"]
+  cols = ["run", "ref", KEY, SCALING, SEED, "step", "examples_seen", "diverged", "eval/loss",
+          "train/lr"]
   t[[c for c in cols if c in t]].to_csv(Path(out_dir) / "curves.csv", index=False)
 
 
@@ -128,7 +131,8 @@ def collapse(curves: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, float]:
   for (sc, b), runs in curves[curves[KEY] != ref_b].groupby([SCALING, KEY], sort=False):
     y = _seed_curves(runs, xs)
     eq = rules.equivalence(y, ref_y, m)
-    out = COLLAPSES if eq.equivalent else BREAKS if eq.equivalent is False and eq.beyond else UNDETERMINED
+    out = (COLLAPSES if eq.equivalent else BREAKS if eq.equivalent is False and eq.beyond
+           else UNDETERMINED)
     for s, row in zip(sorted(runs[SEED].unique()), y, strict=False):
       d = np.abs(row - m_ref)
       mis.append({SCALING: sc, KEY: int(b), SEED: int(s),
@@ -171,7 +175,8 @@ def figures(out_dir):
   fig = plt().figure(figsize=(4.6 * len(scalings), 4.2))
   y = curves["eval/loss"].replace([np.inf, -np.inf], np.nan).dropna()
   for ax, sc in zip(fig.subplots(1, len(scalings), squeeze=False)[0], scalings, strict=False):
-    c = curves[(curves[SCALING] == sc) | (curves[KEY] == curves["ref"])].replace([np.inf, -np.inf], np.nan)
+    c = curves[(curves[SCALING] == sc) | (curves[KEY] == curves["ref"])]
+    c = c.replace([np.inf, -np.inf], np.nan)
     plot_curves(ax, c, [KEY], "eval/loss", labeler=lambda g: f"B={int(g[KEY])}")
     if len(y):
       ax.set_ylim(y.min() - 0.05, np.percentile(y, 85) + 0.1)

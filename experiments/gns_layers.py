@@ -168,7 +168,8 @@ def report(out_dir: Path) -> Report:
                                    "share_s"]].agg(["mean", "std"]).reset_index()
   by_alpha.columns = ["_".join(c).rstrip("_") for c in by_alpha.columns]
   return Report(verdict=calibrate.gate(decide(rs), cal), rule=RULE, paper=PAPER,
-                calibration=cal.row(), ours=f"r(complement, norm) = {f('r_complement')} at α = {ALPHA:g}",
+                calibration=cal.row(),
+                ours=f"r(complement, norm) = {f('r_complement')} at α = {ALPHA:g}",
                 checks=(f"slope {f('slope_complement')}; the norm group holds {f('share_g2')} of "
                         f"Σ|G|² and {f('share_s')} of ΣS, so the part-whole r of the total "
                         f"{f('r_total')} is not evidence", "Share of the parameters per type: "

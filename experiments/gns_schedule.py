@@ -1,4 +1,4 @@
-"""G3 (Gray et al. 2024): a GNS-guided batch-size schedule saves tokens against the best fixed batch.
+"""G3 (Gray et al. 2024): a GNS-guided batch-size schedule saves tokens against a fixed batch.
 
 Every arm spends the same examples (cpu: 400 × 32 sequences), tracks every layer type's GNS
 every step, warmup and evaluations at the same examples. Arms: fixed B = 8 ... 64, each with
@@ -47,11 +47,11 @@ WARMUP = 20  # steps of the α = 0.95 EMA left out of the fit (1 / (1 − α))
 PAPER = "18% fewer tokens to the fixed batch's final loss"
 RULE = (f"Each GNS-guided schedule ({', '.join(GUIDED)}) at the best fixed arm's lr and seeds vs "
         f"the best fixed arm (lowest fresh-seed mean final eval loss) in final eval loss at equal "
-        f"tokens: {rules.PAIR_WIN}. The claimed effect is Δ18, the best fixed arm's seed-mean final "
-        "loss on 82% of the tokens minus on all. Reproduced if every schedule wins, not reproduced "
-        "if one loses or none wins while the rule has power ≥ 0.8 for Δ18, partly reproduced if "
-        "some win, undetermined otherwise. Tokens and wall time to the fixed arm's final loss on "
-        "seed-mean curves are reported, not judged.")
+        f"tokens: {rules.PAIR_WIN}. The claimed effect is Δ18, the best fixed arm's seed-mean "
+        "final loss on 82% of the tokens minus on all. Reproduced if every schedule wins, not "
+        "reproduced if one loses or none wins while the rule has power ≥ 0.8 for Δ18, partly "
+        "reproduced if some win, undetermined otherwise. Tokens and wall time to the fixed arm's "
+        "final loss on seed-mean curves are reported, not judged.")
 
 
 def sizes(preset: str) -> tuple[int, int, tuple[int, ...]]:
@@ -68,7 +68,8 @@ def lr_grid(preset: str, b: int) -> list[float]:
   if preset == "paper":
     return [2.5e-4, 5e-4, 1e-3]
   ref = sizes(preset)[0]
-  return [2.5e-3, 5e-3, 1e-2] if b < ref // 2 else [5e-3, 1e-2, 2e-2] if b < ref else [1e-2, 2e-2, 4e-2]
+  low = 2.5e-3 if b < ref // 2 else 5e-3 if b < ref else 1e-2
+  return [low, 2 * low, 4 * low]
 
 
 def _per_size(b: int, examples: int, warmup: int, n_evals: int) -> dict:
@@ -183,7 +184,8 @@ def follow_up(preset: str, sweep_dir: Path) -> tuple[Block, ...]:
   per_size = {k: [int(best[k])] for k in PER_SIZE}
   blocks = [Block({"batch.kind": ["fixed"], SIZE: [int(best[SIZE])], **per_size, "optimizer.lr": lr,
                    "train.seed": seeds[N_OTHER:]}),  # the best arm's other fresh seeds
-            Block({"batch.kind": ["gns"], "batch.gns_group": ["norm"], "optimizer.lr": lr, "train.seed": seeds}),
+            Block({"batch.kind": ["gns"], "batch.gns_group": ["norm"], "optimizer.lr": lr,
+                   "train.seed": seeds}),
             Block({"batch.kind": ["fixed"], SIZE: [int(best[SIZE])],
                    "train.steps": [int(round(SHORT * int(best["train.steps"])))],
                    "train.eval_every": [int(best["train.eval_every"])],
@@ -199,7 +201,7 @@ def follow_up(preset: str, sweep_dir: Path) -> tuple[Block, ...]:
 
 
 def arm(row: dict) -> str:
-  """fixed_<B>[_short] | gns_<group> | linear_paper | linear_fit | warmup, from a run's first row."""
+  """fixed_<B>[_short] | gns_<group> | linear_paper | linear_fit | warmup, from a run's row."""
   kind = row.get("batch.kind")
   if kind == "fixed":
     return f"fixed_{int(row['data.batch_size'])}" + ("_short" if row.get("short") else "")
@@ -209,7 +211,9 @@ def arm(row: dict) -> str:
   if kind == "linear":
     scaled = str(row.get("batch.lr_scaling", "none")) == "sqrt"
     tok = float(row.get("batch.ramp_tokens") or 0)
-    return "warmup" if scaled else "linear_paper" if tok >= PAPER_RAMP_SHARE * row.get("_budget", tok) else "linear_fit"
+    if scaled:
+      return "warmup"
+    return "linear_paper" if tok >= PAPER_RAMP_SHARE * row.get("_budget", tok) else "linear_fit"
   return str(kind)
 
 
@@ -301,9 +305,9 @@ def report(out_dir: Path) -> Report:
   finals = {k: g["final_eval_loss"].tolist() for k, g in tt.groupby("arm")}
   _, pairs = rules.decide(finals, [(k, base) for k in GUIDED])
   delta = ttt.delta_short(finals, base)
-  cal = calibrate.calibrate("pair", calibrate.pooled_std([finals[k] for k in (base, *GUIDED) if k in finals]),
-                            min(len(finals.get(base, [])), *(len(finals.get(k, [])) or 99 for k in GUIDED)),
-                            delta if math.isfinite(delta) else math.nan)
+  noise = calibrate.pooled_std([finals[k] for k in (base, *GUIDED) if k in finals])
+  n = min(len(finals.get(base, [])), *(len(finals.get(k, [])) or 99 for k in GUIDED))
+  cal = calibrate.calibrate("pair", noise, n, delta if math.isfinite(delta) else math.nan)
   v = ttt.schedule_verdict(pairs, cal.power)
   mean_tt = ttt.seed_mean_to_target(cur, base, target)
   saving = mean_tt.set_index("arm")["token_saving"]
@@ -317,10 +321,12 @@ def report(out_dir: Path) -> Report:
   pct = lambda x: f"{100 * x:.1f}%" if math.isfinite(x) else "not reached"
   save = ", ".join(f"{a} {pct(saving[a])}" for a in (*GUIDED, *BASELINES) if a in saving)
   return Report(verdict=v, rule=RULE, paper=PAPER, calibration=cal.row(),
-                ours=f"token saving to B={int(best[SIZE])}'s final loss: {save or 'n/a'}; {outcomes(pairs)}",
+                ours=f"token saving to B={int(best[SIZE])}'s final loss: {save or 'n/a'}; "
+                f"{outcomes(pairs)}",
                 checks=(f"baseline: fixed B = {int(best[SIZE])} at lr {best['optimizer.lr']:g}",
                         *(p.sentence() for p in pairs), f"Δ18 = {delta:.3g}"),
-                numbers_md=lr_search.best_md(search, GROUP, extra=("best_arm",)) + "\n\n" + pairs_md(pairs)
+                numbers_md=lr_search.best_md(search, GROUP, extra=("best_arm",)) + "\n\n"
+                + pairs_md(pairs)
                 + f"\n\nBy arm (seed-mean curves; to the target {target:.4f}):\n\n"
                 + md_table(by_arm) + "\n\nThe fitted ramp (B_simple ≈ a + b·tokens):\n\n"
                 + md_table(read_csv(out_dir / "ramp_fit.csv")))

@@ -38,7 +38,8 @@ def sizes_from_table(table: pd.DataFrame) -> dict[str, int] | None:
 
     return leaf_sizes(list(table.attrs["overrides"]))
   cols = [c for c in stat_columns(table, "coords", "sign") if leaf_of(c) not in WHOLE]
-  return {leaf_of(c): int(table[c].dropna().iloc[0]) for c in cols if table[c].notna().any()} or None
+  sizes = {leaf_of(c): int(table[c].dropna().iloc[0]) for c in cols if table[c].notna().any()}
+  return sizes or None
 
 
 def write_sizes(table: pd.DataFrame, out_dir: Path) -> None:

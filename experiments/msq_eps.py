@@ -48,9 +48,8 @@ def sweep(preset: str, inputs=None) -> Sweep:
                  LrSearch(GROUP, max_extend=0), wall_estimate_min=0.5)
   best = preconditioner.chosen(lr_search.tuned_best(inputs, "preconditioner"))
   best = best[best["optimizer.clip_norm"].isna()].set_index("optimizer.variant")
-  fixed = tuple(Block({"optimizer.variant": [v], "optimizer.eps": [float(best.loc[v, "optimizer.eps"])],
-                       "optimizer.lr": [float(best.loc[v, "optimizer.lr"])], "train.seed": list(SEEDS)})
-                for v in (MSQ, ADAM))
+  fixed = tuple(Block({"optimizer.variant": [v], **{k: [float(best.loc[v, k])] for k in (
+      "optimizer.eps", "optimizer.lr")}, "train.seed": list(SEEDS)}) for v in (MSQ, ADAM))
   eps_msq, lr_adam = float(best.loc[MSQ, "optimizer.eps"]), float(best.loc[ADAM, "optimizer.lr"])
   ctrl = (Block({"optimizer.variant": [ADAM], "optimizer.eps": [CONTROL_EPS],
                  "optimizer.lr": [x * (3.0 if preset == "cpu" else 0.3) for x in (0.5, 1, 2)],
@@ -70,11 +69,11 @@ def label(g: dict) -> str:
 
 
 def eps_share(table: pd.DataFrame) -> pd.DataFrame:
-  """Per run: its group, seed and the mean over its logged steps of every `opt/<leaf>/eps_share*`."""
+  """Per run: its group, seed and the mean over its logged steps of each `opt/<leaf>/eps_share*`."""
   cols = [c for n in ("eps_share", "eps_share_weighted") for c in stat_columns(table, n, "opt")]
   keys = [k for k in (*GROUP, "optimizer.lr", "train.seed") if k in table]
   rows = [{**{k: g[k].iloc[0] for k in keys},
-           **{c.removeprefix("opt/").replace("all/", ""): float(g[c].dropna().mean()) for c in cols}}
+           **{c[4:].replace("all/", ""): float(g[c].dropna().mean()) for c in cols}}
           for _, g in table.groupby("run", sort=False)] if cols else []
   return pd.DataFrame(rows, columns=None if rows else [*keys, "eps_share"])
 
@@ -89,11 +88,12 @@ def figures(out_dir):
 
 
 def groups(out_dir: Path) -> dict:
-  """{label: fresh-seed final eval losses}: the searched groups' fresh seeds, the fixed ones' runs."""
+  """{label: fresh-seed final eval losses}: the searched groups' fresh seeds, the fixed runs."""
   fin = pd.read_csv(Path(out_dir) / "finals.csv")
   out = lr_search.by_label(lr_search.load_best(out_dir), label)
   for v in (MSQ, ADAM):
-    rows = fin[(fin["optimizer.variant"] == v) & ~np.isclose(fin["optimizer.eps"].astype(float), CONTROL_EPS)
+    eps = fin["optimizer.eps"].astype(float)
+    rows = fin[(fin["optimizer.variant"] == v) & ~np.isclose(eps, CONTROL_EPS)
                & fin["train.seed"].isin(SEEDS)]
     for key, g in rows.groupby("optimizer.eps"):
       name = label({"optimizer.variant": v, "optimizer.eps": key})

@@ -25,7 +25,8 @@ CLAIM = ("Per-example gradient norms of every layer can be computed simultaneous
 PAPER = "norm layers only: no throughput cost; all layers: small FLOP cost"
 BENCH = {k: {**v, "stat_sets": ("norms",), "layout_first": False} for k, v in {
     "ci": {"presets": ("micro",), "batch_sizes": (4,), "reps": 3},
-    "cpu": {"presets": ("tiny", "medium"), "batch_sizes": (8, 32), "medium_batch_sizes": (8,), "reps": 11},
+    "cpu": {"presets": ("tiny", "medium"), "batch_sizes": (8, 32), "medium_batch_sizes": (8,),
+            "reps": 11},
     "paper": {"presets": ("small", "paper"), "batch_sizes": (32, 128), "reps": 15}}.items()}
 BOUNDS = (("surgery/norms", "all layers", overhead.flop_bound("norms")),
           ("surgery/norms@norm", "normalization layers only", 1.01))
@@ -57,9 +58,11 @@ def summary(pairs: pd.DataFrame) -> pd.DataFrame:
   rows = []
   for (p, b, v), g in pairs.groupby(["preset", "B", "variant"], sort=False):
     q25, q75 = quartiles(g["time_ratio"])
-    rows.append({"preset": p, "B": b, "variant": v, "baseline": g["baseline"].iloc[0],
-                 "flops_ratio": g["flops_ratio"].iloc[0], "time_median": float(g["time_ratio"].median()),
-                 "time_q25": float(q25), "time_q75": float(q75), "peak_ratio": g["peak_ratio"].iloc[0],
+    first = g.iloc[0]
+    rows.append({"preset": p, "B": b, "variant": v, "baseline": first["baseline"],
+                 "flops_ratio": first["flops_ratio"],
+                 "time_median": float(g["time_ratio"].median()),
+                 "time_q25": float(q25), "time_q75": float(q75), "peak_ratio": first["peak_ratio"],
                  "reps": len(g)})
   return pd.DataFrame(rows)
 
@@ -69,7 +72,8 @@ def figures(out_dir):
   fig, ax = plt().subplots(figsize=(9, 4.5))
   groups = list(pairs.groupby(["preset", "B", "variant"], sort=False))
   ax.boxplot([g["time_ratio"] for _, g in groups], orientation="horizontal")
-  ax.set_yticks(range(1, len(groups) + 1), [f"{p} B={b} {v}" for (p, b, v), _ in groups], fontsize=7)
+  ax.set_yticks(range(1, len(groups) + 1), [f"{p} B={b} {v}" for (p, b, v), _ in groups],
+                fontsize=7)
   for *_, limit in BOUNDS:
     ax.axvline(limit, color="gray", ls=":", lw=0.8)
   ax.set_xlabel("time / fastest plain step (paired per rep)")

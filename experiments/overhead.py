@@ -18,9 +18,9 @@ import pandas as pd
 from experiments import calibrate
 from experiments.figures import plt, savefig
 from experiments.launch import LaunchLog
-from experiments.record import ROWS, Experiment, Report, register
+from experiments.record import ROWS, Experiment, register
 from experiments.rules import BOUND, FAILS, HOLDS, NOT_REPRODUCED, PARTLY, REPRODUCED, bound
-from experiments.verdict import fmt_num, md_table
+from experiments.verdict import Report, fmt_num, md_table, not_measured
 
 NAME = "overhead"
 TITLE = "the cost of per-example gradient statistics"
@@ -91,7 +91,8 @@ def figures(out_dir):
   df = pd.read_csv(Path(out_dir) / "overhead.csv")
   cols = [c for c in ("time_ratio", "peak_ratio", "flops_ratio") if c in df]
   fig, axes = plt().subplots(1, len(cols), figsize=(5 * len(cols), 5), squeeze=False)
-  lab = df[[c for c in ("preset", "B", "backend", "granularity", "stats") if c in df]].astype(str).agg(" ".join, axis=1)
+  keys = [c for c in ("preset", "B", "backend", "granularity", "stats") if c in df]
+  lab = df[keys].astype(str).agg(" ".join, axis=1)
   for ax, c in zip(axes[0], cols, strict=False):
     ax.barh(range(len(df)), df[c])
     ax.set_yticks(range(len(df)), lab, fontsize=6)
@@ -100,15 +101,16 @@ def figures(out_dir):
   return [savefig(fig, Path(out_dir) / "overhead.png")]
 
 
-def judged(df: pd.DataFrame, rows: pd.DataFrame, limit: float, peak_limit: float = math.inf) -> dict:
+def judged(df: pd.DataFrame, rows: pd.DataFrame, limit: float, peak_limit=math.inf) -> dict:
   """Medians over `rows`' shapes of the FLOP, time (q25, q75) and peak ratios, the baseline's
   self-ratio q75 there, and the outcomes of `rules.bound` on each."""
   med = lambda c, r=rows: float(r[c].median()) if c in r and len(r) else math.nan
   base = df[(df["backend"] == SELF) & df.set_index(["preset", "B"]).index.isin(
       rows.set_index(["preset", "B"]).index)]
   m = {"flops": med("flops_ratio"), "time": med("time_ratio"), "q25": med("time_ratio_q25"),
-       "q75": med("time_ratio_q75"), "peak": med("peak_ratio"), "self_q75": med("time_ratio_q75", base),
-       "self_iqr": med("time_ratio_q75", base) - med("time_ratio_q25", base), "limit": limit}
+       "q75": med("time_ratio_q75"), "peak": med("peak_ratio"),
+       "self_q75": med("time_ratio_q75", base), "limit": limit,
+       "self_iqr": med("time_ratio_q75", base) - med("time_ratio_q25", base)}
   m["flops_outcome"] = bound(m["flops"], limit)
   m["time_outcome"] = bound(m["time"], limit, m["q25"], m["q75"], m["self_q75"])
   m["peak_outcome"] = bound(m["peak"], peak_limit) if math.isfinite(peak_limit) else HOLDS
@@ -121,8 +123,9 @@ def side(m: dict) -> str:
 
 
 def text(what: str, m: dict) -> str:
-  return (f"{what}: FLOPs {fmt_num(m['flops'])}× ({m['flops_outcome']}), time {fmt_num(m['time'])}× "
-          f"[{fmt_num(m['q25'])}, {fmt_num(m['q75'])}] vs ≤ {m['limit']:.3g} ({m['time_outcome']}; "
+  return (f"{what}: FLOPs {fmt_num(m['flops'])}× ({m['flops_outcome']}), time "
+          f"{fmt_num(m['time'])}× [{fmt_num(m['q25'])}, {fmt_num(m['q75'])}] vs ≤ "
+          f"{m['limit']:.3g} ({m['time_outcome']}; "
           f"baseline self-ratio q75 {fmt_num(m['self_q75'])}), peak memory {fmt_num(m['peak'])}× "
           f"({m['peak_outcome']})")
 
@@ -135,13 +138,16 @@ def time_calibration(m: dict, reps: int, effect: float = EFFECT) -> dict:
 def report(out_dir):
   df = pd.read_csv(Path(out_dir) / "overhead.csv")
   if "time_ratio_q25" not in df or "backend" not in df:
-    return Report(verdict="not measured", rule=RULE, ours="the benchmark has no paired time ratios")
-  tok = df[(df["backend"] == "surgery") & (df["granularity"] == "token") & (df["stats"] == "sq+sign")]
+    return not_measured(RULE, "the benchmark has no paired time ratios")
+  tok = df[(df["backend"] == "surgery") & (df["granularity"] == "token")
+           & (df["stats"] == "sq+sign")]
   s = judged(df, tok, flop_bound("sq+sign"))
   v = judged(df, df[df["backend"] == "vmap"], VMAP_TIME, VMAP_PEAK)
   outs = side(s), side(v)
-  verdict = REPRODUCED if outs == (HOLDS, HOLDS) else NOT_REPRODUCED if outs == (FAILS, FAILS) else PARTLY
-  reps = int(np.median([len(json.loads(x)) for x in df["time_ratios"]])) if "time_ratios" in df else 11
+  verdict = (REPRODUCED if outs == (HOLDS, HOLDS) else NOT_REPRODUCED if outs == (FAILS, FAILS)
+             else PARTLY)
+  reps = (int(np.median([len(json.loads(x)) for x in df["time_ratios"]])) if "time_ratios" in df
+          else 11)
   cal = time_calibration(v, reps)
   keep = [c for c in df if c not in ("times", "base_times", "time_ratios")]
   return Report(verdict=calibrate.gate(verdict, calibrate.Calibration(**cal)), rule=RULE,

@@ -38,7 +38,8 @@ class Comparison:
   def sentence(self) -> str:
     f = lambda x: "n/a" if math.isnan(x) else "diverged" if math.isinf(x) else f"{x:.4g}"
     rel = {WIN: "beats", LOSS: "loses to", TIE: "ties with", UNDETERMINED: "is not separable from"}
-    return f"{self.a} {rel[self.outcome]} {self.b} ({f(self.mean_a)} vs {f(self.mean_b)}, noise {f(self.noise)})"
+    return (f"{self.a} {rel[self.outcome]} {self.b} ({f(self.mean_a)} vs {f(self.mean_b)}, "
+            f"noise {f(self.noise)})")
 
 
 def clean(values: Sequence[float]) -> np.ndarray:
@@ -59,7 +60,7 @@ def compare(a, b, names=("A", "B"), *, lower_is_better: bool = True) -> Comparis
     return Comparison(*names, TIE if ia and ib else LOSS if ia else WIN, ma, mb, math.nan)
   if len(xa) < 2 or len(xb) < 2:
     return Comparison(*names, UNDETERMINED, ma, mb, math.nan)
-  gap, lo, hi = welch_interval(xb, xa, PAIR_ALPHA) if lower_is_better else welch_interval(xa, xb, PAIR_ALPHA)
+  gap, lo, hi = welch_interval(*((xb, xa) if lower_is_better else (xa, xb)), PAIR_ALPHA)
   return Comparison(*names, WIN if lo > 0 else LOSS if hi < 0 else TIE, ma, mb, gap - lo)
 
 
@@ -74,7 +75,7 @@ def verdict_of(pairs: Sequence[Comparison]) -> str:
 
 
 def decide(groups: Mapping[str, Sequence[float]], expected, *, lower_is_better=True):
-  """(verdict, comparisons) of expected pairs (a, b) = "a beats b"; a missing group has no values."""
+  """(verdict, comparisons) of expected pairs (a, b) = "a beats b" (a missing group: no values)."""
   if not expected:
     raise ValueError("decide: no expected pair")
   pairs = [compare(groups.get(a, ()), groups.get(b, ()), (a, b), lower_is_better=lower_is_better)
@@ -163,8 +164,9 @@ def equivalence(a_SxP, b_SxP, margin: float = MARGIN, *, alpha=ALPHA, guard=GUAR
 
 HOLDS, FAILS, WITHIN = "holds", "fails", "within noise"
 BOUND = ("a FLOP or memory ratio holds when ≤ its bound; a time ratio is judged on the "
-         "quartiles (lower q25, upper q75 order statistics) of its paired per-rep ratios against max(bound, the baseline's own "
-         "self-ratio q75): holds when q75 ≤ that, fails when q25 > it, else within noise")
+         "quartiles (lower q25, upper q75 order statistics) of its paired per-rep ratios "
+         "against max(bound, the baseline's own self-ratio q75): holds when q75 ≤ that, fails "
+         "when q25 > it, else within noise")
 
 
 def quartiles(x, axis=None):
@@ -205,12 +207,13 @@ def diverged(eval_losses: Sequence[float], vocab_size: int) -> bool:
   return bool(above[-1] or (len(below) and above[below[0]:].any()))
 
 
-def diverged_runs(table: pd.DataFrame, vocab_size: int, *, loss="eval/loss", run="run") -> pd.Series:
+def diverged_runs(table: pd.DataFrame, vocab_size: int, *, loss="eval/loss", run="run"):
   """run -> whether it diverged, from a long metrics table (rows without an eval skipped)."""
   t = table[table[loss].notna()]
   t = t.sort_values("step", kind="stable") if "step" in t else t
   out = {r: diverged(g[loss].to_numpy(float), vocab_size) for r, g in t.groupby(run, sort=False)}
-  return pd.Series({r: out.get(r, False) for r in pd.unique(table[run])}, name="diverged", dtype=bool)
+  return pd.Series({r: out.get(r, False) for r in pd.unique(table[run])}, name="diverged",
+                   dtype=bool)
 
 
 def mark_diverged(finals: pd.DataFrame, vocab_size: int, table: pd.DataFrame | None = None, *,
@@ -278,9 +281,11 @@ def leaf_aggregates(num: Mapping[str, float], den: Mapping[str, float], n_params
   norm = np.array([bool(is_norm(k)) for k in leaves])
   out = {}
   for suffix, sel in (("", slice(None)), ("_no_norm", ~norm)):
-    out.update({k + suffix: v for k, v in dataclasses.asdict(_aggregate(n[sel], d[sel], s[sel])).items()})
+    agg = dataclasses.asdict(_aggregate(n[sel], d[sel], s[sel]))
+    out.update({k + suffix: v for k, v in agg.items()})
   share = lambda x: float(x[norm].sum() / x.sum()) if x.sum() else math.nan
-  return {**out, "norm_share_num": share(n), "norm_share_den": share(d), "norm_share_params": share(s)}
+  return {**out, "norm_share_num": share(n), "norm_share_den": share(d),
+          "norm_share_params": share(s)}
 
 
 @dataclasses.dataclass(frozen=True)

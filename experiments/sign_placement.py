@@ -57,9 +57,9 @@ def report(out_dir):
   orders = [o for o in ([p for p in c if p in groups] for c in CHAINS) if len(o) > 1]
   expected = list(dict.fromkeys(p for o in orders for p in zip(o, o[1:], strict=False)))
   return pairs_report(groups, expected, rule=RULE, paper=PAPER, effect=EFFECT,
-                                numbers_md=lr_search.best_md(best, GROUP),
-                                checks=(lr_search.edges_note(best, lambda g: str(g["optimizer.placement"])),),
-                                planned=tuple(dict.fromkeys(sum(CHAINS, ()))))
+                      numbers_md=lr_search.best_md(best, GROUP),
+                      checks=(lr_search.edges_note(best, lambda g: str(g["optimizer.placement"])),),
+                      planned=tuple(dict.fromkeys(sum(CHAINS, ()))))
 
 
 EXPERIMENT = register(Experiment(name=NAME, title=TITLE, claim=CLAIM, row=ROWS["2"], sweep=sweep,

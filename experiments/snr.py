@@ -211,7 +211,8 @@ def report(out_dir: Path):
     expected.append((tag + "ema", tag + "batch"))
   stage = lambda st: views[views["stage"] == st][VIEW].dropna()
   cal = calibrate.calibrate("pair", calibrate.pooled_std([stage("snr2_ema"), stage("snr2_batch")]),
-                            int(views["train.seed"].nunique()), EFFECT * float(stage("snr2_batch").mean()))
+                            int(views["train.seed"].nunique()),
+                            EFFECT * float(stage("snr2_batch").mean()))
   gain_text = "Per-leaf EMA gain (parameter-weighted median, no norm): " + ", ".join(
       f"{k if k is not None else 'all runs'} {fmt_num(float(g))}" for k, g in gains.items())
   return pairs_report(values, expected, rule=RULE, paper=PAPER, effect=cal.effect, cal=cal,

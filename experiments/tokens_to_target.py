@@ -119,7 +119,8 @@ def curves(table: pd.DataFrame, arm_of) -> pd.DataFrame:
               if len(timed) else np.full(len(ev), np.nan))
     size = np.interp(ev["step"], tr["step"], tr["train/batch_size"]) if len(tr) else np.nan
     rows.append(pd.DataFrame({
-        "run": run, "arm": arm_of({**g.iloc[0].to_dict(), "_budget": g["train/tokens_seen"].max()}), "train.seed": g["train.seed"].iloc[0],
+        "run": run, "arm": arm_of({**g.iloc[0].to_dict(), "_budget": g["train/tokens_seen"].max()}),
+        "train.seed": g["train.seed"].iloc[0],
         "lr": g["optimizer.lr"].iloc[0], "step": ev["step"].to_numpy(), "tokens": tokens,
         "eval_loss": ev["eval/loss"].to_numpy(), "train_time_s": time_s, "batch_size": size}))
   cols = ["run", "arm", "train.seed", "lr", "step", "tokens", "eval_loss", "train_time_s",

@@ -77,15 +77,17 @@ def md_table(df: pd.DataFrame) -> str:
   """A small DataFrame as a Markdown table."""
   lines = ["| " + " | ".join(map(str, df.columns)) + " |", "|" + "---|" * len(df.columns)]
   for _, r in df.iterrows():
-    lines.append("| " + " | ".join(fmt_num(v) if isinstance(v, float) else str(v) for v in r) + " |")
+    lines.append("| " + " | ".join(fmt_num(v) if isinstance(v, float) else str(v) for v in r)
+                 + " |")
   return "\n".join(lines)
 
 
 def pairs_md(pairs) -> str:
   """Comparisons as a table (expected better first; a loss in capitals)."""
   return md_table(pd.DataFrame([{"expected better": p.a, "expected worse": p.b,
-                                 "outcome": "LOSS" if p.outcome == rules.LOSS else p.outcome, "mean (better)": p.mean_a,
-                                 "mean (worse)": p.mean_b, "95% half-width": p.noise}
+                                 "outcome": "LOSS" if p.outcome == rules.LOSS else p.outcome,
+                                 "mean (better)": p.mean_a, "mean (worse)": p.mean_b,
+                                 "95% half-width": p.noise}
                                 for p in pairs]))
 
 
@@ -109,7 +111,7 @@ def pairs_report(values: dict, expected: list, *, rule: str, paper: str, effect:
     verdict = verdict_fn(pairs)
   used = {x for p in expected for x in p}
   if cal is None:
-    vals = [v for k, v in values.items() if k in used and np.isfinite(v).all()]  # diverged: no noise
+    vals = [v for k, v in values.items() if k in used and np.isfinite(v).all()]  # diverged out
     cal = calibrate.calibrate("pair", calibrate.pooled_std(vals),
                               min((len(v) for v in vals), default=0), effect)
   missing = [g for g in planned if g not in values]

@@ -21,9 +21,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import REPO, TRAIN, compose, run_cli
-from pergrad.config import build_plan
 from test_train import _assert_trees_equal, _final_params, _no_duplicates
 
+from pergrad.config import build_plan
 from pergrad.data import DataError, DataSpec, make_data
 from pergrad.data.corpus import not_text
 from pergrad.train.checkpoint import OutputError

@@ -46,7 +46,8 @@ def _norm_cost(tmp_path, name, ratios, flops):
 
 
 def test_norm_cost_verdicts(tmp_path):
-  ok = {"surgery/norms": [1.0, 1.01, 1.02, 0.99, 1.0] * 2 + [1.0], "surgery/norms@norm": [1.0] * REPS}
+  ok = {"surgery/norms": [1.0, 1.01, 1.02, 0.99, 1.0] * 2 + [1.0],
+        "surgery/norms@norm": [1.0] * REPS}
   rep = _norm_cost(tmp_path, "ok", ok, {"surgery/norms": 1.003})
   assert rep.verdict == "reproduced" and rep.rule == norm_cost.RULE
   assert "baseline self-ratio q75" in rep.finding and rep.calibration["n"] == REPS

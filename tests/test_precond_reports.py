@@ -44,12 +44,14 @@ def _point(variant, eps, lr, seed, clip=None) -> tuple:
 def test_a_loss_above_ln_v_counts_as_diverged_in_the_search(tmp_path):
   # MicroAdamMSQ at ε = 1e-5 ends at 35 / 17,368 / 40,971 nats: finite, but above ln V.
   runs = {_point("micro_adam_msq", 1e-5, lr, s): [7.5, 5.0, end]
-          for lr, end in ((1e-3, 35.2), (3e-3, 17368.0), (1e-2, 40971.0)) for s in preconditioner.SELECT}
+          for lr, end in ((1e-3, 35.2), (3e-3, 17368.0), (1e-2, 40971.0))
+          for s in preconditioner.SELECT}
   runs |= {_point("micro_adam_msq", 1e-4, lr, s): [7.5, 5.0, 4.0 + abs(math.log10(lr / 3e-3))]
            for lr in (1e-3, 3e-3, 1e-2) for s in preconditioner.SELECT}
   runs |= {_point("micro_adam_msq", 1e-4, 3e-3, s): [7.5, 5.0, 4.0 + 0.01 * s] for s in (2, 3, 4)}
   runs |= {_point("adam", 1e-8, 3e-3, s): [7.5, 5.0, 4.1 + 0.01 * s] for s in (0, 1, 2, 3, 4)}
-  runs |= {_point("adam", 1e-8, lr, s): [7.5, 5.0, 4.3] for lr in (1e-3, 1e-2) for s in preconditioner.SELECT}
+  runs |= {_point("adam", 1e-8, lr, s): [7.5, 5.0, 4.3] for lr in (1e-3, 1e-2)
+           for s in preconditioner.SELECT}
   runs |= {_point("micro_adam", 1e-8, lr, s): [7.5, 5.0, 4.3 + 0.01 * s + (lr != 3e-3) * 0.1]
            for lr in (1e-3, 3e-3, 1e-2) for s in preconditioner.SELECT}
   runs |= {_point("micro_adam", 1e-8, 3e-3, s): [7.5, 5.0, 4.3 + 0.01 * s] for s in (2, 3, 4)}

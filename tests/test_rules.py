@@ -81,7 +81,7 @@ def test_equivalence_edge_cases():
   with pytest.raises(ValueError, match="align both families"):
     rules.equivalence(a, b[:, :5])
   far = rules.equivalence(a, b + 0.5)
-  assert far.equivalent is False and far.beyond and far.lo95 <= far.lo  # the 95% interval is the wider one
+  assert far.equivalent is False and far.beyond and far.lo95 <= far.lo  # the 95% one is wider
 
 
 def test_welch_interval_matches_the_t_formula():
