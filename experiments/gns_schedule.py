@@ -57,7 +57,7 @@ RULE = (f"Each GNS-guided schedule ({', '.join(GUIDED)}) at the best fixed arm's
 def sizes(preset: str) -> tuple[int, int, tuple[int, ...]]:
   """(B_ref, B_max = 2·B_ref, the fixed arms' sizes B_ref/4 ... B_max; ci: B_ref, B_max)."""
   ref = int(scale_value(preset, "data.batch_size"))
-  return ref, 2 * ref, ((ref, 2 * ref) if preset == "ci" else (ref // 4, ref // 2, ref, 2 * ref))
+  return ref, 2 * ref, ((ref,) if preset == "ci" else (ref // 4, ref // 2, ref, 2 * ref))
 
 
 def lr_grid(preset: str, b: int) -> list[float]:
@@ -195,6 +195,8 @@ def follow_up(preset: str, sweep_dir: Path) -> tuple[Block, ...]:
             ramp("linear", b_max // 8, WARMUP_SHARE * tokens, seeds[:N_OTHER],  # warmup: beside
                  **{"batch.lr_scaling": ["sqrt"]})]
   fit = fit_ramp(_best_runs(table, best), b_max)
+  if preset == "ci":  # the pipeline only: the fixed arm, gns_norm and the short arm
+    return tuple(blocks[:3])
   if fit is not None:  # a fitted ramp that fits the budget
     blocks.append(ramp("linear", fit["batch.start"], min(fit["batch.ramp_tokens"], tokens - 1)))
   return tuple(blocks)

@@ -28,7 +28,8 @@ CLAIM = ("Per-example statistics are cheap: graph surgery costs almost nothing o
          "mini-batch gradient for per-token (factorable) statistics, and vmap is viable for "
          "transformers (~17% compute, no extra peak memory, at 1.2B parameters).")
 PAPER = "vmap ≈ 1.17× time, ≈ 1.0× peak memory; surgery ≈ free"
-BENCH = {"ci": {"quick": True}, "cpu": {"presets": ("tiny", "medium"), "reps": 11},
+BENCH = {"ci": {"presets": ("micro",), "batch_sizes": (4,), "reps": 3, "stat_sets": ("sq+sign",),
+                "layout_first": False}, "cpu": {"presets": ("tiny", "medium"), "reps": 11},
          "paper": {"presets": ("small", "paper"), "batch_sizes": (32, 128), "reps": 15}}
 CONTRACTIONS = {"mean": 0, "norms": 1, "norms@norm": 0, "sq": 1, "sign": 1, "sq+sign": 2, "all": 3}
 VMAP_TIME, VMAP_PEAK = 1.17, 1.05  # the paper's figure; ≈ 1.0 peak within 5 %

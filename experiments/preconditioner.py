@@ -46,7 +46,7 @@ def grid(lr: float, k: int = 2) -> list[float]:
 def sweep(preset: str) -> Sweep:
   base = base_for(NAME, preset)
   if preset == "ci":
-    return Sweep(base, (Block({"optimizer.variant": ["adam", "micro_adam_var"],
+    return Sweep(base, (Block({"optimizer.variant": ["adam"],
                                "optimizer.clip_norm": [None], "optimizer.eps": [1e-8],
                                "optimizer.lr": [3e-3], "train.seed": [0]}),),
                  LrSearch(GROUP, max_extend=0), wall_estimate_min=0.5)

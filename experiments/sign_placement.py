@@ -30,7 +30,7 @@ def sweep(preset: str) -> Sweep:
   base = base_for(NAME, preset)
   if preset == "ci":
     return Sweep(base, (Block({"optimizer.placement": ["example", "ema"], "optimizer.lr": [1e-2],
-                               "train.seed": [0]}),), LrSearch(GROUP, max_extend=0, seeds=(1,)),
+                               "train.seed": [0]}),), LrSearch(GROUP, max_extend=0),
                  wall_estimate_min=0.5)
   grids = ({"example": [1e-4, 3e-4, 1e-3, 3e-3], "token": [1e-4, 3e-4, 1e-3, 3e-3],
             "batch": [3e-5, 1e-4, 3e-4, 1e-3], "ema": [3e-5, 1e-4, 3e-4, 1e-3]}
