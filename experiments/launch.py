@@ -23,27 +23,17 @@ TRAIN_CMD = (sys.executable, "-m", "pergrad.train")  # the installed training en
 
 
 def launcher_overrides(launcher: str, n_jobs: int) -> list[str]:
-  if launcher == "basic":
-    return []
-  if launcher == "joblib":
-    return ["hydra/launcher=joblib", f"hydra.launcher.n_jobs={n_jobs}"]
-  if launcher == "submitit":  # configs/hydra/launcher/slurm_gpu.yaml (the `slurm` extra)
-    return ["hydra/launcher=slurm_gpu"]
-  if launcher == "submitit_local":  # configs/hydra/launcher/local.yaml
-    return ["hydra/launcher=local"]
-  raise ValueError(f"unknown launcher {launcher!r}; choose one of {LAUNCHERS}.")
+  """The launcher's overrides (configs/hydra/launcher/{slurm_gpu,local}.yaml for submitit)."""
+  table = {"basic": [], "joblib": ["hydra/launcher=joblib", f"hydra.launcher.n_jobs={n_jobs}"],
+           "submitit": ["hydra/launcher=slurm_gpu"], "submitit_local": ["hydra/launcher=local"]}
+  if launcher not in table:
+    raise ValueError(f"unknown launcher {launcher!r}; choose one of {LAUNCHERS}.")
+  return table[launcher]
 
 
-def multirun_command(
-    sweep_dir: Path,
-    base: dict,
-    block: Block,
-    *,
-    train_cmd: Sequence[str] = TRAIN_CMD,
-    launcher: str = "basic",
-    n_jobs: int = 2,
-    extra: Sequence[str] = (),
-) -> list[str]:
+def multirun_command(sweep_dir: Path, base: dict, block: Block, *,
+                     train_cmd: Sequence[str] = TRAIN_CMD, launcher: str = "basic",
+                     n_jobs: int = 2, extra: Sequence[str] = ()) -> list[str]:
   """The `python -m pergrad.train -m ...` command that runs every point of `block`."""
   fixed = {k: v for k, v in {**base, **block.fixed}.items() if k not in block.grid}
   exclude = sorted(set(fixed) | {override_key(e) for e in extra})
@@ -71,19 +61,10 @@ class LaunchLog:
   commands: list = dataclasses.field(default_factory=list)
 
 
-def launch_blocks(
-    sweep_dir: Path,
-    base: dict,
-    blocks: Iterable[Block],
-    *,
-    train_cmd: Sequence[str] = TRAIN_CMD,
-    launcher: str = "basic",
-    n_jobs: int = 2,
-    extra: Sequence[str] = (),
-    dry_run: bool = False,
-    log: LaunchLog | None = None,
-    echo: Callable[[str], None] = print,
-) -> LaunchLog:
+def launch_blocks(sweep_dir: Path, base: dict, blocks: Iterable[Block], *,
+                  train_cmd: Sequence[str] = TRAIN_CMD, launcher: str = "basic", n_jobs: int = 2,
+                  extra: Sequence[str] = (), dry_run: bool = False, log: LaunchLog | None = None,
+                  echo: Callable[[str], None] = print) -> LaunchLog:
   """Launches each block whose points are not all done; records skipped points."""
   log = log or LaunchLog()
   sweep_dir.mkdir(parents=True, exist_ok=True)

@@ -50,20 +50,10 @@ class Outcome:
   report: Report | None
 
 
-def run_experiment(
-    name: str,
-    preset: str,
-    *,
-    launcher: str = "basic",
-    n_jobs: int = 2,
-    dry_run: bool = False,
-    sweeps_root: Path | None = None,
-    results_dir: Path | None = None,
-    extra: tuple = (),
-    analyze_only: bool = False,
-    command: str | None = None,
-    echo=print,
-) -> Outcome:
+def run_experiment(name: str, preset: str, *, launcher: str = "basic", n_jobs: int = 2,
+                   dry_run: bool = False, sweeps_root: Path | None = None,
+                   results_dir: Path | None = None, extra: tuple = (), analyze_only: bool = False,
+                   command: str | None = None, echo=print) -> Outcome:
   """Launches (or resumes) the sweep of `name` at `preset`, then writes its results."""
   if preset not in PRESETS:
     raise ValueError(f"unknown preset {preset!r}; choose one of {PRESETS}.")
