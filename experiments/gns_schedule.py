@@ -1,40 +1,13 @@
-"""G3 (Gray et al. 2024): a batch-size schedule guided by the gradient noise scale saves
-tokens against the best fixed batch.
+"""G3 (Gray et al. 2024): a GNS-guided batch-size schedule saves tokens against a fixed batch.
 
-Runs (`pergrad.train.batch_schedule`): Adam, every arm spending the same examples E =
-train.steps × B_ref (the scale's run; cpu: 400 × 32 = 12,800 sequences), the GNS of
-every layer type and of the whole model tracked every step in every arm (so that their
-per-step costs match), the warmup fixed in examples, evaluations at the same examples.
-  fixed      B = B_ref/2, B_ref, B_max = 2·B_ref (cpu: 16, 32, 64) every update, each at
-             its own lr: a factor-2 grid on seed 0 (`lr_search`, extended once past an
-             edge), then fresh seeds 1-3 at the chosen lr. The best fixed arm is the one
-             with the lowest fresh-seed mean final eval loss (chosen on the seeds it is
-             judged on: the baseline's selection bias counts against the schedules).
-  gns_norm   online: every 25 updates B = max(B, floor(B_simple)), B_simple = EMA(S) /
-             EMA(|G|²) (α = 0.95) of the normalization layers (`batch.gns_group=norm`,
-             the paper's predictor), from B_max/8 up to B_max
-  gns_total  the same, guided by the whole model's B_simple
-  linear_fit a linear ramp in tokens fitted to the measured GNS (`fit_ramp`): a
-             least-squares line B_simple ≈ a + b·tokens through the best fixed arm's
-             tracked total B_simple (fresh seeds' mean, past the EMA's warm-up)
-  short      the best fixed arm with 82 % of the examples (its lr, warmup, evaluations
-             and fresh seeds; the cosine decays over its own steps): what an 18 % saving
-             of tokens costs that arm at the end
-The schedules and the short arm run in a follow-up stage (`follow_up`), once the fixed
-arms' fresh seeds are done, with the fresh seeds and at the best fixed arm's lr (no search
-of their own), the lr unchanged when B changes.
-
-Judged: each schedule's final eval loss at the common budget E against the best fixed
-arm's, per fresh seed (`verdict.compare`; a run diverged by `lr_search.DIVERGED_RULE`
-loses). A tie says something only when the test could have seen a saving of the paper's
-size (our reading): Δ18 = L̄_short − L̄, the short arm's seed-mean final eval loss minus the
-best fixed arm's, is the loss 18 % of the tokens are worth at the end, so a schedule that
-needs 18 % fewer tokens than the fixed arm ends about Δ18 below it; Δ18 must exceed the
-pair's noise. Reported, not
-judged: tokens and wall time (training time, evaluation left out) to the target T = the
-best fixed arm's seed-mean final eval loss, where each arm's seed-mean curve first reaches
-T (linear between evaluations; `not reached` within E), and the same per seed. The rule is
-`RULE`.
+Every arm spends the same examples (cpu: 400 × 32 sequences), tracks every layer type's GNS
+every step, warmup and evaluations at the same examples. Arms: fixed B = 8 ... 64, each with
+its own lr (factor-2 grid on seed 0, extended once), the best one the baseline; gns_norm (B
+follows the norm layers' B_simple); linear_paper (a ramp over the whole budget from B_max/8);
+linear_fit (a ramp fitted to the best fixed arm's B_simple, within the budget); warmup (Merrill
+et al. 2025: B doubles over the first quarter, lr × √ratio; beside); short (the best fixed arm
+on 82 % of the examples: Δ18). Schedules run at the best arm's lr on 6 fresh seeds, the
+fewest with power ≥ 0.8 for Δ18 ≈ 0.043 at the noise 0.023 measured before.
 """
 
 from __future__ import annotations
@@ -45,12 +18,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from experiments import lr_search, verdict
+from experiments import calibrate, lr_search, rules
 from experiments import tokens_to_target as ttt
 from experiments.figures import plt, savefig, style
-from experiments.record import ROWS, Experiment, Report, register
-from experiments.report_md import md_table
+from experiments.record import ROWS, Experiment, register
+from experiments.runs import read_csv
 from experiments.sweep import Block, LrSearch, Sweep, base_for, experiment_value, scale_value
+from experiments.verdict import Report, md_table, not_measured, outcomes, pairs_md
 
 NAME = "gns_schedule"
 TITLE = "batch-size schedules (GNS-guided, fitted ramp) against the best fixed batch"
@@ -59,44 +33,43 @@ CLAIM = ("A batch-size schedule guided by the gradient noise scale (in the paper
          "fewer on a Chinchilla-optimal language model (Gray et al., arXiv 2411.00999).")
 SIZE, PER_SIZE = "data.batch_size", ("train.steps", "train.eval_every", "schedule.warmup_steps")
 GROUP = ("batch.kind", SIZE, *PER_SIZE)  # a fixed arm (in its runs' names: lr_search copies it)
-GUIDED = ("gns_norm", "gns_total", "linear_fit")  # the claim's schedules (the verdict's)
+GUIDED = ("gns_norm", "linear_paper", "linear_fit")  # the claim's schedules (the verdict's)
+BASELINES = ("warmup",)  # published schedules, reported beside
+PAPER_RAMP_SHARE = 0.999  # a ramp this close to the budget is the paper's
+WARMUP_SHARE = 0.25  # warmup: the share of the budget over which B grows
 SELECT_SEED = 0
-SEEDS = {"ci": (1,), "cpu": (1, 2, 3), "paper": (1, 2, 3)}  # fresh: judged on
+SEEDS = {"ci": (1,), "cpu": (1, 2, 3, 4, 5, 6), "paper": (1, 2, 3, 4, 5, 6)}  # fresh: judged on
+N_OTHER = 3  # fresh seeds of the fixed arms other than the best, and of the warmup baseline
 N_EVALS = {"ci": 5, "cpu": 25, "paper": 25}
 PAPER_SAVING = 0.18
 SHORT = 1 - PAPER_SAVING  # the short arm's share of the examples
 WARMUP = 20  # steps of the α = 0.95 EMA left out of the fit (1 / (1 − α))
-RULE = ("Fixed batches B_ref/2, B_ref and 2·B_ref, each at its own lr (chosen on seed 0), "
-        "then fresh seeds; the best fixed arm has the lowest fresh-seed mean final eval loss. "
-        "Each GNS-guided schedule (gns_norm and gns_total: online from the normalization "
-        "layers' and the whole model's B_simple; linear_fit: a ramp fitted to the measured "
-        "total B_simple), at the best fixed arm's lr and seeds, vs the best fixed arm in "
-        f"final eval loss at the same tokens is {verdict.PAIR_WIN}. The paper's saving is "
-        "resolvable in a pair when Δ18 exceeds the pair's noise: the seed-mean final eval "
-        "loss of the best fixed arm trained on 82 % of the tokens minus that arm's. "
-        "Reproduced if every schedule wins, not reproduced if one loses or none wins while "
-        "every pair resolves Δ18, partly reproduced if some win, undetermined otherwise. "
-        "Tokens and wall time to the "
-        "best fixed arm's seed-mean final loss (on seed-mean curves; not reached within the "
-        "budget is not a divergence) are reported, not judged (two runs share the two cores).")
+PAPER = "18% fewer tokens to the fixed batch's final loss"
+RULE = (f"Each GNS-guided schedule ({', '.join(GUIDED)}) at the best fixed arm's lr and seeds vs "
+        f"the best fixed arm (lowest fresh-seed mean final eval loss) in final eval loss at equal "
+        f"tokens: {rules.PAIR_WIN}. The claimed effect is Δ18, the best fixed arm's seed-mean "
+        "final loss on 82% of the tokens minus on all. Reproduced if every schedule wins, not "
+        "reproduced if one loses or none wins while the rule has power ≥ 0.8 for Δ18, partly "
+        "reproduced if some win, undetermined otherwise. Tokens and wall time to the fixed arm's "
+        "final loss on seed-mean curves are reported, not judged.")
 
 
 def sizes(preset: str) -> tuple[int, int, tuple[int, ...]]:
-  """(B_ref, B_max, the fixed arms' sizes): the scale's batch size, 2·B_ref, and B_ref/2,
-  B_ref, B_max (ci: B_ref, B_max)."""
+  """(B_ref, B_max = 2·B_ref, the fixed arms' sizes B_ref/4 ... B_max; ci: B_ref, B_max)."""
   ref = int(scale_value(preset, "data.batch_size"))
-  return ref, 2 * ref, ((ref, 2 * ref) if preset == "ci" else (ref // 2, ref, 2 * ref))
+  return ref, 2 * ref, ((ref,) if preset == "ci" else (ref // 4, ref // 2, ref, 2 * ref))
 
 
 def lr_grid(preset: str, b: int) -> list[float]:
-  """The fixed arm's first lr grid (factor 2). cpu: around Adam's lrs at this horizon
-  (preconditioner, B = 32, 400 steps: 1e-2 → 4.023, 3e-2 → 4.008, 1e-1 → 5.2; at B = 64,
-  4.2e-2 over 400 steps → 4.50): smaller B lower. paper: one grid. ci: the config's lr."""
+  """The fixed arm's first lr grid (factor 2; cpu: around Adam's best at this horizon, lower
+  for smaller B; ci: the config's lr)."""
   if preset == "ci":
     return [float(experiment_value(NAME, "optimizer.lr"))]
   if preset == "paper":
     return [2.5e-4, 5e-4, 1e-3]
-  return [5e-3, 1e-2, 2e-2] if b < sizes(preset)[0] else [1e-2, 2e-2, 4e-2]
+  ref = sizes(preset)[0]
+  low = 2.5e-3 if b < ref // 2 else 5e-3 if b < ref else 1e-2
+  return [low, 2 * low, 4 * low]
 
 
 def _per_size(b: int, examples: int, warmup: int, n_evals: int) -> dict:
@@ -116,15 +89,13 @@ def sweep(preset: str) -> Sweep:
       b, examples, warmup, n).items()}, "optimizer.lr": lr_grid(preset, b),
       "train.seed": [SELECT_SEED]}) for b in fixed)
   search = LrSearch(GROUP, factor=2.0, max_extend=0 if preset == "ci" else 1,
-                    seeds=SEEDS[preset])
-  # cpu: 9 selection (+ ≤ 3 extension), 9 fresh, 9 schedule runs; ~1.1 min each on 2 cores
-  return Sweep(base, blocks, search, wall_estimate_min={"ci": 1.0, "cpu": 32}.get(preset))
+                    seeds=SEEDS[preset][:N_OTHER])
+  return Sweep(base, blocks, search, wall_estimate_min={"ci": 1.0, "cpu": 43}.get(preset))
 
 
-# --- choosing the baseline and the fitted ramp ------------------------------------------
 def best_fixed(fin: pd.DataFrame) -> dict | None:
-  """The best fixed arm's row of `lr_search.best_lr` (its size, chosen lr, fresh seeds'
-  losses): the lowest fresh-seed mean final eval loss (None: no arm has fresh seeds)."""
+  """The `lr_search.best_lr` row of the fixed arm with the lowest fresh-seed mean final eval
+  loss (None: no arm has fresh seeds)."""
   fixed = full_fixed(fin)
   if fixed.empty:
     return None
@@ -167,13 +138,10 @@ def _best_runs(table: pd.DataFrame, best: dict) -> pd.DataFrame:
 
 
 def fit_ramp(rows: pd.DataFrame, b_max: int) -> dict | None:
-  """The linear ramp through the tracked total B_simple of `rows` (fixed runs): {"batch.start",
-  "batch.ramp_tokens", "a", "b_per_token"} (None without enough logged points).
-
-  B_simple ≈ a + b·tokens (least squares over steps past WARMUP, or past the first quarter
-  of a shorter run, mean over seeds), then start = the largest power-of-two size ≤ a within
-  [b_max/8, b_max], and the ramp from start to b_max at slope b: ramp_tokens = (b_max −
-  start) / b (b ≤ 0: no ramp within 100 runs' tokens)."""
+  """B_simple ≈ a + b·tokens by least squares on the seed-mean total B_simple of `rows` past
+  WARMUP steps (or a short run's first quarter); the ramp starts at the largest power-of-two
+  size ≤ a in [b_max/8, b_max] and reaches b_max after (b_max − start)/b tokens (b ≤ 0: 100
+  budgets). None without 3 points."""
   key = "gns/total/b_simple"
   if key not in rows or rows[key].notna().sum() < 3:
     return None
@@ -192,9 +160,15 @@ def fit_ramp(rows: pd.DataFrame, b_max: int) -> dict | None:
           "a": float(a), "b_per_token": float(b)}
 
 
+def _budget_tokens(preset: str) -> int:
+  """Tokens every arm spends: train.steps × B_ref sequences of data.seq_len tokens."""
+  ref = sizes(preset)[0]
+  return ref * int(scale_value(preset, "train.steps")) * int(scale_value(preset, "data.seq_len"))
+
+
 def follow_up(preset: str, sweep_dir: Path) -> tuple[Block, ...]:
-  """The schedules at the best fixed arm's lr and fresh seeds: gns_norm, gns_total, and
-  linear_fit with its ramp fitted to that arm's runs (`fit_ramp`); and the short arm."""
+  """The schedules and the short arm at the best fixed arm's lr and fresh seeds (and that
+  arm's other fresh seeds)."""
   from experiments.runs import aggregate, finals
 
   table = aggregate(sweep_dir)
@@ -202,31 +176,47 @@ def follow_up(preset: str, sweep_dir: Path) -> tuple[Block, ...]:
   if best is None:
     return ()
   lr, seeds = [float(best["optimizer.lr"])], list(SEEDS[preset])
-  blocks = [Block({"batch.kind": ["gns"], "batch.gns_group": ["norm", "total"],
-                   "optimizer.lr": lr, "train.seed": seeds}),
+  b_max = sizes(preset)[1]
+  tokens = _budget_tokens(preset)
+  ramp = lambda kind, start, tok, seeds=seeds, **kw: Block(
+      {"batch.kind": [kind], "batch.ramp_tokens": [int(tok)], **kw, "optimizer.lr": lr,
+       "train.seed": seeds}, fixed={"batch.start": start})
+  per_size = {k: [int(best[k])] for k in PER_SIZE}
+  blocks = [Block({"batch.kind": ["fixed"], SIZE: [int(best[SIZE])], **per_size, "optimizer.lr": lr,
+                   "train.seed": seeds[N_OTHER:]}),  # the best arm's other fresh seeds
+            Block({"batch.kind": ["gns"], "batch.gns_group": ["norm"], "optimizer.lr": lr,
+                   "train.seed": seeds}),
             Block({"batch.kind": ["fixed"], SIZE: [int(best[SIZE])],
                    "train.steps": [int(round(SHORT * int(best["train.steps"])))],
                    "train.eval_every": [int(best["train.eval_every"])],
                    "schedule.warmup_steps": [int(best["schedule.warmup_steps"])],
-                   "optimizer.lr": lr, "train.seed": seeds})]
-  fit = fit_ramp(_best_runs(table, best), sizes(preset)[1])
-  if fit is not None:
-    blocks.append(Block({"batch.kind": ["linear"], "batch.ramp_tokens": [fit["batch.ramp_tokens"]],
-                         "optimizer.lr": lr, "train.seed": seeds},
-                        fixed={"batch.start": fit["batch.start"]}))
+                   "optimizer.lr": lr, "train.seed": seeds[:N_OTHER]}),  # Δ18 is a mean
+            ramp("linear", b_max // 8, tokens),  # the paper's: over the whole budget
+            ramp("linear", b_max // 8, WARMUP_SHARE * tokens, seeds[:2],  # warmup: beside
+                 **{"batch.lr_scaling": ["sqrt"]})]
+  fit = fit_ramp(_best_runs(table, best), b_max)
+  if preset == "ci":  # the pipeline only: the fixed arm, gns_norm and the short arm
+    return tuple(blocks[:3])
+  if fit is not None:  # a fitted ramp that fits the budget
+    blocks.append(ramp("linear", fit["batch.start"], min(fit["batch.ramp_tokens"], tokens - 1)))
   return tuple(blocks)
 
 
-# --- analysis ----------------------------------------------------------------------------
 def arm(row: dict) -> str:
-  """fixed_<B> | gns_norm | gns_total | linear_fit, from a run's swept values."""
+  """fixed_<B>[_short] | gns_<group> | linear_paper | linear_fit | warmup, from a run's row."""
   kind = row.get("batch.kind")
   if kind == "fixed":
     return f"fixed_{int(row['data.batch_size'])}" + ("_short" if row.get("short") else "")
   if kind == "gns":
     group = row.get("batch.gns_group")
     return f"gns_{'total' if group is None or pd.isna(group) else group}"
-  return "linear_fit" if kind == "linear" else str(kind)
+  if kind == "linear":
+    scaled = str(row.get("batch.lr_scaling", "none")) == "sqrt"
+    tok = float(row.get("batch.ramp_tokens") or 0)
+    if scaled:
+      return "warmup"
+    return "linear_paper" if tok >= PAPER_RAMP_SHARE * row.get("_budget", tok) else "linear_fit"
+  return str(kind)
 
 
 def compared(table: pd.DataFrame, search: pd.DataFrame, best: dict | None) -> pd.DataFrame:
@@ -243,10 +233,10 @@ def compared(table: pd.DataFrame, search: pd.DataFrame, best: dict | None) -> pd
   return table[fixed | sched].assign(short=is_short(table)[fixed | sched])
 
 
-def analyze(table: pd.DataFrame, fin: pd.DataFrame, out_dir: Path) -> None:
-  """best.csv (fixed arms' lr search; `best_arm` marks the baseline), curves.csv and
-  to_target.csv (the runs judged), gns.csv (tracked B_simple per step), ramp_fit.csv."""
-  out_dir = Path(out_dir)
+def analyze(runs, out_dir: Path) -> None:
+  """best.csv (the fixed arms' search; `best_arm`), curves.csv and to_target.csv (the runs
+  judged), gns.csv (tracked B_simple), ramp_fit.csv."""
+  out_dir, table, fin = Path(out_dir), runs.table, runs.finals
   fin.to_csv(out_dir / "finals.csv", index=False)
   best = best_fixed(fin)
   fixed = full_fixed(fin)
@@ -275,105 +265,73 @@ def analyze(table: pd.DataFrame, fin: pd.DataFrame, out_dir: Path) -> None:
 
 
 def figures(out_dir: Path) -> list[Path]:
-  """Eval loss (whole run, and the end where the target is crossed), batch size and the
-  tracked B_simple (total solid, normalization layers dashed) against tokens; means over
-  seeds per evaluation (the arms evaluate at the same examples seen, up to one batch)."""
+  """Seed-mean eval loss, batch size and tracked B_simple (total —, norm layers --) vs tokens."""
   out_dir = Path(out_dir)
   cur = pd.read_csv(out_dir / "curves.csv")
   cur["eval_index"] = cur.sort_values("tokens").groupby("run").cumcount()
-  fig, axes = plt().subplots(1, 4, figsize=(20, 4.2))
+  fig, axes = plt().subplots(1, 3, figsize=(16, 4.2))
   colors = {a: f"C{i}" for i, a in enumerate(sorted(set(cur["arm"])))}
   for name, g in cur.groupby("arm", sort=True):
     agg = g.groupby("eval_index")[["tokens", "eval_loss", "batch_size"]].mean()
-    for ax in axes[:2]:
-      ax.plot(agg["tokens"], agg["eval_loss"], color=colors[name], label=name)
-    axes[2].step(agg["tokens"], agg["batch_size"], where="post", color=colors[name], label=name)
-  tt = pd.read_csv(out_dir / "to_target.csv") if (out_dir / "to_target.csv").stat().st_size > 1 \
-      else pd.DataFrame()
+    axes[0].plot(agg["tokens"], agg["eval_loss"], color=colors[name], label=name)
+    axes[1].step(agg["tokens"], agg["batch_size"], where="post", color=colors[name], label=name)
+  tt = read_csv(out_dir / "to_target.csv")
   if len(tt):
-    target = tt.groupby("train.seed")["target"].first().mean()
-    for ax in axes[:2]:
-      ax.axhline(target, color="k", lw=0.8, ls="--", label="target (best fixed, final)")
-    axes[1].set_xlim(0.6 * cur["tokens"].max(), 1.01 * cur["tokens"].max())
-    axes[1].set_ylim(target - 0.05, target + 0.35)
-  style(axes[0], xlabel="tokens seen", ylabel="eval loss", title="eval loss (mean over seeds)",
-        legend=8, grid=True)
-  style(axes[1], xlabel="tokens seen", ylabel="eval loss", title="the end of the runs", grid=True)
-  style(axes[2], xlabel="tokens seen", ylabel="batch size B (mean over seeds)",
-        title="batch size", legend=8, grid=True)
-  gpath = out_dir / "gns.csv"
-  if gpath.exists():
-    gdf = pd.read_csv(gpath).dropna(subset=["tokens"])
-    for name, g in gdf.groupby("arm", sort=True):
-      for col, ls in (("total", "-"), ("norm", "--")):
-        for i, (_, r) in enumerate(g.groupby("run", sort=False)):
-          if col in r:
-            axes[3].plot(r["tokens"], r[col], color=colors.get(name), lw=0.8, ls=ls,
-                         label=f"{name} ({col})" if i == 0 else None)
-  style(axes[3], xlabel="tokens seen", ylabel="B_simple (α = 0.95)", yscale="log",
-        title="tracked noise scale: total (—), norm layers (--)", legend=7, grid=True)
+    target = float(tt["target"].iloc[0])
+    axes[0].axhline(target, color="k", lw=0.8, ls="--", label="target (best fixed, final)")
+    axes[0].set_ylim(target - 0.1, target + 0.6)
+  for name, g in read_csv(out_dir / "gns.csv").groupby("arm", sort=True):
+    for col, ls in (("total", "-"), ("norm", "--")):
+      for i, (_, r) in enumerate(g.groupby("run", sort=False)):
+        if col in r:
+          axes[2].plot(r["tokens"], r[col], color=colors.get(name), lw=0.8, ls=ls,
+                       label=f"{name} ({col})" if i == 0 else None)
+  style(axes[0], xlabel="tokens seen", ylabel="eval loss", title="eval loss", legend=8, grid=True)
+  style(axes[1], xlabel="tokens seen", ylabel="batch size", title="batch size", legend=8, grid=True)
+  style(axes[2], xlabel="tokens seen", ylabel="B_simple", yscale="log", title="tracked B_simple",
+        legend=7, grid=True)
   return [savefig(fig, out_dir / "gns_schedule.png")]
 
 
 def report(out_dir: Path) -> Report:
   out_dir = Path(out_dir)
-  path, bpath = out_dir / "to_target.csv", out_dir / "best.csv"
-  tt = pd.read_csv(path) if path.exists() and path.stat().st_size > 1 else pd.DataFrame()
-  search = lr_search.load_best(out_dir) if bpath.exists() and bpath.stat().st_size > 1 \
-      else pd.DataFrame()
+  tt, search = read_csv(out_dir / "to_target.csv"), read_csv(out_dir / "best.csv")
   if tt.empty or search.empty or not search["best_arm"].any():
-    return Report(verdict="not measured", rule=RULE, numbers_md="",
-                  finding="no fixed arm finished its fresh seeds, so there is no target loss.")
+    return not_measured(RULE, "no fixed arm finished its fresh seeds, so there is no target loss",
+                        paper=PAPER)
+  search = lr_search.load_best(out_dir)
   best = search[search["best_arm"]].iloc[0]
   base = f"fixed_{int(best[SIZE])}"
   cur = pd.read_csv(out_dir / "curves.csv")
   target = float(tt["target"].iloc[0])
   finals = {k: g["final_eval_loss"].tolist() for k, g in tt.groupby("arm")}
-  _, pairs = verdict.decide(finals, [(k, base) for k in GUIDED])
+  _, pairs = rules.decide(finals, [(k, base) for k in GUIDED])
   delta = ttt.delta_short(finals, base)
-  v = ttt.schedule_verdict(pairs, delta)
+  noise = calibrate.pooled_std([finals[k] for k in (base, *GUIDED) if k in finals])
+  n = min(len(finals.get(base, [])), *(len(finals.get(k, [])) or 99 for k in GUIDED))
+  cal = calibrate.calibrate("pair", noise, n, delta if math.isfinite(delta) else math.nan)
+  v = ttt.schedule_verdict(pairs, cal.power)
   mean_tt = ttt.seed_mean_to_target(cur, base, target)
   saving = mean_tt.set_index("arm")["token_saving"]
   by_arm = tt.groupby("arm").agg(
       final_eval_loss=("final_eval_loss", "mean"), final_std=("final_eval_loss", "std"),
-      updates=("updates", "mean"), time_total_s=("time_total_s", "mean"),
-      seeds=("run", "count"),
+      updates=("updates", "mean"), time_total_s=("time_total_s", "mean"), seeds=("run", "count"),
       not_reached=("tokens_to_target", lambda x: int((~np.isfinite(x)).sum()))).reset_index()
   by_arm = by_arm.merge(mean_tt, on="arm")
-  arms = lr_search.group_lines(search, lambda r: f"fixed B={int(r[SIZE])}")
-  resolves = sum(p.noise < delta for p in pairs if math.isfinite(p.noise))
-  measured = (f"Baseline: the best fixed arm, B = {int(best[SIZE])} at lr "
-              f"{best['optimizer.lr']:g} (fixed arms' fresh-seed final eval loss, {arms}). "
-              "Final eval loss at the same tokens: "
-              + "; ".join(p.sentence() for p in pairs)
-              + f"; Δ18 (the best fixed arm on 82% of the tokens minus on all) "
-              f"{delta:.3g}, above the noise of {resolves} of {len(pairs)} pairs. Token saving "
-              f"to the fixed arm's mean final loss {target:.3f}, on seed-mean curves "
-              "(reported, not judged): GNS-guided online by the normalization layers "
-              f"{ttt.saving_text(saving.get('gns_norm', math.nan))}, by the whole model "
-              f"{ttt.saving_text(saving.get('gns_total', math.nan))}, linear ramp fitted to the "
-              f"measured GNS {ttt.saving_text(saving.get('linear_fit', math.nan))} (paper: "
-              f"{100 * PAPER_SAVING:.0f}%).")
-  return Report(verdict=v, rule=RULE, finding=f"Rule: {RULE} {measured}", claim_row=measured,
-                numbers_md="Fixed arms (lr chosen on seed 0; fresh seeds):\n\n"
-                + lr_search.best_md(search, GROUP, extra=("best_arm",))
-                + "\n\nFinal eval loss at the same tokens (the verdict's pairs; Δ18 = "
-                + f"{delta:.4f}):\n\n" + verdict.pairs_md(pairs)
-                + "\n\nBy arm (final eval loss: mean and std over seeds; tokens and time to "
-                f"the target {target:.4f} on the seed-mean curve, and seeds whose own curve "
-                "does not reach it; 2 runs shared the 2 cores):\n\n"
-                + md_table(ttt.labelled(by_arm))
-                + "\n\nPer run (target: the best fixed arm's seed-mean final loss):\n\n"
-                + md_table(ttt.labelled(tt)) + _fit_md(out_dir))
-
-
-def _fit_md(out_dir: Path) -> str:
-  path = out_dir / "ramp_fit.csv"
-  fit = pd.read_csv(path) if path.exists() and path.stat().st_size > 1 else pd.DataFrame()
-  if fit.empty:
-    return ""
-  return ("\n\nThe fitted ramp (best fixed arm's total B_simple ≈ a + b·tokens):\n\n"
-          + md_table(fit))
+  for c in ("tokens_to_target", "time_to_target_s", "token_saving"):  # inf: not reached
+    by_arm[c] = by_arm[c].astype(object).where(np.isfinite(by_arm[c].astype(float)), "not reached")
+  pct = lambda x: f"{100 * x:.1f}%" if math.isfinite(x) else "not reached"
+  save = ", ".join(f"{a} {pct(saving[a])}" for a in (*GUIDED, *BASELINES) if a in saving)
+  return Report(verdict=v, rule=RULE, paper=PAPER, calibration=cal.row(),
+                ours=f"token saving to B={int(best[SIZE])}'s final loss: {save or 'n/a'}; "
+                f"{outcomes(pairs)}",
+                checks=(f"baseline: fixed B = {int(best[SIZE])} at lr {best['optimizer.lr']:g}",
+                        *(p.sentence() for p in pairs), f"Δ18 = {delta:.3g}"),
+                numbers_md=lr_search.best_md(search, GROUP, extra=("best_arm",)) + "\n\n"
+                + pairs_md(pairs)
+                + f"\n\nBy arm (seed-mean curves; to the target {target:.4f}):\n\n"
+                + md_table(by_arm) + "\n\nThe fitted ramp (B_simple ≈ a + b·tokens):\n\n"
+                + md_table(read_csv(out_dir / "ramp_fit.csv")))
 
 
 EXPERIMENT = register(Experiment(

@@ -23,27 +23,17 @@ TRAIN_CMD = (sys.executable, "-m", "pergrad.train")  # the installed training en
 
 
 def launcher_overrides(launcher: str, n_jobs: int) -> list[str]:
-  if launcher == "basic":
-    return []
-  if launcher == "joblib":
-    return ["hydra/launcher=joblib", f"hydra.launcher.n_jobs={n_jobs}"]
-  if launcher == "submitit":  # configs/hydra/launcher/slurm_gpu.yaml (the `slurm` extra)
-    return ["hydra/launcher=slurm_gpu"]
-  if launcher == "submitit_local":  # configs/hydra/launcher/local.yaml
-    return ["hydra/launcher=local"]
-  raise ValueError(f"unknown launcher {launcher!r}; choose one of {LAUNCHERS}.")
+  """The launcher's overrides (configs/hydra/launcher/{slurm_gpu,local}.yaml for submitit)."""
+  table = {"basic": [], "joblib": ["hydra/launcher=joblib", f"hydra.launcher.n_jobs={n_jobs}"],
+           "submitit": ["hydra/launcher=slurm_gpu"], "submitit_local": ["hydra/launcher=local"]}
+  if launcher not in table:
+    raise ValueError(f"unknown launcher {launcher!r}; choose one of {LAUNCHERS}.")
+  return table[launcher]
 
 
-def multirun_command(
-    sweep_dir: Path,
-    base: dict,
-    block: Block,
-    *,
-    train_cmd: Sequence[str] = TRAIN_CMD,
-    launcher: str = "basic",
-    n_jobs: int = 2,
-    extra: Sequence[str] = (),
-) -> list[str]:
+def multirun_command(sweep_dir: Path, base: dict, block: Block, *,
+                     train_cmd: Sequence[str] = TRAIN_CMD, launcher: str = "basic",
+                     n_jobs: int = 2, extra: Sequence[str] = ()) -> list[str]:
   """The `python -m pergrad.train -m ...` command that runs every point of `block`."""
   fixed = {k: v for k, v in {**base, **block.fixed}.items() if k not in block.grid}
   exclude = sorted(set(fixed) | {override_key(e) for e in extra})
@@ -71,19 +61,10 @@ class LaunchLog:
   commands: list = dataclasses.field(default_factory=list)
 
 
-def launch_blocks(
-    sweep_dir: Path,
-    base: dict,
-    blocks: Iterable[Block],
-    *,
-    train_cmd: Sequence[str] = TRAIN_CMD,
-    launcher: str = "basic",
-    n_jobs: int = 2,
-    extra: Sequence[str] = (),
-    dry_run: bool = False,
-    log: LaunchLog | None = None,
-    echo: Callable[[str], None] = print,
-) -> LaunchLog:
+def launch_blocks(sweep_dir: Path, base: dict, blocks: Iterable[Block], *,
+                  train_cmd: Sequence[str] = TRAIN_CMD, launcher: str = "basic", n_jobs: int = 2,
+                  extra: Sequence[str] = (), dry_run: bool = False, log: LaunchLog | None = None,
+                  echo: Callable[[str], None] = print) -> LaunchLog:
   """Launches each block whose points are not all done; records skipped points."""
   log = log or LaunchLog()
   sweep_dir.mkdir(parents=True, exist_ok=True)
@@ -92,9 +73,10 @@ def launch_blocks(
     for p in block.points():
       name = run_dirname(p)
       (done if run_status(sweep_dir / name) in DONE else todo).append(name)
-    log.skipped += done
-    for name in done:
-      echo(f"[skip] {name} ({run_status(sweep_dir / name)})")
+    for name in done:  # each run once: a later round lists finished runs again
+      if name not in log.skipped and name not in log.launched:
+        log.skipped.append(name)
+        echo(f"[skip] {name} ({run_status(sweep_dir / name)})")
     if not todo:
       continue
     cmd = multirun_command(sweep_dir, base, block, train_cmd=train_cmd, launcher=launcher,
@@ -102,13 +84,13 @@ def launch_blocks(
     log.commands.append(cmd)
     echo(f"[launch] {len(todo)} run(s): " + " ".join(_quote(c) for c in cmd[1:]))
     if dry_run:
-      log.launched += todo
+      log.launched += [n for n in todo if n not in log.launched]
       continue
     t0 = time.time()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.run(cmd, cwd=REPO, env=env)
     log.wall_s += time.time() - t0
-    log.launched += todo
+    log.launched += [n for n in todo if n not in log.launched]
     for name in todo:
       if run_status(sweep_dir / name) != "completed":
         log.failed.append(name)

@@ -1,48 +1,48 @@
-"""Per-leaf views of whole-model ratios for the snr and moments experiments.
+"""Per-leaf views of whole-model ratios (snr, moments, gns_layers) and the sign counts (snr).
 
-A whole-model ratio of sums Σnum/Σden weighs a leaf by its share of Σnum and Σden, not of
-the parameters: in the cpu runs the normalization layers hold 0.19 % of the parameters but
-most of Σμ̂². Each report therefore gives, per seed, `rules.leaf_aggregates` of the
-per-leaf ratios (share of parameters in leaves with ratio > 1, median over leaves,
-parameter-weighted median), over all leaves and without the normalization layers
-(`rules.is_norm_leaf`), with the leaves' parameter counts from `leaf_params.csv`.
+A ratio of sums Σnum/Σden weighs a leaf by its share of Σnum and Σden, not of the
+parameters (the normalization layers: 0.19 % of the cpu model's parameters, most of Σμ̂²).
+So each seed also gets `rules.leaf_aggregates` of the per-leaf ratios, with the leaves'
+parameter counts in leaf_params.csv (from the sweep's model, else the logged sign counts).
 
-`leaf_params.csv` (leaf, n_params) is written by `analyze` from the model of the sweep's
-base overrides (the runner puts them in `table.attrs["overrides"]`; shapes only,
-`pergrad.analysis.leaf_sizes`), else from the runs' logged sign counts (`sign/<leaf>/coords`).
+Sign counts `sign/<leaf>/<field>` (`pergrad.stats.sign_agreement.SignCounts`, sums against
+held-out batches) are pooled over the second half of training and over leaves, then
+
+    agree = agree / selected,  resolved = selected / coords,  agree_raw = agree_all / coords,
+    alignment = progress / √(coords · mu2)   (NaN where nothing is selected or mu2 ≤ 0)
 """
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from experiments.rules import LeafAggregates, is_norm_leaf, leaf_aggregates
+from experiments.rules import is_norm_leaf, leaf_aggregates
 from experiments.runs import leaf_of, stat_columns
 
-SIZES_CSV = "leaf_params.csv"
+SIZES_CSV, SIGN_CSV = "leaf_params.csv", "snr_sign.csv"
 WHOLE = ("all", "total")  # the whole-model "leaf" of opt/ and stats/, sign/ keys
-VIEWS = ("share_params_above_1", "median", "weighted_median")  # the per-leaf views
+VIEWS = ("share_params_above_1", "median", "weighted_median")
+FIELDS = ("coords", "agree_all", "selected", "agree", "progress", "mu2")
+SUMMARY = ("agree", "resolved", "agree_raw", "alignment")
+TOTAL, NO_NORM = "total", "no norm"  # the pools: every leaf, every leaf but the norm layers'
 
 
 def sizes_from_table(table: pd.DataFrame) -> dict[str, int] | None:
   """leaf -> parameter count: from the model of `table.attrs["overrides"]` (the runner's),
   else the logged `sign/<leaf>/coords`; None when neither is there."""
-  overrides = table.attrs.get("overrides")
-  if overrides:
+  if table.attrs.get("overrides"):
     from pergrad.analysis import leaf_sizes
 
-    return leaf_sizes(list(overrides))
+    return leaf_sizes(list(table.attrs["overrides"]))
   cols = [c for c in stat_columns(table, "coords", "sign") if leaf_of(c) not in WHOLE]
   sizes = {leaf_of(c): int(table[c].dropna().iloc[0]) for c in cols if table[c].notna().any()}
   return sizes or None
 
 
 def write_sizes(table: pd.DataFrame, out_dir: Path) -> None:
-  """leaf_params.csv of the table's runs (nothing when the counts are unknown)."""
   sizes = sizes_from_table(table)
   if sizes:
     pd.DataFrame({"leaf": list(sizes), "n_params": list(sizes.values())}).to_csv(
@@ -59,46 +59,61 @@ def read_sizes(out_dir: Path) -> dict[str, int] | None:
 
 def second_half(df: pd.DataFrame) -> pd.DataFrame:
   """The rows past the middle of each run's logged steps."""
-  if df.empty:
-    return df
-  last = df.groupby("run")["step"].transform("max")
-  return df[df["step"] > last / 2]
+  return df if df.empty else df[df["step"] > df.groupby("run")["step"].transform("max") / 2]
 
 
-def aggregates(num: pd.Series, den: pd.Series, sizes: dict[str, int]) -> LeafAggregates:
-  """`rules.leaf_aggregates` of leaf-indexed sums; a leaf without a count is an error."""
-  missing = sorted(set(num.index) - set(sizes))
+def per_seed_views(by_leaf: pd.DataFrame, sizes: dict[str, int], keys: list[str]) -> pd.DataFrame:
+  """by_leaf: keys + [leaf, num, den]; one row per group of `keys`: `rules.leaf_aggregates`."""
+  missing = sorted(set(by_leaf["leaf"]) - set(sizes))
   if missing:
     raise ValueError(f"no parameter count for leaves {missing[:3]} in {SIZES_CSV}; re-run the "
                      "analysis with the runs' model (its sizes come from the sweep's config)")
-  return leaf_aggregates(num.to_dict(), den.to_dict(), sizes, is_norm=is_norm_leaf)
-
-
-def per_seed_views(by_leaf: pd.DataFrame, sizes: dict[str, int], keys: list[str]
-                   ) -> pd.DataFrame:
-  """by_leaf: rows keys + [leaf, num, den] (one per leaf and group of `keys`); out: one row
-  per group, the flat `LeafAggregates.row()` of its leaves."""
   rows = []
   for key, g in by_leaf.groupby(keys, sort=False):
-    key = key if isinstance(key, tuple) else (key,)
-    agg = aggregates(g.set_index("leaf")["num"], g.set_index("leaf")["den"], sizes)
-    rows.append({**dict(zip(keys, key, strict=True)), **agg.row()})
+    g = g.set_index("leaf")
+    agg = leaf_aggregates(g["num"].to_dict(), g["den"].to_dict(), sizes, is_norm=is_norm_leaf)
+    rows.append({**dict(zip(keys, key if isinstance(key, tuple) else (key,), strict=True)), **agg})
   return pd.DataFrame(rows)
 
 
-def view_text(row: pd.Series | dict, name: str = "") -> str:
-  """"share of parameters with r > 1: 0.12 (all leaves) / 0.10 (no norm), ..." of one
-  (mean) row of `per_seed_views`."""
-  f = lambda x: "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.3g}"
-  parts = [f"{label} {f(row.get(k))} (all leaves) / {f(row.get(k + '_no_norm'))} (no norm)"
-           for k, label in (("share_params_above_1", f"share of parameters with {name} > 1"),
-                            ("median", "median over leaves"),
-                            ("weighted_median", "parameter-weighted median"))]
-  return ", ".join(parts)
+def sign_long(table: pd.DataFrame, ids: list[str]) -> pd.DataFrame:
+  """ids + leaf + FIELDS: one row per run, logged step and leaf (incl. "total")."""
+  frames = []
+  for leaf in sorted({leaf_of(c) for c in stat_columns(table, "coords", "sign")}):
+    cols = {f"sign/{leaf}/{f}": f for f in FIELDS}
+    if set(cols) <= set(table.columns):
+      frames.append(table[ids + list(cols)].dropna(subset=list(cols)).rename(columns=cols)
+                    .assign(leaf=leaf))
+  cols = ids + ["leaf", *FIELDS]
+  return pd.concat(frames, ignore_index=True)[cols] if frames else pd.DataFrame(columns=cols)
 
 
-def norm_shares_text(row: pd.Series | dict, num: str, den: str) -> str:
-  f = lambda x: "n/a" if x is None or not np.isfinite(x) else f"{100 * x:.3g} %"
-  return (f"the normalization layers hold {f(row.get('norm_share_params'))} of the "
-          f"parameters, {f(row.get('norm_share_num'))} of {num} and "
-          f"{f(row.get('norm_share_den'))} of {den}")
+def sign_summary(counts: pd.DataFrame) -> pd.DataFrame:
+  """counts plus the SUMMARY columns of its (pooled) FIELDS."""
+  c = {f: counts[f].to_numpy(float) for f in FIELDS}
+  pos = c["mu2"] > 0
+  with np.errstate(divide="ignore", invalid="ignore"):
+    return counts.assign(
+        agree=np.where(c["selected"] > 0, c["agree"] / c["selected"], np.nan),
+        resolved=c["selected"] / c["coords"], agree_raw=c["agree_all"] / c["coords"],
+        alignment=np.where(pos, c["progress"] / np.sqrt(c["coords"] * np.where(pos, c["mu2"], 1)),
+                           np.nan))
+
+
+def sign_pooled(sign_df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+  """Per group of `keys`: the counts summed over the second half of each run, for TOTAL and
+  NO_NORM, with their SUMMARY."""
+  if sign_df.empty:
+    return pd.DataFrame(columns=[*keys, "leaf", *FIELDS, *SUMMARY])
+  late = second_half(sign_df)
+  pools = ((TOTAL, late[late["leaf"] == TOTAL]),
+           (NO_NORM, late[(late["leaf"] != TOTAL) & ~late["leaf"].map(is_norm_leaf)]))
+  parts = [g.groupby(keys, dropna=False)[list(FIELDS)].sum().reset_index().assign(leaf=name)
+           for name, g in pools if len(g)]
+  return sign_summary(pd.concat(parts, ignore_index=True)) if parts else sign_pooled(
+      sign_df[:0], keys)
+
+
+def read_signs(out_dir: Path) -> pd.DataFrame:
+  path = Path(out_dir) / SIGN_CSV
+  return pd.read_csv(path) if path.exists() else pd.DataFrame()

@@ -1,25 +1,7 @@
-"""Learning-rate sweeps: the best lr per variant, follow-up stages, their CSVs and figures.
+"""Learning-rate sweeps (`sweep.POLICY`): the best lr per group, follow-up stages, CSVs, figures.
 
-The lr policy. An experiment with an `LrSearch` compares variants ("groups"), each at its
-own learning rate, chosen on its selection seeds and reported on OTHERS:
-
-0. Divergence (`DIVERGED_RULE`, `experiments.rules`): a run whose eval loss is
-   non-finite, ends above ln V (a uniform prediction over the V-token vocabulary) or
-   exceeds ln V after having been below it diverged; its final eval loss counts as +inf
-   (`marked_finals`, which the runner applies to every stage's finals).
-1. Selection: each group's lr is the one with the lowest final eval loss, averaged over
-   the selection seeds (the seeds of the sweep's first block, e.g. seed 0, or 0 and 1)
-   alone; a diverged selection run makes that lr diverged.
-2. Extension (`follow_up_blocks`, kind "extend"): a group whose chosen lr lies at an edge
-   of its grid gets the next lr past that edge (by `factor`), up to `max_extend` times; a
-   group whose every run diverged gets the next lr BELOW its grid, until a run trains or
-   its lowest lr is `diverged_floor` (100) times below the lowest lr of its first grid.
-3. Fresh seeds (kind "seeds"): each group that trained is re-run at its chosen lr with the
-   fresh seeds `LrSearch.seeds` (e.g. 1, 2, 3), never a selection seed.
-4. Reporting: the numbers of a group (`loss_mean`, `loss_std`, `n_seeds` of best.csv, and
-   every verdict) are those of the fresh seeds ONLY; the selection seeds' mean at the
-   chosen lr is kept apart (`select_loss`) and never averaged in, since the lr was picked
-   because that value was low (selection bias).
+A diverged run (`rules.DIVERGED_RULE`) counts as +inf. Only the fresh seeds at the chosen lr
+are reported (`loss_mean`, `loss_std`, `n_seeds`); the selection seeds' mean is `select_loss`.
 """
 
 from __future__ import annotations
@@ -34,14 +16,11 @@ import pandas as pd
 
 from experiments import figures as F
 from experiments import rules
-from experiments.report_md import md_table
 from experiments.runs import DONE, curves_at, finals, from_table
 from experiments.sweep import Block, LrSearch, Sweep, config_extras, fmt
+from experiments.verdict import md_table
 
 CURVE_COLS = ("train/loss", "eval/loss", "train/lr", "train/grad_norm")
-POLICY = ("each group's lr is chosen on its selection seeds alone and its numbers are the "
-          "mean ± std of fresh seeds at that lr, never a selection seed")
-DIVERGED_RULE = rules.DIVERGED_RULE
 
 
 @functools.lru_cache(maxsize=32)
@@ -52,14 +31,12 @@ def _vocab_size(overrides: tuple) -> int:
 
 
 def vocab_size(base: dict, extra: Sequence[str] = ()) -> int:
-  """V of the config that `base` (a sweep's shared overrides) and the config-changing
-  `extra` overrides compose (`pergrad.analysis.scale_summary`)."""
+  """V of the config that `base` and the config-changing `extra` overrides compose."""
   return _vocab_size(tuple(f"{k}={fmt(v)}" for k, v in base.items()) + tuple(config_extras(extra)))
 
 
 def marked_finals(table: pd.DataFrame, base: dict, extra: Sequence[str] = ()) -> pd.DataFrame:
-  """`runs.finals(table)` with `DIVERGED_RULE` applied on each run's eval history
-  (`rules.mark_diverged`): every diverged run's final_eval_loss is +inf."""
+  """`runs.finals` with `rules.mark_diverged` on each run's eval history."""
   fin = finals(table)
   if fin.empty or "eval/loss" not in table:
     return fin
@@ -101,18 +78,10 @@ def _values(text) -> list[float]:
 def best_lr(fin: pd.DataFrame, group_keys: Sequence[str], lr_key: str,
             seed_key: str = "train.seed", metric: str = "final_eval_loss",
             select_seed=None) -> pd.DataFrame:
-  """Per group: the lr chosen on the selection seeds, and the fresh seeds' numbers there.
-
-  The selection seeds are `select_seed` (one seed or a tuple), else the group's lowest
-  seed; each lr's value is the mean over them (inf when one diverged). A group key absent
-  from `fin` reads as None. Columns: group keys, lr_key (the chosen lr), `select_seed`
-  (a seed, or "0 1" for several), `select_loss` (the selection seeds' mean there),
-  `loss_mean`, `loss_std`, `n_seeds` (over the OTHER seeds at the chosen lr only; NaN, NaN,
-  0 when there are none; a diverged seed makes the mean inf), `fresh_seeds`,
-  `fresh_losses` (space-separated), `at_edge`, `edge`, `grid` (sorted lrs tried on the
-  selection seed), `n_diverged` (lrs of the grid whose selection run diverged),
-  `all_diverged` (every one did).
-  """
+  """Per group: the lr chosen on the selection seeds (`select_seed`, one or a tuple; else the
+  group's lowest seed; a missing group key reads as None), `select_loss` there, and the fresh
+  seeds' `loss_mean`, `loss_std`, `n_seeds`, `fresh_seeds`, `fresh_losses` at it (a diverged
+  seed makes the mean inf); `at_edge`, `edge`, `grid` (lrs tried), `n_diverged`, `all_diverged`."""
   rows = []
   completed = fin[fin["status"].isin(DONE)] if "status" in fin else fin
   completed = completed.assign(**{k: None for k in group_keys if k not in completed})
@@ -155,17 +124,11 @@ def best_lr(fin: pd.DataFrame, group_keys: Sequence[str], lr_key: str,
 
 
 def follow_up_blocks(sweep: Sweep, fin: pd.DataFrame, round_: int) -> tuple[list[Block], str]:
-  """(blocks, kind) of follow-up round `round_` (0, 1, ...; see the module's lr policy).
-
-  Per group: the next lr past an edge where its chosen lr lies (while `round_ <
-  max_extend`), or the next lr below its grid if every run diverged (while its lowest lr
-  is above `diverged_floor` times below the lowest lr of its first grid), else the fresh
-  seeds at its chosen lr. kind is "extend" when any group extends (the settled groups'
-  fresh seeds come along), else "seeds", or "none" when nothing is to be run. All-diverged
-  groups get no seeds. Deterministic given the finished runs, so a re-launched sweep
-  recomputes the same blocks (already finished ones are then skipped). Every round can add
-  runs until `LrSearch.rounds`.
-  """
+  """(blocks, kind) of follow-up round `round_`: per group the next lr past the edge its lr
+  is at (while `round_ < max_extend`), the next lr below an all-diverged grid (down to
+  `diverged_floor`), else the fresh seeds at its lr. kind: "extend" when any group extends
+  (the settled groups' seeds come along), "seeds", or "none". Deterministic given the
+  finished runs, so a re-launched sweep recomputes the same blocks."""
   ls = sweep.lr_search
   if ls is None or fin.empty:
     return [], "none"
@@ -220,40 +183,51 @@ def _round_lr(x: float) -> float:
 
 
 def load_best(out_dir: Path) -> pd.DataFrame:
-  """best.csv with a `values` column: the fresh seeds' losses as a list, or [inf] for a
-  group that diverged at every lr (it has no fresh seed)."""
+  """best.csv with a `values` column: the fresh seeds' losses, or [inf] for a group that
+  diverged at every lr (it then loses to every group that trained)."""
   best = pd.read_csv(Path(out_dir) / "best.csv")
-  # A group that diverged at every lr has no fresh seed; its (diverged, unbiased) seed-0
-  # run stands for it, so that it loses to every group that trained.
   best["values"] = [_values(v) or ([math.inf] if r else [])
                     for v, r in zip(best["fresh_losses"], best["all_diverged"], strict=True)]
   return best
 
 
 def tuned_best(inputs, experiment: str) -> pd.DataFrame:
-  """`best_lr` of `experiment`'s own search (its selection seeds, `DIVERGED_RULE`),
-  re-derived from its runs (`inputs.sweep_dir(experiment)`, same preset and extras) as its
-  `analyze` does. One clear error, before any run, when that search has not been run."""
+  """`best_lr` of `experiment`'s own search, re-derived from its runs as its `analyze` does
+  (FileNotFoundError, before any run, when that search has not been run)."""
   from experiments.record import get
   from experiments.runs import aggregate
 
   sdir = inputs.sweep_dir(experiment)
   table = aggregate(sdir) if sdir.is_dir() else pd.DataFrame()
+  sw = get(experiment).sweep_at(inputs.preset, inputs)
+  ls = sw.lr_search
+  if table.empty and inputs.dry_run:
+    return planned_best(sw)
   if table.empty:
     raise FileNotFoundError(
         f"{sdir} holds no runs: this sweep runs at the lr that {experiment}'s search chose; "
         f"run `python scripts/reproduce.py {experiment} --preset {inputs.preset}` first "
         "(with the same --sweeps-root)")
-  sw = get(experiment).sweep_at(inputs.preset, inputs)
-  ls = sw.lr_search
   return best_lr(marked_finals(table, sw.base, inputs.extra), ls.group_keys, ls.lr_key,
                  ls.seed_key, select_seed=select_seeds(sw))
 
 
+def planned_best(sw: Sweep) -> pd.DataFrame:
+  """A dry run's stand-in for `tuned_best` before the search ran: each group of the first
+  stage at the middle of its lr grid (a placeholder)."""
+  ls, rows = sw.lr_search, []
+  for bl in sw.blocks:
+    keys = [k for k in ls.group_keys if k in bl.grid]
+    for p in Block({k: bl.grid[k] for k in keys}).points():
+      lrs = sorted(bl.grid.get(ls.lr_key, [math.nan]))
+      rows.append({**{k: None for k in ls.group_keys}, **p, ls.lr_key: lrs[len(lrs) // 2],
+                   "select_loss": math.nan})
+  return pd.DataFrame(rows)
+
+
 def tuned_lr(inputs, experiment: str, where: dict) -> float:
-  """The lr that `experiment`'s own search chose for the group `where` (e.g.
-  {"optimizer.placement": "ema"}; `tuned_best`): how the descriptive experiments (snr,
-  moments, batch_scaling, gns_*) run a variant at its tuned lr."""
+  """The lr `experiment`'s search chose for the group `where` (e.g. {"optimizer.placement":
+  "ema"}): how snr, moments, batch_scaling and gns_layers run a variant at its tuned lr."""
   rows = tuned_best(inputs, experiment)
   for k, v in where.items():
     col = rows[k] if k in rows else pd.Series([None] * len(rows), index=rows.index)
@@ -270,48 +244,21 @@ def by_label(best: pd.DataFrame, labeler: Callable[[dict], str]) -> dict[str, li
   return {labeler(r): list(r["values"]) for r in best.to_dict("records")}
 
 
-def group_lines(best: pd.DataFrame, labeler: Callable[[dict], str],
-                lr_key: str = "optimizer.lr") -> str:
-  """One clause per group, best fresh mean first: `label: mean ± std (n=k) at lr X`."""
-  from experiments.verdict import summarize
-
-  recs = sorted(best.to_dict("records"),
-                key=lambda r: (np.nan_to_num(r["loss_mean"], nan=np.inf), r["select_loss"]))
-  return "; ".join(f"{labeler(r)}: diverged at every lr ({_seeds_text(r)})"
-                   if r.get("all_diverged")
-                   else f"{labeler(r)}: {summarize(r['values']).text()} at lr "
-                   f"{fmt(float(r[lr_key]))}" for r in recs)
+def edges_note(best: pd.DataFrame, labeler: Callable[[dict], str]) -> str:
+  """"Chosen lr at a grid edge for [...]" or "diverged at every lr: [...]" ('' when none)."""
+  recs = best.to_dict("records")
+  span = lambda g: f" (lr {g.split()[-1]} down to {g.split()[0]})" if isinstance(g, str) else ""
+  div = [labeler(r) + span(r.get("grid")) for r in recs if r.get("all_diverged")]
+  edge = [labeler(r) for r in recs if r.get("at_edge")]
+  return " ".join(x for x in (f"Diverged at every lr: {div}." if div else "",
+                              f"Chosen lr at a grid edge: {edge}." if edge else "") if x)
 
 
-def _seeds_text(r: dict) -> str:
-  seeds = _seed_set(r.get("select_seed", 0)) if not _is_null(r.get("select_seed")) else (0,)
-  return ("seed " if len(seeds) == 1 else "seeds ") + " ".join(fmt(x) for x in seeds)
-
-
-def search_notes(best: pd.DataFrame, labeler: Callable[[dict], str]) -> str:
-  """Sentences on all-diverged groups ("diverged at every lr from X down to Y") and on
-  chosen lrs at a grid edge; '' when none."""
-  notes = []
-  for r in best.to_dict("records"):
-    if r.get("all_diverged"):
-      grid = [float(x) for x in str(r["grid"]).split()]
-      notes.append(f"`{labeler(r)}` diverged at every lr from {fmt(max(grid))} down to "
-                   f"{fmt(min(grid))} ({_seeds_text(r)}).")
-  edges = [labeler(r) for r in best.to_dict("records") if r.get("at_edge")]
-  if edges:
-    notes.append(f"Caution: chosen lr at an edge of the grid for {edges} (extended as far "
-                 "as allowed; see best.csv).")
-  return " ".join(notes)
-
-
-def analyze(table: pd.DataFrame, fin: pd.DataFrame, out_dir: Path,
-            group_keys: Sequence[str], lr_key: str = "optimizer.lr",
+def analyze(runs, out_dir: Path, group_keys: Sequence[str], lr_key: str = "optimizer.lr",
             seed_key: str = "train.seed", select_seed=None) -> None:
-  """Writes finals.csv (every run), best.csv (chosen lr per group: the selection seeds'
-  mean and the fresh seeds' mean ± std; `select_seed` as in `best_lr`), curves.csv (at
-  the chosen lr: the fresh seeds' curves, or the selection seeds' where a group has no
-  fresh seed)."""
-  out_dir = Path(out_dir)
+  """finals.csv, best.csv (`best_lr`) and curves.csv (at the chosen lr: the fresh seeds', or
+  the selection seeds' where a group has none)."""
+  out_dir, table, fin = Path(out_dir), runs.table, runs.finals
   fin.to_csv(out_dir / "finals.csv", index=False)
   best = best_lr(fin, group_keys, lr_key, seed_key, select_seed=select_seed)
   best.to_csv(out_dir / "best.csv", index=False)

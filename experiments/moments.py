@@ -1,32 +1,12 @@
 """Claim 3, mechanism: which term dominates Adam's second moment over training.
 
-Per coordinate E[ḡ²] = μ² + σ²/B (Adam's v) and E[mean g_i²] = μ² + σ² (MicroAdam's v).
-Estimators, all RATIOS OF SUMS over coordinates with the unbiased μ̂² = ḡ² − σ̂²/B in the
-numerator (signed: ≈ 0, possibly < 0, where there is no signal; never clipped before
-aggregating), validated against known truth in `tests/test_estimators.py`:
-
-    snr2_batch     = Σ μ̂² / Σ (σ̂²/B)   μ² over Adam's noise term (> 1: v is μ²-dominated)
-    snr2_example   = Σ μ̂² / Σ σ̂²       μ² over MicroAdam's noise term (= the above / B)
-    share_mu2, share_var_b, share_var = Σ μ̂², Σ σ̂²/B, Σ σ̂² over Σ v̂ (Adam's debiased v)
-
-per parameter leaf (`stats/<leaf>/mu2_mean|var_mean`, `opt/<leaf>/...`) and over all
-coordinates (`opt/all/...`), during Adam runs at Adam's best lr (the preconditioner
-search's, weight decay 0 as there), 3 seeds (1 at ci).
-
-The whole-model ratio weighs each leaf by its share of Σμ̂² and Σσ̂²/B: in the cpu runs
-the normalization layers (0.19 % of the parameters) hold most of both. So the verdict is
-taken per leaf (`experiments.leafwise`): leaf l's ratio r_l = Σμ̂²/Σ(σ̂²/B) over its
-coordinates and the second half of training's logged steps, aggregated per seed by
-`rules.leaf_aggregates` (share of parameters with r_l > 1, median, parameter-weighted
-median; all leaves and without the normalization layers).
-
-Figures (`moments_over_training.png`): left, whole-model μ̂²/(σ̂²/B) and μ̂²/σ̂² over
-training (mean over seeds, band = min-max) against 1; middle, the whole-model shares of
-μ̂², σ̂²/B and σ̂² in Adam's v̂; right, per-leaf μ̂²/(σ̂²/B) over the second half of
-training (normalization layers marked), symmetric log axis.
-
-Verdict (`RULE`): each seed's parameter-weighted median over the leaves other than the
-normalization layers of r_l, against 1 by `experiments.verdict` (higher is better).
+Per coordinate E[ḡ²] = μ² + σ²/B (Adam's v) and E[mean g_i²] = μ² + σ² (MicroAdam's v). Logged
+(`pergrad.optim.diagnostics`, ratios of sums with the unbiased μ̂² = ḡ² − σ̂²/B, signed) per
+leaf and over all coordinates: snr2_batch = Σμ̂²/Σ(σ̂²/B), snr2_example = Σμ̂²/Σσ̂², and the
+shares of μ̂², σ̂²/B, σ̂² in Adam's debiased v̂; Adam at its tuned lr, 3 seeds, at the scale's
+B and at B = 128 (r grows with B). The verdict reads each leaf's r = Σμ̂²/Σ(σ̂²/B) over the
+second half of training, aggregated per seed by `leafwise` (the normalization layers, 0.19 %
+of the parameters, hold most of the whole-model sums).
 """
 
 from __future__ import annotations
@@ -36,14 +16,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from experiments import leafwise, lr_search
-from experiments import verdict as vd
+from experiments import calibrate, leafwise, lr_search
+from experiments import rules as vd
 from experiments.figures import plot_curves, plt, savefig, style
-from experiments.record import ROWS, Experiment, Inputs, Report, register
-from experiments.report_md import fmt_num, md_table
+from experiments.record import ROWS, Experiment, Inputs, register
 from experiments.rules import is_norm_leaf
-from experiments.runs import leaf_of, stat_columns, x_examples
+from experiments.runs import leaf_of, read_csv, stat_columns, x_examples
 from experiments.sweep import Block, Sweep, base_for
+from experiments.verdict import fmt_num, md_table, not_measured, pairs_report
 
 NAME = "moments"
 TITLE = "μ², σ²/B and σ² in Adam's second moment over training"
@@ -56,7 +36,7 @@ MAGNITUDES = ("gbar2_mean", "mu2_mean", "var_mean")  # per leaf only
 # Shares of the step's μ̂², σ̂²/B, σ̂² in Adam's debiased v̂ (`pergrad.optim.diagnostics`).
 SHARES = ("share_mu2", "share_var_b", "share_var")
 SEEDS = {"ci": (0,), "cpu": (0, 1, 2), "paper": (0, 1, 2)}
-IDS = ["run", "train.seed", "step", "examples_seen"]
+IDS = ["run", "train.seed", "step", "examples_seen", "B"]  # B: NaN at the scale's batch size
 WHOLE = ("total", "all")  # the whole-model "leaf" of stats/ and opt/ keys
 RULE = ("Per seed, each leaf's r = Σμ̂²/Σ(σ̂²/B) over its coordinates and the second half "
         "of training's logged steps; the seed's value is the parameter-weighted median of r "
@@ -65,7 +45,8 @@ RULE = ("Per seed, each leaf's r = Σμ̂²/Σ(σ̂²/B) over its coordinates an
         "of Σμ̂² and Σσ̂²/B). Against 1 (higher: μ² dominates Adam's v), " + vd.PAIR_WIN + ": "
         "reproduced if μ² wins, not reproduced if σ²/B does, partly reproduced on a tie, "
         "undetermined with < 2 seeds.")
-RERUN = f"re-run `python scripts/reproduce.py {NAME} --preset <preset>`"
+PAPER = "v ≈ μ² + σ²/B dominated by μ² (qualitative)"
+EFFECT = 1.0  # r − 1: μ² twice σ²/B, our stated prior for "μ² dominates"
 
 
 def sweep(preset: str, inputs: Inputs | None = None) -> Sweep:
@@ -75,21 +56,24 @@ def sweep(preset: str, inputs: Inputs | None = None) -> Sweep:
   tuned = {} if preset == "ci" else {"optimizer.lr": lr_search.tuned_lr(
       inputs, "preconditioner", {"optimizer.variant": "adam", "optimizer.clip_norm": None})}
   base = base_for(NAME, preset, **{"stats.log_every": log_every}, **tuned)
-  blocks = (Block({"optimizer.variant": ["adam"], "train.seed": list(SEEDS[preset])}),)
-  return Sweep(base, blocks, wall_estimate_min={"ci": 0.3, "cpu": 8}.get(preset))
+  sizes = [None] if preset == "ci" else [None, 128]  # the scale's B, and B = 128 (r grows with B)
+  blocks = tuple(Block({"optimizer.variant": ["adam"], "train.seed": list(SEEDS[preset]),
+                        **({"data.batch_size": [b]} if b else {})},
+                       fixed={"train.steps": 100} if b else {}) for b in sizes)
+  # cpu: 3 runs at B = 32 (400 steps) + 3 at B = 128 (100 steps: the same examples); ~6 min
+  return Sweep(base, blocks, wall_estimate_min={"ci": 0.3, "cpu": 6}.get(preset))
 
 
-def analyze(table: pd.DataFrame, fin: pd.DataFrame, out_dir: Path) -> None:
-  """moments_per_leaf.csv and moments_all.csv (whole model): long tables IDS, [leaf,]
-  quantity, value."""
-  out_dir = Path(out_dir)
+def analyze(runs, out_dir: Path) -> None:
+  """moments_per_leaf.csv, moments_all.csv: long tables IDS, [leaf,] quantity, value."""
+  out_dir, table, fin = Path(out_dir), runs.table, runs.finals
   t = table.copy()
   t["examples_seen"] = x_examples(t)
   rows = []
   for name, prefix in [*((n, "stats") for n in MAGNITUDES),
                        *((n, "opt") for n in (*RATIOS, *SHARES))]:
     for col in stat_columns(t, name, prefix):
-      sub = t[IDS + [col]].dropna(subset=[col])
+      sub = t.assign(B=t.get("data.batch_size", np.nan))[IDS + [col]].dropna(subset=[col])
       rows.append(sub.rename(columns={col: "value"}).assign(quantity=name, leaf=leaf_of(col)))
   long = (pd.concat(rows, ignore_index=True) if rows else
           pd.DataFrame(columns=[*IDS, "value", "quantity", "leaf"]))
@@ -98,6 +82,11 @@ def analyze(table: pd.DataFrame, fin: pd.DataFrame, out_dir: Path) -> None:
   long[whole].drop(columns="leaf").to_csv(out_dir / "moments_all.csv", index=False)
   leafwise.write_sizes(table, out_dir)
   fin.to_csv(out_dir / "finals.csv", index=False)
+
+
+def at_ref(df: pd.DataFrame) -> pd.DataFrame:
+  """The rows of the runs at the scale's batch size (the verdict's; B = 128 is reported beside)."""
+  return df[df["B"].isna()] if "B" in df else df
 
 
 def per_seed(all_df: pd.DataFrame) -> pd.DataFrame:
@@ -133,10 +122,10 @@ def leaf_views(out_dir: Path) -> pd.DataFrame | None:
   path = Path(out_dir) / "moments_per_leaf.csv"
   if sizes is None or not path.exists():
     return None
-  per_leaf = pd.read_csv(path)
+  per_leaf = at_ref(pd.read_csv(path))
   if not {"mu2_mean", "var_mean"} <= set(per_leaf["quantity"]):
     return None
-  n = sample_count(pd.read_csv(Path(out_dir) / "moments_all.csv"))
+  n = sample_count(at_ref(pd.read_csv(Path(out_dir) / "moments_all.csv")))
   return leafwise.per_seed_views(leaf_sums(per_leaf, sizes, n), sizes, ["train.seed"])
 
 
@@ -176,44 +165,30 @@ def figures(out_dir: Path) -> list[Path]:
   return [savefig(fig, out_dir / "moments_over_training.png")]
 
 
-def report(out_dir: Path) -> Report:
-  path = Path(out_dir) / "moments_all.csv"
-  all_df = pd.read_csv(path) if path.exists() else pd.DataFrame()
+def report(out_dir: Path):
+  raw = read_csv(Path(out_dir) / "moments_all.csv")
+  all_df, big = at_ref(raw), raw[raw["B"].notna()] if "B" in raw else raw[:0]
   if all_df.empty or "snr2_batch" not in set(all_df["quantity"]):
-    return Report(verdict="not measured", rule=RULE, finding="μ̂²/(σ̂²/B) was not logged "
-                  f"(opt/all/snr2_batch missing from metrics.jsonl): {RERUN}.")
+    return not_measured(RULE, "μ̂²/(σ̂²/B) was not logged (opt/all/snr2_batch)", NAME)
   seeds = per_seed(all_df)
-  mean = seeds.mean()
-  get = lambda k: fmt_num(float(mean[k])) if k in mean else "n/a"
-  whole = (f"whole model (ratios of sums over all coordinates, second half of training, mean "
-           f"over {len(seeds)} seed(s)): Σμ̂²/Σ(σ̂²/B) = {get('snr2_batch')}, Σμ̂²/Σσ̂² = "
-           f"{get('snr2_example')}; shares of Adam's v̂: μ̂² {get('share_mu2')}, σ̂²/B "
-           f"{get('share_var_b')}")
+  whole = ("Whole model, ratios of sums, mean over seeds: " + ", ".join(
+      f"{k} {fmt_num(float(v))}" for k, v in seeds.mean().items()))
+  if len(big):
+    whole += f"; at B = 128, snr2_batch per seed {per_seed(big)['snr2_batch'].round(3).tolist()}"
+  numbers = "Per seed, whole model:\n\n" + md_table(seeds.reset_index())
   views = leaf_views(out_dir)
   if views is None:
-    return Report(verdict="not measured", rule=RULE, finding=(
-        "The per-leaf μ̂², σ̂² or the leaves' parameter counts (leaf_params.csv) are "
-        f"missing, so the rule's per-leaf value cannot be computed: {RERUN}. Measured, "
-        f"not a verdict: {whole}."), numbers_md="Per seed, whole model:\n\n"
-        + md_table(seeds.reset_index()))
+    return not_measured(RULE, "the per-leaf μ̂², σ̂² or the leaves' parameter counts "
+                        "(leaf_params.csv) are missing", NAME, checks=(whole,), numbers_md=numbers)
   r = views["weighted_median_no_norm"].dropna().tolist()
-  verdict, pairs = vd.ordering({"μ²": r, "σ²/B": [1.0] * len(r)}, ["μ²", "σ²/B"],
-                               lower_is_better=False)
   m = views.mean(numeric_only=True)
-  measured = (f"Per leaf r = Σμ̂²/Σ(σ̂²/B), second half of training, mean over {len(views)} "
-              f"seed(s): {leafwise.view_text(m, 'r')}; ratio of sums {fmt_num(m['ratio_of_sums'])}"
-              f" (all leaves) / {fmt_num(m['ratio_of_sums_no_norm'])} (no norm); "
-              + leafwise.norm_shares_text(m, "Σμ̂²", "Σσ̂²/B") + ". Rule's test: "
-              + "; ".join(p.sentence() for p in pairs) + f". Also measured, {whole}.")
-  cols = ["train.seed", "ratio_of_sums", "ratio_of_sums_no_norm", "share_params_above_1",
-          "share_params_above_1_no_norm", "median_no_norm", "weighted_median",
-          "weighted_median_no_norm", "norm_share_num", "norm_share_den", "norm_share_params"]
-  return Report(verdict=verdict, rule=RULE, finding=measured, claim_row=measured,
-                numbers_md="Per seed, per-leaf r = Σμ̂²/Σ(σ̂²/B) aggregated over leaves "
-                "(`rules.leaf_aggregates`; `_no_norm`: without the normalization layers):\n\n"
-                + md_table(views[cols]) + "\n\nPer seed, whole model (ratios of sums over all "
-                "coordinates; signed), mean over the second half of training:\n\n"
-                + md_table(seeds.reset_index()))
+  shares = ", ".join(f"{k} {fmt_num(m[k])}" for k in ("ratio_of_sums", "ratio_of_sums_no_norm",
+                                                       "norm_share_num", "norm_share_params"))
+  cal = calibrate.calibrate("pair", calibrate.pooled_std([r]), len(r), EFFECT, n_b=len(r))
+  return pairs_report({"μ²": r, "σ²/B": [1.0] * len(r)}, [("μ²", "σ²/B")], rule=RULE,
+                      paper=PAPER, effect=EFFECT, cal=cal, lower_is_better=False,
+                      checks=(f"Per leaf r, mean over seeds: {shares}", whole),
+                      numbers_md=md_table(views) + "\n\n" + numbers)
 
 
 EXPERIMENT = register(Experiment(

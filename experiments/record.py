@@ -1,15 +1,5 @@
-"""One experiment record: the `Experiment` an experiment module registers, its typed `Report`,
-the registry the runner reads, and the provenance every output carries.
-
-An experiment module ends with
-
-    EXPERIMENT = register(Experiment(name=NAME, title=TITLE, claim=CLAIM, row=ROWS["2"],
-                                     sweep=sweep, analyze=analyze, figures=figures,
-                                     report=report))
-
-and a plugin module (`scripts/reproduce.py --plugin path/to/mine.py`) does the same: the
-runner knows the built-in modules (`BUILTIN`) and whatever was registered since.
-"""
+"""The `Experiment` a module registers (`EXPERIMENT = register(Experiment(...))`, also from a
+plugin: `scripts/reproduce.py --plugin mine.py`), the registry the runner reads, provenance."""
 
 from __future__ import annotations
 
@@ -21,6 +11,7 @@ from pathlib import Path
 from typing import Callable
 
 from experiments.sweep import REPO, sweep_dir
+from experiments.verdict import Report
 
 # The rows of the claims table (README.md, results/<preset>/README.md), in order.
 ROWS = {
@@ -36,38 +27,13 @@ ROWS = {
 
 
 @dataclasses.dataclass(frozen=True)
-class Report:
-  """What `Experiment.report(out_dir)` returns. verdict: "reproduced", "not reproduced", ...;
-  rule: the decision rule stated before the data; finding: the sentence behind the verdict;
-  claim_row: the claims table's cell (else `finding`); numbers_md / setup_md: Markdown of the
-  experiment's README (setup_md replaces the setup described from the sweep)."""
-
-  verdict: str
-  finding: str = ""
-  rule: str = ""
-  claim_row: str = ""
-  numbers_md: str = ""
-  setup_md: str = ""
-
-  KEPT = ("verdict", "finding", "claim_row", "rule")  # what report.json holds
-
-  def to_json(self, provenance: dict) -> dict:
-    """report.json: the kept fields and the provenance (`provenance()`) of the results."""
-    return {**{k: getattr(self, k) for k in self.KEPT}, **provenance}
-
-  @classmethod
-  def from_json(cls, doc: dict) -> "Report":
-    return cls(**{k: doc.get(k) or "" for k in cls.KEPT})
-
-
-@dataclasses.dataclass(frozen=True)
 class Inputs:
-  """Where the runs of the experiments another one `needs` are: their sweep directories at
-  the same preset and extra overrides, under the same sweeps root."""
+  """Where the runs of the experiments another one `needs` are (same root, preset, extras)."""
 
   root: Path
   preset: str
   extra: tuple = ()
+  dry_run: bool = False  # a needed search not run yet gives placeholder lrs (`lr_search`)
 
   def sweep_dir(self, name: str) -> Path:
     return sweep_dir(self.root, name, self.preset, self.extra)
@@ -75,21 +41,12 @@ class Inputs:
 
 @dataclasses.dataclass(frozen=True)
 class Experiment:
-  """One experiment of the runner.
-
-  name: the sweep and results folder name (and `configs/experiment/<name>.yaml`, if any).
-  title, claim: one line each; the claim is the paper's, tested here.
-  row: the claims table's row it belongs to (a `ROWS` value, or a new row's text).
-  sweep(preset) -> Sweep: the training runs at a preset ("ci", "cpu", "paper"); with
-    `needs`, sweep(preset, inputs) (`Inputs`: where the needed experiments' runs are); or
-  launch(preset, sweep_dir, dry_run=, echo=) -> LaunchLog for a benchmark (no training).
-  analyze(table, finals, out_dir) (a sweep) or analyze(sweep_dir, out_dir) (a benchmark):
-    the compact CSVs of its findings; figures(out_dir) -> PNGs from those CSVs only;
-    report(out_dir) -> Report from them.
-  needs: experiments whose sweeps (same preset and extras) this one reads, run before it.
-  follow_up(preset, sweep_dir) -> blocks: runs chosen from the first stage's (optional).
-  describe_setup(preset) -> Markdown: a benchmark's setup (a sweep's is described from it).
-  """
+  """One experiment: `name` (its sweep and results folder, `configs/experiment/<name>.yaml`),
+  the paper's `claim` and its claims-table `row`; either `sweep(preset[, inputs]) -> Sweep`
+  (training runs; `inputs` when it `needs` others' runs) or `launch(preset, sweep_dir,
+  dry_run=, echo=) -> LaunchLog` (a benchmark); `analyze(runs, out_dir)` -> CSVs,
+  `figures(out_dir)` and `report(out_dir) -> Report` from those CSVs only; an optional
+  `follow_up(preset, sweep_dir) -> blocks` chosen from the first stage's runs."""
 
   name: str
   title: str
@@ -182,10 +139,8 @@ OUTPUTS = "results"  # what the reproduction writes: not part of the code it ran
 
 
 def provenance(repo: Path = REPO) -> dict:
-  """{"commit": HEAD's hash, "clean": no uncommitted change outside results/}; the commit
-  is "unknown" (and clean False) outside a git checkout. results/ is left out because the
-  reproduction writes there: one experiment's results must not mark the next as run from
-  a modified tree."""
+  """{"commit": HEAD's hash, "clean": no uncommitted change outside results/ (which the
+  reproduction writes)}; "unknown" and False outside a git checkout."""
   try:
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True,
                           text=True, check=True).stdout.strip()

@@ -1,105 +1,60 @@
-"""Markdown of the results: number formatting, tables, each experiment's README, the index."""
+"""Markdown of the results: each experiment's README, the claims table, the results index."""
 
 from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 
 import pandas as pd
 
+from experiments.calibrate import Calibration
 from experiments.record import Experiment, Inputs, Report, experiments
-from experiments.sweep import REPO, fmt, scale_file
+from experiments.sweep import POLICY, REPO, fmt, scale_file
 
-
-def fmt_num(x: float, digits: int = 3) -> str:
-  if x is None or (isinstance(x, float) and math.isnan(x)):
-    return "n/a"
-  if isinstance(x, float) and math.isinf(x):
-    return "diverged"
-  return f"{x:.{digits}g}" if abs(x) < 1e-2 or abs(x) >= 1e4 else f"{x:.{digits}f}"
-
-
-def md_table(df: pd.DataFrame) -> str:
-  """A small DataFrame as a Markdown table (no tabulate dependency)."""
-  cols = list(df.columns)
-  lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-  for _, r in df.iterrows():
-    cells = [fmt_num(v) if isinstance(v, float) else str(v) for v in r]
-    lines.append("| " + " | ".join(cells) + " |")
-  return "\n".join(lines)
-
-
-def _yaml_block(path: Path, title: str) -> list[str]:
-  if not path.exists():
-    return []
-  body = [ln for ln in path.read_text().splitlines() if ln.strip() and not ln.startswith("#")]
-  return [f"{title} `{path.relative_to(REPO)}`:", "", "```yaml", *body, "```", ""]
-
-
-def resolved_config(name: str, preset: str) -> dict:
-  """The optimizer, schedule and scale of `experiment=name scale=preset` as composed by
-  Hydra (before a sweep's per-run overrides), as plain values."""
-  from pergrad.analysis import composed
-
-  c = composed([f"experiment={name}", f"scale={preset}"])
-  m, d, t = c["model"], c["data"], c["train"]
-  scale = {"model": {k: m[k] for k in ("n_layers", "d_model", "n_heads", "d_ff", "vocab_size",
-                                       "seq_len") if k in m},
-           "data": {k: d[k] for k in ("name", "tokenizer", "vocab_size", "seq_len",
-                                      "batch_size", "eval_batch_size") if k in d},
-           "train": {k: t[k] for k in ("steps", "eval_every", "eval_batches",
-                                       "checkpoint_every") if k in t}}
-  return {"optimizer": c["optimizer"], "schedule": c["schedule"], **scale}
+RESOLVED = {"model": ("n_layers", "d_model", "n_heads", "d_ff", "vocab_size", "seq_len"),
+            "data": ("name", "tokenizer", "vocab_size", "seq_len", "batch_size", "eval_batch_size"),
+            "train": ("steps", "eval_every", "eval_batches", "checkpoint_every")}
 
 
 def _resolved_md(name: str, preset: str) -> list[str]:
+  """The optimizer, schedule and scale of `experiment=name scale=preset` as Hydra composes
+  them (before a sweep's per-run overrides)."""
+  from pergrad.analysis import composed
+
   try:
-    r = resolved_config(name, preset)
+    c = composed([f"experiment={name}", f"scale={preset}"])
   except Exception as e:  # noqa: BLE001 - the README still gets written
     return [f"Resolved config: could not compose `experiment={name} scale={preset}` ({e}).", ""]
-  lines = [f"Resolved (`experiment={name} scale={preset}`, before each run's swept values):", ""]
-  for part, vals in r.items():
-    lines.append(f"- {part}: " + ", ".join(f"`{k}={fmt(v)}`" for k, v in vals.items()))
-  return [*lines, ""]
-
-
-def _lr_policy() -> str:
-  from experiments import lr_search  # imports this module: import here, not at the top
-
-  return getattr(lr_search, "POLICY", "each group's lr is chosen on its first seed")
+  parts = {"optimizer": c["optimizer"], "schedule": c["schedule"],
+           **{p: {k: c[p][k] for k in keys if k in c[p]} for p, keys in RESOLVED.items()}}
+  return [f"Resolved (`experiment={name} scale={preset}`, before each run's swept values):", "",
+          *(f"- {p}: " + ", ".join(f"`{k}={fmt(v)}`" for k, v in vals.items())
+            for p, vals in parts.items()), ""]
 
 
 def describe_setup(exp: Experiment, preset: str, inputs: Inputs | None = None) -> str:
-  """The settings of an experiment at `preset`, as Markdown, from its own definitions:
-  its config and scale files, the resolved optimizer, schedule and scale, the grids."""
+  """An experiment's settings at `preset` as Markdown: its config files, the resolved
+  optimizer, schedule and scale, the grids, the lr search."""
   if exp.sweep is None:
     return exp.describe_setup(preset) if exp.describe_setup else ""
   sw = exp.sweep_at(preset, inputs)
-  lines = [*_yaml_block(REPO / "configs" / "experiment" / f"{exp.name}.yaml", "Experiment config"),
-           *_yaml_block(scale_file(preset), "Scale"),
-           *_resolved_md(exp.name, preset)]
-  lines.append("Every run (preset `" + preset + "`): "
-               + ", ".join(f"`{k}={fmt(v)}`" for k, v in sw.base.items()
-                           if k != "experiment") + ".")
-  lines.append("")
+  lines = [f"Configs `configs/experiment/{exp.name}.yaml` and "
+           f"`{scale_file(preset).relative_to(REPO)}`.", "", *_resolved_md(exp.name, preset)]
+  kv = lambda d: ", ".join(f"`{k}={fmt(v)}`" for k, v in d.items() if k != "experiment")
+  lines += [f"Every run (preset `{preset}`): {kv(sw.base)}.", ""]
   for i, bl in enumerate(sw.blocks):
-    grid = "; ".join(f"`{k}` ∈ {{{', '.join(fmt(v) for v in vals)}}}"
-                     for k, vals in bl.grid.items())
-    fixed = (" with " + ", ".join(f"`{k}={fmt(v)}`" for k, v in bl.fixed.items())
-             if bl.fixed else "")
-    lines.append(f"- grid {i + 1}: {grid}{fixed}")
+    lines.append(f"- grid {i + 1}: " + "; ".join(f"`{k}` ∈ {{{', '.join(fmt(v) for v in vals)}}}"
+                                                  for k, vals in bl.grid.items())
+                 + (f" with {kv(bl.fixed)}" if bl.fixed else ""))
   ls = sw.lr_search
   if ls:
-    lines += ["", f"Learning-rate search per ({', '.join(f'`{k}`' for k in ls.group_keys)}): "
-              f"a grid whose best value lies at an edge is extended by a factor {ls.factor:g} "
-              f"past that edge, up to {ls.max_extend} times"
-              + (f"; then `{ls.seed_key}` ∈ {{{', '.join(map(str, ls.seeds))}}} is run at "
-                 "each group's chosen learning rate" if ls.seeds else "")
-              + f". Policy: {_lr_policy()}."]
+    lines += ["", f"Learning-rate search per ({', '.join(f'`{k}`' for k in ls.group_keys)}), "
+              f"factor {ls.factor:g}, up to {ls.max_extend} extensions past an edge, fresh seeds "
+              f"{list(ls.seeds)}: {POLICY}."]
   if sw.wall_estimate_min is not None:
-    lines += ["", f"Estimated wall time at this preset: {sw.wall_estimate_min:g} min on 2 cores "
-              "(`sweep().wall_estimate_min`)."]
+    lines += ["", f"Estimated wall time: {sw.wall_estimate_min:g} min on 2 cores."]
   return "\n".join(lines)
 
 
@@ -116,6 +71,9 @@ def write_readme(exp: Experiment, out_dir: Path, report: Report, info: dict,
       f"**Verdict: {report.verdict}.** {report.finding}",
       "",
       *([f"**Rule.** {report.rule}", ""] if report.rule else []),
+      *([f"**Paper.** {report.paper}", ""] if report.paper else []),
+      *([f"**Error rates of the rule.** {Calibration(**report.calibration).text()}", ""]
+        if report.calibration else []),
       "## Numbers",
       "",
       report.numbers_md,
@@ -179,10 +137,7 @@ def launch_costs(results_root: Path) -> dict[str, float]:
   return out
 
 
-README_BEGIN = "<!-- claims:begin -->"
-README_END = "<!-- claims:end -->"
-
-
+README_BEGIN, README_END = "<!-- claims:begin -->", "<!-- claims:end -->"
 STALE = " (written before reports recorded their commit: re-run with the current rules)"
 NO_RULE = " (no stated rule: re-run)"
 OLD_RULE = " (decided by an earlier rule than the code's: re-run)"
@@ -202,34 +157,31 @@ def stale_mark(doc: dict, name: str | None = None) -> str:
 
 def _current_rule(name: str) -> str | None:
   """The RULE of the module that reports experiment `name` (None: it states none)."""
-  import sys
-
   exp = experiments().get(name)
   return getattr(sys.modules.get(exp.report.__module__), "RULE", None) if exp else None
 
 
 def claims_table(results_root: Path, link_prefix: str = "") -> str:
-  """The table of claims: one row per claim, every number and verdict from the experiments'
-  `report.json` (`claim_row`, else `finding`; `verdict`), nothing else. `link_prefix` is
-  prepended to the figure links (`"results/"` in the top-level README)."""
+  """One short row per experiment: claim, the paper's figure, ours, verdict, the rule's
+  false-alarm rate and power (from report.json), and the figures."""
   results_root = Path(results_root)
-  rows = ["| Claim | What we measured | Figures | Verdict |", "|---|---|---|---|"]
+  f = lambda c, k: "—" if not c or c.get(k) is None or not math.isfinite(float(c[k])) \
+      else f"{float(c[k]):.2f}"
+  rows = ["| Claim | Experiment | Paper | Ours | Verdict | False alarm | Power | Figures |",
+          "|---|---|---|---|---|---|---|---|"]
   for claim, names in claim_rows().items():
-    measured, figs, verdicts = [], [], []
     for n in names:
       rep = results_root / n / "report.json"
       if not rep.exists():
-        measured.append(f"`{n}`: not yet run")
-        verdicts.append(f"{n}: not yet run")
+        rows.append(f"| {claim} | `{n}` | | not yet run | not yet run | — | — | — |")
         continue
       doc = json.loads(rep.read_text())
       d = Report.from_json(doc)
-      measured.append(f"`{n}`: {d.claim_row or d.finding}")
-      verdicts.append(f"{n}: **{d.verdict}**" + stale_mark(doc, n))
-      figs += [f"[{p.name}]({link_prefix}{n}/{p.name})"
-               for p in sorted((results_root / n).glob("*.png"))]
-    rows.append(f"| {claim} | {'<br>'.join(measured)} | {' '.join(figs) or '—'} | "
-                f"{'<br>'.join(verdicts)} |")
+      figs = " ".join(f"[{p.name}]({link_prefix}{n}/{p.name})"
+                      for p in sorted((results_root / n).glob("*.png"))) or "—"
+      rows.append(f"| {claim} | [`{n}`]({link_prefix}{n}/README.md) | {d.paper or '—'} | {d.ours} "
+                  f"| **{d.verdict}**{stale_mark(doc, n)} | {f(d.calibration, 'false_alarm')} | "
+                  f"{f(d.calibration, 'power')} | {figs} |")
   return "\n".join(rows)
 
 
@@ -320,14 +272,11 @@ def index_text(results_root: Path, preset: str) -> str:
   return "\n".join([
       "# Results",
       "",
-      "Reproduction of the findings of Roulet & Agarwala, *Per-example gradients: a new "
-      "frontier for understanding and improving optimizers* (arXiv 2510.00236), at the scale "
-      "of a 2-core CPU machine (tiny transformers on the embedded Shakespeare corpus), with "
-      f"`scripts/reproduce.py EXPERIMENT --preset {preset}`. Every verdict below comes from runs "
-      "actually made; an experiment marked *not yet run* has no verdict. The paper ran "
-      "large transformers on TPUs, so a verdict here says whether the *qualitative* finding "
-      "holds at this small scale, nothing more. Each experiment's own README gives the "
-      "setup, numbers, figures and the exact command.",
+      "The findings of Roulet & Agarwala (arXiv 2510.00236) and Gray et al. (arXiv "
+      "2411.00999) at the scale of a 2-core CPU machine, from runs actually made "
+      f"(`scripts/reproduce.py EXPERIMENT --preset {preset}`): whether each *qualitative* "
+      "finding holds at this small scale. Each experiment's README gives the rule, numbers, "
+      "setup, figures and command.",
       "",
       claims_block(results_root, preset=preset),
       "",
@@ -338,11 +287,9 @@ def index_text(results_root: Path, preset: str) -> str:
       "|---|---|---|---|",
       *times,
       "",
-      "Wall times are those of the launches that made the committed results (the end-to-end "
-      "record's, else `run_info.json` of each experiment), often with other jobs sharing the "
-      "2 cores. Regenerate "
-      f"everything: `python scripts/reproduce.py all --preset {preset}` (resumable: finished "
-      "runs are skipped). Redraw the figures from the CSVs: `notebooks/figures.ipynb`.",
+      "Wall times of the launches that made the committed results (often beside other jobs). "
+      f"Regenerate: `python scripts/reproduce.py all --preset {preset}` (resumable); redraw "
+      "the figures from the CSVs: `notebooks/figures.ipynb`.",
       "",
   ])
 

@@ -1,18 +1,8 @@
-"""Runs one experiment end to end: sweep -> follow-up lr stages -> table -> results/.
-
-    run_experiment("sign_placement", "cpu")  # what `scripts/reproduce.py` calls
-
-Outputs:
-  <sweeps_root>/<name>/<preset>/<run>/...   every run (checkpoints, metrics.jsonl, ...)
-  <sweeps_root>/<name>/<preset>/sweep.json  the preset, base overrides and extra overrides
-  <sweeps_root>/<name>/<preset>/table.csv   one row per run and step
-  <results_dir>/                            CSVs of findings, PNGs, README.md, report.json,
-                                            run_info.json (results/<preset>/<name>/; ci: the
-                                            sweep's report/)
-
-Extra overrides that change the runs' config (`--hydra-arg data=txt_folder`, not
-`hydra.*`, `logging.*` or `data.tfds_dir`) put the sweep in `<preset>-<hash of those
-overrides>` instead (`experiments.sweep.sweep_dir`).
+"""Runs one experiment end to end (what `scripts/reproduce.py` calls): sweep, follow-up
+stages, table, results. Writes every run under <sweeps_root>/<name>/<preset>/ (with
+sweep.json and table.csv; `<preset>-<hash>` for config-changing extra overrides) and the
+CSVs, PNGs, README.md, report.json and run_info.json under results/<preset>/<name>/ (ci:
+the sweep's report/).
 """
 
 from __future__ import annotations
@@ -26,7 +16,7 @@ from pathlib import Path
 from experiments import lr_search, report_md
 from experiments.launch import LAUNCHERS, LaunchLog, launch_blocks
 from experiments.record import BUILTIN, Experiment, Inputs, Report, get, provenance
-from experiments.runs import METRICS, SUMMARY, aggregate
+from experiments.runs import METRICS, SUMMARY, Runs, aggregate
 from experiments.sweep import PRESETS, REPO, config_extras, fmt, record_sweep, sweep_dir
 
 EXPERIMENTS = BUILTIN  # the built-in experiments' names; `record.experiments()` has plugins'
@@ -60,20 +50,10 @@ class Outcome:
   report: Report | None
 
 
-def run_experiment(
-    name: str,
-    preset: str,
-    *,
-    launcher: str = "basic",
-    n_jobs: int = 2,
-    dry_run: bool = False,
-    sweeps_root: Path | None = None,
-    results_dir: Path | None = None,
-    extra: tuple = (),
-    analyze_only: bool = False,
-    command: str | None = None,
-    echo=print,
-) -> Outcome:
+def run_experiment(name: str, preset: str, *, launcher: str = "basic", n_jobs: int = 2,
+                   dry_run: bool = False, sweeps_root: Path | None = None,
+                   results_dir: Path | None = None, extra: tuple = (), analyze_only: bool = False,
+                   command: str | None = None, echo=print) -> Outcome:
   """Launches (or resumes) the sweep of `name` at `preset`, then writes its results."""
   if preset not in PRESETS:
     raise ValueError(f"unknown preset {preset!r}; choose one of {PRESETS}.")
@@ -85,9 +65,8 @@ def run_experiment(
   root = sweeps_root or REPO / "runs" / "sweeps"
   sdir = default_sweep_dir(name, preset, root, tuple(extra) if training else ())
   out_dir = Path(results_dir) if results_dir else default_results_dir(name, preset, sdir)
-  inputs = Inputs(Path(root), preset, tuple(extra))
-  t0 = time.time()
-  log = LaunchLog()
+  inputs = Inputs(Path(root), preset, tuple(extra), dry_run=dry_run)
+  t0, log, rounds = time.time(), LaunchLog(), 0
 
   if not training:
     if not analyze_only:
@@ -100,11 +79,8 @@ def run_experiment(
     kw = dict(launcher=launcher, n_jobs=n_jobs, extra=extra, dry_run=dry_run, log=log, echo=echo)
     if not analyze_only:
       launch_blocks(sdir, sweep.base, sweep.blocks, **kw)
-    # Follow-up stages: extend lr grids past edges, then extra seeds at the best lr.
-    n_rounds = sweep.lr_search.rounds if sweep.lr_search else 0
-    for r in range(n_rounds):
-      if dry_run or analyze_only:
-        break
+    rounds = sweep.lr_search.rounds if sweep.lr_search else 0
+    for r in range(0 if dry_run or analyze_only else rounds):  # extend lr grids, then seeds
       fin = lr_search.marked_finals(aggregate(sdir), sweep.base, extra)
       blocks, kind = lr_search.follow_up_blocks(sweep, fin, r)
       if blocks:
@@ -112,8 +88,6 @@ def run_experiment(
         launch_blocks(sdir, sweep.base, blocks, **kw)
       if kind != "extend":
         break
-    # A follow-up stage chosen from the first stage's runs (e.g. gns_schedule's ramp
-    # fitted to the measured noise scale).
     if exp.follow_up is not None and not (dry_run or analyze_only):
       blocks = exp.follow_up(preset, sdir)
       if blocks:
@@ -124,22 +98,30 @@ def run_experiment(
       table.to_csv(sdir / "table.csv", index=False)
 
   wall = time.time() - t0
-  echo(f"[{name}/{preset}] skipped {len(log.skipped)} finished run(s), launched "
-       f"{len(log.launched)}, failed {len(log.failed)}; {wall:.0f} s")
   if dry_run:
+    later = f", then up to {rounds} follow-up round(s) chosen from their results" if (
+        training and rounds) else ""
+    later += ", then a follow-up stage chosen from them" if exp.follow_up else ""
+    missing = [n for n in exp.needs if not any(inputs.sweep_dir(n).glob(f"*/{METRICS}"))]
+    later += (f"; {', '.join(missing)} not run yet: the lrs shown are placeholders for those "
+              "its search will choose (run it first)" if missing else "")
+    echo(f"[{name}/{preset}] dry run: would launch {len(log.launched)} run(s) "
+         f"({len(log.skipped)} already finished){later}")
     return Outcome(name, preset, sdir, out_dir, log, None)
+  echo(f"[{name}/{preset}] launched {len(log.launched)} run(s), skipped {len(log.skipped)} "
+       f"finished, failed {len(log.failed)}; {wall:.0f} s")
 
   out_dir.mkdir(parents=True, exist_ok=True)
   clear_outputs(out_dir)
   if table is not None:
     if table.empty:
       raise RuntimeError(f"no run of {sdir} wrote {METRICS}; see the log above.")
-    # The runs' shared overrides (e.g. the model behind per-leaf parameter counts).
-    table.attrs["overrides"] = [f"{k}={fmt(v)}" for k, v in sweep.base.items()] + list(
-        config_extras(extra))
-    exp.analyze(table, lr_search.marked_finals(table, sweep.base, extra), out_dir)
+    overrides = [f"{k}={fmt(v)}" for k, v in sweep.base.items()] + list(config_extras(extra))
+    table.attrs["overrides"] = overrides
+    exp.analyze(Runs(sdir, table, lr_search.marked_finals(table, sweep.base, extra),
+                     tuple(overrides)), out_dir)
   else:
-    exp.analyze(sdir, out_dir)
+    exp.analyze(Runs(sdir), out_dir)
   exp.figures(out_dir)
   report = exp.report(out_dir)
   info = run_info(out_dir, name, preset, sdir, log, wall, command, launcher, prov)
@@ -150,8 +132,8 @@ def run_experiment(
 
 
 def clear_outputs(out_dir: Path) -> list[Path]:
-  """Removes the CSVs and figures of the report `out_dir` holds (it has a report.json), so
-  that a file the new report does not write again cannot pass for one of its own."""
+  """Removes the CSVs and figures of an earlier report in `out_dir` (one with a report.json),
+  so that a file the new report does not write cannot pass for one of its own."""
   out_dir = Path(out_dir)
   if not (out_dir / "report.json").exists():
     return []
@@ -162,9 +144,9 @@ def clear_outputs(out_dir: Path) -> list[Path]:
 
 
 def run_info(out_dir, name, preset, sdir, log, wall, command, launcher, prov) -> dict:
-  """run_info.json: the provenance (`record.provenance()` at the start of this invocation),
-  this invocation's wall time and its own launches only (runs it skipped as finished are
-  counted, not timed), and the runs' own compute summed over the sweep's summaries."""
+  """run_info.json: the provenance at the start of this invocation, the launches that made the
+  results (an earlier invocation's at the same commit and sweep added), runs counted once,
+  the runs' own compute summed over the sweep's summaries."""
   compute_s, n_done = 0.0, 0
   for s in Path(sdir).glob(f"*/{SUMMARY}"):
     try:
@@ -174,6 +156,13 @@ def run_info(out_dir, name, preset, sdir, log, wall, command, launcher, prov) ->
     n_done += d.get("status") == "completed"
     compute_s += float(d.get("wall_time_s", 0.0))
   resolved = Path(sdir).resolve()
+  old_path = Path(out_dir, "run_info.json")
+  old = json.loads(old_path.read_text()) if old_path.exists() else {}
+  same = old.get("commit") == prov.get("commit") and old.get("sweep_dir") in (str(sdir), str(
+      resolved.relative_to(REPO)) if resolved.is_relative_to(REPO) else str(sdir))
+  if same:  # a resumed invocation adds its launches to those that made the results
+    log.wall_s += float(old.get("launch_wall_s", 0.0))
+    log.launched = list(dict.fromkeys([*old.get("launched_runs", []), *log.launched]))
   info = {
       "experiment": name,
       "preset": preset,
@@ -187,6 +176,8 @@ def run_info(out_dir, name, preset, sdir, log, wall, command, launcher, prov) ->
       "wall_s": round(wall, 1),
       "launch_wall_s": round(log.wall_s, 1),
       "launched": len(log.launched),
+      "launched_runs": list(log.launched),
+      "invocations": int(old.get("invocations", 1)) + 1 if same else 1,
       "skipped": len(log.skipped),
       "failed": log.failed,
       "date": datetime.datetime.now().isoformat(timespec="seconds"),

@@ -1,12 +1,9 @@
-"""Reading run directories: status, one run's metrics, a sweep's tidy table, final numbers.
-
-A run directory holds `metrics.jsonl` (one JSON record per logged step and split) and,
-once it ended, `summary.json` (its status). `aggregate` turns every run of a sweep into
-one table: one row per (run, step), the swept values of the run as columns.
-"""
+"""Reading run directories (metrics.jsonl, summary.json): status, a sweep's tidy table (a row
+per run and step, the swept values as columns), final numbers."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -23,6 +20,23 @@ METRICS = "metrics.jsonl"
 DONE = ("completed", "diverged")  # statuses that are not launched again
 
 
+@dataclasses.dataclass
+class Runs:
+  """What `analyze(runs, out_dir)` gets: the sweep directory and, for a training sweep, its
+  table, the finals with `DIVERGED_RULE` applied and the runs' shared overrides."""
+
+  sweep_dir: Path
+  table: pd.DataFrame | None = None
+  finals: pd.DataFrame | None = None
+  overrides: tuple = ()
+
+
+def read_csv(path) -> pd.DataFrame:
+  """A CSV as a DataFrame; empty when the file is missing or holds no column."""
+  path = Path(path)
+  return pd.read_csv(path) if path.exists() and path.stat().st_size > 1 else pd.DataFrame()
+
+
 def run_status(run_dir: Path) -> str:
   """'completed' | a summary's other status (e.g. 'diverged') | 'partial' | 'missing'."""
   summ = run_dir / SUMMARY
@@ -35,11 +49,8 @@ def run_status(run_dir: Path) -> str:
 
 
 def run_table(run_dir: Path) -> pd.DataFrame:
-  """One run's metrics as rows per step: `train/<k>`, `eval/<k>`, and stats keys as-is.
-
-  If a run was resumed, a step logged twice keeps its last value. A NaN loss is stored
-  as inf, so that NaN keeps meaning "not logged at this step".
-  """
+  """One run's metrics as rows per step: `train/<k>`, `eval/<k>`, stats keys as-is (a step
+  logged twice keeps its last value; a NaN loss is stored as inf: NaN is "not logged")."""
   recs = read_records(run_dir / METRICS)
   rows: dict[int, dict] = {}
   for r in recs:
@@ -114,11 +125,8 @@ def x_examples(df: pd.DataFrame) -> pd.Series:
 
 
 def finals(table: pd.DataFrame, tail: int = 3) -> pd.DataFrame:
-  """One row per run: swept values, status, final eval loss, smoothed final train loss.
-
-  A run whose losses became non-finite (or whose summary says diverged) gets
-  `final_eval_loss = inf` so that it ranks last and shows at the top of a U-curve.
-  """
+  """One row per run: swept values, status, final eval loss, smoothed final train loss (inf
+  for a run whose losses became non-finite or whose summary says diverged)."""
   if table.empty:
     return pd.DataFrame()
   id_cols = [c for c in table.columns if c in ("run", "status") or "." in c and "/" not in c]

@@ -1,44 +1,15 @@
 """Claim 2, mechanism: the measured signal-to-noise ratio at each stage of the sign chain.
 
-Estimators (`pergrad.optim.diagnostics`, logged as `opt/<leaf>/snr2_<stage>` per
-parameter leaf and `opt/all/snr2_<stage>` over all coordinates): squared SNRs as RATIOS
-OF SUMS over coordinates, bias-corrected in the numerator (signed: ≈ 0 without signal,
-never clipped before aggregating; validated against known truth in
-`tests/test_estimators.py`),
+Logged by `pergrad.optim.diagnostics` as `opt/<leaf>/snr2_<stage>` (and `opt/all/` over all
+coordinates), ratios of sums with the bias-corrected μ̂² = ḡ² − σ̂²/B (signed, never clipped):
 
-    example  Σ(ḡ² − σ̂²/B) / Σσ̂²       estimates Σμ²/Σσ²
-    batch    Σ(ḡ² − σ̂²/B) / Σ(σ̂²/B)   estimates Σμ²/(Σσ²/B)   (= B × example, by construction)
-    ema      Σ(m² − V) / ΣV             SNR² of the EMA m = EMA_β(ḡ), V its tracked variance
+    example  Σ(ḡ² − σ̂²/B) / Σσ̂²     batch  Σ(ḡ² − σ̂²/B) / Σ(σ̂²/B)  (= B × example)
+    ema      Σ(m² − V) / ΣV           m = EMA_β(ḡ), V its tracked variance
 
-Runs: every placement of the claim's chain (ema, batch, example; β = 0.9, weight decay 0;
-not token, whose update needs token-level statistics in the same pass, so its runs cannot
-log the example-level SNRs) at its own lr, the one sign_placement's search chose
-(re-derived from its runs, `needs`), statistics every few steps, 3 seeds (at ci, SignEMA
-alone at the config's lr, 1 seed). The statistics are those of the gradients along each
-placement's own trajectory; the estimators do not depend on where the sign sits.
-
-Per-leaf views (`experiments.leafwise`): a whole-model ratio of sums weighs each leaf by
-its share of the signal and noise sums, which the normalization layers dominate with 0.19 %
-of the parameters. Per run and stage, each leaf's SNR² is its mean over the second half of
-training's logged steps; per seed, `rules.leaf_aggregates` gives the share of parameters
-with SNR² > 1, the median over leaves and the parameter-weighted median, over all leaves
-and without the normalization layers. The EMA gain SNR_ema/SNR_batch is reported for the
-whole model and per leaf (parameter-weighted median over the leaves).
-
-Sign agreement (`experiments.sign_counts`, when the runs log `sign/<leaf>/...` counts
-against held-out batches): per placement, each seed's counts pooled over the second half
-of training, the share of resolved coordinates where sign(u) agrees with sign(E g) and the
-cosine of the sign step with E g; "not logged" otherwise. Reported, not part of the verdict.
-
-Figures: `snr_over_training.png`, left, the whole-model SNR √max(snr2, 0) of each stage
-(mean over seeds, band = min-max); right, the EMA gain against √((1+β)/(1−β)), its value
-for a mean gradient constant across steps (a drifting mean gives less: √((1+βρ)/(1−βρ))
-for an AR(1) drift of coefficient ρ). `snr_per_layer.png`: the per-leaf snr2 of each stage
-over the second half of training (mean over logged steps and seeds), symmetric log axis.
-
-Verdict (`RULE`): in every placement's runs, ema > batch on each seed's parameter-weighted
-median over the leaves other than the normalization layers. batch vs example is not
-tested: batch = B × example by construction.
+Runs: the placements ema, batch, example, each at the lr sign_placement's search chose, 3
+seeds. Per seed and stage the verdict reads the parameter-weighted median over the non-norm
+leaves of each leaf's mean SNR² over the second half of training (`leafwise`). The EMA gain
+SNR_ema/SNR_batch is √((1+β)/(1−β)) for a mean constant across steps, less for a drifting one.
 """
 
 from __future__ import annotations
@@ -48,14 +19,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from experiments import leafwise, lr_search, sign_counts
-from experiments import verdict as vd
+from experiments import calibrate, leafwise, lr_search, rules
 from experiments.figures import plot_curves, plt, savefig, style
-from experiments.record import ROWS, Experiment, Inputs, Report, register
-from experiments.report_md import fmt_num, md_table
-from experiments.rules import is_norm_leaf, weighted_median
-from experiments.runs import leaf_of, stat_columns, x_examples
+from experiments.record import ROWS, Experiment, Inputs, register
+from experiments.runs import leaf_of, read_csv, stat_columns, x_examples
 from experiments.sweep import Block, Sweep, base_for, experiment_value
+from experiments.verdict import fmt_num, md_table, not_measured, pairs_report
 from pergrad.analysis import ema_gain
 
 NAME = "snr"
@@ -63,10 +32,7 @@ TITLE = "measured SNR at each stage of the sign chain"
 CLAIM = ("The ranking of sign placements follows the SNR at each stage: per-example SNR < "
          "batch-mean SNR < EMA SNR, so the sign is best applied after the EMA.")
 STAGES = ("snr2_example", "snr2_batch", "snr2_ema")  # worst first
-# The runs' sign placements (cpu, paper): the claim's chain. The token placement updates
-# from token-level statistics, and one backward pass computes one granularity, so its runs
-# cannot log the example-level SNRs.
-PLACEMENTS = ("ema", "batch", "example")
+PLACEMENTS = ("ema", "batch", "example")  # token: its update needs token-level statistics
 PLACEMENT = "optimizer.placement"
 BETA = float(experiment_value(NAME, "optimizer.b1"))
 SEEDS = {"ci": (0,), "cpu": (0, 1, 2), "paper": (0, 1, 2)}
@@ -78,9 +44,10 @@ RULE = ("Per placement's runs, per seed and stage, each leaf's SNR² is its mean
         "ratio of sums, which those layers dominate with 0.19 % of the parameters in the "
         "cpu runs). "
         "Expected ema > batch in every placement's runs (batch = B × example by "
-        "construction, so that pair is not tested), each pair " + vd.PAIR_WIN + ": "
-        + vd.PAIRS_VERDICT + ".")
-RERUN = f"re-run `python scripts/reproduce.py {NAME} --preset <preset>`"
+        "construction, so that pair is not tested), each pair " + rules.PAIR_WIN + ": "
+        + rules.PAIRS_VERDICT + ".")
+PAPER = "SNR per-example < batch < EMA (argument; the measured plot is not known)"
+EFFECT = (1 + BETA) / (1 - BETA) - 1  # SNR²_ema − SNR²_batch for a constant mean, in SNR²_batch
 
 
 def constant_mean_gain(beta: float = BETA) -> float:
@@ -89,49 +56,37 @@ def constant_mean_gain(beta: float = BETA) -> float:
 
 
 def sweep(preset: str, inputs: Inputs | None = None) -> Sweep:
-  """Each placement at its own lr (the one sign_placement's search chose; at ci
-  SignEMA alone at the config's lr), statistics logged, seeds."""
-  log_every = {"ci": 5, "cpu": 10, "paper": 100}[preset]
-  base = base_for(NAME, preset, **{"stats.log_every": log_every})
+  """Each placement at its tuned lr (ci: SignEMA at the config's), statistics logged."""
+  base = base_for(NAME, preset, **{"stats.log_every": {"ci": 5, "cpu": 10, "paper": 100}[preset]})
   seeds = list(SEEDS[preset])
   if preset == "ci":
-    return Sweep(base, (Block({"optimizer.placement": ["ema"], "train.seed": seeds}),),
-                 wall_estimate_min=0.3)
-  blocks = tuple(Block({"optimizer.placement": [k], "optimizer.lr": [lr_search.tuned_lr(
-      inputs, "sign_placement", {"optimizer.placement": k})], "train.seed": seeds})
-      for k in PLACEMENTS)
-  return Sweep(base, blocks, wall_estimate_min={"cpu": 12}.get(preset))
+    return Sweep(base, (Block({PLACEMENT: ["ema"], "train.seed": seeds}),), wall_estimate_min=0.3)
+  return Sweep(base, tuple(Block({PLACEMENT: [k], "optimizer.lr": [lr_search.tuned_lr(
+      inputs, "sign_placement", {PLACEMENT: k})], "train.seed": seeds}) for k in PLACEMENTS),
+      wall_estimate_min={"cpu": 12}.get(preset))
 
 
-def _long(table: pd.DataFrame, leaves: bool) -> pd.DataFrame:
-  """run, seed, step, examples_seen, stage, [leaf,] snr2: per leaf, or opt/all."""
-  t = table.copy()
-  t["examples_seen"] = x_examples(t)
-  ids = IDS + ([PLACEMENT] if PLACEMENT in t else [])
-  rows = []
-  for stage in STAGES:
-    for col in stat_columns(t, stage, "opt"):
-      leaf = leaf_of(col)
-      if (leaf == "all") == leaves:
-        continue
-      sub = t[ids + [col]].dropna(subset=[col]).rename(columns={col: "snr2"})
-      rows.append(sub.assign(stage=stage, **({"leaf": leaf} if leaves else {})))
+def _long(t: pd.DataFrame, ids: list[str], leaves: bool) -> pd.DataFrame:
+  """ids, stage, [leaf,] snr2: per leaf, or opt/all."""
+  rows = [t[ids + [c]].dropna(subset=[c]).rename(columns={c: "snr2"}).assign(
+      stage=st, **({"leaf": leaf_of(c)} if leaves else {}))
+      for st in STAGES for c in stat_columns(t, st, "opt") if (leaf_of(c) != "all") == leaves]
   cols = ids + ["stage"] + (["leaf"] if leaves else []) + ["snr2"]
   return pd.concat(rows, ignore_index=True)[cols] if rows else pd.DataFrame(columns=cols)
 
 
-def analyze(table: pd.DataFrame, fin: pd.DataFrame, out_dir: Path) -> None:
-  """snr_per_leaf.csv (per leaf) and snr_all.csv (whole model), long tables of snr2."""
-  out_dir = Path(out_dir)
-  _long(table, leaves=True).to_csv(out_dir / "snr_per_leaf.csv", index=False)
-  _long(table, leaves=False).to_csv(out_dir / "snr_all.csv", index=False)
-  ids = IDS + ([PLACEMENT] if PLACEMENT in table else [])
+def analyze(runs, out_dir: Path) -> None:
+  """snr_per_leaf.csv, snr_all.csv (long tables of snr2), snr_sign.csv, leaf_params.csv."""
+  out_dir, table = Path(out_dir), runs.table
   t = table.assign(examples_seen=x_examples(table))
-  signs = sign_counts.long(t, ids)
+  ids = IDS + ([PLACEMENT] if PLACEMENT in t else [])
+  _long(t, ids, True).to_csv(out_dir / "snr_per_leaf.csv", index=False)
+  _long(t, ids, False).to_csv(out_dir / "snr_all.csv", index=False)
+  signs = leafwise.sign_long(t, ids)
   if len(signs):
-    signs.to_csv(out_dir / sign_counts.CSV, index=False)
+    signs.to_csv(out_dir / leafwise.SIGN_CSV, index=False)
   leafwise.write_sizes(table, out_dir)
-  fin.to_csv(out_dir / "finals.csv", index=False)
+  runs.finals.to_csv(out_dir / "finals.csv", index=False)
 
 
 def _placements(df: pd.DataFrame) -> list:
@@ -146,182 +101,124 @@ def _of(df: pd.DataFrame, placement) -> pd.DataFrame:
   return df if placement is None else df[df[PLACEMENT] == placement]
 
 
-def per_seed(all_df: pd.DataFrame) -> pd.DataFrame:
-  """Seed x stage: mean over the second half of each run's logged steps of opt/all snr2."""
-  return leafwise.second_half(all_df).groupby(["train.seed", "stage"])["snr2"].mean(
-  ).unstack("stage")
+def _by(df: pd.DataFrame) -> list[str]:
+  return [PLACEMENT] if PLACEMENT in df else []
+
+
+def whole_model(all_df: pd.DataFrame) -> pd.DataFrame:
+  """Per [placement,] seed: each stage's opt/all SNR² (mean over the second half), EMA gain."""
+  w = leafwise.second_half(all_df).groupby(_by(all_df) + ["train.seed", "stage"], dropna=False)[
+      "snr2"].mean().unstack("stage").reset_index()
+  if {"snr2_ema", "snr2_batch"} <= set(w):
+    w["ema_gain"] = np.asarray(ema_gain(w["snr2_ema"], w["snr2_batch"]), float)
+  return w
 
 
 def leaf_means(per_leaf: pd.DataFrame) -> pd.DataFrame:
-  """[placement,] train.seed, stage, leaf, snr2: each leaf's mean over the second half of
-  its run's logged steps."""
-  keys = ([PLACEMENT] if PLACEMENT in per_leaf else []) + ["train.seed", "stage", "leaf"]
-  return leafwise.second_half(per_leaf).groupby(keys, dropna=False)["snr2"].mean(
-  ).reset_index()
+  """[placement,] seed, stage, leaf, snr2: each leaf's mean over the second half."""
+  return leafwise.second_half(per_leaf).groupby(
+      _by(per_leaf) + ["train.seed", "stage", "leaf"], dropna=False)["snr2"].mean().reset_index()
 
 
 def leaf_views(means: pd.DataFrame, sizes: dict[str, int]) -> pd.DataFrame:
-  """Per [placement,] seed and stage: share of parameters with SNR² > 1, median and
-  parameter-weighted median over leaves, all leaves and `_no_norm`."""
+  """Per [placement,] seed and stage: the `leafwise.VIEWS` of the leaves' SNR²."""
   keys = [c for c in means.columns if c not in ("leaf", "snr2")]
   size = means["leaf"].map(sizes).astype(float)  # num/den = snr2 per leaf
   views = leafwise.per_seed_views(means.assign(num=means["snr2"] * size, den=size), sizes, keys)
   return views[keys + [f"{v}{s}" for v in leafwise.VIEWS for s in ("", "_no_norm")]]
 
 
-def leaf_gains(means: pd.DataFrame) -> pd.DataFrame:
-  """[placement,] leaf, gain: SNR_ema/SNR_batch of each leaf's seed-mean SNR²s."""
-  by = [PLACEMENT] if PLACEMENT in means else []
-  w = means.groupby(by + ["leaf", "stage"], dropna=False)["snr2"].mean().unstack("stage")
+def leaf_gains(means: pd.DataFrame, sizes: dict[str, int]) -> pd.Series:
+  """Per placement: the parameter-weighted median over the non-norm leaves of the EMA gain of
+  each leaf's seed-mean SNR²s (leaves with an SNR² ≤ 0 left out)."""
+  w = means.groupby(_by(means) + ["leaf", "stage"], dropna=False)["snr2"].mean().unstack("stage")
   if not {"snr2_ema", "snr2_batch"} <= set(w.columns):
-    return pd.DataFrame(columns=by + ["leaf", "gain"])
-  return w.assign(gain=np.asarray(ema_gain(w["snr2_ema"].to_numpy(float),
-                                           w["snr2_batch"].to_numpy(float)), float)
-                  ).reset_index()[by + ["leaf", "gain"]]
-
-
-def median_gain(gains: pd.DataFrame, sizes: dict[str, int]) -> float:
-  """Parameter-weighted median of the per-leaf EMA gains over the leaves other than the
-  normalization layers (leaves without a gain, SNR² ≤ 0 at a stage, left out)."""
-  g = gains[~gains["leaf"].map(is_norm_leaf) & np.isfinite(gains["gain"].astype(float))]
-  return weighted_median(g["gain"].to_numpy(float), g["leaf"].map(sizes).to_numpy(float))
+    return pd.Series(dtype=float)
+  g = w.assign(gain=np.asarray(ema_gain(w["snr2_ema"], w["snr2_batch"]), float)).reset_index()
+  g = g[~g["leaf"].map(rules.is_norm_leaf) & np.isfinite(g["gain"])]
+  med = lambda x: rules.weighted_median(x["gain"], x["leaf"].map(sizes).to_numpy(float))
+  return g.groupby(_by(g), dropna=False).apply(med) if _by(g) else pd.Series({None: med(g)})
 
 
 def figures(out_dir: Path) -> list[Path]:
-  out_dir = Path(out_dir)
-  all_df = pd.read_csv(out_dir / "snr_all.csv")
-  per_leaf = pd.read_csv(out_dir / "snr_per_leaf.csv")
-  pyplot = plt()
-  fig, axes = pyplot.subplots(1, 2, figsize=(12, 4.2))
-  if not all_df.empty:
-    by = [PLACEMENT] if PLACEMENT in all_df else []
-    name = lambda g: (f"{g[PLACEMENT]} run: " if by else "")
+  """snr_over_training.png: each stage's whole-model SNR, and the EMA gain against
+  √((1+β)/(1−β)); mean over seeds, band = min-max."""
+  all_df = read_csv(Path(out_dir) / "snr_all.csv")
+  fig, axes = plt().subplots(1, 2, figsize=(12, 4.2))
+  by, name = _by(all_df), lambda g: f"{g[PLACEMENT]} run: " if PLACEMENT in g else ""
+  if len(all_df):
     snr = all_df.assign(snr=np.sqrt(all_df["snr2"].clip(lower=0)))
     plot_curves(axes[0], snr[snr["snr"] > 0], by + ["stage"], "snr",
                 labeler=lambda g: name(g) + g["stage"].replace("snr2_", ""))
     wide = all_df.pivot_table(index=IDS + by, columns="stage", values="snr2").reset_index()
     if {"snr2_ema", "snr2_batch"} <= set(wide.columns):
       wide = wide.assign(gain=ema_gain(wide["snr2_ema"], wide["snr2_batch"]), what="gain")
-      plot_curves(axes[1], wide, by + ["what"], "gain",
-                  labeler=lambda g: name(g) + "SNR_ema / SNR_batch")
-  style(axes[0], yscale="log", ylabel="√max(SNR², 0), ratio of sums over all coordinates",
-        title="SNR at each stage, each placement's runs", legend=7)
-  axes[1].axhline(constant_mean_gain(), color="k", ls="--",
-                  label=f"constant mean: √((1+β)/(1−β)) = {constant_mean_gain():.2f}")
-  axes[1].axhline(1.0, color="gray", ls=":", label="no gain")
-  style(axes[1], yscale="log", ylabel="EMA gain", title="EMA gain over one batch mean",
-        legend=8)
-  paths = [savefig(fig, out_dir / "snr_over_training.png")]
-  fig, ax = pyplot.subplots(figsize=(9, 4.2))
-  if not per_leaf.empty:
-    leaf_runs = _of(per_leaf, _placements(per_leaf)[0])  # SignEMA's runs where present
-    piv = leafwise.second_half(leaf_runs).groupby(["leaf", "stage"])["snr2"].mean().unstack("stage")
-    piv = piv[[s for s in STAGES if s in piv]]
-    piv.plot.bar(ax=ax, width=0.8)
-    ax.set_yscale("symlog", linthresh=1e-2)
-    ax.axhline(0, color="k", lw=0.5)
-    ax.set_xticklabels([lbl[-28:] for lbl in piv.index], rotation=70, fontsize=6, ha="right",
-                       rotation_mode="anchor")
-  ax.set_title("per-leaf SNR² (Σ signal / Σ noise in the leaf), second half of training"
-               + (f", {_placements(per_leaf)[0]} runs" if _placements(per_leaf)[0] else ""))
-  paths.append(savefig(fig, out_dir / "snr_per_layer.png"))
-  return paths
+      plot_curves(axes[1], wide, by + ["what"], "gain", labeler=lambda g: name(g) + "EMA gain")
+  axes[1].axhline(constant_mean_gain(), color="k", ls="--", label="constant mean")
+  style(axes[0], yscale="log", ylabel="√max(SNR², 0), all coordinates", title="SNR per stage",
+        legend=7)
+  style(axes[1], yscale="log", ylabel="SNR_ema / SNR_batch", title="EMA gain", legend=8)
+  return [savefig(fig, Path(out_dir) / "snr_over_training.png")]
 
 
-def _whole_model(all_df: pd.DataFrame) -> tuple[str, pd.DataFrame]:
-  """The whole-model (opt/all) SNR²s and EMA gain per placement, as text and a table."""
-  parts, tables = [], []
-  for k in _placements(all_df):
-    seeds = per_seed(_of(all_df, k))
-    stages = [st for st in STAGES if st in seeds]
-    mean = seeds.mean()
-    part = (("" if k is None else f"{k} runs ({len(seeds)} seeds): ")
-            + ", ".join(f"{st.replace('snr2_', '')} {fmt_num(float(mean[st]))}" for st in stages))
-    if {"snr2_ema", "snr2_batch"} <= set(stages):
-      part += f", EMA gain {fmt_num(float(ema_gain(mean['snr2_ema'], mean['snr2_batch'])))}"
-    parts.append(part)
-    tables.append(seeds.reset_index().assign(**({} if k is None else {PLACEMENT: k})))
-  num = pd.concat(tables, ignore_index=True)
-  return "; ".join(parts), num[[c for c in [PLACEMENT, "train.seed", *STAGES] if c in num]]
-
-
-def _sign_text(out_dir: Path) -> tuple[str, str]:
-  """Sign agreement per placement (finding text, Markdown table), or "not logged"."""
-  counts = sign_counts.read(out_dir)
+def _signs(out_dir: Path) -> tuple[str, str]:
+  """Sign agreement with E g per placement and pool (check sentence, Markdown)."""
+  counts = leafwise.read_signs(out_dir)
   if counts.empty:
-    return ("Sign agreement with E g: not logged (no sign/<leaf>/... counts in these runs).",
-            "")
-  keys = [PLACEMENT] if PLACEMENT in counts else []
-  pooled = sign_counts.pooled(counts, keys + ["train.seed"])
-  mean = pooled.groupby(keys + ["leaf"], dropna=False)[list(sign_counts.SUMMARY)].agg(
+    return "Sign agreement with E g: not logged (no sign/<leaf>/... counts in these runs)", ""
+  keys = _by(counts)
+  pooled = leafwise.sign_pooled(counts, keys + ["train.seed"])
+  m = pooled.groupby(keys + ["leaf"], dropna=False)[["agree", "resolved", "alignment"]].agg(
       ["mean", "std"])
-  parts = []
-  for idx, r in mean.iterrows():
-    idx = idx if isinstance(idx, tuple) else (idx,)
-    name = " ".join(str(x) for x in idx)
-    parts.append(f"{name}: agreement {fmt_num(r[('agree', 'mean')])} ± "
-                 f"{fmt_num(r[('agree', 'std')])} on {fmt_num(r[('resolved', 'mean')])} of the "
-                 f"coordinates, alignment {fmt_num(r[('alignment', 'mean')])} ± "
-                 f"{fmt_num(r[('alignment', 'std')])}")
-  text = ("Sign agreement with E g (held-out batches; counts pooled over the second half of "
-          "training, mean ± std over seeds; reported, not in the verdict): " + "; ".join(parts)
-          + ".")
-  cols = keys + ["train.seed", "leaf", *sign_counts.SUMMARY]
-  return text, ("\n\nSign agreement per run (pooled over the second half of training; "
-                "`no norm`: every leaf but the normalization layers):\n\n" + md_table(pooled[cols]))
+  parts = [f"{' '.join(map(str, i if isinstance(i, tuple) else (i,)))}: agreement "
+           f"{fmt_num(r[('agree', 'mean')])} ± {fmt_num(r[('agree', 'std')])} on "
+           f"{fmt_num(r[('resolved', 'mean')])} of the coordinates, alignment "
+           f"{fmt_num(r[('alignment', 'mean')])}" for i, r in m.iterrows()]
+  return ("Sign agreement with E g (held-out batches, pooled over the second half, mean ± std "
+          "over seeds; not in the verdict): " + "; ".join(parts),
+          "\n\nSign agreement per run:\n\n" + md_table(
+              pooled[keys + ["train.seed", "leaf", *leafwise.SUMMARY]]))
 
 
-def report(out_dir: Path) -> Report:
+def report(out_dir: Path):
   out_dir = Path(out_dir)
-  path = out_dir / "snr_all.csv"
-  all_df = pd.read_csv(path) if path.exists() else pd.DataFrame()
+  all_df, per_leaf = read_csv(out_dir / "snr_all.csv"), read_csv(out_dir / "snr_per_leaf.csv")
   if all_df.empty:
-    return Report(verdict="not measured", rule=RULE, finding="no SNR² statistics were "
-                  f"logged (opt/all/snr2_* keys missing from metrics.jsonl): {RERUN}.")
-  whole, whole_md = _whole_model(all_df)
-  whole = ("Whole model (ratios of sums over all coordinates, each seed's mean over the "
-           "second half of training, mean over seeds): " + whole + f". A mean gradient "
-           f"constant across steps gives an EMA gain √((1+β)/(1−β)) = "
-           f"{constant_mean_gain():.2f} at β = {BETA:g}, a drifting one less.")
-  sign_text, sign_md = _sign_text(out_dir)
-  whole_md = ("Per run (placement, seed), whole-model SNR² (ratio of sums over all "
-              "coordinates; signed), mean over the second half of training:\n\n"
-              + md_table(whole_md))
-  sizes, leaf_path = leafwise.read_sizes(out_dir), out_dir / "snr_per_leaf.csv"
-  per_leaf = pd.read_csv(leaf_path) if leaf_path.exists() else pd.DataFrame()
+    return not_measured(RULE, "no SNR² logged", NAME)
+  whole = whole_model(all_df)
+  m = (whole.groupby(_by(whole), dropna=False).mean(numeric_only=True).reset_index() if _by(whole)
+       else whole.mean(numeric_only=True).to_frame().T)
+  cols = [c for c in (*STAGES, "ema_gain") if c in m]
+  name = lambda c: "EMA gain" if c == "ema_gain" else c.replace("snr2_", "")
+  whole_text = (f"Whole model (ratio of sums, mean over seeds; a constant mean gives an EMA gain "
+                f"{constant_mean_gain():.2f} at β = {BETA:g}): " + "; ".join(
+                    (f"{r[PLACEMENT]} runs: " if PLACEMENT in r else "")
+                    + ", ".join(f"{name(c)} {fmt_num(float(r[c]))}" for c in cols)
+                    for r in m.to_dict("records")))
+  sign_text, sign_md = _signs(out_dir)
+  numbers = "Whole model, per run:\n\n" + md_table(whole) + sign_md
+  sizes = leafwise.read_sizes(out_dir)
   if sizes is None or per_leaf.empty:
-    return Report(verdict="not measured", rule=RULE, finding=(
-        "The per-leaf SNR² or the leaves' parameter counts (leaf_params.csv) are missing, so "
-        f"the rule's per-leaf value cannot be computed: {RERUN}. Measured, not a verdict: "
-        f"{whole} {sign_text}"), numbers_md=whole_md + sign_md)
+    return not_measured(RULE, "no per-leaf SNR² or leaf sizes", NAME,
+                        checks=(whole_text, sign_text), numbers_md=numbers)
   means = leaf_means(per_leaf)
-  views, gains = leaf_views(means, sizes), leaf_gains(means)
-  if PLACEMENT in views:  # SignEMA's runs first
-    views = views.sort_values(PLACEMENT, kind="stable", key=lambda s: s.map(
-        {k: i for i, k in enumerate(_placements(views))}))
-  pairs, parts = [], []
+  views, gains = leaf_views(means, sizes), leaf_gains(means, sizes)
+  values, expected = {}, []
   for k in _placements(views):
     v, tag = _of(views, k), "" if k is None else f"{k}:"
-    groups = {tag + st.replace("snr2_", ""): v[v["stage"] == st][VIEW].dropna().tolist()
-              for st in ("snr2_ema", "snr2_batch")}
-    pairs += vd.decide(groups, [(tag + "ema", tag + "batch")], lower_is_better=False)[1]
-    m = v.groupby("stage")[VIEW].mean()
-    g = median_gain(_of(gains, k), sizes)
-    parts.append(("" if k is None else f"{k} runs: ") + ", ".join(
-        f"{st.replace('snr2_', '')} {fmt_num(float(m[st]))}" for st in STAGES if st in m)
-        + f", per-leaf EMA gain (parameter-weighted median, no norm) {fmt_num(g)}")
-  verdict = vd.verdict_of(pairs)
-  measured = ("Per leaf, parameter-weighted median SNR² over the leaves other than the "
-              "normalization layers (mean over seeds): " + "; ".join(parts) + ". Rule's test: "
-              + "; ".join(p.sentence() for p in pairs) + f". {whole} {sign_text}")
-  gain_md = (gains.pivot_table(index="leaf", columns=PLACEMENT, values="gain").reset_index()
-             if PLACEMENT in gains and len(gains) else gains)
-  return Report(verdict=verdict, rule=RULE, finding=measured, claim_row=measured,
-                numbers_md="Per run and stage, per-leaf SNR² (each leaf's mean over the second "
-                "half of training) aggregated over leaves (`rules.leaf_aggregates`; `_no_norm`: "
-                "without the normalization layers):\n\n" + md_table(views)
-                + "\n\nPer-leaf EMA gain SNR_ema/SNR_batch (seed-mean SNR²s):\n\n"
-                + md_table(gain_md) + "\n\n" + whole_md + sign_md)
+    for st in ("snr2_ema", "snr2_batch"):
+      values[tag + st[5:]] = v[v["stage"] == st][VIEW].dropna().tolist()
+    expected.append((tag + "ema", tag + "batch"))
+  stage = lambda st: views[views["stage"] == st][VIEW].dropna()
+  cal = calibrate.calibrate("pair", calibrate.pooled_std([stage("snr2_ema"), stage("snr2_batch")]),
+                            int(views["train.seed"].nunique()),
+                            EFFECT * float(stage("snr2_batch").mean()))
+  gain_text = "Per-leaf EMA gain (parameter-weighted median, no norm): " + ", ".join(
+      f"{k if k is not None else 'all runs'} {fmt_num(float(g))}" for k, g in gains.items())
+  return pairs_report(values, expected, rule=RULE, paper=PAPER, effect=cal.effect, cal=cal,
+                      lower_is_better=False, checks=(gain_text, whole_text, sign_text),
+                      numbers_md="Per-leaf SNR² views (`_no_norm`: without the normalization "
+                      "layers):\n\n" + md_table(views) + "\n\n" + numbers)
 
 
 EXPERIMENT = register(Experiment(

@@ -1,17 +1,9 @@
 """What an experiment sweeps: grids of Hydra overrides, scale presets, run and sweep dirs.
 
-An experiment (`experiments.record.Experiment`, registered by its module, e.g.
-`experiments.sign_placement`) gives `sweep(preset) -> Sweep`: the grids of runs for preset
-"ci" | "cpu" | "paper", defined here.
-
-Run directories are deterministic: `<sweep_dir>/<override_dirname>` where the
-override dirname holds only the swept ("identity") keys of the point, sorted, as
-Hydra writes it (`key=value,key=value`). Everything fixed is excluded from the name
-(`hydra.job.config.override_dirname.exclude_keys`), so re-launching the same sweep
-lands on the same directories and the training entry skips or resumes them.
-
-The scale of every run (model, data, steps, logging) is the Hydra config group
-`configs/scale/<preset>.yaml`, selected by the override `scale=<preset>`.
+A run's directory is `<sweep_dir>/<override_dirname>`: only the swept keys of its point,
+sorted, as Hydra writes them (`key=value,key=value`; everything fixed is excluded), so a
+re-launched sweep lands on the same directories and the training entry skips or resumes
+them. A preset's scale (model, data, steps) is the config group `configs/scale/<preset>.yaml`.
 """
 
 from __future__ import annotations
@@ -20,6 +12,7 @@ import dataclasses
 import hashlib
 import itertools
 import json
+import math
 from pathlib import Path
 from typing import Sequence
 
@@ -30,7 +23,7 @@ PRESETS = ("ci", "cpu", "paper")
 
 
 def fmt(value) -> str:
-  """Formats an override value the way it appears on the command line and in run dirs."""
+  """An override value as on the command line and in run dirs."""
   if value is None:
     return "null"
   if isinstance(value, bool):
@@ -42,12 +35,8 @@ def fmt(value) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Block:
-  """A Cartesian grid launched as one Hydra multirun.
-
-  grid: swept keys -> values; they name the run directory.
-  fixed: keys -> value shared by the block but derived from the point (e.g. the number
-    of steps for a batch size); excluded from the run directory name.
-  """
+  """A Cartesian grid launched as one Hydra multirun: `grid` (swept keys -> values; they name
+  the run directory) and `fixed` (keys -> value of the block, not in the name)."""
 
   grid: dict
   fixed: dict = dataclasses.field(default_factory=dict)
@@ -57,27 +46,17 @@ class Block:
     return [dict(zip(keys, vals, strict=False)) for vals in itertools.product(*self.grid.values())]
 
 
+POLICY = ("each group's lr is chosen on its selection seeds alone and its numbers are the "
+          "mean ± std of fresh seeds at that lr, never a selection seed")
+
+
 @dataclasses.dataclass(frozen=True)
 class LrSearch:
-  """Per-group learning-rate search on selection seeds, then fresh seeds at the chosen lr.
-
-  The lr policy (`experiments.lr_search`): each group's lr is the one with the lowest mean
-  final eval loss over the selection seeds (the `seed_key` values of the sweep's first
-  block; a run above ln V counts as diverged); a grid whose best lr lies
-  at an edge is extended past it, up to `max_extend` times per side; a group whose every
-  run diverged is extended DOWNWARD by `factor` until a run trains or the lowest lr is
-  `diverged_floor` times below the lowest lr of its first grid; then `seeds` (fresh seeds,
-  never a selection seed) are run at each group's chosen lr, and the reported numbers
-  are those fresh seeds' only.
-
-  group_keys: the keys that define a variant (e.g. ("optimizer.placement",)).
-  lr_key: the swept learning-rate key.
-  factor: ratio between neighbouring grid values (used to extend past an edge).
-  max_extend: how many times the grid may be extended past an edge on each side.
-  seed_key: the seed key; its values in the first block are the selection seeds.
-  seeds: the fresh seeds run at each group's chosen lr (the reported numbers).
-  diverged_floor: how far below its first grid an all-diverged group is searched.
-  """
+  """`POLICY` per group (`group_keys`, e.g. ("optimizer.placement",)): the lowest mean final
+  eval loss over the selection seeds (the first block's `seed_key` values) picks the lr; a
+  best lr at an edge extends the grid by `factor`, up to `max_extend` times a side; an
+  all-diverged group extends downward to `diverged_floor` below its first grid; the fresh
+  `seeds` then run at the chosen lr and are the only reported numbers."""
 
   group_keys: tuple
   lr_key: str = "optimizer.lr"
@@ -89,23 +68,16 @@ class LrSearch:
 
   @property
   def rounds(self) -> int:
-    """Follow-up rounds that can add runs: edge extensions, downward extensions of an
-    all-diverged group (the larger of the two), and the fresh seeds."""
-    import math
-
+    """Follow-up rounds that can add runs: extensions (up or down) and the fresh seeds."""
     down = math.ceil(math.log(self.diverged_floor) / math.log(self.factor) - 1e-9)
     return max(self.max_extend, down) + 1
 
 
 @dataclasses.dataclass(frozen=True)
 class Sweep:
-  """All runs of one experiment at one preset.
-
-  base: overrides shared by every run (excluded from run directory names).
-  blocks: the first-stage grids.
-  lr_search: optional follow-up stages chosen from the first stage's results.
-  wall_estimate_min: expected compute on this 2-core machine (documentation).
-  """
+  """All runs of one experiment at one preset: `base` overrides shared by every run (not in
+  the run names), the first-stage `blocks`, an optional `lr_search` follow-up, and the
+  expected minutes on this 2-core machine."""
 
   base: dict
   blocks: tuple
@@ -126,48 +98,28 @@ def parse_dirname(name: str) -> dict:
   return out
 
 
-def logged_run(name: str, preset: str, point: dict) -> Sweep:
-  """One configuration with per-layer statistics logged every few steps, over 2 seeds
-  (1 at ci): the sweep of the descriptive experiments (snr, moments)."""
-  log_every = {"ci": 5, "cpu": 10, "paper": 100}[preset]
-  base = base_for(name, preset, **{"stats.log_every": log_every})
-  seeds = [0] if preset == "ci" else [0, 1]
-  blocks = (Block({**{k: [v] for k, v in point.items()}, "train.seed": seeds}),)
-  return Sweep(base, blocks, wall_estimate_min={"ci": 0.3, "cpu": 5}.get(preset))
-
-
-# --------------------------------------------------------------------------- scale presets
-
-
 def scale_file(preset: str) -> Path:
   return REPO / "configs" / "scale" / f"{preset}.yaml"
 
 
 def config_value(path: Path, key: str):
-  """The value of dotted `key` in the YAML file `path` (None: not set there)."""
+  """The value of dotted `key` in the YAML file `path` (KeyError if it is not set there)."""
   node = yaml.safe_load(Path(path).read_text()) or {}
   for part in key.split("."):
-    if not isinstance(node, dict) or part not in node:
-      return None
+    if not isinstance(node, dict) or node.get(part) is None:
+      raise KeyError(f"{key} is not set by {path}")
     node = node[part]
   return node
 
 
 def experiment_value(name: str, key: str):
-  """A value that `configs/experiment/<name>.yaml` sets (KeyError if it does not)."""
-  path = REPO / "configs" / "experiment" / f"{name}.yaml"
-  value = config_value(path, key)
-  if value is None:
-    raise KeyError(f"{key} is not set by {path}")
-  return value
+  """A value that `configs/experiment/<name>.yaml` sets."""
+  return config_value(REPO / "configs" / "experiment" / f"{name}.yaml", key)
 
 
 def scale_value(preset: str, key: str):
   """A value of `configs/scale/<preset>.yaml`, e.g. scale_value("cpu", "train.steps")."""
-  value = config_value(scale_file(preset), key)
-  if value is None:
-    raise KeyError(f"{key} is not set by {scale_file(preset)}")
-  return value
+  return config_value(scale_file(preset), key)
 
 
 def base_for(name: str, preset: str, **over) -> dict:
@@ -175,11 +127,8 @@ def base_for(name: str, preset: str, **over) -> dict:
   return {"experiment": name, "scale": preset, **over}
 
 
-# --------------------------------------------------------------------------- sweep dirs
-
 SWEEP_JSON = "sweep.json"
-# Overrides that do not change what a run computes: the launcher's, the logging's, and
-# where the prepared data is cached.
+# Overrides that do not change what a run computes: the launcher's, the logging's, the cache's.
 NEUTRAL = ("hydra", "logging", "data.tfds_dir")
 
 
@@ -198,11 +147,8 @@ def config_extras(extra: Sequence[str]) -> list[str]:
 
 
 def sweep_dir(root: Path, name: str, preset: str, extra: Sequence[str] = ()) -> Path:
-  """`<root>/<name>/<preset>`, with `-<hash>` of the config-changing extras when any.
-
-  The same experiment rerun with other data or model overrides thus gets its own sweep
-  directory instead of being skipped onto finished runs of another config.
-  """
+  """`<root>/<name>/<preset>`, with `-<hash>` of the config-changing extras when any (so a
+  rerun with other data or model overrides is not skipped onto another config's runs)."""
   extras = config_extras(extra)
   if not extras:
     return Path(root) / name / preset

@@ -1,10 +1,7 @@
-"""Tokens to a target loss and the schedule verdict of `gns_schedule` (Gray et al.'s G3).
+"""Tokens to a target loss and the schedule verdict of `gns_schedule`.
 
-A curve reaches a target T where its eval loss first gets ≤ T, linear between evaluations;
-a curve that does not within its budget has not reached it (inf), which says nothing about
-divergence. The verdict judges final losses at equal tokens (`verdict.compare`) and asks
-whether a tie could have shown a saving of the paper's size: Δ18, the best fixed arm's
-final loss on 82 % of the tokens minus on all of them, must exceed the pair's noise.
+A curve reaches a target T where its eval loss first gets ≤ T, linear between evaluations
+(inf: not within its budget, which says nothing about divergence).
 """
 
 from __future__ import annotations
@@ -14,7 +11,8 @@ import math
 import numpy as np
 import pandas as pd
 
-from experiments import verdict
+from experiments import rules
+from experiments.calibrate import MIN_POWER
 
 
 def crossing(x: np.ndarray, y: np.ndarray, target: float) -> float:
@@ -30,14 +28,12 @@ def crossing(x: np.ndarray, y: np.ndarray, target: float) -> float:
   return float(x0 + (x1 - x0) * (y0 - target) / (y0 - y1))
 
 
-
 def mean_curve(cur: pd.DataFrame, arm_: str, col: str = "eval_loss") -> pd.DataFrame:
   """The arm's seed-mean curve: tokens, `col` and train time averaged over seeds per
   evaluation (the arms evaluate at the same examples seen, up to one batch)."""
   g = cur[cur["arm"] == arm_].sort_values("tokens")
   g = g.assign(eval_index=g.groupby("run").cumcount())
   return g.groupby("eval_index")[["tokens", col, "train_time_s"]].mean()
-
 
 
 def to_target(cur: pd.DataFrame, best_arm: str, fin: pd.DataFrame | None = None
@@ -66,7 +62,6 @@ def to_target(cur: pd.DataFrame, best_arm: str, fin: pd.DataFrame | None = None
   return pd.DataFrame(rows)
 
 
-
 def delta_short(finals: dict[str, list[float]], base: str) -> float:
   """Δ18 = the short arm's seed-mean final eval loss minus the best fixed arm's (NaN
   without short runs; inf when a short run diverged)."""
@@ -77,21 +72,19 @@ def delta_short(finals: dict[str, list[float]], base: str) -> float:
   return float(np.mean(short) - np.mean(full))
 
 
-
-def schedule_verdict(pairs: list[verdict.Comparison], delta: float) -> str:
-  """`RULE`'s verdict from the schedules' pairs (each expected to be a win) and Δ18."""
-  outcomes = [p.outcome for p in pairs]
-  if verdict.LOSS in outcomes:
-    return "not reproduced"
-  if all(o == verdict.WIN for o in outcomes):
-    return "reproduced"
-  if verdict.WIN in outcomes:
-    return "partly reproduced"
-  if math.isfinite(delta) and all(o == verdict.TIE and p.noise < delta
-                                  for o, p in zip(outcomes, pairs, strict=True)):
-    return "not reproduced"
-  return "undetermined"
-
+def schedule_verdict(pairs: list[rules.Comparison], power: float) -> str:
+  """`gns_schedule.RULE`'s verdict from the schedules' pairs (each expected to be a win) and the
+  rule's power for Δ18: ties say "not reproduced" only at power ≥ `calibrate.MIN_POWER`."""
+  out = [p.outcome for p in pairs]
+  if rules.LOSS in out:
+    return rules.NOT_REPRODUCED
+  if all(o == rules.WIN for o in out):
+    return rules.REPRODUCED
+  if rules.WIN in out:
+    return rules.PARTLY
+  if all(o == rules.TIE for o in out) and power >= MIN_POWER:
+    return rules.NOT_REPRODUCED
+  return rules.UNDETERMINED
 
 
 def seed_mean_to_target(cur: pd.DataFrame, best_arm: str, target: float) -> pd.DataFrame:
@@ -126,25 +119,10 @@ def curves(table: pd.DataFrame, arm_of) -> pd.DataFrame:
               if len(timed) else np.full(len(ev), np.nan))
     size = np.interp(ev["step"], tr["step"], tr["train/batch_size"]) if len(tr) else np.nan
     rows.append(pd.DataFrame({
-        "run": run, "arm": arm_of(g.iloc[0].to_dict()), "train.seed": g["train.seed"].iloc[0],
+        "run": run, "arm": arm_of({**g.iloc[0].to_dict(), "_budget": g["train/tokens_seen"].max()}),
+        "train.seed": g["train.seed"].iloc[0],
         "lr": g["optimizer.lr"].iloc[0], "step": ev["step"].to_numpy(), "tokens": tokens,
         "eval_loss": ev["eval/loss"].to_numpy(), "train_time_s": time_s, "batch_size": size}))
   cols = ["run", "arm", "train.seed", "lr", "step", "tokens", "eval_loss", "train_time_s",
           "batch_size"]
   return pd.concat(rows, ignore_index=True)[cols] if rows else pd.DataFrame(columns=cols)
-
-
-
-def labelled(df: pd.DataFrame) -> pd.DataFrame:
-  """inf as words: `not reached` (tokens and time to target), `diverged` (losses)."""
-  out = df.astype(object)
-  for c in df.columns:
-    if pd.api.types.is_numeric_dtype(df[c]):
-      word = "diverged" if "loss" in c else "not reached"
-      out[c] = [word if isinstance(x, float) and math.isinf(x) else x for x in df[c]]
-  return out
-
-
-
-def saving_text(x: float) -> str:
-  return "not reached" if not math.isfinite(x) else f"{100 * x:.1f}%"

@@ -1,9 +1,10 @@
 """The surface of pergrad that analysis code (the `experiments` package, notebooks) may use.
 
 Experiments read run directories (metrics.jsonl, summary.json, config.yaml) and launch
-the training and benchmark entry points (`python -m pergrad.train`, `pergrad.bench`); for
-everything else they call the functions here, never training internals, so that those can
-change behind this module. Imports are deferred: reading a table does not import JAX.
+`python -m pergrad.train`; for the rest they call the functions here (and the benchmark,
+`pergrad.bench.stats`). The table readers and the offline formulas are NumPy only (importing
+this module or reading a table imports no JAX); the functions that compose a config or build
+a model's shapes import the library inside the call.
 
   read_records(path)                the records of a metrics.jsonl
   smooth(G2, S, alpha)              the GNS tracker's recurrence, offline (B_simple)
@@ -14,37 +15,64 @@ change behind this module. Imports are deferred: reading a table does not import
   n_params(overrides)               the parameter count of its model (no initialization)
   leaf_sizes(overrides)             {leaf path: parameter count} of its model, as logged
   layer_type(path)                  a leaf path's layer type ("norm", "mlp", ...; the GNS groups)
+
+The statistics benchmark is `pergrad.bench.stats` (same floor: analysis does not import it).
 """
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Sequence
 
+import numpy as np
+
+from pergrad.layer_types import layer_type
+
 GNS_TOTAL = "total"
+__all__ = ["GNS_TOTAL", "composed", "ema_gain", "layer_type", "leaf_sizes", "n_params",
+           "read_records", "scale_summary", "smooth"]
 
 
 def read_records(path: str | Path) -> list[dict]:
   """The records of a metrics.jsonl; a torn line (killed writer) is skipped."""
-  from pergrad.train.metrics import read_records as read
+  path, out = Path(path), []
+  if not path.exists():
+    return out
+  for line in path.read_text().splitlines():
+    try:
+      out.append(json.loads(line))
+    except json.JSONDecodeError:
+      continue
+  return out
 
-  return read(path)
 
-
-def smooth(G2, S, alpha: float) -> dict:
-  """Debiased EMAs of the per-step terms |G|²_est and S_est and B_simple = EMA(S)/EMA(|G|²)
-  with decay `alpha`, as the online tracker computes them."""
-  from pergrad.stats.noise import smooth as smooth_
-
-  return smooth_(G2, S, alpha)
+def smooth(G2: Sequence[float], S: Sequence[float], alpha: float) -> dict[str, np.ndarray]:
+  """The tracker's float32 recurrence on raw terms: e_t = α e_{t−1} + (1 − α) x_t, debiased
+  by w_t = 1 − α^t (the EMA of ones); {"G2_ema", "S_ema", "b_simple" = S_ema / G2_ema}."""
+  a, b, one = np.float32(alpha), np.float32(1.0 - alpha), np.float32(1.0)
+  e_g, e_s, w = np.float32(0.0), np.float32(0.0), np.float32(0.0)
+  rows: dict[str, list] = {"G2_ema": [], "S_ema": [], "b_simple": []}
+  for g2, s in zip(np.asarray(G2, np.float32), np.asarray(S, np.float32), strict=True):
+    e_g, e_s, w = a * e_g + b * g2, a * e_s + b * s, a * w + b * one
+    wd = max(w, np.finfo(np.float32).tiny)
+    rows["G2_ema"].append(e_g / wd)
+    rows["S_ema"].append(e_s / wd)
+    rows["b_simple"].append((e_s / wd) / (e_g / wd))
+  return {k: np.asarray(v, np.float32) for k, v in rows.items()}
 
 
 def ema_gain(snr2_ema, snr2_batch):
   """SNR_ema / SNR_batch = √(snr2_ema / snr2_batch), NaN unless both are > 0."""
-  from pergrad.stats.noise import ema_gain as gain
+  ok = (snr2_ema > 0) & (snr2_batch > 0)
+  return np.sqrt(np.where(ok, snr2_ema, np.nan) / np.where(ok, snr2_batch, np.nan))
 
-  return gain(snr2_ema, snr2_batch)
+
+def _plan(overrides: Sequence[str]):
+  from pergrad.config import build_plan, compose
+
+  return build_plan(compose(list(overrides)))
 
 
 def composed(overrides: Sequence[str]) -> dict:
@@ -55,11 +83,9 @@ def composed(overrides: Sequence[str]) -> dict:
 
 
 def scale_summary(overrides: Sequence[str]) -> dict:
-  """{model (its name), n_layers, d_model, n_heads, data (its name), vocab_size, tokenizer,
-  batch_size, seq_len, steps} of the composed config, after the plan's checks."""
-  from pergrad.config import build_plan, compose
-
-  p = build_plan(compose(list(overrides)))
+  """{model, n_layers, d_model, n_heads, data, vocab_size, tokenizer, batch_size, seq_len,
+  steps} of the composed config, after the plan's checks."""
+  p = _plan(overrides)
   m, d = p.model, p.data
   return {"model": p.config["model"]["name"], "n_layers": m.n_layers, "d_model": m.d_model,
           "n_heads": m.n_heads, "data": d.name, "vocab_size": d.vocab_size,
@@ -67,16 +93,18 @@ def scale_summary(overrides: Sequence[str]) -> dict:
           "steps": p.train.steps}
 
 
-def n_params(overrides: Sequence[str]) -> int:
-  """The number of parameters of the composed config's model (shapes only)."""
+def _shapes(overrides: Sequence[str]):
   import jax
 
-  from pergrad.config import build_plan, compose
   from pergrad.model import init_params
 
-  model = build_plan(compose(list(overrides))).model
-  shapes = jax.eval_shape(lambda: init_params(model, jax.random.key(0)))
-  return int(sum(math.prod(x.shape) for x in jax.tree.leaves(shapes)))
+  model = _plan(overrides).model
+  return jax.eval_shape(lambda: init_params(model, jax.random.key(0)))
+
+
+def n_params(overrides: Sequence[str]) -> int:
+  """The number of parameters of the composed config's model (shapes only)."""
+  return int(sum(leaf_sizes(overrides).values()))
 
 
 def leaf_sizes(overrides: Sequence[str]) -> dict[str, int]:
@@ -84,18 +112,7 @@ def leaf_sizes(overrides: Sequence[str]) -> dict[str, int]:
   its parameter count} of the composed config's model (shapes only)."""
   import jax
 
-  from pergrad.config import build_plan, compose
-  from pergrad.model import init_params
   from pergrad.stats.noise import leaf_path
 
-  model = build_plan(compose(list(overrides))).model
-  shapes = jax.eval_shape(lambda: init_params(model, jax.random.key(0)))
-  return {leaf_path(p): int(math.prod(x.shape))
-          for p, x in jax.tree_util.tree_flatten_with_path(shapes)[0]}
-
-
-def layer_type(path: str) -> str:
-  """The layer type of a leaf path by the GNS groups' rules (`pergrad.layer_types`)."""
-  from pergrad.layer_types import layer_type as kind
-
-  return kind(path)
+  flat = jax.tree_util.tree_flatten_with_path(_shapes(overrides))[0]
+  return {leaf_path(p): int(math.prod(x.shape)) for p, x in flat}

@@ -205,9 +205,6 @@ def main(argv=None) -> int:
           + (f" --launcher {a.launcher}" if a.launcher != "basic" else "")
           + "".join(f" --hydra-arg {shlex.quote(x)}" for x in a.hydra_arg))
     except (FileNotFoundError, RuntimeError, ValueError) as e:
-      if a.dry_run and isinstance(e, FileNotFoundError) and rec.get(n).needs:
-        print(f"[dry-run] {n}: {e}")
-        continue
       if len(names) == 1:
         raise
       print(f"[error] {n}: {e}")

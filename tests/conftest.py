@@ -137,67 +137,43 @@ def pytest_collection_modifyitems(config, items):
 
 
 class _CiSweeps:
-  """ONE sweeps root with the `ci` preset of every experiment (overhead included), read
-  by every experiment and notebook test instead of each launching its own.
+  """ONE sweeps root with the `ci` preset of every experiment (the benchmarks included), read
+  by every experiment test instead of each launching its own: two `reproduce.py` streams, one
+  per core, started at the session's first test and running beside it; `result()` waits."""
 
-  Two streams: sign_placement, killed after its first run finished and restarted (the
-  restart must skip exactly the finished runs), then `after_kill` (in a thread); beside
-  it, one `reproduce.py` call runs all the other experiments. Both start at once and run
-  beside the tests; `result()` waits for them.
-  """
-
-  after_kill = ("preconditioner", "msq_eps", "norm_cost", "gns_layers")  # about half
+  streams = (("sign_placement", "preconditioner", "msq_eps", "snr", "gns_schedule"),
+             ("overhead", "norm_cost", "batch_scaling", "moments", "gns_layers"))
 
   def __init__(self, tmp_path_factory):
-    import threading
-
     sys.path.insert(0, str(REPO))
     from experiments.runner import EXPERIMENTS
 
-    beside = [n for n in EXPERIMENTS if n not in ("sign_placement", *self.after_kill)]
+    assert sorted(sum(self.streams, ())) == sorted(EXPERIMENTS), "give every experiment a stream"
     self.root = root = tmp_path_factory.mktemp("sweeps")
-    # Niced: the tests run beside them at full priority, the sweeps take the idle core.
-    reproduce = ["nice", "-n", "10", sys.executable, str(REPO / "scripts" / "reproduce.py")]
-    common = ["--preset", "ci", "--sweeps-root", str(root)]
-    # One XLA compilation cache for the sweeps' runs: a run whose programs another run
-    # compiled already (same model, optimizer and shapes; e.g. another seed, or the resumed
-    # run of the killed sweep) loads them instead of compiling (about 10 s of a 14 s run).
+    # Niced: the tests run beside them at full priority. One XLA compilation cache: a run
+    # whose programs another run compiled already loads them (about 10 s of a 14 s run).
     env = {**os.environ, "WANDB_MODE": "disabled",
            **cache_env(tmp_path_factory.mktemp("jax_cache"))}
-    self.log = root.parent / f"{root.name}-beside.log"  # a file: nobody reads a pipe now
-    with open(self.log, "w") as log:
-      self.other = subprocess.Popen([*reproduce, *beside, *common], cwd=REPO, env=env,
-                                    stdout=log, stderr=subprocess.STDOUT, text=True)
-    self.out = {}
-
-    def killed_stream():
-      try:
-        self.out["first"], self.out["stdout"] = kill_and_restart(
-            [*reproduce, "sign_placement", *common], root / "sign_placement" / "ci", env=env)
-        self.out["after"] = subprocess.run([*reproduce, *self.after_kill, *common], cwd=REPO,
-                                           env=env, capture_output=True, text=True,
-                                           timeout=900)
-      except Exception as e:  # raised again in result()
-        self.out["error"] = e
-
-    self.thread = threading.Thread(target=killed_stream, daemon=True)
-    self.thread.start()
+    self.logs, self.procs = [], []
+    for i, names in enumerate(self.streams):
+      log = root.parent / f"{root.name}-{i}.log"  # a file: nobody reads a pipe meanwhile
+      with open(log, "w") as f:
+        self.procs.append(subprocess.Popen(
+            ["nice", "-n", "10", sys.executable, str(REPO / "scripts" / "reproduce.py"), *names,
+             "--preset", "ci", "--sweeps-root", str(root)],
+            cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT, text=True))
+      self.logs.append(log)
 
   def result(self) -> dict:
-    self.thread.join(timeout=1800)
-    assert not self.thread.is_alive(), "the killed sweep's stream did not end"
-    if "error" in self.out:
-      raise self.out["error"]
-    self.other.wait(timeout=900)
-    after = self.out["after"]
-    assert after.returncode == 0, after.stdout[-3000:] + after.stderr[-3000:]
-    assert self.other.returncode == 0, self.log.read_text()[-6000:]
-    return {"root": self.root, "killed_first": self.out["first"],
-            "restart_stdout": self.out["stdout"]}
+    for proc, log in zip(self.procs, self.logs, strict=True):
+      proc.wait(timeout=900)
+      assert proc.returncode == 0, log.read_text()[-6000:]
+    return {"root": self.root}
 
   def close(self):
-    if self.other.poll() is None:
-      self.other.kill()
+    for proc in self.procs:
+      if proc.poll() is None:
+        proc.kill()
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -30,10 +30,13 @@ from experiments.record import Experiment, Report  # noqa: E402
 # --------------------------------------------------------------------------- claims
 
 
-def test_readme_claims_block_is_rendered_from_committed_reports():
-  got = report_md.readme_block(REPO / "README.md")
-  want = report_md.claims_block(REPO / "results" / "cpu", "results/cpu/")
-  assert got == want, ("README.md's claims block differs from what results/cpu/*/report.json "
+def test_readme_claims_block_is_rendered_from_committed_reports(tmp_path):
+  """README.md is what `python scripts/reproduce.py --render-readme` leaves: rendering its
+  claims block again from results/cpu/*/report.json changes nothing."""
+  copy = tmp_path / "README.md"
+  copy.write_text((REPO / "README.md").read_text())
+  changed = report_md.render_readme(copy, REPO / "results" / "cpu", "results/cpu/")
+  assert not changed, ("README.md's claims block differs from what results/cpu/*/report.json "
                        "render; run `python scripts/reproduce.py --render-readme`.")
 
 
@@ -52,24 +55,33 @@ def _report(root: Path, name: str, **doc) -> None:
 
 def test_claims_table_renders_constructed_reports(tmp_path):
   root = tmp_path / "results"
-  _report(root, "overhead", verdict="reproduced", finding="long text", claim_row="ratio 1.234")
-  _report(root, "sign_placement", verdict="partly reproduced", finding="ema 4.5 < batch 4.6")
+  cal = {"kind": "pair", "noise": 0.01, "n": 3, "effect": 0.05, "false_alarm": 0.034,
+         "power": 0.991, "source": "measured"}
+  from experiments import overhead, sign_placement
+  _report(root, "overhead", verdict="reproduced", ours="ratio 1.234", paper="≈ 1.17",
+          checks=["long text"], calibration=cal, commit="abc", rule=overhead.RULE)
+  _report(root, "sign_placement", verdict="partly reproduced", ours="ema 4.5 < batch 4.6",
+          commit="abc", rule=sign_placement.RULE)
   (root / "sign_placement" / "curves.png").write_bytes(b"")
   (root / "sign_placement" / "best.csv").write_text("optimizer.placement,n_seeds\nema,3\n"
                                                     "batch,2\n")
   table = report_md.claims_table(root, "results/")
   rows = table.splitlines()
-  assert rows[0] == "| Claim | What we measured | Figures | Verdict |"
-  assert len(rows) == 2 + len(report_md.claim_rows())
-  assert "`overhead`: ratio 1.234" in rows[2] and "long text" not in rows[2]  # claim_row first
-  assert "overhead: **reproduced**" in rows[2]
-  assert "`sign_placement`: ema 4.5 < batch 4.6" in rows[3]  # no claim_row: the finding
-  assert "[curves.png](results/sign_placement/curves.png)" in rows[3]
-  assert "`snr`: not yet run" in rows[3] and "snr: not yet run" in rows[3]
-  assert "batch_scaling: not yet run" in rows[5]
+  assert rows[0] == ("| Claim | Experiment | Paper | Ours | Verdict | False alarm | Power "
+                     "| Figures |")
+  assert len(rows) == 2 + sum(len(v) for v in report_md.claim_rows().values())
+  row = next(r for r in rows if "`overhead`" in r)
+  assert "| ≈ 1.17 | ratio 1.234 | **reproduced** | 0.03 | 0.99 |" in row
+  assert "long text" not in row and "(results/overhead/README.md)" in row  # reasoning: its README
+  row = next(r for r in rows if "`sign_placement`" in r)
+  assert "| — | ema 4.5 < batch 4.6 | **partly reproduced** | — | — |" in row  # no calibration
+  assert "[curves.png](results/sign_placement/curves.png)" in row
+  assert "| `snr` | | not yet run | not yet run |" in table
+  _report(tmp_path / "old", "snr", verdict="reproduced", ours="x", commit="abc", rule="older")
+  assert report_md.OLD_RULE in report_md.claims_table(tmp_path / "old")  # marked, not hidden
   # Every number of the table is one of the reports' (or a claim's own numbering).
   nums = set(re.findall(r"\d+\.\d+", table))
-  assert nums == {"1.234", "4.5", "4.6"}
+  assert nums == {"1.234", "1.17", "4.5", "4.6", "0.03", "0.99"}
   # The README's block: setup paragraph (from configs and the CSVs) + the table.
   readme = tmp_path / "README.md"
   readme.write_text(f"# x\n\nbefore\n\n{report_md.README_BEGIN}\nold, hand-typed 9.99\n"
@@ -95,8 +107,7 @@ def test_readme_shows_the_rule(tmp_path):
   info = {"launch_wall_s": 60.0, "preset": "ci", "command": "cmd", "launcher": "basic",
           "sweep_dir": "s", "n_runs_completed": 1, "runs_compute_s": 1.0, "wall_s": 1.0,
           "launched": 1, "skipped": 0, "commit": "abc", "clean": True}
-  rep = Report(verdict="reproduced", finding="f", claim_row="r", rule="A beats B.",
-               numbers_md="n")
+  rep = Report(verdict="reproduced", ours="r", rule="A beats B.", numbers_md="n")
   report_md.write_readme(exp, tmp_path, rep, info)
   assert "**Rule.** A beats B." in (tmp_path / "README.md").read_text()
   assert json.loads((tmp_path / "report.json").read_text())["rule"] == "A beats B."

@@ -3,9 +3,8 @@
 Fast part (no JAX): a fake Hydra training entry checks launch / skip / resume / aggregate
 logic, including a sweep killed part-way and restarted; a sweep's directory follows its
 config-changing extra overrides (the scale presets: tests/test_scales.py).
-Slow part: the `ci` preset of every experiment through the real `python -m pergrad.train`
-and the statistics benchmark, a kill-and-restart of a real sweep, and both notebooks
-executed with nbclient, all on the one session-wide sweep of `ci_sweeps` (tests/conftest.py).
+Slow part: one end-to-end test per experiment on the `ci` preset (the session-wide
+`ci_sweeps`, tests/conftest.py); extended: a real sweep killed and restarted, the notebooks.
 """
 
 from __future__ import annotations
@@ -203,6 +202,13 @@ def test_unknown_experiment_or_preset_is_one_clear_error():
 # --------------------------------------------------------------------------- sweep dirs
 
 
+def test_dry_run_of_an_experiment_whose_needs_have_not_run(tmp_path):
+  """It says what it would launch (placeholder lrs), not the needed search's missing runs."""
+  lines = []
+  out = runner.run_experiment("snr", "cpu", dry_run=True, sweeps_root=tmp_path, echo=lines.append)
+  assert len(out.log.launched) == 9 and "sign_placement not run yet" in lines[-1]
+
+
 def _dry(name, root, *extra):
   out = runner.run_experiment(name, "ci", dry_run=True, sweeps_root=root, extra=extra,
                               echo=lambda *_: None)
@@ -246,72 +252,56 @@ def test_sweep_json_records_the_config_and_refuses_another(tmp_path):
 
 # --------------------------------------------------------------------------- real sweeps
 
-TRAINING = [n for n in runner.EXPERIMENTS if runner.load(n).sweep is not None]
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", runner.EXPERIMENTS)
+def test_ci_preset_end_to_end(ci_sweeps, name):
+  """`reproduce.py NAME --preset ci` through the real training entry or benchmark: its table,
+  CSVs, figures, README and report.json."""
+  sweep_dir = ci_sweeps["root"] / name / "ci"
+  report = sweep_dir / "report"
+  assert list(report.glob("*.png")) and list(report.glob("*.csv"))
+  readme = (report / "README.md").read_text()
+  doc = json.loads((report / "report.json").read_text())
+  assert doc["verdict"] in readme and f"scripts/reproduce.py {name} --preset ci" in readme
+  assert doc["rule"] and "**Rule.**" in readme and doc["commit"]
+  exp = runner.load(name)
+  if exp.launch is not None:  # a benchmark: pergrad.bench.stats.run's document
+    bench = json.loads((sweep_dir / "bench.json").read_text())
+    assert bench["rows"] and "checks" in bench and "--presets" in bench["argv"]
+    return
+  table = pd.read_csv(sweep_dir / "table.csv")
+  sweep = exp.sweep_at("ci")
+  expected = {run_dirname(p) for b in sweep.blocks for p in b.points()}
+  assert expected <= set(table["run"])  # every first-stage point ran and is in the table
+  assert not table.duplicated(["run", "step"]).any()  # one row per run and step
+  assert table["train/loss"].notna().any() and table["eval/loss"].notna().any()
+  assert json.loads((sweep_dir / SWEEP_JSON).read_text())["base"]["scale"] == "ci"
+  assert f"Resolved (`experiment={name} scale=ci`" in readme
+  cfg = OmegaConf.load(sweep_dir / sorted(expected)[0] / "config.yaml")  # the ci scale
+  assert (cfg.model.n_layers, cfg.model.d_model, cfg.data.tokenizer) == (1, 32, "byte")
 
 
 @pytest.mark.slow
-def test_killed_real_sweep_restarts_only_missing_runs(ci_sweeps):
-  sweep_dir = ci_sweeps["root"] / "sign_placement" / "ci"
-  first = ci_sweeps["killed_first"]
+@pytest.mark.extended
+def test_killed_real_sweep_restarts_only_missing_runs(tmp_path):
+  """A real ci sweep killed once its first run finished, then restarted: the restart skips
+  exactly the finished runs."""
+  root = tmp_path / "sweeps"
+  sweep_dir = root / "sign_placement" / "ci"
+  cmd = [PY, str(REPO / "scripts" / "reproduce.py"), "sign_placement", "--preset", "ci",
+         "--sweeps-root", str(root)]
+  first, stdout = kill_and_restart(cmd, sweep_dir, env={**os.environ, "WANDB_MODE": "disabled"})
   assert first, "no run had finished before the kill"
   for name in first:
-    assert f"[skip] {name} (completed)" in ci_sweeps["restart_stdout"]
+    assert f"[skip] {name} (completed)" in stdout
     assert (sweep_dir / name / runs.SUMMARY).stat().st_mtime_ns == first[name]
   names = [p.parent.name for p in sweep_dir.glob(f"*/{runs.METRICS}")]
   assert names and all(runs.run_status(sweep_dir / r) == "completed" for r in names)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", TRAINING)
-def test_ci_preset_writes_results(ci_sweeps, name):
-  sweep_dir = ci_sweeps["root"] / name / "ci"
-  table = pd.read_csv(sweep_dir / "table.csv")
-  sweep = runner.load(name).sweep_at("ci")
-  expected = {run_dirname(p) for b in sweep.blocks for p in b.points()}
-  assert expected <= set(table["run"])  # every first-stage point ran and is in the table
-  assert not table.duplicated(["run", "step"]).any()  # one row per run and step
-  assert table["train/loss"].notna().any() and table["eval/loss"].notna().any()
-  report = sweep_dir / "report"
-  assert list(report.glob("*.png")) and list(report.glob("*.csv"))
-  readme = (report / "README.md").read_text()
-  verdict = json.loads((report / "report.json").read_text())["verdict"]
-  assert verdict in readme and f"scripts/reproduce.py {name} --preset ci" in readme
-  assert json.loads((sweep_dir / SWEEP_JSON).read_text())["base"]["scale"] == "ci"
-  # Every run composed the ci scale (configs/scale/ci.yaml).
-  cfg = OmegaConf.load(sweep_dir / sorted(expected)[0] / "config.yaml")
-  assert (cfg.model.n_layers, cfg.model.d_model, cfg.data.tokenizer) == (1, 32, "byte")
-
-
-@pytest.mark.slow
-def test_batch_scaling_ci_compares_scalings(ci_sweeps):
-  from experiments import batch_scaling as bs
-  report = ci_sweeps["root"] / "batch_scaling" / "ci" / "report"
-  plan = bs.plan("ci")
-  col = pd.read_csv(report / "collapse.csv")
-  assert set(col[bs.SCALING]) == set(plan.scalings) and set(col[bs.KEY]) == set(plan.sizes)
-  steps = col.drop_duplicates(bs.KEY).set_index(bs.KEY)["steps"].to_dict()
-  assert steps == {b: plan.steps(b) for b in plan.sizes}  # same examples for every B
-  assert (col["examples"] == plan.examples).all()
-  points = pd.read_csv(report / "collapse_points.csv")
-  assert (points["examples_seen"] > plan.examples / 2).all() and len(points)
-  doc = json.loads((report / "report.json").read_text())
-  assert doc["rule"] == bs.RULE and doc["verdict"] == "undetermined"  # one seed at ci
-  readme = (report / "README.md").read_text()
-  assert "**Rule.**" in readme and "Resolved (`experiment=batch_scaling scale=ci`" in readme
-  assert "`lr=0.01`" in readme and "`weight_decay=0`" in readme
-
-
-@pytest.mark.slow
-def test_overhead_ci(ci_sweeps):
-  sweep_dir = ci_sweeps["root"] / "overhead" / "ci"
-  report = sweep_dir / "report"
-  df = pd.read_csv(report / "overhead.csv")
-  assert len(df) and (report / "overhead.png").exists()
-  doc = json.loads((sweep_dir / "bench.json").read_text())  # from pergrad.bench.stats.run
-  assert doc["argv"] == ["--quick"] and doc["rows"] and "checks" in doc
-
-
-@pytest.mark.slow
+@pytest.mark.extended
 def test_notebooks_execute_on_ci_sweep(ci_sweeps, tmp_path):
   import nbformat
   from nbclient import NotebookClient

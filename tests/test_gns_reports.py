@@ -14,19 +14,23 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from experiments import gns_layers, norm_cost  # noqa: E402
+from experiments.runs import Runs  # noqa: E402
 
 # --- norm_cost ---------------------------------------------------------------------------------
+
+
+REPS = 11
+SELF = list(np.linspace(0.99, 1.01, REPS))  # the baseline timed against itself
 
 
 def _bench(ratios: dict[str, list[float]], flops: dict[str, float], base=0.1) -> dict:
   """A bench.json whose variants take base·ratio per rep, paired with the fastest plain step
   (here "contraction", whose own row pairs it with itself)."""
-  reps = len(next(iter(ratios.values())))
   rows = []
-  for var, rs in {"contraction/mean": [1.0] * reps, **ratios}.items():
+  for var, rs in {"contraction/mean": SELF, **ratios}.items():
     backend, stats = var.split("/")
     rows.append(dict(preset="tiny", B=8, backend=backend, stats=stats, baseline="contraction",
-                     times=[base * r for r in rs], base_times=[base] * reps,
+                     times=[base * r for r in rs], base_times=[base] * len(rs),
                      time_ratios=list(rs), flops_ratio=flops.get(var, 1.0), peak_ratio=1.0))
   return {"rows": rows}
 
@@ -36,48 +40,51 @@ def _norm_cost(tmp_path, name, ratios, flops):
   d.mkdir()
   (d / "sweep").mkdir()
   (d / "sweep" / "bench.json").write_text(json.dumps(_bench(ratios, flops)))
-  norm_cost.analyze(d / "sweep", d)
+  norm_cost.analyze(Runs(d / "sweep"), d)
   assert norm_cost.figures(d)[0].exists()
   return norm_cost.report(d)
 
 
 def test_norm_cost_verdicts(tmp_path):
-  ok = {"surgery/norms": [1.0, 1.01, 1.02, 0.99, 1.0], "surgery/norms@norm": [1.0] * 5}
+  ok = {"surgery/norms": [1.0, 1.01, 1.02, 0.99, 1.0] * 2 + [1.0],
+        "surgery/norms@norm": [1.0] * REPS}
   rep = _norm_cost(tmp_path, "ok", ok, {"surgery/norms": 1.003})
   assert rep.verdict == "reproduced" and rep.rule == norm_cost.RULE
-  assert "baseline per shape: tiny B=8: contraction" in rep.finding and "q75" in rep.finding
+  assert "baseline self-ratio q75" in rep.finding and rep.calibration["n"] == REPS
+  assert rep.calibration["false_alarm"] <= 0.05 and rep.calibration["power"] >= 0.8
   # FLOPs over the bound: a failure whatever the time (all layers, and norm layers alone).
   rep = _norm_cost(tmp_path, "flops", ok, {"surgery/norms": 1.34})
-  assert rep.verdict == "not reproduced" and "FLOPs 1.340x vs ≤ 1.05: fails" in rep.finding
+  assert rep.verdict == "not reproduced" and "all layers: FLOPs 1.340× (fails)" in rep.finding
   rep = _norm_cost(tmp_path, "flops_norm", ok, {"surgery/norms@norm": 1.02})
-  assert rep.verdict == "not reproduced" and "FLOPs 1.020x vs ≤ 1.01: fails" in rep.finding
+  assert rep.verdict == "not reproduced"
+  assert "normalization layers only: FLOPs 1.020× (fails)" in rep.finding
   # Median within the bound but the quartiles straddle it: within noise -> partly.
-  noisy = {**ok, "surgery/norms@norm": [0.98, 1.0, 1.005, 1.03, 1.04]}
+  noisy = {**ok, "surgery/norms@norm": [0.98, 1.0, 1.005, 1.03, 1.04] * 2 + [1.0]}
   rep = _norm_cost(tmp_path, "noisy", noisy, {"surgery/norms": 1.003})
   assert rep.verdict == "partly reproduced" and "within noise" in rep.finding
   # Every rep above the bound: fails.
-  slow = {**ok, "surgery/norms": [1.2, 1.21, 1.19, 1.22, 1.2]}
+  slow = {**ok, "surgery/norms": [1.4, 1.41, 1.39, 1.42, 1.4] * 2 + [1.4]}
   rep = _norm_cost(tmp_path, "slow", slow, {"surgery/norms": 1.003})
-  assert rep.verdict == "not reproduced"
+  assert rep.verdict == "not reproduced" and "(fails; baseline self-ratio" in rep.finding
 
 
-def test_norm_cost_paired_rows_and_summary():
+def test_norm_cost_paired_rows_and_summary(tmp_path):
+  d = tmp_path / "pairs"
+  (d / "sweep").mkdir(parents=True)
   doc = _bench({"surgery/norms": [1.0, 1.1, 1.2, 1.3, 1.4]}, {"surgery/norms": 1.01})
-  pairs = norm_cost.paired(doc)
-  assert len(pairs) == 10 and set(pairs["baseline"]) == {"contraction"}
+  (d / "sweep" / "bench.json").write_text(json.dumps(doc))
+  norm_cost.analyze(Runs(d / "sweep"), d)
+  pairs = pd.read_csv(d / "paired.csv")
+  assert len(pairs) == REPS + 5 and set(pairs["baseline"]) == {"contraction"}
   s = norm_cost.summary(pairs).set_index("variant")
   assert s.loc["surgery/norms", "time_median"] == 1.2
-  assert np.isclose(s.loc["surgery/norms", "time_q25"], 1.1)
+  assert np.isclose(s.loc["surgery/norms", "time_q25"], 1.1)  # order statistics
   assert np.isclose(s.loc["surgery/norms", "time_q75"], 1.3)
   assert s.loc["contraction/mean", "time_median"] == 1.0  # the null pair
-
-
-def test_norm_cost_judge_and_decide():
-  assert norm_cost.judge(0.9, 1.0, 1.01) == "holds"  # (q25, q75, bound)
-  assert norm_cost.judge(1.0, 1.02, 1.01) == "within noise"
-  assert norm_cost.judge(1.02, 1.05, 1.01) == "fails"
-  assert norm_cost.decide([]) == "not measured"
-  assert norm_cost.decide(["holds", "within noise"]) == "partly reproduced"
+  # Without the norm-only variant: that bound is not measured, the other still judged.
+  rep = norm_cost.report(d)
+  assert "normalization layers only: not measured" in rep.finding
+  assert rep.ours.startswith("all layers: ")
 
 
 # --- gns_layers --------------------------------------------------------------------------------
@@ -105,7 +112,7 @@ def _gns_table(seeds, coupled: bool, steps=200, seed=0, g2_norm=0.3, s_rest=1.0)
 def _gns_report(tmp_path, name, table):
   d = tmp_path / name
   d.mkdir()
-  gns_layers.analyze(table, pd.DataFrame({"run": table["run"].unique()}), d)
+  gns_layers.analyze(Runs(d, table, pd.DataFrame({"run": table["run"].unique()})), d)
   assert gns_layers.figures(d)[0].exists()
   return gns_layers.report(d), pd.read_csv(d / gns_layers.PART_WHOLE)
 
@@ -130,6 +137,7 @@ def test_gns_layers_verdicts(tmp_path):
   assert gns_layers.decide(at["r_total"].tolist()) == "reproduced"  # total-on-norm would pass
   assert rep.verdict in ("not reproduced", "partly reproduced"), rep.finding
   assert "part-whole r of the total" in rep.finding
+  assert rep.calibration["kind"] == "threshold" and rep.calibration["n"] == 3
   rep, _ = _gns_report(tmp_path, "one", _gns_table((0,), coupled=True))
   assert rep.verdict == "undetermined"
   assert gns_layers.decide([0.95, 0.97, 0.96]) == "reproduced"
@@ -168,7 +176,7 @@ def _schedule_table(speedup: dict[str, float], seeds=(1, 2, 3), n_evals=25, budg
   runs = [(f"fixed_{b}", "fixed", b, lr, seed, s * (1 if lr == BEST_LR[b] else 0.9), 1.0)
           for b, s in fixed.items() for lr in (BEST_LR[b], 2 * BEST_LR[b])
           for seed in (0, *(seeds if lr == BEST_LR[b] else ()))]
-  runs += [(a, "linear" if a == "linear_fit" else "gns", None, BEST_LR[16], seed, s, 1.0)
+  runs += [(a, "linear" if a.startswith("linear") else "gns", None, BEST_LR[16], seed, s, 1.0)
            for a, s in speedup.items() for seed in seeds]
   if short is not None:
     runs += [("fixed_16s", "fixed", 16, BEST_LR[16], seed, fixed[16] * short, 0.82)
@@ -188,7 +196,8 @@ def _schedule_table(speedup: dict[str, float], seeds=(1, 2, 3), n_evals=25, budg
                    "train.eval_every": budget // b // n_evals if b else np.nan,
                    "schedule.warmup_steps": 640 // b if b else np.nan,
                    "batch.gns_group": group,
-                   "batch.ramp_tokens": 12_345 if kind == "linear" else np.nan,
+                   "batch.ramp_tokens": (budget if name == "linear_paper" else 12_345)
+                   if kind == "linear" else np.nan,
                    "optimizer.lr": lr, "train.seed": seed, "step": i * 4 + 30,
                    "eval/loss": loss, "eval/tokens_seen": x, "train/tokens_seen": x,
                    "train/train_time_s": x / 1000 * (1.2 if kind != "fixed" else 1.0),
@@ -202,7 +211,7 @@ def _schedule_report(tmp_path, name, table):
 
   d = tmp_path / name
   d.mkdir()
-  gns_schedule.analyze(table, runs.finals(table), d)
+  gns_schedule.analyze(runs.Runs(d, table, runs.finals(table)), d)
   assert gns_schedule.figures(d)[0].exists()
   tt = d / "to_target.csv"
   return gns_schedule.report(d), pd.read_csv(tt) if tt.stat().st_size > 1 else pd.DataFrame()
@@ -222,15 +231,17 @@ def test_gns_schedule_sweep_plan():
 
   sw = gs.sweep("cpu")
   pts = [p for b in sw.blocks for p in b.points()]
-  assert sorted({p["data.batch_size"] for p in pts}) == [16, 32, 64] and len(pts) == 9
-  assert {p["train.seed"] for p in pts} == {0} and sw.lr_search.seeds == (1, 2, 3)
+  # bracketed on both sides of B_ref = 32, 3 lrs each (factor 2)
+  assert sorted({p["data.batch_size"] for p in pts}) == [8, 16, 32, 64] and len(pts) == 12
+  # 3 fresh seeds per fixed arm; the best one gets the other 3 in the follow-up
+  assert {p["train.seed"] for p in pts} == {0} and sw.lr_search.seeds == gs.SEEDS["cpu"][:3]
   for b in sw.blocks:  # every arm spends 400 x 32 examples, warmup 640, 25 evaluations,
     size = b.grid["data.batch_size"][0]  # in the grid, so that lr_search's stages keep them
     assert b.grid["train.steps"] == [12_800 // size] and set(gs.PER_SIZE) <= set(gs.GROUP)
     assert b.grid["schedule.warmup_steps"][0] * size == 640
     assert b.grid["train.eval_every"][0] * size * 25 == 12_800
   assert sw.base["data.batch_size"] == 64 and sw.base["train.steps"] * 64 == 12_800
-  assert sw.wall_estimate_min <= 35
+  assert sw.wall_estimate_min <= 60
   ci = gs.sweep("ci")
   assert len({run_dirname(p) for b in ci.blocks for p in b.points()}) <= 4
 
@@ -239,7 +250,7 @@ def test_gns_schedule_verdicts_against_the_best_fixed_arm(tmp_path):
   from experiments import gns_schedule
   from experiments import tokens_to_target as ttt
 
-  arms = {"gns_norm": 1.5, "gns_total": 1.4, "linear_fit": 1.3}
+  arms = {"gns_norm": 1.5, "linear_paper": 1.4, "linear_fit": 1.3}
   rep, tt = _schedule_report(tmp_path, "faster", _schedule_table(arms))
   assert rep.verdict == "reproduced", rep.finding
   assert set(tt["arm"]) == {"fixed_16", "fixed_32", "fixed_64", *arms}
@@ -255,8 +266,9 @@ def test_gns_schedule_verdicts_against_the_best_fixed_arm(tmp_path):
   assert mean.loc["fixed_16", "token_saving"] == 0.0
   assert 0.28 < mean.loc["gns_norm", "token_saving"] < 0.4  # 1/1.5 of the tokens
   assert np.isinf(mean.loc["fixed_64", "tokens_to_target"])
-  assert "paper: 18%" in rep.claim_row and "B = 16 at lr 0.01" in rep.claim_row
-  assert rep.rule == gns_schedule.RULE and "normalization" in rep.claim_row
+  assert "18%" in rep.paper and "fixed B = 16 at lr 0.01" in rep.finding
+  assert rep.rule == gns_schedule.RULE and "token saving to B=16's final loss" in rep.ours
+  assert "gns_norm 33.3%" in rep.ours
   fit = pd.read_csv(tmp_path / "faster" / "ramp_fit.csv").iloc[0]  # B_simple = 5 + x/1000
   assert np.isclose(fit["a"], 5.0) and np.isclose(fit["b_per_token"], 1e-3)
   assert fit["batch.start"] == 8 and fit["batch.ramp_tokens"] == round((64 - 8) / 1e-3)
@@ -264,14 +276,14 @@ def test_gns_schedule_verdicts_against_the_best_fixed_arm(tmp_path):
 
 def test_gns_schedule_beating_only_the_largest_batch_is_not_reproduced(tmp_path):
   # The schedules are faster than fixed B = 64 but slower than fixed B = 16.
-  arms = {"gns_norm": 0.9, "gns_total": 0.9, "linear_fit": 0.9}
+  arms = {"gns_norm": 0.9, "linear_paper": 0.9, "linear_fit": 0.9}
   rep, tt = _schedule_report(tmp_path, "stacked", _schedule_table(arms))
   assert rep.verdict == "not reproduced", rep.finding
   assert np.isinf(tt[tt["arm"] == "gns_norm"]["tokens_to_target"]).all()
 
 
 def test_gns_schedule_ties_and_single_seeds(tmp_path):
-  arms = {"gns_norm": 1.5, "gns_total": 1.0, "linear_fit": 1.3}
+  arms = {"gns_norm": 1.5, "linear_paper": 1.0, "linear_fit": 1.3}
   rep, _ = _schedule_report(tmp_path, "tie", _schedule_table(arms))
   assert rep.verdict == "partly reproduced", rep.finding
   rep, _ = _schedule_report(tmp_path, "one", _schedule_table(arms, seeds=(1,)))
@@ -286,42 +298,45 @@ def test_gns_schedule_short_arm_resolves_a_tie(tmp_path):
   # would have shown: not reproduced; without it the ties are undetermined.
   from experiments import gns_schedule as gs
 
-  arms = {"gns_norm": 1.0, "gns_total": 1.0, "linear_fit": 1.0}
+  arms = {"gns_norm": 1.0, "linear_paper": 1.0, "linear_fit": 1.0}
   table = _schedule_table(arms, short=1.0, noise=0.003)
   rep, tt = _schedule_report(tmp_path, "short", table)
   assert rep.verdict == "not reproduced", rep.finding
-  assert "fixed_16_short" in set(tt["arm"]) and "Δ18" in rep.claim_row
+  assert "fixed_16_short" in set(tt["arm"]) and "Δ18 = 0.1" in rep.finding
+  assert rep.calibration["power"] >= 0.8 and 0.1 < rep.calibration["effect"] < 0.2
   short = tt[tt["arm"] == "fixed_16_short"]["final_eval_loss"].mean()
   full = tt[tt["arm"] == "fixed_16"]["final_eval_loss"].mean()
   assert short - full > 0.05  # 3 + 4·exp(−3·0.82) vs 3 + 4·exp(−3)
   best = pd.read_csv(tmp_path / "short" / "best.csv")  # the short arm is no fixed arm
   assert sorted(best["data.batch_size"]) == [16, 32, 64] and len(best) == 3
   rep, _ = _schedule_report(tmp_path, "no_short", _schedule_table(arms, noise=0.003))
-  assert rep.verdict == "undetermined", rep.finding
+  assert rep.verdict == "undetermined", rep.finding  # no Δ18: no power
   # The short arm runs in the follow-up, beside the schedules, and no lr-search stage
   # launches anything for it.
   from experiments import lr_search, runs
 
   fin = runs.finals(table)
   blocks, kind = lr_search.follow_up_blocks(gs.sweep("cpu"), fin, 1)
-  assert all(p["train.steps"] in (200, 400, 800) for b in blocks for p in b.points())
+  assert all(p["train.steps"] in (200, 400, 800, 1600) for b in blocks for p in b.points())
 
 
 def test_gns_schedule_identical_arms_rarely_lose():
   # A schedule identical to the fixed arm, judged on final loss at equal tokens with 3
-  # seeds: a LOSS (not reproduced) at the rule's false rate P(|T_4| > √3)/2 ≈ 0.079, not
-  # the ~50 % of a rule where not reaching the fixed arm's own final loss counts as a loss.
+  # seeds: a LOSS (not reproduced) at the pair rule's one-sided rate 0.025, not the ~50 % of
+  # a rule where not reaching the fixed arm's own final loss counts as a loss.
+  from experiments import rules
   from experiments import tokens_to_target as ttt
-  from experiments import verdict
 
   rng = np.random.default_rng(1)
   n, loss, reached = 4000, 0, 0
   for _ in range(n):
     a, b = rng.normal(4.0, 0.01, 3), rng.normal(4.0, 0.01, 3)
-    loss += verdict.compare(a, b).outcome == verdict.LOSS
+    loss += rules.compare(a, b).outcome == rules.LOSS
     reached += a[0] <= b[0]  # one seed reaching the other's final loss by the end
-  assert 0.06 < loss / n < 0.10 and 0.45 < reached / n < 0.55
-  tie = verdict.Comparison("s", "f", verdict.TIE, 4.0, 4.0, 0.01)
-  assert ttt.schedule_verdict([tie] * 3, delta=0.05) == "not reproduced"
-  assert ttt.schedule_verdict([tie] * 3, delta=0.005) == "undetermined"
-  assert ttt.schedule_verdict([tie] * 3, delta=float("nan")) == "undetermined"
+  assert 0.01 < loss / n < 0.04 and 0.45 < reached / n < 0.55
+  tie = rules.Comparison("s", "f", rules.TIE, 4.0, 4.0, 0.01)
+  win = rules.Comparison("s", "f", rules.WIN, 3.9, 4.0, 0.01)
+  assert ttt.schedule_verdict([tie] * 3, power=0.9) == "not reproduced"
+  assert ttt.schedule_verdict([tie] * 3, power=0.5) == "undetermined"
+  assert ttt.schedule_verdict([tie] * 3, power=float("nan")) == "undetermined"
+  assert ttt.schedule_verdict([win, tie, tie], power=0.5) == "partly reproduced"

@@ -17,7 +17,7 @@ sys.path.insert(0, str(REPO))
 
 from experiments import lr_search, msq_eps, preconditioner  # noqa: E402
 from experiments.record import Inputs  # noqa: E402
-from experiments.runs import aggregate  # noqa: E402
+from experiments.runs import Runs, aggregate  # noqa: E402
 from experiments.sweep import Block, LrSearch, Sweep, run_dirname  # noqa: E402
 
 INF = math.inf
@@ -44,12 +44,17 @@ def _point(variant, eps, lr, seed, clip=None) -> tuple:
 def test_a_loss_above_ln_v_counts_as_diverged_in_the_search(tmp_path):
   # MicroAdamMSQ at ε = 1e-5 ends at 35 / 17,368 / 40,971 nats: finite, but above ln V.
   runs = {_point("micro_adam_msq", 1e-5, lr, s): [7.5, 5.0, end]
-          for lr, end in ((1e-3, 35.2), (3e-3, 17368.0), (1e-2, 40971.0)) for s in (0, 1)}
+          for lr, end in ((1e-3, 35.2), (3e-3, 17368.0), (1e-2, 40971.0))
+          for s in preconditioner.SELECT}
   runs |= {_point("micro_adam_msq", 1e-4, lr, s): [7.5, 5.0, 4.0 + abs(math.log10(lr / 3e-3))]
-           for lr in (1e-3, 3e-3, 1e-2) for s in (0, 1)}
+           for lr in (1e-3, 3e-3, 1e-2) for s in preconditioner.SELECT}
   runs |= {_point("micro_adam_msq", 1e-4, 3e-3, s): [7.5, 5.0, 4.0 + 0.01 * s] for s in (2, 3, 4)}
   runs |= {_point("adam", 1e-8, 3e-3, s): [7.5, 5.0, 4.1 + 0.01 * s] for s in (0, 1, 2, 3, 4)}
-  runs |= {_point("adam", 1e-8, lr, s): [7.5, 5.0, 4.3] for lr in (1e-3, 1e-2) for s in (0, 1)}
+  runs |= {_point("adam", 1e-8, lr, s): [7.5, 5.0, 4.3] for lr in (1e-3, 1e-2)
+           for s in preconditioner.SELECT}
+  runs |= {_point("micro_adam", 1e-8, lr, s): [7.5, 5.0, 4.3 + 0.01 * s + (lr != 3e-3) * 0.1]
+           for lr in (1e-3, 3e-3, 1e-2) for s in preconditioner.SELECT}
+  runs |= {_point("micro_adam", 1e-8, 3e-3, s): [7.5, 5.0, 4.3 + 0.01 * s] for s in (2, 3, 4)}
   table = _table(runs)
   fin = lr_search.marked_finals(table, CPU)
   msq5 = fin[fin["optimizer.eps"] == 1e-5]
@@ -62,20 +67,21 @@ def test_a_loss_above_ln_v_counts_as_diverged_in_the_search(tmp_path):
 
   out = tmp_path / "pc"
   out.mkdir()
-  preconditioner.analyze(table, fin, out)
+  preconditioner.analyze(Runs(out, table, fin), out)
   best = pd.read_csv(out / "best.csv")
-  assert set(best["select_seed"]) == {"0 1"}
+  assert set(best["select_seed"]) == {0}  # one selection seed
   msq = best[best["optimizer.variant"] == "micro_adam_msq"].set_index("optimizer.eps")
   assert msq.loc[1e-5, "all_diverged"] and not msq.loc[1e-4, "all_diverged"]
   assert msq.loc[1e-4, "fresh_seeds"] == "2 3 4"
   chosen = preconditioner.chosen(lr_search.load_best(out))
   assert dict(zip(chosen["optimizer.variant"], chosen["optimizer.eps"], strict=True)) == {
-      "micro_adam_msq": 1e-4, "adam": 1e-8}
+      "micro_adam_msq": 1e-4, "adam": 1e-8, "micro_adam": 1e-8}
   rep = preconditioner.report(out)
-  assert rep.rule == preconditioner.RULE and "ln V" in rep.rule and "ε ∈ {1e-5, 1e-4}" in rep.rule
-  assert "micro_adam_msq, eps=0.0001: 4.030 ± 0.01 (n=3) at lr 0.003" in rep.finding
-  assert "Not chosen" in rep.finding and "micro_adam_msq, eps=1e-05: diverged" in rep.finding
-  assert "diverged at every lr from 0.01 down to 0.001 (seeds 0 1)" in rep.finding
+  assert rep.rule == preconditioner.RULE and "√2 grid" in rep.rule
+  assert "micro_adam_msq: 4.030 ± 0.01 (n=3)" in rep.finding  # at ε = 1e-4, seeds 2-4
+  assert "micro_adam_msq beats micro_adam" in rep.finding and rep.verdict == "reproduced"
+  assert "Diverged at every lr: ['micro_adam_msq (lr 0.01 down to 0.001)']" in rep.finding
+  assert "| micro_adam_msq | n/a | 1e-05 |" in rep.numbers_md  # the ε not chosen is shown
 
 
 def test_lr_is_chosen_on_the_mean_of_two_selection_seeds():
@@ -103,22 +109,25 @@ def test_lr_is_chosen_on_the_mean_of_two_selection_seeds():
 # --------------------------------------------------------------------------- msq_eps
 
 
-def _msq_out(tmp_path, msq, adam, control, share_msq=0.9) -> Path:
+def _msq_out(tmp_path, msq, adam, control, share_msq=0.9, matched=None) -> Path:
   """finals.csv, best.csv and eps_share.csv as msq_eps.analyze writes them: MicroAdamMSQ and
-  Adam fixed on the fresh seeds, the control searched on seeds 0 and 1."""
+  Adam fixed on the fresh seeds, the ε-only control (and the ε-matched one, Adam at
+  MicroAdamMSQ's ε = 1e-4, when `matched`) searched on seeds 0 and 1."""
   rows = []
   fixed = (("micro_adam_msq", 1e-4, 1e-2, msq), ("adam", 1e-8, 3e-2, adam))
   for v, eps, lr, vals in fixed:
     rows += [{"optimizer.variant": v, "optimizer.eps": eps, "optimizer.lr": lr,
               "train.seed": s, "final_eval_loss": x, "status": "completed"}
              for s, x in zip(msq_eps.SEEDS, vals, strict=False)]
-  ctrl = {"optimizer.variant": "adam", "optimizer.eps": 1.0}
-  rows += [{**ctrl, "optimizer.lr": lr, "train.seed": s, "final_eval_loss": x,
-            "status": "completed"}
-           for lr, x0 in ((0.3, 4.6), (1.0, min(control)), (3.0, 4.7)) for s, x in
-           ((0, x0), (1, x0))]
-  rows += [{**ctrl, "optimizer.lr": 1.0, "train.seed": s, "final_eval_loss": x,
-            "status": "completed"} for s, x in zip(msq_eps.SEEDS, control, strict=True)]
+  for eps, vals in ((1.0, control), (1e-4, matched)):
+    if vals is None:
+      continue
+    ctrl = {"optimizer.variant": "adam", "optimizer.eps": eps}
+    rows += [{**ctrl, "optimizer.lr": lr, "train.seed": s, "final_eval_loss": x0,
+              "status": "completed"}
+             for lr, x0 in ((0.3, 4.6), (1.0, min(vals)), (3.0, 4.7)) for s in (0, 1)]
+    rows += [{**ctrl, "optimizer.lr": 1.0, "train.seed": s, "final_eval_loss": x,
+              "status": "completed"} for s, x in zip(msq_eps.SEEDS, vals, strict=False)]
   out = tmp_path / "me"
   out.mkdir(exist_ok=True)
   fin = pd.DataFrame(rows)
@@ -137,28 +146,35 @@ def test_msq_eps_msq_like_momentum_is_partly_reproduced(tmp_path):
                                 [4.02, 4.03, 4.04]))
   assert rep.verdict == "partly reproduced" and rep.rule == msq_eps.RULE
   assert "micro_adam_msq, eps=0.0001 ties with adam, eps=1e-08" in rep.finding
-  assert "ties with control (adam, eps=1: momentum)" in rep.finding
-  assert "behaves like the ε-only control (momentum)" in rep.finding
-  assert "ε dominates MicroAdamMSQ's denominator on 90% of its coordinates" in rep.finding
-  assert "micro_adam_msq, eps=0.0001: 90.0%" in rep.finding
+  assert "micro_adam_msq, eps=0.0001 ties with control (adam, eps=1)" in rep.finding
+  assert "eps_share" in rep.numbers_md and "| 0.900 |" in rep.numbers_md
 
 
-@pytest.mark.parametrize(("msq", "control", "share", "verdict"), [
-    ([4.01, 4.03, 4.05], [4.30, 4.31, 4.32], 0.1, "reproduced"),  # ties Adam, beats control
-    ([4.20, 4.21, 4.22], [4.30, 4.31, 4.32], 0.1, "not reproduced"),  # loses to Adam
-    ([4.01, INF, 4.05], [4.30, 4.31, 4.32], 0.1, "not reproduced"),  # a diverged seed
-    ([4.01], [4.30, 4.31, 4.32], 0.1, "undetermined"),  # one seed: no noise estimate
+TIGHT = [4.000, 4.001, 4.002]  # Adam's seeds: a noise at which the rule has power
+
+
+@pytest.mark.parametrize(("msq", "adam", "control", "matched", "verdict"), [
+    ([4.01, 4.03, 4.05], [4.00, 4.02, 4.04], [4.30, 4.31, 4.32], [4.3, 4.31, 4.32],
+     "reproduced"),  # ties Adam, beats both controls
+    ([4.001, 4.002, 4.003], TIGHT, [4.300, 4.301, 4.302], [4.001, 4.002, 4.003],
+     "partly reproduced"),  # Adam at MicroAdamMSQ's ε does as well: ε can explain it
+    ([4.200, 4.201, 4.202], TIGHT, [4.300, 4.301, 4.302], None, "not reproduced"),  # loses
+    ([4.20, 4.21, 4.22], [4.00, 4.02, 4.04], [4.30, 4.31, 4.32], None,
+     "undetermined"),  # the same loss where the rule has no power for 0.02 nats
+    ([4.01, INF, 4.05], TIGHT, [4.300, 4.301, 4.302], None, "not reproduced"),  # diverged
+    ([4.01], [4.00, 4.02, 4.04], [4.30, 4.31, 4.32], None, "undetermined"),  # one seed
 ])
-def test_msq_eps_verdicts(tmp_path, msq, control, share, verdict):
-  rep = msq_eps.report(_msq_out(tmp_path, msq, [4.00, 4.02, 4.04], control, share))
-  assert rep.verdict == verdict
-  if verdict == "reproduced":
-    assert "MicroAdamMSQ behaves like" not in rep.finding and "on only 10%" in rep.finding
+def test_msq_eps_verdicts(tmp_path, msq, adam, control, matched, verdict):
+  rep = msq_eps.report(_msq_out(tmp_path, msq, adam, control, 0.1, matched))
+  assert rep.verdict == verdict, rep.finding
+  assert rep.calibration["effect"] == preconditioner.EFFECT
+  if matched is not None:
+    assert "vs adam, eps=0.0001" in rep.ours  # the ε-matched control is judged
 
 
-def test_msq_eps_without_adam_is_not_tested(tmp_path):
+def test_msq_eps_without_adam_is_undetermined(tmp_path):
   rep = msq_eps.report(_msq_out(tmp_path, [4.0, 4.1], [], [4.3, 4.3, 4.3]))
-  assert rep.verdict.startswith("not tested")
+  assert rep.verdict == "undetermined" and "is not separable from adam" in rep.finding
 
 
 def test_eps_share_table_averages_the_logged_steps():
@@ -169,7 +185,7 @@ def test_eps_share_table_averages_the_logged_steps():
                     "opt/block_0/mlp/kernel/eps_share": [1.0, 0.0, None, 0.5, 0.5, None]})
   out = msq_eps.eps_share(t).set_index("train.seed")
   assert out.loc[2, "eps_share"] == pytest.approx(0.7)
-  assert out.loc[3, "eps_share/block_0/mlp/kernel"] == pytest.approx(0.5)
+  assert out.loc[3, "block_0/mlp/kernel/eps_share"] == pytest.approx(0.5)
 
 
 def _fake_run(d: Path, point: dict, loss: float) -> None:
@@ -200,9 +216,12 @@ def test_msq_eps_runs_at_the_eps_and_lr_preconditioner_chose(tmp_path):
   sw = msq_eps.sweep("cpu", inputs)
   pts = [p for b in sw.blocks for p in b.points()]
   fixed = {(p["optimizer.variant"], p["optimizer.eps"], p["optimizer.lr"]) for p in pts
-           if p["optimizer.eps"] != msq_eps.CONTROL_EPS}
+           if p["train.seed"] in msq_eps.SEEDS}
   assert fixed == {("micro_adam_msq", 1e-4, 1e-2), ("adam", 1e-8, 3e-2)}
-  assert sorted({p["train.seed"] for p in pts if p["optimizer.eps"] != 1.0}) == [2, 3, 4]
-  assert lr_search.select_seeds(sw) == (0, 1) and sw.base["stats.log_every"] == 50
-  n = {"preconditioner": 5 * (3 * 2 + 3), "msq_eps": len(pts) + 3}
-  assert n == {"preconditioner": 45, "msq_eps": 15}  # cpu runs without extensions
+  matched = [p for p in pts if p["optimizer.variant"] == "adam" and p["optimizer.eps"] == 1e-4]
+  assert sorted({p["optimizer.lr"] for p in matched}) == preconditioner.grid(3e-2, 1)
+  assert {p["train.seed"] for p in matched} == set(msq_eps.SELECT)
+  assert lr_search.select_seeds(sw) == msq_eps.SELECT == (0,) and sw.base["stats.log_every"] == 50
+  # 2 fixed arms x 5 fresh seeds + 2 controls x 3 lrs x 1 selection seed (their 5 fresh
+  # seeds each come in the follow-up: 26 runs without extensions)
+  assert len(pts) == 2 * 5 + 2 * 3

@@ -19,6 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from experiments import lr_search, overhead, preconditioner, sign_placement  # noqa: E402
+from experiments.rules import bound  # noqa: E402
 from experiments.sweep import Block, LrSearch, Sweep, run_dirname  # noqa: E402
 
 INF = math.inf
@@ -70,22 +71,36 @@ def test_sign_placement_clear_win(tmp_path):
   rep = _placements(tmp_path, ema=[4.00, 4.01, 4.02], batch=[4.30, 4.31, 4.29],
                     example=[5.3, 5.1, 5.5], token=[6.1, 6.2, 6.15])
   assert rep.verdict == "reproduced"
-  assert rep.rule == sign_placement.RULE and rep.finding.startswith("Rule: " + RULE_START)
+  assert rep.rule == sign_placement.RULE and rep.rule.startswith(RULE_START)
+  assert rep.finding.startswith("reproduced: ema vs batch: win; batch vs example: win")
   assert "ema: 4.010 ± 0.01 (n=3)" in rep.finding
   for a, b in (("ema", "batch"), ("batch", "example"), ("batch", "token")):
-    assert f"| {a} | {b} | win (as expected) |" in rep.numbers_md
+    assert f"| {a} | {b} | win |" in rep.numbers_md
   assert "ema beats batch" in rep.finding
+  cal = rep.calibration
+  assert cal["kind"] == "pair" and cal["n"] == 3 and cal["effect"] == sign_placement.EFFECT
+  assert cal["false_alarm"] <= 0.05 and "Rule's error rates" not in rep.ours
 
 
 def test_sign_placement_example_better_than_batch_is_not_reproduced(tmp_path):
   # Example better than batch breaks the chain even with `token` present: the pair
   # example–batch is compared on its own, not dropped with the token pairs.
-  rep = _placements(tmp_path, ema=[4.00, 4.01, 4.02], batch=[4.30, 4.31, 4.29],
-                    example=[3.0, 3.01, 3.02], token=[6.1, 6.2, 6.15])
+  rep = _placements(tmp_path, ema=[4.000, 4.002, 4.004], batch=[4.300, 4.302, 4.298],
+                    example=[3.000, 3.002, 3.004], token=[6.100, 6.102, 6.104])
+  assert rep.calibration["power"] >= 0.8  # a loss at a noise where the rule has power
   assert rep.verdict == "not reproduced"
   assert "batch loses to example" in rep.finding
-  assert "| batch | example | LOSS (against) |" in rep.numbers_md
-  assert "| batch | token | win (as expected) |" in rep.numbers_md
+  assert "| batch | example | LOSS |" in rep.numbers_md
+  assert "| batch | token | win |" in rep.numbers_md
+
+
+def test_sign_placement_loss_at_low_power_is_undetermined(tmp_path):
+  # The same loss at a seed noise where a 0.05-nat effect would often go unseen: the gate
+  # (`calibrate.gate`) turns "not reproduced" into "undetermined".
+  rep = _placements(tmp_path, ema=[4.00, 4.01, 4.02], batch=[4.30, 4.31, 4.29],
+                    example=[3.0, 3.01, 3.02], token=[6.1, 6.2, 6.15])
+  assert "batch loses to example" in rep.finding
+  assert rep.calibration["power"] < 0.8 and rep.verdict == "undetermined"
 
 
 def test_sign_placement_tie_within_noise(tmp_path):
@@ -99,21 +114,22 @@ def test_sign_placement_diverged_group_loses_and_is_named(tmp_path):
   rep = _placements(tmp_path, ema=[4.00, 4.01, 4.02], batch=[4.30, 4.31, 4.29],
                     example=[5.3, INF, 5.5], token="diverged")
   assert rep.verdict == "reproduced"  # diverged runs lose, even one seed of three
-  assert "`token` diverged at every lr from 0.01 down to 0.001 (seed 0)." in rep.finding
-  assert "token: diverged at every lr" in rep.finding
+  assert "Diverged at every lr: ['token (lr 0.01 down to 0.001)']" in rep.finding
+  assert "token: diverged (1/1 seeds)" in rep.finding  # its seed-0 run stands for it
   assert "example: diverged (1/3 seeds)" in rep.finding
 
 
 def test_sign_placement_single_fresh_seed_is_undetermined(tmp_path):
   rep = _placements(tmp_path, ema=[4.0], batch=[4.3], example=[5.3], token=[6.1])
   assert rep.verdict == "undetermined"
-  assert "n=1: no spread" in rep.finding and "not separable" in rep.finding
+  assert "ema: 4.000 (n=1)" in rep.finding and "not separable" in rep.finding
+  assert rep.finding.count("undetermined") == 4  # the verdict and each of the three pairs
 
 
 def test_sign_placement_preset_without_batch_names_the_missing_groups(tmp_path):
-  rep = _placements(tmp_path, ema=[4.00, 4.01], example=[5.3, 5.1])  # the ci preset's pair
+  rep = _placements(tmp_path, ema=[4.00, 4.01, 4.02], example=[5.3, 5.31, 5.32])  # ci's pair
   assert rep.verdict == "reproduced"
-  assert "Not run in this preset: ['token', 'batch']" in rep.finding
+  assert "Not run in this preset: ['batch', 'token']" in rep.finding
 
 
 # --------------------------------------------------------------------------- selection bias
@@ -166,24 +182,27 @@ def test_preconditioner_mean_dominated_win(tmp_path):
                              "micro_adam": [4.2, 4.21, 4.22], "micro_adam_var": [4.4, 4.5, 4.45]},
                   clip=(None, 1.0))
   assert rep.verdict == "reproduced" and rep.rule == preconditioner.RULE
-  assert rep.numbers_md.count("win (as expected)") == 8  # 4 pairs x 2 clip settings
+  assert rep.numbers_md.count("| win |") == 8  # 4 pairs x 2 clip settings
   assert "| micro_adam_msq + clip 1 | micro_adam_var + clip 1 | win" in rep.numbers_md
-  assert "Beside the verdict, does clipping help" in rep.finding
+  assert "| adam | micro_adam + clip 1 |" not in rep.numbers_md  # within one clip setting
 
 
 def test_preconditioner_tie_and_diverged_msq(tmp_path):
-  rep = _variants(tmp_path, {"adam": [3.98, 4.2, 4.4], "micro_adam_msq": "diverged",
-                             "micro_adam": [4.2, 4.21, 4.22], "micro_adam_var": [4.4, 4.5, 4.45]})
+  fresh = {"adam": [4.200, 4.201, 4.202], "micro_adam_msq": "diverged",
+           "micro_adam": [4.200, 4.201, 4.202], "micro_adam_var": [4.400, 4.401, 4.402]}
+  rep = _variants(tmp_path, fresh)
   assert rep.verdict == "not reproduced"  # a diverged μ²-dominated variant loses
   assert "adam ties with micro_adam" in rep.finding
-  assert "micro_adam_msq loses to micro_adam (inf vs 4.21" in rep.finding
-  assert "`micro_adam_msq` diverged at every lr from 0.01 down to 0.001" in rep.finding
+  assert "micro_adam_msq loses to micro_adam (diverged vs 4.201" in rep.finding
+  assert "Diverged at every lr: ['micro_adam_msq (lr 0.01 down to 0.001)']" in rep.finding
+  rep = _variants(tmp_path, {**fresh, "adam": [3.98, 4.2, 4.4]})  # noisy: power too low
+  assert rep.calibration["power"] < 0.8 and rep.verdict == "undetermined"
 
 
 def test_preconditioner_ci_like_single_seed_is_undetermined(tmp_path):
   rep = _variants(tmp_path, {"adam": [4.0], "micro_adam_var": [4.4]})
   assert rep.verdict == "undetermined"
-  assert "Not run in this preset: ['micro_adam', 'micro_adam_msq']" in rep.finding
+  assert "Not run in this preset: ['micro_adam_msq', 'micro_adam']" in rep.finding
   rep = _variants(tmp_path, {"adam": [], "micro_adam_var": []})  # no fresh seed at all
   assert rep.verdict == "undetermined" and "adam: no seeds" in rep.finding
 
@@ -191,63 +210,73 @@ def test_preconditioner_ci_like_single_seed_is_undetermined(tmp_path):
 # --------------------------------------------------------------------------- overhead
 
 
-def _bench(tmp_path, surg, surg_m, vmap, checks=None) -> dict:
-  """overhead.csv (and bench.json's checks) of one shape; surg / vmap: (FLOP ratio, time
-  q25, time median, time q75) of surgery per token / vmap per example."""
-  import json
-
+def _bench(tmp_path, surg, surg_m, vmap, vmap_m=1.0, self_q=(0.99, 1.01)):
+  """overhead.csv of two shapes; surg / vmap: (FLOP ratio, time q25, time median, time q75)
+  of surgery per-token sq+sign / vmap per example; self_q: the baseline's self-ratio
+  quartiles (11 reps)."""
   out = tmp_path / "oh"
   out.mkdir(exist_ok=True)
 
-  def row(backend, gran, f, q25, t, q75, m):
-    return {"model": "tiny", "backend": backend, "granularity": gran, "baseline": "contraction",
+  def row(preset, backend, gran, stats, f, q25, t, q75, m):
+    return {"preset": preset, "B": 8, "backend": backend, "granularity": gran, "stats": stats,
             "flops_ratio": f, "time_ratio_q25": q25, "time_ratio": t, "time_ratio_q75": q75,
-            "peak_ratio": m, "times": "[0.1, 0.1]", "time_ratios": "[1.0, 1.0]"}
+            "peak_ratio": m, "times": "[0.1, 0.1]", "time_ratios": str([1.0] * 11)}
 
-  pd.DataFrame([row("surgery", "token", *surg, surg_m),
-                row("surgery", "example", 2.0, 8.0, 9.0, 10.0, 9.0),
-                row("vmap", "example", *vmap, 1.0)]).to_csv(out / "overhead.csv", index=False)
-  (out / "bench.json").write_text(json.dumps({"checks": checks or []}))
+  rows = []
+  for preset in ("tiny", "medium"):
+    rows += [row(preset, "contraction", "batch", "mean", 1.0, self_q[0], 1.0, self_q[1], 1.0),
+             row(preset, "surgery", "token", "sq+sign", *surg, surg_m),
+             row(preset, "surgery", "example", "all", 2.0, 8.0, 9.0, 10.0, 9.0),
+             row(preset, "vmap", "example", "all", *vmap, vmap_m)]
+  pd.DataFrame(rows).to_csv(out / "overhead.csv", index=False)
   return overhead.report(out)
 
 
-@pytest.mark.parametrize(("surg", "surg_m", "vmap", "verdict"), [
-    ((1.1, 1.1, 1.15, 1.2), 1.05, (1.0, 1.5, 1.7, 1.9), "reproduced"),
-    ((1.25, 1.2, 1.22, 1.25), 1.1, (2.0, 1.9, 1.95, 2.0), "reproduced"),  # inclusive bounds
-    ((1.3, 1.0, 1.05, 1.1), 1.05, (1.0, 1.5, 1.6, 1.7), "partly reproduced"),  # surgery FLOPs
-    ((1.1, 1.0, 1.05, 1.1), 1.2, (1.0, 1.5, 1.6, 1.7), "partly reproduced"),  # surgery memory
-    ((1.1, 1.2, 1.24, 1.3), 1.05, (1.0, 2.1, 2.2, 2.3), "partly reproduced"),  # noise; vmap slow
-    ((1.5, 1.0, 1.0, 1.0), 1.0, (2.5, 1.0, 1.0, 1.0), "not reproduced"),  # both FLOPs over
-    ((1.1, 1.3, 1.4, 1.5), 1.0, (1.0, 2.1, 2.2, 2.3), "not reproduced"),  # both times over
+SQ_SIGN = overhead.flop_bound("sq+sign")  # 1 + 2/3: two extra contractions
+
+
+@pytest.mark.parametrize(("surg", "surg_m", "vmap", "vmap_m", "verdict"), [
+    ((1.5, 1.3, 1.4, 1.5), 1.0, (1.0, 1.05, 1.1, 1.15), 1.0, "reproduced"),
+    ((SQ_SIGN, 1.6, 1.62, SQ_SIGN), 1.0, (1.17, 1.1, 1.15, 1.17), 1.05, "reproduced"),  # ≤
+    ((1.8, 1.3, 1.4, 1.5), 1.0, (1.0, 1.05, 1.1, 1.15), 1.0, "partly reproduced"),  # FLOPs
+    ((1.5, 1.3, 1.4, 1.5), 1.0, (1.0, 1.05, 1.1, 1.15), 1.2, "partly reproduced"),  # memory
+    ((1.5, 1.5, 1.7, 1.8), 1.0, (1.0, 1.05, 1.1, 1.15), 1.0, "partly reproduced"),  # noise
+    ((2.0, 1.0, 1.0, 1.0), 1.0, (1.3, 1.0, 1.0, 1.0), 1.0, "not reproduced"),  # both FLOPs
+    ((1.5, 1.8, 1.9, 2.0), 1.0, (1.0, 1.3, 1.4, 1.5), 1.0, "not reproduced"),  # both times
 ])
-def test_overhead_rule_flops_first_time_on_quartiles(tmp_path, surg, surg_m, vmap, verdict):
-  rep = _bench(tmp_path, surg, surg_m, vmap)
-  s_out = overhead.part(surg[0], surg[1], surg[3], overhead.SURGERY_MAX, surg_m,
-                        overhead.SURGERY_MEM_MAX)
-  v_out = overhead.part(vmap[0], vmap[1], vmap[3], overhead.VMAP_MAX)
-  assert rep.verdict == verdict == overhead.decide(s_out, v_out)
-  assert rep.rule == overhead.RULE and rep.finding.startswith("Rule: Against the fastest")
-  assert "fastest plain step in the same process: contraction" in rep.finding
+def test_overhead_rule_flops_memory_and_time_on_quartiles(tmp_path, surg, surg_m, vmap, vmap_m,
+                                                          verdict):
+  rep = _bench(tmp_path, surg, surg_m, vmap, vmap_m)
+  assert rep.verdict == verdict and rep.rule == overhead.RULE
+  assert rep.checks[0].startswith("surgery per-token sq+sign: FLOPs")
+  assert rep.calibration["kind"] == "bound" and rep.calibration["n"] == 11
+  assert rep.calibration["false_alarm"] <= 0.05 and rep.calibration["power"] >= 0.8
   assert "time_ratios" not in rep.numbers_md  # per-rep lists stay in overhead.csv
 
 
-def test_overhead_part_and_checks_table(tmp_path):
-  assert overhead.part(1.1, 1.2, 1.3, 1.25) == "within noise"  # quartiles straddle 1.25
-  assert overhead.part(1.1, 1.3, 1.4, 1.25) == "fails"
-  assert overhead.part(1.3, 1.0, 1.0, 1.25) == "fails"  # FLOPs decide first
-  assert overhead.part(1.1, math.nan, math.nan, 1.25) == "holds"  # FLOPs alone
-  assert overhead.part(math.nan, math.nan, math.nan, 1.25) == "not measured"
-  assert overhead.decide("holds", "not measured") == "partly reproduced"
-  assert overhead.decide("not measured", "fails") == "not reproduced"
-  checks = [dict(check="t <= 1.03", where="tiny", value=1.02, q25=1.0, q75=1.05,
-                 outcome="within noise", ok=None, gating=True),
-            dict(check="f <= 1.05", where="tiny", value=1.01, outcome="holds", ok=True,
-                 gating=True),
-            dict(check="(m <= 1.1)", where="tiny", value=1.2, outcome="fails", ok=False,
-                 gating=False)]
-  rep = _bench(tmp_path, (1.1, 1.1, 1.15, 1.2), 1.0, (1.0, 1.5, 1.7, 1.9), checks)
-  md = rep.numbers_md
-  assert "| within noise |" in md and "| OK |" in md and "| (over) |" in md and "q75" in md
+def test_overhead_time_bound_is_floored_at_the_self_ratio(tmp_path):
+  vmap = (1.0, 1.15, 1.2, 1.22)  # q75 above 1.17 ...
+  assert _bench(tmp_path, (1.5, 1.3, 1.4, 1.5), 1.0, vmap).verdict == "partly reproduced"
+  rep = _bench(tmp_path, (1.5, 1.3, 1.4, 1.5), 1.0, vmap, self_q=(0.8, 1.25))
+  assert rep.verdict == "reproduced"  # ... but the baseline against itself reaches 1.25
+  assert "baseline self-ratio q75 1.250" in rep.checks[1]
+
+
+def test_overhead_bounds_and_rule_outcomes():
+  assert overhead.flop_bound("mean") == 1.0 and overhead.flop_bound("all") == 2.0
+  assert bound(1.1, 1.25, 1.2, 1.3) == "within noise"  # quartiles straddle 1.25
+  assert bound(1.1, 1.25, 1.3, 1.4) == "fails"
+  assert bound(1.1, 1.25, 1.3, 1.4, self_q75=1.45) == "holds"  # never tighter than self
+  assert bound(1.3, 1.25) == "fails" and bound(1.1, 1.25) == "holds"  # FLOPs: exact
+  assert bound(math.nan, 1.25) == "undetermined"
+  m = {"flops_outcome": "holds", "time_outcome": "within noise", "peak_outcome": "holds"}
+  assert overhead.side(m) == "within noise"
+  assert overhead.side({**m, "peak_outcome": "fails"}) == "fails"
+
+
+def test_overhead_without_paired_ratios_is_not_measured(tmp_path):
+  (tmp_path / "overhead.csv").write_text("backend,time_ratio\nvmap,1.0\n")
+  assert overhead.report(tmp_path).verdict == "not measured"
 
 
 # --------------------------------------------------------------------------- lr policy
@@ -286,7 +315,7 @@ def test_all_diverged_group_extends_downward_then_stops_at_100x(tmp_path):
   assert len(lows) < sweep.lr_search.rounds
   out = write(tmp_path / "sp", fin.to_dict("records"), sign_placement.GROUP)
   rep = sign_placement.report(out)
-  assert "`example` diverged at every lr from 0.01 down to 4.1e-06 (seed 0)." in rep.finding
+  assert "Diverged at every lr: ['example (lr 0.01 down to 4.1e-06)']" in rep.finding
 
 
 def test_downward_search_stops_when_a_run_trains(tmp_path):

@@ -83,7 +83,7 @@ def test_snr_report_verdicts(tmp_path):
 def _sign_columns(leaf_counts: dict, steps) -> dict:
   """sign/<leaf>/<field> columns: leaf -> (coords, agree_all, selected, agree, progress, mu2)
   per logged step, and sign/total/ their sums."""
-  from experiments.sign_counts import FIELDS
+  from experiments.leafwise import FIELDS
   cols = {}
   total = np.zeros(len(FIELDS))
   for leaf, c in leaf_counts.items():
@@ -96,7 +96,8 @@ def _sign_columns(leaf_counts: dict, steps) -> dict:
 def test_snr_analyze_figures_report_from_a_table(tmp_path):
   """analyze -> figures -> report on a table shaped like runs.aggregate's, with the sign
   counts the train loop logs (which also give the leaves' parameter counts)."""
-  from experiments import sign_counts, snr
+  from experiments import leafwise, snr
+  from experiments.runs import Runs
   leaves = {"dense/kernel": (1.0, 1000), "embed/embedding": (-0.01, 500),
             "norm/scale": (50.0, 4)}
   # per step: coords, agree_all, selected, agree, progress, mu2
@@ -113,7 +114,7 @@ def test_snr_analyze_figures_report_from_a_table(tmp_path):
         r[f"opt/{leaf}/snr2_ema"] = 3 * scale + 0.01 * seed
       rows.append({**r, **_sign_columns(counts, step)})
   table = pd.DataFrame(rows)
-  snr.analyze(table, pd.DataFrame({"run": ["s0"]}), tmp_path)
+  snr.analyze(Runs(tmp_path, table, pd.DataFrame({"run": ["s0"]})), tmp_path)
   leaf = pd.read_csv(tmp_path / "snr_per_leaf.csv")
   assert set(leaf["leaf"]) == set(leaves)
   assert len(pd.read_csv(tmp_path / "snr_all.csv")) == 3 * 4 * 3
@@ -126,9 +127,9 @@ def test_snr_analyze_figures_report_from_a_table(tmp_path):
   # Pooled over the second half (steps 15, 20) and over seeds the ratios are the per-step
   # ones: total agreement (360+60+4)/(400+100+4), alignment 40/√(1504·21); without the norm
   # leaf 420/500 and 32/√(1500·5).
-  pooled = sign_counts.pooled(sign_counts.read(tmp_path), ["train.seed"])
+  pooled = leafwise.sign_pooled(leafwise.read_signs(tmp_path), ["train.seed"])
   tot = pooled[pooled["leaf"] == "total"].iloc[0]
-  rest = pooled[pooled["leaf"] == sign_counts.NO_NORM].iloc[0]
+  rest = pooled[pooled["leaf"] == leafwise.NO_NORM].iloc[0]
   assert tot["coords"] == 2 * 1504
   np.testing.assert_allclose([tot["agree"], tot["alignment"], tot["resolved"]],
                              [424 / 504, 40 / np.sqrt(1504 * 21), 504 / 1504])
@@ -139,10 +140,10 @@ def test_snr_analyze_figures_report_from_a_table(tmp_path):
 
 
 def test_sign_counts_summary_edges():
-  from experiments import sign_counts
+  from experiments import leafwise
   df = pd.DataFrame({"coords": [10.0, 10.0], "agree_all": [5.0, 6.0], "selected": [0.0, 2.0],
                      "agree": [0.0, 2.0], "progress": [1.0, 1.0], "mu2": [-1.0, 0.1]})
-  s = sign_counts.summarize(df)
+  s = leafwise.sign_summary(df)
   assert np.isnan(s["agree"][0]) and np.isnan(s["alignment"][0])  # none resolved; mu2 <= 0
   np.testing.assert_allclose(s["alignment"][1], 1 / np.sqrt(10 * 0.1))
 
