@@ -12,6 +12,7 @@ from typing import Callable
 
 from experiments.sweep import REPO, sweep_dir
 from experiments.verdict import Report
+from pergrad.registry import Registry
 
 # The rows of the claims table (README.md, results/<preset>/README.md), in order.
 ROWS = {
@@ -71,7 +72,8 @@ class Experiment:
                        "runs) and launch= (a benchmark).")
 
 
-_REGISTRY: dict[str, Experiment] = {}
+_REGISTRY: Registry[Experiment] = Registry(
+    "experiment", hint="choose one of them or 'all', or register yours in a plugin: --plugin")
 
 BUILTIN = ("overhead", "sign_placement", "preconditioner", "msq_eps", "batch_scaling", "snr",
            "moments", "norm_cost", "gns_layers", "gns_schedule")  # experiments.<name>, in order
@@ -79,12 +81,11 @@ BUILTIN = ("overhead", "sign_placement", "preconditioner", "msq_eps", "batch_sca
 
 def register(exp: Experiment) -> Experiment:
   """Adds `exp` to the registry (again under its name when its module is re-imported)."""
-  old = _REGISTRY.get(exp.name)
+  old = _REGISTRY.get(exp.name) if exp.name in _REGISTRY else None
   if old is not None and old.analyze.__module__ != exp.analyze.__module__:
     raise ValueError(f"experiment {exp.name!r} is registered by {old.analyze.__module__} "
                      f"already; give the one of {exp.analyze.__module__} another name.")
-  _REGISTRY[exp.name] = exp
-  return exp
+  return _REGISTRY.register(exp.name, exp, replace=True)
 
 
 def load_plugin(spec: str) -> None:
@@ -106,15 +107,12 @@ def experiments() -> dict[str, Experiment]:
   for n in BUILTIN:
     if n not in _REGISTRY:
       importlib.import_module(f"experiments.{n}")
-  return {**{n: _REGISTRY[n] for n in BUILTIN}, **_REGISTRY}
+  return {**{n: _REGISTRY.get(n) for n in BUILTIN}, **dict(_REGISTRY.items())}
 
 
 def get(name: str) -> Experiment:
-  exps = experiments()
-  if name not in exps:
-    raise ValueError(f"unknown experiment {name!r}; choose one of {tuple(exps)} or 'all' "
-                     "(or register it in a plugin: --plugin).")
-  return exps[name]
+  experiments()
+  return _REGISTRY.get(name)
 
 
 def in_order(names) -> tuple:

@@ -21,6 +21,7 @@ from experiments import record, report_md, runner  # noqa: E402
 from experiments.launch import LaunchLog  # noqa: E402
 from experiments.record import Experiment, Inputs, Report  # noqa: E402
 from experiments.sweep import run_dirname, sweep_dir  # noqa: E402
+from pergrad.registry import Registry  # noqa: E402
 
 PLUGIN = textwrap.dedent('''\
     """A toy experiment: one ci-sized run, its final eval loss."""
@@ -62,7 +63,10 @@ PLUGIN = textwrap.dedent('''\
 def registry(monkeypatch):
   """The registry as a copy for one test: what it registers is gone afterwards."""
   record.experiments()
-  monkeypatch.setattr(record, "_REGISTRY", dict(record._REGISTRY))
+  copy = Registry("experiment", hint=record._REGISTRY.hint)
+  for name, exp in record._REGISTRY.items():
+    copy.register(name, exp)
+  monkeypatch.setattr(record, "_REGISTRY", copy)
 
 
 def _reproduce():
