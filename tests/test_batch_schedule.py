@@ -14,10 +14,11 @@ import pytest
 from conftest import compose
 
 from pergrad.config import build_plan
-from pergrad.config.batch import BatchSchedule, default_sizes
+from pergrad.config.batch import BatchConfig, BatchSchedule, default_sizes, resolve
 from pergrad.config.schema import TrainSpec
 from pergrad.optim.schedule import (
   ScheduleConfig,
+  decay_steps,
   make_schedule,
   scale_by_token_schedule,
   token_lr,
@@ -145,6 +146,11 @@ def test_example_positions_are_uniform():
     (("batch=gns", "batch.gns_group=mlpp"), r"batch.gns_group=mlpp is not tracked"),
     (("batch=linear", "batch.ramp_tokens=100", "optimizer.lr_scaling=sqrt",
       "optimizer.sde_scaling=true"), r"optimizer.sde_scaling=true .* batch schedule"),
+    (("batch.kind=seesaw",), r"batch.kind=seesaw doubles B where a step schedule .* "
+                             r"set schedule=step"),
+    (("batch=seesaw", "batch.start=2", "batch.sizes=[2,6,8]"), r"leave batch.sizes empty"),
+    (("batch=seesaw", "batch.lr_scaling=linear"), r"lr_scaling=linear contradicts it"),
+    (("schedule=step", "schedule.decay_steps=[5,3]"), r"schedule.decay_steps=\[5, 3\] must"),
 ])
 def test_bad_batch_schedules_are_one_line_errors(tiny_overrides, extra, match):
   cfg = compose([*tiny_overrides, *extra])
@@ -179,3 +185,81 @@ def test_linear_ramp_run(tmp_path, tiny_overrides):
   evals = [r["examples_seen"] for r in recs if r["split"] == "eval"]
   assert evals[0] == 0 and [e // 32 for e in evals[1:-1]] == [1, 2] and evals[-1] == seen
   assert summary["final_eval_loss"] is not None and summary["last_step"] == len(train)
+
+
+def test_step_schedule_equals_optax_piecewise_constant():
+  """Without warmup, the step schedule is optax's piecewise-constant one with scale 1/2 at
+  each point, also through the examples-indexed last link at a fixed batch."""
+  cfg = ScheduleConfig(name="step", warmup_steps=0, decay_steps=(3, 7, 8))
+  sched = make_schedule(cfg, 0.1, total_steps=12)
+  ref = optax.piecewise_constant_schedule(0.1, {3: 0.5, 7: 0.5, 8: 0.5})
+  mine, by_count = scale_by_token_schedule(sched, 16, exact_floor=True), \
+      optax.scale_by_learning_rate(ref)
+  u = {"w": jnp.linspace(-1.0, 1.0, 5)}
+  st = by_count.init(u)
+  for k in range(14):
+    halvings = sum(k >= d for d in (3, 7, 8))
+    assert float(sched(k)) == float(ref(k)) == np.float32(0.1 * 0.5**halvings)
+    a, _ = mine.update(u, optax.EmptyState(), examples_seen=jnp.int32(16 * k), batch_size=16)
+    b, st = by_count.update(u, st)
+    np.testing.assert_array_equal(np.asarray(a["w"]), np.asarray(b["w"]))
+
+
+def test_step_schedule_points_default_to_the_cosines_halvings():
+  cfg = ScheduleConfig(name="step", warmup_steps=20, final_lr_frac=0.1)
+  points = decay_steps(cfg, 400)
+  cosine = make_schedule(ScheduleConfig(warmup_steps=20, final_lr_frac=0.1), 1.0,
+                         total_steps=400)
+  assert len(points) == 3  # 1/2, 1/4, 1/8 > 0.1 >= 1/16
+  for i, d in enumerate(points, 1):  # the first step at which the cosine is <= 2^-i
+    assert float(cosine(d)) <= 0.5**i + 1e-6 < float(cosine(d - 1))
+  step = make_schedule(cfg, 1.0, total_steps=400)
+  assert [float(step(k)) for k in (19, 20, points[0] - 1, points[0], 399)] == \
+      [1.0, 1.0, 1.0, 0.5, 0.125]
+  assert decay_steps(ScheduleConfig(name="step", decay_steps=(5,)), 400) == (5,)
+
+
+def test_seesaw_doubles_b_and_scales_the_lr_by_one_over_sqrt2():
+  """Points at 3, 5, 7 full steps of B_max = 8: B = 2 -> 4 at 24 examples -> 8 at 40, the
+  lr x 1/√2 at each; at 56 B is capped, and the lr halves (the plain step decay)."""
+  sched = resolve(BatchConfig(kind="seesaw", start=2), max_size=8, seq_len=4, n_devices=1,
+                  microbatch=None, gns_groups=None, decay_steps=(3, 5, 7))
+  assert sched.sizes == (2, 4, 8) and sched.decay_examples == (24, 40, 56)
+  assert sched.lr_scaling == "sqrt" and sched.lr_ref == 2
+  step = make_schedule(ScheduleConfig(name="step", warmup_steps=0, decay_steps=(3, 5, 7)),
+                       0.1, total_steps=10)
+  lr_of = token_lr(step, 8, sched.lr_scaling, sched.lr_ref, exact_floor=True)
+  seen, k, B, rows = 0, 0, 0, []
+  while seen < 80:
+    B = next_size(sched, k, seen, B, _never)
+    rows.append((seen, B, float(lr_of(jnp.int32(seen), B))))
+    seen, k = seen + B, k + 1
+  changes = [(s, B, lr) for i, (s, B, lr) in enumerate(rows) if i and B != rows[i - 1][1]]
+  assert [(s, B) for s, B, _ in changes] == [(24, 4), (40, 8)]
+  lr = {s: v for s, _, v in rows}
+  assert lr[0] == pytest.approx(0.1, rel=1e-6)  # optimizer.lr at B = batch.start
+  assert lr[24] / lr[22] == pytest.approx(2**-0.5, rel=1e-6)
+  assert lr[40] / lr[36] == pytest.approx(2**-0.5, rel=1e-6)
+  assert lr[56] / lr[48] == pytest.approx(0.5, rel=1e-6)  # capped: the plain halving
+  assert len({v for s, _, v in rows if 24 <= s < 40}) == 1  # constant between points
+  assert [B for s, B, _ in rows if s < 24] == [2] * 12
+
+
+def test_seesaw_run(tmp_path, tiny_overrides):
+  """batch=seesaw end to end: B doubles at the schedule's points, each record's lr is the
+  step schedule's at its examples seen times √(B / start), and the run completes."""
+  cfg = compose([*tiny_overrides, "train.steps=8", "train.eval_every=4",
+                 "train.checkpoint_every=0", "logging.log_every=1", "batch=seesaw",
+                 "batch.start=2", "schedule.decay_steps=[2,4,6]"])
+  plan = build_plan(cfg)
+  summary = run(plan, tmp_path, echo=lambda s: None)
+  train = [r for r in read_records(tmp_path / "metrics.jsonl") if r["split"] == "train"]
+  seen = 0
+  for r in train:
+    B = min(2 * 2 ** sum(seen >= p for p in (16, 32, 48)), 8)
+    assert r["batch_size"] == B, (r, seen)
+    lr = float(plan.optimizer.learning_rate(seen / 8)) * math.sqrt(B / 2)
+    np.testing.assert_allclose(r["lr"], lr, rtol=1e-6)
+    seen += B
+  assert [r["batch_size"] for r in train] == [2] * 8 + [4] * 4 + [8] * 4
+  assert summary["status"] == "completed" and summary["examples_seen"] == seen == 64

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from pergrad.optim import ScheduleConfig, build_optimizer, diagnostics, optimizer_config
@@ -62,3 +63,66 @@ def test_build_optimizer_holds_eps_for_the_adam_family(eps, want):
                            batch_size=4)
   got = diagnostics(stats, state)
   assert float(got["opt/all/eps_share"]) == want and float(got["opt/w/eps_share"]) == want
+
+
+def _weighted(u, dominated):
+  return float((np.abs(u) * dominated).sum() / np.abs(u).sum())
+
+
+def test_eps_share_weighted_matches_numpy_on_a_constructed_state():
+  """Σ|u|·[ε > √(v̂ + eps_root)] / Σ|u| with u = m̂/(√(v̂ + eps_root) + ε), m̂ = m/(1 − β1^t):
+  the debiasing of m cancels, so any β1 gives the same share."""
+  rng = np.random.default_rng(1)
+  shapes = {"a": (6,), "b/k": (4, 5)}
+  mu = {k: rng.normal(size=s) * 10.0 ** rng.uniform(-4, -1, s) for k, s in shapes.items()}
+  nu = {k: 10.0 ** rng.uniform(-12, -4, s) for k, s in shapes.items()}
+  weight, eps, eps_root, b1, t = 0.3, 1e-4, 1e-10, 0.9, 7
+  tree = lambda d, f=jnp.float32: {"a": f(d["a"]), "b": {"k": f(d["b/k"])}}
+  state = (ScaleByAdamFamilyState(count=jnp.int32(t), mu=tree(mu), nu=tree(nu),
+                                  nu_weight=jnp.float32(weight)),
+           EpsState(eps=jnp.float32(eps), eps_root=jnp.float32(eps_root)))
+  got = diagnostics(_stats(tree({k: np.zeros(s) for k, s in shapes.items()})), state)
+  u, dom = {}, {}
+  for k in shapes:
+    root = np.sqrt(nu[k].astype(np.float32) / weight + eps_root)
+    u[k] = mu[k].astype(np.float32) / (1 - b1**t) / (root + eps)
+    dom[k] = eps > root
+    assert 0 < dom[k].mean() < 1
+    assert float(got[f"opt/{k}/eps_share_weighted"]) == pytest.approx(_weighted(u[k], dom[k]),
+                                                                      rel=1e-5)
+    # weighting by |u| differs from counting: ε-dominated coordinates have small steps
+    assert float(got[f"opt/{k}/eps_share_weighted"]) != pytest.approx(dom[k].mean(), abs=1e-3)
+  flat = lambda d: np.concatenate([np.ravel(d[k]) for k in shapes])
+  assert float(got["opt/all/eps_share_weighted"]) == pytest.approx(
+      _weighted(flat(u), flat(dom)), rel=1e-5)
+
+
+def test_eps_share_weighted_reads_the_directions_own_update():
+  """After a few updates of the Adam-family direction, the share weighted by the very u
+  it returned (NumPy) equals the logged one."""
+  from pergrad.optim.adam_family import scale_by_adam_family
+
+  eps = 3e-3
+  tx = optax.chain(scale_by_adam_family("micro_adam_msq", eps=eps), hold_eps(eps))
+  rng = np.random.default_rng(2)
+  params = {"w": jnp.zeros((8, 6)), "b": jnp.zeros(6)}
+  state = tx.init(params)
+  for _ in range(3):
+    g = {k: rng.normal(size=(16, *v.shape)).astype(np.float32) * 0.02 + 0.01
+         for k, v in params.items()}
+    stats = GradStats(count=jnp.float32(16), sum={k: jnp.sum(x, 0) for k, x in g.items()},
+                      sum_sq={k: jnp.sum(x**2, 0) for k, x in g.items()}, sum_sign=None,
+                      granularity="example")
+    u, state = tx.update(stats.mean, state, params, grad_stats=stats)
+  got = diagnostics(stats, state)
+  adam = state[0]
+  root = {k: np.sqrt(np.asarray(v) / float(adam.nu_weight)) for k, v in adam.nu.items()}
+  dom = {k: eps > r for k, r in root.items()}
+  uu = {k: np.asarray(x) for k, x in u.items()}
+  assert 0 < np.mean(np.concatenate([d.ravel() for d in dom.values()])) < 1
+  for k in params:
+    assert float(got[f"opt/{k}/eps_share_weighted"]) == pytest.approx(
+        _weighted(uu[k], dom[k]), rel=1e-5)
+  flat = lambda d: np.concatenate([d[k].ravel() for k in sorted(params)])
+  assert float(got["opt/all/eps_share_weighted"]) == pytest.approx(
+      _weighted(flat(uu), flat(dom)), rel=1e-5)

@@ -204,7 +204,7 @@ def test_yaml_options_compose_and_build(tmp_path):
   assert set(names) == set(OPTIMIZERS.names())
   with initialize_config_dir(config_dir=str(tmp_path), version_base="1.3"):
     for name in names:
-      for sched in ("cosine", "constant"):
+      for sched in ("cosine", "constant", "step"):
         cfg = compose("probe", overrides=[f"optimizer={name}", f"schedule={sched}"])
         obj = OmegaConf.to_object(cfg)
         assert obj.optimizer.name == name and obj.schedule.name == sched

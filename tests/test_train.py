@@ -96,17 +96,58 @@ def test_run_writes_metrics_summary_checkpoints(base_run):
   assert any("eval loss" in line for line in lines)  # the printed summary
 
 
-def test_statistics_logging_changes_the_trajectory_only_by_rounding(base_run, tmp_path,
-                                                                    tiny_overrides):
-  """Logging steps compute the update from the same backward pass as the statistics (no
-  second pass), so the mean gradient is summed in another order: rounding, nothing more."""
+TIMING = ("tokens_per_s", "train_time_s")
+
+
+def _records(run_dir: Path, splits=("train", "eval")) -> list[dict]:
+  """The run's records of `splits` without the timing fields."""
+  return [{k: v for k, v in r.items() if k not in TIMING}
+          for r in read_records(Path(run_dir) / "metrics.jsonl") if r["split"] in splits]
+
+
+@pytest.fixture(scope="module")
+def plain_run(tmp_path_factory, tiny_overrides):
+  """BASE without statistics logging."""
+  d = tmp_path_factory.mktemp("plain")
+  _train(d, tiny_overrides)
+  return d
+
+
+def test_statistics_logging_leaves_the_trajectory_bit_identical(base_run, plain_run):
+  """Logging steps (vmap statistics, eps_share of AdamW's held ε) update by the plain
+  step's operations: train and eval losses, norms and parameters are the same bits."""
   d, _, _ = base_run
-  _train(tmp_path, tiny_overrides)  # no statistics
-  import jax
-  logged, plain = _final_params(d, 12), _final_params(tmp_path, 12)
-  assert len(jax.tree.leaves(logged)) == len(jax.tree.leaves(plain)) > 0
-  for x, y in zip(jax.tree.leaves(logged), jax.tree.leaves(plain), strict=True):
-    np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-6)
+  assert _records(d) == _records(plain_run)
+  stats = _records(d, ("stats",))
+  assert [r["step"] for r in stats] == [1, 6, 12] and "opt/all/eps_share" in stats[0]
+  _assert_trees_equal(_final_params(d, 12), _final_params(plain_run, 12))
+
+
+@pytest.mark.parametrize("extra", [
+    # The logged request is the optimizer's: the update's own statistics are summarised.
+    ("optimizer.variant=micro_adam_msq", "stats.want=[mean,sq]"),
+    # A second, per-example backward pass (surgery) beside value_and_grad's update.
+    ("optimizer.variant=adam", "stats=example"),
+], ids=["same_request", "second_pass"])
+def test_adam_family_logging_leaves_the_trajectory_bit_identical(tmp_path, tiny_overrides,
+                                                                 extra):
+  opt = ("optimizer=adam_family", "optimizer.eps=1e-4", *extra)
+  _train(tmp_path / "logged", tiny_overrides, (*opt, "stats.log_every=3"))
+  _train(tmp_path / "plain", tiny_overrides, (*opt, "stats.log_every=0"))
+  assert _records(tmp_path / "logged") == _records(tmp_path / "plain")
+  stats = _records(tmp_path / "logged", ("stats",))
+  assert [r["step"] for r in stats] == [1, 3, 6, 9, 12]
+  assert all(0 <= r["opt/all/eps_share"] <= 1 and "opt/all/share_mu2" in r for r in stats)
+  _assert_trees_equal(_final_params(tmp_path / "logged", 12),
+                      _final_params(tmp_path / "plain", 12))
+
+
+def test_a_rerun_writes_the_same_metrics(base_run, tmp_path, tiny_overrides):
+  """The same config and seed again: metrics.jsonl record for record (timing aside)."""
+  d, _, _ = base_run
+  _train(tmp_path, tiny_overrides, ("stats=vmap", "stats.log_every=6"))
+  splits = ("train", "eval", "stats")
+  assert _records(tmp_path, splits) == _records(d, splits) and len(_records(d, splits)) > 12
 
 
 def test_completed_run_is_skipped(base_run, tiny_overrides):

@@ -91,10 +91,11 @@ def test_train_step_returns_state_and_metrics_in_every_variant(tiny_overrides, n
   step = functools.partial(train_step, loss_fn=loss_fn, opt=plan.optimizer, options=options)
   variants = {
       "plain": (functools.partial(step, request=sp.request, backend=sp.backend), ()),
-      "logged": (functools.partial(step, request=sp.log_request, backend=sp.log_backend,
-                                   log_stats=True), ()),
-      "logged+sign": (functools.partial(step, request=sp.log_request,
-                                        backend=sp.log_backend, log_stats=True), (heldout,)),
+      "logged": (functools.partial(step, request=sp.request, backend=sp.backend,
+                                   log_request=sp.log_request, log_backend=sp.log_backend), ()),
+      "logged+sign": (functools.partial(step, request=sp.request, backend=sp.backend,
+                                        log_request=sp.log_request,
+                                        log_backend=sp.log_backend), (heldout,)),
   }
   keys = {}
   for variant, (fn, extra) in variants.items():

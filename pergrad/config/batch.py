@@ -8,6 +8,21 @@ The run's length is train.steps x B_max examples (B_max = data.batch_size, the l
 allowed size); a schedule spends them in more, smaller updates. Each allowed size has
 its own compiled train step. Which size each update takes is decided during the run by
 `pergrad.train.batch_schedule.next_size(sched, ...)`.
+
+Seesaw (Meterez et al. 2025, arXiv 2510.14717): "whenever a standard scheduler would halve
+the learning rate, multiply it by 1/√2 and double the batch size instead". Our reading,
+from the abstract and summaries of the paper (its algorithm's text was not read): given
+the step schedule (schedule.name=step) that halves the lr at d_1 < d_2 < ... full-batch
+steps, i.e. at p_i = d_i · B_max examples (`pergrad.optim.schedule.decay_steps`), an update
+after i points (seen ≥ p_i) takes
+
+    B = floor_sizes(start · 2^i),     lr = schedule(τ) · √(B / start)
+
+so while B doubles the lr falls by 2^−1 · √2 = 1/√2 per point, and once B reaches
+B_max (the cap) by the schedule's own 1/2 (the plain decay: no batch growth left to trade
+for it). optimizer.lr is the lr of the first updates, at B = batch.start (the paper starts
+Seesaw at the tuned lr and batch size of its cosine baseline). The sizes are the powers of
+two from batch.start (then B_max).
 """
 
 from __future__ import annotations
@@ -22,6 +37,7 @@ class BatchKind(Choice):
   fixed = "fixed"  # data.batch_size every update
   linear = "linear"  # a linear ramp in tokens from batch.start to data.batch_size
   gns = "gns"  # B = gns_factor x the tracked B_simple (needs stats.gns), never decreasing
+  seesaw = "seesaw"  # B doubles (lr x 1/√2) where schedule=step halves the lr (Seesaw)
 
 
 @dataclasses.dataclass
@@ -30,16 +46,17 @@ class BatchConfig:
   data.batch_size examples, and the learning-rate schedule is indexed by examples seen,
   so it does not depend on the batch schedule."""
 
-  kind: BatchKind = BatchKind.fixed  # fixed, linear ramp, or GNS-guided
+  kind: BatchKind = BatchKind.fixed  # fixed, linear ramp, GNS-guided, or seesaw
   # Allowed sizes (one compiled step each), ascending, the largest = data.batch_size;
   # (): powers of two from batch.start up to data.batch_size.
   sizes: tuple[int, ...] = ()
-  start: int = 8  # the first updates' size (linear and gns)
+  start: int = 8  # the first updates' size (linear, gns and seesaw)
   ramp_tokens: int = 0  # linear: tokens over which B grows from start to data.batch_size
   gns_factor: float = 1.0  # gns: target B = gns_factor x B_simple of gns_group
   gns_group: str = "total"  # gns: which tracked group's B_simple (total, norm, ...)
   every: int = 25  # gns: updates between decisions (each reads the tracker: one host sync)
-  # Learning rate when B < data.batch_size: lr x (B / data.batch_size)^k, k = 0, 1/2, 1.
+  # Learning rate when B < data.batch_size: lr x (B / data.batch_size)^k, k = 0, 1/2, 1
+  # (seesaw: lr x (B / batch.start)^(1/2) always, its rule; linear is an error there)
   lr_scaling: LrScaling = LrScaling.none
 
   def __post_init__(self):
@@ -60,7 +77,8 @@ class BatchConfig:
 @dataclasses.dataclass(frozen=True)
 class BatchSchedule:
   """A `BatchConfig` resolved for a run (`resolve`): the allowed sizes listed (the last
-  is B_max) and the linear ramp in examples."""
+  is B_max), the linear ramp in examples, seesaw's doubling points in examples and the
+  lr's reference size (None: B_max)."""
 
   kind: str = "fixed"
   sizes: tuple[int, ...] = (32,)
@@ -70,6 +88,8 @@ class BatchSchedule:
   gns_group: str = "total"
   every: int = 25
   lr_scaling: str = "none"
+  decay_examples: tuple[int, ...] = ()  # seesaw: p_i = d_i x B_max
+  lr_ref: int | None = None  # seesaw: batch.start
 
   @property
   def max_size(self) -> int:
@@ -91,9 +111,11 @@ def default_sizes(start: int, max_size: int) -> tuple[int, ...]:
 
 
 def resolve(b: BatchConfig, *, max_size: int, seq_len: int, n_devices: int,
-            microbatch: int | None, gns_groups: tuple[str, ...] | None) -> BatchSchedule:
+            microbatch: int | None, gns_groups: tuple[str, ...] | None,
+            decay_steps: tuple[int, ...] | None = None) -> BatchSchedule:
   """The schedule of `b` for a run; one ValueError line naming the key and the fix for
-  one that cannot run. gns_groups: the groups the GNS tracker will hold (None: off)."""
+  one that cannot run. gns_groups: the groups the GNS tracker will hold (None: off);
+  decay_steps: the step lr schedule's halving points (None: the schedule is not step)."""
   common = dict(kind=b.kind, gns_factor=b.gns_factor, gns_group=b.gns_group, every=b.every,
                 lr_scaling=b.lr_scaling)
   if b.kind == "fixed":
@@ -102,6 +124,8 @@ def resolve(b: BatchConfig, *, max_size: int, seq_len: int, n_devices: int,
     raise ValueError(f"batch.start={b.start} exceeds data.batch_size={max_size} (the "
                      "largest size); lower batch.start.")
   sizes = b.sizes or default_sizes(b.start, max_size)
+  if b.kind == "seesaw":
+    common.update(_seesaw(b, sizes, max_size, decay_steps))
   if sizes[-1] != max_size:
     raise ValueError(f"batch.sizes={list(sizes)} must end at data.batch_size={max_size} (the "
                      "size the schedule grows to); add it or change data.batch_size.")
@@ -128,3 +152,20 @@ def resolve(b: BatchConfig, *, max_size: int, seq_len: int, n_devices: int,
       raise ValueError(f"batch.gns_group={b.gns_group} is not tracked (the tracker "
                        f"holds {list(gns_groups)}); choose one of them.")
   return sched
+
+
+def _seesaw(b: BatchConfig, sizes: tuple[int, ...], max_size: int,
+            decay_steps: tuple[int, ...] | None) -> dict:
+  """Seesaw's settings (module docstring), checked."""
+  if decay_steps is None:
+    raise ValueError("batch.kind=seesaw doubles B where a step schedule halves the lr; set "
+                     "schedule=step (its halving points: schedule.decay_steps).")
+  if sizes != default_sizes(b.start, max_size):
+    raise ValueError(f"batch.kind=seesaw doubles B from batch.start={b.start}; leave "
+                     f"batch.sizes empty (the powers of two from batch.start), not "
+                     f"{list(sizes)}.")
+  if b.lr_scaling == "linear":
+    raise ValueError("batch.kind=seesaw scales the lr by √(B / batch.start) (lr x 1/√2 per "
+                     "doubling); batch.lr_scaling=linear contradicts it: set it to sqrt.")
+  return dict(lr_scaling="sqrt", lr_ref=b.start,
+              decay_examples=tuple(d * max_size for d in decay_steps))

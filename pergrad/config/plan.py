@@ -39,6 +39,7 @@ from pergrad.model import TIED_EMBEDDING, ModelSpec
 from pergrad.optim import Optimizer, build_optimizer
 from pergrad.optim.configs import REGISTRY as OPTIMIZERS
 from pergrad.optim.diagnostics import track_gns
+from pergrad.optim.schedule import decay_steps
 from pergrad.stats import StatsOptions, StatsRequest, check_microbatch, resolve_backend
 from pergrad.stats import backends as backends_lib
 from pergrad.stats.noise import TOTAL
@@ -130,9 +131,11 @@ def build_plan(cfg: Any, n_devices: int = 1) -> RunPlan:
         f"{', '.join(backends_lib.REGISTRY)} (a plugin adds one with "
         "pergrad.stats.register_backend, listed in plugins=[module]).")
 
+  halvings = (decay_steps(c.schedule, c.train.steps) if c.schedule.name == "step" else None)
   batch = batch_lib.resolve(c.batch, max_size=data.batch_size, seq_len=data.seq_len,
                             n_devices=n_devices, microbatch=s.microbatch_size,
-                            gns_groups=(*LAYER_TYPES, TOTAL) if s.gns else None)
+                            gns_groups=(*LAYER_TYPES, TOTAL) if s.gns else None,
+                            decay_steps=halvings)
   if batch.kind != "fixed" and getattr(c.optimizer, "sde_scaling", False):
     raise ValueError("optimizer.sde_scaling=true scales β and ε once for data.batch_size, "
                      "which a batch schedule changes; set optimizer.sde_scaling=false or "
@@ -142,7 +145,8 @@ def build_plan(cfg: Any, n_devices: int = 1) -> RunPlan:
          if s.gns else None)
   opt = build_optimizer(c.optimizer, c.schedule, total_steps=c.train.steps,
                         batch_size=data.batch_size, track_snr=s.track_snr, gns=gns,
-                        gns_layers=s.layers, batch_lr_scaling=batch.lr_scaling)
+                        gns_layers=s.layers, batch_lr_scaling=batch.lr_scaling,
+                        batch_lr_ref=batch.lr_ref)
   logging, config = _wandb_from_env(c.logging, to_plain(cfg))
   return RunPlan(model=model, data=data, optimizer=opt, stats=_stats_plan(opt.request, s),
                  batch=batch, train=c.train, logging=logging, config=config, name=c.name)

@@ -87,7 +87,8 @@ def _builder(name: str):
 def build_optimizer(opt: configs.OptimizerConfig, sched: ScheduleConfig, *, total_steps: int,
                     batch_size: int, track_snr: bool = False, gns: Tracker | None = None,
                     gns_layers: tuple[str, ...] = (),
-                    batch_lr_scaling: str = "none") -> Optimizer:
+                    batch_lr_scaling: str = "none", batch_lr_ref: int | None = None
+                    ) -> Optimizer:
   """Builds the optimizer of `opt` with the schedule of `sched` (module docstring).
 
   Args:
@@ -102,8 +103,8 @@ def build_optimizer(opt: configs.OptimizerConfig, sched: ScheduleConfig, *, tota
     gns: a GNS tracker (`pergrad.optim.diagnostics.track_gns`) beside the chain
       (Optimizer.gns); it adds 'norms' (per-example squared norms, every step) of the
       leaves `gns_layers` (layer types or path patterns; (): all) to the request.
-    batch_lr_scaling: lr x (B / batch_size)^κ' for an update of B < batch_size examples
-      (none, sqrt, linear: κ' = 0, 1/2, 1).
+    batch_lr_scaling: lr x (B / B_ref)^κ' for an update of B examples (none, sqrt,
+      linear: κ' = 0, 1/2, 1); B_ref = batch_lr_ref (None: batch_size).
 
   Returns:
     Optimizer(tx, request, learning_rate, token_lr, snr, gns); raises ValueError on a
@@ -130,9 +131,10 @@ def build_optimizer(opt: configs.OptimizerConfig, sched: ScheduleConfig, *, tota
   parts.append(direction.tx)
   if opt.weight_decay > 0:
     parts.append(optax.add_decayed_weights(opt.weight_decay))
-  parts.append(scale_by_token_schedule(lr, batch_size, batch_lr_scaling))
+  by_tokens = (batch_size, batch_lr_scaling, batch_lr_ref, sched.name == "step")
+  parts.append(scale_by_token_schedule(lr, *by_tokens))
   return Optimizer(tx=with_float32_state(optax.chain(*parts)), request=request,
-                   learning_rate=lr, token_lr=token_lr(lr, batch_size, batch_lr_scaling),
+                   learning_rate=lr, token_lr=token_lr(lr, *by_tokens),
                    snr=snr_tracker(hp.b1) if track_snr else OFF,
                    gns=gns if gns is not None else OFF)
 

@@ -44,7 +44,13 @@ Where the optimizer's chain also holds the direction's ε (`hold_eps`, put there
 
     eps_share = #{j : ε > √(v̂_j + eps_root)} / #{j}
 
-(≈ 1: u ≈ m̂/ε, the momentum direction scaled by 1/ε; ≈ 0: the preconditioner acts).
+(≈ 1: u ≈ m̂/ε, the momentum direction scaled by 1/ε; ≈ 0: the preconditioner acts),
+and the same share weighted by the size of the direction's update u = m̂/(√(v̂ + eps_root) + ε):
+
+    eps_share_weighted = Σ_j |u_j|·[ε > √(v̂_j + eps_root)] / Σ_j |u_j|
+
+(the share of the update's L1 mass that ε dominates). m̂ = m/(1 − β1^t) carries the same
+factor on every coordinate, which cancels in the ratio, so |m| stands for |m̂|.
 
 With a layer selection (`GradStats.layers`), only the selected leaves are reported and
 "all" sums over them. A quantity is left out when what it needs is absent (no 'sq'
@@ -139,8 +145,9 @@ def track_snr(beta: float) -> Tracker:
 
 def diagnostics(stats: GradStats, opt_state: Any = None, snr: Any = None
                 ) -> dict[str, jax.Array]:
-  """Ratios of sums of the SNRs², second-moment shares and eps_share (module docstring),
-  keyed "opt/<leaf>/<name>" per parameter leaf and "opt/all/<name>" over all coordinates.
+  """Ratios of sums of the SNRs², second-moment shares, eps_share and eps_share_weighted
+  (module docstring), keyed "opt/<leaf>/<name>" per parameter leaf and "opt/all/<name>"
+  over all coordinates.
 
   `opt_state`: the optimizer state, read for the Adam family's v and ε (`hold_eps`);
   `snr`: the `track_snr` state (an empty state or None: no snr2_ema)."""
@@ -164,10 +171,12 @@ def diagnostics(stats: GradStats, opt_state: Any = None, snr: Any = None
   held = find_state(opt_state, EpsState)
   if adam is not None and held is not None:
     v_hat = jax.tree.map(lambda v: noise.debiased(v, adam.nu_weight), adam.nu)
-    quantities["eps_share"] = (
-        jax.tree.map(lambda v: (held.eps > jnp.sqrt(v + held.eps_root)).astype(jnp.float32),
-                     v_hat),
-        jax.tree.map(lambda v: jnp.ones_like(v, jnp.float32), v_hat))
+    root = jax.tree.map(lambda v: jnp.sqrt(v + held.eps_root), v_hat)
+    dominated = jax.tree.map(lambda r: (held.eps > r).astype(jnp.float32), root)
+    quantities["eps_share"] = (dominated,
+                               jax.tree.map(lambda d: jnp.ones_like(d, jnp.float32), dominated))
+    size = jax.tree.map(lambda m, r: jnp.abs(m) / (r + held.eps), adam.mu, root)  # ∝ |u|
+    quantities["eps_share_weighted"] = (jax.tree.map(jnp.multiply, size, dominated), size)
 
   out = {}
   for name, (num, den) in quantities.items():

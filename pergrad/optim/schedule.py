@@ -18,8 +18,15 @@ Schedule shape (step k = 0 is the first update, W warmup steps, N total steps):
     warmup  lr_k = peak · (k + 1) / W                        for k < W
     cosine  lr_k = peak · (f + (1 - f) · (1 + cos(π t)) / 2), t = (k - W) / (N - W) in [0, 1]
     constant lr_k = peak                                     for k >= W
+    step    lr_k = peak · 2^(−#{i : k >= d_i})                 for k >= W
 
-with f = final_lr_frac. The warmup starts at peak/W, not 0, so no step is wasted.
+with f = final_lr_frac. The step schedule halves the lr at the full-batch steps
+d_1 < d_2 < ... (schedule.decay_steps, i.e. at d_i · B_max examples; B_max =
+data.batch_size); with none given, at the steps where the cosine of the same warmup and
+final_lr_frac over N steps would have halved it (`decay_steps`): d_i is the first step k
+with cosine shape ≤ 2^−i, for every 2^−i > f, before N. Without warmup it equals
+`optax.piecewise_constant_schedule(peak, {d_i: 0.5})`. The warmup starts at peak/W,
+not 0, so no step is wasted.
 A run shorter than its warmup (a smoke test) simply ends during the warmup.
 
 Indexed by examples (`token_lr`; `scale_by_token_schedule`, the last link of every
@@ -29,7 +36,11 @@ optimizer's chain): with a batch-size schedule the k of the formulas above is
 batch sizes (T is fixed, so examples and tokens are proportional). An update of B
 examples then uses
 
-    lr = schedule(τ) · (B / B_max)^κ',   κ' = 0, 1/2, 1 for batch.lr_scaling none/sqrt/linear
+    lr = schedule(τ) · (B / B_ref)^κ',   κ' = 0, 1/2, 1 for batch.lr_scaling none/sqrt/linear
+
+with B_ref = B_max, or batch.start for the seesaw batch schedule (`pergrad.config.batch`).
+For a step schedule τ is rounded in float32 but never up to the next integer
+(`exact_floor`), so its point d_i applies from exactly d_i · B_max examples.
 
 With B = B_max every update, τ = k exactly: the schedule of a fixed-batch run. The
 transformation is stateless: the examples seen are the train state's
@@ -53,16 +64,19 @@ from pergrad.optim.configs import LrScaling
 class ScheduleName(Choice):
   cosine = "cosine"
   constant = "constant"
-
+  step = "step"
 
 
 @dataclasses.dataclass
 class ScheduleConfig:
   """The learning-rate schedule's shape (the `schedule` config node)."""
 
-  name: ScheduleName = ScheduleName.cosine  # warmup then cosine decay, or constant
+  name: ScheduleName = ScheduleName.cosine  # warmup then cosine decay, constant, or step
   warmup_steps: int = 20  # steps of linear warmup from peak/warmup_steps
   final_lr_frac: float = 0.1  # cosine decays to final_lr_frac * peak
+  # step: the full-batch steps at which the lr is halved, ascending; []: where the cosine
+  # (warmup_steps, final_lr_frac) would halve it
+  decay_steps: tuple[int, ...] = ()
 
   def __post_init__(self):
     self.name = ScheduleName.check(self.name, "schedule.name")
@@ -70,6 +84,10 @@ class ScheduleConfig:
       raise ValueError(f"schedule.warmup_steps={self.warmup_steps} must be >= 0")
     if not 0.0 <= self.final_lr_frac <= 1.0:
       raise ValueError(f"schedule.final_lr_frac={self.final_lr_frac} must be in [0, 1]")
+    self.decay_steps = d = tuple(self.decay_steps)
+    if d and (list(d) != sorted(set(d)) or d[0] < 1):
+      raise ValueError(f"schedule.decay_steps={list(d)} must be distinct steps >= 1 in "
+                       "ascending order.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,54 +124,85 @@ def scale_hparams(*, lr: float, b1: float, b2: float, eps: float, eps_root: floa
                        batch_ratio=kappa_b)
 
 
+def decay_steps(sched: ScheduleConfig, total_steps: int) -> tuple[int, ...]:
+  """The step schedule's halving points d_i (module docstring): schedule.decay_steps, or
+  the first steps at which the cosine of `sched` over `total_steps` is ≤ 2^−i."""
+  if sched.decay_steps:
+    return sched.decay_steps
+  W, f = sched.warmup_steps, sched.final_lr_frac
+  span, points, level = max(total_steps - W, 1), [], 0.5
+  while level > f:
+    # ½ (1 + cos πt) = (level − f)/(1 − f)  ⇔  t = arccos(2(level − f)/(1 − f) − 1)/π
+    t = math.acos(2.0 * (level - f) / (1.0 - f) - 1.0) / math.pi
+    d = W + math.ceil(span * t - 1e-9)
+    if d >= total_steps:
+      break
+    points.append(max(d, points[-1] + 1 if points else 1))
+    level /= 2
+  return tuple(points)
+
+
 def make_schedule(sched: ScheduleConfig, peak_lr: float, *, total_steps: int
                   ) -> optax.Schedule:
-  """Linear warmup then cosine decay (or constant) of `sched` (checked by ScheduleConfig);
-  see the module docstring."""
+  """Linear warmup then cosine decay, constant or step halvings of `sched` (checked by
+  ScheduleConfig); see the module docstring."""
   if total_steps < 1:
     raise ValueError(f"total_steps={total_steps} must be >= 1")
   name, warmup_steps, final_lr_frac = sched.name, sched.warmup_steps, sched.final_lr_frac
-  decay_steps = max(total_steps - warmup_steps, 1)
+  span = max(total_steps - warmup_steps, 1)
+  halvings = decay_steps(sched, total_steps) if name == "step" else ()
 
   def schedule(step):
     k = jnp.asarray(step, jnp.float32)
     warm = jnp.minimum((k + 1.0) / warmup_steps, 1.0) if warmup_steps else 1.0
     if name == "constant":
       shape = 1.0
+    elif name == "step":
+      shape = jnp.float32(1.0)
+      for d in halvings:
+        shape = jnp.where(k >= d, 0.5 * shape, shape)
     else:
-      t = jnp.clip((k - warmup_steps) / decay_steps, 0.0, 1.0)
+      t = jnp.clip((k - warmup_steps) / span, 0.0, 1.0)
       shape = final_lr_frac + (1.0 - final_lr_frac) * 0.5 * (1.0 + jnp.cos(jnp.pi * t))
     return jnp.asarray(peak_lr * warm * shape, jnp.float32)
 
   return schedule
 
 
-def token_lr(schedule: optax.Schedule, max_batch: int, lr_scaling: str = "none"
+def token_lr(schedule: optax.Schedule, max_batch: int, lr_scaling: str = "none",
+             ref_batch: int | None = None, exact_floor: bool = False
              ) -> Callable[[jax.Array, int], jax.Array]:
-  """(seen, B) -> lr = schedule(seen / max_batch) · (B / max_batch)^κ' (module docstring),
-  float32; `seen` an int32 count of examples, B a Python int."""
+  """(seen, B) -> lr = schedule(seen / max_batch) · (B / B_ref)^κ' (module docstring),
+  float32; `seen` an int32 count of examples, B a Python int; B_ref = `ref_batch`
+  (None: max_batch); `exact_floor`: τ kept below seen // max_batch + 1 (step schedules)."""
   if lr_scaling not in LrScaling.values():
     raise ValueError(f"batch.lr_scaling={lr_scaling!r}; choose one of {LrScaling.values()}")
   kappa = LrScaling(lr_scaling).exponent
+  ref = ref_batch or max_batch
 
   def lr(seen: jax.Array, batch_size: int) -> jax.Array:
     # τ in integer arithmetic first: exactly k for a fixed-batch run.
-    tau = (seen // max_batch).astype(jnp.float32) + (seen % max_batch) / max_batch
-    return jnp.asarray(schedule(tau) * (batch_size / max_batch) ** kappa, jnp.float32)
+    k = (seen // max_batch).astype(jnp.float32)
+    tau = k + (seen % max_batch) / max_batch
+    if exact_floor:
+      tau = jnp.minimum(tau, jnp.nextafter(k + 1.0, k))
+    return jnp.asarray(schedule(tau) * (batch_size / ref) ** kappa, jnp.float32)
 
   return lr
 
 
 def scale_by_token_schedule(schedule: optax.Schedule, max_batch: int,
-                            lr_scaling: str = "none") -> optax.GradientTransformationExtraArgs:
-  """u -> −lr · u with lr = `token_lr(schedule, max_batch, lr_scaling)(seen, B)`.
+                            lr_scaling: str = "none", ref_batch: int | None = None,
+                            exact_floor: bool = False
+                            ) -> optax.GradientTransformationExtraArgs:
+  """u -> −lr · u with lr = `token_lr(schedule, max_batch, ...)(seen, B)`.
 
   Stateless; `update` takes the extra arguments `examples_seen` (int32: examples seen
   before this update) and `batch_size` (a Python int: the compiled step's static batch
   dimension; None: max_batch). With a constant B = max_batch and examples_seen = k · B
   it equals `optax.scale_by_learning_rate(schedule)` at update k.
   """
-  lr_of = token_lr(schedule, max_batch, lr_scaling)
+  lr_of = token_lr(schedule, max_batch, lr_scaling, ref_batch, exact_floor)
 
   def update_fn(updates, state, params=None, *, examples_seen=None,
                 batch_size: int | None = None, **extra_args):

@@ -17,6 +17,9 @@ the batch schedule. Kinds:
              B_simple read from the GNS tracker's state (`gns_metrics`, group gns_group);
              it starts at `start` and never decreases (a non-finite or non-positive
              B_simple, early in training, keeps B)
+    seesaw   B = floor_sizes(start · 2^i), i = #{p_i ≤ seen}: B doubles at each point p_i
+             (examples) where the step lr schedule halves the lr (`pergrad.config.batch`:
+             Seesaw, and its lr rule)
 
 floor_sizes(x) is the largest allowed size ≤ x (at least the smallest). Each allowed
 size has its own compiled train step (buckets, compiled before the loop), so changing B
@@ -42,6 +45,8 @@ def next_size(sched: BatchSchedule, k: int, seen: int, current: int,
   if sched.kind == "linear":
     frac = min(seen / sched.ramp_examples, 1.0)
     return sched.floor(sched.start + (sched.max_size - sched.start) * frac)
+  if sched.kind == "seesaw":
+    return sched.floor(sched.start * 2 ** sum(seen >= p for p in sched.decay_examples))
   if current == 0:
     return sched.start
   if k % sched.every:

@@ -9,19 +9,23 @@ ONCE per step (`pergrad.stats.compute`) and feeds the result to the optimizer an
 trackers beside it (`Optimizer.snr`, `Optimizer.gns`), whose states it keeps in the
 `TrainState` with the examples seen, the batch size and the learning rate of the update
 (lr = `Optimizer.token_lr(examples seen, B)`, the one the optimizer's last link applies).
-On most steps it asks for what the optimizer and the trackers read (`plan.stats.request`;
-for "mean" alone that is the plain `jax.value_and_grad` path).
-On statistics-logging steps a second compiled variant asks for the union of that and
-the logged statistics (`plan.stats.log_request`) in the same backward pass, and adds
-to the metrics the per-layer summaries (`pergrad.stats.summaries`, keys "stats/...")
-and the diagnostics of the new optimizer and SNR-tracker states
-(`pergrad.optim.diagnostics`, keys "opt/..."). The update is the same on both kinds of
-step, up to float rounding: the mean gradient of a per-example backend sums in another
-order than `value_and_grad`.
+On every step the update is computed from the statistics the optimizer and the trackers
+read (`plan.stats.request`; for "mean" alone the plain `jax.value_and_grad` path), by the
+same operations whether or not the step logs, so logging never changes the trajectory
+(bit for bit: tested). A statistics-logging step runs a second compiled variant that
+adds, after the update and apart from it, the logged statistics (`plan.stats.log_request`,
+the union of the optimizer's request and the logged ones): the per-layer summaries
+(`pergrad.stats.summaries`, keys "stats/...") and the diagnostics of the new optimizer
+and SNR-tracker states (`pergrad.optim.diagnostics`, keys "opt/..."). Everything it
+reads from the update (θ_{k−1}, the batch, the optimizer's statistics, the new states,
+the update) passes an `optimization_barrier`, so XLA can neither fuse the logged
+computation into the update's nor share its intermediates: the update's operations and
+their consumers are those of the plain variant. When the logged request is the
+optimizer's (same backend), the logged statistics are the update's own; otherwise they
+are a second backward pass at θ_{k−1} on the same batch (the cost of logging).
 With stats.sign_agreement, logging steps also get the held-out statistics (computed
 before the step by a separate compiled function at the same θ) and log the update's sign
-agreement with the held-out mean gradient ("sign/...", `pergrad.train.heldout`), without
-changing the update.
+agreement with the held-out mean gradient ("sign/...", `pergrad.train.heldout`).
 
 `Steps` jits each function once over a 1-D ('data',) mesh: explicit in/out
 shardings (batch split on 'data', state replicated), the state donated to the
@@ -54,16 +58,18 @@ from pergrad.train.state import TrainState, make_init_fn
 
 def train_step(state: TrainState, batch: dict, heldout: GradStats | None = None, *, loss_fn,
                opt: Optimizer, request: pstats.StatsRequest, backend: str,
-               options: pstats.StatsOptions, log_stats: bool = False
-               ) -> tuple[TrainState, dict[str, jax.Array]]:
+               options: pstats.StatsOptions, log_request: pstats.StatsRequest | None = None,
+               log_backend: str | None = None) -> tuple[TrainState, dict[str, jax.Array]]:
   """One update θ_{k+1} = θ_k + tx(ḡ_k, stats_k): (new state, metrics of step k).
 
   Metrics: loss (mean over the batch at θ_k), grad_norm ‖ḡ‖, update_norm,
   param_norm ‖θ_{k+1}‖, lr (the effective learning rate of this update, which depends on
   the examples seen and on B = the batch's static leading size); "gns/..."
-  when the GNS is tracked (`gns_metrics`, every step); with `log_stats`, also "stats/..."
-  and "opt/..." scalars (module docstring); with `heldout` (the held-out statistics at
-  θ_k), also the update's sign-agreement counts "sign/..." (`pergrad.train.heldout`).
+  when the GNS is tracked (`gns_metrics`, every step); with `log_request` (a logging
+  step), also "stats/..." and "opt/..." scalars; with `heldout` (the held-out statistics
+  at θ_k), also the update's sign-agreement counts "sign/..." (`pergrad.train.heldout`).
+  The update and the metrics above are the same operations with or without them (module
+  docstring).
   """
   loss, stats = pstats.compute(loss_fn, state.params, batch, request, options,
                                backend=backend)
@@ -85,9 +91,18 @@ def train_step(state: TrainState, batch: dict, heldout: GradStats | None = None,
       "lr": new_state.lr,
       **gns_metrics(new_state.gns),  # every step when the GNS is tracked
   }
-  if log_stats:
+  if log_request is None and heldout is None:
+    return new_state, metrics
+  # The logged computation reads the update's inputs and results through barriers only.
+  params_k, batch_k = jax.lax.optimization_barrier((state.params, batch))
+  stats, opt_state, snr, updates = jax.lax.optimization_barrier(
+      (stats, opt_state, new_state.snr, updates))
+  if log_request is not None:
+    if (log_request, log_backend) != (request, backend):
+      stats = pstats.compute(loss_fn, params_k, batch_k, log_request, options,
+                             backend=log_backend)[1]
     metrics.update(pstats.summaries.layer_summaries(stats))
-    metrics.update(diagnostics(stats, opt_state, new_state.snr))
+    metrics.update(diagnostics(stats, opt_state, snr))
   if heldout is not None:
     metrics.update(sign_metrics(updates, heldout))
   return new_state, metrics
@@ -124,10 +139,11 @@ class Steps:
     self.sign = (SignLog(plan, self.loss_fn, mesh, self.abstract_sharded_state().params)
                  if sp.sign_agreement and sp.log_request is not None else None)
 
-    def jit_step(request, backend, log_stats, heldout=False):
+    def jit_step(log_request=None, log_backend=None, heldout=False):
       return jax.jit(
-          functools.partial(train_step, loss_fn=self.loss_fn, opt=opt, request=request,
-                            backend=backend, options=options, log_stats=log_stats),
+          functools.partial(train_step, loss_fn=self.loss_fn, opt=opt, request=sp.request,
+                            backend=sp.backend, options=options, log_request=log_request,
+                            log_backend=log_backend),
           in_shardings=(self.state_shardings, self.batch_sharding) + ((repl,) if heldout else ()),
           out_shardings=(self.state_shardings, repl),
           # The batch is not donated: no output has its shape (XLA could not reuse it).
@@ -136,8 +152,8 @@ class Steps:
     def compiled(fn, B, *heldout):  # ahead of time, before the loop
       return fn.lower(self.abstract_sharded_state(), abstract_batch(B), *heldout).compile()
 
-    self.train_jit = jit_step(sp.request, sp.backend, False)
-    logged_jit = (jit_step(sp.log_request, sp.log_backend, True, self.sign is not None)
+    self.train_jit = jit_step()
+    logged_jit = (jit_step(sp.log_request, sp.log_backend, self.sign is not None)
                   if sp.log_request is not None else None)
     heldout = (self.sign.abstract_stats,) if self.sign is not None else ()
     sizes = plan.batch.sizes if plan.batch.kind != "fixed" else (plan.batch.max_size,)
