@@ -8,6 +8,7 @@ a model's shapes import the library inside the call.
 
   read_records(path)                the records of a metrics.jsonl
   smooth(G2, S, alpha)              the GNS tracker's recurrence, offline (B_simple)
+  resmooth(run_dir, alpha)          smooth on a run's logged gns/<group>/{G2,S} terms
   GNS_TOTAL                         the whole-model group of the logged gns/<group>/ terms
   ema_gain(snr2_ema, snr2_batch)    SNR_ema / SNR_batch from the logged SNR²s
   composed(overrides)               the config Hydra composes, as plain values
@@ -21,31 +22,19 @@ The statistics benchmark is `pergrad.bench.stats` (same floor: analysis does not
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
+from pergrad.fields import check_decay
+from pergrad.files import METRICS, read_records
 from pergrad.layer_types import layer_type
 
 GNS_TOTAL = "total"
 __all__ = ["GNS_TOTAL", "composed", "ema_gain", "layer_type", "leaf_sizes", "n_params",
-           "read_records", "scale_summary", "smooth"]
-
-
-def read_records(path: str | Path) -> list[dict]:
-  """The records of a metrics.jsonl; a torn line (killed writer) is skipped."""
-  path, out = Path(path), []
-  if not path.exists():
-    return out
-  for line in path.read_text().splitlines():
-    try:
-      out.append(json.loads(line))
-    except json.JSONDecodeError:
-      continue
-  return out
+           "read_records", "resmooth", "scale_summary", "smooth"]
 
 
 def smooth(G2: Sequence[float], S: Sequence[float], alpha: float) -> dict[str, np.ndarray]:
@@ -61,6 +50,29 @@ def smooth(G2: Sequence[float], S: Sequence[float], alpha: float) -> dict[str, n
     rows["S_ema"].append(e_s / wd)
     rows["b_simple"].append((e_s / wd) / (e_g / wd))
   return {k: np.asarray(v, np.float32) for k, v in rows.items()}
+
+
+def resmooth(run_dir: str | Path, alpha: float) -> dict[str, dict[str, np.ndarray]]:
+  """B_simple of every logged GNS group recomputed with EMA decay `alpha` from the raw
+  terms "gns/<group>/{G2,S}" (`smooth`): {group: {"step", "G2", "S", "G2_ema", "S_ema",
+  "b_simple"}}. The terms must be logged at every step from the first."""
+  check_decay(alpha, "alpha")
+  is_G2 = lambda k: k.startswith("gns/") and k.endswith("/G2")
+  recs = [r for r in read_records(Path(run_dir) / METRICS) if any(map(is_G2, r))]
+  groups = [k[len("gns/"):-len("/G2")] for k in (recs[0] if recs else {}) if is_G2(k)]
+  if not groups:
+    raise ValueError(f"{run_dir}/{METRICS} has no gns/<group>/G2 terms; train with "
+                     "stats=gns (or stats.gns=true) to log them every step.")
+  steps = np.asarray([r["step"] for r in recs])
+  if not np.array_equal(steps, np.arange(steps[0], steps[0] + len(steps))):
+    raise ValueError(f"{run_dir}: the gns terms are not logged at every step; the EMA "
+                     "cannot be recomputed.")
+  out = {}
+  for g in groups:
+    d = {"step": steps, "G2": np.asarray([r[f"gns/{g}/G2"] for r in recs]),
+         "S": np.asarray([r[f"gns/{g}/S"] for r in recs])}
+    out[g] = {**d, **smooth(d["G2"], d["S"], alpha)}
+  return out
 
 
 def ema_gain(snr2_ema, snr2_batch):

@@ -1,4 +1,5 @@
-"""Atomic file writes: a reader (or a killed writer) never sees a half-written file."""
+"""Atomic file writes (a reader, or a killed writer, never sees a half-written file) and
+the reader of a run's JSON-lines metrics."""
 
 from __future__ import annotations
 
@@ -32,3 +33,19 @@ def write_json(path: str | Path, obj) -> None:
 
 def read_json(path: str | Path):
   return json.loads(Path(path).read_text())
+
+
+METRICS = "metrics.jsonl"  # a run's metrics, one JSON object per line
+
+
+def read_records(path: str | Path) -> list[dict]:
+  """The records of a metrics.jsonl; a torn line (killed writer) is skipped."""
+  path, out = Path(path), []
+  if not path.exists():
+    return out
+  for line in path.read_text().splitlines():
+    try:
+      out.append(json.loads(line))
+    except json.JSONDecodeError:
+      continue
+  return out

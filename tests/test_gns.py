@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 import test_surgery as ts  # the small models and their shared loop references
 
+from pergrad.analysis import resmooth
 from pergrad.layer_types import layer_type
 from pergrad.loss import make_loss_fn
 from pergrad.model import TIED_EMBEDDING, ModelSpec, Transformer, init_params
 from pergrad.optim.diagnostics import GnsTrackerState, gns_metrics, track_gns
 from pergrad.stats import StatsRequest, compute, noise, synthetic
-from pergrad.train.metrics import resmooth
 
 K = 4.0  # z-score bound of the synthetic tests (each has a handful of comparisons)
 

@@ -150,7 +150,7 @@ def test_gns_layers_verdicts(tmp_path):
 
 
 def test_gns_layers_smoothing_is_the_trackers():
-  """The offline smoothing of the analysis is `pergrad.stats.noise.smooth`: a constant input gives
+  """The offline smoothing of the analysis is `pergrad.analysis.smooth`: a constant input gives
   itself at every step (debiased from the first step)."""
   t = gns_layers.terms(_gns_table((0,), coupled=True, steps=30).assign(
       **{"gns/norm/S": 2.0, "gns/norm/G2": 0.5}))

@@ -135,7 +135,7 @@ class StatsSpec:
   # per-example norms in every train step, raw terms gns/<group>/{G2,S} and EMA-smoothed
   # B_simple per layer type and total in metrics.jsonl.
   gns: bool = False
-  # EMA decay of S and |G|² (pergrad.train.metrics.resmooth redoes it offline)
+  # EMA decay of S and |G|² (pergrad.analysis.resmooth redoes it offline)
   gns_alpha: float = 0.95
   gns_tied: GnsTied = GnsTied.include  # a tied embedding: include (once) or exclude
   # Leaves whose statistics are computed and logged (and the GNS tracked): layer types

@@ -24,7 +24,7 @@ where `track_snr` tracks, along the updates,
 V_t estimates Var m_t without bias when the batch means of different steps are
 independent with variances σ_t²/n_t (no stationarity assumed), so m² − V estimates
 (E m_t)² without bias; the ratio needs no debiasing. The EMA gain
-`noise.ema_gain(snr2_ema, snr2_batch)` = SNR_ema / SNR_batch is √((1+β)/(1−β)) for a mean
+`pergrad.analysis.ema_gain(snr2_ema, snr2_batch)` = SNR_ema / SNR_batch is √((1+β)/(1−β)) for a mean
 constant over steps once stationary (≈ 4.36 at β = 0.9; after t updates from
 m_0 = V_0 = 0 its square carries the factor (1−β^t)/(1+β^t)), and smaller when the mean
 drifts (`pergrad.stats.synthetic.ema_gain2`). All three are SIGNED; take √max(·, 0) only
@@ -61,8 +61,8 @@ known truth of `pergrad.stats.synthetic`.
 `track_gns` reads the per-example squared norms of `grad_stats` ("norms") every step and
 keeps, per group (`noise.groups_of`), the step's raw terms |G|²_est, S_est and their EMAs;
 `gns_metrics(gns_state)` gives the "gns/<group>/..." keys, logged every step. The raw
-terms are written with the 9 digits that round-trip a float32, so `noise.smooth` on them
-(`pergrad.train.metrics.resmooth`) recomputes B_simple offline with any α.
+terms are written with the 9 digits that round-trip a float32, so `pergrad.analysis.resmooth`
+recomputes B_simple offline with any α.
 """
 
 from __future__ import annotations

@@ -24,8 +24,8 @@ in examples (sequences), since g_b is one sequence's gradient; in tokens it is T
 (T tokens per sequence). Each term is smoothed separately (never the EMA of the per-step
 ratio, whose denominator is noisy and can be ≤ 0) and debiased by its weight
 w_t = 1 − α^t, carried as the recurrence w_t = α w_{t−1} + (1 − α) (`ema`, `debiased`).
-`smooth` runs the same float32 recurrences in NumPy on logged raw terms: it equals the
-online values to float32 rounding (the device may fuse a multiply-add into one FMA).
+`pergrad.analysis.smooth` runs the same float32 recurrences in NumPy on logged raw terms:
+it equals the online values to float32 rounding (the device may fuse a multiply-add).
 
 Groups (`groups_of`): each layer type present (`pergrad.layer_types`) and "total". A
 tied embedding is one parameter used twice: with tied="include" it counts once, as
@@ -40,7 +40,6 @@ OF SUMS over coordinates (`ratio`; signed, ≈ 0 without signal, consistent):
 
 At example granularity Σ μ̂² = |G|²_est and Σ σ̂² = S_est over the same block, so a step's
 snr2_example is 1 / (S_est/|G|²_est), the unsmoothed B_simple's inverse.
-`ema_gain(snr2_ema, snr2_batch)` = SNR_ema / SNR_batch on logged values (NumPy).
 """
 
 from __future__ import annotations
@@ -50,7 +49,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from pergrad.layer_types import LAYER_TYPES, TYPE_RULES, layer_type, selects
 from pergrad.stats.types import GradStats, unbiased_sq_mean
@@ -148,21 +146,6 @@ def debiased(ema_value, weight):
   return ema_value / jnp.maximum(weight, _TINY)
 
 
-def smooth(G2: Sequence[float], S: Sequence[float], alpha: float) -> dict[str, np.ndarray]:
-  """`ema` and `debiased` over a sequence of raw terms, in the same float32 arithmetic:
-  {"G2_ema", "S_ema", "b_simple"} per step."""
-  a, b, one = np.float32(alpha), np.float32(1.0 - alpha), np.float32(1.0)
-  e_G2 = e_S = w = np.float32(0.0)
-  rows = {"G2_ema": [], "S_ema": [], "b_simple": []}
-  for g2, s in zip(np.asarray(G2, np.float32), np.asarray(S, np.float32), strict=True):
-    e_G2, e_S, w = a * e_G2 + b * g2, a * e_S + b * s, a * w + b * one
-    wd = max(w, np.finfo(np.float32).tiny)
-    rows["G2_ema"].append(e_G2 / wd)
-    rows["S_ema"].append(e_S / wd)
-    rows["b_simple"].append((e_S / wd) / (e_G2 / wd))
-  return {k: np.asarray(v, np.float32) for k, v in rows.items()}
-
-
 # --- signal-to-noise ratios ------------------------------------------------------------------
 def ratio(num, den):
   """num / den, the denominator guarded at the smallest float32 (ratios of sums)."""
@@ -176,10 +159,3 @@ def snr_terms(stats: GradStats) -> tuple[Any, Any, Any]:
   mean, var = f32(stats.mean), f32(stats.variance)
   mu2 = jax.tree.map(lambda m, v: unbiased_sq_mean(m, v, n), mean, var)
   return mu2, var, jax.tree.map(lambda v: v / n, var)
-
-
-def ema_gain(snr2_ema, snr2_batch):
-  """SNR_ema / SNR_batch = √(snr2_ema / snr2_batch), NaN unless both are > 0 (works on
-  floats, NumPy and pandas values alike)."""
-  ok = (snr2_ema > 0) & (snr2_batch > 0)
-  return np.sqrt(np.where(ok, snr2_ema, np.nan) / np.where(ok, snr2_batch, np.nan))

@@ -6,8 +6,8 @@ Records:
     {"step": k, "split": "stats", "stats/<leaf>/<name>": v, "opt/<leaf>/<name>": v, ...}
 
 and, every step of a run that tracks the gradient noise scale, "gns/<group>/<name>" in
-the stats record (`pergrad.optim.diagnostics.gns_metrics`); `resmooth` recomputes its
-B_simple offline from the logged raw terms with any EMA decay.
+the stats record (`pergrad.optim.diagnostics.gns_metrics`); `pergrad.analysis.resmooth`
+recomputes its B_simple offline from the logged raw terms with any EMA decay.
 
 The local file is always written, so analysis never depends on W&B. W&B runs in
 the mode of `logging.wandb.mode` (offline by default: no account, no network; its
@@ -27,10 +27,7 @@ from typing import Any
 import numpy as np
 
 from pergrad import files
-from pergrad.fields import check_decay
-from pergrad.stats import noise
-
-METRICS = "metrics.jsonl"
+from pergrad.files import METRICS, read_records
 
 
 def _plain(v: Any) -> Any:
@@ -38,23 +35,9 @@ def _plain(v: Any) -> Any:
     v = v.item()
   if isinstance(v, float) and math.isfinite(v):
     # 9 significant digits round-trip a float32 exactly (what the device computed), so
-    # offline recomputations from metrics.jsonl (`resmooth`) are exact.
+    # offline recomputations from metrics.jsonl (`pergrad.analysis.resmooth`) are exact.
     return float(f"{v:.9g}")
   return v
-
-
-def read_records(path: str | Path) -> list[dict]:
-  """The records of a metrics.jsonl; a torn line (killed writer) is skipped."""
-  out = []
-  path = Path(path)
-  if not path.exists():
-    return out
-  for line in path.read_text().splitlines():
-    try:
-      out.append(json.loads(line))
-    except json.JSONDecodeError:
-      continue
-  return out
 
 
 def truncate(path: str | Path, last_step: int) -> int:
@@ -142,26 +125,3 @@ class MetricsLogger:
       except Exception as e:  # noqa: BLE001
         self._warn("finish", e)
       self._wandb = None
-
-
-def resmooth(run_dir: str | Path, alpha: float) -> dict[str, dict[str, np.ndarray]]:
-  """B_simple of every logged GNS group recomputed with EMA decay `alpha` from the raw
-  terms "gns/<group>/{G2,S}" (`noise.smooth`): {group: {"step", "G2", "S", "G2_ema",
-  "S_ema", "b_simple"}}. The terms must be logged at every step from the first."""
-  check_decay(alpha, "alpha")
-  is_G2 = lambda k: k.startswith("gns/") and k.endswith("/G2")
-  recs = [r for r in read_records(Path(run_dir) / METRICS) if any(map(is_G2, r))]
-  groups = [k[len("gns/"):-len("/G2")] for k in (recs[0] if recs else {}) if is_G2(k)]
-  if not groups:
-    raise ValueError(f"{run_dir}/{METRICS} has no gns/<group>/G2 terms; train with "
-                     "stats=gns (or stats.gns=true) to log them every step.")
-  steps = np.asarray([r["step"] for r in recs])
-  if not np.array_equal(steps, np.arange(steps[0], steps[0] + len(steps))):
-    raise ValueError(f"{run_dir}: the gns terms are not logged at every step; the EMA "
-                     "cannot be recomputed.")
-  out = {}
-  for g in groups:
-    d = {"step": steps, "G2": np.asarray([r[f"gns/{g}/G2"] for r in recs]),
-         "S": np.asarray([r[f"gns/{g}/S"] for r in recs])}
-    out[g] = {**d, **noise.smooth(d["G2"], d["S"], alpha)}
-  return out
