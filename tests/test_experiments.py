@@ -254,6 +254,7 @@ def test_sweep_json_records_the_config_and_refuses_another(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 @pytest.mark.parametrize("name", runner.EXPERIMENTS)
 def test_ci_preset_end_to_end(ci_sweeps, name):
   """`reproduce.py NAME --preset ci` through the real training entry or benchmark: its table,

@@ -155,7 +155,7 @@ def _n_train(path: Path) -> int:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [
-    signal.SIGINT, signal.SIGTERM,
+    signal.SIGINT, pytest.param(signal.SIGTERM, marks=pytest.mark.extended),
     pytest.param(signal.SIGUSR2, marks=pytest.mark.extended)],  # submitit's default
     ids=["SIGINT", "SIGTERM", "SIGUSR2"])
 def test_signal_stops_with_checkpoint_and_resumes_bit_exact(sig, tmp_path, tiny_overrides,

@@ -35,6 +35,7 @@ def runs(tmp_path_factory, tiny_overrides):
   return out
 
 
+@pytest.mark.extended
 def test_bf16_compute_tracks_float32(runs):
   f32, bf16 = runs["float32"][0], runs["bfloat16"][0]
   assert bf16["status"] == "completed" and math.isfinite(bf16["final_train_loss"])

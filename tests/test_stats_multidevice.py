@@ -59,6 +59,7 @@ print("RESULT" + json.dumps(out))
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_two_devices_match_one():
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2",
              JAX_PLATFORMS="cpu")

@@ -326,6 +326,7 @@ print("ok")
 """
 
 
+@pytest.mark.extended
 def test_batch_sharded_over_two_devices_matches_one_device():
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2",
              JAX_PLATFORMS="cpu")

@@ -255,6 +255,7 @@ def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path, tiny_ove
   assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(restored))
 
 
+@pytest.mark.extended
 def test_multirun_2x2_grid(tmp_path, tiny_overrides, compilation_cache):
   sweep = tmp_path / "sweep"
   fixed = [o for o in tiny_overrides if not o.startswith("data.batch_size=")]
@@ -277,6 +278,7 @@ def test_multirun_2x2_grid(tmp_path, tiny_overrides, compilation_cache):
     assert ex["examples_seen"] == 2 * int(re.search(r"batch_size=(\d+)", r).group(1))
 
 
+@pytest.mark.extended
 def test_two_devices_match_one_device(base_run, tmp_path, tiny_overrides):
   d1, _, _ = base_run
   d2 = tmp_path / "two"
@@ -293,6 +295,9 @@ def test_two_devices_match_one_device(base_run, tmp_path, tiny_overrides):
 
 def test_wandb_failure_only_warns(tmp_path, tiny_overrides, monkeypatch, capsys):
   import wandb
+
+  for var in ("WANDB_MODE", "WANDB_DISABLED"):  # the environment would win over the config
+    monkeypatch.delenv(var, raising=False)
 
   def broken(*a, **k):
     raise RuntimeError("no network")
