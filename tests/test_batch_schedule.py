@@ -162,6 +162,7 @@ def test_bad_batch_schedules_are_one_line_errors(tiny_overrides, extra, match):
   assert "\n" not in str(e.value)
 
 
+@pytest.mark.extended
 def test_linear_ramp_run(tmp_path, tiny_overrides):
   """Sizes follow the ramp, each record's lr is the schedule's at its examples seen, and
   evaluations come at multiples of eval_every x B_max examples, then the end."""
@@ -245,6 +246,7 @@ def test_seesaw_doubles_b_and_scales_the_lr_by_one_over_sqrt2():
   assert [B for s, B, _ in rows if s < 24] == [2] * 12
 
 
+@pytest.mark.extended
 def test_seesaw_run(tmp_path, tiny_overrides):
   """batch=seesaw end to end: B doubles at the schedule's points, each record's lr is the
   step schedule's at its examples seen times √(B / start), and the run completes."""

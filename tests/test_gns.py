@@ -224,6 +224,7 @@ def test_tracker_smooths_each_term_separately():
     track_gns(1.0)
 
 
+@pytest.mark.extended
 def test_training_logs_gns_every_step_and_resmooth_reproduces_it(tmp_path):
   """`stats=gns` at the ci scale: gns/<type>/... on every step's record; the offline
   re-smoothing with the run's α equals the logged EMAs to float32 rounding (the device

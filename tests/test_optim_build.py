@@ -98,7 +98,7 @@ def _all_options():
   return opts
 
 
-@pytest.mark.parametrize("track", [False, True])
+@pytest.mark.parametrize("track", [False, pytest.param(True, marks=pytest.mark.extended)])
 def test_build_optimizer_every_option(track):
   params = _params()
   params["c"] = params["c"].astype(jnp.bfloat16)  # statistics f32, a param bf16

@@ -64,6 +64,7 @@ def toy_optimizer():
   ps.unregister("toy_abs")
 
 
+@pytest.mark.extended
 def test_toy_optimizer_through_the_recipe(toy_optimizer, tmp_path, tiny_overrides):
   cfg = compose([*tiny_overrides, "optimizer=toy", "optimizer.power=0.5",
                  "optimizer.lr=3e-3", "train.steps=6", "train.eval_every=3",

@@ -55,6 +55,7 @@ configs.register("toy", ToyConfig, build)
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_plugin_optimizer_and_statistic_in_a_cli_sweep(tmp_path, tfds_dir, jax_cache_dir):
   (tmp_path / "toy_plugin.py").write_text(textwrap.dedent(PLUGIN))
   env = {**os.environ, **cache_env(jax_cache_dir), "WANDB_MODE": "disabled",

@@ -25,6 +25,8 @@ from pergrad.stats.sign_agreement import SignCounts
 from pergrad.train.loop import run
 from pergrad.train.metrics import read_records
 
+pytestmark = pytest.mark.extended  # trains with held-out statistics (module fixture)
+
 N_H = 2
 BASE = ("train.steps=6", "train.eval_every=6", "train.checkpoint_every=6",
         "logging.log_every=1", "optimizer=sign", "optimizer.placement=ema",

@@ -129,6 +129,7 @@ def test_statistics_logging_leaves_the_trajectory_bit_identical(base_run, plain_
     # A second, per-example backward pass (surgery) beside value_and_grad's update.
     ("optimizer.variant=adam", "stats=example"),
 ], ids=["same_request", "second_pass"])
+@pytest.mark.extended
 def test_adam_family_logging_leaves_the_trajectory_bit_identical(tmp_path, tiny_overrides,
                                                                  extra):
   opt = ("optimizer=adam_family", "optimizer.eps=1e-4", *extra)
@@ -188,6 +189,7 @@ def test_corrupt_checkpoint_falls_back_to_previous(base_run, tmp_path, tiny_over
     # A GNS-guided batch size (decisions read the restored tracker state) from B = 2 to 8.
     ("batch=gns", "batch.start=2", "batch.every=4", "batch.gns_factor=0.3"),
 ], ids=["fixed", "gns_schedule"])
+@pytest.mark.extended
 def test_resume_after_sigkill_is_bit_exact(tmp_path, tiny_overrides, schedule,
                                            compilation_cache):
   """A run SIGKILLed after a checkpoint, re-run with the same command, ends with exactly
@@ -310,6 +312,7 @@ def test_wandb_failure_only_warns(tmp_path, tiny_overrides, monkeypatch, capsys)
   assert err.count("[warning] W&B init failed (RuntimeError: no network)") == 1
 
 
+@pytest.mark.extended
 def test_throughput_benchmark_prints_json():
   """scripts/bench_throughput.py measures the trainer's own step and prints one JSON object."""
   from conftest import TINY
