@@ -258,6 +258,23 @@ def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path, tiny_ove
 
 
 @pytest.mark.extended
+def test_dp_sgd_under_a_batch_ramp_trains_and_reruns_bit_exact(tmp_path, tiny_overrides):
+  """Clipping by surgery with Gaussian noise (DP-SGD) from the config, with B ramping
+  2 -> 8: the run trains to a finite loss, the noise moves it off the noiseless run, and
+  a rerun gives the same bits (the noise is keyed by seed and examples seen)."""
+  dp = ("stats.backend=surgery", "optimizer.per_example_clip=0.5", "batch=linear",
+        "batch.start=2", "batch.ramp_tokens=1000")
+  noisy = [_train(tmp_path / f"noisy{i}", tiny_overrides, (*dp, "optimizer.noise_multiplier=0.5"))
+           for i in range(2)]
+  quiet = _train(tmp_path / "quiet", tiny_overrides, dp)
+  assert all(s["status"] == "completed" for s, _ in (*noisy, quiet))
+  runs = [_records(tmp_path / name) for name in ("noisy0", "noisy1", "quiet")]
+  assert runs[0] == runs[1]
+  assert all(np.isfinite(r["loss"]) for r in runs[0] if "loss" in r)
+  assert [r["loss"] for r in runs[0]] != [r["loss"] for r in runs[2]]
+
+
+@pytest.mark.extended
 def test_multirun_2x2_grid(tmp_path, tiny_overrides, compilation_cache):
   sweep = tmp_path / "sweep"
   fixed = [o for o in tiny_overrides if not o.startswith("data.batch_size=")]

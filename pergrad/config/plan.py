@@ -146,7 +146,7 @@ def build_plan(cfg: Any, n_devices: int = 1) -> RunPlan:
   opt = build_optimizer(c.optimizer, c.schedule, total_steps=c.train.steps,
                         batch_size=data.batch_size, track_snr=s.track_snr, gns=gns,
                         gns_layers=s.layers, batch_lr_scaling=batch.lr_scaling,
-                        batch_lr_ref=batch.lr_ref)
+                        batch_lr_ref=batch.lr_ref, seed=c.train.seed)
   logging, config = _wandb_from_env(c.logging, to_plain(cfg))
   return RunPlan(model=model, data=data, optimizer=opt, stats=_stats_plan(opt.request, s),
                  batch=batch, train=c.train, logging=logging, config=config, name=c.name)

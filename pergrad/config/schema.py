@@ -42,7 +42,7 @@ class TrainSpec:
   """
 
   steps: int = 400  # run length in full-batch steps (resumable with a constant schedule)
-  seed: int = 0  # parameter initialisation
+  seed: int = 0  # parameter initialisation and the DP-SGD noise (optimizer.noise_multiplier)
   eval_every: int = resumable(100)  # steps between evaluations; 0: only at the end
   eval_batches: int = resumable(8)  # validation batches per evaluation; 0: none
   checkpoint_every: int = resumable(100)  # steps between checkpoints; 0: only at the end

@@ -87,8 +87,8 @@ def _builder(name: str):
 def build_optimizer(opt: configs.OptimizerConfig, sched: ScheduleConfig, *, total_steps: int,
                     batch_size: int, track_snr: bool = False, gns: Tracker | None = None,
                     gns_layers: tuple[str, ...] = (),
-                    batch_lr_scaling: str = "none", batch_lr_ref: int | None = None
-                    ) -> Optimizer:
+                    batch_lr_scaling: str = "none", batch_lr_ref: int | None = None,
+                    seed: int = 0) -> Optimizer:
   """Builds the optimizer of `opt` with the schedule of `sched` (module docstring).
 
   Args:
@@ -105,6 +105,7 @@ def build_optimizer(opt: configs.OptimizerConfig, sched: ScheduleConfig, *, tota
       leaves `gns_layers` (layer types or path patterns; (): all) to the request.
     batch_lr_scaling: lr x (B / B_ref)^κ' for an update of B examples (none, sqrt,
       linear: κ' = 0, 1/2, 1); B_ref = batch_lr_ref (None: batch_size).
+    seed: seeds the DP-SGD noise (`add_clipped_noise`) when optimizer.noise_multiplier > 0.
 
   Returns:
     Optimizer(tx, request, learning_rate, token_lr, snr, gns); raises ValueError on a
@@ -125,7 +126,7 @@ def build_optimizer(opt: configs.OptimizerConfig, sched: ScheduleConfig, *, tota
     request = request.union(("norms",), "example", gns_layers)
   parts = []
   if opt.noise_multiplier > 0:
-    parts.append(add_clipped_noise(opt.noise_multiplier * opt.per_example_clip / batch_size))
+    parts.append(add_clipped_noise(opt.noise_multiplier, opt.per_example_clip, batch_size, seed))
   if opt.clip_norm is not None and not direction.clips:
     parts.append(optax.clip_by_global_norm(opt.clip_norm))
   parts.append(direction.tx)
@@ -139,24 +140,28 @@ def build_optimizer(opt: configs.OptimizerConfig, sched: ScheduleConfig, *, tota
                    gns=gns if gns is not None else OFF)
 
 
-def add_clipped_noise(std: float, seed: int = 0) -> optax.GradientTransformation:
-  """DP-SGD's noise on the mean of B clipped per-example gradients: updates + std·ξ,
-  ξ ~ N(0, I), std = σ·C/B (noise σ·C on the clipped sum); ξ drawn from
-  fold_in(PRNGKey(seed), step), the step counted in the state (deterministic)."""
+def add_clipped_noise(noise_multiplier: float, clip: float, max_batch: int, seed: int = 0
+                      ) -> optax.GradientTransformationExtraArgs:
+  """DP-SGD's noise on the mean of B clipped per-example gradients: u + (σ·C/B)·ξ,
+  ξ ~ N(0, I) (noise σ·C on the clipped sum). Stateless: B is the update's batch size
+  (extra argument `batch_size`, a static int; None: max_batch) and ξ is drawn from
+  fold_in(PRNGKey(seed), examples_seen), unique per update and the same after a resume."""
 
-  def init(params):
-    del params
-    return jnp.zeros([], jnp.int32)
-
-  def update(updates, count, params=None):
-    del params
+  def update(updates, state, params=None, *, examples_seen=None,
+             batch_size: int | None = None, **extra_args):
+    del params, extra_args
+    if examples_seen is None:
+      raise ValueError("add_clipped_noise needs the extra argument examples_seen "
+                       "(the examples seen before this update).")
+    std = noise_multiplier * clip / (max_batch if batch_size is None else batch_size)
+    key = jax.random.fold_in(jax.random.PRNGKey(seed), jnp.asarray(examples_seen, jnp.int32))
     leaves, treedef = jax.tree.flatten(updates)
-    keys = jax.random.split(jax.random.fold_in(jax.random.PRNGKey(seed), count), len(leaves))
-    noisy = [u + std * jax.random.normal(k, u.shape, u.dtype)
+    keys = jax.random.split(key, len(leaves))
+    noisy = [u + jnp.asarray(std, u.dtype) * jax.random.normal(k, u.shape, u.dtype)
              for u, k in zip(leaves, keys, strict=True)]
-    return jax.tree.unflatten(treedef, noisy), count + 1
+    return jax.tree.unflatten(treedef, noisy), state
 
-  return optax.GradientTransformation(init, update)
+  return optax.GradientTransformationExtraArgs(optax.init_empty_state, update)
 
 
 # --- the built-in optimizers' builders (registered in configs.py) ----------------------
