@@ -105,16 +105,11 @@ class ScaledHparams:
 def scale_hparams(*, lr: float, b1: float, b2: float, eps: float, eps_root: float,
                   lr_scaling: str, sde_scaling: bool, batch_size: int,
                   ref_batch_size: int) -> ScaledHparams:
-  """Applies the batch-size rules of the module docstring."""
-  if lr_scaling not in LrScaling.values():
-    raise ValueError(f"unknown lr_scaling {lr_scaling!r}; choose one of {LrScaling.values()}")
+  """Applies the batch-size rules of the module docstring to settings already checked
+  (`OptimizerConfig` checks lr_scaling and sde_scaling once, at the config boundary)."""
   if batch_size < 1 or ref_batch_size < 1:
     raise ValueError(
         f"batch_size={batch_size} and ref_batch_size={ref_batch_size} must be positive")
-  if sde_scaling and lr_scaling != "sqrt":
-    raise ValueError(
-        f"sde_scaling=true goes with lr_scaling=sqrt (Malladi et al.), got lr_scaling="
-        f"{lr_scaling}; set optimizer.lr_scaling=sqrt or optimizer.sde_scaling=false")
   kappa_b = batch_size / ref_batch_size
   peak = lr * kappa_b ** LrScaling(lr_scaling).exponent
   if sde_scaling:
