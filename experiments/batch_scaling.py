@@ -64,8 +64,7 @@ def budget(preset: str) -> tuple[int, int, int, tuple]:
 
 def sweep(preset: str, inputs=None) -> Sweep:
   ref, ex, every, sizes = budget(preset)
-  tuned = {} if preset == "ci" else {"optimizer.lr": lr_search.tuned_lr(
-      inputs, "preconditioner", {"optimizer.variant": "adam", "optimizer.clip_norm": None})}
+  tuned = lr_search.adam_lr(inputs, preset)
   warm = ref * int(scale_value(preset, "schedule.warmup_steps"))
 
   def block(b, scalings, seeds, examples=ex):

@@ -239,6 +239,13 @@ def tuned_lr(inputs, experiment: str, where: dict) -> float:
   return float(rows["optimizer.lr"].iloc[0])
 
 
+def adam_lr(inputs, preset: str) -> dict:
+  """{"optimizer.lr": Adam's (unclipped) lr as the preconditioner search chose it}; {} at ci
+  (the config's): how moments, batch_scaling and gns_layers run Adam at its tuned lr."""
+  return {} if preset == "ci" else {"optimizer.lr": tuned_lr(
+      inputs, "preconditioner", {"optimizer.variant": "adam", "optimizer.clip_norm": None})}
+
+
 def by_label(best: pd.DataFrame, labeler: Callable[[dict], str]) -> dict[str, list[float]]:
   """{label of a group: its fresh seeds' losses} from `load_best`."""
   return {labeler(r): list(r["values"]) for r in best.to_dict("records")}
@@ -300,10 +307,16 @@ def figures(out_dir: Path, group_keys: Sequence[str], title: str,
   return paths
 
 
+def ranked(best: pd.DataFrame) -> pd.DataFrame:
+  """`best_lr` rows sorted by the fresh seeds' mean (none: last), then the selection loss."""
+  return best.assign(_o=best["loss_mean"].fillna(np.inf)).sort_values(
+      ["_o", "select_loss"]).drop(columns="_o")
+
+
 def best_md(best: pd.DataFrame, group_keys: Sequence[str], lr_key: str = "optimizer.lr",
             extra: Sequence[str] = ()) -> str:
-  """The chosen-lr table as Markdown, sorted by the fresh seeds' mean, edges flagged."""
-  b = best.assign(_o=best["loss_mean"].fillna(np.inf)).sort_values(["_o", "select_loss"])
+  """The chosen-lr table as Markdown, `ranked`, edges flagged."""
+  b = ranked(best)
   cols = [*group_keys, lr_key, "select_loss", "loss_mean", "loss_std", "n_seeds", "grid",
           "n_diverged", "at_edge", *extra]
   b = b[cols].rename(columns={k: k.split(".")[-1] for k in [*group_keys, lr_key]})

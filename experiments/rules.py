@@ -83,10 +83,9 @@ def decide(groups: Mapping[str, Sequence[float]], expected, *, lower_is_better=T
   return verdict_of(pairs), pairs
 
 
-def chains(groups, orders, *, lower_is_better=True):
-  """`decide` on every adjacent pair of several expected orders (best first), each pair once."""
-  expected = list(dict.fromkeys(p for o in orders for p in zip(o, o[1:], strict=False)))
-  return decide(groups, expected, lower_is_better=lower_is_better)
+def adjacent(orders) -> list[tuple]:
+  """The adjacent pairs (a, b) = "a beats b" of several expected orders (best first), each once."""
+  return list(dict.fromkeys(p for o in orders for p in zip(o, o[1:], strict=False)))
 
 
 def summarize(values: Sequence[float]) -> str:

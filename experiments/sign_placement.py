@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from experiments import lr_search
 from experiments.record import ROWS, Experiment, register
-from experiments.rules import PAIR_WIN, PAIRS_VERDICT
+from experiments.rules import PAIR_WIN, PAIRS_VERDICT, adjacent
 from experiments.sweep import Block, LrSearch, Sweep, base_for
 from experiments.verdict import pairs_report
 
@@ -54,8 +54,7 @@ def figures(out_dir):
 def report(out_dir):
   best = lr_search.load_best(out_dir)
   groups = lr_search.by_label(best, lambda g: str(g["optimizer.placement"]))
-  orders = [o for o in ([p for p in c if p in groups] for c in CHAINS) if len(o) > 1]
-  expected = list(dict.fromkeys(p for o in orders for p in zip(o, o[1:], strict=False)))
+  expected = adjacent([p for p in c if p in groups] for c in CHAINS)
   return pairs_report(groups, expected, rule=RULE, paper=PAPER, effect=EFFECT,
                       numbers_md=lr_search.best_md(best, GROUP),
                       checks=(lr_search.edges_note(best, lambda g: str(g["optimizer.placement"])),),
