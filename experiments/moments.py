@@ -132,23 +132,20 @@ def figures(out_dir: Path) -> list[Path]:
   out_dir = Path(out_dir)
   all_df = pd.read_csv(out_dir / "moments_all.csv")
   per_leaf = pd.read_csv(out_dir / "moments_per_leaf.csv")
-  pyplot = plt()
-  fig, axes = pyplot.subplots(1, 3, figsize=(16, 4.2))
-  ratios = all_df[all_df["quantity"].isin(RATIOS)]
-  if not ratios.empty:
-    plot_curves(axes[0], ratios, ["quantity"], "value", labeler=lambda g: {
-        "snr2_batch": "Σμ̂² / Σσ̂²/B (Adam)", "snr2_example": "Σμ̂² / Σσ̂² (MicroAdam)"}[
-            g["quantity"]])
-  axes[0].axhline(1.0, color="k", ls="--", lw=0.8)
-  axes[0].set_yscale("symlog", linthresh=1e-2)
-  style(axes[0], ylabel="ratio of sums over all coordinates",
-        title="μ² over the noise term of v (> 1: μ²-dominated)", legend=8)
-  shares = all_df[all_df["quantity"].isin(SHARES)]
-  if not shares.empty:
-    plot_curves(axes[1], shares, ["quantity"], "value", labeler=lambda g: g["quantity"])
-  axes[1].set_yscale("symlog", linthresh=1e-2)
-  style(axes[1], ylabel="Σ term / Σ v̂ (all coordinates)",
-        title="shares of μ̂², σ̂²/B, σ̂² in Adam's v̂", legend=8)
+  fig, axes = plt().subplots(1, 3, figsize=(16, 4.2))
+  panels = ((RATIOS, {"snr2_batch": "Σμ̂² / Σσ̂²/B (Adam)", "snr2_example": "Σμ̂² / Σσ̂² "
+                      "(MicroAdam)"}, "ratio of sums over all coordinates",
+             "μ² over the noise term of v (> 1: μ²-dominated)"),
+            (SHARES, {}, "Σ term / Σ v̂ (all coordinates)", "shares of μ̂², σ̂²/B, σ̂² in Adam's v̂"))
+  for ax, (names, labels, ylabel, title) in zip(axes, panels, strict=False):
+    rows = all_df[all_df["quantity"].isin(names)]
+    if not rows.empty:
+      plot_curves(ax, rows, ["quantity"], "value",
+                  labeler=lambda g, labels=labels: labels.get(g["quantity"], g["quantity"]))
+    if names == RATIOS:
+      ax.axhline(1.0, color="k", ls="--", lw=0.8)
+    ax.set_yscale("symlog", linthresh=1e-2)
+    style(ax, ylabel=ylabel, title=title, legend=8)
   leaf = per_leaf[per_leaf["quantity"] == "snr2_batch"]
   if not leaf.empty:
     bars = leafwise.second_half(leaf).groupby("leaf")["value"].mean()
