@@ -21,7 +21,7 @@ from experiments import rules as vd
 from experiments.figures import plot_curves, plt, savefig, style
 from experiments.record import ROWS, Experiment, Inputs, register
 from experiments.rules import is_norm_leaf
-from experiments.runs import leaf_of, read_csv, stat_columns, x_examples
+from experiments.runs import read_csv, x_examples
 from experiments.sweep import Block, Sweep, base_for
 from experiments.verdict import fmt_num, md_table, not_measured, pairs_report
 
@@ -66,16 +66,10 @@ def sweep(preset: str, inputs: Inputs | None = None) -> Sweep:
 def analyze(runs, out_dir: Path) -> None:
   """moments_per_leaf.csv, moments_all.csv: long tables IDS, [leaf,] quantity, value."""
   out_dir, table, fin = Path(out_dir), runs.table, runs.finals
-  t = table.copy()
-  t["examples_seen"] = x_examples(t)
-  rows = []
-  for name, prefix in [*((n, "stats") for n in MAGNITUDES),
-                       *((n, "opt") for n in (*RATIOS, *SHARES))]:
-    for col in stat_columns(t, name, prefix):
-      sub = t.assign(B=t.get("data.batch_size", np.nan))[IDS + [col]].dropna(subset=[col])
-      rows.append(sub.rename(columns={col: "value"}).assign(quantity=name, leaf=leaf_of(col)))
-  long = (pd.concat(rows, ignore_index=True) if rows else
-          pd.DataFrame(columns=[*IDS, "value", "quantity", "leaf"]))
+  t = table.assign(examples_seen=x_examples(table), B=table.get("data.batch_size", np.nan))
+  names = {**dict.fromkeys(MAGNITUDES, "stats"), **dict.fromkeys((*RATIOS, *SHARES), "opt")}
+  long = leafwise.long_stats(t, IDS, names, "quantity", "value")[[*IDS, "value", "quantity",
+                                                                    "leaf"]]
   whole = long["leaf"].isin(WHOLE)
   long[~whole].to_csv(out_dir / "moments_per_leaf.csv", index=False)
   long[whole].drop(columns="leaf").to_csv(out_dir / "moments_all.csv", index=False)

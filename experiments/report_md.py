@@ -3,7 +3,6 @@ results index."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import sys
@@ -152,7 +151,7 @@ def stale_mark(doc: dict, name: str | None = None) -> str:
   return OLD_RULE if current is not None and current != doc["rule"] else ""
 
 
-ROW = ("| {claim} | [`{n}`]({link}{n}/README.md) | {r.paper} | {r.ours} | **{r.verdict}**{mark} "
+ROW = ("| {claim} | [`{n}`]({link}{n}/README.md) | {paper} | {r.ours} | **{r.verdict}**{mark} "
        "| {fa} | {power} | {figs} |")
 
 
@@ -172,7 +171,7 @@ def claims_table(results_root: Path, link_prefix: str = "") -> str:
       figs = " ".join(f"[{p.name}]({link_prefix}{n}/{p.name})"
                       for p in sorted((Path(results_root) / n).glob("*.png"))) or "—"
       rows.append(ROW.format(claim=claim, n=n, link=link_prefix, mark=stale_mark(doc, n),
-                             r=dataclasses.replace(d, paper=d.paper or "—"), figs=figs,
+                             r=d, paper=d.paper or "—", figs=figs,
                              fa=rate(d.calibration, "false_alarm"),
                              power=rate(d.calibration, "power")))
   return "\n".join(rows)

@@ -22,7 +22,7 @@ import pandas as pd
 from experiments import calibrate, leafwise, lr_search, rules
 from experiments.figures import plot_curves, plt, savefig, style
 from experiments.record import ROWS, Experiment, Inputs, register
-from experiments.runs import leaf_of, read_csv, stat_columns, x_examples
+from experiments.runs import read_csv, x_examples
 from experiments.sweep import Block, Sweep, base_for, experiment_value
 from experiments.verdict import fmt_num, md_table, not_measured, pairs_report
 from pergrad.analysis import ema_gain
@@ -66,22 +66,15 @@ def sweep(preset: str, inputs: Inputs | None = None) -> Sweep:
       wall_estimate_min={"cpu": 12}.get(preset))
 
 
-def _long(t: pd.DataFrame, ids: list[str], leaves: bool) -> pd.DataFrame:
-  """ids, stage, [leaf,] snr2: per leaf, or opt/all."""
-  rows = [t[ids + [c]].dropna(subset=[c]).rename(columns={c: "snr2"}).assign(
-      stage=st, **({"leaf": leaf_of(c)} if leaves else {}))
-      for st in STAGES for c in stat_columns(t, st, "opt") if (leaf_of(c) != "all") == leaves]
-  cols = ids + ["stage"] + (["leaf"] if leaves else []) + ["snr2"]
-  return pd.concat(rows, ignore_index=True)[cols] if rows else pd.DataFrame(columns=cols)
-
-
 def analyze(runs, out_dir: Path) -> None:
   """snr_per_leaf.csv, snr_all.csv (long tables of snr2), snr_sign.csv, leaf_params.csv."""
   out_dir, table = Path(out_dir), runs.table
   t = table.assign(examples_seen=x_examples(table))
   ids = IDS + ([PLACEMENT] if PLACEMENT in t else [])
-  _long(t, ids, True).to_csv(out_dir / "snr_per_leaf.csv", index=False)
-  _long(t, ids, False).to_csv(out_dir / "snr_all.csv", index=False)
+  long = leafwise.long_stats(t, ids, dict.fromkeys(STAGES, "opt"), "stage", "snr2")
+  whole = long["leaf"] == "all"
+  long[~whole].to_csv(out_dir / "snr_per_leaf.csv", index=False)
+  long[whole].drop(columns="leaf").to_csv(out_dir / "snr_all.csv", index=False)
   signs = leafwise.sign_long(t, ids)
   if len(signs):
     signs.to_csv(out_dir / leafwise.SIGN_CSV, index=False)
