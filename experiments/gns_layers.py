@@ -23,7 +23,7 @@ from experiments.record import ROWS, Experiment, Inputs, register
 from experiments.rules import NOT_REPRODUCED, PARTLY, REPRODUCED, UNDETERMINED, part_whole
 from experiments.runs import read_csv, x_examples
 from experiments.sweep import Block, Sweep, base_for, experiment_value
-from experiments.verdict import Report, fmt_num, md_table, not_measured
+from experiments.verdict import Report, fmt_num, gated, listing, not_measured, sections
 from pergrad.analysis import GNS_TOTAL, layer_type, smooth
 
 NAME = "gns_layers"
@@ -166,15 +166,14 @@ def report(out_dir: Path) -> Report:
   by_alpha = reg.groupby("alpha")[["r_complement", "slope_complement", "r_total", "share_g2",
                                    "share_s"]].agg(["mean", "std"]).reset_index()
   by_alpha.columns = ["_".join(c).rstrip("_") for c in by_alpha.columns]
-  return Report(verdict=calibrate.gate(decide(rs), cal), rule=RULE, paper=PAPER,
-                calibration=cal.row(),
-                ours=f"r(complement, norm) = {f('r_complement')} at α = {ALPHA:g}",
-                checks=(f"slope {f('slope_complement')}; the norm group holds {f('share_g2')} of "
-                        f"Σ|G|² and {f('share_s')} of ΣS, so the part-whole r of the total "
-                        f"{f('r_total')} is not evidence", "Share of the parameters per type: "
-                        + ", ".join(f"{g} {100 * v:.3g} %" for g, v in by_type.items())),
-                numbers_md="Regressions on the norm layers' B_simple (per seed, by α):\n\n"
-                + md_table(reg) + "\n\nBy α:\n\n" + md_table(by_alpha))
+  return gated(decide(rs), cal, rule=RULE, paper=PAPER,
+               ours=f"r(complement, norm) = {f('r_complement')} at α = {ALPHA:g}",
+               checks=(f"slope {f('slope_complement')}; the norm group holds {f('share_g2')} of "
+                       f"Σ|G|² and {f('share_s')} of ΣS, so the part-whole r of the total "
+                       f"{f('r_total')} is not evidence", "Share of the parameters per type: "
+                       + listing(by_type.items(), lambda v: f"{100 * v:.3g} %")),
+               numbers_md=sections("Regressions on the norm layers' B_simple (per seed, by α):",
+                                   reg, "By α:", by_alpha))
 
 
 EXPERIMENT = register(Experiment(
