@@ -19,9 +19,9 @@ import pandas as pd
 
 from experiments import calibrate, lr_search, rules
 from experiments.figures import plot_curves, plt, savefig, style
-from experiments.record import ROWS, Experiment, Report, register
+from experiments.record import ROWS, Experiment, register
 from experiments.sweep import Block, Sweep, base_for, scale_value
-from experiments.verdict import md_table, outcomes, pairs_md
+from experiments.verdict import gated, md_table, outcomes, pairs_md
 
 NAME = "batch_scaling"
 TITLE = "square-root learning-rate scaling with batch size"
@@ -191,9 +191,9 @@ def report(out_dir):
   cal = calibrate.calibrate("equivalence", float(ref["spread"]), int(ref["n_seeds"]), m)
   ours = "; ".join(f"{sc}: collapses at B={by[sc][COLLAPSES]}, breaks at B={by[sc][BREAKS]}"
                    for sc in by) + f" (margin ±{m:.3g}); at B={at}: {outcomes(pairs)}"
-  return Report(verdict=calibrate.gate(verdict, cal), rule=RULE, paper=PAPER, ours=ours,
-                calibration=cal.row(), checks=tuple(p.sentence() for p in pairs),
-                numbers_md=md_table(col) + ("\n\n" + pairs_md(pairs) if pairs else ""))
+  return gated(verdict, cal, rule=RULE, paper=PAPER, ours=ours,
+               checks=tuple(p.sentence() for p in pairs),
+               numbers_md=md_table(col) + ("\n\n" + pairs_md(pairs) if pairs else ""))
 
 
 EXPERIMENT = register(Experiment(name=NAME, title=TITLE, claim=CLAIM, row=ROWS["4"], sweep=sweep,

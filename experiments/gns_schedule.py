@@ -24,7 +24,7 @@ from experiments.figures import plt, savefig, style
 from experiments.record import ROWS, Experiment, register
 from experiments.runs import read_csv
 from experiments.sweep import Block, LrSearch, Sweep, base_for, experiment_value, scale_value
-from experiments.verdict import Report, md_table, not_measured, outcomes, pairs_md
+from experiments.verdict import Report, listing, not_measured, outcomes, pairs_md, sections
 
 NAME = "gns_schedule"
 TITLE = "batch-size schedules (GNS-guided, fitted ramp) against the best fixed batch"
@@ -303,17 +303,17 @@ def report(out_dir: Path) -> Report:
   for c in ("tokens_to_target", "time_to_target_s", "token_saving"):  # inf: not reached
     by_arm[c] = by_arm[c].astype(object).where(np.isfinite(by_arm[c].astype(float)), "not reached")
   pct = lambda x: f"{100 * x:.1f}%" if math.isfinite(x) else "not reached"
-  save = ", ".join(f"{a} {pct(saving[a])}" for a in (*GUIDED, *BASELINES) if a in saving)
+  save = listing(((a, saving[a]) for a in (*GUIDED, *BASELINES) if a in saving), pct)
   return Report(verdict=v, rule=RULE, paper=PAPER, calibration=cal.row(),
                 ours=f"token saving to B={int(best[SIZE])}'s final loss: {save or 'n/a'}; "
                 f"{outcomes(pairs)}",
                 checks=(f"baseline: fixed B = {int(best[SIZE])} at lr {best['optimizer.lr']:g}",
                         *(p.sentence() for p in pairs), f"Δ18 = {delta:.3g}"),
-                numbers_md=lr_search.best_md(search, GROUP, extra=("best_arm",)) + "\n\n"
-                + pairs_md(pairs)
-                + f"\n\nBy arm (seed-mean curves; to the target {target:.4f}):\n\n"
-                + md_table(by_arm) + "\n\nThe fitted ramp (B_simple ≈ a + b·tokens):\n\n"
-                + md_table(read_csv(out_dir / "ramp_fit.csv")))
+                numbers_md=sections(
+                    lr_search.best_md(search, GROUP, extra=("best_arm",)), pairs_md(pairs),
+                    f"By arm (seed-mean curves; to the target {target:.4f}):", by_arm,
+                    "The fitted ramp (B_simple ≈ a + b·tokens):",
+                    read_csv(out_dir / "ramp_fit.csv")))
 
 
 EXPERIMENT = register(Experiment(

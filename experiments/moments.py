@@ -23,7 +23,7 @@ from experiments.record import ROWS, Experiment, Inputs, register
 from experiments.rules import is_norm_leaf
 from experiments.runs import read_csv, x_examples
 from experiments.sweep import Block, Sweep, base_for
-from experiments.verdict import fmt_num, md_table, not_measured, pairs_report
+from experiments.verdict import listing, not_measured, pairs_report, sections
 
 NAME = "moments"
 TITLE = "μ², σ²/B and σ² in Adam's second moment over training"
@@ -161,24 +161,23 @@ def report(out_dir: Path):
   if all_df.empty or "snr2_batch" not in set(all_df["quantity"]):
     return not_measured(RULE, "μ̂²/(σ̂²/B) was not logged (opt/all/snr2_batch)", NAME)
   seeds = per_seed(all_df)
-  whole = ("Whole model, ratios of sums, mean over seeds: " + ", ".join(
-      f"{k} {fmt_num(float(v))}" for k, v in seeds.mean().items()))
+  whole = "Whole model, ratios of sums, mean over seeds: " + listing(seeds.mean().items())
   if len(big):
     whole += f"; at B = 128, snr2_batch per seed {per_seed(big)['snr2_batch'].round(3).tolist()}"
-  numbers = "Per seed, whole model:\n\n" + md_table(seeds.reset_index())
+  numbers = sections("Per seed, whole model:", seeds.reset_index())
   views = leaf_views(out_dir)
   if views is None:
     return not_measured(RULE, "the per-leaf μ̂², σ̂² or the leaves' parameter counts "
                         "(leaf_params.csv) are missing", NAME, checks=(whole,), numbers_md=numbers)
   r = views["weighted_median_no_norm"].dropna().tolist()
   m = views.mean(numeric_only=True)
-  shares = ", ".join(f"{k} {fmt_num(m[k])}" for k in ("ratio_of_sums", "ratio_of_sums_no_norm",
-                                                       "norm_share_num", "norm_share_params"))
+  shares = listing((k, m[k]) for k in ("ratio_of_sums", "ratio_of_sums_no_norm",
+                                         "norm_share_num", "norm_share_params"))
   cal = calibrate.calibrate("pair", calibrate.pooled_std([r]), len(r), EFFECT, n_b=len(r))
   return pairs_report({"μ²": r, "σ²/B": [1.0] * len(r)}, [("μ²", "σ²/B")], rule=RULE,
                       paper=PAPER, effect=EFFECT, cal=cal, lower_is_better=False,
                       checks=(f"Per leaf r, mean over seeds: {shares}", whole),
-                      numbers_md=md_table(views) + "\n\n" + numbers)
+                      numbers_md=sections(views, numbers))
 
 
 EXPERIMENT = register(Experiment(

@@ -24,7 +24,7 @@ from experiments.figures import plot_curves, plt, savefig, style
 from experiments.record import ROWS, Experiment, Inputs, register
 from experiments.runs import read_csv, x_examples
 from experiments.sweep import Block, Sweep, base_for, experiment_value
-from experiments.verdict import fmt_num, md_table, not_measured, pairs_report
+from experiments.verdict import fmt_num, listing, not_measured, pairs_report, sections
 from pergrad.analysis import ema_gain
 
 NAME = "snr"
@@ -169,8 +169,8 @@ def _signs(out_dir: Path) -> tuple[str, str]:
            f"{fmt_num(r[('alignment', 'mean')])}" for i, r in m.iterrows()]
   return ("Sign agreement with E g (held-out batches, pooled over the second half, mean ± std "
           "over seeds; not in the verdict): " + "; ".join(parts),
-          "\n\nSign agreement per run:\n\n" + md_table(
-              pooled[keys + ["train.seed", "leaf", *leafwise.SUMMARY]]))
+          sections("", "Sign agreement per run:",
+                   pooled[keys + ["train.seed", "leaf", *leafwise.SUMMARY]]))
 
 
 def report(out_dir: Path):
@@ -186,10 +186,10 @@ def report(out_dir: Path):
   whole_text = (f"Whole model (ratio of sums, mean over seeds; a constant mean gives an EMA gain "
                 f"{constant_mean_gain():.2f} at β = {BETA:g}): " + "; ".join(
                     (f"{r[PLACEMENT]} runs: " if PLACEMENT in r else "")
-                    + ", ".join(f"{name(c)} {fmt_num(float(r[c]))}" for c in cols)
+                    + listing((name(c), float(r[c])) for c in cols)
                     for r in m.to_dict("records")))
   sign_text, sign_md = _signs(out_dir)
-  numbers = "Whole model, per run:\n\n" + md_table(whole) + sign_md
+  numbers = sections("Whole model, per run:", whole) + sign_md
   sizes = leafwise.read_sizes(out_dir)
   if sizes is None or per_leaf.empty:
     return not_measured(RULE, "no per-leaf SNR² or leaf sizes", NAME,
@@ -206,12 +206,12 @@ def report(out_dir: Path):
   cal = calibrate.calibrate("pair", calibrate.pooled_std([stage("snr2_ema"), stage("snr2_batch")]),
                             int(views["train.seed"].nunique()),
                             EFFECT * float(stage("snr2_batch").mean()))
-  gain_text = "Per-leaf EMA gain (parameter-weighted median, no norm): " + ", ".join(
-      f"{k if k is not None else 'all runs'} {fmt_num(float(g))}" for k, g in gains.items())
+  gain_text = "Per-leaf EMA gain (parameter-weighted median, no norm): " + listing(
+      ("all runs" if k is None else k, float(g)) for k, g in gains.items())
   return pairs_report(values, expected, rule=RULE, paper=PAPER, effect=cal.effect, cal=cal,
                       lower_is_better=False, checks=(gain_text, whole_text, sign_text),
-                      numbers_md="Per-leaf SNR² views (`_no_norm`: without the normalization "
-                      "layers):\n\n" + md_table(views) + "\n\n" + numbers)
+                      numbers_md=sections("Per-leaf SNR² views (`_no_norm`: without the "
+                                          "normalization layers):", views, numbers))
 
 
 EXPERIMENT = register(Experiment(
