@@ -9,6 +9,7 @@ eps_share, the share of coordinates where ε > √v̂ (per leaf and over all).
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -81,8 +82,8 @@ def analyze(runs, out_dir):
   eps_share(runs.table).to_csv(Path(out_dir) / "eps_share.csv", index=False)
 
 
-def figures(out_dir):
-  return lr_search.figures(out_dir, GROUP, "MicroAdamMSQ, Adam and the ε controls", labeler=label)
+figures = functools.partial(lr_search.figures, group_keys=GROUP, labeler=label,
+                            title="MicroAdamMSQ, Adam and the ε controls")
 
 
 def groups(out_dir: Path) -> dict:

@@ -10,6 +10,7 @@ variant (adam, micro_adam_msq) beats each σ²-dominated one (micro_adam, micro_
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -74,12 +75,8 @@ def chosen(best):
   return best.loc[keep]
 
 
-def analyze(runs, out_dir):
-  lr_search.analyze(runs, out_dir, GROUP, select_seed=SELECT)
-
-
-def figures(out_dir):
-  return lr_search.figures(out_dir, GROUP, "Adam preconditioners")
+analyze = functools.partial(lr_search.analyze, group_keys=GROUP, select_seed=SELECT)
+figures = functools.partial(lr_search.figures, group_keys=GROUP, title="Adam preconditioners")
 
 
 def report(out_dir):

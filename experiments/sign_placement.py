@@ -7,6 +7,8 @@ seeds run there (`lr_search`). Expected chains: ema < batch < example, ema < bat
 
 from __future__ import annotations
 
+import functools
+
 from experiments import lr_search
 from experiments.record import ROWS, Experiment, register
 from experiments.rules import PAIR_WIN, PAIRS_VERDICT, adjacent
@@ -43,12 +45,8 @@ def sweep(preset: str) -> Sweep:
                wall_estimate_min=18 if preset == "cpu" else None)
 
 
-def analyze(runs, out_dir):
-  lr_search.analyze(runs, out_dir, GROUP)
-
-
-def figures(out_dir):
-  return lr_search.figures(out_dir, GROUP, "sign placement")
+analyze = functools.partial(lr_search.analyze, group_keys=GROUP)
+figures = functools.partial(lr_search.figures, group_keys=GROUP, title="sign placement")
 
 
 def report(out_dir):
