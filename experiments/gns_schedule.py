@@ -22,7 +22,7 @@ from experiments import calibrate, lr_search, rules
 from experiments import tokens_to_target as ttt
 from experiments.figures import plt, savefig, style
 from experiments.record import ROWS, Experiment, register
-from experiments.runs import read_csv
+from experiments.runs import from_table, read_csv
 from experiments.sweep import Block, LrSearch, Sweep, base_for, experiment_value, scale_value
 from experiments.verdict import Report, listing, not_measured, outcomes, pairs_md, sections
 
@@ -192,8 +192,7 @@ def arm(row: dict) -> str:
   if kind == "fixed":
     return f"fixed_{int(row['data.batch_size'])}" + ("_short" if row.get("short") else "")
   if kind == "gns":
-    group = row.get("batch.gns_group")
-    return f"gns_{'total' if group is None or pd.isna(group) else group}"
+    return f"gns_{from_table(row.get('batch.gns_group')) or 'total'}"
   if kind == "linear":
     scaled = str(row.get("batch.lr_scaling", "none")) == "sqrt"
     tok = float(row.get("batch.ramp_tokens") or 0)

@@ -54,14 +54,10 @@ def _in(col: pd.Series, seeds) -> pd.Series:
   return col.astype(float).isin([float(s) for s in seeds])
 
 
-def _is_null(v) -> bool:
-  return v is None or (isinstance(v, float) and math.isnan(v))
-
-
 def _same(a, b) -> bool:
   """Equality of override values read back from tables (None ~ NaN, floats ~ close)."""
-  if _is_null(a) or _is_null(b):
-    return _is_null(a) and _is_null(b)
+  if from_table(a) is None or from_table(b) is None:
+    return from_table(a) is None and from_table(b) is None
   if isinstance(a, (int, float, np.number)) and isinstance(b, (int, float, np.number)) \
       and not isinstance(a, bool) and not isinstance(b, bool):
     return math.isclose(float(a), float(b), rel_tol=1e-6)
@@ -70,7 +66,7 @@ def _same(a, b) -> bool:
 
 def _values(text) -> list[float]:
   """`"4.01 4.02 inf"` (a best.csv cell) -> [4.01, 4.02, inf]; empty/NaN -> []."""
-  if _is_null(text) or not str(text).strip():
+  if from_table(text) is None or not str(text).strip():
     return []
   return [float(x) for x in str(text).split()]
 

@@ -18,6 +18,7 @@ import numpy as np
 from experiments import lr_search
 from experiments.record import ROWS, Experiment, register
 from experiments.rules import PAIR_WIN, PAIRS_VERDICT
+from experiments.runs import from_table
 from experiments.sweep import Block, LrSearch, Sweep, base_for, fmt
 from experiments.verdict import pairs_report
 
@@ -62,9 +63,8 @@ def sweep(preset: str) -> Sweep:
 
 
 def label(g: dict) -> str:
-  clip = g.get("optimizer.clip_norm")
-  none = clip is None or (isinstance(clip, float) and np.isnan(clip))
-  return f"{g['optimizer.variant']}" + ("" if none else f" + clip {fmt(clip)}")
+  clip = from_table(g.get("optimizer.clip_norm"))
+  return f"{g['optimizer.variant']}" + ("" if clip is None else f" + clip {fmt(clip)}")
 
 
 def chosen(best):
