@@ -43,13 +43,6 @@ def marked_finals(table: pd.DataFrame, base: dict, extra: Sequence[str] = ()) ->
   return rules.mark_diverged(fin, vocab_size(base, extra), table)
 
 
-def _seed_set(v) -> tuple:
-  """A best.csv `select_seed` cell (0, 0.0 or "0 1") -> (0,) / (0, 1)."""
-  if isinstance(v, str):
-    return tuple(from_table(float(x)) for x in v.split())
-  return (from_table(v),)
-
-
 def _in(col: pd.Series, seeds) -> pd.Series:
   return col.astype(float).isin([float(s) for s in seeds])
 
@@ -265,17 +258,13 @@ def analyze(runs, out_dir: Path, group_keys: Sequence[str], lr_key: str = "optim
   fin.to_csv(out_dir / "finals.csv", index=False)
   best = best_lr(fin, group_keys, lr_key, seed_key, select_seed=select_seed)
   best.to_csv(out_dir / "best.csv", index=False)
-  curves = curves_at(table, best, [*group_keys, lr_key], CURVE_COLS)
+  own = ["select_seed", "n_seeds"]  # the group's, carried to its curves
+  curves = curves_at(table, best, [*group_keys, lr_key], [*CURVE_COLS, *own])
   if seed_key in curves and not best.empty:
-    sel = {tuple(from_table(r[k]) for k in group_keys): (r["select_seed"], r["n_seeds"])
-           for r in best.to_dict("records")}
-    def keep(r) -> bool:
-      key = tuple(from_table(r[k]) for k in group_keys)
-      s, n = next((v for k, v in sel.items()
-                   if all(_same(a, b) for a, b in zip(k, key, strict=True))), (None, 0))
-      return n == 0 or s is None or not any(_same(r[seed_key], x) for x in _seed_set(s))
-    curves = curves[[keep(r) for r in curves.to_dict("records")]]
-  curves.to_csv(out_dir / "curves.csv", index=False)
+    selection = [fmt(from_table(x)) in fmt(from_table(s)).split()
+                 for x, s in zip(curves[seed_key], curves["select_seed"], strict=True)]
+    curves = curves[~((curves["n_seeds"] > 0) & np.array(selection, bool))]
+  curves.drop(columns=own, errors="ignore").to_csv(out_dir / "curves.csv", index=False)
 
 
 def figures(out_dir: Path, group_keys: Sequence[str], title: str,

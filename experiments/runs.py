@@ -147,10 +147,10 @@ def finals(table: pd.DataFrame, tail: int = 3) -> pd.DataFrame:
 
 def curves_at(table: pd.DataFrame, best: pd.DataFrame, keys: Sequence[str],
               cols: Sequence[str]) -> pd.DataFrame:
-  """Rows of `table` whose (keys) match a row of `best`, with an `examples_seen` column."""
+  """Rows of `table` whose (keys) match a row of `best`: examples_seen and the `cols` of either."""
   t = table.copy()
   t["examples_seen"] = x_examples(t)
-  b = best[list(keys)].copy()
+  b = best[[*keys, *(c for c in cols if c in best)]].copy()
   for k in keys:  # align dtypes (NaN-able keys)
     b[k] = b[k].astype(t[k].dtype) if k in t else b[k]
   m = t.merge(b, on=list(keys), how="inner")
