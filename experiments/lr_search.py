@@ -57,13 +57,6 @@ def _same(a, b) -> bool:
   return a == b
 
 
-def _values(text) -> list[float]:
-  """`"4.01 4.02 inf"` (a best.csv cell) -> [4.01, 4.02, inf]; empty/NaN -> []."""
-  if from_table(text) is None or not str(text).strip():
-    return []
-  return [float(x) for x in str(text).split()]
-
-
 def best_lr(fin: pd.DataFrame, group_keys: Sequence[str], lr_key: str,
             seed_key: str = "train.seed", metric: str = "final_eval_loss",
             select_seed=None) -> pd.DataFrame:
@@ -175,7 +168,8 @@ def load_best(out_dir: Path) -> pd.DataFrame:
   """best.csv with a `values` column: the fresh seeds' losses, or [inf] for a group that
   diverged at every lr (it then loses to every group that trained)."""
   best = pd.read_csv(Path(out_dir) / "best.csv")
-  best["values"] = [_values(v) or ([math.inf] if r else [])
+  cell = lambda v: [] if from_table(v) is None else [float(x) for x in str(v).split()]
+  best["values"] = [cell(v) or ([math.inf] if r else [])  # a cell "4.01 inf", empty or NaN
                     for v, r in zip(best["fresh_losses"], best["all_diverged"], strict=True)]
   return best
 
