@@ -3,7 +3,9 @@
   Report                     verdict, rule, the paper's figure and ours, checks, error rates
   finding(...)               "<verdict>: <ours>. <checks>. <rule's error rates>."
   not_measured(rule, what)   the Report of an experiment whose inputs are missing
+  gated(verdict, cal, ...)   a Report whose "not reproduced" needs the rule's power
   pairs_report(groups, ...)  the Report of a pairs rule, calibrated and gated
+  listing(items)             "k v, k v";  sections(...): text and tables, a blank line apart
   md_table, pairs_md, fmt_num, outcomes, groups   numbers as Markdown and text
 """
 
