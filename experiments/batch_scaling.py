@@ -64,7 +64,6 @@ def budget(preset: str) -> tuple[int, int, int, tuple]:
 
 def sweep(preset: str, inputs=None) -> Sweep:
   ref, ex, every, sizes = budget(preset)
-  tuned = lr_search.adam_lr(inputs, preset)
   warm = ref * int(scale_value(preset, "schedule.warmup_steps"))
 
   def block(b, scalings, seeds, examples=ex):
@@ -83,7 +82,7 @@ def sweep(preset: str, inputs=None) -> Sweep:
     long = block(b, ["sqrt"], SEEDS[preset][:3], 2 * ex)  # reported beside, not judged
     blocks.append(Block({**long.grid, "train.steps": [long.fixed.pop("train.steps")]}, long.fixed))
   # cpu: 48 runs of 12,800 examples (~36 min) + 3 of 25,600 at B = 8 (~4 min)
-  return Sweep(base_for(NAME, preset, **tuned), tuple(blocks),
+  return Sweep(base_for(NAME, preset, **lr_search.adam_lr(inputs, preset)), tuple(blocks),
                wall_estimate_min={"ci": 1.0, "cpu": 40}.get(preset))
 
 

@@ -51,10 +51,9 @@ RULE = (f"At the tracker's EMA decay α = {ALPHA:g}, the Pearson r between the s
 
 def sweep(preset: str, inputs: Inputs | None = None) -> Sweep:
   """Adam at its tuned lr (cpu, paper) with every step's GNS terms logged, seeds."""
-  tuned = lr_search.adam_lr(inputs, preset)
-  base = base_for(NAME, preset, **tuned)
-  blocks = (Block({"train.seed": list(SEEDS[preset])}),)
-  return Sweep(base, blocks, wall_estimate_min={"ci": 0.3, "cpu": 4}.get(preset))
+  return Sweep(base_for(NAME, preset, **lr_search.adam_lr(inputs, preset)),
+               (Block({"train.seed": list(SEEDS[preset])}),),
+               wall_estimate_min={"ci": 0.3, "cpu": 4}.get(preset))
 
 
 def terms(table: pd.DataFrame) -> pd.DataFrame:

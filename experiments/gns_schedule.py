@@ -194,10 +194,9 @@ def arm(row: dict) -> str:
   if kind == "gns":
     return f"gns_{from_table(row.get('batch.gns_group')) or 'total'}"
   if kind == "linear":
-    scaled = str(row.get("batch.lr_scaling", "none")) == "sqrt"
-    tok = float(row.get("batch.ramp_tokens") or 0)
-    if scaled:
+    if str(row.get("batch.lr_scaling", "none")) == "sqrt":
       return "warmup"
+    tok = float(row.get("batch.ramp_tokens") or 0)
     return "linear_paper" if tok >= PAPER_RAMP_SHARE * row.get("_budget", tok) else "linear_fit"
   return str(kind)
 

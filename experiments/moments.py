@@ -53,8 +53,8 @@ def sweep(preset: str, inputs: Inputs | None = None) -> Sweep:
   """Adam at its own best lr (the one the preconditioner search chose, from its runs; at ci the
   config's), statistics logged, seeds."""
   log_every = {"ci": 5, "cpu": 10, "paper": 100}[preset]
-  tuned = lr_search.adam_lr(inputs, preset)
-  base = base_for(NAME, preset, **{"stats.log_every": log_every}, **tuned)
+  base = base_for(NAME, preset, **{"stats.log_every": log_every},
+                  **lr_search.adam_lr(inputs, preset))
   sizes = [None] if preset == "ci" else [None, 128]  # the scale's B, and B = 128 (r grows with B)
   blocks = tuple(Block({"optimizer.variant": ["adam"], "train.seed": list(SEEDS[preset]),
                         **({"data.batch_size": [b]} if b else {})},

@@ -90,10 +90,6 @@ def _placements(df: pd.DataFrame) -> list:
   return [k for k in PLACEMENTS if k in have] + [k for k in have if k not in PLACEMENTS]
 
 
-def _of(df: pd.DataFrame, placement) -> pd.DataFrame:
-  return df if placement is None else df[df[PLACEMENT] == placement]
-
-
 def _by(df: pd.DataFrame) -> list[str]:
   return [PLACEMENT] if PLACEMENT in df else []
 
@@ -198,7 +194,7 @@ def report(out_dir: Path):
   views, gains = leaf_views(means, sizes), leaf_gains(means, sizes)
   values, expected = {}, []
   for k in _placements(views):
-    v, tag = _of(views, k), "" if k is None else f"{k}:"
+    v, tag = (views, "") if k is None else (views[views[PLACEMENT] == k], f"{k}:")
     for st in ("snr2_ema", "snr2_batch"):
       values[tag + st[5:]] = v[v["stage"] == st][VIEW].dropna().tolist()
     expected.append((tag + "ema", tag + "batch"))
