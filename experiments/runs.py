@@ -51,21 +51,16 @@ def run_status(run_dir: Path) -> str:
 def run_table(run_dir: Path) -> pd.DataFrame:
   """One run's metrics as rows per step: `train/<k>`, `eval/<k>`, stats keys as-is (a step
   logged twice keeps its last value; a NaN loss is stored as inf: NaN is "not logged")."""
-  recs = read_records(run_dir / METRICS)
   rows: dict[int, dict] = {}
-  for r in recs:
-    step = int(r.get("step", -1))
-    split = r.get("split", "train")
+  for r in read_records(run_dir / METRICS):
+    step, split = int(r.get("step", -1)), r.get("split", "train")
     row = rows.setdefault(step, {"step": step})
     for k, v in r.items():
       if k in ("step", "split"):
         continue
-      if k == "loss" and (v is None or (isinstance(v, float) and math.isnan(v))):
+      if k == "loss" and from_table(v) is None:
         v = math.inf  # a logged non-finite loss; NaN in the table means "not logged"
-      if split == "stats" or "/" in k:
-        row[k] = v
-      else:
-        row[f"{split}/{k}"] = v
+      row[k if split == "stats" or "/" in k else f"{split}/{k}"] = v
   return pd.DataFrame(sorted(rows.values(), key=lambda r: r["step"]))
 
 
