@@ -19,9 +19,9 @@ import pandas as pd
 
 from experiments import calibrate, lr_search, rules
 from experiments.figures import plot_curves, plt, savefig, style
-from experiments.record import ROWS, Experiment, Report, register
+from experiments.record import ROWS, Experiment, register
 from experiments.sweep import Block, Sweep, base_for, scale_value
-from experiments.verdict import md_table, outcomes, pairs_md
+from experiments.verdict import gated, md_table, outcomes, pairs_md
 
 NAME = "batch_scaling"
 TITLE = "square-root learning-rate scaling with batch size"
@@ -64,8 +64,6 @@ def budget(preset: str) -> tuple[int, int, int, tuple]:
 
 def sweep(preset: str, inputs=None) -> Sweep:
   ref, ex, every, sizes = budget(preset)
-  tuned = {} if preset == "ci" else {"optimizer.lr": lr_search.tuned_lr(
-      inputs, "preconditioner", {"optimizer.variant": "adam", "optimizer.clip_norm": None})}
   warm = ref * int(scale_value(preset, "schedule.warmup_steps"))
 
   def block(b, scalings, seeds, examples=ex):
@@ -84,7 +82,7 @@ def sweep(preset: str, inputs=None) -> Sweep:
     long = block(b, ["sqrt"], SEEDS[preset][:3], 2 * ex)  # reported beside, not judged
     blocks.append(Block({**long.grid, "train.steps": [long.fixed.pop("train.steps")]}, long.fixed))
   # cpu: 48 runs of 12,800 examples (~36 min) + 3 of 25,600 at B = 8 (~4 min)
-  return Sweep(base_for(NAME, preset, **tuned), tuple(blocks),
+  return Sweep(base_for(NAME, preset, **lr_search.adam_lr(inputs, preset)), tuple(blocks),
                wall_estimate_min={"ci": 1.0, "cpu": 40}.get(preset))
 
 
@@ -192,9 +190,9 @@ def report(out_dir):
   cal = calibrate.calibrate("equivalence", float(ref["spread"]), int(ref["n_seeds"]), m)
   ours = "; ".join(f"{sc}: collapses at B={by[sc][COLLAPSES]}, breaks at B={by[sc][BREAKS]}"
                    for sc in by) + f" (margin ±{m:.3g}); at B={at}: {outcomes(pairs)}"
-  return Report(verdict=calibrate.gate(verdict, cal), rule=RULE, paper=PAPER, ours=ours,
-                calibration=cal.row(), checks=tuple(p.sentence() for p in pairs),
-                numbers_md=md_table(col) + ("\n\n" + pairs_md(pairs) if pairs else ""))
+  return gated(verdict, cal, rule=RULE, paper=PAPER, ours=ours,
+               checks=tuple(p.sentence() for p in pairs),
+               numbers_md=md_table(col) + ("\n\n" + pairs_md(pairs) if pairs else ""))
 
 
 EXPERIMENT = register(Experiment(name=NAME, title=TITLE, claim=CLAIM, row=ROWS["4"], sweep=sweep,

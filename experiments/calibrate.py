@@ -13,7 +13,6 @@ import dataclasses
 import math
 
 import numpy as np
-from scipy import stats
 
 from experiments import rules
 
@@ -42,24 +41,13 @@ class Calibration:
             f"{self.effect:.3g}: false alarm {f(self.false_alarm)}, power {f(self.power)}")
 
 
-def _welch_lo_hi(a, b, alpha):
-  """Vectorised `rules.welch_interval` over draws (rows)."""
-  na, nb = a.shape[1], b.shape[1]
-  va, vb = a.var(1, ddof=1) / na, b.var(1, ddof=1) / nb
-  d = a.mean(1) - b.mean(1)
-  se = np.sqrt(va + vb)
-  df = (va + vb) ** 2 / np.maximum(va**2 / (na - 1) + vb**2 / (nb - 1), 1e-300)
-  half = stats.t.ppf(1 - alpha, df) * se
-  return d - half, d + half
-
-
 def pair(noise: float, n: int, effect: float, n_b: int | None = None) -> tuple[float, float]:
   """`rules.compare` (lower is better): P(win or loss | same mean), P(win | A lower by effect)."""
   rng, nb = np.random.default_rng(0), n_b or n
   a, b = noise * rng.standard_normal((DRAWS, n)), noise * rng.standard_normal((DRAWS, nb))
-  lo, hi = _welch_lo_hi(b, a, rules.PAIR_ALPHA)
+  _, lo, hi = rules.welch_interval(b, a, rules.PAIR_ALPHA)
   fa = float(np.mean((lo > 0) | (hi < 0)))
-  lo, _ = _welch_lo_hi(b + effect, a, rules.PAIR_ALPHA)
+  _, lo, _ = rules.welch_interval(b + effect, a, rules.PAIR_ALPHA)
   return fa, float(np.mean(lo > 0))
 
 
@@ -68,9 +56,9 @@ def equivalence(noise: float, n: int, margin: float, n_b: int | None = None) -> 
   out): P(the interval lies beyond ±margin | gap = margin), P(equivalent | gap = 0)."""
   rng, nb = np.random.default_rng(0), n_b or n
   a, b = noise * rng.standard_normal((DRAWS, n)), noise * rng.standard_normal((DRAWS, nb))
-  lo, hi = _welch_lo_hi(a + margin, b, rules.PAIR_ALPHA)
+  _, lo, hi = rules.welch_interval(a + margin, b, rules.PAIR_ALPHA)
   fa = float(np.mean((lo > margin) | (hi < -margin)))
-  lo, hi = _welch_lo_hi(a, b, rules.ALPHA)
+  _, lo, hi = rules.welch_interval(a, b, rules.ALPHA)
   return fa, float(np.mean((lo >= -margin) & (hi <= margin)))
 
 
@@ -87,13 +75,8 @@ def bound(noise: float, n: int, limit: float, effect: float) -> tuple[float, flo
   """`rules.bound` on the quartiles of n per-rep ratios (rep noise `noise`): P(fails | true
   ratio at the limit), P(holds | true ratio `effect` below the limit)."""
   rng = np.random.default_rng(0)
-
-  def outcome(center):
-    x = center + noise * rng.standard_normal((DRAWS, n))
-    return rules.quartiles(x, axis=1)
-
-  q25, _ = outcome(limit)
-  _, q75 = outcome(limit - effect)
+  q25, _ = rules.quartiles(limit + noise * rng.standard_normal((DRAWS, n)), axis=1)
+  _, q75 = rules.quartiles(limit - effect + noise * rng.standard_normal((DRAWS, n)), axis=1)
   return float(np.mean(q25 > limit)), float(np.mean(q75 <= limit))
 
 

@@ -23,7 +23,7 @@ from experiments.record import ROWS, Experiment, Inputs, register
 from experiments.rules import NOT_REPRODUCED, PARTLY, REPRODUCED, UNDETERMINED, part_whole
 from experiments.runs import read_csv, x_examples
 from experiments.sweep import Block, Sweep, base_for, experiment_value
-from experiments.verdict import Report, fmt_num, md_table, not_measured
+from experiments.verdict import Report, fmt_num, gated, listing, not_measured, sections
 from pergrad.analysis import GNS_TOTAL, layer_type, smooth
 
 NAME = "gns_layers"
@@ -51,25 +51,19 @@ RULE = (f"At the tracker's EMA decay α = {ALPHA:g}, the Pearson r between the s
 
 def sweep(preset: str, inputs: Inputs | None = None) -> Sweep:
   """Adam at its tuned lr (cpu, paper) with every step's GNS terms logged, seeds."""
-  tuned = {} if preset == "ci" else {"optimizer.lr": lr_search.tuned_lr(
-      inputs, "preconditioner", {"optimizer.variant": "adam", "optimizer.clip_norm": None})}
-  base = base_for(NAME, preset, **tuned)
-  blocks = (Block({"train.seed": list(SEEDS[preset])}),)
-  return Sweep(base, blocks, wall_estimate_min={"ci": 0.3, "cpu": 4}.get(preset))
+  return Sweep(base_for(NAME, preset, **lr_search.adam_lr(inputs, preset)),
+               (Block({"train.seed": list(SEEDS[preset])}),),
+               wall_estimate_min={"ci": 0.3, "cpu": 4}.get(preset))
 
 
 def terms(table: pd.DataFrame) -> pd.DataFrame:
   """Long table: run, train.seed, step, examples_seen, group, G2, S (every logged step)."""
-  t = table.copy()
-  t["examples_seen"] = x_examples(t)
-  groups = sorted({c.split("/")[1] for c in t.columns
-                   if c.startswith("gns/") and c.endswith("/G2")})
-  rows = []
-  for g in groups:
-    sub = t[["run", "train.seed", "step", "examples_seen", f"gns/{g}/G2", f"gns/{g}/S"]]
-    sub = sub.dropna().rename(columns={f"gns/{g}/G2": "G2", f"gns/{g}/S": "S"})
-    rows.append(sub.assign(group=g))
-  cols = ["run", "train.seed", "step", "examples_seen", "group", "G2", "S"]
+  t = table.assign(examples_seen=x_examples(table))
+  ids = ["run", "train.seed", "step", "examples_seen"]
+  groups = sorted({c.split("/")[1] for c in t if c.startswith("gns/") and c.endswith("/G2")})
+  rows = [t[[*ids, f"gns/{g}/G2", f"gns/{g}/S"]].dropna().set_axis([*ids, "G2", "S"], axis=1)
+          .assign(group=g) for g in groups]
+  cols = [*ids, "group", "G2", "S"]
   return pd.concat(rows, ignore_index=True)[cols] if rows else pd.DataFrame(columns=cols)
 
 
@@ -92,8 +86,7 @@ def regression(sm: pd.DataFrame, alpha: float) -> pd.DataFrame:
     wide = late.pivot_table(index="step", columns="group", values=["G2_ema", "S_ema"])
     if (("G2_ema", NORM) not in wide) or (("G2_ema", GNS_TOTAL) not in wide):
       continue
-    wide = wide.dropna(subset=[(k, grp) for k in ("G2_ema", "S_ema") for grp in (NORM,
-                                                                                  GNS_TOTAL)])
+    wide = wide.dropna(subset=[(k, c) for k in ("G2_ema", "S_ema") for c in (NORM, GNS_TOTAL)])
     pw = part_whole(wide[("G2_ema", GNS_TOTAL)], wide[("S_ema", GNS_TOTAL)],
                     wide[("G2_ema", NORM)], wide[("S_ema", NORM)])
     if pw.n_steps < 3:
@@ -120,8 +113,7 @@ def analyze(runs, out_dir: Path) -> None:
 def figures(out_dir: Path) -> list[Path]:
   out_dir = Path(out_dir)
   sm = pd.read_csv(out_dir / "gns_smoothed.csv")
-  pyplot = plt()
-  fig, axes = pyplot.subplots(1, 2, figsize=(12, 4.2))
+  fig, axes = plt().subplots(1, 2, figsize=(12, 4.2))
   if len(sm):
     late = sm[sm["step"] >= 1.0 / (1.0 - ALPHA)]
     plot_curves(axes[0], late, ["group"], "b_simple", labeler=lambda g: g["group"])
@@ -135,11 +127,9 @@ def figures(out_dir: Path) -> list[Path]:
                 / (wide[("G2_ema", GNS_TOTAL)] - wide[("G2_ema", NORM)]))
       for run in wide.index.get_level_values(0).unique():
         axes[1].plot(b_norm.loc[run], b_rest.loc[run], ".", ms=2, label=str(run)[-12:])
-      axes[1].set_xlabel("normalization layers' B_simple")
-      axes[1].set_ylabel("B_simple of the rest (total minus norm)")
-      axes[1].set_title("rest of the model vs normalization-layer GNS (each step)")
-      axes[1].legend(fontsize=6)
-      axes[1].grid(alpha=0.3)
+      style(axes[1], xlabel="normalization layers' B_simple", legend=6, grid=True,
+            ylabel="B_simple of the rest (total minus norm)",
+            title="rest of the model vs normalization-layer GNS (each step)")
   return [savefig(fig, out_dir / "gns_layers.png")]
 
 
@@ -167,15 +157,14 @@ def report(out_dir: Path) -> Report:
   by_alpha = reg.groupby("alpha")[["r_complement", "slope_complement", "r_total", "share_g2",
                                    "share_s"]].agg(["mean", "std"]).reset_index()
   by_alpha.columns = ["_".join(c).rstrip("_") for c in by_alpha.columns]
-  return Report(verdict=calibrate.gate(decide(rs), cal), rule=RULE, paper=PAPER,
-                calibration=cal.row(),
-                ours=f"r(complement, norm) = {f('r_complement')} at α = {ALPHA:g}",
-                checks=(f"slope {f('slope_complement')}; the norm group holds {f('share_g2')} of "
-                        f"Σ|G|² and {f('share_s')} of ΣS, so the part-whole r of the total "
-                        f"{f('r_total')} is not evidence", "Share of the parameters per type: "
-                        + ", ".join(f"{g} {100 * v:.3g} %" for g, v in by_type.items())),
-                numbers_md="Regressions on the norm layers' B_simple (per seed, by α):\n\n"
-                + md_table(reg) + "\n\nBy α:\n\n" + md_table(by_alpha))
+  return gated(decide(rs), cal, rule=RULE, paper=PAPER,
+               ours=f"r(complement, norm) = {f('r_complement')} at α = {ALPHA:g}",
+               checks=(f"slope {f('slope_complement')}; the norm group holds {f('share_g2')} of "
+                       f"Σ|G|² and {f('share_s')} of ΣS, so the part-whole r of the total "
+                       f"{f('r_total')} is not evidence", "Share of the parameters per type: "
+                       + listing(by_type.items(), lambda v: f"{100 * v:.3g} %")),
+               numbers_md=sections("Regressions on the norm layers' B_simple (per seed, by α):",
+                                   reg, "By α:", by_alpha))
 
 
 EXPERIMENT = register(Experiment(

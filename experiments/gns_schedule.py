@@ -22,9 +22,9 @@ from experiments import calibrate, lr_search, rules
 from experiments import tokens_to_target as ttt
 from experiments.figures import plt, savefig, style
 from experiments.record import ROWS, Experiment, register
-from experiments.runs import read_csv
+from experiments.runs import from_table, read_csv
 from experiments.sweep import Block, LrSearch, Sweep, base_for, experiment_value, scale_value
-from experiments.verdict import Report, md_table, not_measured, outcomes, pairs_md
+from experiments.verdict import Report, listing, not_measured, outcomes, pairs_md, sections
 
 NAME = "gns_schedule"
 TITLE = "batch-size schedules (GNS-guided, fitted ramp) against the best fixed batch"
@@ -93,48 +93,40 @@ def sweep(preset: str) -> Sweep:
   return Sweep(base, blocks, search, wall_estimate_min={"ci": 1.0, "cpu": 43}.get(preset))
 
 
-def best_fixed(fin: pd.DataFrame) -> dict | None:
-  """The `lr_search.best_lr` row of the fixed arm with the lowest fresh-seed mean final eval
-  loss (None: no arm has fresh seeds)."""
+def fixed_search(fin: pd.DataFrame) -> pd.DataFrame:
+  """`lr_search.best_lr` of the fixed arms (the short arm left out)."""
   fixed = full_fixed(fin)
-  if fixed.empty:
-    return None
-  best = lr_search.best_lr(fixed, GROUP, "optimizer.lr", select_seed=SELECT_SEED)
-  best = best[best["n_seeds"] > 0]
-  if best.empty:
-    return None
-  return best.assign(_o=best["loss_mean"].fillna(np.inf)).sort_values(
-      ["_o", "select_loss"]).drop(columns="_o").iloc[0].to_dict()
+  return (lr_search.best_lr(fixed, GROUP, "optimizer.lr", select_seed=SELECT_SEED) if len(fixed)
+          else pd.DataFrame(columns=[*GROUP, "optimizer.lr"]))
 
 
-def _examples(df: pd.DataFrame) -> pd.Series:
-  return df["train.steps"].astype(float) * df[SIZE].astype(float)
+def best_fixed(search: pd.DataFrame) -> dict | None:
+  """The row of `fixed_search` with the lowest fresh-seed mean final eval loss (None: no arm
+  has fresh seeds)."""
+  best = search[search["n_seeds"] > 0] if len(search) else search
+  return None if best.empty else lr_search.ranked(best).iloc[0].to_dict()
 
 
 def is_short(df: pd.DataFrame) -> pd.Series:
   """Fixed runs with fewer examples than the fixed arms' budget (the short arm)."""
-  if "batch.kind" not in df or df.empty:
-    return pd.Series(False, index=df.index)
-  fixed = df["batch.kind"] == "fixed"
+  fixed = df["batch.kind"] == "fixed" if "batch.kind" in df else pd.Series(False, index=df.index)
   if not fixed.any():
     return fixed
-  return fixed & (_examples(df) < _examples(df[fixed]).max())
+  examples = df["train.steps"].astype(float) * df[SIZE].astype(float)
+  return fixed & (examples < examples[fixed].max())
 
 
 def full_fixed(df: pd.DataFrame) -> pd.DataFrame:
   """The fixed arms' rows (the short arm left out)."""
-  if "batch.kind" not in df:
-    return df[:0]
-  return df[(df["batch.kind"] == "fixed") & ~is_short(df)]
+  return df[(df["batch.kind"] == "fixed") & ~is_short(df)] if "batch.kind" in df else df[:0]
 
 
 def _best_runs(table: pd.DataFrame, best: dict) -> pd.DataFrame:
   """The rows of the best fixed arm's fresh-seed runs."""
-  table = full_fixed(table)
-  return table[(table["batch.kind"] == "fixed")
-               & np.isclose(table["data.batch_size"].astype(float), float(best[SIZE]))
-               & np.isclose(table["optimizer.lr"].astype(float), float(best["optimizer.lr"]))
-               & (table["train.seed"] != SELECT_SEED)]
+  t = full_fixed(table)
+  return t[np.isclose(t[SIZE].astype(float), float(best[SIZE]))
+           & np.isclose(t["optimizer.lr"].astype(float), float(best["optimizer.lr"]))
+           & (t["train.seed"] != SELECT_SEED)]
 
 
 def fit_ramp(rows: pd.DataFrame, b_max: int) -> dict | None:
@@ -160,24 +152,18 @@ def fit_ramp(rows: pd.DataFrame, b_max: int) -> dict | None:
           "a": float(a), "b_per_token": float(b)}
 
 
-def _budget_tokens(preset: str) -> int:
-  """Tokens every arm spends: train.steps × B_ref sequences of data.seq_len tokens."""
-  ref = sizes(preset)[0]
-  return ref * int(scale_value(preset, "train.steps")) * int(scale_value(preset, "data.seq_len"))
-
-
 def follow_up(preset: str, sweep_dir: Path) -> tuple[Block, ...]:
   """The schedules and the short arm at the best fixed arm's lr and fresh seeds (and that
   arm's other fresh seeds)."""
   from experiments.runs import aggregate, finals
 
   table = aggregate(sweep_dir)
-  best = best_fixed(finals(table)) if not table.empty else None
+  best = best_fixed(fixed_search(finals(table))) if not table.empty else None
   if best is None:
     return ()
   lr, seeds = [float(best["optimizer.lr"])], list(SEEDS[preset])
-  b_max = sizes(preset)[1]
-  tokens = _budget_tokens(preset)
+  ref, b_max, _ = sizes(preset)  # every arm spends train.steps × B_ref sequences of T tokens
+  tokens = ref * int(scale_value(preset, "train.steps")) * int(scale_value(preset, "data.seq_len"))
   ramp = lambda kind, start, tok, seeds=seeds, **kw: Block(
       {"batch.kind": [kind], "batch.ramp_tokens": [int(tok)], **kw, "optimizer.lr": lr,
        "train.seed": seeds}, fixed={"batch.start": start})
@@ -186,10 +172,8 @@ def follow_up(preset: str, sweep_dir: Path) -> tuple[Block, ...]:
                    "train.seed": seeds[N_OTHER:]}),  # the best arm's other fresh seeds
             Block({"batch.kind": ["gns"], "batch.gns_group": ["norm"], "optimizer.lr": lr,
                    "train.seed": seeds}),
-            Block({"batch.kind": ["fixed"], SIZE: [int(best[SIZE])],
+            Block({"batch.kind": ["fixed"], SIZE: [int(best[SIZE])], **per_size,
                    "train.steps": [int(round(SHORT * int(best["train.steps"])))],
-                   "train.eval_every": [int(best["train.eval_every"])],
-                   "schedule.warmup_steps": [int(best["schedule.warmup_steps"])],
                    "optimizer.lr": lr, "train.seed": seeds[:N_OTHER]}),  # Δ18 is a mean
             ramp("linear", b_max // 8, tokens),  # the paper's: over the whole budget
             ramp("linear", b_max // 8, WARMUP_SHARE * tokens, seeds[:2],  # warmup: beside
@@ -208,13 +192,11 @@ def arm(row: dict) -> str:
   if kind == "fixed":
     return f"fixed_{int(row['data.batch_size'])}" + ("_short" if row.get("short") else "")
   if kind == "gns":
-    group = row.get("batch.gns_group")
-    return f"gns_{'total' if group is None or pd.isna(group) else group}"
+    return f"gns_{from_table(row.get('batch.gns_group')) or 'total'}"
   if kind == "linear":
-    scaled = str(row.get("batch.lr_scaling", "none")) == "sqrt"
-    tok = float(row.get("batch.ramp_tokens") or 0)
-    if scaled:
+    if str(row.get("batch.lr_scaling", "none")) == "sqrt":
       return "warmup"
+    tok = float(row.get("batch.ramp_tokens") or 0)
     return "linear_paper" if tok >= PAPER_RAMP_SHARE * row.get("_budget", tok) else "linear_fit"
   return str(kind)
 
@@ -238,10 +220,8 @@ def analyze(runs, out_dir: Path) -> None:
   judged), gns.csv (tracked B_simple), ramp_fit.csv."""
   out_dir, table, fin = Path(out_dir), runs.table, runs.finals
   fin.to_csv(out_dir / "finals.csv", index=False)
-  best = best_fixed(fin)
-  fixed = full_fixed(fin)
-  search = (lr_search.best_lr(fixed, GROUP, "optimizer.lr", select_seed=SELECT_SEED) if len(fixed)
-            else pd.DataFrame(columns=[*GROUP, "optimizer.lr"]))
+  search = fixed_search(fin)
+  best = best_fixed(search)
   search["best_arm"] = [best is not None and r[SIZE] == best[SIZE]
                         for _, r in search.iterrows()]
   search.to_csv(out_dir / "best.csv", index=False)
@@ -321,17 +301,17 @@ def report(out_dir: Path) -> Report:
   for c in ("tokens_to_target", "time_to_target_s", "token_saving"):  # inf: not reached
     by_arm[c] = by_arm[c].astype(object).where(np.isfinite(by_arm[c].astype(float)), "not reached")
   pct = lambda x: f"{100 * x:.1f}%" if math.isfinite(x) else "not reached"
-  save = ", ".join(f"{a} {pct(saving[a])}" for a in (*GUIDED, *BASELINES) if a in saving)
+  save = listing(((a, saving[a]) for a in (*GUIDED, *BASELINES) if a in saving), pct)
   return Report(verdict=v, rule=RULE, paper=PAPER, calibration=cal.row(),
                 ours=f"token saving to B={int(best[SIZE])}'s final loss: {save or 'n/a'}; "
                 f"{outcomes(pairs)}",
                 checks=(f"baseline: fixed B = {int(best[SIZE])} at lr {best['optimizer.lr']:g}",
                         *(p.sentence() for p in pairs), f"Δ18 = {delta:.3g}"),
-                numbers_md=lr_search.best_md(search, GROUP, extra=("best_arm",)) + "\n\n"
-                + pairs_md(pairs)
-                + f"\n\nBy arm (seed-mean curves; to the target {target:.4f}):\n\n"
-                + md_table(by_arm) + "\n\nThe fitted ramp (B_simple ≈ a + b·tokens):\n\n"
-                + md_table(read_csv(out_dir / "ramp_fit.csv")))
+                numbers_md=sections(
+                    lr_search.best_md(search, GROUP, extra=("best_arm",)), pairs_md(pairs),
+                    f"By arm (seed-mean curves; to the target {target:.4f}):", by_arm,
+                    "The fitted ramp (B_simple ≈ a + b·tokens):",
+                    read_csv(out_dir / "ramp_fit.csv")))
 
 
 EXPERIMENT = register(Experiment(

@@ -76,6 +76,16 @@ def per_seed_views(by_leaf: pd.DataFrame, sizes: dict[str, int], keys: list[str]
   return pd.DataFrame(rows)
 
 
+def long_stats(t: pd.DataFrame, ids: list[str], names: dict, key: str, value: str) -> pd.DataFrame:
+  """ids, key, leaf, value: a row per run, logged step and column `<prefix>/<leaf>/<name>` of
+  each name (`names`: {name: prefix})."""
+  rows = [t[ids + [c]].dropna(subset=[c]).rename(columns={c: value}).assign(**{key: n},
+                                                                             leaf=leaf_of(c))
+          for n, prefix in names.items() for c in stat_columns(t, n, prefix)]
+  cols = [*ids, key, "leaf", value]
+  return pd.concat(rows, ignore_index=True)[cols] if rows else pd.DataFrame(columns=cols)
+
+
 def sign_long(table: pd.DataFrame, ids: list[str]) -> pd.DataFrame:
   """ids + leaf + FIELDS: one row per run, logged step and leaf (incl. "total")."""
   frames = []

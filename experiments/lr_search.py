@@ -43,36 +43,18 @@ def marked_finals(table: pd.DataFrame, base: dict, extra: Sequence[str] = ()) ->
   return rules.mark_diverged(fin, vocab_size(base, extra), table)
 
 
-def _seed_set(v) -> tuple:
-  """A best.csv `select_seed` cell (0, 0.0 or "0 1") -> (0,) / (0, 1)."""
-  if isinstance(v, str):
-    return tuple(from_table(float(x)) for x in v.split())
-  return (from_table(v),)
-
-
 def _in(col: pd.Series, seeds) -> pd.Series:
   return col.astype(float).isin([float(s) for s in seeds])
 
 
-def _is_null(v) -> bool:
-  return v is None or (isinstance(v, float) and math.isnan(v))
-
-
 def _same(a, b) -> bool:
   """Equality of override values read back from tables (None ~ NaN, floats ~ close)."""
-  if _is_null(a) or _is_null(b):
-    return _is_null(a) and _is_null(b)
+  if from_table(a) is None or from_table(b) is None:
+    return from_table(a) is None and from_table(b) is None
   if isinstance(a, (int, float, np.number)) and isinstance(b, (int, float, np.number)) \
       and not isinstance(a, bool) and not isinstance(b, bool):
     return math.isclose(float(a), float(b), rel_tol=1e-6)
   return a == b
-
-
-def _values(text) -> list[float]:
-  """`"4.01 4.02 inf"` (a best.csv cell) -> [4.01, 4.02, inf]; empty/NaN -> []."""
-  if _is_null(text) or not str(text).strip():
-    return []
-  return [float(x) for x in str(text).split()]
 
 
 def best_lr(fin: pd.DataFrame, group_keys: Sequence[str], lr_key: str,
@@ -186,7 +168,8 @@ def load_best(out_dir: Path) -> pd.DataFrame:
   """best.csv with a `values` column: the fresh seeds' losses, or [inf] for a group that
   diverged at every lr (it then loses to every group that trained)."""
   best = pd.read_csv(Path(out_dir) / "best.csv")
-  best["values"] = [_values(v) or ([math.inf] if r else [])
+  cell = lambda v: [] if from_table(v) is None else [float(x) for x in str(v).split()]
+  best["values"] = [cell(v) or ([math.inf] if r else [])  # a cell "4.01 inf", empty or NaN
                     for v, r in zip(best["fresh_losses"], best["all_diverged"], strict=True)]
   return best
 
@@ -239,6 +222,13 @@ def tuned_lr(inputs, experiment: str, where: dict) -> float:
   return float(rows["optimizer.lr"].iloc[0])
 
 
+def adam_lr(inputs, preset: str) -> dict:
+  """{"optimizer.lr": Adam's (unclipped) lr as the preconditioner search chose it}; {} at ci
+  (the config's): how moments, batch_scaling and gns_layers run Adam at its tuned lr."""
+  return {} if preset == "ci" else {"optimizer.lr": tuned_lr(
+      inputs, "preconditioner", {"optimizer.variant": "adam", "optimizer.clip_norm": None})}
+
+
 def by_label(best: pd.DataFrame, labeler: Callable[[dict], str]) -> dict[str, list[float]]:
   """{label of a group: its fresh seeds' losses} from `load_best`."""
   return {labeler(r): list(r["values"]) for r in best.to_dict("records")}
@@ -262,17 +252,13 @@ def analyze(runs, out_dir: Path, group_keys: Sequence[str], lr_key: str = "optim
   fin.to_csv(out_dir / "finals.csv", index=False)
   best = best_lr(fin, group_keys, lr_key, seed_key, select_seed=select_seed)
   best.to_csv(out_dir / "best.csv", index=False)
-  curves = curves_at(table, best, [*group_keys, lr_key], CURVE_COLS)
+  own = ["select_seed", "n_seeds"]  # the group's, carried to its curves
+  curves = curves_at(table, best, [*group_keys, lr_key], [*CURVE_COLS, *own])
   if seed_key in curves and not best.empty:
-    sel = {tuple(from_table(r[k]) for k in group_keys): (r["select_seed"], r["n_seeds"])
-           for r in best.to_dict("records")}
-    def keep(r) -> bool:
-      key = tuple(from_table(r[k]) for k in group_keys)
-      s, n = next((v for k, v in sel.items()
-                   if all(_same(a, b) for a, b in zip(k, key, strict=True))), (None, 0))
-      return n == 0 or s is None or not any(_same(r[seed_key], x) for x in _seed_set(s))
-    curves = curves[[keep(r) for r in curves.to_dict("records")]]
-  curves.to_csv(out_dir / "curves.csv", index=False)
+    selection = [fmt(from_table(x)) in fmt(from_table(s)).split()
+                 for x, s in zip(curves[seed_key], curves["select_seed"], strict=True)]
+    curves = curves[~((curves["n_seeds"] > 0) & np.array(selection, bool))]
+  curves.drop(columns=own, errors="ignore").to_csv(out_dir / "curves.csv", index=False)
 
 
 def figures(out_dir: Path, group_keys: Sequence[str], title: str,
@@ -300,10 +286,16 @@ def figures(out_dir: Path, group_keys: Sequence[str], title: str,
   return paths
 
 
+def ranked(best: pd.DataFrame) -> pd.DataFrame:
+  """`best_lr` rows sorted by the fresh seeds' mean (none: last), then the selection loss."""
+  return best.assign(_o=best["loss_mean"].fillna(np.inf)).sort_values(
+      ["_o", "select_loss"]).drop(columns="_o")
+
+
 def best_md(best: pd.DataFrame, group_keys: Sequence[str], lr_key: str = "optimizer.lr",
             extra: Sequence[str] = ()) -> str:
-  """The chosen-lr table as Markdown, sorted by the fresh seeds' mean, edges flagged."""
-  b = best.assign(_o=best["loss_mean"].fillna(np.inf)).sort_values(["_o", "select_loss"])
+  """The chosen-lr table as Markdown, `ranked`, edges flagged."""
+  b = ranked(best)
   cols = [*group_keys, lr_key, "select_loss", "loss_mean", "loss_std", "n_seeds", "grid",
           "n_diverged", "at_edge", *extra]
   b = b[cols].rename(columns={k: k.split(".")[-1] for k in [*group_keys, lr_key]})

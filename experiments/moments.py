@@ -21,9 +21,9 @@ from experiments import rules as vd
 from experiments.figures import plot_curves, plt, savefig, style
 from experiments.record import ROWS, Experiment, Inputs, register
 from experiments.rules import is_norm_leaf
-from experiments.runs import leaf_of, read_csv, stat_columns, x_examples
+from experiments.runs import read_csv, x_examples
 from experiments.sweep import Block, Sweep, base_for
-from experiments.verdict import fmt_num, md_table, not_measured, pairs_report
+from experiments.verdict import listing, not_measured, pairs_report, sections
 
 NAME = "moments"
 TITLE = "μ², σ²/B and σ² in Adam's second moment over training"
@@ -53,9 +53,8 @@ def sweep(preset: str, inputs: Inputs | None = None) -> Sweep:
   """Adam at its own best lr (the one the preconditioner search chose, from its runs; at ci the
   config's), statistics logged, seeds."""
   log_every = {"ci": 5, "cpu": 10, "paper": 100}[preset]
-  tuned = {} if preset == "ci" else {"optimizer.lr": lr_search.tuned_lr(
-      inputs, "preconditioner", {"optimizer.variant": "adam", "optimizer.clip_norm": None})}
-  base = base_for(NAME, preset, **{"stats.log_every": log_every}, **tuned)
+  base = base_for(NAME, preset, **{"stats.log_every": log_every},
+                  **lr_search.adam_lr(inputs, preset))
   sizes = [None] if preset == "ci" else [None, 128]  # the scale's B, and B = 128 (r grows with B)
   blocks = tuple(Block({"optimizer.variant": ["adam"], "train.seed": list(SEEDS[preset]),
                         **({"data.batch_size": [b]} if b else {})},
@@ -67,16 +66,10 @@ def sweep(preset: str, inputs: Inputs | None = None) -> Sweep:
 def analyze(runs, out_dir: Path) -> None:
   """moments_per_leaf.csv, moments_all.csv: long tables IDS, [leaf,] quantity, value."""
   out_dir, table, fin = Path(out_dir), runs.table, runs.finals
-  t = table.copy()
-  t["examples_seen"] = x_examples(t)
-  rows = []
-  for name, prefix in [*((n, "stats") for n in MAGNITUDES),
-                       *((n, "opt") for n in (*RATIOS, *SHARES))]:
-    for col in stat_columns(t, name, prefix):
-      sub = t.assign(B=t.get("data.batch_size", np.nan))[IDS + [col]].dropna(subset=[col])
-      rows.append(sub.rename(columns={col: "value"}).assign(quantity=name, leaf=leaf_of(col)))
-  long = (pd.concat(rows, ignore_index=True) if rows else
-          pd.DataFrame(columns=[*IDS, "value", "quantity", "leaf"]))
+  t = table.assign(examples_seen=x_examples(table), B=table.get("data.batch_size", np.nan))
+  names = {**dict.fromkeys(MAGNITUDES, "stats"), **dict.fromkeys((*RATIOS, *SHARES), "opt")}
+  long = leafwise.long_stats(t, IDS, names, "quantity", "value")[[*IDS, "value", "quantity",
+                                                                    "leaf"]]
   whole = long["leaf"].isin(WHOLE)
   long[~whole].to_csv(out_dir / "moments_per_leaf.csv", index=False)
   long[whole].drop(columns="leaf").to_csv(out_dir / "moments_all.csv", index=False)
@@ -133,23 +126,20 @@ def figures(out_dir: Path) -> list[Path]:
   out_dir = Path(out_dir)
   all_df = pd.read_csv(out_dir / "moments_all.csv")
   per_leaf = pd.read_csv(out_dir / "moments_per_leaf.csv")
-  pyplot = plt()
-  fig, axes = pyplot.subplots(1, 3, figsize=(16, 4.2))
-  ratios = all_df[all_df["quantity"].isin(RATIOS)]
-  if not ratios.empty:
-    plot_curves(axes[0], ratios, ["quantity"], "value", labeler=lambda g: {
-        "snr2_batch": "Σμ̂² / Σσ̂²/B (Adam)", "snr2_example": "Σμ̂² / Σσ̂² (MicroAdam)"}[
-            g["quantity"]])
-  axes[0].axhline(1.0, color="k", ls="--", lw=0.8)
-  axes[0].set_yscale("symlog", linthresh=1e-2)
-  style(axes[0], ylabel="ratio of sums over all coordinates",
-        title="μ² over the noise term of v (> 1: μ²-dominated)", legend=8)
-  shares = all_df[all_df["quantity"].isin(SHARES)]
-  if not shares.empty:
-    plot_curves(axes[1], shares, ["quantity"], "value", labeler=lambda g: g["quantity"])
-  axes[1].set_yscale("symlog", linthresh=1e-2)
-  style(axes[1], ylabel="Σ term / Σ v̂ (all coordinates)",
-        title="shares of μ̂², σ̂²/B, σ̂² in Adam's v̂", legend=8)
+  fig, axes = plt().subplots(1, 3, figsize=(16, 4.2))
+  panels = ((RATIOS, {"snr2_batch": "Σμ̂² / Σσ̂²/B (Adam)", "snr2_example": "Σμ̂² / Σσ̂² "
+                      "(MicroAdam)"}, "ratio of sums over all coordinates",
+             "μ² over the noise term of v (> 1: μ²-dominated)"),
+            (SHARES, {}, "Σ term / Σ v̂ (all coordinates)", "shares of μ̂², σ̂²/B, σ̂² in Adam's v̂"))
+  for ax, (names, labels, ylabel, title) in zip(axes, panels, strict=False):
+    rows = all_df[all_df["quantity"].isin(names)]
+    if not rows.empty:
+      plot_curves(ax, rows, ["quantity"], "value",
+                  labeler=lambda g, labels=labels: labels.get(g["quantity"], g["quantity"]))
+    if names == RATIOS:
+      ax.axhline(1.0, color="k", ls="--", lw=0.8)
+    ax.set_yscale("symlog", linthresh=1e-2)
+    style(ax, ylabel=ylabel, title=title, legend=8)
   leaf = per_leaf[per_leaf["quantity"] == "snr2_batch"]
   if not leaf.empty:
     bars = leafwise.second_half(leaf).groupby("leaf")["value"].mean()
@@ -171,24 +161,23 @@ def report(out_dir: Path):
   if all_df.empty or "snr2_batch" not in set(all_df["quantity"]):
     return not_measured(RULE, "μ̂²/(σ̂²/B) was not logged (opt/all/snr2_batch)", NAME)
   seeds = per_seed(all_df)
-  whole = ("Whole model, ratios of sums, mean over seeds: " + ", ".join(
-      f"{k} {fmt_num(float(v))}" for k, v in seeds.mean().items()))
+  whole = "Whole model, ratios of sums, mean over seeds: " + listing(seeds.mean().items())
   if len(big):
     whole += f"; at B = 128, snr2_batch per seed {per_seed(big)['snr2_batch'].round(3).tolist()}"
-  numbers = "Per seed, whole model:\n\n" + md_table(seeds.reset_index())
+  numbers = sections("Per seed, whole model:", seeds.reset_index())
   views = leaf_views(out_dir)
   if views is None:
     return not_measured(RULE, "the per-leaf μ̂², σ̂² or the leaves' parameter counts "
                         "(leaf_params.csv) are missing", NAME, checks=(whole,), numbers_md=numbers)
   r = views["weighted_median_no_norm"].dropna().tolist()
   m = views.mean(numeric_only=True)
-  shares = ", ".join(f"{k} {fmt_num(m[k])}" for k in ("ratio_of_sums", "ratio_of_sums_no_norm",
-                                                       "norm_share_num", "norm_share_params"))
+  shares = listing((k, m[k]) for k in ("ratio_of_sums", "ratio_of_sums_no_norm",
+                                         "norm_share_num", "norm_share_params"))
   cal = calibrate.calibrate("pair", calibrate.pooled_std([r]), len(r), EFFECT, n_b=len(r))
   return pairs_report({"μ²": r, "σ²/B": [1.0] * len(r)}, [("μ²", "σ²/B")], rule=RULE,
                       paper=PAPER, effect=EFFECT, cal=cal, lower_is_better=False,
                       checks=(f"Per leaf r, mean over seeds: {shares}", whole),
-                      numbers_md=md_table(views) + "\n\n" + numbers)
+                      numbers_md=sections(views, numbers))
 
 
 EXPERIMENT = register(Experiment(

@@ -9,6 +9,7 @@ eps_share, the share of coordinates where ε > √v̂ (per leaf and over all).
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -16,10 +17,10 @@ import pandas as pd
 
 from experiments import lr_search, preconditioner
 from experiments.record import ROWS, Experiment, register
-from experiments.rules import LOSS, PAIR_WIN, UNDETERMINED, WIN
-from experiments.runs import stat_columns
+from experiments.rules import LOSS, NOT_REPRODUCED, PAIR_WIN, PARTLY, REPRODUCED, UNDETERMINED, WIN
+from experiments.runs import read_csv, stat_columns
 from experiments.sweep import Block, LrSearch, Sweep, base_for, fmt
-from experiments.verdict import md_table, pairs_report
+from experiments.verdict import pairs_report, sections
 
 NAME = "msq_eps"
 TITLE = "MicroAdamMSQ: its μ² preconditioner or its ε floor?"
@@ -81,8 +82,8 @@ def analyze(runs, out_dir):
   eps_share(runs.table).to_csv(Path(out_dir) / "eps_share.csv", index=False)
 
 
-def figures(out_dir):
-  return lr_search.figures(out_dir, GROUP, "MicroAdamMSQ, Adam and the ε controls", labeler=label)
+figures = functools.partial(lr_search.figures, group_keys=GROUP, labeler=label,
+                            title="MicroAdamMSQ, Adam and the ε controls")
 
 
 def groups(out_dir: Path) -> dict:
@@ -112,14 +113,13 @@ def report(out_dir):
   def verdict(pairs):
     head = pairs[0].outcome
     if head in (LOSS, UNDETERMINED):
-      return {LOSS: "not reproduced", UNDETERMINED: "undetermined"}[head]
-    return "reproduced" if all(p.outcome == WIN for p in pairs[1:]) else "partly reproduced"
+      return NOT_REPRODUCED if head == LOSS else UNDETERMINED
+    return REPRODUCED if all(p.outcome == WIN for p in pairs[1:]) else PARTLY
 
-  path = Path(out_dir) / "eps_share.csv"
-  shares = pd.read_csv(path) if path.exists() else pd.DataFrame()
-  share_md = ("\n\neps_share per run (mean over its logged steps):\n\n" + md_table(
-      shares[[c for c in (*GROUP, "train.seed", "eps_share", "eps_share_weighted") if c in shares]])
-      if len(shares) else "")
+  shares = read_csv(Path(out_dir) / "eps_share.csv")
+  cols = [c for c in (*GROUP, "train.seed", "eps_share", "eps_share_weighted") if c in shares]
+  share_md = sections("", "eps_share per run (mean over its logged steps):",
+                      shares[cols]) if len(shares) else ""
   return pairs_report(
       g, [expected[0], *(p for p in expected[1:] if p[1] in g)], rule=RULE, paper=PAPER,
       effect=preconditioner.EFFECT, verdict_fn=verdict,

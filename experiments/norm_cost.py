@@ -11,11 +11,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from experiments import calibrate, overhead
+from experiments import overhead
 from experiments.figures import plt, savefig
-from experiments.record import ROWS, Experiment, Report, register
+from experiments.record import ROWS, Experiment, register
 from experiments.rules import BOUND, FAILS, HOLDS, NOT_REPRODUCED, PARTLY, REPRODUCED, quartiles
-from experiments.verdict import md_table
+from experiments.verdict import gated, md_table, not_measured
 
 NAME = "norm_cost"
 TITLE = "the cost of per-example gradient norms (all layers, normalization layers only)"
@@ -44,8 +44,8 @@ def describe_setup(preset):
 
 
 def analyze(runs, out_dir):
-  overhead.analyze(runs, out_dir, "norm_cost.csv")
-  df = pd.read_csv(Path(out_dir) / "norm_cost.csv")
+  overhead.bench_table(runs, out_dir).to_csv(Path(out_dir) / "norm_cost.csv", index=False)
+  df = pd.read_csv(Path(out_dir) / "norm_cost.csv")  # the time ratios as the CSV holds them
   rows = [{"preset": r["preset"], "B": r["B"], "variant": f"{r['backend']}/{r['stats']}",
            "baseline": r["baseline"], "rep": i, "time_ratio": x, "flops_ratio": r["flops_ratio"],
            "peak_ratio": r["peak_ratio"]}
@@ -94,14 +94,13 @@ def report(out_dir):
     outs.append(overhead.side(m))
     checks.append(overhead.text(what, m))
     cals.append(overhead.time_calibration(m, int(s["reps"].median())))
-  verdict = ("not measured" if not outs else NOT_REPRODUCED if FAILS in outs
-             else REPRODUCED if all(o == HOLDS for o in outs) else PARTLY)
-  cal = min(cals, key=lambda c: c["power"] if np.isfinite(c["power"]) else -1) if cals else None
-  if cal is not None:
-    verdict = calibrate.gate(verdict, calibrate.Calibration(**cal))
-  return Report(verdict=verdict, rule=RULE, paper=PAPER, calibration=cal, checks=tuple(checks),
-                ours=", ".join(f"{w}: {o}" for (_, w, _), o in zip(BOUNDS, outs, strict=False)),
-                numbers_md=md_table(s))
+  if not outs:
+    return not_measured(RULE, "", paper=PAPER, checks=tuple(checks), numbers_md=md_table(s))
+  verdict = (NOT_REPRODUCED if FAILS in outs else REPRODUCED if all(o == HOLDS for o in outs)
+             else PARTLY)
+  return gated(verdict, min(cals, key=lambda c: c.power if np.isfinite(c.power) else -1),
+               rule=RULE, paper=PAPER, checks=tuple(checks), numbers_md=md_table(s),
+               ours=", ".join(f"{w}: {o}" for (_, w, _), o in zip(BOUNDS, outs, strict=False)))
 
 
 EXPERIMENT = register(Experiment(name=NAME, title=TITLE, claim=CLAIM, row=ROWS["G1"], launch=launch,

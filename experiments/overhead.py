@@ -20,7 +20,7 @@ from experiments.figures import plt, savefig
 from experiments.launch import LaunchLog
 from experiments.record import ROWS, Experiment, register
 from experiments.rules import BOUND, FAILS, HOLDS, NOT_REPRODUCED, PARTLY, REPRODUCED, bound
-from experiments.verdict import Report, fmt_num, md_table, not_measured
+from experiments.verdict import fmt_num, gated, md_table, not_measured
 
 NAME = "overhead"
 TITLE = "the cost of per-example gradient statistics"
@@ -84,14 +84,15 @@ def describe_setup(preset: str, bench=None) -> str:
   return f"`python scripts/bench_stats.py {args}` (no training runs)."
 
 
-def records(doc) -> pd.DataFrame:
+def bench_table(runs, out_dir) -> pd.DataFrame:
+  """The benchmark's rows (its bench.json copied to `out_dir`)."""
+  doc = json.loads((Path(runs.sweep_dir) / "bench.json").read_text())
+  (Path(out_dir) / "bench.json").write_text(json.dumps(doc, indent=1))
   return pd.json_normalize(doc.get("rows", doc) if isinstance(doc, dict) else doc)
 
 
-def analyze(runs, out_dir, csv: str = "overhead.csv"):
-  doc = json.loads((Path(runs.sweep_dir) / "bench.json").read_text())
-  (Path(out_dir) / "bench.json").write_text(json.dumps(doc, indent=1))
-  records(doc).to_csv(Path(out_dir) / csv, index=False)
+def analyze(runs, out_dir):
+  bench_table(runs, out_dir).to_csv(Path(out_dir) / "overhead.csv", index=False)
 
 
 def figures(out_dir):
@@ -137,9 +138,9 @@ def text(what: str, m: dict) -> str:
           f"({m['peak_outcome']})")
 
 
-def time_calibration(m: dict, reps: int, effect: float = EFFECT) -> dict:
+def time_calibration(m: dict, reps: int, effect: float = EFFECT) -> calibrate.Calibration:
   """The bound rule at the rep noise of the baseline's self-ratio (σ ≈ IQR / 1.35)."""
-  return calibrate.calibrate("bound", m["self_iqr"] / 1.35, reps, m["limit"], effect).row()
+  return calibrate.calibrate("bound", m["self_iqr"] / 1.35, reps, m["limit"], effect)
 
 
 def report(out_dir):
@@ -155,13 +156,11 @@ def report(out_dir):
              else PARTLY)
   reps = (int(np.median([len(json.loads(x)) for x in df["time_ratios"]])) if "time_ratios" in df
           else 11)
-  cal = time_calibration(v, reps)
   keep = [c for c in df if c not in ("times", "base_times", "time_ratios")]
-  return Report(verdict=calibrate.gate(verdict, calibrate.Calibration(**cal)), rule=RULE,
-                paper=PAPER, ours=f"surgery/token sq+sign {outs[0]}, vmap {outs[1]}",
-                checks=(text("surgery per-token sq+sign", s), text("vmap per-example", v)),
-                calibration=cal, numbers_md=md_table(df[keep]),
-)
+  return gated(verdict, time_calibration(v, reps), rule=RULE, paper=PAPER,
+               ours=f"surgery/token sq+sign {outs[0]}, vmap {outs[1]}",
+               checks=(text("surgery per-token sq+sign", s), text("vmap per-example", v)),
+               numbers_md=md_table(df[keep]))
 
 
 EXPERIMENT = register(Experiment(name=NAME, title=TITLE, claim=CLAIM, row=ROWS["1"], launch=launch,

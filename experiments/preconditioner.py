@@ -10,6 +10,7 @@ variant (adam, micro_adam_msq) beats each σ²-dominated one (micro_adam, micro_
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -17,6 +18,7 @@ import numpy as np
 from experiments import lr_search
 from experiments.record import ROWS, Experiment, register
 from experiments.rules import PAIR_WIN, PAIRS_VERDICT
+from experiments.runs import from_table
 from experiments.sweep import Block, LrSearch, Sweep, base_for, fmt
 from experiments.verdict import pairs_report
 
@@ -61,9 +63,8 @@ def sweep(preset: str) -> Sweep:
 
 
 def label(g: dict) -> str:
-  clip = g.get("optimizer.clip_norm")
-  none = clip is None or (isinstance(clip, float) and np.isnan(clip))
-  return f"{g['optimizer.variant']}" + ("" if none else f" + clip {fmt(clip)}")
+  clip = from_table(g.get("optimizer.clip_norm"))
+  return f"{g['optimizer.variant']}" + ("" if clip is None else f" + clip {fmt(clip)}")
 
 
 def chosen(best):
@@ -74,12 +75,8 @@ def chosen(best):
   return best.loc[keep]
 
 
-def analyze(runs, out_dir):
-  lr_search.analyze(runs, out_dir, GROUP, select_seed=SELECT)
-
-
-def figures(out_dir):
-  return lr_search.figures(out_dir, GROUP, "Adam preconditioners")
+analyze = functools.partial(lr_search.analyze, group_keys=GROUP, select_seed=SELECT)
+figures = functools.partial(lr_search.figures, group_keys=GROUP, title="Adam preconditioners")
 
 
 def report(out_dir):

@@ -82,9 +82,9 @@ BUILTIN = ("overhead", "sign_placement", "preconditioner", "msq_eps", "batch_sca
 def register(exp: Experiment) -> Experiment:
   """Adds `exp` to the registry (again under its name when its module is re-imported)."""
   old = _REGISTRY.get(exp.name) if exp.name in _REGISTRY else None
-  if old is not None and old.analyze.__module__ != exp.analyze.__module__:
-    raise ValueError(f"experiment {exp.name!r} is registered by {old.analyze.__module__} "
-                     f"already; give the one of {exp.analyze.__module__} another name.")
+  if old is not None and old.report.__module__ != exp.report.__module__:
+    raise ValueError(f"experiment {exp.name!r} is registered by {old.report.__module__} "
+                     f"already; give the one of {exp.report.__module__} another name.")
   return _REGISTRY.register(exp.name, exp, replace=True)
 
 

@@ -1,4 +1,5 @@
-"""Markdown of the results: each experiment's README, the claims table, the results index."""
+"""Markdown of the results from templates: each experiment's README, the claims table, the
+results index."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from experiments.sweep import POLICY, REPO, fmt, scale_file
 RESOLVED = {"model": ("n_layers", "d_model", "n_heads", "d_ff", "vocab_size", "seq_len"),
             "data": ("name", "tokenizer", "vocab_size", "seq_len", "batch_size", "eval_batch_size"),
             "train": ("steps", "eval_every", "eval_batches", "checkpoint_every")}
+kv = lambda d: ", ".join(f"`{k}={fmt(v)}`" for k, v in d.items() if k != "experiment")
 
 
 def _resolved_md(name: str, preset: str) -> list[str]:
@@ -30,8 +32,7 @@ def _resolved_md(name: str, preset: str) -> list[str]:
   parts = {"optimizer": c["optimizer"], "schedule": c["schedule"],
            **{p: {k: c[p][k] for k in keys if k in c[p]} for p, keys in RESOLVED.items()}}
   return [f"Resolved (`experiment={name} scale={preset}`, before each run's swept values):", "",
-          *(f"- {p}: " + ", ".join(f"`{k}={fmt(v)}`" for k, v in vals.items())
-            for p, vals in parts.items()), ""]
+          *(f"- {p}: {kv(vals)}" for p, vals in parts.items()), ""]
 
 
 def describe_setup(exp: Experiment, preset: str, inputs: Inputs | None = None) -> str:
@@ -41,15 +42,13 @@ def describe_setup(exp: Experiment, preset: str, inputs: Inputs | None = None) -
     return exp.describe_setup(preset) if exp.describe_setup else ""
   sw = exp.sweep_at(preset, inputs)
   lines = [f"Configs `configs/experiment/{exp.name}.yaml` and "
-           f"`{scale_file(preset).relative_to(REPO)}`.", "", *_resolved_md(exp.name, preset)]
-  kv = lambda d: ", ".join(f"`{k}={fmt(v)}`" for k, v in d.items() if k != "experiment")
-  lines += [f"Every run (preset `{preset}`): {kv(sw.base)}.", ""]
+           f"`{scale_file(preset).relative_to(REPO)}`.", "", *_resolved_md(exp.name, preset),
+           f"Every run (preset `{preset}`): {kv(sw.base)}.", ""]
   for i, bl in enumerate(sw.blocks):
     lines.append(f"- grid {i + 1}: " + "; ".join(f"`{k}` ∈ {{{', '.join(fmt(v) for v in vals)}}}"
                                                   for k, vals in bl.grid.items())
                  + (f" with {kv(bl.fixed)}" if bl.fixed else ""))
-  ls = sw.lr_search
-  if ls:
+  if ls := sw.lr_search:
     lines += ["", f"Learning-rate search per ({', '.join(f'`{k}`' for k in ls.group_keys)}), "
               f"factor {ls.factor:g}, up to {ls.max_extend} extensions past an edge, fresh seeds "
               f"{list(ls.seeds)}: {POLICY}."]
@@ -58,51 +57,52 @@ def describe_setup(exp: Experiment, preset: str, inputs: Inputs | None = None) -
   return "\n".join(lines)
 
 
+README = """# {exp.name}: {exp.title}
+
+**Claim tested.** {exp.claim}
+
+**Verdict: {r.verdict}.** {r.finding}
+
+{stated}## Numbers
+
+{r.numbers_md}
+
+## Setup
+
+{setup}
+
+## Figures
+
+{figures}
+## Regenerate
+
+```
+{i[command]}
+```
+
+Preset `{i[preset]}`, launcher `{i[launcher]}`. Sweep directory `{i[sweep_dir]}` (not \
+committed), commit `{i[commit]}`{dirty}. This invocation: {i[wall_s]:.0f} s, of which \
+{launch_min:.1f} min launching {i[launched]} run(s); {i[skipped]} run(s) were already finished \
+and skipped ({i[n_runs_completed]} completed runs in the sweep, their own summed wall time \
+{compute_min:.1f} min). Files: {files}. Figures are redrawn from the CSVs alone by \
+`notebooks/figures.ipynb`.
+"""
+
+
 def write_readme(exp: Experiment, out_dir: Path, report: Report, info: dict,
                  inputs: Inputs | None = None) -> None:
-  """README.md and report.json (with `info`'s commit and clean) of one experiment's results."""
-  figs = sorted(p.name for p in out_dir.glob("*.png"))
-  csvs = sorted(p.name for p in out_dir.glob("*.csv"))
-  lines = [
-      f"# {exp.name}: {exp.title}",
-      "",
-      f"**Claim tested.** {exp.claim}",
-      "",
-      f"**Verdict: {report.verdict}.** {report.finding}",
-      "",
-      *([f"**Rule.** {report.rule}", ""] if report.rule else []),
-      *([f"**Paper.** {report.paper}", ""] if report.paper else []),
-      *([f"**Error rates of the rule.** {Calibration(**report.calibration).text()}", ""]
-        if report.calibration else []),
-      "## Numbers",
-      "",
-      report.numbers_md,
-      "",
-      "## Setup",
-      "",
-      report.setup_md or describe_setup(exp, info["preset"], inputs),
-      "",
-      "## Figures",
-      "",
-      *[f"![{f}]({f})" for f in figs],
-      "",
-      "## Regenerate",
-      "",
-      "```",
-      info["command"],
-      "```",
-      "",
-      f"Preset `{info['preset']}`, launcher `{info['launcher']}`. Sweep directory "
-      f"`{info['sweep_dir']}` (not committed), commit `{info['commit']}`"
-      + ("" if info["clean"] else " with uncommitted changes") + ". This invocation: "
-      f"{info['wall_s']:.0f} s, of which {info['launch_wall_s'] / 60:.1f} min launching "
-      f"{info['launched']} run(s); {info['skipped']} run(s) were already finished and skipped "
-      f"({info['n_runs_completed']} completed runs in the sweep, their own summed wall time "
-      f"{info['runs_compute_s'] / 60:.1f} min). Files: " + ", ".join(f"`{c}`" for c in csvs)
-      + ". Figures are redrawn from the CSVs alone by `notebooks/figures.ipynb`.",
-      "",
-  ]
-  (out_dir / "README.md").write_text("\n".join(lines))
+  """README.md (`README`) and report.json (with `info`'s commit and clean) of one
+  experiment's results."""
+  cal = report.calibration and Calibration(**report.calibration).text()
+  stated = "".join(f"**{k}.** {v}\n\n" for k, v in (
+      ("Rule", report.rule), ("Paper", report.paper), ("Error rates of the rule", cal)) if v)
+  (out_dir / "README.md").write_text(README.format(
+      exp=exp, r=report, i=info, stated=stated, dirty="" if info["clean"] else
+      " with uncommitted changes", setup=report.setup_md or describe_setup(
+          exp, info["preset"], inputs), launch_min=info["launch_wall_s"] / 60,
+      figures="".join(f"![{p.name}]({p.name})\n" for p in sorted(out_dir.glob("*.png"))),
+      compute_min=info["runs_compute_s"] / 60,
+      files=", ".join(f"`{p.name}`" for p in sorted(out_dir.glob("*.csv")))))
   prov = {k: info[k] for k in ("commit", "clean")}
   (out_dir / "report.json").write_text(json.dumps(report.to_json(prov), indent=1))
 
@@ -115,25 +115,21 @@ def claim_rows() -> dict[str, tuple]:
   return rows
 
 
+def _json(path: Path) -> dict | None:
+  return json.loads(path.read_text()) if path.exists() else None
+
+
 def launch_costs(results_root: Path) -> dict[str, float]:
   """{experiment: seconds of launches that made its committed results}: the end-to-end
-  record's (reproduction.json, summed over its invocations) for an experiment whose
-  run_info.json is from that record's commit, else run_info.json's `launch_wall_s` (the
-  invocation that wrote it)."""
-  results_root = Path(results_root)
-  path = results_root / REPRODUCTION
-  record = json.loads(path.read_text()) if path.exists() else {}
+  record's (reproduction.json) for an experiment whose run_info.json is from that record's
+  commit, else run_info.json's `launch_wall_s`."""
+  record = _json(Path(results_root) / REPRODUCTION) or {}
   out = {}
   for n in experiments():
-    f = results_root / n / "run_info.json"
-    if not f.exists():
-      continue
-    info = json.loads(f.read_text())
-    entry = record.get("experiments", {}).get(n)
-    if entry and info.get("commit") == record.get("commit"):
-      out[n] = float(entry["launch_wall_s"])
-    else:
-      out[n] = float(info["launch_wall_s"])
+    if (info := _json(Path(results_root) / n / "run_info.json")) is not None:
+      entry = record.get("experiments", {}).get(n)
+      same = entry and info.get("commit") == record.get("commit")
+      out[n] = float((entry if same else info)["launch_wall_s"])
   return out
 
 
@@ -144,91 +140,77 @@ OLD_RULE = " (decided by an earlier rule than the code's: re-run)"
 
 
 def stale_mark(doc: dict, name: str | None = None) -> str:
-  """What the claims table says beside a verdict whose report.json cannot vouch for it:
-  no commit (results older than the provenance record), no stated rule, or a rule other
-  than the one the experiment's module (`RULE`) states now."""
+  """What the claims table says beside a verdict whose report.json cannot vouch for it: no
+  commit, no stated rule, or a rule other than the `RULE` of the experiment's module now."""
   if not doc.get("commit"):
     return STALE
   if not doc.get("rule"):
     return NO_RULE
-  current = _current_rule(name) if name else None
+  exp = experiments().get(name) if name else None
+  current = getattr(sys.modules.get(exp.report.__module__), "RULE", None) if exp else None
   return OLD_RULE if current is not None and current != doc["rule"] else ""
 
 
-def _current_rule(name: str) -> str | None:
-  """The RULE of the module that reports experiment `name` (None: it states none)."""
-  exp = experiments().get(name)
-  return getattr(sys.modules.get(exp.report.__module__), "RULE", None) if exp else None
+ROW = ("| {claim} | [`{n}`]({link}{n}/README.md) | {paper} | {r.ours} | **{r.verdict}**{mark} "
+       "| {fa} | {power} | {figs} |")
 
 
 def claims_table(results_root: Path, link_prefix: str = "") -> str:
-  """One short row per experiment: claim, the paper's figure, ours, verdict, the rule's
-  false-alarm rate and power (from report.json), and the figures."""
-  results_root = Path(results_root)
-  f = lambda c, k: "—" if not c or c.get(k) is None or not math.isfinite(float(c[k])) \
+  """One short row per experiment (`ROW`): claim, the paper's figure, ours, verdict, the
+  rule's false-alarm rate and power (from report.json), and the figures."""
+  rate = lambda c, k: "—" if not c or c.get(k) is None or not math.isfinite(float(c[k])) \
       else f"{float(c[k]):.2f}"
   rows = ["| Claim | Experiment | Paper | Ours | Verdict | False alarm | Power | Figures |",
           "|---|---|---|---|---|---|---|---|"]
   for claim, names in claim_rows().items():
     for n in names:
-      rep = results_root / n / "report.json"
-      if not rep.exists():
+      if (doc := _json(Path(results_root) / n / "report.json")) is None:
         rows.append(f"| {claim} | `{n}` | | not yet run | not yet run | — | — | — |")
         continue
-      doc = json.loads(rep.read_text())
       d = Report.from_json(doc)
       figs = " ".join(f"[{p.name}]({link_prefix}{n}/{p.name})"
-                      for p in sorted((results_root / n).glob("*.png"))) or "—"
-      rows.append(f"| {claim} | [`{n}`]({link_prefix}{n}/README.md) | {d.paper or '—'} | {d.ours} "
-                  f"| **{d.verdict}**{stale_mark(doc, n)} | {f(d.calibration, 'false_alarm')} | "
-                  f"{f(d.calibration, 'power')} | {figs} |")
+                      for p in sorted((Path(results_root) / n).glob("*.png"))) or "—"
+      rows.append(ROW.format(claim=claim, n=n, link=link_prefix, mark=stale_mark(doc, n),
+                             r=d, paper=d.paper or "—", figs=figs,
+                             fa=rate(d.calibration, "false_alarm"),
+                             power=rate(d.calibration, "power")))
   return "\n".join(rows)
 
 
 def _seeds(d: Path) -> str | None:
   """Seeds behind an experiment's reported numbers, from its CSVs ("2", "1-2")."""
-  for csv, col in (("best.csv", "n_seeds"), ("collapse.csv", "n_seeds")):
-    if (d / csv).exists():
-      df = pd.read_csv(d / csv)
-      if col in df and df[col].notna().any():
-        lo, hi = int(df[col].min()), int(df[col].max())
-        return str(lo) if lo == hi else f"{lo}-{hi}"
-  if (d / "finals.csv").exists():
-    df = pd.read_csv(d / "finals.csv")
-    if "train.seed" in df:
-      return str(df["train.seed"].nunique())
-  return None
+  for csv in ("best.csv", "collapse.csv"):
+    df = pd.read_csv(d / csv) if (d / csv).exists() else None
+    if df is not None and "n_seeds" in df and df["n_seeds"].notna().any():
+      lo, hi = int(df["n_seeds"].min()), int(df["n_seeds"].max())
+      return str(lo) if lo == hi else f"{lo}-{hi}"
+  df = pd.read_csv(d / "finals.csv") if (d / "finals.csv").exists() else None
+  return str(df["train.seed"].nunique()) if df is not None and "train.seed" in df else None
 
 
-def setup_text(results_root: Path, preset: str = "cpu") -> str:
-  """The setup behind the claims table, from the configs (the `preset` scale composed with
-  the defaults) and the committed CSVs (seeds) and run_info.json (wall times)."""
-  from pergrad.analysis import n_params, scale_summary
-
-  results_root = Path(results_root)
-  m = scale_summary([f"scale={preset}"])
-  seeds = [(n, _seeds(results_root / n)) for n in experiments()]
-  seeds_text = ", ".join(f"{n} {s}" for n, s in seeds if s)
-  wall = sum(launch_costs(results_root).values())
-  return (
-      f"Setup (preset `{preset}`, `configs/scale/{preset}.yaml` over the defaults): the "
-      f"`{m['model']}` transformer ({m['n_layers']} layers, width {m['d_model']}, "
-      f"{m['n_heads']} heads, {n_params([f'scale={preset}']):,} parameters) on `{m['data']}` "
-      f"with a {m['vocab_size']}-token {m['tokenizer']} vocabulary, B = {m['batch_size']} "
-      f"sequences of T = {m['seq_len']} tokens, {m['steps']} steps (`batch_scaling` sets its "
-      "own steps "
-      f"per batch size), each experiment's own grids and learning rates (its README). Seeds "
-      f"behind the reported numbers: {seeds_text or 'none yet'}. The committed results took "
-      f"{wall / 60:.0f} min of launches on 2 cores (per experiment: the cost table of "
-      f"`results/{preset}/README.md`); "
-      f"`python scripts/reproduce.py all --preset {preset}` regenerates them (resumable). "
-      "The paper trained far larger models on TPUs: these are statements about this scale "
-      "only.")
+SETUP = (
+    "Setup (preset `{p}`, `configs/scale/{p}.yaml` over the defaults): the `{m[model]}` "
+    "transformer ({m[n_layers]} layers, width {m[d_model]}, {m[n_heads]} heads, {params:,} "
+    "parameters) on `{m[data]}` with a {m[vocab_size]}-token {m[tokenizer]} vocabulary, B = "
+    "{m[batch_size]} sequences of T = {m[seq_len]} tokens, {m[steps]} steps (`batch_scaling` "
+    "sets its own steps per batch size), each experiment's own grids and learning rates (its "
+    "README). Seeds behind the reported numbers: {seeds}. The committed results took {wall:.0f} "
+    "min of launches on 2 cores (per experiment: the cost table of `results/{p}/README.md`); "
+    "`python scripts/reproduce.py all --preset {p}` regenerates them (resumable). The paper "
+    "trained far larger models on TPUs: these are statements about this scale only.")
 
 
 def claims_block(results_root: Path, link_prefix: str = "", preset: str = "cpu") -> str:
-  """The setup paragraph and the claims table: the README's generated block."""
-  return setup_text(results_root, preset) + "\n\n" + claims_table(results_root, link_prefix)
+  """The setup paragraph (`SETUP`: the `preset` scale composed with the defaults, the seeds
+  of the committed CSVs, the launch costs) and the claims table: the README's generated block."""
+  from pergrad.analysis import n_params, scale_summary
+
+  seeds = ((n, _seeds(Path(results_root) / n)) for n in experiments())
+  setup = SETUP.format(p=preset, m=scale_summary([f"scale={preset}"]),
+                       params=n_params([f"scale={preset}"]),
+                       seeds=", ".join(f"{n} {s}" for n, s in seeds if s) or "none yet",
+                       wall=sum(launch_costs(results_root).values()) / 60)
+  return setup + "\n\n" + claims_table(results_root, link_prefix)
 
 
 README_PRESET = "cpu"  # the preset whose results the top-level README's claims show
@@ -243,9 +225,8 @@ def render_readme(readme: Path = REPO / "README.md",
   if text.count(README_BEGIN) != 1 or text.count(README_END) != 1:
     raise ValueError(f"{readme} needs one {README_BEGIN} and one {README_END} line.")
   head, rest = text.split(README_BEGIN)
-  _, tail = rest.split(README_END)
   new = (head + README_BEGIN + "\n" + claims_block(results_root, link_prefix) + "\n"
-         + README_END + tail)
+         + README_END + rest.split(README_END)[1])
   if new != text:
     Path(readme).write_text(new)
   return new != text
@@ -253,58 +234,60 @@ def render_readme(readme: Path = REPO / "README.md",
 
 def readme_block(readme: Path = REPO / "README.md") -> str:
   """What `readme` holds between its markers (without them and the newlines around)."""
-  text = Path(readme).read_text()
-  return text.split(README_BEGIN, 1)[1].split(README_END, 1)[0].strip("\n")
+  return Path(readme).read_text().split(README_BEGIN, 1)[1].split(README_END, 1)[0].strip("\n")
+
+
+INDEX = """# Results
+
+The findings of Roulet & Agarwala (arXiv 2510.00236) and Gray et al. (arXiv 2411.00999) at \
+the scale of a 2-core CPU machine, from runs actually made (`scripts/reproduce.py EXPERIMENT \
+--preset {p}`): whether each *qualitative* finding holds at this small scale. Each \
+experiment's README gives the rule, numbers, setup, figures and command.
+
+{claims}
+
+{reproduction}## Cost of each experiment ({p} preset, this machine)
+
+| Experiment | Command | Wall time (min) | Runs |
+|---|---|---|---|
+{costs}
+
+Wall times of the launches that made the committed results (often beside other jobs). \
+Regenerate: `python scripts/reproduce.py all --preset {p}` (resumable); redraw the figures \
+from the CSVs: `notebooks/figures.ipynb`.
+"""
 
 
 def index_text(results_root: Path, preset: str) -> str:
-  """results/<preset>/README.md: the claims (`claims_block`) and each experiment's cost."""
-  times, costs = [], launch_costs(results_root)
+  """results/<preset>/README.md (`INDEX`): the claims (`claims_block`) and each experiment's
+  cost."""
+  costs, rows = launch_costs(results_root), []
   for n in experiments():
-    p = results_root / n / "run_info.json"
-    if p.exists():
-      d = json.loads(p.read_text())
-      times.append(f"| `{n}` | `{d['command']}` | {costs[n] / 60:.1f} | "
-                   f"{d['n_runs_completed']} |")
-    else:
-      times.append(f"| `{n}` | `python scripts/reproduce.py {n} --preset {preset}` | "
-                   "not yet run | — |")
-  return "\n".join([
-      "# Results",
-      "",
-      "The findings of Roulet & Agarwala (arXiv 2510.00236) and Gray et al. (arXiv "
-      "2411.00999) at the scale of a 2-core CPU machine, from runs actually made "
-      f"(`scripts/reproduce.py EXPERIMENT --preset {preset}`): whether each *qualitative* "
-      "finding holds at this small scale. Each experiment's README gives the rule, numbers, "
-      "setup, figures and command.",
-      "",
-      claims_block(results_root, preset=preset),
-      "",
-      *reproduction_lines(results_root),
-      f"## Cost of each experiment ({preset} preset, this machine)",
-      "",
-      "| Experiment | Command | Wall time (min) | Runs |",
-      "|---|---|---|---|",
-      *times,
-      "",
-      "Wall times of the launches that made the committed results (often beside other jobs). "
-      f"Regenerate: `python scripts/reproduce.py all --preset {preset}` (resumable); redraw "
-      "the figures from the CSVs: `notebooks/figures.ipynb`.",
-      "",
-  ])
+    d = _json(Path(results_root) / n / "run_info.json")
+    rows.append(f"| `{n}` | `{d['command']}` | {costs[n] / 60:.1f} | {d['n_runs_completed']} |"
+                if d else f"| `{n}` | `python scripts/reproduce.py {n} --preset {preset}` | "
+                "not yet run | — |")
+  rep = "".join(line + "\n" for line in reproduction_lines(results_root))
+  return INDEX.format(p=preset, claims=claims_block(results_root, preset=preset),
+                      reproduction=rep, costs="\n".join(rows))
 
 
 REPRODUCTION = "reproduction.json"  # written by `scripts/reproduce.py all`
+REPRODUCED = """## The end-to-end reproduction
+
+`{d[command]}`, from an empty sweeps directory{fresh}, at commit `{d[commit]}`{dirty}{resumed}: \
+started {d[started]}, {end}, **{wall:.0f} min** of wall time on this 2-core machine.
+
+| Experiment | Wall time (min) | Status |
+|---|---|---|
+{rows}
+"""
 
 
 def reproduction_lines(results_root: Path) -> list[str]:
-  """The end-to-end record of results/reproduction.json, or nothing."""
-  path = Path(results_root) / REPRODUCTION
-  if not path.exists():
+  """The end-to-end record of results/reproduction.json (`REPRODUCED`), or nothing."""
+  if (d := _json(Path(results_root) / REPRODUCTION)) is None:
     return []
-  d = json.loads(path.read_text())
-  rows = [f"| `{n}` | {e['wall_s'] / 60:.1f} | {e['status']} |"
-          for n, e in d["experiments"].items()]
   inv = d.get("invocations", [])
   resumed = (f" in {len(inv)} invocations of that command (each resumed the stopped one, "
              "skipping its finished runs; wall times "
@@ -313,21 +296,12 @@ def reproduction_lines(results_root: Path) -> list[str]:
   end = (f"finished {d['finished']}" if d.get("finished")
          else "NOT finished (stopped" + (f" during `{d['running']['name']}`"
                                          if d.get("running") else "") + ")")
-  return [
-      "## The end-to-end reproduction",
-      "",
-      f"`{d['command']}`, from an empty sweeps directory"
-      + ("" if d.get("fresh") else " (NOT empty: some runs were skipped as finished)")
-      + f", at commit `{d['commit']}`"
-      + (" with uncommitted changes" if d.get("clean") is False else "")
-      + f"{resumed}: started {d['started']}, {end}, "
-      f"**{d['wall_s'] / 60:.0f} min** of wall time on this 2-core machine.",
-      "",
-      "| Experiment | Wall time (min) | Status |",
-      "|---|---|---|",
-      *rows,
-      "",
-  ]
+  return REPRODUCED.format(
+      d=d, fresh="" if d.get("fresh") else " (NOT empty: some runs were skipped as finished)",
+      dirty=" with uncommitted changes" if d.get("clean") is False else "", resumed=resumed,
+      end=end, wall=d["wall_s"] / 60, rows="\n".join(
+          f"| `{n}` | {e['wall_s'] / 60:.1f} | {e['status']} |"
+          for n, e in d["experiments"].items())).split("\n")
 
 
 def write_index(results_root: Path, preset: str) -> Path:

@@ -83,10 +83,9 @@ def decide(groups: Mapping[str, Sequence[float]], expected, *, lower_is_better=T
   return verdict_of(pairs), pairs
 
 
-def chains(groups, orders, *, lower_is_better=True):
-  """`decide` on every adjacent pair of several expected orders (best first), each pair once."""
-  expected = list(dict.fromkeys(p for o in orders for p in zip(o, o[1:], strict=False)))
-  return decide(groups, expected, lower_is_better=lower_is_better)
+def adjacent(orders) -> list[tuple]:
+  """The adjacent pairs (a, b) = "a beats b" of several expected orders (best first), each once."""
+  return list(dict.fromkeys(p for o in orders for p in zip(o, o[1:], strict=False)))
 
 
 def summarize(values: Sequence[float]) -> str:
@@ -127,18 +126,20 @@ class Equivalence:
     return bool(self.lo95 > self.margin or self.hi95 < -self.margin or math.isinf(self.max_abs_gap))
 
 
-def welch_interval(a, b, alpha: float = ALPHA) -> tuple[float, float, float]:
-  """(mean(a) − mean(b), lo, hi): the two-sided (1 − 2α) Welch t-interval (≥ 2 values a side)."""
+def welch_interval(a, b, alpha: float = ALPHA):
+  """(mean(a) − mean(b), lo, hi) along the last axis (floats for 1-D values, arrays for rows
+  of draws): the two-sided (1 − 2α) Welch t-interval (≥ 2 values a side)."""
   a, b = np.asarray(a, float), np.asarray(b, float)
-  if len(a) < 2 or len(b) < 2:
-    raise ValueError(f"welch_interval: {len(a)} and {len(b)} values; give >= 2 on each side")
-  va, vb = np.var(a, ddof=1) / len(a), np.var(b, ddof=1) / len(b)
-  d, se = float(a.mean() - b.mean()), math.sqrt(va + vb)
-  if se == 0.0:
-    return d, d, d
-  df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
-  half = float(stats.t.ppf(1 - alpha, df)) * se
-  return d, d - half, d + half
+  na, nb = a.shape[-1], b.shape[-1]
+  if na < 2 or nb < 2:
+    raise ValueError(f"welch_interval: {na} and {nb} values; give >= 2 on each side")
+  va, vb = a.var(-1, ddof=1) / na, b.var(-1, ddof=1) / nb
+  d, se = a.mean(-1) - b.mean(-1), np.sqrt(va + vb)
+  with np.errstate(divide="ignore", invalid="ignore"):
+    df = (va + vb) ** 2 / (va**2 / (na - 1) + vb**2 / (nb - 1))
+  half = np.where(se > 0, stats.t.ppf(1 - alpha, df) * se, 0.0)
+  out = (d, d - half, d + half)
+  return tuple(float(x) for x in out) if np.ndim(d) == 0 else out
 
 
 def equivalence(a_SxP, b_SxP, margin: float = MARGIN, *, alpha=ALPHA, guard=GUARD) -> Equivalence:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from experiments import lr_search, report_md
 from experiments.launch import LAUNCHERS, LaunchLog, launch_blocks
-from experiments.record import BUILTIN, Experiment, Inputs, Report, get, provenance
+from experiments.record import BUILTIN, Inputs, Report, get, provenance
 from experiments.runs import METRICS, SUMMARY, Runs, aggregate
 from experiments.sweep import PRESETS, REPO, config_extras, fmt, record_sweep, sweep_dir
 
@@ -23,9 +23,7 @@ EXPERIMENTS = BUILTIN  # the built-in experiments' names; `record.experiments()`
 RESULTS = REPO / "results"
 
 
-def load(name: str) -> Experiment:
-  """The registered experiment `name` (ValueError naming the known ones)."""
-  return get(name)
+load = get  # the registered experiment `name` (ValueError naming the known ones)
 
 
 def default_sweep_dir(name: str, preset: str, root: Path | None = None,
@@ -158,29 +156,18 @@ def run_info(out_dir, name, preset, sdir, log, wall, command, launcher, prov) ->
   resolved = Path(sdir).resolve()
   old_path = Path(out_dir, "run_info.json")
   old = json.loads(old_path.read_text()) if old_path.exists() else {}
-  same = old.get("commit") == prov.get("commit") and old.get("sweep_dir") in (str(sdir), str(
-      resolved.relative_to(REPO)) if resolved.is_relative_to(REPO) else str(sdir))
+  rel = str(resolved.relative_to(REPO)) if resolved.is_relative_to(REPO) else str(sdir)
+  same = old.get("commit") == prov.get("commit") and old.get("sweep_dir") in (str(sdir), rel)
   if same:  # a resumed invocation adds its launches to those that made the results
     log.wall_s += float(old.get("launch_wall_s", 0.0))
     log.launched = list(dict.fromkeys([*old.get("launched_runs", []), *log.launched]))
-  info = {
-      "experiment": name,
-      "preset": preset,
-      "command": command or f"python scripts/reproduce.py {name} --preset {preset}",
-      "launcher": launcher,
-      **prov,
-      "sweep_dir": str(resolved.relative_to(REPO)) if resolved.is_relative_to(REPO)
-      else str(sdir),
-      "n_runs_completed": n_done,
-      "runs_compute_s": round(compute_s, 1),
-      "wall_s": round(wall, 1),
-      "launch_wall_s": round(log.wall_s, 1),
-      "launched": len(log.launched),
-      "launched_runs": list(log.launched),
-      "invocations": int(old.get("invocations", 1)) + 1 if same else 1,
-      "skipped": len(log.skipped),
-      "failed": log.failed,
-      "date": datetime.datetime.now().isoformat(timespec="seconds"),
-  }
+  info = dict(experiment=name, preset=preset, command=command or
+              f"python scripts/reproduce.py {name} --preset {preset}", launcher=launcher, **prov,
+              sweep_dir=rel, n_runs_completed=n_done, runs_compute_s=round(compute_s, 1),
+              wall_s=round(wall, 1), launch_wall_s=round(log.wall_s, 1),
+              launched=len(log.launched), launched_runs=list(log.launched),
+              invocations=int(old.get("invocations", 1)) + 1 if same else 1,
+              skipped=len(log.skipped), failed=log.failed,
+              date=datetime.datetime.now().isoformat(timespec="seconds"))
   Path(out_dir, "run_info.json").write_text(json.dumps(info, indent=1))
   return info

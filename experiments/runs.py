@@ -51,21 +51,16 @@ def run_status(run_dir: Path) -> str:
 def run_table(run_dir: Path) -> pd.DataFrame:
   """One run's metrics as rows per step: `train/<k>`, `eval/<k>`, stats keys as-is (a step
   logged twice keeps its last value; a NaN loss is stored as inf: NaN is "not logged")."""
-  recs = read_records(run_dir / METRICS)
   rows: dict[int, dict] = {}
-  for r in recs:
-    step = int(r.get("step", -1))
-    split = r.get("split", "train")
+  for r in read_records(run_dir / METRICS):
+    step, split = int(r.get("step", -1)), r.get("split", "train")
     row = rows.setdefault(step, {"step": step})
     for k, v in r.items():
       if k in ("step", "split"):
         continue
-      if k == "loss" and (v is None or (isinstance(v, float) and math.isnan(v))):
+      if k == "loss" and from_table(v) is None:
         v = math.inf  # a logged non-finite loss; NaN in the table means "not logged"
-      if split == "stats" or "/" in k:
-        row[k] = v
-      else:
-        row[f"{split}/{k}"] = v
+      row[k if split == "stats" or "/" in k else f"{split}/{k}"] = v
   return pd.DataFrame(sorted(rows.values(), key=lambda r: r["step"]))
 
 
@@ -147,10 +142,10 @@ def finals(table: pd.DataFrame, tail: int = 3) -> pd.DataFrame:
 
 def curves_at(table: pd.DataFrame, best: pd.DataFrame, keys: Sequence[str],
               cols: Sequence[str]) -> pd.DataFrame:
-  """Rows of `table` whose (keys) match a row of `best`, with an `examples_seen` column."""
+  """Rows of `table` whose (keys) match a row of `best`: examples_seen and the `cols` of either."""
   t = table.copy()
   t["examples_seen"] = x_examples(t)
-  b = best[list(keys)].copy()
+  b = best[[*keys, *(c for c in cols if c in best)]].copy()
   for k in keys:  # align dtypes (NaN-able keys)
     b[k] = b[k].astype(t[k].dtype) if k in t else b[k]
   m = t.merge(b, on=list(keys), how="inner")

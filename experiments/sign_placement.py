@@ -7,9 +7,11 @@ seeds run there (`lr_search`). Expected chains: ema < batch < example, ema < bat
 
 from __future__ import annotations
 
+import functools
+
 from experiments import lr_search
 from experiments.record import ROWS, Experiment, register
-from experiments.rules import PAIR_WIN, PAIRS_VERDICT
+from experiments.rules import PAIR_WIN, PAIRS_VERDICT, adjacent
 from experiments.sweep import Block, LrSearch, Sweep, base_for
 from experiments.verdict import pairs_report
 
@@ -43,19 +45,14 @@ def sweep(preset: str) -> Sweep:
                wall_estimate_min=18 if preset == "cpu" else None)
 
 
-def analyze(runs, out_dir):
-  lr_search.analyze(runs, out_dir, GROUP)
-
-
-def figures(out_dir):
-  return lr_search.figures(out_dir, GROUP, "sign placement")
+analyze = functools.partial(lr_search.analyze, group_keys=GROUP)
+figures = functools.partial(lr_search.figures, group_keys=GROUP, title="sign placement")
 
 
 def report(out_dir):
   best = lr_search.load_best(out_dir)
   groups = lr_search.by_label(best, lambda g: str(g["optimizer.placement"]))
-  orders = [o for o in ([p for p in c if p in groups] for c in CHAINS) if len(o) > 1]
-  expected = list(dict.fromkeys(p for o in orders for p in zip(o, o[1:], strict=False)))
+  expected = adjacent([p for p in c if p in groups] for c in CHAINS)
   return pairs_report(groups, expected, rule=RULE, paper=PAPER, effect=EFFECT,
                       numbers_md=lr_search.best_md(best, GROUP),
                       checks=(lr_search.edges_note(best, lambda g: str(g["optimizer.placement"])),),

@@ -22,9 +22,9 @@ import pandas as pd
 from experiments import calibrate, leafwise, lr_search, rules
 from experiments.figures import plot_curves, plt, savefig, style
 from experiments.record import ROWS, Experiment, Inputs, register
-from experiments.runs import leaf_of, read_csv, stat_columns, x_examples
+from experiments.runs import read_csv, x_examples
 from experiments.sweep import Block, Sweep, base_for, experiment_value
-from experiments.verdict import fmt_num, md_table, not_measured, pairs_report
+from experiments.verdict import fmt_num, listing, not_measured, pairs_report, sections
 from pergrad.analysis import ema_gain
 
 NAME = "snr"
@@ -66,22 +66,15 @@ def sweep(preset: str, inputs: Inputs | None = None) -> Sweep:
       wall_estimate_min={"cpu": 12}.get(preset))
 
 
-def _long(t: pd.DataFrame, ids: list[str], leaves: bool) -> pd.DataFrame:
-  """ids, stage, [leaf,] snr2: per leaf, or opt/all."""
-  rows = [t[ids + [c]].dropna(subset=[c]).rename(columns={c: "snr2"}).assign(
-      stage=st, **({"leaf": leaf_of(c)} if leaves else {}))
-      for st in STAGES for c in stat_columns(t, st, "opt") if (leaf_of(c) != "all") == leaves]
-  cols = ids + ["stage"] + (["leaf"] if leaves else []) + ["snr2"]
-  return pd.concat(rows, ignore_index=True)[cols] if rows else pd.DataFrame(columns=cols)
-
-
 def analyze(runs, out_dir: Path) -> None:
   """snr_per_leaf.csv, snr_all.csv (long tables of snr2), snr_sign.csv, leaf_params.csv."""
   out_dir, table = Path(out_dir), runs.table
   t = table.assign(examples_seen=x_examples(table))
   ids = IDS + ([PLACEMENT] if PLACEMENT in t else [])
-  _long(t, ids, True).to_csv(out_dir / "snr_per_leaf.csv", index=False)
-  _long(t, ids, False).to_csv(out_dir / "snr_all.csv", index=False)
+  long = leafwise.long_stats(t, ids, dict.fromkeys(STAGES, "opt"), "stage", "snr2")
+  whole = long["leaf"] == "all"
+  long[~whole].to_csv(out_dir / "snr_per_leaf.csv", index=False)
+  long[whole].drop(columns="leaf").to_csv(out_dir / "snr_all.csv", index=False)
   signs = leafwise.sign_long(t, ids)
   if len(signs):
     signs.to_csv(out_dir / leafwise.SIGN_CSV, index=False)
@@ -95,10 +88,6 @@ def _placements(df: pd.DataFrame) -> list:
     return [None]
   have = list(dict.fromkeys(df[PLACEMENT].dropna()))
   return [k for k in PLACEMENTS if k in have] + [k for k in have if k not in PLACEMENTS]
-
-
-def _of(df: pd.DataFrame, placement) -> pd.DataFrame:
-  return df if placement is None else df[df[PLACEMENT] == placement]
 
 
 def _by(df: pd.DataFrame) -> list[str]:
@@ -176,8 +165,8 @@ def _signs(out_dir: Path) -> tuple[str, str]:
            f"{fmt_num(r[('alignment', 'mean')])}" for i, r in m.iterrows()]
   return ("Sign agreement with E g (held-out batches, pooled over the second half, mean ± std "
           "over seeds; not in the verdict): " + "; ".join(parts),
-          "\n\nSign agreement per run:\n\n" + md_table(
-              pooled[keys + ["train.seed", "leaf", *leafwise.SUMMARY]]))
+          sections("", "Sign agreement per run:",
+                   pooled[keys + ["train.seed", "leaf", *leafwise.SUMMARY]]))
 
 
 def report(out_dir: Path):
@@ -193,10 +182,10 @@ def report(out_dir: Path):
   whole_text = (f"Whole model (ratio of sums, mean over seeds; a constant mean gives an EMA gain "
                 f"{constant_mean_gain():.2f} at β = {BETA:g}): " + "; ".join(
                     (f"{r[PLACEMENT]} runs: " if PLACEMENT in r else "")
-                    + ", ".join(f"{name(c)} {fmt_num(float(r[c]))}" for c in cols)
+                    + listing((name(c), float(r[c])) for c in cols)
                     for r in m.to_dict("records")))
   sign_text, sign_md = _signs(out_dir)
-  numbers = "Whole model, per run:\n\n" + md_table(whole) + sign_md
+  numbers = sections("Whole model, per run:", whole) + sign_md
   sizes = leafwise.read_sizes(out_dir)
   if sizes is None or per_leaf.empty:
     return not_measured(RULE, "no per-leaf SNR² or leaf sizes", NAME,
@@ -205,7 +194,7 @@ def report(out_dir: Path):
   views, gains = leaf_views(means, sizes), leaf_gains(means, sizes)
   values, expected = {}, []
   for k in _placements(views):
-    v, tag = _of(views, k), "" if k is None else f"{k}:"
+    v, tag = (views, "") if k is None else (views[views[PLACEMENT] == k], f"{k}:")
     for st in ("snr2_ema", "snr2_batch"):
       values[tag + st[5:]] = v[v["stage"] == st][VIEW].dropna().tolist()
     expected.append((tag + "ema", tag + "batch"))
@@ -213,12 +202,12 @@ def report(out_dir: Path):
   cal = calibrate.calibrate("pair", calibrate.pooled_std([stage("snr2_ema"), stage("snr2_batch")]),
                             int(views["train.seed"].nunique()),
                             EFFECT * float(stage("snr2_batch").mean()))
-  gain_text = "Per-leaf EMA gain (parameter-weighted median, no norm): " + ", ".join(
-      f"{k if k is not None else 'all runs'} {fmt_num(float(g))}" for k, g in gains.items())
+  gain_text = "Per-leaf EMA gain (parameter-weighted median, no norm): " + listing(
+      ("all runs" if k is None else k, float(g)) for k, g in gains.items())
   return pairs_report(values, expected, rule=RULE, paper=PAPER, effect=cal.effect, cal=cal,
                       lower_is_better=False, checks=(gain_text, whole_text, sign_text),
-                      numbers_md="Per-leaf SNR² views (`_no_norm`: without the normalization "
-                      "layers):\n\n" + md_table(views) + "\n\n" + numbers)
+                      numbers_md=sections("Per-leaf SNR² views (`_no_norm`: without the "
+                                          "normalization layers):", views, numbers))
 
 
 EXPERIMENT = register(Experiment(

@@ -91,11 +91,8 @@ def run_dirname(point: dict) -> str:
 
 
 def parse_dirname(name: str) -> dict:
-  out = {}
-  for item in name.split(","):
-    k, _, v = item.partition("=")
-    out[k] = v
-  return out
+  """`run_dirname`'s inverse: {key: value as text}."""
+  return dict(item.partition("=")[::2] for item in name.split(","))
 
 
 def scale_file(preset: str) -> Path:

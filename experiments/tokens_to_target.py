@@ -28,19 +28,20 @@ def crossing(x: np.ndarray, y: np.ndarray, target: float) -> float:
   return float(x0 + (x1 - x0) * (y0 - target) / (y0 - y1))
 
 
-def mean_curve(cur: pd.DataFrame, arm_: str, col: str = "eval_loss") -> pd.DataFrame:
-  """The arm's seed-mean curve: tokens, `col` and train time averaged over seeds per
-  evaluation (the arms evaluate at the same examples seen, up to one batch)."""
-  g = cur[cur["arm"] == arm_].sort_values("tokens")
-  g = g.assign(eval_index=g.groupby("run").cumcount())
-  return g.groupby("eval_index")[["tokens", col, "train_time_s"]].mean()
+def reach(r: pd.DataFrame, target: float) -> tuple[float, float]:
+  """(tokens, train time) where the curve `r` (tokens, eval_loss, train_time_s in token
+  order) reaches `target`; inf, inf when it does not."""
+  x = r["tokens"].to_numpy(float)
+  tok = crossing(x, r["eval_loss"].to_numpy(float), target)
+  t = np.interp(tok, x, r["train_time_s"].to_numpy(float)) if math.isfinite(tok) else math.inf
+  return tok, float(t)
 
 
 def to_target(cur: pd.DataFrame, best_arm: str, fin: pd.DataFrame | None = None
               ) -> pd.DataFrame:
   """Per run: the target T (the best fixed arm's seed-mean final eval loss), tokens and
-  time to reach it (inf: not reached within the budget), and the final eval loss (+inf for
-  a run `fin`, the marked finals, says diverged)."""
+  time to reach it (`reach`), and the final eval loss (+inf for a run `fin`, the marked
+  finals, says diverged)."""
   ref = cur[cur["arm"] == best_arm]
   if ref.empty:
     return pd.DataFrame()
@@ -49,15 +50,13 @@ def to_target(cur: pd.DataFrame, best_arm: str, fin: pd.DataFrame | None = None
   rows = []
   for run, r in cur.groupby("run", sort=False):
     r = r.sort_values("tokens")
-    x, y = r["tokens"].to_numpy(float), r["eval_loss"].to_numpy(float)
-    tok = crossing(x, y, target)
-    t = (float(np.interp(tok, x, r["train_time_s"].to_numpy(float)))
-         if math.isfinite(tok) else math.inf)
-    final = float(marked.get(run, y[-1]))
+    tok, t = reach(r, target)
+    final = float(marked.get(run, r["eval_loss"].iloc[-1]))
     rows.append({"run": run, "arm": r["arm"].iloc[0], "train.seed": r["train.seed"].iloc[0],
                  "target": target, "tokens_to_target": tok, "time_to_target_s": t,
                  "final_eval_loss": final if math.isfinite(final) else math.inf,
-                 "tokens_total": float(x[-1]), "time_total_s": float(r["train_time_s"].iloc[-1]),
+                 "tokens_total": float(r["tokens"].iloc[-1]),
+                 "time_total_s": float(r["train_time_s"].iloc[-1]),
                  "updates": int(r["step"].iloc[-1])})
   return pd.DataFrame(rows)
 
@@ -65,54 +64,47 @@ def to_target(cur: pd.DataFrame, best_arm: str, fin: pd.DataFrame | None = None
 def delta_short(finals: dict[str, list[float]], base: str) -> float:
   """Δ18 = the short arm's seed-mean final eval loss minus the best fixed arm's (NaN
   without short runs; inf when a short run diverged)."""
-  short, full = np.asarray(finals.get(f"{base}_short", []), float), np.asarray(
-      finals.get(base, []), float)
-  if not len(short) or not len(full):
-    return math.nan
-  return float(np.mean(short) - np.mean(full))
+  short, full = finals.get(f"{base}_short", []), finals.get(base, [])
+  return float(np.mean(short) - np.mean(full)) if len(short) and len(full) else math.nan
 
 
 def schedule_verdict(pairs: list[rules.Comparison], power: float) -> str:
-  """`gns_schedule.RULE`'s verdict from the schedules' pairs (each expected to be a win) and the
-  rule's power for Δ18: ties say "not reproduced" only at power ≥ `calibrate.MIN_POWER`."""
-  out = [p.outcome for p in pairs]
-  if rules.LOSS in out:
-    return rules.NOT_REPRODUCED
-  if all(o == rules.WIN for o in out):
-    return rules.REPRODUCED
-  if rules.WIN in out:
-    return rules.PARTLY
-  if all(o == rules.TIE for o in out) and power >= MIN_POWER:
-    return rules.NOT_REPRODUCED
-  return rules.UNDETERMINED
+  """`gns_schedule.RULE`: `rules.verdict_of`, except that without a win and a loss, ties
+  all round say "not reproduced" at power ≥ `calibrate.MIN_POWER`, else "undetermined"."""
+  out, verdict = [p.outcome for p in pairs], rules.verdict_of(pairs)
+  if verdict in (rules.REPRODUCED, rules.NOT_REPRODUCED) or rules.WIN in out:
+    return verdict
+  tied = all(o == rules.TIE for o in out) and power >= MIN_POWER
+  return rules.NOT_REPRODUCED if tied else rules.UNDETERMINED
 
 
 def seed_mean_to_target(cur: pd.DataFrame, best_arm: str, target: float) -> pd.DataFrame:
-  """Per arm: tokens and train time where its seed-mean curve first reaches `target` (inf:
-  not reached), and the token saving against the best fixed arm's."""
+  """Per arm: tokens and train time where its seed-mean curve (averaged per evaluation: the
+  arms evaluate at the same examples seen, up to one batch) first reaches `target` (inf: not
+  reached), and the token saving against the best fixed arm's."""
   rows = []
   for a in sorted(set(cur["arm"])):
-    m = mean_curve(cur, a)
-    x = m["tokens"].to_numpy(float)
-    tok = crossing(x, m["eval_loss"].to_numpy(float), target)
-    rows.append({"arm": a, "tokens_to_target": tok,
-                 "time_to_target_s": float(np.interp(tok, x, m["train_time_s"].to_numpy(float)))
-                 if math.isfinite(tok) else math.inf})
+    g = cur[cur["arm"] == a].sort_values("tokens")
+    m = g.groupby(g.groupby("run").cumcount())[["tokens", "eval_loss", "train_time_s"]].mean()
+    rows.append(dict(zip(("arm", "tokens_to_target", "time_to_target_s"), (a, *reach(m, target)),
+                         strict=True)))
   out = pd.DataFrame(rows)
   ref = float(out.loc[out["arm"] == best_arm, "tokens_to_target"].iloc[0])
   out["token_saving"] = 1.0 - out["tokens_to_target"] / ref
   return out
 
 
+CURVES = ["run", "arm", "train.seed", "lr", "step", "tokens", "eval_loss", "train_time_s",
+          "batch_size"]
+
+
 def curves(table: pd.DataFrame, arm_of) -> pd.DataFrame:
-  """Per run and evaluation: arm, seed, lr, step, tokens, eval loss, training time (s) and
-  batch size there (time: interpolated from the train records that log it); `arm_of` names
-  a run's arm from its first row."""
+  """`CURVES` per run and evaluation (time and batch size interpolated from the train records
+  that log them); `arm_of` names a run's arm from its first row."""
   rows = []
   for run, g in table.groupby("run", sort=False):
     g = g.sort_values("step")
-    ev = g.dropna(subset=["eval/loss"])
-    tr = g.dropna(subset=["train/tokens_seen"])
+    ev, tr = g.dropna(subset=["eval/loss"]), g.dropna(subset=["train/tokens_seen"])
     timed = tr.dropna(subset=["train/train_time_s"]) if "train/train_time_s" in tr else tr[:0]
     tokens = ev["eval/tokens_seen"].to_numpy(float)
     time_s = (np.interp(tokens, timed["train/tokens_seen"], timed["train/train_time_s"])
@@ -120,9 +112,7 @@ def curves(table: pd.DataFrame, arm_of) -> pd.DataFrame:
     size = np.interp(ev["step"], tr["step"], tr["train/batch_size"]) if len(tr) else np.nan
     rows.append(pd.DataFrame({
         "run": run, "arm": arm_of({**g.iloc[0].to_dict(), "_budget": g["train/tokens_seen"].max()}),
-        "train.seed": g["train.seed"].iloc[0],
-        "lr": g["optimizer.lr"].iloc[0], "step": ev["step"].to_numpy(), "tokens": tokens,
-        "eval_loss": ev["eval/loss"].to_numpy(), "train_time_s": time_s, "batch_size": size}))
-  cols = ["run", "arm", "train.seed", "lr", "step", "tokens", "eval_loss", "train_time_s",
-          "batch_size"]
-  return pd.concat(rows, ignore_index=True)[cols] if rows else pd.DataFrame(columns=cols)
+        "train.seed": g["train.seed"].iloc[0], "lr": g["optimizer.lr"].iloc[0],
+        "step": ev["step"].to_numpy(), "tokens": tokens, "eval_loss": ev["eval/loss"].to_numpy(),
+        "train_time_s": time_s, "batch_size": size}))
+  return pd.concat(rows, ignore_index=True)[CURVES] if rows else pd.DataFrame(columns=CURVES)

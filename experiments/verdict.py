@@ -3,7 +3,9 @@
   Report                     verdict, rule, the paper's figure and ours, checks, error rates
   finding(...)               "<verdict>: <ours>. <checks>. <rule's error rates>."
   not_measured(rule, what)   the Report of an experiment whose inputs are missing
+  gated(verdict, cal, ...)   a Report whose "not reproduced" needs the rule's power
   pairs_report(groups, ...)  the Report of a pairs rule, calibrated and gated
+  listing(items)             "k v, k v";  sections(...): text and tables, a blank line apart
   md_table, pairs_md, fmt_num, outcomes, groups   numbers as Markdown and text
 """
 
@@ -82,6 +84,21 @@ def md_table(df: pd.DataFrame) -> str:
   return "\n".join(lines)
 
 
+def listing(items, fmt=fmt_num) -> str:
+  """"k v, k v" of (key, value) pairs, each value by `fmt`."""
+  return ", ".join(f"{k} {fmt(v)}" for k, v in items)
+
+
+def sections(*parts) -> str:
+  """Markdown of the numbers: text and tables (DataFrames, by `md_table`), a blank line apart."""
+  return "\n\n".join(md_table(p) if isinstance(p, pd.DataFrame) else p for p in parts)
+
+
+def gated(verdict: str, cal: calibrate.Calibration, **kw) -> Report:
+  """The Report of `verdict` gated by the rule's error rates `cal` (`calibrate.gate`)."""
+  return Report(verdict=calibrate.gate(verdict, cal), calibration=cal.row(), **kw)
+
+
 def pairs_md(pairs) -> str:
   """Comparisons as a table (expected better first; a loss in capitals)."""
   return md_table(pd.DataFrame([{"expected better": p.a, "expected worse": p.b,
@@ -115,9 +132,8 @@ def pairs_report(values: dict, expected: list, *, rule: str, paper: str, effect:
     cal = calibrate.calibrate("pair", calibrate.pooled_std(vals),
                               min((len(v) for v in vals), default=0), effect)
   missing = [g for g in planned if g not in values]
-  return Report(verdict=calibrate.gate(verdict, cal), rule=rule, paper=paper,
-                ours=outcomes(pairs), calibration=cal.row(),
-                checks=(groups({k: values[k] for k in values if k in used}),
-                        *(p.sentence() for p in pairs), *checks,
-                        *([f"Not run in this preset: {missing}"] if missing else [])),
-                numbers_md=numbers_md + ("\n\n" + pairs_md(pairs) if pairs else ""))
+  return gated(verdict, cal, rule=rule, paper=paper, ours=outcomes(pairs),
+               checks=(groups({k: values[k] for k in values if k in used}),
+                       *(p.sentence() for p in pairs), *checks,
+                       *([f"Not run in this preset: {missing}"] if missing else [])),
+               numbers_md=numbers_md + ("\n\n" + pairs_md(pairs) if pairs else ""))
