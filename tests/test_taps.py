@@ -17,6 +17,7 @@ import pergrad.stats as ps
 from pergrad.layer_types import layer_type
 from pergrad.loss import make_loss_fn
 from pergrad.stats import noise, taps
+from pergrad.stats import surgery_math as sm
 
 ALL = ("mean", "sq", "sign", "norms")
 KINDS = ("nnx", "plain")
@@ -175,3 +176,19 @@ def test_a_transformed_parameter_is_refused_by_name():
   params, batch = {"w": jnp.ones((3, 2))}, {"x": jnp.ones((4, 3))}
   with pytest.raises(ValueError, match="kernel of a taps.dense call is not a leaf"):
     ps.compute(loss_fn, params, batch, want=("sq",), backend="surgery")
+
+
+@pytest.mark.parametrize("tied", [True, pytest.param(False, marks=EXT)])
+def test_clipping_by_surgery_with_per_example_contractions_matches_the_loop(tied, monkeypatch):
+  """The norms of the dense factors from the per-example contraction instead of the Gram
+  ("ghost") form that the test models' shapes choose: the same clipped sum and norms."""
+  monkeypatch.setattr(sm, "ghost_norm_is_cheaper", lambda *shape, **slack: False)
+  B, want = 4, ("mean", "norms")
+  samples = _samples("nnx", tied, B)
+  norms = np.sqrt(sum(np.square(g).reshape(B, -1).sum(-1) for g in jax.tree.leaves(samples)))
+  C = float(np.median(norms))
+  for kind in ("linen", *KINDS):
+    loss_fn, params, _ = am.models(tied)[kind]
+    _, stats = jax.jit(lambda p, b, f=loss_fn: ps.compute(
+        f, p, b, want=want, per_example_clip=C, backend="surgery"))(params, am.batch(B))
+    _check(stats, samples, want, weights=np.minimum(1.0, C / norms))
