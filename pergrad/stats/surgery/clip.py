@@ -23,6 +23,12 @@ Summed over leaves they give w_b (`vmap.clip_weights`); then Σ_b w_b g_b: for f
 ONE contraction over (example, row), Lᵀ(w⊙R) (w on the narrower factor), which is the
 plain step's weight-gradient contraction; wᵀrows; scatter(ids, w·rows); and every
 requested statistic of ĝ_b = w_b g_b: Σ_b φ(ĝ_b), Σ_coords φ(ĝ_b) (no `clip_power`).
+
+`StatsOptions.dense_method="simultaneous"` trades memory for FLOPs: each dense kernel but
+the output layer's keeps G_b = A_bᵀΔ_b (B×K×L, formed once in its tap, norm and wᵀG from
+it: no second contraction); the output layer (the last outer-product call) keeps its
+factors, live anyway at the start of the backward pass, where G_b would add B·K·L to the
+plain step's peak. "auto" and "separate": factors everywhere.
 """
 
 from __future__ import annotations
@@ -45,12 +51,13 @@ from pergrad.stats.vmap import clip_weights
 LEFT, RIGHT, CLIP = "left", "right", "clip"
 
 
-def record_shapes(site: Site, leaf_shapes: dict, B: int) -> dict:
-  """{collection: {role: shape}} of the site's records (module docstring)."""
+def record_shapes(site: Site, leaf_shapes: dict, B: int, whole: bool = False) -> dict:
+  """{collection: {role: shape}} of the site's records (module docstring); whole: the
+  dense kernel's record is G_b (`keeps_g`)."""
   out: dict = {}
   for role, key in zip(site.leaves, site.keys, strict=True):
     shape, R = leaf_shapes[key], site.rows
-    if _factored(site, role):
+    if _factored(site, role) and not whole:
       P = int(np.prod(shape[:1] if site.attend else shape[:len(site.contract)]))
       out.setdefault(LEFT, {})[role] = (B, R, P)
       out.setdefault(RIGHT, {})[role] = (B, R, int(np.prod(shape)) // P)
@@ -64,15 +71,23 @@ def _factored(site: Site, role: str) -> bool:
   return (site.kind, role) == ("dense", "kernel") or site.attend
 
 
+def keeps_g(site: Site, sites, method: str) -> bool:
+  """Whether a dense call's kernel record is G_b rather than its factors (docstring)."""
+  last = [s for s in sites if s.kind == "dense" or s.attend][-1:]
+  return method == "simultaneous" and site.kind == "dense" and [site] != last
+
+
 def clipped_stats(loss_fn, params, batch, request, options, plan: Plan):
   """(mean loss, GradStats of the clipped ĝ_b) of one batch (module docstring)."""
   B = plan.B
   env = Env(B=B, token=False, want=request.want, scale=float(B), options=options,
             sites=plan.sites)
   shapes = dict(zip(plan.keys, (x.shape for x in jax.tree.leaves(params)), strict=True))
-  probes = {str(i): jax.tree.map(lambda s: jnp.zeros(s, F32), record_shapes(site, shapes, B),
-                                 is_leaf=lambda s: isinstance(s, tuple))
-            for i, site in enumerate(plan.sites)}
+  method = options.dense_method
+  probes = {str(i): jax.tree.map(
+      lambda s: jnp.zeros(s, F32),
+      record_shapes(site, shapes, B, keeps_g(site, plan.sites, method)),
+      is_leaf=lambda s: isinstance(s, tuple)) for i, site in enumerate(plan.sites)}
   index = {id(site): i for i, site in enumerate(plan.sites)}
 
   def objective(probes):
@@ -95,6 +110,7 @@ def handle(env: Env, call: Call, ids: list):
   rows and output cotangent rows as they are, unscaled: no copy) on its probes; a
   lookup's ids onto `ids`."""
   site, B = call.site, env.B
+  whole = keeps_g(site, env.sites, env.options.dense_method)
   y = call.run()
   if site.in_axis is None:
     y = jnp.broadcast_to(y, (B,) + y.shape)
@@ -106,7 +122,9 @@ def handle(env: Env, call: Call, ids: list):
     if site.kind == "dense":
       nfeat = dy.ndim - (x.ndim - len(site.contract)) - (site.in_axis is None)
       d = rows(dy, site.out_axis, B, tuple(range(-nfeat, 0)))
-      put({LEFT: rows(x, site.in_axis, B, site.contract), RIGHT: d}, "kernel")
+      a = rows(x, site.in_axis, B, site.contract)
+      put({CLIP: jnp.einsum("brk,brl->bkl", a, d)} if whole else {LEFT: a, RIGHT: d},
+          "kernel")
       put({CLIP: d.sum(axis=1)}, "bias")
     elif site.kind == "norm":  # x̂ waits for dy (`sm.zero_after`): not formed early
       a, d = rows(x, site.in_axis, B) + sm.zero_after(dy), rows(dy, site.out_axis, B)
@@ -135,7 +153,7 @@ def finish(plan: Plan, records: dict, ids: list, shapes: dict, want, clip: float
   for i, site in enumerate(plan.sites):
     rec = records[str(i)]
     for role, key in zip(site.leaves, site.keys, strict=True):
-      if _factored(site, role):
+      if role in rec.get(LEFT, {}):
         parts[key]["factors"] = (rec[LEFT][role], rec[RIGHT][role])
       elif site.kind == "embed":
         parts[key]["sparse"] = (next(lookup_ids), rec[CLIP][role])
