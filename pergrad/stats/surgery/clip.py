@@ -2,19 +2,20 @@
 
 The backward pass differentiates the probes only (the parameters are constants), so
 autodiff forms the input cotangents and no weight gradient. Each layer's tap hands over
-what its leaves' per-example gradients are made of, with Δ scaled by B (the batch mean's
-1/B taken back), and no per-example gradient tensor:
-  - outer-product leaf, g_b = L_bᵀR_b (P×Q): its two factors as they are, dense kernel
+what its leaves' per-example gradients are made of, as they are (no copy; g_b carries a
+factor B, the batch mean's 1/B taken back, applied in `finish`), and no per-example
+gradient tensor:
+  - outer-product leaf, g_b = B·L_bᵀR_b (P×Q): its two factors, dense kernel
     L = A (input rows B×R×K), R = Δ (output cotangent rows B×R×L); an embedding's
     `attend` L = Δ (B×R×V), R = A (B×R×D);
   - bias: Σ_r Δ_br; norm scale: Σ_r Δ_br ⊙ x̂_br; norm bias: Σ_r Δ_br (rows B×D);
   - embedding lookup: the rows Δ_br themselves with their ids (sparse, B×R×D).
 After the pass (`finish`), per leaf, ‖g_b‖² (`_sq_norms`):
-  - factors: ⟨L_bL_bᵀ, R_bR_bᵀ⟩ (two R×R Grams, the "ghost norm") where
-    `sm.ghost_norm_is_cheaper(R, P, Q)`: fewer FLOPs (2R²(P+Q) + R² against
-    2RPQ + PQ, i.e. about R(P+Q) < PQ), or ≤ 1.25× the FLOPs and 2R² < PQ elements;
-    else Σ_coords (L_bᵀR_b)² from the per-example contraction, whose B×P×Q transient is
-    then no larger than about the factors B×R×(P+Q) kept anyway;
+  - factors: ⟨L_bL_bᵀ, R_bR_bᵀ⟩ (two R×R Grams, the "ghost norm") where it takes fewer
+    FLOPs, `sm.ghost_norm_is_cheaper(R, P, Q, slack=1)`: 2R²(P+Q) + R² against
+    2RPQ + PQ, about R(P+Q) < PQ; else Σ_coords (L_bᵀR_b)² from the per-example
+    contraction, whose B×P×Q transient is then no larger than about the factors
+    B×R×(P+Q) kept anyway. Either waits for the end of the pass;
   - tied table (lookup + attend, both uses summed before the norm):
     ‖L_bᵀR_b‖² + 2 Σ_{s,r} L_b[s, id_br] ⟨R_bs, row_br⟩ + ‖scatter(ids_b, rows_b)‖²
     (`sm.tied_example_stats`);
@@ -23,6 +24,9 @@ Summed over leaves they give w_b (`vmap.clip_weights`); then Σ_b w_b g_b: for f
 ONE contraction over (example, row), Lᵀ(w⊙R) (w on the narrower factor), which is the
 plain step's weight-gradient contraction; wᵀrows; scatter(ids, w·rows); and every
 requested statistic of ĝ_b = w_b g_b: Σ_b φ(ĝ_b), Σ_coords φ(ĝ_b) (no `clip_power`).
+Cost over a plain step: the norms, Σ_layers B·min(2R²(P+Q), 2RPQ); where R ≥ PQ/(P+Q)
+(every layer of the cpu presets) that is one more weight-gradient-sized contraction per
+layer (+29% FLOPs there).
 
 `StatsOptions.dense_method="simultaneous"` trades memory for FLOPs: each dense kernel but
 the output layer's keeps G_b = A_bᵀΔ_b (B×K×L, formed once in its tap, norm and wᵀG from
