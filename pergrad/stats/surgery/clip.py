@@ -24,15 +24,19 @@ Summed over leaves they give w_b (`vmap.clip_weights`); then Σ_b w_b g_b: for f
 ONE contraction over (example, row), Lᵀ(w⊙R) (w on the narrower factor), which is the
 plain step's weight-gradient contraction; wᵀrows; scatter(ids, w·rows); and every
 requested statistic of ĝ_b = w_b g_b: Σ_b φ(ĝ_b), Σ_coords φ(ĝ_b) (no `clip_power`).
-Cost over a plain step: the norms, Σ_layers B·min(2R²(P+Q), 2RPQ); where R ≥ PQ/(P+Q)
-(every layer of the cpu presets) that is one more weight-gradient-sized contraction per
-layer (+29% FLOPs there).
+Cost over a plain step with factors: the norms, Σ_layers B·min(2R²(P+Q), 2RPQ), one
+more weight-gradient-sized contraction per layer where R ≥ PQ/(P+Q) (+29% FLOPs on the
+cpu presets, where every layer has R ≥ R*), which `keeps_g` avoids.
 
-`StatsOptions.dense_method="simultaneous"` trades memory for FLOPs: each dense kernel but
-the output layer's keeps G_b = A_bᵀΔ_b (B×K×L, formed once in its tap, norm and wᵀG from
-it: no second contraction); the output layer (the last outer-product call) keeps its
-factors, live anyway at the start of the backward pass, where G_b would add B·K·L to the
-plain step's peak. "auto" and "separate": factors everywhere.
+Which record a dense kernel keeps (`keeps_g`), per layer, for `dense_method="auto"`:
+G_b = A_bᵀΔ_b (B×K×L, formed once in its tap; norm and wᵀG from it, no second
+contraction) where it is no larger than its factors, KL ≤ R(K+L); that is also where the
+Gram norm would cost more than the contraction, so one threshold R* = KL/(K+L) picks the
+smaller record and the fewer FLOPs (mixed ghost clipping, Bu et al. 2022). The output
+layer (the last outer-product call) always keeps its factors: they are live anyway at the
+start of the backward pass, the step's peak, where G_b would add B·K·L. "separate":
+factors everywhere (no per-example tensor, +1 contraction per layer where R ≥ R*);
+"simultaneous": G_b for every dense kernel but the output layer's, whatever its size.
 """
 
 from __future__ import annotations
@@ -75,10 +79,15 @@ def _factored(site: Site, role: str) -> bool:
   return (site.kind, role) == ("dense", "kernel") or site.attend
 
 
-def keeps_g(site: Site, sites, method: str) -> bool:
+def keeps_g(site: Site, sites, method: str, leaf_shapes: dict) -> bool:
   """Whether a dense call's kernel record is G_b rather than its factors (docstring)."""
   last = [s for s in sites if s.kind == "dense" or s.attend][-1:]
-  return method == "simultaneous" and site.kind == "dense" and [site] != last
+  if method == "separate" or site.kind != "dense" or [site] == last:
+    return False
+  kernel = leaf_shapes[site.keys[site.leaves.index("kernel")]]
+  K = int(np.prod(kernel[:len(site.contract)]))
+  L = int(np.prod(kernel)) // K
+  return method == "simultaneous" or K * L <= site.rows * (K + L)
 
 
 def clipped_stats(loss_fn, params, batch, request, options, plan: Plan):
@@ -90,7 +99,7 @@ def clipped_stats(loss_fn, params, batch, request, options, plan: Plan):
   method = options.dense_method
   probes = {str(i): jax.tree.map(
       lambda s: jnp.zeros(s, F32),
-      record_shapes(site, shapes, B, keeps_g(site, plan.sites, method)),
+      record_shapes(site, shapes, B, keeps_g(site, plan.sites, method, shapes)),
       is_leaf=lambda s: isinstance(s, tuple)) for i, site in enumerate(plan.sites)}
   index = {id(site): i for i, site in enumerate(plan.sites)}
 
@@ -114,7 +123,7 @@ def handle(env: Env, call: Call, ids: list):
   rows and output cotangent rows as they are, unscaled: no copy) on its probes; a
   lookup's ids onto `ids`."""
   site, B = call.site, env.B
-  whole = keeps_g(site, env.sites, env.options.dense_method)
+  whole = "kernel" in call.probes.get(CLIP, {})  # G_b, as `record_shapes` chose
   y = call.run()
   if site.in_axis is None:
     y = jnp.broadcast_to(y, (B,) + y.shape)
