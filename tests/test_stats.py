@@ -226,11 +226,13 @@ def test_merge_of_two_parts_equals_whole():
   assert_close(merged.variance, jax.tree.map(np.asarray, whole.variance), "merged variance")
 
 
-@pytest.mark.parametrize("backend,mb", [
-    ("loop", None), ("vmap", None), ("vmap", "half"),
-    pytest.param("vmap-first", None, marks=pytest.mark.extended)])
-def test_per_example_clip(backend, mb):
-  name, B = "untied-layernorm-learned", 8
+@pytest.mark.parametrize("backend,mb,name", [
+    ("loop", None, "untied-layernorm-learned"), ("vmap", None, "untied-layernorm-learned"),
+    ("vmap", "half", "untied-layernorm-learned"), ("surgery", None, "untied-layernorm-learned"),
+    ("surgery", "half", "tied-rmsnorm-rope-bias"),
+    pytest.param("vmap-first", None, "untied-layernorm-learned", marks=pytest.mark.extended)])
+def test_per_example_clip(backend, mb, name):
+  B = 8
   _, grads = per_example(name, B)
   norms = np.sqrt(sum(np.square(g).reshape(B, -1).sum(1) for g in jax.tree.leaves(grads)))
   clip = float(np.median(norms))  # about half of the examples are clipped

@@ -15,8 +15,9 @@ from flax import nnx
 
 import pergrad.stats as ps
 from pergrad.layer_types import layer_type
-from pergrad.loss import make_loss_fn
+from pergrad.loss import make_loss_fn, per_example_xent
 from pergrad.stats import noise, taps
+from pergrad.stats import surgery_math as sm
 
 ALL = ("mean", "sq", "sign", "norms")
 KINDS = ("nnx", "plain")
@@ -174,4 +175,64 @@ def test_a_transformed_parameter_is_refused_by_name():
   per_example = lambda p, b: (taps.dense(b["x"], p["w"] * 2.0) ** 2).sum(-1)
   params, batch = {"w": jnp.ones((3, 2))}, {"x": jnp.ones((4, 3))}
   with pytest.raises(ValueError, match="kernel of a taps.dense call is not a leaf"):
+    ps.compute(loss_fn, params, batch, want=("sq",), backend="surgery")
+
+
+@pytest.mark.parametrize("tied,method", [(True, "separate"), (False, "simultaneous"),
+                                         pytest.param(False, "separate", marks=EXT)])
+def test_clipping_by_surgery_with_per_example_contractions_matches_the_loop(
+    tied, method, monkeypatch):
+  """The norms of the dense factors from the per-example contraction instead of the Gram
+  ("ghost") form that the test models' shapes choose, or ("simultaneous") the kernels'
+  per-example gradients kept: the same clipped sum and norms."""
+  monkeypatch.setattr(sm, "ghost_norm_is_cheaper", lambda *shape, **slack: False)
+  options = ps.StatsOptions(dense_method=method)
+  B, want = 4, ("mean", "norms")
+  samples = _samples("nnx", tied, B)
+  norms = np.sqrt(sum(np.square(g).reshape(B, -1).sum(-1) for g in jax.tree.leaves(samples)))
+  C = float(np.median(norms))
+  for kind in ("linen", *KINDS):
+    loss_fn, params, _ = am.models(tied)[kind]
+    _, stats = jax.jit(lambda p, b, f=loss_fn: ps.compute(
+        f, p, b, options=options, want=want, per_example_clip=C, backend="surgery"))(
+        params, am.batch(B))
+    _check(stats, samples, want, weights=np.minimum(1.0, C / norms))
+
+
+class _EinsumLM(nnx.Module):
+  """nnx.Einsum as dense layers: one contracting D into (heads, features) with a bias over
+  both, one contracting (heads, features) back under an ellipsis."""
+
+  def __init__(self, rngs, proj=("btd,dnh->btnh", (am.D, 2, 3))):
+    self.wte = nnx.Embed(am.V, am.D, rngs=rngs)
+    self.proj = nnx.Einsum(*proj, (2, 3), rngs=rngs)
+    self.back = nnx.Einsum("...nh,nhd->...d", (2, 3, am.D), (am.D,), rngs=rngs)
+    self.head = nnx.Linear(am.D, am.V, rngs=rngs)
+
+  def __call__(self, ids):
+    x = self.wte(ids)
+    return self.head(x + self.back(jnp.tanh(self.proj(x))))
+
+
+def _einsum_loss(model):
+  graphdef, params = nnx.split(model, nnx.Param)
+  return (lambda p, b: per_example_xent(nnx.merge(graphdef, p)(b["inputs"]), b["targets"]),
+          params)
+
+
+def test_nnx_einsum_layers_match_the_loop_with_and_without_clipping():
+  loss_fn, params = _einsum_loss(_EinsumLM(nnx.Rngs(0)))
+  params = jax.tree.map(lambda a: a + 0.1, params)  # non-zero biases
+  B, batch = 4, am.batch(4)
+  samples = ts._per_example_reference(loss_fn, params, batch)
+  _, stats = jax.jit(lambda p, b: ps.compute(loss_fn, p, b, want=ALL, backend="surgery"))(
+      params, batch)
+  _check(stats, samples, ALL)
+  norms = np.sqrt(sum(np.square(g).reshape(B, -1).sum(-1) for g in jax.tree.leaves(samples)))
+  C = float(np.median(norms))
+  _, clipped = jax.jit(lambda p, b: ps.compute(
+      loss_fn, p, b, want=ALL, per_example_clip=C, backend="surgery"))(params, batch)
+  _check(clipped, samples, ALL, weights=np.minimum(1.0, C / norms))
+  loss_fn, params = _einsum_loss(_EinsumLM(nnx.Rngs(0), ("btd,ndh->btnh", (2, am.D, 3))))
+  with pytest.raises(ValueError, match="is not a dense layer"):
     ps.compute(loss_fn, params, batch, want=("sq",), backend="surgery")

@@ -116,7 +116,9 @@ def variants(loss_fn, stat_sets, with_layout_first: bool, scan_unroll: int | boo
   """[(backend, granularity, stat set name, fn(params, batch))]; scan_unroll: the surgery
   variants' `StatsOptions.scan_unroll` (True to count their FLOPs). "surgery-separate"
   is surgery with dense_method="separate": autodiff's weight gradient beside the tap's
-  materialised or Gram statistics. The plain steps they are compared with are
+  materialised or Gram statistics, and (clip) clipping by surgery from the layers' factors
+  only, no per-example gradient tensor (`surgery.clip.keeps_g`). The plain steps
+  they are compared with are
   `pergrad.bench.baselines.candidates`."""
   R = ps.StatsRequest
   surgery = functools.partial(_stats, loss_fn, backend="surgery", scan_unroll=scan_unroll)
@@ -127,6 +129,8 @@ def variants(loss_fn, stat_sets, with_layout_first: bool, scan_unroll: int | boo
       clipped = R(want, per_example_clip=CLIP)
       out.append(("vmap", "example", name, _stats(loss_fn, clipped, "vmap")))
       out.append(("surgery", "example", name, surgery(clipped)))
+      out.append(("surgery-separate", "example", name,  # factors only (clip.keeps_g)
+                  surgery(clipped, dense_method="separate")))
       continue
     out.append(("vmap", "example", name, _stats(loss_fn, R(want), "vmap")))
     if with_layout_first:

@@ -74,9 +74,10 @@ def resolve_backend(request: StatsRequest, backend: str = "auto") -> str:
   `scripts/reproduce.py overhead norm_cost --preset cpu`, measured on XLA:CPU):
     - "mean" only, example granularity, no clipping -> "value_and_grad";
     - token granularity -> "surgery" (the only backend with per-token statistics);
-    - per-example clipping -> "vmap" (on the cpu presets surgery's clipping takes 1.01-1.02x
-      the plain step's FLOPs and 0.99-1.12x its peak, vmap's 1.005-1.01x and 1.09-1.24x: not
-      yet timed against each other; ask backend="surgery" for it);
+    - per-example clipping -> "vmap" (on the cpu presets, over the plain step, FLOPs / peak /
+      median time: vmap 1.005-1.011x / 1.09-1.24x / 1.37-1.60x; surgery 1.02-1.08x /
+      1.05-1.10x / 0.91-1.13x, from factors only (dense_method="separate") 1.29-1.30x /
+      1.09-1.15x / 1.16-1.24x; ask backend="surgery" for it);
     - otherwise (example granularity) -> "surgery": with the simultaneous methods it was
       the faster of surgery and vmap for sq+sign, norms and all statistics on the tiny
       and medium presets (both timed against the same plain step). Surgery

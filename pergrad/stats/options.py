@@ -25,7 +25,10 @@ class StatsOptions:
     dense_method: surgery, per-example statistics of dense and normalization layers:
       "auto" (`surgery.dense.simultaneous_is_used`), "simultaneous" wherever it applies
       whatever the cost, "separate" never (autodiff's parameter gradient beside the tap's
-      materialised or Gram statistics).
+      materialised or Gram statistics). With per-example clipping (`surgery.clip.keeps_g`):
+      "auto" keeps a dense kernel's per-example gradient where it is no larger than its
+      factors A and Δ (fewer FLOPs too), else the factors; "simultaneous" keeps the
+      per-example gradients whatever their size; "separate" keeps the factors only.
     scan_unroll: surgery, `unroll` of the scans over token chunks and examples; True
       (fully unrolled) makes XLA's cost analysis, which counts a loop body once, count
       every trip (benchmarks of FLOPs).

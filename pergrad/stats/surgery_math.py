@@ -129,26 +129,28 @@ def outer_token_stats(left_BxRxP, right_BxRxQ, want, scale: float = 1.0,
   return out
 
 
-def ghost_norm_is_cheaper(R: int, P: int, Q: int) -> bool:
+def ghost_norm_is_cheaper(R: int, P: int, Q: int, slack: float = 1.25) -> bool:
   """⟨L Lᵀ, R Rᵀ⟩ (2R²(P+Q) + R² FLOPs, two R×R Grams per example) vs materialising
-  Lᵀ R (2RPQ + PQ FLOPs, P×Q per example): fewer FLOPs, or at most 25% more FLOPs
+  Lᵀ R (2RPQ + PQ FLOPs, P×Q per example): fewer FLOPs, or at most `slack`× the FLOPs
   and a smaller temporary (an output layer with a large vocabulary, say)."""
   ghost, dense = 2 * R * R * (P + Q) + R * R, 2 * R * P * Q + P * Q
-  return ghost < dense or (ghost <= 1.25 * dense and 2 * R * R < P * Q)
+  return ghost < dense or (ghost <= slack * dense and 2 * R * R < P * Q)
 
 
-def outer_example_stats(left_BxRxP, right_BxRxQ, want, scale: float = 1.0):
+def outer_example_stats(left_BxRxP, right_BxRxQ, want, scale: float = 1.0,
+                        slack: float = 1.25):
   """Per-example G_b = s·L_bᵀ R_b (P×Q): Σ_b φ(G_b) and Σ_coords φ(G_b) (e.g. ‖G_b‖²).
 
   Materialises G (B×P×Q, transient) when a coordinate statistic or an example
-  statistic other than norms is asked, or when it is cheaper; otherwise
+  statistic other than norms is asked, or when it is cheaper
+  (`ghost_norm_is_cheaper(R, P, Q, slack)`); otherwise
   ‖G_b‖² = s²⟨L_b L_bᵀ, R_b R_bᵀ⟩ (the "ghost norm", Goodfellow 2015).
   """
   out = {}
   _, R, P = left_BxRxP.shape
   Q = right_BxRxQ.shape[-1]
   phis, examples = coordinate_names(want), example_names(want)
-  if _needs_materialised(want, ghost_norm_is_cheaper(R, P, Q)):
+  if _needs_materialised(want, ghost_norm_is_cheaper(R, P, Q, slack)):
     g_BxPxQ = jnp.einsum("brp,brq->bpq", left_BxRxP, right_BxRxQ) * scale
     for k in phis:
       out[k] = _phi(k)(g_BxPxQ).sum(axis=0)

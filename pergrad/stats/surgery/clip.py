@@ -1,48 +1,93 @@
 """Per-example clipping by surgery: ĝ_b = w_b g_b, w_b = min(1, C/‖g_b‖), in one backward pass.
 
 The backward pass differentiates the probes only (the parameters are constants), so
-autodiff forms the input cotangents and no weight gradient. Each layer's tap turns its
-input A and output cotangent Δ into a per-example record of every leaf (g_b = B·A_bᵀΔ_b
-carries the batch mean's 1/B back):
-  - dense kernel (and an embedding's `attend`): G_b = B·A_bᵀΔ_b (B×K×L, the contraction
-    the plain weight gradient would have been, kept per example);
-  - bias: B·Σ_r Δ_br; norm scale: B·Σ_r Δ_br ⊙ x̂_br; norm bias: B·Σ_r Δ_br (B×D);
-  - embedding lookup: the rows B·Δ_br themselves with their ids (sparse, B×R×D).
-After the pass (`finish`), per leaf, with D_b the dense records' sum and (ids_b, rows_b)
-the sparse ones:
+autodiff forms the input cotangents and no weight gradient. Each layer's tap hands over
+what its leaves' per-example gradients are made of, as they are (no copy; g_b carries a
+factor B, the batch mean's 1/B taken back, applied in `finish`), and no per-example
+gradient tensor:
+  - outer-product leaf, g_b = B·L_bᵀR_b (P×Q): its two factors, dense kernel
+    L = A (input rows B×R×K), R = Δ (output cotangent rows B×R×L); an embedding's
+    `attend` L = Δ (B×R×V), R = A (B×R×D);
+  - bias: Σ_r Δ_br; norm scale: Σ_r Δ_br ⊙ x̂_br; norm bias: Σ_r Δ_br (rows B×D);
+  - embedding lookup: the rows Δ_br themselves with their ids (sparse, B×R×D).
+After the pass (`finish`), per leaf, ‖g_b‖² (`_sq_norms`):
+  - factors: ⟨L_bL_bᵀ, R_bR_bᵀ⟩ (two R×R Grams, the "ghost norm") where it takes fewer
+    FLOPs, `sm.ghost_norm_is_cheaper(R, P, Q, slack=1)`: 2R²(P+Q) + R² against
+    2RPQ + PQ, about R(P+Q) < PQ; else Σ_coords (L_bᵀR_b)² from the per-example
+    contraction, whose B×P×Q transient is then no larger than about the factors
+    B×R×(P+Q) kept anyway. Either waits for the end of the pass;
+  - tied table (lookup + attend, both uses summed before the norm):
+    ‖L_bᵀR_b‖² + 2 Σ_{s,r} L_b[s, id_br] ⟨R_bs, row_br⟩ + ‖scatter(ids_b, rows_b)‖²
+    (`sm.tied_example_stats`);
+  - rows: Σ squares; lookup: sparse segment-sum (`sm.lookup_example_stats`).
+Summed over leaves they give w_b (`vmap.clip_weights`); then Σ_b w_b g_b: for factors
+ONE contraction over (example, row), Lᵀ(w⊙R) (w on the narrower factor), which is the
+plain step's weight-gradient contraction; wᵀrows; scatter(ids, w·rows); and every
+requested statistic of ĝ_b = w_b g_b: Σ_b φ(ĝ_b), Σ_coords φ(ĝ_b) (no `clip_power`).
+Cost over a plain step with factors: the norms, Σ_layers B·min(2R²(P+Q), 2RPQ), one
+more weight-gradient-sized contraction per layer where R ≥ PQ/(P+Q) (+29% FLOPs on the
+cpu presets, where every layer has R ≥ R*), which `keeps_g` avoids.
 
-    ‖g_b‖² = ‖D_b‖² + 2 Σ_r ⟨D_b[id_br], row_br⟩ + ‖scatter(ids_b, rows_b)‖²
-
-summed over leaves gives w_b (`vmap.clip_weights`), then Σ_b w_b g_b = wᵀD +
-scatter(ids, w·rows) (a tied table adds both uses before any norm), and every requested
-statistic of ĝ_b = w_b g_b: Σ_b φ(ĝ_b), Σ_coords φ(ĝ_b) (no `clip_power` needed).
+Which record a dense kernel keeps (`keeps_g`), per layer, for `dense_method="auto"`:
+G_b = A_bᵀΔ_b (B×K×L, formed once in its tap; norm and wᵀG from it, no second
+contraction) where it is no larger than its factors, KL ≤ R(K+L); that is also where the
+Gram norm would cost more than the contraction, so one threshold R* = KL/(K+L) picks the
+smaller record and the fewer FLOPs (mixed ghost clipping, Bu et al. 2022). The output
+layer (the last outer-product call) always keeps its factors: they are live anyway at the
+start of the backward pass, the step's peak, where G_b would add B·K·L. "separate":
+factors everywhere (no per-example tensor, +1 contraction per layer where R ≥ R*);
+"simultaneous": G_b for every dense kernel but the output layer's, whatever its size.
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from pergrad.stats import registry
 from pergrad.stats import surgery_math as sm
 from pergrad.stats.surgery import frontends
 from pergrad.stats.surgery.norm import normalized
 from pergrad.stats.surgery.sites import Plan, Site, site_router
-from pergrad.stats.surgery.tap import F32, Call, Env, lead, rows, tapped
+from pergrad.stats.surgery.tap import F32, Call, Env, collector, lead, rows, shapes_of, zero_ct
 from pergrad.stats.types import GradStats
 from pergrad.stats.vmap import clip_weights
 
-CLIP = "clip"  # the probe collection that carries the records
+# The probe collections: an outer-product leaf's factors L and R (g_b = L_bᵀR_b), and
+# every other leaf's record (rows B×N, or a lookup's rows B×R×D).
+LEFT, RIGHT, CLIP = "left", "right", "clip"
 
 
-def record_shapes(site: Site, leaf_shapes: dict, B: int) -> dict:
-  """role -> the shape of the site's per-example record of that leaf."""
-  out = {}
+def record_shapes(site: Site, leaf_shapes: dict, B: int, whole: bool = False) -> dict:
+  """{collection: {role: shape}} of the site's records (module docstring); whole: the
+  dense kernel's record is G_b (`keeps_g`)."""
+  out: dict = {}
   for role, key in zip(site.leaves, site.keys, strict=True):
-    shape = leaf_shapes[key]
-    out[role] = (B, site.rows, shape[-1]) if site.kind == "embed" and not site.attend \
-        else (B,) + tuple(shape)
+    shape, R = leaf_shapes[key], site.rows
+    if _factored(site, role) and not whole:
+      P = int(np.prod(shape[:1] if site.attend else shape[:len(site.contract)]))
+      out.setdefault(LEFT, {})[role] = (B, R, P)
+      out.setdefault(RIGHT, {})[role] = (B, R, int(np.prod(shape)) // P)
+    else:
+      lookup = site.kind == "embed" and not site.attend
+      out.setdefault(CLIP, {})[role] = (B, R, shape[-1]) if lookup else (B,) + tuple(shape)
   return out
+
+
+def _factored(site: Site, role: str) -> bool:
+  return (site.kind, role) == ("dense", "kernel") or site.attend
+
+
+def keeps_g(site: Site, sites, method: str, leaf_shapes: dict) -> bool:
+  """Whether a dense call's kernel record is G_b rather than its factors (docstring)."""
+  last = [s for s in sites if s.kind == "dense" or s.attend][-1:]
+  if method == "separate" or site.kind != "dense" or [site] == last:
+    return False
+  kernel = leaf_shapes[site.keys[site.leaves.index("kernel")]]
+  K = int(np.prod(kernel[:len(site.contract)]))
+  L = int(np.prod(kernel)) // K
+  return method == "simultaneous" or K * L <= site.rows * (K + L)
 
 
 def clipped_stats(loss_fn, params, batch, request, options, plan: Plan):
@@ -51,9 +96,11 @@ def clipped_stats(loss_fn, params, batch, request, options, plan: Plan):
   env = Env(B=B, token=False, want=request.want, scale=float(B), options=options,
             sites=plan.sites)
   shapes = dict(zip(plan.keys, (x.shape for x in jax.tree.leaves(params)), strict=True))
-  probes = {str(i): {CLIP: {role: jnp.zeros(shp, F32)
-                            for role, shp in record_shapes(site, shapes, B).items()}}
-            for i, site in enumerate(plan.sites)}
+  method = options.dense_method
+  probes = {str(i): jax.tree.map(
+      lambda s: jnp.zeros(s, F32),
+      record_shapes(site, shapes, B, keeps_g(site, plan.sites, method, shapes)),
+      is_leaf=lambda s: isinstance(s, tuple)) for i, site in enumerate(plan.sites)}
   index = {id(site): i for i, site in enumerate(plan.sites)}
 
   def objective(probes):
@@ -66,57 +113,71 @@ def clipped_stats(loss_fn, params, batch, request, options, plan: Plan):
     with frontends.route(site_router(plan, params, handler, every=True)):
       return loss_fn(params, batch).mean(), ids
 
-  (loss, ids), cts = jax.value_and_grad(objective, has_aux=True)(probes)
-  records = {i: c[CLIP] for i, c in cts.items()}
-  return loss, finish(plan, records, ids, shapes, request.want, request.per_example_clip, B)
+  (loss, ids), records = jax.value_and_grad(objective, has_aux=True)(probes)
+  return loss, finish(plan, records, ids, shapes, request.want, request.per_example_clip, B,
+                      options.scan_unroll)
 
 
 def handle(env: Env, call: Call, ids: list):
-  """y of one layer call, its records put on its probes; a lookup's ids onto `ids`."""
-  site, B, s = call.site, env.B, env.scale
+  """y of one layer call through an identity whose VJP puts the call's records (input
+  rows and output cotangent rows as they are, unscaled: no copy) on its probes; a
+  lookup's ids onto `ids`."""
+  site, B = call.site, env.B
+  whole = "kernel" in call.probes.get(CLIP, {})  # G_b, as `record_shapes` chose
+  y = call.run()
+  if site.in_axis is None:
+    y = jnp.broadcast_to(y, (B,) + y.shape)
+  if site.kind == "embed" and not site.attend:
+    ids.append(lead(call.x, site.in_axis, B).reshape(B, -1))
 
-  def body(res, dy, dcarriers, put):
-    x = res["x"]
+  def records(x, dy):
+    put, done = collector(shapes_of(call.probes))
     if site.kind == "dense":
       nfeat = dy.ndim - (x.ndim - len(site.contract)) - (site.in_axis is None)
+      d = rows(dy, site.out_axis, B, tuple(range(-nfeat, 0)))
       a = rows(x, site.in_axis, B, site.contract)
-      d = rows(dy, site.out_axis, B, tuple(range(-nfeat, 0))) * s
-      put({CLIP: jnp.einsum("brk,brl->bkl", a, d)}, "kernel")
+      put({CLIP: jnp.einsum("brk,brl->bkl", a, d)} if whole else {LEFT: a, RIGHT: d},
+          "kernel")
       put({CLIP: d.sum(axis=1)}, "bias")
-    elif site.kind == "norm":
-      a, d = rows(x, site.in_axis, B), rows(dy, site.out_axis, B) * s
+    elif site.kind == "norm":  # x̂ waits for dy (`sm.zero_after`): not formed early
+      a, d = rows(x, site.in_axis, B) + sm.zero_after(dy), rows(dy, site.out_axis, B)
       put({CLIP: (d * normalized(a, *site.norm)).sum(axis=1)}, "scale")
       put({CLIP: d.sum(axis=1)}, "bias")
     elif site.attend:
-      a, d = rows(x, site.in_axis, B), rows(dy, site.out_axis, B) * s
-      put({CLIP: jnp.einsum("brv,brd->bvd", d, a)}, "embedding")
+      put({LEFT: rows(dy, site.out_axis, B), RIGHT: rows(x, site.in_axis, B)}, "embedding")
     else:
-      put({CLIP: rows(dy, site.out_axis, B) * s}, "embedding")
+      put({CLIP: rows(dy, site.out_axis, B)}, "embedding")
+    return done()
 
-  if site.kind == "embed" and not site.attend:
-    ids.append(lead(call.x, site.in_axis, B).reshape(B, -1))
-  return tapped(env, call, body)[0]
+  @jax.custom_vjp
+  def f(y, x, probes):
+    return y
+
+  f.defvjp(lambda y, x, probes: (y, x), lambda x, dy: (dy, zero_ct(x), records(x, dy)))
+  return f(y, call.x, call.probes)
 
 
 def finish(plan: Plan, records: dict, ids: list, shapes: dict, want, clip: float,
-           B: int) -> GradStats:
+           B: int, unroll: int | bool = 1) -> GradStats:
   """GradStats of the clipped per-example gradients from the sites' records
-  ({site index: {role: record}}) and the lookups' ids (module docstring)."""
-  dense, sparse = {}, {}
+  ({site index: {collection: {role: record}}}) and the lookups' ids, in call order."""
+  parts: dict = {k: {} for k in plan.keys}  # leaf -> {"factors"|"rows"|"sparse": record}
   lookup_ids = iter(ids)
   for i, site in enumerate(plan.sites):
+    rec = records[str(i)]
     for role, key in zip(site.leaves, site.keys, strict=True):
-      r = records[str(i)][role]
-      if site.kind == "embed" and not site.attend:
-        sparse.setdefault(key, []).append((next(lookup_ids), r))
+      if role in rec.get(LEFT, {}):
+        parts[key]["factors"] = (rec[LEFT][role], rec[RIGHT][role])
+      elif site.kind == "embed":
+        parts[key]["sparse"] = (next(lookup_ids), rec[CLIP][role])
       else:
-        dense[key] = r if key not in dense else dense[key] + r
-  per_leaf = {k: _example(dense.get(k), sparse.get(k), shapes[k], B) for k in plan.keys}
-  sq = {k: _sq_norms(*v, shapes[k]) for k, v in per_leaf.items()}
-  w_B = clip_weights(sum(sq.values()), clip)
+        parts[key]["rows"] = rec[CLIP][role].reshape(B, -1)
+  z = sum(sm.zero_after(r) for r in jax.tree.leaves(records))  # the pass is over
+  sq_B = sum(_sq_norms(p, shapes[k], z) for k, p in parts.items()) * float(B * B)
+  v_B = clip_weights(sq_B, clip) * float(B)  # ĝ_b = w_b·B·(record's g_b)
   total, coord, example = {}, {}, {}
-  for k, (g, sp) in per_leaf.items():
-    total[k], st = _weighted(g, sp, w_B, shapes[k], want)
+  for k, p in parts.items():
+    total[k], st = _weighted(p, v_B, shapes[k], want, unroll)
     for name, v in st.items():
       into = example if registry.get(name).kind == "example" else coord
       into.setdefault(name, {})[k] = v.reshape(shapes[k]) if into is coord else v
@@ -126,33 +187,51 @@ def finish(plan: Plan, records: dict, ids: list, shapes: dict, want, clip: float
                    granularity="example", rules=plan.rules)
 
 
-def _example(g, sparse, shape, B):
-  """(dense part B×N or None, sparse part (ids B×R, rows B×R×D) or None) of one leaf; a
-  dense and a sparse part (a tied table) are added into one dense B×V×D."""
-  sp = None
-  if sparse:
-    sp = tuple(jnp.concatenate(xs, axis=1) for xs in zip(*sparse, strict=True))
-  if g is not None and sp is not None:
-    g = g.at[jnp.arange(B)[:, None], sp[0]].add(sp[1])
-    sp = None
-  return (None if g is None else g.reshape(B, -1)), sp
+def _sq_norms(p: dict, shape, z):
+  """‖g_b‖²/B² of one leaf (float32[B]) from its unscaled records (module docstring).
+  The narrower factor + z (a zero computed from every record, `sm.zero_after`): the
+  per-example contraction or Gram waits for the end of the backward pass, instead of
+  being formed while every activation is live."""
+  norms = ("norms",)
+  if "factors" in p:
+    left, right = p["factors"]
+    if left.shape[-1] <= right.shape[-1]:
+      left = left + z
+    else:
+      right = right + z
+  if "factors" in p and "sparse" in p:
+    ids, rows_ = p["sparse"]
+    return sm.tied_example_stats(ids, rows_, left, right, norms)["norms"]
+  if "factors" in p:
+    return sm.outer_example_stats(left, right, norms, slack=1.0)["norms"]
+  if "sparse" in p:
+    return sm.lookup_example_stats(*p["sparse"], shape[0], norms)["norms"]
+  return jnp.square(p["rows"]).sum(axis=1)
 
 
-def _sq_norms(g, sp, shape):
-  """‖g_b‖² of one leaf (float32[B])."""
-  if g is not None:
-    return jnp.square(g).sum(axis=1)
-  return sm.lookup_example_stats(*sp, shape[0], ("norms",))["norms"]
-
-
-def _weighted(g, sp, w_B, shape, want):
-  """(Σ_b w_b g_b like the leaf, {statistic: value} of the clipped ĝ_b = w_b g_b)."""
+def _weighted(p: dict, w_B, shape, want, unroll):
+  """(Σ_b w_b g_b like the leaf, {statistic: value} of w_b g_b), g_b from the records."""
   stats = registry.select(want)
-  if g is not None:  # wᵀg: a GEMV, no weighted copy of g unless a statistic needs it
-    total = jnp.dot(w_B, g).reshape(shape)
-    return total, (sm.flat_example_stats(g * w_B[:, None], stats) if stats else {})
-  ids, rows_ = sp
-  rw = rows_ * w_B[:, None, None]
-  V, D = shape
-  total = jnp.zeros((V, D), F32).at[ids.reshape(-1)].add(rw.reshape(-1, D))
-  return total, (sm.lookup_example_stats(ids, rw, V, stats) if stats else {})
+  if "rows" in p:  # wᵀg: a GEMV, no weighted copy of g unless a statistic needs it
+    g = p["rows"]
+    return (jnp.dot(w_B, g).reshape(shape),
+            sm.flat_example_stats(g * w_B[:, None], stats) if stats else {})
+  total, out, w = 0.0, {}, w_B[:, None, None]
+  if "factors" in p:  # one contraction over (example, row), w on the narrower factor
+    left, right = p["factors"]
+    if left.shape[-1] <= right.shape[-1]:
+      left = left * w
+    else:
+      right = right * w
+    total = jnp.einsum("brp,brq->pq", left, right)
+    if stats and "sparse" not in p:
+      out = sm.outer_example_stats(left, right, stats)
+  if "sparse" in p:
+    ids, rows_ = p["sparse"]
+    V, D = shape
+    total = total + jnp.zeros((V, D), F32).at[ids.reshape(-1)].add((rows_ * w).reshape(-1, D))
+    if stats and "factors" in p:
+      out = sm.tied_example_stats(ids, rows_ * w, left, right, stats, unroll=unroll)
+    elif stats:
+      out = sm.lookup_example_stats(ids, rows_ * w, V, stats)
+  return total.reshape(shape), out

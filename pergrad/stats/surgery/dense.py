@@ -1,5 +1,5 @@
 """Surgery handler for dense layers (nn.Dense, nn.DenseGeneral without batch_dims,
-nnx.Linear, nnx.LinearGeneral without batch axes, `taps.dense`).
+nnx.Linear, nnx.LinearGeneral without batch axes, nnx.Einsum of a dense form, `taps.dense`).
 
 Samples of the kernel are G_b = B·A_bᵀΔ_b (A: input rows, Δ: output cotangent rows), of
 the bias B·Σ_r Δ_br. Two methods:

@@ -4,7 +4,8 @@
 `handler`, whatever the model is written in:
   - Linen: `nn.intercept_methods` on nn.Dense, nn.DenseGeneral, nn.Embed (`__call__`,
     `attend`), nn.LayerNorm, nn.RMSNorm; the layer's path is its module path;
-  - NNX: nnx.Linear, nnx.LinearGeneral, nnx.Embed (`__call__`, `attend`), nnx.LayerNorm,
+  - NNX: nnx.Linear, nnx.LinearGeneral, nnx.Einsum (when it is a dense layer:
+    `einsum_contract`), nnx.Embed (`__call__`, `attend`), nnx.LayerNorm,
     nnx.RMSNorm have their methods swapped for reporting ones while `route` is active
     and restored on exit (also on error); the layer's path comes from its parameter
     arrays (they are leaves of the params passed to `compute`: `nnx.split` then
@@ -27,8 +28,8 @@ from pergrad.stats.taps import LayerCall
 
 LINEN_KIND = {nn.Dense: "dense", nn.DenseGeneral: "dense", nn.Embed: "embed",
               nn.LayerNorm: "norm", nn.RMSNorm: "norm"}
-NNX_KIND = {nnx.Linear: "dense", nnx.LinearGeneral: "dense", nnx.Embed: "embed",
-            nnx.LayerNorm: "norm", nnx.RMSNorm: "norm"}
+NNX_KIND = {nnx.Linear: "dense", nnx.LinearGeneral: "dense", nnx.Einsum: "dense",
+            nnx.Embed: "embed", nnx.LayerNorm: "norm", nnx.RMSNorm: "norm"}
 METHODS = ("__call__", "attend")
 ROLES = {"dense": ("kernel", "bias"), "embed": ("embedding",), "norm": ("scale", "bias")}
 
@@ -99,13 +100,44 @@ def nnx_dense_forward(module, x, params, contract):
   return taps.dense_forward(x, {"kernel": kernel, "bias": bias}, contract, module.precision)
 
 
+def einsum_contract(eq: str, x_ndim: int, kernel_shape, bias_shape) -> tuple:
+  """(contract, None) for an nnx.Einsum equation that is a dense layer, else ((), reason).
+
+  It is one when the kernel's axes are the contracted input axes then the output
+  features, and the output is the input's other axes (in order) then those features:
+  "btd,dnh->btnh", "...nh,nhd->...d" (x's contracted axes in kernel order, as
+  nn.DenseGeneral's); the bias, if any, spans the features."""
+  eq = eq.replace(" ", "")
+  lhs, out = eq.split("->") if "->" in eq else (eq, None)
+  xs, ks = lhs.split(",")
+  free = [c for c in map(chr, range(0x100, 0x200)) if c not in eq]
+  ell = "".join(free[:x_ndim - len(xs.replace("...", ""))])
+  xs, out = xs.replace("...", ell), (out or "").replace("...", ell)
+  con = [c for c in ks if c in xs and c not in out]
+  feat = [c for c in ks if c not in con]
+  ok = (out and len(set(xs)) == len(xs) and len(set(ks)) == len(ks)
+        and list(ks) == con + feat and not set(feat) & set(xs)
+        and list(out) == [c for c in xs if c not in con] + feat
+        and bias_shape in (None, tuple(kernel_shape[len(con):])))
+  if not ok:
+    return (), f"nnx.Einsum '{eq}' is not a dense layer (see frontends.einsum_contract)"
+  return tuple(xs.index(c) for c in con), None
+
+
 def nnx_call(module, method: str, x, kwargs, run) -> LayerCall:
   """The `LayerCall` of one NNX layer call."""
   kind = next(k for c, k in NNX_KIND.items() if isinstance(module, c))
   params = {r: _value(getattr(module, r, None)) for r in ROLES[kind]}
   attrs, forward, nx = {}, None, x.ndim
   extra = {k: v for k, v in kwargs.items() if v is not None}
-  if kind == "dense":
+  if kind == "dense" and isinstance(module, nnx.Einsum):
+    contract, why = einsum_contract(kwargs.get("einsum_str") or module.einsum_str, nx,
+                                    params["kernel"].shape,
+                                    None if params["bias"] is None else params["bias"].shape)
+    attrs = dict(contract=contract, plain_dot=False)  # its own einsum, not dense_forward
+    if why:
+      attrs["unsupported"] = why
+  elif kind == "dense":
     if isinstance(module, nnx.LinearGeneral):
       contract = tuple(int(a) % nx for a in np.atleast_1d(module.axis))
       custom = module.dot_general is not None or module.dot_general_cls is not None
