@@ -51,6 +51,7 @@ from pergrad.optim.schedule import (
   make_schedule,
   scale_by_token_schedule,
   scale_hparams,
+  step_args,
   token_lr,
 )
 from pergrad.optim.sign import request_for_placement, scale_by_sign_placement
@@ -147,14 +148,11 @@ def add_clipped_noise(noise_multiplier: float, clip: float, max_batch: int, seed
   (extra argument `batch_size`, a static int; None: max_batch) and ξ is drawn from
   fold_in(PRNGKey(seed), examples_seen), unique per update and the same after a resume."""
 
-  def update(updates, state, params=None, *, examples_seen=None,
-             batch_size: int | None = None, **extra_args):
-    del params, extra_args
-    if examples_seen is None:
-      raise ValueError("add_clipped_noise needs the extra argument examples_seen "
-                       "(the examples seen before this update).")
-    std = noise_multiplier * clip / (max_batch if batch_size is None else batch_size)
-    key = jax.random.fold_in(jax.random.PRNGKey(seed), jnp.asarray(examples_seen, jnp.int32))
+  def update(updates, state, params=None, **extra_args):
+    del params
+    seen, batch_size = step_args("add_clipped_noise", max_batch, **extra_args)
+    std = noise_multiplier * clip / batch_size
+    key = jax.random.fold_in(jax.random.PRNGKey(seed), seen)
     leaves, treedef = jax.tree.flatten(updates)
     keys = jax.random.split(key, len(leaves))
     noisy = [u + jnp.asarray(std, u.dtype) * jax.random.normal(k, u.shape, u.dtype)

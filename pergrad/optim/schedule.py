@@ -186,6 +186,17 @@ def token_lr(schedule: optax.Schedule, max_batch: int, lr_scaling: str = "none",
   return lr
 
 
+def step_args(name: str, max_batch: int, *, examples_seen=None, batch_size: int | None = None,
+              **extra_args) -> tuple[jax.Array, int]:
+  """(examples seen before the update as int32, the update's B) from the extra arguments
+  the train step passes to every update (B: a static int; None: max_batch)."""
+  del extra_args
+  if examples_seen is None:
+    raise ValueError(f"{name} needs the extra argument examples_seen (the examples seen "
+                     "before this update).")
+  return jnp.asarray(examples_seen, jnp.int32), max_batch if batch_size is None else batch_size
+
+
 def scale_by_token_schedule(schedule: optax.Schedule, max_batch: int,
                             lr_scaling: str = "none", ref_batch: int | None = None,
                             exact_floor: bool = False
@@ -199,14 +210,9 @@ def scale_by_token_schedule(schedule: optax.Schedule, max_batch: int,
   """
   lr_of = token_lr(schedule, max_batch, lr_scaling, ref_batch, exact_floor)
 
-  def update_fn(updates, state, params=None, *, examples_seen=None,
-                batch_size: int | None = None, **extra_args):
-    del params, extra_args
-    if examples_seen is None:
-      raise ValueError("scale_by_token_schedule needs the extra argument examples_seen "
-                       "(the examples seen before this update).")
-    lr = lr_of(jnp.asarray(examples_seen, jnp.int32),
-               max_batch if batch_size is None else batch_size)
+  def update_fn(updates, state, params=None, **extra_args):
+    del params
+    lr = lr_of(*step_args("scale_by_token_schedule", max_batch, **extra_args))
     return jax.tree.map(lambda u: jnp.asarray(-lr, u.dtype) * u, updates), state
 
   return optax.GradientTransformationExtraArgs(optax.init_empty_state, update_fn)
