@@ -66,9 +66,9 @@ def record_shapes(site: Site, leaf_shapes: dict, B: int, whole: bool = False) ->
   for role, key in zip(site.leaves, site.keys, strict=True):
     shape, R = leaf_shapes[key], site.rows
     if _factored(site, role) and not whole:
-      P = int(np.prod(shape[:1] if site.attend else shape[:len(site.contract)]))
-      out.setdefault(LEFT, {})[role] = (B, R, P)
-      out.setdefault(RIGHT, {})[role] = (B, R, int(np.prod(shape)) // P)
+      K, L = _kernel_kl(site, shape)
+      out.setdefault(LEFT, {})[role] = (B, R, K)
+      out.setdefault(RIGHT, {})[role] = (B, R, L)
     else:
       lookup = site.kind == "embed" and not site.attend
       out.setdefault(CLIP, {})[role] = (B, R, shape[-1]) if lookup else (B,) + tuple(shape)
@@ -79,14 +79,19 @@ def _factored(site: Site, role: str) -> bool:
   return (site.kind, role) == ("dense", "kernel") or site.attend
 
 
+def _kernel_kl(site: Site, shape) -> tuple[int, int]:
+  """(K, L) of a factored leaf g_b = L_bᵀR_b: its contracted (input) size and the rest (a
+  tied output layer's table: V and D)."""
+  K = int(np.prod(shape[:1] if site.attend else shape[:len(site.contract)]))
+  return K, int(np.prod(shape)) // K
+
+
 def keeps_g(site: Site, sites, method: str, leaf_shapes: dict) -> bool:
   """Whether a dense call's kernel record is G_b rather than its factors (docstring)."""
   last = [s for s in sites if s.kind == "dense" or s.attend][-1:]
   if method == "separate" or site.kind != "dense" or [site] == last:
     return False
-  kernel = leaf_shapes[site.keys[site.leaves.index("kernel")]]
-  K = int(np.prod(kernel[:len(site.contract)]))
-  L = int(np.prod(kernel)) // K
+  K, L = _kernel_kl(site, leaf_shapes[site.keys[site.leaves.index("kernel")]])
   return method == "simultaneous" or K * L <= site.rows * (K + L)
 
 
@@ -187,6 +192,15 @@ def finish(plan: Plan, records: dict, ids: list, shapes: dict, want, clip: float
                    granularity="example", rules=plan.rules)
 
 
+def _on_narrower(factors, fn):
+  """(L, R) with `fn` applied to the narrower factor (the fewer features per row): the
+  cheaper place for a per-example weight or the zero that orders the computation."""
+  left, right = factors
+  if left.shape[-1] <= right.shape[-1]:
+    return fn(left), right
+  return left, fn(right)
+
+
 def _sq_norms(p: dict, shape, z):
   """‖g_b‖²/B² of one leaf (float32[B]) from its unscaled records (module docstring).
   The narrower factor + z (a zero computed from every record, `sm.zero_after`): the
@@ -194,11 +208,7 @@ def _sq_norms(p: dict, shape, z):
   being formed while every activation is live."""
   norms = ("norms",)
   if "factors" in p:
-    left, right = p["factors"]
-    if left.shape[-1] <= right.shape[-1]:
-      left = left + z
-    else:
-      right = right + z
+    left, right = _on_narrower(p["factors"], lambda f: f + z)
   if "factors" in p and "sparse" in p:
     ids, rows_ = p["sparse"]
     return sm.tied_example_stats(ids, rows_, left, right, norms)["norms"]
@@ -218,11 +228,7 @@ def _weighted(p: dict, w_B, shape, want, unroll):
             sm.flat_example_stats(g * w_B[:, None], stats) if stats else {})
   total, out, w = 0.0, {}, w_B[:, None, None]
   if "factors" in p:  # one contraction over (example, row), w on the narrower factor
-    left, right = p["factors"]
-    if left.shape[-1] <= right.shape[-1]:
-      left = left * w
-    else:
-      right = right * w
+    left, right = _on_narrower(p["factors"], lambda f: f * w)
     total = jnp.einsum("brp,brq->pq", left, right)
     if stats and "sparse" not in p:
       out = sm.outer_example_stats(left, right, stats)
