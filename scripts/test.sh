@@ -5,4 +5,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export WANDB_MODE=disabled
-exec .venv/bin/python -m pytest -q -n auto "$@"
+exec .venv/bin/python -m pytest -q -n auto --dist worksteal "$@"

@@ -193,7 +193,7 @@ def test_mean_equals_grad_of_batch_loss(name):
 
 
 @pytest.mark.parametrize("name", list(SPECS))
-@pytest.mark.parametrize("B", [3, 8])
+@pytest.mark.parametrize("B", [3, pytest.param(8, marks=pytest.mark.extended)])
 def test_vmap_matches_optax_micro_grad(name, B):
   params, loss_fn, batch = setup(name, B)
   micro = optax.microbatching.micro_grad(
