@@ -156,12 +156,8 @@ def curves_at(table: pd.DataFrame, best: pd.DataFrame, keys: Sequence[str],
 
 def stat_columns(table: pd.DataFrame, name: str, prefix: str | None = None) -> list[str]:
   """Columns `<prefix>/<leaf path>/<name>` (prefix 'stats' or 'opt'; any if None)."""
-  out = []
-  for c in table.columns:
-    parts = c.split("/")
-    if len(parts) >= 3 and parts[-1] == name and (prefix is None or parts[0] == prefix):
-      out.append(c)
-  return out
+  return [c for c in table.columns if len(p := c.split("/")) >= 3 and p[-1] == name
+          and (prefix is None or p[0] == prefix)]
 
 
 def leaf_of(col: str) -> str:
