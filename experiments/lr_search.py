@@ -65,8 +65,7 @@ def best_lr(fin: pd.DataFrame, group_keys: Sequence[str], lr_key: str,
   rows = []
   completed = fin[fin["status"].isin(DONE)] if "status" in fin else fin
   completed = completed.assign(**{k: None for k in group_keys if k not in completed})
-  for gvals, g in completed.groupby(list(group_keys), sort=False, dropna=False):
-    gvals = gvals if isinstance(gvals, tuple) else (gvals,)
+  for gvals, g in completed.groupby(list(group_keys), sort=False, dropna=False):  # keys: tuples
     has_seed = seed_key in g
     sel = ((tuple(select_seed) if isinstance(select_seed, (tuple, list)) else (select_seed,))
            if select_seed is not None else (g[seed_key].min(),)) if has_seed else ()

@@ -115,8 +115,7 @@ def x_examples(df: pd.DataFrame) -> pd.Series:
     ex = df.groupby("run")["train/examples_seen"].transform(lambda s: s.ffill())
     if ex.notna().any():
       return ex
-  bs = df["data.batch_size"] if "data.batch_size" in df else 1
-  return df["step"] * bs
+  return df["step"] * df.get("data.batch_size", 1)
 
 
 def finals(table: pd.DataFrame, tail: int = 3) -> pd.DataFrame:
