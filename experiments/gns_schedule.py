@@ -233,9 +233,8 @@ def analyze(runs, out_dir: Path) -> None:
                       "tokens": t["train/tokens_seen"],
                       **{k.split("/")[1]: t[k] for k in keys}})
     g.to_csv(out_dir / "gns.csv", index=False)
-  fit = None
-  if best is not None and "train/batch_size" in table:
-    fit = fit_ramp(_best_runs(table, best), int(table["train/batch_size"].max()))
+  fit = (fit_ramp(_best_runs(table, best), int(table["train/batch_size"].max()))
+         if best is not None and "train/batch_size" in table else None)
   pd.DataFrame([fit] if fit else []).to_csv(out_dir / "ramp_fit.csv", index=False)
 
 
