@@ -94,10 +94,8 @@ def aggregate(sweep_dir: Path, names: Iterable[str] | None = None) -> pd.DataFra
   frames = []
   for name in names:
     rd = sweep_dir / name
-    if not (rd / METRICS).exists():
-      continue
     df = run_table(rd)
-    if df.empty:
+    if df.empty:  # no metrics.jsonl, or no record in it
       continue
     for k, v in parse_dirname(name).items():
       df.insert(0, k, _coerce(v))
