@@ -35,8 +35,7 @@ def plot_u_curves(ax, fin: pd.DataFrame, group_keys, lr_key: str, labeler=label,
   lo = finite[metric].min() if not finite.empty else 0.0
   top = min(top, lo + window)
   cap = top + 0.1 * (top - lo + 1e-9)
-  for gvals, g in fin.groupby(list(group_keys), sort=False, dropna=False):
-    gvals = gvals if isinstance(gvals, tuple) else (gvals,)
+  for gvals, g in fin.groupby(list(group_keys), sort=False, dropna=False):  # keys: tuples
     agg = g.groupby(lr_key)[metric].agg(
         mean=lambda s: s.mean(), std=lambda s: s[np.isfinite(s)].std()).sort_index()
     high = np.isfinite(agg["mean"]) & (agg["mean"] > top)
@@ -51,16 +50,14 @@ def plot_u_curves(ax, fin: pd.DataFrame, group_keys, lr_key: str, labeler=label,
       if mask.any():
         ax.plot(agg.index[mask], [cap] * int(mask.sum()), marker, color=line.get_color(), ms=8)
   ax.set_xscale("log")
-  ax.set_xlabel(lr_key)
-  ax.set_ylabel(metric.replace("_", " ") + f" (x diverged, ^ > best + {window:g})")
-  ax.grid(alpha=0.3)
+  style(ax, xlabel=lr_key, grid=True,
+        ylabel=metric.replace("_", " ") + f" (x diverged, ^ > best + {window:g})")
 
 
 def plot_curves(ax, curves: pd.DataFrame, group_keys, y: str, x: str = "examples_seen",
                 seed_key: str = "train.seed", labeler=label):
   """Mean curve per group over seeds, with the min-max band across seeds."""
-  for gvals, g in curves.groupby(list(group_keys), sort=False, dropna=False):
-    gvals = gvals if isinstance(gvals, tuple) else (gvals,)
+  for gvals, g in curves.groupby(list(group_keys), sort=False, dropna=False):  # keys: tuples
     g = g.dropna(subset=[y])
     if g.empty:
       continue
@@ -70,9 +67,7 @@ def plot_curves(ax, curves: pd.DataFrame, group_keys, y: str, x: str = "examples
     line, = ax.plot(agg.index, agg["mean"], label=name + (f" ({n} seeds)" if n > 1 else ""))
     if n > 1:
       ax.fill_between(agg.index, agg["min"], agg["max"], color=line.get_color(), alpha=0.2)
-  ax.set_xlabel(x.replace("_", " "))
-  ax.set_ylabel(y)
-  ax.grid(alpha=0.3)
+  style(ax, xlabel=x.replace("_", " "), ylabel=y, grid=True)
 
 
 def style(ax, *, title=None, xlabel=None, ylabel=None, yscale=None, legend=None, grid=False):

@@ -22,7 +22,7 @@ from experiments.figures import plot_curves, plt, savefig, style
 from experiments.record import ROWS, Experiment, Inputs, register
 from experiments.rules import NOT_REPRODUCED, PARTLY, REPRODUCED, UNDETERMINED, part_whole
 from experiments.runs import read_csv, x_examples
-from experiments.sweep import Block, Sweep, base_for, experiment_value
+from experiments.sweep import SEEDS, Block, Sweep, base_for, experiment_value
 from experiments.verdict import Report, fmt_num, gated, listing, not_measured, sections
 from pergrad.analysis import GNS_TOTAL, layer_type, smooth
 
@@ -36,7 +36,6 @@ ALPHAS = (0.9, ALPHA, 0.98, 0.99)
 R_MIN = 0.9
 CLAIMED_R = 0.95  # "high correlation": our reading of the paper's figure
 PAPER = "norm-layer GNS predicts the total GNS (high correlation, linear)"
-SEEDS = {"ci": (0,), "cpu": (0, 1, 2), "paper": (0, 1, 2)}
 NORM = "norm"
 PART_WHOLE = "gns_part_whole.csv"
 RULE = (f"At the tracker's EMA decay α = {ALPHA:g}, the Pearson r between the smoothed "

@@ -93,18 +93,14 @@ def sweep(preset: str) -> Sweep:
   return Sweep(base, blocks, search, wall_estimate_min={"ci": 1.0, "cpu": 43}.get(preset))
 
 
-def fixed_search(fin: pd.DataFrame) -> pd.DataFrame:
-  """`lr_search.best_lr` of the fixed arms (the short arm left out)."""
+def fixed_search(fin: pd.DataFrame) -> tuple[pd.DataFrame, dict | None]:
+  """`lr_search.best_lr` of the fixed arms (the short arm left out) and its row with the
+  lowest fresh-seed mean final eval loss (None: no arm has fresh seeds)."""
   fixed = full_fixed(fin)
-  return (lr_search.best_lr(fixed, GROUP, "optimizer.lr", select_seed=SELECT_SEED) if len(fixed)
-          else pd.DataFrame(columns=[*GROUP, "optimizer.lr"]))
-
-
-def best_fixed(search: pd.DataFrame) -> dict | None:
-  """The row of `fixed_search` with the lowest fresh-seed mean final eval loss (None: no arm
-  has fresh seeds)."""
+  search = (lr_search.best_lr(fixed, GROUP, "optimizer.lr", select_seed=SELECT_SEED) if len(fixed)
+            else pd.DataFrame(columns=[*GROUP, "optimizer.lr"]))
   best = search[search["n_seeds"] > 0] if len(search) else search
-  return None if best.empty else lr_search.ranked(best).iloc[0].to_dict()
+  return search, None if best.empty else lr_search.ranked(best).iloc[0].to_dict()
 
 
 def is_short(df: pd.DataFrame) -> pd.Series:
@@ -158,7 +154,7 @@ def follow_up(preset: str, sweep_dir: Path) -> tuple[Block, ...]:
   from experiments.runs import aggregate, finals
 
   table = aggregate(sweep_dir)
-  best = best_fixed(fixed_search(finals(table))) if not table.empty else None
+  best = fixed_search(finals(table))[1] if not table.empty else None
   if best is None:
     return ()
   lr, seeds = [float(best["optimizer.lr"])], list(SEEDS[preset])
@@ -220,8 +216,7 @@ def analyze(runs, out_dir: Path) -> None:
   judged), gns.csv (tracked B_simple), ramp_fit.csv."""
   out_dir, table, fin = Path(out_dir), runs.table, runs.finals
   fin.to_csv(out_dir / "finals.csv", index=False)
-  search = fixed_search(fin)
-  best = best_fixed(search)
+  search, best = fixed_search(fin)
   search["best_arm"] = [best is not None and r[SIZE] == best[SIZE]
                         for _, r in search.iterrows()]
   search.to_csv(out_dir / "best.csv", index=False)
@@ -238,9 +233,8 @@ def analyze(runs, out_dir: Path) -> None:
                       "tokens": t["train/tokens_seen"],
                       **{k.split("/")[1]: t[k] for k in keys}})
     g.to_csv(out_dir / "gns.csv", index=False)
-  fit = None
-  if best is not None and "train/batch_size" in table:
-    fit = fit_ramp(_best_runs(table, best), int(table["train/batch_size"].max()))
+  fit = (fit_ramp(_best_runs(table, best), int(table["train/batch_size"].max()))
+         if best is not None and "train/batch_size" in table else None)
   pd.DataFrame([fit] if fit else []).to_csv(out_dir / "ramp_fit.csv", index=False)
 
 

@@ -37,17 +37,11 @@ def multirun_command(sweep_dir: Path, base: dict, block: Block, *,
   """The `python -m pergrad.train -m ...` command that runs every point of `block`."""
   fixed = {k: v for k, v in {**base, **block.fixed}.items() if k not in block.grid}
   exclude = sorted(set(fixed) | {override_key(e) for e in extra})
-  cmd = [*train_cmd, "-m"]
-  cmd += [f"{k}={fmt(v)}" for k, v in fixed.items()]
-  cmd += [f"{k}={','.join(fmt(v) for v in vals)}" for k, vals in block.grid.items()]
-  cmd += list(extra)
-  cmd += [
-      f"hydra.sweep.dir={sweep_dir}",
-      "hydra.sweep.subdir=${hydra.job.override_dirname}",
-      f"hydra.job.config.override_dirname.exclude_keys=[{','.join(exclude)}]",
-  ]
-  cmd += launcher_overrides(launcher, n_jobs)
-  return cmd
+  return [*train_cmd, "-m", *(f"{k}={fmt(v)}" for k, v in fixed.items()),
+          *(f"{k}={','.join(fmt(v) for v in vals)}" for k, vals in block.grid.items()), *extra,
+          f"hydra.sweep.dir={sweep_dir}", "hydra.sweep.subdir=${hydra.job.override_dirname}",
+          f"hydra.job.config.override_dirname.exclude_keys=[{','.join(exclude)}]",
+          *launcher_overrides(launcher, n_jobs)]
 
 
 @dataclasses.dataclass
@@ -82,23 +76,17 @@ def launch_blocks(sweep_dir: Path, base: dict, blocks: Iterable[Block], *,
     cmd = multirun_command(sweep_dir, base, block, train_cmd=train_cmd, launcher=launcher,
                            n_jobs=n_jobs, extra=extra)
     log.commands.append(cmd)
-    echo(f"[launch] {len(todo)} run(s): " + " ".join(_quote(c) for c in cmd[1:]))
+    echo(f"[launch] {len(todo)} run(s): "
+         + " ".join(f"'{c}'" if any(ch in c for ch in " ${}[]*") else c for c in cmd[1:]))
     if dry_run:
       log.launched += [n for n in todo if n not in log.launched]
       continue
     t0 = time.time()
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.run(cmd, cwd=REPO, env=env)
+    proc = subprocess.run(cmd, cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     log.wall_s += time.time() - t0
     log.launched += [n for n in todo if n not in log.launched]
-    for name in todo:
-      if run_status(sweep_dir / name) != "completed":
-        log.failed.append(name)
+    log.failed += [n for n in todo if run_status(sweep_dir / n) != "completed"]
     if proc.returncode:
       echo(f"[warn] multirun exited with code {proc.returncode}; failed: "
            f"{[n for n in todo if n in log.failed]}")
   return log
-
-
-def _quote(s: str) -> str:
-  return f"'{s}'" if any(c in s for c in " ${}[]*") else s

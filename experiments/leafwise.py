@@ -68,12 +68,9 @@ def per_seed_views(by_leaf: pd.DataFrame, sizes: dict[str, int], keys: list[str]
   if missing:
     raise ValueError(f"no parameter count for leaves {missing[:3]} in {SIZES_CSV}; re-run the "
                      "analysis with the runs' model (its sizes come from the sweep's config)")
-  rows = []
-  for key, g in by_leaf.groupby(keys, sort=False):
-    g = g.set_index("leaf")
-    agg = leaf_aggregates(g["num"].to_dict(), g["den"].to_dict(), sizes, is_norm=is_norm_leaf)
-    rows.append({**dict(zip(keys, key if isinstance(key, tuple) else (key,), strict=True)), **agg})
-  return pd.DataFrame(rows)
+  return pd.DataFrame([{**dict(zip(keys, key, strict=True)), **leaf_aggregates(
+      dict(zip(g["leaf"], g["num"], strict=True)), dict(zip(g["leaf"], g["den"], strict=True)),
+      sizes)} for key, g in by_leaf.groupby(keys, sort=False)])  # a list of keys: tuples
 
 
 def long_stats(t: pd.DataFrame, ids: list[str], names: dict, key: str, value: str) -> pd.DataFrame:

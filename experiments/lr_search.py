@@ -24,23 +24,21 @@ CURVE_COLS = ("train/loss", "eval/loss", "train/lr", "train/grad_norm")
 
 
 @functools.lru_cache(maxsize=32)
-def _vocab_size(overrides: tuple) -> int:
+def vocab_size(overrides: tuple) -> int:
+  """V of the config that `overrides` compose."""
   from pergrad.analysis import scale_summary
 
   return int(scale_summary(list(overrides))["vocab_size"])
 
 
-def vocab_size(base: dict, extra: Sequence[str] = ()) -> int:
-  """V of the config that `base` and the config-changing `extra` overrides compose."""
-  return _vocab_size(tuple(f"{k}={fmt(v)}" for k, v in base.items()) + tuple(config_extras(extra)))
-
-
 def marked_finals(table: pd.DataFrame, base: dict, extra: Sequence[str] = ()) -> pd.DataFrame:
-  """`runs.finals` with `rules.mark_diverged` on each run's eval history."""
+  """`runs.finals` with `rules.mark_diverged` on each run's eval history (V of the config that
+  `base` and the config-changing `extra` overrides compose)."""
   fin = finals(table)
   if fin.empty or "eval/loss" not in table:
     return fin
-  return rules.mark_diverged(fin, vocab_size(base, extra), table)
+  overrides = tuple(f"{k}={fmt(v)}" for k, v in base.items()) + tuple(config_extras(extra))
+  return rules.mark_diverged(fin, vocab_size(overrides), table)
 
 
 def _in(col: pd.Series, seeds) -> pd.Series:
@@ -67,8 +65,7 @@ def best_lr(fin: pd.DataFrame, group_keys: Sequence[str], lr_key: str,
   rows = []
   completed = fin[fin["status"].isin(DONE)] if "status" in fin else fin
   completed = completed.assign(**{k: None for k in group_keys if k not in completed})
-  for gvals, g in completed.groupby(list(group_keys), sort=False, dropna=False):
-    gvals = gvals if isinstance(gvals, tuple) else (gvals,)
+  for gvals, g in completed.groupby(list(group_keys), sort=False, dropna=False):  # keys: tuples
     has_seed = seed_key in g
     sel = ((tuple(select_seed) if isinstance(select_seed, (tuple, list)) else (select_seed,))
            if select_seed is not None else (g[seed_key].min(),)) if has_seed else ()
@@ -80,9 +77,9 @@ def best_lr(fin: pd.DataFrame, group_keys: Sequence[str], lr_key: str,
     finite = np.isfinite(per_lr.to_numpy(dtype=float))
     best = per_lr.idxmin() if finite.any() else lrs[0]
     i = lrs.index(best)
-    fresh = g[~_in(g[seed_key], sel) & np.isclose(g[lr_key].astype(float), float(best),
-                                                  rtol=1e-9)] if has_seed else g.iloc[:0]
-    fresh = fresh.sort_values(seed_key) if has_seed else fresh
+    fresh = (g[~_in(g[seed_key], sel) & np.isclose(g[lr_key].astype(float), float(best),
+                                                   rtol=1e-9)].sort_values(seed_key)
+             if has_seed else g.iloc[:0])
     vals = [float(v) if np.isfinite(v) else math.inf for v in fresh[metric]]
     finite_vals = all(np.isfinite(vals))
     rows.append({
@@ -125,12 +122,12 @@ def follow_up_blocks(sweep: Sweep, fin: pd.DataFrame, round_: int) -> tuple[list
       low = _first_grid_low(sweep, ls, group)
       floor = (low if low is not None else grid[-1]) / ls.diverged_floor
       if grid[0] > floor * (1 + 1e-6):
-        extend.append(Block({**one, ls.lr_key: [_round_lr(grid[0] / ls.factor)],
+        extend.append(Block({**one, ls.lr_key: [float(f"{grid[0] / ls.factor:.3g}")],
                              ls.seed_key: seed0}))
       continue
     if b["at_edge"] and round_ < ls.max_extend:
       lr = grid[0] / ls.factor if b["edge"] == "low" else grid[-1] * ls.factor
-      extend.append(Block({**one, ls.lr_key: [_round_lr(lr)], ls.seed_key: seed0}))
+      extend.append(Block({**one, ls.lr_key: [float(f"{lr:.3g}")], ls.seed_key: seed0}))
       continue
     if ls.seeds and np.isfinite(b["select_loss"]):
       seeds.append(Block({**one, ls.lr_key: [float(b[ls.lr_key])],
@@ -142,26 +139,17 @@ def follow_up_blocks(sweep: Sweep, fin: pd.DataFrame, round_: int) -> tuple[list
 
 def _first_grid_low(sweep: Sweep, ls: LrSearch, group: dict) -> float | None:
   """The lowest lr of the sweep's first-stage blocks that run `group`."""
-  lows = []
-  for bl in sweep.blocks:
-    if ls.lr_key not in bl.grid:
-      continue
-    if all(k not in bl.grid or any(_same(v, x) for x in bl.grid[k]) for k, v in group.items()):
-      lows.append(min(float(x) for x in bl.grid[ls.lr_key]))
+  lows = [min(float(x) for x in bl.grid[ls.lr_key]) for bl in sweep.blocks
+          if ls.lr_key in bl.grid and all(k not in bl.grid or any(_same(v, x) for x in bl.grid[k])
+                                          for k, v in group.items())]
   return min(lows) if lows else None
 
 
 def select_seeds(sweep: Sweep) -> tuple:
   """The selection seeds of an lr search: the seeds of the first block that sets them."""
   ls = sweep.lr_search
-  for bl in sweep.blocks:
-    if ls is not None and ls.seed_key in bl.grid:
-      return tuple(bl.grid[ls.seed_key])
-  return (0,)
-
-
-def _round_lr(x: float) -> float:
-  return float(f"{x:.3g}")
+  return next((tuple(bl.grid[ls.seed_key]) for bl in sweep.blocks
+               if ls is not None and ls.seed_key in bl.grid), (0,))
 
 
 def load_best(out_dir: Path) -> pd.DataFrame:
@@ -212,9 +200,8 @@ def tuned_lr(inputs, experiment: str, where: dict) -> float:
   """The lr `experiment`'s search chose for the group `where` (e.g. {"optimizer.placement":
   "ema"}): how snr, moments, batch_scaling and gns_layers run a variant at its tuned lr."""
   rows = tuned_best(inputs, experiment)
-  for k, v in where.items():
-    col = rows[k] if k in rows else pd.Series([None] * len(rows), index=rows.index)
-    rows = rows[[_same(from_table(c), v) for c in col]]
+  for k, v in where.items():  # a group key missing from the table reads as None
+    rows = rows[[_same(from_table(c), v) for c in (rows[k] if k in rows else [None] * len(rows))]]
   if len(rows) != 1:
     raise ValueError(f"{inputs.sweep_dir(experiment)}: {len(rows)} groups of {experiment} "
                      f"match {where}; expected exactly one (re-run `python "
@@ -292,14 +279,12 @@ def ranked(best: pd.DataFrame) -> pd.DataFrame:
       ["_o", "select_loss"]).drop(columns="_o")
 
 
-def best_md(best: pd.DataFrame, group_keys: Sequence[str], lr_key: str = "optimizer.lr",
-            extra: Sequence[str] = ()) -> str:
+def best_md(best: pd.DataFrame, group_keys: Sequence[str], extra: Sequence[str] = ()) -> str:
   """The chosen-lr table as Markdown, `ranked`, edges flagged."""
-  b = ranked(best)
-  cols = [*group_keys, lr_key, "select_loss", "loss_mean", "loss_std", "n_seeds", "grid",
+  cols = [*group_keys, "optimizer.lr", "select_loss", "loss_mean", "loss_std", "n_seeds", "grid",
           "n_diverged", "at_edge", *extra]
-  b = b[cols].rename(columns={k: k.split(".")[-1] for k in [*group_keys, lr_key]})
-  b = b.rename(columns={"lr": "lr (chosen on the selection seeds)",
+  b = ranked(best)[cols].rename(columns={k: k.split(".")[-1] for k in group_keys})
+  b = b.rename(columns={"optimizer.lr": "lr (chosen on the selection seeds)",
                         "select_loss": "selection-seed loss (selection only)",
                         "loss_mean": "final eval loss, fresh seeds (mean)",
                         "loss_std": "std over fresh seeds", "n_seeds": "fresh seeds",

@@ -22,7 +22,7 @@ from experiments.figures import plot_curves, plt, savefig, style
 from experiments.record import ROWS, Experiment, Inputs, register
 from experiments.rules import is_norm_leaf
 from experiments.runs import read_csv, x_examples
-from experiments.sweep import Block, Sweep, base_for
+from experiments.sweep import SEEDS, Block, Sweep, base_for
 from experiments.verdict import listing, not_measured, pairs_report, sections
 
 NAME = "moments"
@@ -35,9 +35,7 @@ RATIOS = ("snr2_batch", "snr2_example")
 MAGNITUDES = ("gbar2_mean", "mu2_mean", "var_mean")  # per leaf only
 # Shares of the step's μ̂², σ̂²/B, σ̂² in Adam's debiased v̂ (`pergrad.optim.diagnostics`).
 SHARES = ("share_mu2", "share_var_b", "share_var")
-SEEDS = {"ci": (0,), "cpu": (0, 1, 2), "paper": (0, 1, 2)}
 IDS = ["run", "train.seed", "step", "examples_seen", "B"]  # B: NaN at the scale's batch size
-WHOLE = ("total", "all")  # the whole-model "leaf" of stats/ and opt/ keys
 RULE = ("Per seed, each leaf's r = Σμ̂²/Σ(σ̂²/B) over its coordinates and the second half "
         "of training's logged steps; the seed's value is the parameter-weighted median of r "
         "over the leaves other than the normalization layers (the whole-model ratio of sums "
@@ -70,7 +68,7 @@ def analyze(runs, out_dir: Path) -> None:
   names = {**dict.fromkeys(MAGNITUDES, "stats"), **dict.fromkeys((*RATIOS, *SHARES), "opt")}
   long = leafwise.long_stats(t, IDS, names, "quantity", "value")[[*IDS, "value", "quantity",
                                                                     "leaf"]]
-  whole = long["leaf"].isin(WHOLE)
+  whole = long["leaf"].isin(leafwise.WHOLE)
   long[~whole].to_csv(out_dir / "moments_per_leaf.csv", index=False)
   long[whole].drop(columns="leaf").to_csv(out_dir / "moments_all.csv", index=False)
   leafwise.write_sizes(table, out_dir)
@@ -145,9 +143,8 @@ def figures(out_dir: Path) -> list[Path]:
     bars = leafwise.second_half(leaf).groupby("leaf")["value"].mean()
     axes[2].bar(range(len(bars)), bars.values,
                 color=["C1" if is_norm_leaf(k) else "C0" for k in bars.index])
-    axes[2].set_xticks(range(len(bars)))
-    axes[2].set_xticklabels([lbl[-28:] for lbl in bars.index], rotation=70, fontsize=6,
-                            ha="right", rotation_mode="anchor")
+    axes[2].set_xticks(range(len(bars)), [lbl[-28:] for lbl in bars.index], rotation=70,
+                       fontsize=6, ha="right", rotation_mode="anchor")
   axes[2].axhline(1.0, color="k", ls="--", lw=0.8)
   axes[2].set_yscale("symlog", linthresh=1e-2)
   style(axes[2], ylabel="Σμ̂² / Σσ̂²/B within the leaf",

@@ -112,9 +112,8 @@ def report(out_dir):
 
   def verdict(pairs):
     head = pairs[0].outcome
-    if head in (LOSS, UNDETERMINED):
-      return NOT_REPRODUCED if head == LOSS else UNDETERMINED
-    return REPRODUCED if all(p.outcome == WIN for p in pairs[1:]) else PARTLY
+    return (NOT_REPRODUCED if head == LOSS else UNDETERMINED if head == UNDETERMINED
+            else REPRODUCED if all(p.outcome == WIN for p in pairs[1:]) else PARTLY)
 
   shares = read_csv(Path(out_dir) / "eps_share.csv")
   cols = [c for c in (*GROUP, "train.seed", "eps_share", "eps_share_weighted") if c in shares]

@@ -6,6 +6,7 @@ the parameters).
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -35,12 +36,8 @@ RULE = (f"All-layer norms within {BOUNDS[0][2]:.3g}× and normalization-layer no
         "shapes: reproduced if every bound holds, not reproduced if one fails, partly otherwise.")
 
 
-def launch(preset, sweep_dir, *, dry_run=False, echo=print):
-  return overhead.launch(preset, sweep_dir, dry_run=dry_run, echo=echo, bench=BENCH[preset])
-
-
-def describe_setup(preset):
-  return overhead.describe_setup(preset, BENCH[preset])
+launch = functools.partial(overhead.launch, benches=BENCH)
+describe_setup = functools.partial(overhead.describe_setup, benches=BENCH)
 
 
 def analyze(runs, out_dir):
@@ -55,16 +52,11 @@ def analyze(runs, out_dir):
 
 def summary(pairs: pd.DataFrame) -> pd.DataFrame:
   """Per shape and variant: FLOP ratio, the paired time ratios' median and quartiles, peak."""
-  rows = []
-  for (p, b, v), g in pairs.groupby(["preset", "B", "variant"], sort=False):
-    q25, q75 = quartiles(g["time_ratio"])
-    first = g.iloc[0]
-    rows.append({"preset": p, "B": b, "variant": v, "baseline": first["baseline"],
-                 "flops_ratio": first["flops_ratio"],
-                 "time_median": float(g["time_ratio"].median()),
-                 "time_q25": float(q25), "time_q75": float(q75), "peak_ratio": first["peak_ratio"],
-                 "reps": len(g)})
-  return pd.DataFrame(rows)
+  q = lambda i: ("time_ratio", lambda x: float(quartiles(x)[i]))
+  return pairs.groupby(["preset", "B", "variant"], sort=False).agg(
+      baseline=("baseline", "first"), flops_ratio=("flops_ratio", "first"),
+      time_median=("time_ratio", "median"), time_q25=q(0), time_q75=q(1),
+      peak_ratio=("peak_ratio", "first"), reps=("time_ratio", "size")).reset_index()
 
 
 def figures(out_dir):

@@ -52,11 +52,11 @@ def flop_bound(stats: str) -> float:
   return 1.0 + k / 3.0 + (FLOP_SLACK if k else 0.0)
 
 
-def launch(preset: str, sweep_dir: Path, *, dry_run: bool = False, echo=print, bench=None):
-  """Runs the benchmark once (skipped when its JSON exists in the sweep dir)."""
+def launch(preset: str, sweep_dir: Path, *, dry_run: bool = False, echo=print, benches=BENCH):
+  """Runs the benchmark `benches[preset]` once (skipped when its JSON exists in the sweep dir)."""
   from pergrad.bench import stats
 
-  bench, log, out = BENCH[preset] if bench is None else bench, LaunchLog(), sweep_dir / "bench.json"
+  bench, log, out = benches[preset], LaunchLog(), sweep_dir / "bench.json"
   sweep_dir.mkdir(parents=True, exist_ok=True)
   if out.exists():
     echo(f"[skip] {out} exists (delete it to re-measure)")
@@ -77,10 +77,10 @@ def launch(preset: str, sweep_dir: Path, *, dry_run: bool = False, echo=print, b
   return log
 
 
-def describe_setup(preset: str, bench=None) -> str:
+def describe_setup(preset: str, benches=BENCH) -> str:
   from pergrad.bench import stats
 
-  args = " ".join(stats.as_argv(**(BENCH[preset] if bench is None else bench)))
+  args = " ".join(stats.as_argv(**benches[preset]))
   return f"`python scripts/bench_stats.py {args}` (no training runs)."
 
 

@@ -31,13 +31,6 @@ def default_sweep_dir(name: str, preset: str, root: Path | None = None,
   return sweep_dir(root or REPO / "runs" / "sweeps", name, preset, extra)
 
 
-def default_results_dir(name: str, preset: str, sweep: Path) -> Path:
-  """results/<preset>/<name>[-<hash>] for the real presets; ci reports beside its sweep."""
-  if preset == "ci":
-    return sweep / "report"
-  return RESULTS / preset / (name + sweep.name.removeprefix(preset))
-
-
 @dataclasses.dataclass
 class Outcome:
   name: str
@@ -62,7 +55,9 @@ def run_experiment(name: str, preset: str, *, launcher: str = "basic", n_jobs: i
   training = exp.sweep is not None  # else a benchmark (overhead), not a training sweep
   root = sweeps_root or REPO / "runs" / "sweeps"
   sdir = default_sweep_dir(name, preset, root, tuple(extra) if training else ())
-  out_dir = Path(results_dir) if results_dir else default_results_dir(name, preset, sdir)
+  # results/<preset>/<name>[-<hash>] for the real presets; ci reports beside its sweep
+  out_dir = (Path(results_dir) if results_dir else sdir / "report" if preset == "ci"
+             else RESULTS / preset / (name + sdir.name.removeprefix(preset)))
   inputs = Inputs(Path(root), preset, tuple(extra), dry_run=dry_run)
   t0, log, rounds = time.time(), LaunchLog(), 0
 

@@ -94,10 +94,8 @@ def aggregate(sweep_dir: Path, names: Iterable[str] | None = None) -> pd.DataFra
   frames = []
   for name in names:
     rd = sweep_dir / name
-    if not (rd / METRICS).exists():
-      continue
     df = run_table(rd)
-    if df.empty:
+    if df.empty:  # no metrics.jsonl, or no record in it
       continue
     for k, v in parse_dirname(name).items():
       df.insert(0, k, _coerce(v))
@@ -115,8 +113,7 @@ def x_examples(df: pd.DataFrame) -> pd.Series:
     ex = df.groupby("run")["train/examples_seen"].transform(lambda s: s.ffill())
     if ex.notna().any():
       return ex
-  bs = df["data.batch_size"] if "data.batch_size" in df else 1
-  return df["step"] * bs
+  return df["step"] * df.get("data.batch_size", 1)
 
 
 def finals(table: pd.DataFrame, tail: int = 3) -> pd.DataFrame:
@@ -156,12 +153,8 @@ def curves_at(table: pd.DataFrame, best: pd.DataFrame, keys: Sequence[str],
 
 def stat_columns(table: pd.DataFrame, name: str, prefix: str | None = None) -> list[str]:
   """Columns `<prefix>/<leaf path>/<name>` (prefix 'stats' or 'opt'; any if None)."""
-  out = []
-  for c in table.columns:
-    parts = c.split("/")
-    if len(parts) >= 3 and parts[-1] == name and (prefix is None or parts[0] == prefix):
-      out.append(c)
-  return out
+  return [c for c in table.columns if len(p := c.split("/")) >= 3 and p[-1] == name
+          and (prefix is None or p[0] == prefix)]
 
 
 def leaf_of(col: str) -> str:

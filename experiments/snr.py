@@ -23,7 +23,7 @@ from experiments import calibrate, leafwise, lr_search, rules
 from experiments.figures import plot_curves, plt, savefig, style
 from experiments.record import ROWS, Experiment, Inputs, register
 from experiments.runs import read_csv, x_examples
-from experiments.sweep import Block, Sweep, base_for, experiment_value
+from experiments.sweep import SEEDS, Block, Sweep, base_for, experiment_value
 from experiments.verdict import fmt_num, listing, not_measured, pairs_report, sections
 from pergrad.analysis import ema_gain
 
@@ -35,7 +35,6 @@ STAGES = ("snr2_example", "snr2_batch", "snr2_ema")  # worst first
 PLACEMENTS = ("ema", "batch", "example")  # token: its update needs token-level statistics
 PLACEMENT = "optimizer.placement"
 BETA = float(experiment_value(NAME, "optimizer.b1"))
-SEEDS = {"ci": (0,), "cpu": (0, 1, 2), "paper": (0, 1, 2)}
 IDS = ["run", "train.seed", "step", "examples_seen"]
 VIEW = "weighted_median_no_norm"  # the per-leaf view the verdict reads
 RULE = ("Per placement's runs, per seed and stage, each leaf's SNR² is its mean over the "

@@ -20,6 +20,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 PRESETS = ("ci", "cpu", "paper")
+SEEDS = {"ci": (0,), "cpu": (0, 1, 2), "paper": (0, 1, 2)}  # of moments, snr and gns_layers
 
 
 def fmt(value) -> str:
@@ -136,11 +137,8 @@ def override_key(override: str) -> str:
 
 def config_extras(extra: Sequence[str]) -> list[str]:
   """The extra overrides that change the runs' config, sorted."""
-  def neutral(key: str) -> bool:
-    key = key.replace("/", ".")
-    return any(key == n or key.startswith(n + ".") for n in NEUTRAL)
-
-  return sorted(e for e in extra if not neutral(override_key(e)))
+  neutral = lambda key: any(key == n or key.startswith(n + ".") for n in NEUTRAL)
+  return sorted(e for e in extra if not neutral(override_key(e).replace("/", ".")))
 
 
 def sweep_dir(root: Path, name: str, preset: str, extra: Sequence[str] = ()) -> Path:

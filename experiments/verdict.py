@@ -77,11 +77,9 @@ def fmt_num(x, digits: int = 3) -> str:
 
 def md_table(df: pd.DataFrame) -> str:
   """A small DataFrame as a Markdown table."""
-  lines = ["| " + " | ".join(map(str, df.columns)) + " |", "|" + "---|" * len(df.columns)]
-  for _, r in df.iterrows():
-    lines.append("| " + " | ".join(fmt_num(v) if isinstance(v, float) else str(v) for v in r)
-                 + " |")
-  return "\n".join(lines)
+  cell = lambda v: fmt_num(v) if isinstance(v, float) else str(v)
+  return "\n".join(["| " + " | ".join(map(str, df.columns)) + " |", "|" + "---|" * len(df.columns),
+                    *("| " + " | ".join(map(cell, r)) + " |" for _, r in df.iterrows())])
 
 
 def listing(items, fmt=fmt_num) -> str:
