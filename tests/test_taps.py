@@ -111,9 +111,8 @@ def test_layer_kind_comes_from_the_class_names_are_the_fallback():
   assert layer_type("ln1/scale") == "other"
   for kind in ("linen", *KINDS):
     loss_fn, params, _ = am.models(False)[kind]
-    _, stats = jax.jit(lambda p, b, f=loss_fn: ps.compute(
-        f, p, b, ps.StatsRequest(("norms",), layers=("norm",)), backend="surgery"))(
-            params, am.batch(2))
+    _, stats = ps.compute(loss_fn, params, am.batch(2),
+                          ps.StatsRequest(("norms",), layers=("norm",)), backend="surgery")
     paths = noise.leaf_paths(params)
     chosen = {p.split("/")[0] for p in paths if stats.selects(p)}
     assert chosen == {"ln1", "ln2", "ln_f"}, (kind, chosen)
