@@ -98,6 +98,20 @@ class _OrbaxTracebacks(logging.Filter):
     return not (record.exc_info and "orbax" in record.pathname)
 
 
+class _NeverRetrieved(logging.Filter):
+  """Drops asyncio's "exception was never retrieved" of a failed restore's reads, logged
+  whenever their futures are collected (the failure is reported in one line already)."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return "exception was never retrieved" not in record.getMessage()
+
+
+def _quiet_failed_reads() -> None:
+  lg = logging.getLogger("asyncio")
+  if not any(isinstance(f, _NeverRetrieved) for f in lg.filters):
+    lg.addFilter(_NeverRetrieved())
+
+
 def _quiet_orbax_tracebacks() -> None:
   absl = logging.getLogger("absl")
   if not any(isinstance(f, _OrbaxTracebacks) for f in absl.filters):
@@ -191,6 +205,7 @@ class Checkpoints:
           raise ValueError(f"it holds step {got}")
         return state
       except Exception as e:  # noqa: BLE001 - any failure means this step is unusable
+        _quiet_failed_reads()
         reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
         moved = self._move_aside(step)
         echo(f"[checkpoint] step {step} in {self.directory} is corrupt or incomplete "
