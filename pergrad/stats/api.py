@@ -74,15 +74,14 @@ def resolve_backend(request: StatsRequest, backend: str = "auto") -> str:
   `scripts/reproduce.py overhead norm_cost --preset cpu`, measured on XLA:CPU):
     - "mean" only, example granularity, no clipping -> "value_and_grad";
     - token granularity -> "surgery" (the only backend with per-token statistics);
-    - per-example clipping -> "vmap" (on the cpu presets, over the plain step, FLOPs / peak /
-      median time: vmap 1.005-1.011x / 1.09-1.24x / 1.37-1.60x; surgery 1.02-1.08x /
-      1.05-1.10x / 0.91-1.13x, from factors only (dense_method="separate") 1.29-1.30x /
-      1.09-1.15x / 1.16-1.24x; ask backend="surgery" for it);
-    - otherwise (example granularity) -> "surgery": with the simultaneous methods it was
-      the faster of surgery and vmap for sq+sign, norms and all statistics on the tiny
-      and medium presets (both timed against the same plain step). Surgery
-      needs a model of standard Flax layers (its error names any other layer that owns
-      parameters: use backend="vmap" there). Not yet measured on an accelerator.
+    - otherwise (example granularity, per-example clipping included) -> "surgery": with
+      the simultaneous methods it was the faster of surgery and vmap for sq+sign, norms
+      and all statistics on the tiny and medium presets (both timed against the same plain
+      step); with clipping (`scripts/bench_stats.py --stat-sets clip`, cpu presets, over the
+      plain step, FLOPs / peak / median time) surgery 1.02-1.08x / 1.05-1.10x / 1.00-1.05x
+      against vmap 1.005-1.011x / 1.09-1.24x / 1.17-1.47x. Surgery needs a model of
+      standard layers (its error names any other layer that owns parameters: use
+      backend="vmap" there). Not yet measured on an accelerator.
   Raises ValueError when `backend` cannot serve the request, naming one that can.
   """
   if backend != "auto":
@@ -91,7 +90,7 @@ def resolve_backend(request: StatsRequest, backend: str = "auto") -> str:
     return "value_and_grad"
   which = backend
   if backend == "auto":
-    which = "vmap" if request.per_example_clip is not None else "surgery"
+    which = "surgery"
   check_support(request, which)
   return which
 
