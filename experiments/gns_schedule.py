@@ -7,9 +7,7 @@ follows the norm layers' B_simple); linear_paper (a ramp over the whole budget f
 linear_fit (a ramp fitted to the best fixed arm's B_simple, within the budget); warmup (Merrill
 et al. 2025: B doubles over the first quarter, lr × √ratio; beside); short (the best fixed arm
 on 82 % of the examples: Δ18). Schedules run at the best arm's lr on 6 fresh seeds, the
-fewest with power ≥ 0.8 for Δ18 ≈ 0.043 at the noise 0.023 measured before. A curve reaches a
-target loss where its eval loss first gets ≤ it, linear between evaluations (inf: not within
-its budget, which says nothing about divergence).
+fewest with power ≥ 0.8 for Δ18 ≈ 0.043 at the noise 0.023 measured before.
 """
 
 from __future__ import annotations
@@ -137,11 +135,9 @@ def fit_ramp(rows: pd.DataFrame, b_max: int) -> dict | None:
   if len(x) < 3 or not np.isfinite(y).all():
     return None
   b, a = np.polyfit(x, y, 1)
-  sizes_ = [b_max >> i for i in range(3, -1, -1)]
-  start = max([s for s in sizes_ if s <= a] or [sizes_[0]])
-  total = float(x.max())
-  ramp = (b_max - start) / b if b > 0 else 100 * total
-  return {"batch.start": int(start), "batch.ramp_tokens": int(round(min(ramp, 100 * total))),
+  start = max([s for s in (b_max >> i for i in range(4)) if s <= a] or [b_max >> 3])
+  ramp = min((b_max - start) / b if b > 0 else math.inf, 100 * float(x.max()))
+  return {"batch.start": int(start), "batch.ramp_tokens": int(round(ramp)),
           "a": float(a), "b_per_token": float(b)}
 
 
@@ -219,7 +215,8 @@ def crossing(x: np.ndarray, y: np.ndarray, target: float) -> float:
 
 
 def reach(r: pd.DataFrame, target: float) -> tuple[float, float]:
-  """(tokens, train time) where the curve `r` (by tokens) reaches `target` (inf, inf: never)."""
+  """(tokens, train time) where the curve `r` (by tokens) reaches `target` (inf, inf: not within
+  its budget, which says nothing about divergence)."""
   x = r["tokens"].to_numpy(float)
   tok = crossing(x, r["eval_loss"].to_numpy(float), target)
   t = np.interp(tok, x, r["train_time_s"].to_numpy(float)) if math.isfinite(tok) else math.inf
