@@ -71,22 +71,19 @@ def lr_grid(preset: str, b: int) -> list[float]:
   return [low, 2 * low, 4 * low]
 
 
-def _per_size(b: int, examples: int, warmup: int, n_evals: int) -> dict:
-  steps = examples // b
-  return dict(zip(PER_SIZE, (steps, max(steps // n_evals, 1), max(warmup // b, 1)), strict=True))
-
-
 def sweep(preset: str) -> Sweep:
   """The fixed arms' lr search (the schedules come in `follow_up`)."""
   ref, b_max, fixed = sizes(preset)
   examples, n = ref * int(scale_value(preset, "train.steps")), N_EVALS[preset]
   warmup = ref * int(scale_value(preset, "schedule.warmup_steps"))
+  per_size = lambda b: dict(zip(PER_SIZE, (examples // b, max(examples // b // n, 1),
+                                           max(warmup // b, 1)), strict=True))
   base = base_for(NAME, preset, **{  # ci logs every step: enough points for the ramp's fit
       "data.batch_size": b_max, "batch.start": b_max // 8,
-      "logging.log_every": 1 if preset == "ci" else 5, **_per_size(b_max, examples, warmup, n)})
-  blocks = tuple(Block({"batch.kind": ["fixed"], SIZE: [b], **{k: [v] for k, v in _per_size(
-      b, examples, warmup, n).items()}, "optimizer.lr": lr_grid(preset, b),
-      "train.seed": [SELECT_SEED]}) for b in fixed)
+      "logging.log_every": 1 if preset == "ci" else 5, **per_size(b_max)})
+  blocks = tuple(Block({"batch.kind": ["fixed"], SIZE: [b], **{k: [v] for k, v in per_size(
+      b).items()}, "optimizer.lr": lr_grid(preset, b), "train.seed": [SELECT_SEED]})
+      for b in fixed)
   search = LrSearch(GROUP, factor=2.0, max_extend=0 if preset == "ci" else 1,
                     seeds=SEEDS[preset][:N_OTHER])
   return Sweep(base, blocks, search, wall_estimate_min={"ci": 1.0, "cpu": 43}.get(preset))
@@ -112,19 +109,15 @@ def full_fixed(df: pd.DataFrame) -> pd.DataFrame:
   return df[(df["batch.kind"] == "fixed") & ~is_short(df)]
 
 
-def _best_runs(table: pd.DataFrame, best: dict) -> pd.DataFrame:
-  """The rows of the best fixed arm's fresh-seed runs."""
+def fit_ramp(table: pd.DataFrame, best: dict, b_max: int) -> dict | None:
+  """B_simple ≈ a + b·tokens by least squares on the seed-mean total B_simple of the best fixed
+  arm's fresh-seed runs past WARMUP steps (or a short run's first quarter); the ramp starts at
+  the largest power-of-two size ≤ a in [b_max/8, b_max] and reaches b_max after
+  (b_max − start)/b tokens (b ≤ 0: 100 budgets). None without 3 points."""
   t = full_fixed(table)
-  return t[np.isclose(t[SIZE].astype(float), float(best[SIZE]))
+  rows = t[np.isclose(t[SIZE].astype(float), float(best[SIZE]))
            & np.isclose(t["optimizer.lr"].astype(float), float(best["optimizer.lr"]))
            & (t["train.seed"] != SELECT_SEED)]
-
-
-def fit_ramp(rows: pd.DataFrame, b_max: int) -> dict | None:
-  """B_simple ≈ a + b·tokens by least squares on the seed-mean total B_simple of `rows` past
-  WARMUP steps (or a short run's first quarter); the ramp starts at the largest power-of-two
-  size ≤ a in [b_max/8, b_max] and reaches b_max after (b_max − start)/b tokens (b ≤ 0: 100
-  budgets). None without 3 points."""
   key = "gns/total/b_simple"
   if key not in rows or rows[key].notna().sum() < 3:
     return None
@@ -167,7 +160,7 @@ def follow_up(preset: str, sweep_dir: Path) -> tuple[Block, ...]:
                  **{"batch.lr_scaling": ["sqrt"]})]
   if preset == "ci":  # the pipeline only: the fixed arm, gns_norm and the short arm
     return tuple(blocks[:3])
-  fit = fit_ramp(_best_runs(table, best), b_max)
+  fit = fit_ramp(table, best, b_max)
   if fit is not None:  # a fitted ramp that fits the budget
     blocks.append(ramp(fit["batch.start"], min(fit["batch.ramp_tokens"], tokens - 1)))
   return tuple(blocks)
@@ -305,8 +298,7 @@ def analyze(runs, out_dir: Path) -> None:
                   "train.seed": t["train.seed"], "step": t["step"],
                   "tokens": t["train/tokens_seen"], **{k.split("/")[1]: t[k] for k in keys}}
                  ).to_csv(out_dir / "gns.csv", index=False)
-  fit = (fit_ramp(_best_runs(table, best), int(table["train/batch_size"].max()))
-         if best is not None and "train/batch_size" in table else None)
+  fit = fit_ramp(table, best, int(table["train/batch_size"].max())) if best is not None else None
   pd.DataFrame([fit] if fit else []).to_csv(out_dir / "ramp_fit.csv", index=False)
 
 
@@ -377,9 +369,8 @@ def report(out_dir: Path) -> Report:
   save = listing(((a, saving[a]) for a in (*GUIDED, *BASELINES) if a in saving),
                  lambda x: f"{100 * x:.1f}%" if math.isfinite(x) else "not reached")
   return Report(verdict=schedule_verdict(pairs, cal.power), rule=RULE, paper=PAPER,
-                calibration=cal.row(),
-                ours=f"token saving to B={int(best[SIZE])}'s final loss: {save or 'n/a'}; "
-                f"{outcomes(pairs)}",
+                calibration=cal.row(), ours=f"token saving to B={int(best[SIZE])}'s final loss: "
+                f"{save or 'n/a'}; {outcomes(pairs)}",
                 checks=(f"baseline: fixed B = {int(best[SIZE])} at lr {best['optimizer.lr']:g}",
                         *(p.sentence() for p in pairs), f"Δ18 = {delta:.3g}"),
                 numbers_md=sections(
