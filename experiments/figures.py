@@ -24,16 +24,11 @@ def label(group: dict) -> str:
 
 def plot_u_curves(ax, fin: pd.DataFrame, group_keys, lr_key: str, labeler=label,
                   metric: str = "final_eval_loss"):
-  """Final loss vs learning rate per group (mean over seeds, error bar = std).
-
-  Diverged runs are drawn as crosses at the top of the axis; runs that finished far above
-  the best (more than `window` nats) as triangles there, so they do not squash the rest.
-  """
-  window = 3.0
-  finite = fin[np.isfinite(fin[metric])]
-  top = finite[metric].max() if not finite.empty else 1.0
-  lo = finite[metric].min() if not finite.empty else 0.0
-  top = min(top, lo + window)
+  """Final loss vs learning rate per group (mean over seeds, error bar = std); diverged runs as
+  crosses at the top of the axis, runs more than `window` nats above the best as triangles."""
+  window, finite = 3.0, fin.loc[np.isfinite(fin[metric]), metric]
+  lo = finite.min() if len(finite) else 0.0
+  top = min(finite.max() if len(finite) else 1.0, lo + window)
   cap = top + 0.1 * (top - lo + 1e-9)
   for gvals, g in fin.groupby(list(group_keys), sort=False, dropna=False):  # keys: tuples
     agg = g.groupby(lr_key)[metric].agg(
@@ -70,13 +65,10 @@ def plot_curves(ax, curves: pd.DataFrame, group_keys, y: str, x: str = "examples
   style(ax, xlabel=x.replace("_", " "), ylabel=y, grid=True)
 
 
-def style(ax, *, title=None, xlabel=None, ylabel=None, yscale=None, legend=None, grid=False):
-  """Sets what is given: titles and labels, the y scale, a legend of that font size (when
-  anything drawn has a label), a grid."""
-  for setter, value in ((ax.set_title, title), (ax.set_xlabel, xlabel),
-                        (ax.set_ylabel, ylabel), (ax.set_yscale, yscale)):
-    if value is not None:
-      setter(value)
+def style(ax, *, legend=None, grid=False, **labels):
+  """`ax.set` of the labels given (title, xlabel, ylabel, yscale), a legend of font size `legend`
+  when anything drawn has a label, a grid."""
+  ax.set(**{k: v for k, v in labels.items() if v is not None})
   if legend is not None and ax.get_legend_handles_labels()[0]:
     ax.legend(fontsize=legend)
   if grid:

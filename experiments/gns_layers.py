@@ -3,10 +3,8 @@ normalization layers' GNS as a predictor of the rest of the model's.
 
 Adam at its tuned lr, per-example norms of every layer every step (`stats.gns`), 3 seeds. The
 raw per-type terms |G|²_est, S_est are re-smoothed offline (`pergrad.analysis.smooth`) at
-several decays α: B_simple = EMA(S)/EMA(|G|²). The total contains the norm group, so the
-rule regresses the COMPLEMENT's B_simple (S_tot − S_norm)/(|G|²_tot − |G|²_norm) on the norm
-group's (`rules.part_whole`, steps t ≥ 1/(1−α)); both drift as the loss falls, so r reads
-"tracks", not independence.
+several decays α; `RULE` regresses the complement's B_simple on the norm group's
+(`rules.part_whole`); both drift as the loss falls, so r reads "tracks", not independence.
 """
 
 from __future__ import annotations
@@ -102,8 +100,7 @@ def analyze(runs, out_dir: Path) -> None:
   t = terms(table)
   t.to_csv(out_dir / "gns_terms.csv", index=False)
   smoothed(t, ALPHA).to_csv(out_dir / "gns_smoothed.csv", index=False)
-  regs = [regression(smoothed(t, a), a) for a in ALPHAS] if len(t) else []
-  (pd.concat(regs, ignore_index=True) if regs else pd.DataFrame()).to_csv(
+  pd.concat([regression(smoothed(t, a), a) for a in ALPHAS], ignore_index=True).to_csv(
       out_dir / PART_WHOLE, index=False)
   leafwise.write_sizes(table, out_dir)
   fin.to_csv(out_dir / "finals.csv", index=False)

@@ -19,10 +19,9 @@ import numpy as np
 import pandas as pd
 
 from experiments import calibrate, lr_search, rules
-from experiments import tokens_to_target as ttt
 from experiments.figures import plt, savefig, style
 from experiments.record import ROWS, Experiment, register
-from experiments.runs import from_table, read_csv
+from experiments.runs import aggregate, finals, from_table, read_csv
 from experiments.sweep import Block, LrSearch, Sweep, base_for, experiment_value, scale_value
 from experiments.verdict import Report, listing, not_measured, outcomes, pairs_md, sections
 
@@ -72,22 +71,19 @@ def lr_grid(preset: str, b: int) -> list[float]:
   return [low, 2 * low, 4 * low]
 
 
-def _per_size(b: int, examples: int, warmup: int, n_evals: int) -> dict:
-  steps = examples // b
-  return dict(zip(PER_SIZE, (steps, max(steps // n_evals, 1), max(warmup // b, 1)), strict=True))
-
-
 def sweep(preset: str) -> Sweep:
   """The fixed arms' lr search (the schedules come in `follow_up`)."""
   ref, b_max, fixed = sizes(preset)
   examples, n = ref * int(scale_value(preset, "train.steps")), N_EVALS[preset]
   warmup = ref * int(scale_value(preset, "schedule.warmup_steps"))
+  per_size = lambda b: dict(zip(PER_SIZE, (examples // b, max(examples // b // n, 1),
+                                           max(warmup // b, 1)), strict=True))
   base = base_for(NAME, preset, **{  # ci logs every step: enough points for the ramp's fit
       "data.batch_size": b_max, "batch.start": b_max // 8,
-      "logging.log_every": 1 if preset == "ci" else 5, **_per_size(b_max, examples, warmup, n)})
-  blocks = tuple(Block({"batch.kind": ["fixed"], SIZE: [b], **{k: [v] for k, v in _per_size(
-      b, examples, warmup, n).items()}, "optimizer.lr": lr_grid(preset, b),
-      "train.seed": [SELECT_SEED]}) for b in fixed)
+      "logging.log_every": 1 if preset == "ci" else 5, **per_size(b_max)})
+  blocks = tuple(Block({"batch.kind": ["fixed"], SIZE: [b], **{k: [v] for k, v in per_size(
+      b).items()}, "optimizer.lr": lr_grid(preset, b), "train.seed": [SELECT_SEED]})
+      for b in fixed)
   search = LrSearch(GROUP, factor=2.0, max_extend=0 if preset == "ci" else 1,
                     seeds=SEEDS[preset][:N_OTHER])
   return Sweep(base, blocks, search, wall_estimate_min={"ci": 1.0, "cpu": 43}.get(preset))
@@ -96,40 +92,32 @@ def sweep(preset: str) -> Sweep:
 def fixed_search(fin: pd.DataFrame) -> tuple[pd.DataFrame, dict | None]:
   """`lr_search.best_lr` of the fixed arms (the short arm left out) and its row with the
   lowest fresh-seed mean final eval loss (None: no arm has fresh seeds)."""
-  fixed = full_fixed(fin)
-  search = (lr_search.best_lr(fixed, GROUP, "optimizer.lr", select_seed=SELECT_SEED) if len(fixed)
-            else pd.DataFrame(columns=[*GROUP, "optimizer.lr"]))
+  search = lr_search.best_lr(full_fixed(fin), GROUP, "optimizer.lr", select_seed=SELECT_SEED)
   best = search[search["n_seeds"] > 0] if len(search) else search
   return search, None if best.empty else lr_search.ranked(best).iloc[0].to_dict()
 
 
 def is_short(df: pd.DataFrame) -> pd.Series:
   """Fixed runs with fewer examples than the fixed arms' budget (the short arm)."""
-  fixed = df["batch.kind"] == "fixed" if "batch.kind" in df else pd.Series(False, index=df.index)
-  if not fixed.any():
-    return fixed
+  fixed = df["batch.kind"] == "fixed"
   examples = df["train.steps"].astype(float) * df[SIZE].astype(float)
   return fixed & (examples < examples[fixed].max())
 
 
 def full_fixed(df: pd.DataFrame) -> pd.DataFrame:
   """The fixed arms' rows (the short arm left out)."""
-  return df[(df["batch.kind"] == "fixed") & ~is_short(df)] if "batch.kind" in df else df[:0]
+  return df[(df["batch.kind"] == "fixed") & ~is_short(df)]
 
 
-def _best_runs(table: pd.DataFrame, best: dict) -> pd.DataFrame:
-  """The rows of the best fixed arm's fresh-seed runs."""
+def fit_ramp(table: pd.DataFrame, best: dict, b_max: int) -> dict | None:
+  """B_simple ≈ a + b·tokens by least squares on the seed-mean total B_simple of the best fixed
+  arm's fresh-seed runs past WARMUP steps (or a short run's first quarter); the ramp starts at
+  the largest power-of-two size ≤ a in [b_max/8, b_max] and reaches b_max after
+  (b_max − start)/b tokens (b ≤ 0: 100 budgets). None without 3 points."""
   t = full_fixed(table)
-  return t[np.isclose(t[SIZE].astype(float), float(best[SIZE]))
+  rows = t[np.isclose(t[SIZE].astype(float), float(best[SIZE]))
            & np.isclose(t["optimizer.lr"].astype(float), float(best["optimizer.lr"]))
            & (t["train.seed"] != SELECT_SEED)]
-
-
-def fit_ramp(rows: pd.DataFrame, b_max: int) -> dict | None:
-  """B_simple ≈ a + b·tokens by least squares on the seed-mean total B_simple of `rows` past
-  WARMUP steps (or a short run's first quarter); the ramp starts at the largest power-of-two
-  size ≤ a in [b_max/8, b_max] and reaches b_max after (b_max − start)/b tokens (b ≤ 0: 100
-  budgets). None without 3 points."""
   key = "gns/total/b_simple"
   if key not in rows or rows[key].notna().sum() < 3:
     return None
@@ -140,19 +128,15 @@ def fit_ramp(rows: pd.DataFrame, b_max: int) -> dict | None:
   if len(x) < 3 or not np.isfinite(y).all():
     return None
   b, a = np.polyfit(x, y, 1)
-  sizes_ = [b_max >> i for i in range(3, -1, -1)]
-  start = max([s for s in sizes_ if s <= a] or [sizes_[0]])
-  total = float(x.max())
-  ramp = (b_max - start) / b if b > 0 else 100 * total
-  return {"batch.start": int(start), "batch.ramp_tokens": int(round(min(ramp, 100 * total))),
+  start = max([s for s in (b_max >> i for i in range(4)) if s <= a] or [b_max >> 3])
+  ramp = min((b_max - start) / b if b > 0 else math.inf, 100 * float(x.max()))
+  return {"batch.start": int(start), "batch.ramp_tokens": int(round(ramp)),
           "a": float(a), "b_per_token": float(b)}
 
 
 def follow_up(preset: str, sweep_dir: Path) -> tuple[Block, ...]:
   """The schedules and the short arm at the best fixed arm's lr and fresh seeds (and that
   arm's other fresh seeds)."""
-  from experiments.runs import aggregate, finals
-
   table = aggregate(sweep_dir)
   best = fixed_search(finals(table))[1] if not table.empty else None
   if best is None:
@@ -160,8 +144,8 @@ def follow_up(preset: str, sweep_dir: Path) -> tuple[Block, ...]:
   lr, seeds = [float(best["optimizer.lr"])], list(SEEDS[preset])
   ref, b_max, _ = sizes(preset)  # every arm spends train.steps × B_ref sequences of T tokens
   tokens = ref * int(scale_value(preset, "train.steps")) * int(scale_value(preset, "data.seq_len"))
-  ramp = lambda kind, start, tok, seeds=seeds, **kw: Block(
-      {"batch.kind": [kind], "batch.ramp_tokens": [int(tok)], **kw, "optimizer.lr": lr,
+  ramp = lambda start, tok, seeds=seeds, **kw: Block(
+      {"batch.kind": ["linear"], "batch.ramp_tokens": [int(tok)], **kw, "optimizer.lr": lr,
        "train.seed": seeds}, fixed={"batch.start": start})
   per_size = {k: [int(best[k])] for k in PER_SIZE}
   blocks = [Block({"batch.kind": ["fixed"], SIZE: [int(best[SIZE])], **per_size, "optimizer.lr": lr,
@@ -171,14 +155,14 @@ def follow_up(preset: str, sweep_dir: Path) -> tuple[Block, ...]:
             Block({"batch.kind": ["fixed"], SIZE: [int(best[SIZE])], **per_size,
                    "train.steps": [int(round(SHORT * int(best["train.steps"])))],
                    "optimizer.lr": lr, "train.seed": seeds[:N_OTHER]}),  # Δ18 is a mean
-            ramp("linear", b_max // 8, tokens),  # the paper's: over the whole budget
-            ramp("linear", b_max // 8, WARMUP_SHARE * tokens, seeds[:2],  # warmup: beside
+            ramp(b_max // 8, tokens),  # the paper's: over the whole budget
+            ramp(b_max // 8, WARMUP_SHARE * tokens, seeds[:2],  # warmup: beside
                  **{"batch.lr_scaling": ["sqrt"]})]
-  fit = fit_ramp(_best_runs(table, best), b_max)
   if preset == "ci":  # the pipeline only: the fixed arm, gns_norm and the short arm
     return tuple(blocks[:3])
+  fit = fit_ramp(table, best, b_max)
   if fit is not None:  # a fitted ramp that fits the budget
-    blocks.append(ramp("linear", fit["batch.start"], min(fit["batch.ramp_tokens"], tokens - 1)))
+    blocks.append(ramp(fit["batch.start"], min(fit["batch.ramp_tokens"], tokens - 1)))
   return tuple(blocks)
 
 
@@ -211,6 +195,88 @@ def compared(table: pd.DataFrame, search: pd.DataFrame, best: dict | None) -> pd
   return table[fixed | sched].assign(short=is_short(table)[fixed | sched])
 
 
+def crossing(x: np.ndarray, y: np.ndarray, target: float) -> float:
+  """The first x where the curve y(x) reaches ≤ target, linear between points (inf if
+  never; x[0] if already there)."""
+  hit = np.flatnonzero(y <= target)
+  if not len(hit):
+    return math.inf
+  i = int(hit[0])
+  if i == 0:
+    return float(x[0])
+  return float(x[i - 1] + (x[i] - x[i - 1]) * (y[i - 1] - target) / (y[i - 1] - y[i]))
+
+
+def reach(r: pd.DataFrame, target: float) -> tuple[float, float]:
+  """(tokens, train time) where the curve `r` (by tokens) reaches `target` (inf, inf: not within
+  its budget, which says nothing about divergence)."""
+  x = r["tokens"].to_numpy(float)
+  tok = crossing(x, r["eval_loss"].to_numpy(float), target)
+  t = np.interp(tok, x, r["train_time_s"].to_numpy(float)) if math.isfinite(tok) else math.inf
+  return tok, float(t)
+
+
+CURVES = ["run", "arm", "train.seed", "lr", "step", "tokens", "eval_loss", "train_time_s",
+          "batch_size"]
+
+
+def curves(table: pd.DataFrame) -> pd.DataFrame:
+  """`CURVES` per run and evaluation (time and batch size interpolated from the train records
+  that log them)."""
+  rows = []
+  for run, g in table.groupby("run", sort=False):
+    g = g.sort_values("step")
+    ev, tr = g.dropna(subset=["eval/loss"]), g.dropna(subset=["train/tokens_seen"])
+    timed = tr.dropna(subset=["train/train_time_s"]) if "train/train_time_s" in tr else tr[:0]
+    tokens = ev["eval/tokens_seen"].to_numpy(float)
+    time_s = (np.interp(tokens, timed["train/tokens_seen"], timed["train/train_time_s"])
+              if len(timed) else np.full(len(ev), np.nan))
+    size = np.interp(ev["step"], tr["step"], tr["train/batch_size"]) if len(tr) else np.nan
+    rows.append(pd.DataFrame({
+        "run": run, "arm": arm({**g.iloc[0].to_dict(), "_budget": g["train/tokens_seen"].max()}),
+        "train.seed": g["train.seed"].iloc[0], "lr": g["optimizer.lr"].iloc[0],
+        "step": ev["step"].to_numpy(), "tokens": tokens, "eval_loss": ev["eval/loss"].to_numpy(),
+        "train_time_s": time_s, "batch_size": size}))
+  return pd.concat(rows, ignore_index=True)[CURVES] if rows else pd.DataFrame(columns=CURVES)
+
+
+def to_target(cur: pd.DataFrame, best_arm: str, fin: pd.DataFrame) -> pd.DataFrame:
+  """Per run: the target (the best fixed arm's seed-mean final eval loss), tokens and time to
+  reach it, the final eval loss (+inf for a run the finals `fin` say diverged), totals."""
+  ref = cur[cur["arm"] == best_arm]
+  if ref.empty:
+    return pd.DataFrame()
+  target = float(ref.sort_values("tokens").groupby("run")["eval_loss"].last().mean())
+  marked = dict(zip(fin["run"], fin["final_eval_loss"], strict=True))
+  rows = []
+  for run, r in cur.groupby("run", sort=False):
+    r = r.sort_values("tokens")
+    tok, t = reach(r, target)
+    final = float(marked.get(run, r["eval_loss"].iloc[-1]))
+    rows.append({"run": run, "arm": r["arm"].iloc[0], "train.seed": r["train.seed"].iloc[0],
+                 "target": target, "tokens_to_target": tok, "time_to_target_s": t,
+                 "final_eval_loss": final if math.isfinite(final) else math.inf,
+                 "tokens_total": float(r["tokens"].iloc[-1]),
+                 "time_total_s": float(r["train_time_s"].iloc[-1]),
+                 "updates": int(r["step"].iloc[-1])})
+  return pd.DataFrame(rows)
+
+
+def seed_mean_to_target(cur: pd.DataFrame, best_arm: str, target: float) -> pd.DataFrame:
+  """Per arm: `reach` of its seed-mean curve (averaged per evaluation: the arms evaluate at the
+  same examples seen, up to one batch), and the token saving against the best fixed arm's."""
+  rows = []
+  for a in sorted(set(cur["arm"])):
+    g = cur[cur["arm"] == a].sort_values("tokens")
+    m = g.groupby(g.groupby("run").cumcount())[["tokens", "eval_loss", "train_time_s"]].mean()
+    rows.append(dict(zip(("arm", "tokens_to_target", "time_to_target_s"), (a, *reach(m, target)),
+                         strict=True)))
+  out = pd.DataFrame(rows)
+  ref = float(out.loc[out["arm"] == best_arm, "tokens_to_target"].iloc[0])
+  out["token_saving"] = 1.0 - out["tokens_to_target"] / ref
+  return out
+
+
 def analyze(runs, out_dir: Path) -> None:
   """best.csv (the fixed arms' search; `best_arm`), curves.csv and to_target.csv (the runs
   judged), gns.csv (tracked B_simple), ramp_fit.csv."""
@@ -221,20 +287,18 @@ def analyze(runs, out_dir: Path) -> None:
                         for _, r in search.iterrows()]
   search.to_csv(out_dir / "best.csv", index=False)
   judged = compared(table, search, best)
-  cur = ttt.curves(judged, arm)
+  cur = curves(judged)
   cur.to_csv(out_dir / "curves.csv", index=False)
   best_arm = f"fixed_{int(best[SIZE])}" if best is not None else ""
-  ttt.to_target(cur, best_arm, fin).to_csv(out_dir / "to_target.csv", index=False)
+  to_target(cur, best_arm, fin).to_csv(out_dir / "to_target.csv", index=False)
   keys = [k for k in ("gns/total/b_simple", "gns/norm/b_simple") if k in judged]
   if keys:
     t = judged.dropna(subset=keys, how="all")
-    g = pd.DataFrame({"run": t["run"], "arm": [arm(r) for r in t.to_dict("records")],
-                      "train.seed": t["train.seed"], "step": t["step"],
-                      "tokens": t["train/tokens_seen"],
-                      **{k.split("/")[1]: t[k] for k in keys}})
-    g.to_csv(out_dir / "gns.csv", index=False)
-  fit = (fit_ramp(_best_runs(table, best), int(table["train/batch_size"].max()))
-         if best is not None and "train/batch_size" in table else None)
+    pd.DataFrame({"run": t["run"], "arm": [arm(r) for r in t.to_dict("records")],
+                  "train.seed": t["train.seed"], "step": t["step"],
+                  "tokens": t["train/tokens_seen"], **{k.split("/")[1]: t[k] for k in keys}}
+                 ).to_csv(out_dir / "gns.csv", index=False)
+  fit = fit_ramp(table, best, int(table["train/batch_size"].max())) if best is not None else None
   pd.DataFrame([fit] if fit else []).to_csv(out_dir / "ramp_fit.csv", index=False)
 
 
@@ -260,45 +324,53 @@ def figures(out_dir: Path) -> list[Path]:
         if col in r:
           axes[2].plot(r["tokens"], r[col], color=colors.get(name), lw=0.8, ls=ls,
                        label=f"{name} ({col})" if i == 0 else None)
-  style(axes[0], xlabel="tokens seen", ylabel="eval loss", title="eval loss", legend=8, grid=True)
-  style(axes[1], xlabel="tokens seen", ylabel="batch size", title="batch size", legend=8, grid=True)
-  style(axes[2], xlabel="tokens seen", ylabel="B_simple", yscale="log", title="tracked B_simple",
-        legend=7, grid=True)
+  for ax, y, title, legend in zip(axes, ("eval loss", "batch size", "B_simple"), (
+      "eval loss", "batch size", "tracked B_simple"), (8, 8, 7), strict=True):
+    style(ax, xlabel="tokens seen", ylabel=y, title=title, legend=legend, grid=True)
+  axes[2].set_yscale("log")
   return [savefig(fig, out_dir / "gns_schedule.png")]
+
+
+def schedule_verdict(pairs: list[rules.Comparison], power: float) -> str:
+  """`RULE`: `rules.verdict_of`, except that without a win and a loss, ties all round say "not
+  reproduced" at power ≥ `calibrate.MIN_POWER`, else "undetermined"."""
+  out, verdict = [p.outcome for p in pairs], rules.verdict_of(pairs)
+  if verdict in (rules.REPRODUCED, rules.NOT_REPRODUCED) or rules.WIN in out:
+    return verdict
+  tied = all(o == rules.TIE for o in out) and power >= calibrate.MIN_POWER
+  return rules.NOT_REPRODUCED if tied else rules.UNDETERMINED
 
 
 def report(out_dir: Path) -> Report:
   out_dir = Path(out_dir)
-  tt, search = read_csv(out_dir / "to_target.csv"), read_csv(out_dir / "best.csv")
-  if tt.empty or search.empty or not search["best_arm"].any():
+  tt = read_csv(out_dir / "to_target.csv")
+  if tt.empty:  # empty without a best fixed arm
     return not_measured(RULE, "no fixed arm finished its fresh seeds, so there is no target loss",
                         paper=PAPER)
   search = lr_search.load_best(out_dir)
   best = search[search["best_arm"]].iloc[0]
-  base = f"fixed_{int(best[SIZE])}"
-  cur = pd.read_csv(out_dir / "curves.csv")
-  target = float(tt["target"].iloc[0])
-  finals = {k: g["final_eval_loss"].tolist() for k, g in tt.groupby("arm")}
-  _, pairs = rules.decide(finals, [(k, base) for k in GUIDED])
-  delta = ttt.delta_short(finals, base)
-  noise = calibrate.pooled_std([finals[k] for k in (base, *GUIDED) if k in finals])
-  n = min(len(finals.get(base, [])), *(len(finals.get(k, [])) or 99 for k in GUIDED))
+  base, target = f"fixed_{int(best[SIZE])}", float(tt["target"].iloc[0])
+  losses = {k: g["final_eval_loss"].tolist() for k, g in tt.groupby("arm")}
+  _, pairs = rules.decide(losses, [(k, base) for k in GUIDED])
+  short, full = losses.get(f"{base}_short", []), losses.get(base, [])  # Δ18 (inf: diverged)
+  delta = float(np.mean(short) - np.mean(full)) if len(short) and len(full) else math.nan
+  noise = calibrate.pooled_std([losses[k] for k in (base, *GUIDED) if k in losses])
+  n = min(len(full), *(len(losses.get(k, [])) or 99 for k in GUIDED))
   cal = calibrate.calibrate("pair", noise, n, delta if math.isfinite(delta) else math.nan)
-  v = ttt.schedule_verdict(pairs, cal.power)
-  mean_tt = ttt.seed_mean_to_target(cur, base, target)
-  saving = mean_tt.set_index("arm")["token_saving"]
+  mean_tt = seed_mean_to_target(pd.read_csv(out_dir / "curves.csv"), base, target)
   by_arm = tt.groupby("arm").agg(
       final_eval_loss=("final_eval_loss", "mean"), final_std=("final_eval_loss", "std"),
       updates=("updates", "mean"), time_total_s=("time_total_s", "mean"), seeds=("run", "count"),
-      not_reached=("tokens_to_target", lambda x: int((~np.isfinite(x)).sum()))).reset_index()
-  by_arm = by_arm.merge(mean_tt, on="arm")
+      not_reached=("tokens_to_target", lambda x: int((~np.isfinite(x)).sum()))
+  ).reset_index().merge(mean_tt, on="arm")
   for c in ("tokens_to_target", "time_to_target_s", "token_saving"):  # inf: not reached
     by_arm[c] = by_arm[c].astype(object).where(np.isfinite(by_arm[c].astype(float)), "not reached")
-  pct = lambda x: f"{100 * x:.1f}%" if math.isfinite(x) else "not reached"
-  save = listing(((a, saving[a]) for a in (*GUIDED, *BASELINES) if a in saving), pct)
-  return Report(verdict=v, rule=RULE, paper=PAPER, calibration=cal.row(),
-                ours=f"token saving to B={int(best[SIZE])}'s final loss: {save or 'n/a'}; "
-                f"{outcomes(pairs)}",
+  saving = mean_tt.set_index("arm")["token_saving"]
+  save = listing(((a, saving[a]) for a in (*GUIDED, *BASELINES) if a in saving),
+                 lambda x: f"{100 * x:.1f}%" if math.isfinite(x) else "not reached")
+  return Report(verdict=schedule_verdict(pairs, cal.power), rule=RULE, paper=PAPER,
+                calibration=cal.row(), ours=f"token saving to B={int(best[SIZE])}'s final loss: "
+                f"{save or 'n/a'}; {outcomes(pairs)}",
                 checks=(f"baseline: fixed B = {int(best[SIZE])} at lr {best['optimizer.lr']:g}",
                         *(p.sentence() for p in pairs), f"Δ18 = {delta:.3g}"),
                 numbers_md=sections(

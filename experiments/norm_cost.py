@@ -77,22 +77,18 @@ def report(out_dir):
   t = s.rename(columns={"time_median": "time_ratio", "time_q25": "time_ratio_q25",
                         "time_q75": "time_ratio_q75"})
   t["backend"] = t["variant"].str.split("/").str[0]
-  outs, checks, cals = [], [], []
-  for variant, what, limit in BOUNDS:
-    m = overhead.judged(t, t[t["variant"] == variant], limit)
-    if not np.isfinite(m["flops"]):
-      checks.append(f"{what}: not measured")
-      continue
-    outs.append(overhead.side(m))
-    checks.append(overhead.text(what, m))
-    cals.append(overhead.time_calibration(m, int(s["reps"].median())))
-  if not outs:
-    return not_measured(RULE, "", paper=PAPER, checks=tuple(checks), numbers_md=md_table(s))
-  verdict = (NOT_REPRODUCED if FAILS in outs else REPRODUCED if all(o == HOLDS for o in outs)
-             else PARTLY)
+  ms = {what: overhead.judged(t, t[t["variant"] == v], limit) for v, what, limit in BOUNDS}
+  done = {what: m for what, m in ms.items() if np.isfinite(m["flops"])}
+  checks = tuple(overhead.text(w, m) if w in done else f"{w}: not measured" for w, m in ms.items())
+  if not done:
+    return not_measured(RULE, "", paper=PAPER, checks=checks, numbers_md=md_table(s))
+  outs = {what: overhead.side(m) for what, m in done.items()}
+  cals = [overhead.time_calibration(m, int(s["reps"].median())) for m in done.values()]
+  verdict = (NOT_REPRODUCED if FAILS in outs.values() else REPRODUCED
+             if all(o == HOLDS for o in outs.values()) else PARTLY)
   return gated(verdict, min(cals, key=lambda c: c.power if np.isfinite(c.power) else -1),
-               rule=RULE, paper=PAPER, checks=tuple(checks), numbers_md=md_table(s),
-               ours=", ".join(f"{w}: {o}" for (_, w, _), o in zip(BOUNDS, outs, strict=False)))
+               rule=RULE, paper=PAPER, checks=checks, numbers_md=md_table(s),
+               ours=", ".join(f"{w}: {o}" for w, o in outs.items()))
 
 
 EXPERIMENT = register(Experiment(name=NAME, title=TITLE, claim=CLAIM, row=ROWS["G1"], launch=launch,

@@ -218,7 +218,7 @@ def _schedule_report(tmp_path, name, table):
 
 
 def test_gns_schedule_crossing_interpolates_between_evaluations():
-  from experiments.tokens_to_target import crossing
+  from experiments.gns_schedule import crossing
 
   x, y = np.array([0.0, 10.0, 20.0]), np.array([5.0, 4.0, 2.0])
   assert crossing(x, y, 3.0) == 15.0 and crossing(x, y, 5.0) == 0.0
@@ -248,7 +248,6 @@ def test_gns_schedule_sweep_plan():
 
 def test_gns_schedule_verdicts_against_the_best_fixed_arm(tmp_path):
   from experiments import gns_schedule
-  from experiments import tokens_to_target as ttt
 
   arms = {"gns_norm": 1.5, "linear_paper": 1.4, "linear_fit": 1.3}
   rep, tt = _schedule_report(tmp_path, "faster", _schedule_table(arms))
@@ -262,7 +261,7 @@ def test_gns_schedule_verdicts_against_the_best_fixed_arm(tmp_path):
   np.testing.assert_allclose(tt["target"], base["final_eval_loss"].mean())
   assert np.isinf(tt[tt["arm"] == "fixed_64"]["tokens_to_target"]).all()  # slower arm
   cur = pd.read_csv(tmp_path / "faster" / "curves.csv")
-  mean = ttt.seed_mean_to_target(cur, "fixed_16", tt["target"].iloc[0]).set_index("arm")
+  mean = gns_schedule.seed_mean_to_target(cur, "fixed_16", tt["target"].iloc[0]).set_index("arm")
   assert mean.loc["fixed_16", "token_saving"] == 0.0
   assert 0.28 < mean.loc["gns_norm", "token_saving"] < 0.4  # 1/1.5 of the tokens
   assert np.isinf(mean.loc["fixed_64", "tokens_to_target"])
@@ -324,8 +323,8 @@ def test_gns_schedule_identical_arms_rarely_lose():
   # A schedule identical to the fixed arm, judged on final loss at equal tokens with 3
   # seeds: a LOSS (not reproduced) at the pair rule's one-sided rate 0.025, not the ~50 % of
   # a rule where not reaching the fixed arm's own final loss counts as a loss.
+  from experiments import gns_schedule as gs
   from experiments import rules
-  from experiments import tokens_to_target as ttt
 
   rng = np.random.default_rng(1)
   n, loss, reached = 4000, 0, 0
@@ -336,7 +335,7 @@ def test_gns_schedule_identical_arms_rarely_lose():
   assert 0.01 < loss / n < 0.04 and 0.45 < reached / n < 0.55
   tie = rules.Comparison("s", "f", rules.TIE, 4.0, 4.0, 0.01)
   win = rules.Comparison("s", "f", rules.WIN, 3.9, 4.0, 0.01)
-  assert ttt.schedule_verdict([tie] * 3, power=0.9) == "not reproduced"
-  assert ttt.schedule_verdict([tie] * 3, power=0.5) == "undetermined"
-  assert ttt.schedule_verdict([tie] * 3, power=float("nan")) == "undetermined"
-  assert ttt.schedule_verdict([win, tie, tie], power=0.5) == "partly reproduced"
+  assert gs.schedule_verdict([tie] * 3, power=0.9) == "not reproduced"
+  assert gs.schedule_verdict([tie] * 3, power=0.5) == "undetermined"
+  assert gs.schedule_verdict([tie] * 3, power=float("nan")) == "undetermined"
+  assert gs.schedule_verdict([win, tie, tie], power=0.5) == "partly reproduced"
