@@ -1,12 +1,9 @@
 """Claim 4: with lr tuned at B_ref and scaled by √(B / B_ref), Adam's loss-vs-examples curves
 collapse for small to medium B and separate at large B; √ does this better than linear or none.
 
-Every run sees the same examples (B_ref's budget, raised so the largest B takes ≥ MIN_STEPS
-steps), warmup in examples, evals at the same examples. B_ref runs at the lr the
-preconditioner search chose for Adam. Its first MARGIN_SEEDS seeds fix the margin in advance
-(`margin`: MARGIN_SPREADS × the spread of their curve averages, at least MIN_MARGIN) and are
-left out of every comparison. A `sqrt_2x` arm (B = 8, 16 at twice the examples) separates
-"small B is more sample-efficient in a short budget" from "√ scaling breaks".
+Every run sees the same examples (≥ MIN_STEPS steps at the largest B), warmup and evals in
+examples; B_ref runs at Adam's tuned lr. The `sqrt_2x` arm (small B at twice the examples)
+separates "small B is more sample-efficient in a short budget" from "√ scaling breaks".
 """
 
 from __future__ import annotations
@@ -117,7 +114,8 @@ def margin(ref_margin: np.ndarray) -> float:
 
 
 def collapse(curves: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, float]:
-  """(summary per scaling and B, per-seed mean |gap| to B_ref's seed-mean curve, margin)."""
+  """(summary per scaling and B, per-seed mean |gap| to B_ref's seed-mean curve, margin),
+  over the second half's eval points; B_ref's margin seeds only set the margin."""
   ref_b = int(curves["ref"].iloc[0])
   ref = curves[curves[KEY] == ref_b]
   xs = np.array(sorted(x for x in ref.dropna(subset=["eval/loss"])["examples_seen"].unique()
