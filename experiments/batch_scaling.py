@@ -68,16 +68,18 @@ def sweep(preset: str, inputs=None) -> Sweep:
     fixed = {"train.steps": steps, "train.eval_every": every // b,
              "logging.log_every": max(steps // 40, 1), "train.checkpoint_every": max(steps // 4, 1),
              "schedule.warmup_steps": max(warm // b, 1)}
-    return Block({KEY: [b], REF: [ref], SCALING: list(scalings), SEED: list(seeds)}, fixed=fixed)
+    grid = {KEY: [b], REF: [ref], SCALING: list(scalings), SEED: list(seeds)}
+    if examples != ex:  # the long arm: train.steps in the grid gives it its own run directories
+      grid["train.steps"] = [fixed.pop("train.steps")]
+    return Block(grid, fixed=fixed)
 
   blocks = [block(ref, ["sqrt"], SEEDS[preset] + MARGIN_SEEDS[preset])]
   for b in (b for b in sizes if b != ref):
     blocks.append(block(b, ["sqrt"], SEEDS[preset]))
     if CONTRAST_SEEDS[preset]:  # below B_ref (never where √ breaks, the pair judged): 2 seeds
       blocks.append(block(b, SCALINGS[1:], CONTRAST_SEEDS[preset][:2 if b < ref else None]))
-  for b in LONG_SIZES[preset]:  # train.steps in the grid: its own run directories
-    long = block(b, ["sqrt"], SEEDS[preset][:3], 2 * ex)  # reported beside, not judged
-    blocks.append(Block({**long.grid, "train.steps": [long.fixed.pop("train.steps")]}, long.fixed))
+  blocks += [block(b, ["sqrt"], SEEDS[preset][:3], 2 * ex)  # reported beside, not judged
+             for b in LONG_SIZES[preset]]
   # cpu: 48 runs of 12,800 examples (~36 min) + 3 of 25,600 at B = 8 (~4 min)
   return Sweep(base_for(NAME, preset, **lr_search.adam_lr(inputs, preset)), tuple(blocks),
                wall_estimate_min={"ci": 1.0, "cpu": 40}.get(preset))
@@ -172,8 +174,8 @@ def figures(out_dir):
   fig = plt().figure(figsize=(4.6 * len(scalings), 4.2))
   y = curves["eval/loss"].replace([np.inf, -np.inf], np.nan).dropna()
   for ax, sc in zip(fig.subplots(1, len(scalings), squeeze=False)[0], scalings, strict=False):
-    c = curves[(curves[SCALING] == sc) | (curves[KEY] == curves["ref"])]
-    c = c.replace([np.inf, -np.inf], np.nan)
+    c = curves[(curves[SCALING] == sc) | (curves[KEY] == curves["ref"])].replace(
+        [np.inf, -np.inf], np.nan)
     plot_curves(ax, c, [KEY], "eval/loss", labeler=lambda g: f"B={int(g[KEY])}")
     if len(y):
       ax.set_ylim(y.min() - 0.05, np.percentile(y, 85) + 0.1)

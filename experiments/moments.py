@@ -14,10 +14,9 @@ import numpy as np
 import pandas as pd
 
 from experiments import calibrate, leafwise, lr_search
-from experiments import rules as vd
 from experiments.figures import plot_curves, plt, savefig, style
 from experiments.record import ROWS, Experiment, Inputs, register
-from experiments.rules import is_norm_leaf
+from experiments.rules import PAIR_WIN, is_norm_leaf
 from experiments.runs import read_csv, x_examples
 from experiments.sweep import SEEDS, Block, Sweep, base_for
 from experiments.verdict import listing, not_measured, pairs_report, sections
@@ -30,13 +29,12 @@ RATIOS = ("snr2_batch", "snr2_example")  # opt/<leaf>/<name>
 MAGNITUDES = ("gbar2_mean", "mu2_mean", "var_mean")  # stats/<leaf>/<name>, per leaf only
 SHARES = ("share_mu2", "share_var_b", "share_var")  # opt/<leaf>/<name>
 IDS = ["run", "train.seed", "step", "examples_seen", "B"]  # B: NaN at the scale's batch size
-RULE = ("Per seed, each leaf's r = Σμ̂²/Σ(σ̂²/B) over its coordinates and the second half "
-        "of training's logged steps; the seed's value is the parameter-weighted median of r "
-        "over the leaves other than the normalization layers (the whole-model ratio of sums "
-        "is not used: in the cpu runs those layers hold 0.19 % of the parameters but most "
-        "of Σμ̂² and Σσ̂²/B). Against 1 (higher: μ² dominates Adam's v), " + vd.PAIR_WIN + ": "
-        "reproduced if μ² wins, not reproduced if σ²/B does, partly reproduced on a tie, "
-        "undetermined with < 2 seeds.")
+RULE = ("Per seed, each leaf's r = Σμ̂²/Σ(σ̂²/B) over its coordinates and the second half of "
+        "training's logged steps; the seed's value is the parameter-weighted median of r over the "
+        "leaves other than the normalization layers (the whole-model ratio of sums is not used: "
+        "in the cpu runs those layers hold 0.19 % of the parameters but most of Σμ̂² and Σσ̂²/B). "
+        f"Against 1 (higher: μ² dominates Adam's v), {PAIR_WIN}: reproduced if μ² wins, not "
+        "reproduced if σ²/B does, partly reproduced on a tie, undetermined with < 2 seeds.")
 PAPER = "v ≈ μ² + σ²/B dominated by μ² (qualitative)"
 EFFECT = 1.0  # r − 1: μ² twice σ²/B, our stated prior for "μ² dominates"
 

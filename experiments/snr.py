@@ -31,14 +31,12 @@ PLACEMENT = "optimizer.placement"
 BETA = float(experiment_value(NAME, "optimizer.b1"))
 IDS = ["run", "train.seed", "step", "examples_seen"]
 VIEW = "weighted_median_no_norm"  # the per-leaf view the verdict reads
-RULE = ("Per placement's runs, per seed and stage, each leaf's SNR² is its mean over the "
-        "second half of training's logged steps; the seed's value is the parameter-weighted "
-        "median over the leaves other than the normalization layers (not the whole-model "
-        "ratio of sums, which those layers dominate with 0.19 % of the parameters in the "
-        "cpu runs). "
-        "Expected ema > batch in every placement's runs (batch = B × example by "
-        "construction, so that pair is not tested), each pair " + rules.PAIR_WIN + ": "
-        + rules.PAIRS_VERDICT + ".")
+RULE = ("Per placement's runs, per seed and stage, each leaf's SNR² is its mean over the second "
+        "half of training's logged steps; the seed's value is the parameter-weighted median over "
+        "the leaves other than the normalization layers (not the whole-model ratio of sums, which "
+        "those layers dominate with 0.19 % of the parameters in the cpu runs). Expected ema > "
+        "batch in every placement's runs (batch = B × example by construction, so that pair is "
+        f"not tested), each pair {rules.PAIR_WIN}: {rules.PAIRS_VERDICT}.")
 PAPER = "SNR per-example < batch < EMA (argument; the measured plot is not known)"
 EFFECT = (1 + BETA) / (1 - BETA) - 1  # SNR²_ema − SNR²_batch for a constant mean, in SNR²_batch
 GAIN = float(np.sqrt((1 + BETA) / (1 - BETA)))  # SNR_ema / SNR_batch for a constant mean
