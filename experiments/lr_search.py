@@ -112,26 +112,21 @@ def follow_up_blocks(sweep: Sweep, fin: pd.DataFrame, round_: int) -> tuple[list
   for _, b in best.iterrows():
     group = {k: from_table(b[k]) for k in ls.group_keys}
     one = {k: [v] for k, v in group.items()}
-    grid = [float(x) for x in b["grid"].split()]
+    grid, lr = [float(x) for x in b["grid"].split()], None
     if b["all_diverged"]:  # the floor: below the lowest lr of the first-stage blocks
       lows = [min(float(x) for x in bl.grid[ls.lr_key]) for bl in sweep.blocks
               if ls.lr_key in bl.grid and all(k not in bl.grid or any(
                   _same(v, x) for x in bl.grid[k]) for k, v in group.items())]
-      floor = min(lows, default=grid[-1]) / ls.diverged_floor
-      if grid[0] > floor * (1 + 1e-6):
-        extend.append(Block({**one, ls.lr_key: [float(f"{grid[0] / ls.factor:.3g}")],
-                             ls.seed_key: seed0}))
-      continue
-    if b["at_edge"] and round_ < ls.max_extend:
+      if grid[0] > min(lows, default=grid[-1]) / ls.diverged_floor * (1 + 1e-6):
+        lr = grid[0] / ls.factor
+    elif b["at_edge"] and round_ < ls.max_extend:
       lr = grid[0] / ls.factor if b["edge"] == "low" else grid[-1] * ls.factor
-      extend.append(Block({**one, ls.lr_key: [float(f"{lr:.3g}")], ls.seed_key: seed0}))
-      continue
-    if ls.seeds and np.isfinite(b["select_loss"]):
+    elif ls.seeds and np.isfinite(b["select_loss"]):
       seeds.append(Block({**one, ls.lr_key: [float(b[ls.lr_key])],
                           ls.seed_key: list(ls.seeds)}))
-  if extend:
-    return extend + seeds, "extend"
-  return seeds, ("seeds" if seeds else "none")
+    if lr is not None:
+      extend.append(Block({**one, ls.lr_key: [float(f"{lr:.3g}")], ls.seed_key: seed0}))
+  return (extend + seeds, "extend") if extend else (seeds, "seeds" if seeds else "none")
 
 
 def select_seeds(sweep: Sweep) -> tuple:
