@@ -1,12 +1,9 @@
 """Claim 4: with lr tuned at B_ref and scaled by √(B / B_ref), Adam's loss-vs-examples curves
 collapse for small to medium B and separate at large B; √ does this better than linear or none.
 
-Every run sees the same examples (B_ref's budget, raised so the largest B takes ≥ MIN_STEPS
-steps), warmup in examples, evals at the same examples. B_ref runs at the lr the
-preconditioner search chose for Adam. Its first MARGIN_SEEDS seeds fix the margin in advance
-(`margin`: MARGIN_SPREADS × the spread of their curve averages, at least MIN_MARGIN) and are
-left out of every comparison. A `sqrt_2x` arm (B = 8, 16 at twice the examples) separates
-"small B is more sample-efficient in a short budget" from "√ scaling breaks".
+Every run sees the same examples (≥ MIN_STEPS steps at the largest B), warmup and evals in
+examples; B_ref runs at Adam's tuned lr. The `sqrt_2x` arm (small B at twice the examples)
+separates "small B is more sample-efficient in a short budget" from "√ scaling breaks".
 """
 
 from __future__ import annotations
@@ -71,16 +68,18 @@ def sweep(preset: str, inputs=None) -> Sweep:
     fixed = {"train.steps": steps, "train.eval_every": every // b,
              "logging.log_every": max(steps // 40, 1), "train.checkpoint_every": max(steps // 4, 1),
              "schedule.warmup_steps": max(warm // b, 1)}
-    return Block({KEY: [b], REF: [ref], SCALING: list(scalings), SEED: list(seeds)}, fixed=fixed)
+    grid = {KEY: [b], REF: [ref], SCALING: list(scalings), SEED: list(seeds)}
+    if examples != ex:  # the long arm: train.steps in the grid gives it its own run directories
+      grid["train.steps"] = [fixed.pop("train.steps")]
+    return Block(grid, fixed=fixed)
 
   blocks = [block(ref, ["sqrt"], SEEDS[preset] + MARGIN_SEEDS[preset])]
   for b in (b for b in sizes if b != ref):
     blocks.append(block(b, ["sqrt"], SEEDS[preset]))
     if CONTRAST_SEEDS[preset]:  # below B_ref (never where √ breaks, the pair judged): 2 seeds
       blocks.append(block(b, SCALINGS[1:], CONTRAST_SEEDS[preset][:2 if b < ref else None]))
-  for b in LONG_SIZES[preset]:  # train.steps in the grid: its own run directories
-    long = block(b, ["sqrt"], SEEDS[preset][:3], 2 * ex)  # reported beside, not judged
-    blocks.append(Block({**long.grid, "train.steps": [long.fixed.pop("train.steps")]}, long.fixed))
+  blocks += [block(b, ["sqrt"], SEEDS[preset][:3], 2 * ex)  # reported beside, not judged
+             for b in LONG_SIZES[preset]]
   # cpu: 48 runs of 12,800 examples (~36 min) + 3 of 25,600 at B = 8 (~4 min)
   return Sweep(base_for(NAME, preset, **lr_search.adam_lr(inputs, preset)), tuple(blocks),
                wall_estimate_min={"ci": 1.0, "cpu": 40}.get(preset))
@@ -117,7 +116,8 @@ def margin(ref_margin: np.ndarray) -> float:
 
 
 def collapse(curves: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, float]:
-  """(summary per scaling and B, per-seed mean |gap| to B_ref's seed-mean curve, margin)."""
+  """(summary per scaling and B, per-seed mean |gap| to B_ref's seed-mean curve, margin),
+  over the second half's eval points; B_ref's margin seeds only set the margin."""
   ref_b = int(curves["ref"].iloc[0])
   ref = curves[curves[KEY] == ref_b]
   xs = np.array(sorted(x for x in ref.dropna(subset=["eval/loss"])["examples_seen"].unique()
@@ -174,8 +174,8 @@ def figures(out_dir):
   fig = plt().figure(figsize=(4.6 * len(scalings), 4.2))
   y = curves["eval/loss"].replace([np.inf, -np.inf], np.nan).dropna()
   for ax, sc in zip(fig.subplots(1, len(scalings), squeeze=False)[0], scalings, strict=False):
-    c = curves[(curves[SCALING] == sc) | (curves[KEY] == curves["ref"])]
-    c = c.replace([np.inf, -np.inf], np.nan)
+    c = curves[(curves[SCALING] == sc) | (curves[KEY] == curves["ref"])].replace(
+        [np.inf, -np.inf], np.nan)
     plot_curves(ax, c, [KEY], "eval/loss", labeler=lambda g: f"B={int(g[KEY])}")
     if len(y):
       ax.set_ylim(y.min() - 0.05, np.percentile(y, 85) + 0.1)

@@ -1,15 +1,10 @@
 """Per-leaf views of whole-model ratios (snr, moments, gns_layers) and the sign counts (snr).
 
-A ratio of sums Σnum/Σden weighs a leaf by its share of Σnum and Σden, not of the
-parameters (the normalization layers: 0.19 % of the cpu model's parameters, most of Σμ̂²).
-So each seed also gets `rules.leaf_aggregates` of the per-leaf ratios, with the leaves'
-parameter counts in leaf_params.csv (from the sweep's model, else the logged sign counts).
-
-Sign counts `sign/<leaf>/<field>` (`pergrad.stats.sign_agreement.SignCounts`, sums against
-held-out batches) are pooled over the second half of training and over leaves, then
-
-    agree = agree / selected,  resolved = selected / coords,  agree_raw = agree_all / coords,
-    alignment = progress / √(coords · mu2)   (NaN where nothing is selected or mu2 ≤ 0)
+A ratio of sums Σnum/Σden weighs a leaf by its share of Σnum and Σden, not of the parameters
+(the norm layers: 0.19 % of the cpu model's parameters, most of Σμ̂²), so each seed also gets
+`rules.leaf_aggregates` of the per-leaf ratios, weighted by the counts in leaf_params.csv.
+The sign counts `sign/<leaf>/<field>` (`pergrad.stats.sign_agreement.SignCounts`) are pooled
+over the second half of training and over leaves (`sign_summary`).
 """
 
 from __future__ import annotations
@@ -20,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from experiments.rules import is_norm_leaf, leaf_aggregates
-from experiments.runs import leaf_of, stat_columns
+from experiments.runs import leaf_of, read_csv, stat_columns
 
 SIZES_CSV, SIGN_CSV = "leaf_params.csv", "snr_sign.csv"
 WHOLE = ("all", "total")  # the whole-model "leaf" of opt/ and stats/, sign/ keys
@@ -43,18 +38,14 @@ def sizes_from_table(table: pd.DataFrame) -> dict[str, int] | None:
 
 
 def write_sizes(table: pd.DataFrame, out_dir: Path) -> None:
-  sizes = sizes_from_table(table)
-  if sizes:
+  if sizes := sizes_from_table(table):
     pd.DataFrame({"leaf": list(sizes), "n_params": list(sizes.values())}).to_csv(
         Path(out_dir) / SIZES_CSV, index=False)
 
 
 def read_sizes(out_dir: Path) -> dict[str, int] | None:
-  path = Path(out_dir) / SIZES_CSV
-  if not path.exists():
-    return None
-  df = pd.read_csv(path)
-  return dict(zip(df["leaf"], df["n_params"].astype(int), strict=True))
+  df = read_csv(Path(out_dir) / SIZES_CSV)
+  return dict(zip(df["leaf"], df["n_params"].astype(int), strict=True)) if len(df) else None
 
 
 def second_half(df: pd.DataFrame) -> pd.DataFrame:
@@ -96,7 +87,9 @@ def sign_long(table: pd.DataFrame, ids: list[str]) -> pd.DataFrame:
 
 
 def sign_summary(counts: pd.DataFrame) -> pd.DataFrame:
-  """counts plus the SUMMARY columns of its (pooled) FIELDS."""
+  """counts plus the SUMMARY of its (pooled) FIELDS: agree = agree / selected, resolved =
+  selected / coords, agree_raw = agree_all / coords, alignment = progress / √(coords · mu2)
+  (NaN where nothing is selected or mu2 ≤ 0)."""
   c = {f: counts[f].to_numpy(float) for f in FIELDS}
   pos = c["mu2"] > 0
   with np.errstate(divide="ignore", invalid="ignore"):
@@ -122,5 +115,4 @@ def sign_pooled(sign_df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
 
 
 def read_signs(out_dir: Path) -> pd.DataFrame:
-  path = Path(out_dir) / SIGN_CSV
-  return pd.read_csv(path) if path.exists() else pd.DataFrame()
+  return read_csv(Path(out_dir) / SIGN_CSV)

@@ -17,10 +17,8 @@ import pandas as pd
 from experiments import figures as F
 from experiments import rules
 from experiments.runs import DONE, curves_at, finals, from_table
-from experiments.sweep import Block, LrSearch, Sweep, config_extras, fmt
+from experiments.sweep import Block, Sweep, config_extras, fmt
 from experiments.verdict import md_table
-
-CURVE_COLS = ("train/loss", "eval/loss", "train/lr", "train/grad_norm")
 
 
 @functools.lru_cache(maxsize=32)
@@ -47,28 +45,27 @@ def _in(col: pd.Series, seeds) -> pd.Series:
 
 def _same(a, b) -> bool:
   """Equality of override values read back from tables (None ~ NaN, floats ~ close)."""
-  if from_table(a) is None or from_table(b) is None:
-    return from_table(a) is None and from_table(b) is None
-  if isinstance(a, (int, float, np.number)) and isinstance(b, (int, float, np.number)) \
-      and not isinstance(a, bool) and not isinstance(b, bool):
-    return math.isclose(float(a), float(b), rel_tol=1e-6)
-  return a == b
+  a, b = from_table(a), from_table(b)
+  if a is None or b is None:
+    return a is b
+  num = lambda x: isinstance(x, (int, float)) and not isinstance(x, bool)
+  return math.isclose(float(a), float(b), rel_tol=1e-6) if num(a) and num(b) else a == b
 
 
 def best_lr(fin: pd.DataFrame, group_keys: Sequence[str], lr_key: str,
             seed_key: str = "train.seed", metric: str = "final_eval_loss",
             select_seed=None) -> pd.DataFrame:
-  """Per group: the lr chosen on the selection seeds (`select_seed`, one or a tuple; else the
-  group's lowest seed; a missing group key reads as None), `select_loss` there, and the fresh
-  seeds' `loss_mean`, `loss_std`, `n_seeds`, `fresh_seeds`, `fresh_losses` at it (a diverged
-  seed makes the mean inf); `at_edge`, `edge`, `grid` (lrs tried), `n_diverged`, `all_diverged`."""
+  """Per group (a missing key reads as None): the lr chosen on the selection seeds (`select_seed`,
+  one or a tuple; else the group's lowest), `select_loss` there, the fresh seeds' losses at it
+  (a diverged seed makes the mean inf), the lr grid, its edges and divergences."""
   rows = []
   completed = fin[fin["status"].isin(DONE)] if "status" in fin else fin
   completed = completed.assign(**{k: None for k in group_keys if k not in completed})
+  has_seed = seed_key in completed
+  if select_seed is not None:
+    select_seed = tuple(select_seed) if isinstance(select_seed, (tuple, list)) else (select_seed,)
   for gvals, g in completed.groupby(list(group_keys), sort=False, dropna=False):  # keys: tuples
-    has_seed = seed_key in g
-    sel = ((tuple(select_seed) if isinstance(select_seed, (tuple, list)) else (select_seed,))
-           if select_seed is not None else (g[seed_key].min(),)) if has_seed else ()
+    sel = (select_seed if select_seed is not None else (g[seed_key].min(),)) if has_seed else ()
     s0 = g[_in(g[seed_key], sel)] if has_seed else g
     if s0.empty:  # no selection run in this group: nothing was selected
       continue
@@ -103,11 +100,9 @@ def best_lr(fin: pd.DataFrame, group_keys: Sequence[str], lr_key: str,
 
 
 def follow_up_blocks(sweep: Sweep, fin: pd.DataFrame, round_: int) -> tuple[list[Block], str]:
-  """(blocks, kind) of follow-up round `round_`: per group the next lr past the edge its lr
-  is at (while `round_ < max_extend`), the next lr below an all-diverged grid (down to
-  `diverged_floor`), else the fresh seeds at its lr. kind: "extend" when any group extends
-  (the settled groups' seeds come along), "seeds", or "none". Deterministic given the
-  finished runs, so a re-launched sweep recomputes the same blocks."""
+  """(blocks, kind) of follow-up round `round_`: per group the next lr past its edge (while
+  `round_ < max_extend`) or below an all-diverged grid (down to `diverged_floor`), else its fresh
+  seeds. kind: "extend" (the settled groups' seeds come along), "seeds" or "none"."""
   ls = sweep.lr_search
   if ls is None or fin.empty:
     return [], "none"
@@ -117,32 +112,21 @@ def follow_up_blocks(sweep: Sweep, fin: pd.DataFrame, round_: int) -> tuple[list
   for _, b in best.iterrows():
     group = {k: from_table(b[k]) for k in ls.group_keys}
     one = {k: [v] for k, v in group.items()}
-    grid = [float(x) for x in b["grid"].split()]
-    if b["all_diverged"]:
-      low = _first_grid_low(sweep, ls, group)
-      floor = (low if low is not None else grid[-1]) / ls.diverged_floor
-      if grid[0] > floor * (1 + 1e-6):
-        extend.append(Block({**one, ls.lr_key: [float(f"{grid[0] / ls.factor:.3g}")],
-                             ls.seed_key: seed0}))
-      continue
-    if b["at_edge"] and round_ < ls.max_extend:
+    grid, lr = [float(x) for x in b["grid"].split()], None
+    if b["all_diverged"]:  # the floor: below the lowest lr of the first-stage blocks
+      lows = [min(float(x) for x in bl.grid[ls.lr_key]) for bl in sweep.blocks
+              if ls.lr_key in bl.grid and all(k not in bl.grid or any(
+                  _same(v, x) for x in bl.grid[k]) for k, v in group.items())]
+      if grid[0] > min(lows, default=grid[-1]) / ls.diverged_floor * (1 + 1e-6):
+        lr = grid[0] / ls.factor
+    elif b["at_edge"] and round_ < ls.max_extend:
       lr = grid[0] / ls.factor if b["edge"] == "low" else grid[-1] * ls.factor
-      extend.append(Block({**one, ls.lr_key: [float(f"{lr:.3g}")], ls.seed_key: seed0}))
-      continue
-    if ls.seeds and np.isfinite(b["select_loss"]):
+    elif ls.seeds and np.isfinite(b["select_loss"]):
       seeds.append(Block({**one, ls.lr_key: [float(b[ls.lr_key])],
                           ls.seed_key: list(ls.seeds)}))
-  if extend:
-    return extend + seeds, "extend"
-  return seeds, ("seeds" if seeds else "none")
-
-
-def _first_grid_low(sweep: Sweep, ls: LrSearch, group: dict) -> float | None:
-  """The lowest lr of the sweep's first-stage blocks that run `group`."""
-  lows = [min(float(x) for x in bl.grid[ls.lr_key]) for bl in sweep.blocks
-          if ls.lr_key in bl.grid and all(k not in bl.grid or any(_same(v, x) for x in bl.grid[k])
-                                          for k, v in group.items())]
-  return min(lows) if lows else None
+    if lr is not None:
+      extend.append(Block({**one, ls.lr_key: [float(f"{lr:.3g}")], ls.seed_key: seed0}))
+  return (extend + seeds, "extend") if extend else (seeds, "seeds" if seeds else "none")
 
 
 def select_seeds(sweep: Sweep) -> tuple:
@@ -153,8 +137,7 @@ def select_seeds(sweep: Sweep) -> tuple:
 
 
 def load_best(out_dir: Path) -> pd.DataFrame:
-  """best.csv with a `values` column: the fresh seeds' losses, or [inf] for a group that
-  diverged at every lr (it then loses to every group that trained)."""
+  """best.csv with `values`: the fresh seeds' losses, [inf] for a group diverged at every lr."""
   best = pd.read_csv(Path(out_dir) / "best.csv")
   cell = lambda v: [] if from_table(v) is None else [float(x) for x in str(v).split()]
   best["values"] = [cell(v) or ([math.inf] if r else [])  # a cell "4.01 inf", empty or NaN
@@ -163,8 +146,7 @@ def load_best(out_dir: Path) -> pd.DataFrame:
 
 
 def tuned_best(inputs, experiment: str) -> pd.DataFrame:
-  """`best_lr` of `experiment`'s own search, re-derived from its runs as its `analyze` does
-  (FileNotFoundError, before any run, when that search has not been run)."""
+  """`best_lr` of `experiment`'s own search, from its runs (FileNotFoundError if not run)."""
   from experiments.record import get
   from experiments.runs import aggregate
 
@@ -184,8 +166,7 @@ def tuned_best(inputs, experiment: str) -> pd.DataFrame:
 
 
 def planned_best(sw: Sweep) -> pd.DataFrame:
-  """A dry run's stand-in for `tuned_best` before the search ran: each group of the first
-  stage at the middle of its lr grid (a placeholder)."""
+  """A dry run's stand-in for `tuned_best`: each first-stage group at the middle of its grid."""
   ls, rows = sw.lr_search, []
   for bl in sw.blocks:
     keys = [k for k in ls.group_keys if k in bl.grid]
@@ -198,10 +179,10 @@ def planned_best(sw: Sweep) -> pd.DataFrame:
 
 def tuned_lr(inputs, experiment: str, where: dict) -> float:
   """The lr `experiment`'s search chose for the group `where` (e.g. {"optimizer.placement":
-  "ema"}): how snr, moments, batch_scaling and gns_layers run a variant at its tuned lr."""
+  "ema"})."""
   rows = tuned_best(inputs, experiment)
   for k, v in where.items():  # a group key missing from the table reads as None
-    rows = rows[[_same(from_table(c), v) for c in (rows[k] if k in rows else [None] * len(rows))]]
+    rows = rows[[_same(c, v) for c in (rows[k] if k in rows else [None] * len(rows))]]
   if len(rows) != 1:
     raise ValueError(f"{inputs.sweep_dir(experiment)}: {len(rows)} groups of {experiment} "
                      f"match {where}; expected exactly one (re-run `python "
@@ -210,8 +191,7 @@ def tuned_lr(inputs, experiment: str, where: dict) -> float:
 
 
 def adam_lr(inputs, preset: str) -> dict:
-  """{"optimizer.lr": Adam's (unclipped) lr as the preconditioner search chose it}; {} at ci
-  (the config's): how moments, batch_scaling and gns_layers run Adam at its tuned lr."""
+  """{"optimizer.lr": Adam's (unclipped) lr the preconditioner search chose}; {} at ci."""
   return {} if preset == "ci" else {"optimizer.lr": tuned_lr(
       inputs, "preconditioner", {"optimizer.variant": "adam", "optimizer.clip_norm": None})}
 
@@ -233,14 +213,15 @@ def edges_note(best: pd.DataFrame, labeler: Callable[[dict], str]) -> str:
 
 def analyze(runs, out_dir: Path, group_keys: Sequence[str], lr_key: str = "optimizer.lr",
             seed_key: str = "train.seed", select_seed=None) -> None:
-  """finals.csv, best.csv (`best_lr`) and curves.csv (at the chosen lr: the fresh seeds', or
-  the selection seeds' where a group has none)."""
+  """finals.csv, best.csv (`best_lr`) and curves.csv (at the chosen lr: the fresh seeds', else
+  the selection seeds')."""
   out_dir, table, fin = Path(out_dir), runs.table, runs.finals
   fin.to_csv(out_dir / "finals.csv", index=False)
   best = best_lr(fin, group_keys, lr_key, seed_key, select_seed=select_seed)
   best.to_csv(out_dir / "best.csv", index=False)
   own = ["select_seed", "n_seeds"]  # the group's, carried to its curves
-  curves = curves_at(table, best, [*group_keys, lr_key], [*CURVE_COLS, *own])
+  cols = ["train/loss", "eval/loss", "train/lr", "train/grad_norm", *own]
+  curves = curves_at(table, best, [*group_keys, lr_key], cols)
   if seed_key in curves and not best.empty:
     selection = [fmt(from_table(x)) in fmt(from_table(s)).split()
                  for x, s in zip(curves[seed_key], curves["select_seed"], strict=True)]
@@ -257,8 +238,7 @@ def figures(out_dir: Path, group_keys: Sequence[str], title: str,
   pyplot = F.plt()
   fig, ax = pyplot.subplots(figsize=(6.5, 4.2))
   F.plot_u_curves(ax, fin, group_keys, lr_key, labeler=labeler)
-  ax.set_title(f"{title}: final eval loss vs learning rate")
-  ax.legend(fontsize=7)
+  F.style(ax, title=f"{title}: final eval loss vs learning rate", legend=7)
   paths = [F.savefig(fig, out_dir / "u_curves.png")]
   fig, axes = pyplot.subplots(1, 2, figsize=(11, 4.2))
   for ax, y in zip(axes, ("train/loss", "eval/loss"), strict=False):
@@ -283,11 +263,10 @@ def best_md(best: pd.DataFrame, group_keys: Sequence[str], extra: Sequence[str] 
   """The chosen-lr table as Markdown, `ranked`, edges flagged."""
   cols = [*group_keys, "optimizer.lr", "select_loss", "loss_mean", "loss_std", "n_seeds", "grid",
           "n_diverged", "at_edge", *extra]
-  b = ranked(best)[cols].rename(columns={k: k.split(".")[-1] for k in group_keys})
-  b = b.rename(columns={"optimizer.lr": "lr (chosen on the selection seeds)",
-                        "select_loss": "selection-seed loss (selection only)",
-                        "loss_mean": "final eval loss, fresh seeds (mean)",
-                        "loss_std": "std over fresh seeds", "n_seeds": "fresh seeds",
-                        "grid": "lr grid", "n_diverged": "diverged lrs",
-                        "at_edge": "chosen at edge"})
-  return md_table(b)
+  return md_table(ranked(best)[cols].rename(columns={
+      **{k: k.split(".")[-1] for k in group_keys},
+      "optimizer.lr": "lr (chosen on the selection seeds)",
+      "select_loss": "selection-seed loss (selection only)",
+      "loss_mean": "final eval loss, fresh seeds (mean)",
+      "loss_std": "std over fresh seeds", "n_seeds": "fresh seeds", "grid": "lr grid",
+      "n_diverged": "diverged lrs", "at_edge": "chosen at edge"}))

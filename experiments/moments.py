@@ -1,12 +1,9 @@
 """Claim 3, mechanism: which term dominates Adam's second moment over training.
 
-Per coordinate E[ḡ²] = μ² + σ²/B (Adam's v) and E[mean g_i²] = μ² + σ² (MicroAdam's v). Logged
-(`pergrad.optim.diagnostics`, ratios of sums with the unbiased μ̂² = ḡ² − σ̂²/B, signed) per
-leaf and over all coordinates: snr2_batch = Σμ̂²/Σ(σ̂²/B), snr2_example = Σμ̂²/Σσ̂², and the
-shares of μ̂², σ̂²/B, σ̂² in Adam's debiased v̂; Adam at its tuned lr, 3 seeds, at the scale's
-B and at B = 128 (r grows with B). The verdict reads each leaf's r = Σμ̂²/Σ(σ̂²/B) over the
-second half of training, aggregated per seed by `leafwise` (the normalization layers, 0.19 %
-of the parameters, hold most of the whole-model sums).
+Per coordinate E[ḡ²] = μ² + σ²/B (Adam's v) and E[mean g_i²] = μ² + σ² (MicroAdam's v).
+`pergrad.optim.diagnostics` logs, per leaf and over all coordinates, ratios of sums with the
+signed μ̂² = ḡ² − σ̂²/B: snr2_batch = Σμ̂²/Σ(σ̂²/B), snr2_example = Σμ̂²/Σσ̂², and the shares of
+μ̂², σ̂²/B, σ̂² in Adam's debiased v̂.
 """
 
 from __future__ import annotations
@@ -17,10 +14,9 @@ import numpy as np
 import pandas as pd
 
 from experiments import calibrate, leafwise, lr_search
-from experiments import rules as vd
 from experiments.figures import plot_curves, plt, savefig, style
 from experiments.record import ROWS, Experiment, Inputs, register
-from experiments.rules import is_norm_leaf
+from experiments.rules import PAIR_WIN, is_norm_leaf
 from experiments.runs import read_csv, x_examples
 from experiments.sweep import SEEDS, Block, Sweep, base_for
 from experiments.verdict import listing, not_measured, pairs_report, sections
@@ -29,27 +25,22 @@ NAME = "moments"
 TITLE = "μ², σ²/B and σ² in Adam's second moment over training"
 CLAIM = ("Adam's preconditioner v ≈ μ² + σ²/B: the paper's reading is that good "
          "preconditioning is dominated by μ² rather than by the variance σ².")
-
-# Logged per leaf and whole-model by `pergrad.optim.diagnostics` ("opt/<leaf>/<name>").
-RATIOS = ("snr2_batch", "snr2_example")
-MAGNITUDES = ("gbar2_mean", "mu2_mean", "var_mean")  # per leaf only
-# Shares of the step's μ̂², σ̂²/B, σ̂² in Adam's debiased v̂ (`pergrad.optim.diagnostics`).
-SHARES = ("share_mu2", "share_var_b", "share_var")
+RATIOS = ("snr2_batch", "snr2_example")  # opt/<leaf>/<name>
+MAGNITUDES = ("gbar2_mean", "mu2_mean", "var_mean")  # stats/<leaf>/<name>, per leaf only
+SHARES = ("share_mu2", "share_var_b", "share_var")  # opt/<leaf>/<name>
 IDS = ["run", "train.seed", "step", "examples_seen", "B"]  # B: NaN at the scale's batch size
-RULE = ("Per seed, each leaf's r = Σμ̂²/Σ(σ̂²/B) over its coordinates and the second half "
-        "of training's logged steps; the seed's value is the parameter-weighted median of r "
-        "over the leaves other than the normalization layers (the whole-model ratio of sums "
-        "is not used: in the cpu runs those layers hold 0.19 % of the parameters but most "
-        "of Σμ̂² and Σσ̂²/B). Against 1 (higher: μ² dominates Adam's v), " + vd.PAIR_WIN + ": "
-        "reproduced if μ² wins, not reproduced if σ²/B does, partly reproduced on a tie, "
-        "undetermined with < 2 seeds.")
+RULE = ("Per seed, each leaf's r = Σμ̂²/Σ(σ̂²/B) over its coordinates and the second half of "
+        "training's logged steps; the seed's value is the parameter-weighted median of r over the "
+        "leaves other than the normalization layers (the whole-model ratio of sums is not used: "
+        "in the cpu runs those layers hold 0.19 % of the parameters but most of Σμ̂² and Σσ̂²/B). "
+        f"Against 1 (higher: μ² dominates Adam's v), {PAIR_WIN}: reproduced if μ² wins, not "
+        "reproduced if σ²/B does, partly reproduced on a tie, undetermined with < 2 seeds.")
 PAPER = "v ≈ μ² + σ²/B dominated by μ² (qualitative)"
 EFFECT = 1.0  # r − 1: μ² twice σ²/B, our stated prior for "μ² dominates"
 
 
 def sweep(preset: str, inputs: Inputs | None = None) -> Sweep:
-  """Adam at its own best lr (the one the preconditioner search chose, from its runs; at ci the
-  config's), statistics logged, seeds."""
+  """Adam at the lr the preconditioner search chose (ci: the config's), statistics logged."""
   log_every = {"ci": 5, "cpu": 10, "paper": 100}[preset]
   base = base_for(NAME, preset, **{"stats.log_every": log_every},
                   **lr_search.adam_lr(inputs, preset))
@@ -76,7 +67,7 @@ def analyze(runs, out_dir: Path) -> None:
 
 
 def at_ref(df: pd.DataFrame) -> pd.DataFrame:
-  """The rows of the runs at the scale's batch size (the verdict's; B = 128 is reported beside)."""
+  """The rows of the runs at the scale's batch size (the verdict's)."""
   return df[df["B"].isna()] if "B" in df else df
 
 
@@ -95,20 +86,9 @@ def sample_count(all_df: pd.DataFrame) -> float:
   return float(n.median())
 
 
-def leaf_sums(per_leaf: pd.DataFrame, sizes: dict[str, int], n: float) -> pd.DataFrame:
-  """train.seed, leaf, num = Σμ̂², den = Σσ̂²/n per leaf (means over the second half of
-  training's logged steps of mu2_mean · D and var_mean · D / n)."""
-  late = leafwise.second_half(per_leaf[per_leaf["quantity"].isin(("mu2_mean", "var_mean"))])
-  p = late.pivot_table(index=["train.seed", "leaf"], columns="quantity", values="value",
-                       aggfunc="mean").reset_index()
-  size = p["leaf"].map(sizes).astype(float)
-  return p.assign(num=p["mu2_mean"] * size, den=p["var_mean"] * size / n)[
-      ["train.seed", "leaf", "num", "den"]]
-
-
 def leaf_views(out_dir: Path) -> pd.DataFrame | None:
-  """Per seed `rules.leaf_aggregates` of μ̂²/(σ̂²/B); None without the per-leaf terms or the
-  parameter counts (leaf_params.csv)."""
+  """Per seed `rules.leaf_aggregates` of num = Σμ̂², den = Σσ̂²/n per leaf (the means over the
+  second half of mu2_mean · D and var_mean · D / n); None without them or leaf_params.csv."""
   sizes = leafwise.read_sizes(out_dir)
   path = Path(out_dir) / "moments_per_leaf.csv"
   if sizes is None or not path.exists():
@@ -117,38 +97,39 @@ def leaf_views(out_dir: Path) -> pd.DataFrame | None:
   if not {"mu2_mean", "var_mean"} <= set(per_leaf["quantity"]):
     return None
   n = sample_count(at_ref(pd.read_csv(Path(out_dir) / "moments_all.csv")))
-  return leafwise.per_seed_views(leaf_sums(per_leaf, sizes, n), sizes, ["train.seed"])
+  late = leafwise.second_half(per_leaf[per_leaf["quantity"].isin(("mu2_mean", "var_mean"))])
+  p = late.pivot_table(index=["train.seed", "leaf"], columns="quantity", values="value",
+                       aggfunc="mean").reset_index()
+  size = p["leaf"].map(sizes).astype(float)
+  sums = p.assign(num=p["mu2_mean"] * size, den=p["var_mean"] * size / n)
+  return leafwise.per_seed_views(sums[["train.seed", "leaf", "num", "den"]], sizes, ["train.seed"])
 
 
 def figures(out_dir: Path) -> list[Path]:
+  """moments_over_training.png: the whole-model ratios and shares, and each leaf's ratio."""
   out_dir = Path(out_dir)
   all_df = pd.read_csv(out_dir / "moments_all.csv")
-  per_leaf = pd.read_csv(out_dir / "moments_per_leaf.csv")
+  leaf = pd.read_csv(out_dir / "moments_per_leaf.csv").query("quantity == 'snr2_batch'")
   fig, axes = plt().subplots(1, 3, figsize=(16, 4.2))
-  panels = ((RATIOS, {"snr2_batch": "Σμ̂² / Σσ̂²/B (Adam)", "snr2_example": "Σμ̂² / Σσ̂² "
-                      "(MicroAdam)"}, "ratio of sums over all coordinates",
+  labels = {"snr2_batch": "Σμ̂² / Σσ̂²/B (Adam)", "snr2_example": "Σμ̂² / Σσ̂² (MicroAdam)"}
+  panels = ((RATIOS, "ratio of sums over all coordinates",
              "μ² over the noise term of v (> 1: μ²-dominated)"),
-            (SHARES, {}, "Σ term / Σ v̂ (all coordinates)", "shares of μ̂², σ̂²/B, σ̂² in Adam's v̂"))
-  for ax, (names, labels, ylabel, title) in zip(axes, panels, strict=False):
-    rows = all_df[all_df["quantity"].isin(names)]
-    if not rows.empty:
-      plot_curves(ax, rows, ["quantity"], "value",
-                  labeler=lambda g, labels=labels: labels.get(g["quantity"], g["quantity"]))
-    if names == RATIOS:
-      ax.axhline(1.0, color="k", ls="--", lw=0.8)
-    ax.set_yscale("symlog", linthresh=1e-2)
-    style(ax, ylabel=ylabel, title=title, legend=8)
-  leaf = per_leaf[per_leaf["quantity"] == "snr2_batch"]
+            (SHARES, "Σ term / Σ v̂ (all coordinates)", "shares of μ̂², σ̂²/B, σ̂² in Adam's v̂"),
+            ((), "Σμ̂² / Σσ̂²/B within the leaf", "per leaf, second half (orange: norm layers)"))
   if not leaf.empty:
     bars = leafwise.second_half(leaf).groupby("leaf")["value"].mean()
     axes[2].bar(range(len(bars)), bars.values,
                 color=["C1" if is_norm_leaf(k) else "C0" for k in bars.index])
     axes[2].set_xticks(range(len(bars)), [lbl[-28:] for lbl in bars.index], rotation=70,
                        fontsize=6, ha="right", rotation_mode="anchor")
-  axes[2].axhline(1.0, color="k", ls="--", lw=0.8)
-  axes[2].set_yscale("symlog", linthresh=1e-2)
-  style(axes[2], ylabel="Σμ̂² / Σσ̂²/B within the leaf",
-        title="per leaf, second half (orange: norm layers)")
+  for ax, (names, ylabel, title) in zip(axes, panels, strict=True):
+    if all_df["quantity"].isin(names).any():
+      plot_curves(ax, all_df[all_df["quantity"].isin(names)], ["quantity"], "value",
+                  labeler=lambda g: labels.get(g["quantity"], g["quantity"]))
+    if names != SHARES:  # a ratio: 1 where μ² equals the noise term
+      ax.axhline(1.0, color="k", ls="--", lw=0.8)
+    ax.set_yscale("symlog", linthresh=1e-2)
+    style(ax, ylabel=ylabel, title=title, legend=8)
   return [savefig(fig, out_dir / "moments_over_training.png")]
 
 

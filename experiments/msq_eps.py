@@ -1,10 +1,8 @@
 """Claim 3, follow-up: is MicroAdamMSQ's result its μ² preconditioner or its ε floor?
 
 MicroAdamMSQ's v = EMA(max(ḡ² − σ̂²/B, 0)) is 0 where the batch mean is noise-dominated, and
-there its update is m̂/ε. Arms, all on the fresh seeds: MicroAdamMSQ and Adam at the ε and lr
-the preconditioner search chose; the ε-only control (Adam at ε = 1 ≫ √v̂: momentum) and the
-ε-matched control (Adam at MicroAdamMSQ's ε), each with its own √2 lr search. Logged:
-eps_share, the share of coordinates where ε > √v̂ (per leaf and over all).
+there its update is m̂/ε. The controls: Adam at ε = 1 ≫ √v̂ (momentum) and at MicroAdamMSQ's ε.
+Logged: eps_share, the share of coordinates where ε > √v̂ (per leaf and over all).
 """
 
 from __future__ import annotations
@@ -29,7 +27,7 @@ CLAIM = ("A preconditioner dominated by μ² works at least as well as Adam's μ
          "the floor of √v there).")
 PAPER = "μ²-dominated ≥ Adam (qualitative)"
 GROUP = ("optimizer.variant", "optimizer.eps")
-MSQ, ADAM, CONTROL_EPS = "micro_adam_msq", "adam", 1.0
+MSQ, ADAM, CONTROL_EPS, CONTROL = "micro_adam_msq", "adam", 1.0, "control (adam, eps=1)"
 SELECT, SEEDS = preconditioner.SELECT, preconditioner.SEEDS
 LOG_EVERY = {"ci": 10, "cpu": 50, "paper": 500}
 RULE = (f"MicroAdamMSQ vs Adam, vs the ε-only control (ε = 1) and vs Adam at MicroAdamMSQ's ε, "
@@ -54,7 +52,7 @@ def sweep(preset: str, inputs=None) -> Sweep:
                  "optimizer.lr": [x * (3.0 if preset == "cpu" else 0.3) for x in (0.5, 1, 2)],
                  "train.seed": list(SELECT)}),
           Block({"optimizer.variant": [ADAM], "optimizer.eps": [eps_msq],
-                 "optimizer.lr": preconditioner.grid(lr_adam, 1), "train.seed": list(SELECT)}))
+                 "optimizer.lr": preconditioner.grid(lr_adam), "train.seed": list(SELECT)}))
   # cpu: 2 × 5 fixed + 2 × (3 lrs × 1 selection + 5 fresh) = 26 runs, ~48 s each
   return Sweep(base, (*ctrl, *fixed), LrSearch(GROUP, factor=2 ** 0.5, max_extend=2, seeds=SEEDS),
                wall_estimate_min=21 if preset == "cpu" else None)
@@ -63,7 +61,7 @@ def sweep(preset: str, inputs=None) -> Sweep:
 def label(g: dict) -> str:
   eps = float(g["optimizer.eps"])
   if g["optimizer.variant"] == ADAM and eps == CONTROL_EPS:
-    return "control (adam, eps=1)"
+    return CONTROL
   return f"{g['optimizer.variant']}, eps={fmt(eps)}"
 
 
@@ -103,12 +101,10 @@ def groups(out_dir: Path) -> dict:
 
 def report(out_dir):
   g = groups(out_dir)
-  names = list(g)
-  msq = next((n for n in names if n.startswith(MSQ)), MSQ)
+  msq = next((n for n in g if n.startswith(MSQ)), MSQ)
   eps = msq.split("eps=")[-1]
-  adam = next((n for n in names if n.startswith(ADAM + ",") and n.split("eps=")[-1] != eps), ADAM)
-  matched = f"{ADAM}, eps={eps}"
-  expected = [(msq, adam), (msq, "control (adam, eps=1)"), (msq, matched)]
+  adam = next((n for n in g if n.startswith(ADAM + ",") and n.split("eps=")[-1] != eps), ADAM)
+  controls = [c for c in (CONTROL, f"{ADAM}, eps={eps}") if c in g]  # ε-only, ε-matched
 
   def verdict(pairs):
     head = pairs[0].outcome
@@ -120,7 +116,7 @@ def report(out_dir):
   share_md = sections("", "eps_share per run (mean over its logged steps):",
                       shares[cols]) if len(shares) else ""
   return pairs_report(
-      g, [expected[0], *(p for p in expected[1:] if p[1] in g)], rule=RULE, paper=PAPER,
+      g, [(msq, c) for c in (adam, *controls)], rule=RULE, paper=PAPER,
       effect=preconditioner.EFFECT, verdict_fn=verdict,
       numbers_md=lr_search.best_md(lr_search.load_best(out_dir), GROUP) + share_md)
 

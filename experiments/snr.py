@@ -1,15 +1,9 @@
 """Claim 2, mechanism: the measured signal-to-noise ratio at each stage of the sign chain.
 
-Logged by `pergrad.optim.diagnostics` as `opt/<leaf>/snr2_<stage>` (and `opt/all/` over all
-coordinates), ratios of sums with the bias-corrected μ̂² = ḡ² − σ̂²/B (signed, never clipped):
-
-    example  Σ(ḡ² − σ̂²/B) / Σσ̂²     batch  Σ(ḡ² − σ̂²/B) / Σ(σ̂²/B)  (= B × example)
-    ema      Σ(m² − V) / ΣV           m = EMA_β(ḡ), V its tracked variance
-
-Runs: the placements ema, batch, example, each at the lr sign_placement's search chose, 3
-seeds. Per seed and stage the verdict reads the parameter-weighted median over the non-norm
-leaves of each leaf's mean SNR² over the second half of training (`leafwise`). The EMA gain
-SNR_ema/SNR_batch is √((1+β)/(1−β)) for a mean constant across steps, less for a drifting one.
+`pergrad.optim.diagnostics` logs `opt/<leaf>/snr2_<stage>` (and `opt/all/`), ratios of sums
+with the signed μ̂² = ḡ² − σ̂²/B: example Σμ̂²/Σσ̂², batch Σμ̂²/Σ(σ̂²/B) (= B × example), ema
+Σ(m² − V)/ΣV (m = EMA_β(ḡ), V its tracked variance). A mean constant across steps gives an EMA
+gain SNR_ema/SNR_batch of √((1+β)/(1−β)), a drifting one less.
 """
 
 from __future__ import annotations
@@ -37,21 +31,15 @@ PLACEMENT = "optimizer.placement"
 BETA = float(experiment_value(NAME, "optimizer.b1"))
 IDS = ["run", "train.seed", "step", "examples_seen"]
 VIEW = "weighted_median_no_norm"  # the per-leaf view the verdict reads
-RULE = ("Per placement's runs, per seed and stage, each leaf's SNR² is its mean over the "
-        "second half of training's logged steps; the seed's value is the parameter-weighted "
-        "median over the leaves other than the normalization layers (not the whole-model "
-        "ratio of sums, which those layers dominate with 0.19 % of the parameters in the "
-        "cpu runs). "
-        "Expected ema > batch in every placement's runs (batch = B × example by "
-        "construction, so that pair is not tested), each pair " + rules.PAIR_WIN + ": "
-        + rules.PAIRS_VERDICT + ".")
+RULE = ("Per placement's runs, per seed and stage, each leaf's SNR² is its mean over the second "
+        "half of training's logged steps; the seed's value is the parameter-weighted median over "
+        "the leaves other than the normalization layers (not the whole-model ratio of sums, which "
+        "those layers dominate with 0.19 % of the parameters in the cpu runs). Expected ema > "
+        "batch in every placement's runs (batch = B × example by construction, so that pair is "
+        f"not tested), each pair {rules.PAIR_WIN}: {rules.PAIRS_VERDICT}.")
 PAPER = "SNR per-example < batch < EMA (argument; the measured plot is not known)"
 EFFECT = (1 + BETA) / (1 - BETA) - 1  # SNR²_ema − SNR²_batch for a constant mean, in SNR²_batch
-
-
-def constant_mean_gain(beta: float = BETA) -> float:
-  """SNR_ema / SNR_batch for a mean gradient constant across steps, once stationary."""
-  return float(np.sqrt((1 + beta) / (1 - beta)))
+GAIN = float(np.sqrt((1 + BETA) / (1 - BETA)))  # SNR_ema / SNR_batch for a constant mean
 
 
 def sweep(preset: str, inputs: Inputs | None = None) -> Sweep:
@@ -69,7 +57,7 @@ def analyze(runs, out_dir: Path) -> None:
   """snr_per_leaf.csv, snr_all.csv (long tables of snr2), snr_sign.csv, leaf_params.csv."""
   out_dir, table = Path(out_dir), runs.table
   t = table.assign(examples_seen=x_examples(table))
-  ids = IDS + ([PLACEMENT] if PLACEMENT in t else [])
+  ids = IDS + _by(t)
   long = leafwise.long_stats(t, ids, dict.fromkeys(STAGES, "opt"), "stage", "snr2")
   whole = long["leaf"] == "all"
   long[~whole].to_csv(out_dir / "snr_per_leaf.csv", index=False)
@@ -82,7 +70,7 @@ def analyze(runs, out_dir: Path) -> None:
 
 
 def _placements(df: pd.DataFrame) -> list:
-  """The runs' placements, SignEMA first ([None] for tables without the column)."""
+  """The runs' placements, SignEMA first ([None] without the column)."""
   if PLACEMENT not in df or df[PLACEMENT].isna().all():
     return [None]
   have = list(dict.fromkeys(df[PLACEMENT].dropna()))
@@ -94,7 +82,7 @@ def _by(df: pd.DataFrame) -> list[str]:
 
 
 def whole_model(all_df: pd.DataFrame) -> pd.DataFrame:
-  """Per [placement,] seed: each stage's opt/all SNR² (mean over the second half), EMA gain."""
+  """Per [placement,] seed: each stage's opt/all SNR² over the second half, the EMA gain."""
   w = leafwise.second_half(all_df).groupby(_by(all_df) + ["train.seed", "stage"], dropna=False)[
       "snr2"].mean().unstack("stage").reset_index()
   if {"snr2_ema", "snr2_batch"} <= set(w):
@@ -102,14 +90,9 @@ def whole_model(all_df: pd.DataFrame) -> pd.DataFrame:
   return w
 
 
-def leaf_means(per_leaf: pd.DataFrame) -> pd.DataFrame:
-  """[placement,] seed, stage, leaf, snr2: each leaf's mean over the second half."""
-  return leafwise.second_half(per_leaf).groupby(
-      _by(per_leaf) + ["train.seed", "stage", "leaf"], dropna=False)["snr2"].mean().reset_index()
-
-
 def leaf_views(means: pd.DataFrame, sizes: dict[str, int]) -> pd.DataFrame:
-  """Per [placement,] seed and stage: the `leafwise.VIEWS` of the leaves' SNR²."""
+  """Per [placement,] seed and stage: the `leafwise.VIEWS` of the leaves' SNR² (`means`: per
+  [placement,] seed, stage and leaf, the mean over the second half)."""
   keys = [c for c in means.columns if c not in ("leaf", "snr2")]
   size = means["leaf"].map(sizes).astype(float)  # num/den = snr2 per leaf
   views = leafwise.per_seed_views(means.assign(num=means["snr2"] * size, den=size), sizes, keys)
@@ -117,8 +100,8 @@ def leaf_views(means: pd.DataFrame, sizes: dict[str, int]) -> pd.DataFrame:
 
 
 def leaf_gains(means: pd.DataFrame, sizes: dict[str, int]) -> pd.Series:
-  """Per placement: the parameter-weighted median over the non-norm leaves of the EMA gain of
-  each leaf's seed-mean SNR²s (leaves with an SNR² ≤ 0 left out)."""
+  """Per placement: the parameter-weighted median over the non-norm leaves (SNR² > 0) of the
+  EMA gain of each leaf's seed-mean SNR²s."""
   w = means.groupby(_by(means) + ["leaf", "stage"], dropna=False)["snr2"].mean().unstack("stage")
   if not {"snr2_ema", "snr2_batch"} <= set(w.columns):
     return pd.Series(dtype=float)
@@ -129,8 +112,7 @@ def leaf_gains(means: pd.DataFrame, sizes: dict[str, int]) -> pd.Series:
 
 
 def figures(out_dir: Path) -> list[Path]:
-  """snr_over_training.png: each stage's whole-model SNR, and the EMA gain against
-  √((1+β)/(1−β)); mean over seeds, band = min-max."""
+  """snr_over_training.png: each stage's whole-model SNR, the EMA gain against GAIN."""
   all_df = read_csv(Path(out_dir) / "snr_all.csv")
   fig, axes = plt().subplots(1, 2, figsize=(12, 4.2))
   by, name = _by(all_df), lambda g: f"{g[PLACEMENT]} run: " if PLACEMENT in g else ""
@@ -142,7 +124,7 @@ def figures(out_dir: Path) -> list[Path]:
     if {"snr2_ema", "snr2_batch"} <= set(wide.columns):
       wide = wide.assign(gain=ema_gain(wide["snr2_ema"], wide["snr2_batch"]), what="gain")
       plot_curves(axes[1], wide, by + ["what"], "gain", labeler=lambda g: name(g) + "EMA gain")
-  axes[1].axhline(constant_mean_gain(), color="k", ls="--", label="constant mean")
+  axes[1].axhline(GAIN, color="k", ls="--", label="constant mean")
   style(axes[0], yscale="log", ylabel="√max(SNR², 0), all coordinates", title="SNR per stage",
         legend=7)
   style(axes[1], yscale="log", ylabel="SNR_ema / SNR_batch", title="EMA gain", legend=8)
@@ -179,7 +161,7 @@ def report(out_dir: Path):
   cols = [c for c in (*STAGES, "ema_gain") if c in m]
   name = lambda c: "EMA gain" if c == "ema_gain" else c.replace("snr2_", "")
   whole_text = (f"Whole model (ratio of sums, mean over seeds; a constant mean gives an EMA gain "
-                f"{constant_mean_gain():.2f} at β = {BETA:g}): " + "; ".join(
+                f"{GAIN:.2f} at β = {BETA:g}): " + "; ".join(
                     (f"{r[PLACEMENT]} runs: " if PLACEMENT in r else "")
                     + listing((name(c), float(r[c])) for c in cols)
                     for r in m.to_dict("records")))
@@ -189,7 +171,8 @@ def report(out_dir: Path):
   if sizes is None or per_leaf.empty:
     return not_measured(RULE, "no per-leaf SNR² or leaf sizes", NAME,
                         checks=(whole_text, sign_text), numbers_md=numbers)
-  means = leaf_means(per_leaf)
+  means = leafwise.second_half(per_leaf).groupby(
+      _by(per_leaf) + ["train.seed", "stage", "leaf"], dropna=False)["snr2"].mean().reset_index()
   views, gains = leaf_views(means, sizes), leaf_gains(means, sizes)
   values, expected = {}, []
   for k in _placements(views):
