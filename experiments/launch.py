@@ -67,13 +67,12 @@ def launch_blocks(sweep_dir: Path, base: dict, blocks: Iterable[Block], *,
     log.commands.append(cmd)
     echo(f"[launch] {len(todo)} run(s): "
          + " ".join(f"'{c}'" if any(ch in c for ch in " ${}[]*") else c for c in cmd[1:]))
+    log.launched += [n for n in todo if n not in log.launched]
     if dry_run:
-      log.launched += [n for n in todo if n not in log.launched]
       continue
     t0 = time.time()
     proc = subprocess.run(cmd, cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     log.wall_s += time.time() - t0
-    log.launched += [n for n in todo if n not in log.launched]
     log.failed += [n for n in todo if run_status(sweep_dir / n) != "completed"]
     if proc.returncode:
       echo(f"[warn] multirun exited with code {proc.returncode}; failed: "
