@@ -1,11 +1,7 @@
-"""Each rule's error rates, by simulating it at the noise an experiment measures.
-
-`calibrate(kind, noise, n, effect)` applies the rule to DRAWS synthetic experiments (fixed
-seed). false_alarm: identical arms called different (pair), an arm at the margin called
-broken (equivalence), a claim true at the paper's figure called false (threshold), a variant
-at its bound called over it (bound). power: an effect of the claimed size detected. With
-power < MIN_POWER a "not reproduced" says "undetermined" (`gate`).
-"""
+"""Each rule's error rates, by applying it to DRAWS synthetic experiments (fixed seed) at the
+noise an experiment measures: false_alarm (a true claim called false, e.g. identical arms
+called different) and power (an effect of the claimed size detected; below MIN_POWER a "not
+reproduced" says "undetermined", `gate`)."""
 
 from __future__ import annotations
 
@@ -63,9 +59,7 @@ def equivalence(noise: float, n: int, margin: float, n_b: int | None = None) -> 
 
 
 def threshold(noise: float, n: int, level: float, claimed: float) -> tuple[float, float]:
-  """The mean ± std rule against `level` (reproduced when mean − s ≥ level, not reproduced
-  when mean + s < level) with the true value at the paper's `claimed` one: P(not
-  reproduced), P(reproduced)."""
+  """Mean ± std against `level` (true value `claimed`): P(mean + s < level), P(mean − s ≥ level)."""
   x = claimed + noise * np.random.default_rng(0).standard_normal((DRAWS, n))
   m, s = x.mean(1), x.std(1, ddof=1)
   return float(np.mean(m + s < level)), float(np.mean(m - s >= level))
@@ -85,8 +79,8 @@ KINDS = {"pair": pair, "equivalence": equivalence, "threshold": threshold, "boun
 
 def calibrate(kind: str, noise: float, n: int, *args, effect: float | None = None,
               source: str = "measured", **kw) -> Calibration:
-  """`KINDS[kind](noise, n, *args)` as a `Calibration` (NaN rates without a finite noise or
-  with < 2 seeds); `effect` is what is recorded as the claimed effect (default: args[0])."""
+  """`KINDS[kind](noise, n, *args)` as a `Calibration` recording `effect` (default args[0])
+  (NaN rates without a finite noise or with < 2 seeds)."""
   eff = float(effect if effect is not None else (args[0] if args else math.nan))
   if not (np.isfinite(noise) and noise > 0 and n >= 2):
     return Calibration(kind, float(noise), int(n), eff, math.nan, math.nan, source)
@@ -119,8 +113,8 @@ def seeds_for(noise: float, effect: float, kind: str = "pair", *args, target: fl
 
 def simulate_curves(rng, n_seeds: int, n_points: int, sigma: float, rho: float = 0.5,
                     offset: float = 0.0, shared: float = 0.0) -> np.ndarray:
-  """seeds × points of noise σ(√shared·c + √(1 − shared)·e) around `offset`: c one N(0, 1)
-  offset per seed, e an AR(1) along the points (coefficient ρ, unit variance)."""
+  """seeds × points of σ(√shared·c + √(1 − shared)·e) + offset: c ~ N(0, 1) per seed, e a
+  unit-variance AR(1) (coefficient ρ) along the points."""
   c = rng.standard_normal((n_seeds, 1))
   e = np.empty((n_seeds, n_points))
   e[:, 0] = rng.standard_normal(n_seeds)

@@ -1,9 +1,5 @@
-"""Launching a sweep: one Hydra multirun of `python -m pergrad.train` per grid block.
-
-Points whose run directory already holds a finished run are skipped; a block with any
-point left is launched whole, since the training entry exits at once for a completed
-run and resumes a partial one from its checkpoint.
-"""
+"""Launching a sweep: one Hydra multirun of `python -m pergrad.train` per grid block with a
+point not finished (launched whole: the entry skips completed runs and resumes partial ones)."""
 
 from __future__ import annotations
 
@@ -18,17 +14,10 @@ from typing import Callable, Iterable, Sequence
 from experiments.runs import DONE, run_status
 from experiments.sweep import REPO, Block, fmt, override_key, run_dirname
 
-LAUNCHERS = ("basic", "joblib", "submitit", "submitit_local")
+# Each launcher's overrides (configs/hydra/launcher/{slurm_gpu,local}.yaml for submitit).
+LAUNCHERS = {"basic": (), "joblib": ("hydra/launcher=joblib", "hydra.launcher.n_jobs={n_jobs}"),
+             "submitit": ("hydra/launcher=slurm_gpu",), "submitit_local": ("hydra/launcher=local",)}
 TRAIN_CMD = (sys.executable, "-m", "pergrad.train")  # the installed training entry
-
-
-def launcher_overrides(launcher: str, n_jobs: int) -> list[str]:
-  """The launcher's overrides (configs/hydra/launcher/{slurm_gpu,local}.yaml for submitit)."""
-  table = {"basic": [], "joblib": ["hydra/launcher=joblib", f"hydra.launcher.n_jobs={n_jobs}"],
-           "submitit": ["hydra/launcher=slurm_gpu"], "submitit_local": ["hydra/launcher=local"]}
-  if launcher not in table:
-    raise ValueError(f"unknown launcher {launcher!r}; choose one of {LAUNCHERS}.")
-  return table[launcher]
 
 
 def multirun_command(sweep_dir: Path, base: dict, block: Block, *,
@@ -41,7 +30,7 @@ def multirun_command(sweep_dir: Path, base: dict, block: Block, *,
           *(f"{k}={','.join(fmt(v) for v in vals)}" for k, vals in block.grid.items()), *extra,
           f"hydra.sweep.dir={sweep_dir}", "hydra.sweep.subdir=${hydra.job.override_dirname}",
           f"hydra.job.config.override_dirname.exclude_keys=[{','.join(exclude)}]",
-          *launcher_overrides(launcher, n_jobs)]
+          *(o.format(n_jobs=n_jobs) for o in LAUNCHERS[launcher])]
 
 
 @dataclasses.dataclass
@@ -78,13 +67,12 @@ def launch_blocks(sweep_dir: Path, base: dict, blocks: Iterable[Block], *,
     log.commands.append(cmd)
     echo(f"[launch] {len(todo)} run(s): "
          + " ".join(f"'{c}'" if any(ch in c for ch in " ${}[]*") else c for c in cmd[1:]))
+    log.launched += [n for n in todo if n not in log.launched]
     if dry_run:
-      log.launched += [n for n in todo if n not in log.launched]
       continue
     t0 = time.time()
     proc = subprocess.run(cmd, cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     log.wall_s += time.time() - t0
-    log.launched += [n for n in todo if n not in log.launched]
     log.failed += [n for n in todo if run_status(sweep_dir / n) != "completed"]
     if proc.returncode:
       echo(f"[warn] multirun exited with code {proc.returncode}; failed: "

@@ -1,5 +1,5 @@
-"""The `Experiment` a module registers (`EXPERIMENT = register(Experiment(...))`, also from a
-plugin: `scripts/reproduce.py --plugin mine.py`), the registry the runner reads, provenance."""
+"""The `Experiment` a module (or a plugin: `scripts/reproduce.py --plugin mine.py`) registers,
+the registry the runner reads, provenance."""
 
 from __future__ import annotations
 
@@ -20,8 +20,7 @@ ROWS = {
     "2": "2. Sign placement: the later the sign, the better (SignEMA wins), following the SNR",
     "3": "3. Adam's preconditioner is best when dominated by the mean squared μ², not σ²",
     "4": "4. sqrt(B) learning-rate scaling collapses loss-vs-examples curves for small/medium B",
-    "G1": "G1. Per-example norms of every layer at a small cost (simultaneous method; Gray et "
-          "al.)",
+    "G1": "G1. Per-example norms of every layer at a small cost (simultaneous method; Gray et al.)",
     "G2": "G2. The normalization layers' GNS predicts the total GNS (Gray et al.)",
     "G3": "G3. A GNS-guided batch-size schedule saves tokens (Gray et al.: 18%)",
 }
@@ -42,11 +41,9 @@ class Inputs:
 
 @dataclasses.dataclass(frozen=True)
 class Experiment:
-  """One experiment: `name` (its sweep and results folder, `configs/experiment/<name>.yaml`),
-  the paper's `claim` and its claims-table `row`; either `sweep(preset[, inputs]) -> Sweep`
-  (training runs; `inputs` when it `needs` others' runs) or `launch(preset, sweep_dir,
-  dry_run=, echo=) -> LaunchLog` (a benchmark); `analyze(runs, out_dir)` -> CSVs,
-  `figures(out_dir)` and `report(out_dir) -> Report` from those CSVs only; an optional
+  """One experiment (`configs/experiment/<name>.yaml`): either `sweep(preset[, inputs]) ->
+  Sweep` (training runs) or `launch(preset, sweep_dir, dry_run=, echo=) -> LaunchLog` (a
+  benchmark); `analyze(runs, out_dir)` writes CSVs, `figures` and `report` read them only;
   `follow_up(preset, sweep_dir) -> blocks` chosen from the first stage's runs."""
 
   name: str
@@ -133,18 +130,14 @@ def in_order(names) -> tuple:
   return tuple(out)
 
 
-OUTPUTS = "results"  # what the reproduction writes: not part of the code it ran
-
-
 def provenance(repo: Path = REPO) -> dict:
   """{"commit": HEAD's hash, "clean": no uncommitted change outside results/ (which the
   reproduction writes)}; "unknown" and False outside a git checkout."""
+  git = lambda *a: subprocess.run(["git", *a], cwd=repo, capture_output=True, text=True,
+                                  check=True).stdout.strip()
   try:
-    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True,
-                          text=True, check=True).stdout.strip()
-    status = subprocess.run(["git", "status", "--porcelain", "--", ".",
-                             f":(exclude){OUTPUTS}"], cwd=repo, capture_output=True,
-                            text=True, check=True).stdout.strip()
+    head, status = git("rev-parse", "HEAD"), git("status", "--porcelain", "--", ".",
+                                                  ":(exclude)results")
   except (OSError, subprocess.CalledProcessError):
     return {"commit": "unknown", "clean": False}
   return {"commit": head, "clean": not status}

@@ -8,10 +8,9 @@ import math
 import sys
 from pathlib import Path
 
-import pandas as pd
-
 from experiments.calibrate import Calibration
 from experiments.record import Experiment, Inputs, Report, experiments
+from experiments.runs import read_csv
 from experiments.sweep import POLICY, REPO, fmt, scale_file
 
 RESOLVED = {"model": ("n_layers", "d_model", "n_heads", "d_ff", "vocab_size", "seq_len"),
@@ -20,29 +19,26 @@ RESOLVED = {"model": ("n_layers", "d_model", "n_heads", "d_ff", "vocab_size", "s
 kv = lambda d: ", ".join(f"`{k}={fmt(v)}`" for k, v in d.items() if k != "experiment")
 
 
-def _resolved_md(name: str, preset: str) -> list[str]:
-  """The optimizer, schedule and scale of `experiment=name scale=preset` as Hydra composes
-  them (before a sweep's per-run overrides)."""
+def describe_setup(exp: Experiment, preset: str, inputs: Inputs | None = None) -> str:
+  """An experiment's settings at `preset` as Markdown: its config files, the optimizer,
+  schedule and scale as Hydra composes them (before each run's overrides), the grids, the lr
+  search."""
   from pergrad.analysis import composed
 
-  try:
-    c = composed([f"experiment={name}", f"scale={preset}"])
-  except Exception as e:  # noqa: BLE001 - the README still gets written
-    return [f"Resolved config: could not compose `experiment={name} scale={preset}` ({e}).", ""]
-  parts = {"optimizer": c["optimizer"], "schedule": c["schedule"],
-           **{p: {k: c[p][k] for k in keys if k in c[p]} for p, keys in RESOLVED.items()}}
-  return [f"Resolved (`experiment={name} scale={preset}`, before each run's swept values):", "",
-          *(f"- {p}: {kv(vals)}" for p, vals in parts.items()), ""]
-
-
-def describe_setup(exp: Experiment, preset: str, inputs: Inputs | None = None) -> str:
-  """An experiment's settings at `preset` as Markdown: its config files, the resolved
-  optimizer, schedule and scale, the grids, the lr search."""
   if exp.sweep is None:
     return exp.describe_setup(preset) if exp.describe_setup else ""
-  sw = exp.sweep_at(preset, inputs)
+  sw, at = exp.sweep_at(preset, inputs), f"experiment={exp.name} scale={preset}"
+  try:
+    c = composed(at.split())
+  except Exception as e:  # noqa: BLE001 - the README still gets written
+    resolved = [f"Resolved config: could not compose `{at}` ({e})."]
+  else:
+    parts = {"optimizer": c["optimizer"], "schedule": c["schedule"],
+             **{p: {k: c[p][k] for k in keys if k in c[p]} for p, keys in RESOLVED.items()}}
+    resolved = [f"Resolved (`{at}`, before each run's swept values):", "",
+                *(f"- {p}: {kv(vals)}" for p, vals in parts.items())]
   lines = [f"Configs `configs/experiment/{exp.name}.yaml` and "
-           f"`{scale_file(preset).relative_to(REPO)}`.", "", *_resolved_md(exp.name, preset),
+           f"`{scale_file(preset).relative_to(REPO)}`.", "", *resolved, "",
            f"Every run (preset `{preset}`): {kv(sw.base)}.", ""]
   for i, bl in enumerate(sw.blocks):
     lines.append(f"- grid {i + 1}: " + "; ".join(f"`{k}` ∈ {{{', '.join(fmt(v) for v in vals)}}}"
@@ -180,12 +176,12 @@ def claims_table(results_root: Path, link_prefix: str = "") -> str:
 def _seeds(d: Path) -> str | None:
   """Seeds behind an experiment's reported numbers, from its CSVs ("2", "1-2")."""
   for csv in ("best.csv", "collapse.csv"):
-    df = pd.read_csv(d / csv) if (d / csv).exists() else None
-    if df is not None and "n_seeds" in df and df["n_seeds"].notna().any():
+    df = read_csv(d / csv)
+    if "n_seeds" in df and df["n_seeds"].notna().any():
       lo, hi = int(df["n_seeds"].min()), int(df["n_seeds"].max())
       return str(lo) if lo == hi else f"{lo}-{hi}"
-  df = pd.read_csv(d / "finals.csv") if (d / "finals.csv").exists() else None
-  return str(df["train.seed"].nunique()) if df is not None and "train.seed" in df else None
+  df = read_csv(d / "finals.csv")
+  return str(df["train.seed"].nunique()) if "train.seed" in df else None
 
 
 SETUP = (
@@ -213,14 +209,10 @@ def claims_block(results_root: Path, link_prefix: str = "", preset: str = "cpu")
   return setup + "\n\n" + claims_table(results_root, link_prefix)
 
 
-README_PRESET = "cpu"  # the preset whose results the top-level README's claims show
-
-
-def render_readme(readme: Path = REPO / "README.md",
-                  results_root: Path = REPO / "results" / README_PRESET,
-                  link_prefix: str = f"results/{README_PRESET}/") -> bool:
-  """Rewrites the block of `readme` between README_BEGIN and README_END with
-  `claims_block`; returns whether the file changed. ValueError without both markers."""
+def render_readme(readme: Path = REPO / "README.md", results_root: Path = REPO / "results" / "cpu",
+                  link_prefix: str = "results/cpu/") -> bool:
+  """Rewrites the block of `readme` between README_BEGIN and README_END with `claims_block`
+  (of the cpu results by default); returns whether the file changed."""
   text = Path(readme).read_text()
   if text.count(README_BEGIN) != 1 or text.count(README_END) != 1:
     raise ValueError(f"{readme} needs one {README_BEGIN} and one {README_END} line.")

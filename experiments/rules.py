@@ -1,7 +1,5 @@
-"""Decision rules on seeds (NumPy / SciPy: a report recomputes any verdict from its CSVs):
-`compare` / `decide` (`PAIR_WIN`, `PAIRS_VERDICT`), `equivalence` (`EQUIV`), `bound`
-(`BOUND`), `diverged` (`DIVERGED_RULE`), and the per-leaf and part-whole views of ratios of
-sums (`leaf_aggregates`, `part_whole`)."""
+"""Decision rules on seeds, stated in English beside the code (`PAIR_WIN`, `EQUIV`, `BOUND`,
+`DIVERGED_RULE`), and the per-leaf and part-whole views of ratios of sums."""
 
 from __future__ import annotations
 
@@ -127,8 +125,8 @@ class Equivalence:
 
 
 def welch_interval(a, b, alpha: float = ALPHA):
-  """(mean(a) − mean(b), lo, hi) along the last axis (floats for 1-D values, arrays for rows
-  of draws): the two-sided (1 − 2α) Welch t-interval (≥ 2 values a side)."""
+  """(mean(a) − mean(b), lo, hi) of the two-sided (1 − 2α) Welch t-interval along the last
+  axis (floats for 1-D values, arrays for rows of draws; ≥ 2 values a side)."""
   a, b = np.asarray(a, float), np.asarray(b, float)
   na, nb = a.shape[-1], b.shape[-1]
   if na < 2 or nb < 2:
@@ -143,9 +141,8 @@ def welch_interval(a, b, alpha: float = ALPHA):
 
 
 def equivalence(a_SxP, b_SxP, margin: float = MARGIN, *, alpha=ALPHA, guard=GUARD) -> Equivalence:
-  """`EQUIV` on seeds × points (same points; NaN drops a point, ±inf: not equivalent): the
-  noise along a curve enters through the spread of the seeds' averages; the guard catches
-  curves that cross."""
+  """`EQUIV` on seeds × points (same points; NaN drops a point, ±inf: not equivalent); the
+  guard catches curves that cross."""
   a, b = np.atleast_2d(np.asarray(a_SxP, float)), np.atleast_2d(np.asarray(b_SxP, float))
   if a.shape[1] != b.shape[1]:
     raise ValueError(f"equivalence: {a.shape[1]} vs {b.shape[1]} points; align both families first")
@@ -171,8 +168,7 @@ BOUND = ("a FLOP or memory ratio holds when ≤ its bound; a time ratio is judge
 
 
 def quartiles(x, axis=None):
-  """(q25, q75) as order statistics ("lower" / "higher"): a ratio exactly at a bound fails
-  (q25 above it) with probability ≤ 5 % from 11 reps on."""
+  """(q25, q75) as order statistics: a ratio exactly at a bound fails ≤ 5 % from 11 reps on."""
   x = np.asarray(x, float)
   return (np.percentile(x, 25, axis=axis, method="lower"),
           np.percentile(x, 75, axis=axis, method="higher"))
@@ -219,8 +215,7 @@ def diverged_runs(table: pd.DataFrame, vocab_size: int, *, loss="eval/loss", run
 
 def mark_diverged(finals: pd.DataFrame, vocab_size: int, table: pd.DataFrame | None = None, *,
                   loss="final_eval_loss", run="run") -> pd.DataFrame:
-  """A copy of `finals` with `diverged` by the rule (on `table`'s eval history when given)
-  and `loss` +inf for every diverged run."""
+  """`finals` with `diverged` by the rule (on `table`'s evals if given), `loss` +inf if so."""
   fin = finals.copy()
   x = fin[loss].astype(float)
   flag = ~np.isfinite(x) | (x > math.log(vocab_size))
@@ -237,18 +232,6 @@ def is_norm_leaf(path: str) -> bool:
   return layer_type(path) == "norm"
 
 
-@dataclasses.dataclass(frozen=True)
-class Aggregate:
-  """A ratio num/den over leaves: Σnum/Σden, share of parameters with ratio > 1, medians."""
-
-  ratio_of_sums: float
-  share_params_above_1: float
-  median: float
-  weighted_median: float
-  n_leaves: int
-  n_params: int
-
-
 def weighted_median(values, weights) -> float:
   """The smallest value whose cumulative weight (values sorted) reaches half the total."""
   v, w = np.asarray(values, float), np.asarray(weights, float)
@@ -259,20 +242,22 @@ def weighted_median(values, weights) -> float:
   return float(v[o][np.searchsorted(cum, 0.5 * cum[-1])])
 
 
-def _aggregate(num, den, size) -> Aggregate:
+def _aggregate(num, den, size) -> dict:
+  """A ratio num/den over leaves: Σnum/Σden, share of parameters with ratio > 1, medians."""
   with np.errstate(divide="ignore", invalid="ignore"):
     r = np.where(den != 0, num / np.where(den != 0, den, 1.0), np.nan)
   ok = np.isfinite(r)
   tot = float(size[ok].sum())
-  return Aggregate(float(num.sum() / den.sum()) if den.sum() else math.nan,
-                   float(size[ok & (r > 1)].sum() / tot) if tot else math.nan,
-                   float(np.median(r[ok])) if ok.any() else math.nan,
-                   weighted_median(r[ok], size[ok]), len(num), int(size.sum()))
+  return {"ratio_of_sums": float(num.sum() / den.sum()) if den.sum() else math.nan,
+          "share_params_above_1": float(size[ok & (r > 1)].sum() / tot) if tot else math.nan,
+          "median": float(np.median(r[ok])) if ok.any() else math.nan,
+          "weighted_median": weighted_median(r[ok], size[ok]), "n_leaves": len(num),
+          "n_params": int(size.sum())}
 
 
 def leaf_aggregates(num: Mapping[str, float], den: Mapping[str, float], n_params: Mapping[str, int],
                     is_norm: Callable[[str], bool] = is_norm_leaf) -> dict[str, float]:
-  """{view: value}: `Aggregate` over all leaves and `_no_norm`, and the norm leaves' shares
+  """{view: value}: `_aggregate` over all leaves and `_no_norm`, and the norm leaves' shares
   of Σnum, Σden and the parameters (a leaf with den = 0 has no ratio)."""
   leaves = list(num)
   missing = [k for k in leaves if k not in den or k not in n_params]
@@ -280,10 +265,8 @@ def leaf_aggregates(num: Mapping[str, float], den: Mapping[str, float], n_params
     raise ValueError(f"leaf_aggregates: no den / n_params for leaves {missing[:5]} (or no leaves)")
   n, d, s = (np.array([float(m[k]) for k in leaves]) for m in (num, den, n_params))
   norm = np.array([bool(is_norm(k)) for k in leaves])
-  out = {}
-  for suffix, sel in (("", slice(None)), ("_no_norm", ~norm)):
-    agg = dataclasses.asdict(_aggregate(n[sel], d[sel], s[sel]))
-    out.update({k + suffix: v for k, v in agg.items()})
+  out = {k + suffix: v for suffix, sel in (("", slice(None)), ("_no_norm", ~norm))
+         for k, v in _aggregate(n[sel], d[sel], s[sel]).items()}
   share = lambda x: float(x[norm].sum() / x.sum()) if x.sum() else math.nan
   return {**out, "norm_share_num": share(n), "norm_share_den": share(d),
           "norm_share_params": share(s)}
@@ -291,7 +274,8 @@ def leaf_aggregates(num: Mapping[str, float], den: Mapping[str, float], n_params
 
 @dataclasses.dataclass(frozen=True)
 class PartWhole:
-  """B_simple of the complement (total − group) and of the total regressed on the group's."""
+  """B = S/|G|² of the complement (total − group) and of the total regressed on the group's;
+  the group's shares of Σ|G|² and ΣS, and their medians over steps."""
 
   r_complement: float
   slope_complement: float
@@ -313,8 +297,7 @@ def _fit(x, y):
 
 
 def part_whole(g2_total, s_total, g2_group, s_group) -> PartWhole:
-  """B = S/|G|² of the complement and of the total regressed on the group's, over the same
-  steps (a step with a non-positive |G|² or a non-finite value dropped)."""
+  """`PartWhole` over the same steps (a step with |G|² ≤ 0 or a non-finite value dropped)."""
   gt, st, gg, sg = (np.asarray(x, float) for x in (g2_total, s_total, g2_group, s_group))
   if not gt.shape == st.shape == gg.shape == sg.shape:
     raise ValueError("part_whole: the four series differ in length; give them on the same steps")

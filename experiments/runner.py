@@ -1,9 +1,6 @@
-"""Runs one experiment end to end (what `scripts/reproduce.py` calls): sweep, follow-up
-stages, table, results. Writes every run under <sweeps_root>/<name>/<preset>/ (with
-sweep.json and table.csv; `<preset>-<hash>` for config-changing extra overrides) and the
-CSVs, PNGs, README.md, report.json and run_info.json under results/<preset>/<name>/ (ci:
-the sweep's report/).
-"""
+"""Runs one experiment end to end (what `scripts/reproduce.py` calls): its runs under
+<sweeps_root>/<name>/<preset>[-<hash>]/, its CSVs, figures, README.md, report.json and
+run_info.json under results/<preset>/<name>/ (ci: the sweep's report/)."""
 
 from __future__ import annotations
 
@@ -49,7 +46,7 @@ def run_experiment(name: str, preset: str, *, launcher: str = "basic", n_jobs: i
   if preset not in PRESETS:
     raise ValueError(f"unknown preset {preset!r}; choose one of {PRESETS}.")
   if launcher not in LAUNCHERS:
-    raise ValueError(f"unknown launcher {launcher!r}; choose one of {LAUNCHERS}.")
+    raise ValueError(f"unknown launcher {launcher!r}; choose one of {tuple(LAUNCHERS)}.")
   exp = load(name)
   prov = provenance()  # before this invocation writes anything
   training = exp.sweep is not None  # else a benchmark (overhead), not a training sweep
@@ -59,13 +56,10 @@ def run_experiment(name: str, preset: str, *, launcher: str = "basic", n_jobs: i
   out_dir = (Path(results_dir) if results_dir else sdir / "report" if preset == "ci"
              else RESULTS / preset / (name + sdir.name.removeprefix(preset)))
   inputs = Inputs(Path(root), preset, tuple(extra), dry_run=dry_run)
-  t0, log, rounds = time.time(), LaunchLog(), 0
-
-  if not training:
-    if not analyze_only:
-      log = exp.launch(preset, sdir, dry_run=dry_run, echo=echo)
-    table = None
-  else:
+  t0, log, rounds, table = time.time(), LaunchLog(), 0, None
+  if not (training or analyze_only):
+    log = exp.launch(preset, sdir, dry_run=dry_run, echo=echo)
+  if training:
     sweep = exp.sweep_at(preset, inputs)
     if not dry_run or (sdir / "sweep.json").exists():
       record_sweep(sdir, preset, sweep.base, extra)
@@ -82,8 +76,7 @@ def run_experiment(name: str, preset: str, *, launcher: str = "basic", n_jobs: i
       if kind != "extend":
         break
     if exp.follow_up is not None and not (dry_run or analyze_only):
-      blocks = exp.follow_up(preset, sdir)
-      if blocks:
+      if blocks := exp.follow_up(preset, sdir):
         echo(f"[{name}/{preset}] follow-up stage: {len(blocks)} block(s)")
         launch_blocks(sdir, sweep.base, blocks, **kw)
     table = aggregate(sdir)
@@ -109,10 +102,9 @@ def run_experiment(name: str, preset: str, *, launcher: str = "basic", n_jobs: i
   if table is not None:
     if table.empty:
       raise RuntimeError(f"no run of {sdir} wrote {METRICS}; see the log above.")
-    overrides = [f"{k}={fmt(v)}" for k, v in sweep.base.items()] + list(config_extras(extra))
-    table.attrs["overrides"] = overrides
-    exp.analyze(Runs(sdir, table, lr_search.marked_finals(table, sweep.base, extra),
-                     tuple(overrides)), out_dir)
+    table.attrs["overrides"] = [f"{k}={fmt(v)}" for k, v in sweep.base.items()] + list(
+        config_extras(extra))
+    exp.analyze(Runs(sdir, table, lr_search.marked_finals(table, sweep.base, extra)), out_dir)
   else:
     exp.analyze(Runs(sdir), out_dir)
   exp.figures(out_dir)
@@ -125,8 +117,8 @@ def run_experiment(name: str, preset: str, *, launcher: str = "basic", n_jobs: i
 
 
 def clear_outputs(out_dir: Path) -> list[Path]:
-  """Removes the CSVs and figures of an earlier report in `out_dir` (one with a report.json),
-  so that a file the new report does not write cannot pass for one of its own."""
+  """Removes the CSVs and figures of an earlier report in `out_dir` (one with a report.json):
+  a file the new report does not write cannot pass for one of its own."""
   out_dir = Path(out_dir)
   if not (out_dir / "report.json").exists():
     return []
@@ -137,9 +129,8 @@ def clear_outputs(out_dir: Path) -> list[Path]:
 
 
 def run_info(out_dir, name, preset, sdir, log, wall, command, launcher, prov) -> dict:
-  """run_info.json: the provenance at the start of this invocation, the launches that made the
-  results (an earlier invocation's at the same commit and sweep added), runs counted once,
-  the runs' own compute summed over the sweep's summaries."""
+  """run_info.json: the provenance at the start, the launches that made the results (with an
+  earlier invocation's at the same commit and sweep), the runs' compute from their summaries."""
   compute_s, n_done = 0.0, 0
   for s in Path(sdir).glob(f"*/{SUMMARY}"):
     try:

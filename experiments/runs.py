@@ -7,7 +7,7 @@ import dataclasses
 import json
 import math
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Sequence
 
 import numpy as np
 import pandas as pd
@@ -23,12 +23,11 @@ DONE = ("completed", "diverged")  # statuses that are not launched again
 @dataclasses.dataclass
 class Runs:
   """What `analyze(runs, out_dir)` gets: the sweep directory and, for a training sweep, its
-  table, the finals with `DIVERGED_RULE` applied and the runs' shared overrides."""
+  table (the runs' shared overrides in `attrs`) and the finals with `DIVERGED_RULE` applied."""
 
   sweep_dir: Path
   table: pd.DataFrame | None = None
   finals: pd.DataFrame | None = None
-  overrides: tuple = ()
 
 
 def read_csv(path) -> pd.DataFrame:
@@ -79,22 +78,14 @@ def from_table(v):
   """A value read back from a table as the plain Python value of an override."""
   if isinstance(v, float) and math.isnan(v):
     return None
-  if isinstance(v, (np.integer,)):
-    return int(v)
-  if isinstance(v, (np.floating,)):
-    return float(v)
-  return v
+  return int(v) if isinstance(v, np.integer) else float(v) if isinstance(v, np.floating) else v
 
 
-def aggregate(sweep_dir: Path, names: Iterable[str] | None = None) -> pd.DataFrame:
+def aggregate(sweep_dir: Path) -> pd.DataFrame:
   """The tidy table of a sweep: one row per (run, step), swept values as columns."""
-  sweep_dir = Path(sweep_dir)
-  if names is None:
-    names = sorted(p.parent.name for p in sweep_dir.glob(f"*/{METRICS}"))
   frames = []
-  for name in names:
-    rd = sweep_dir / name
-    df = run_table(rd)
+  for rd in sorted(p.parent for p in Path(sweep_dir).glob(f"*/{METRICS}")):
+    name, df = rd.name, run_table(rd)
     if df.empty:  # no metrics.jsonl, or no record in it
       continue
     for k, v in parse_dirname(name).items():
@@ -127,8 +118,8 @@ def finals(table: pd.DataFrame, tail: int = 3) -> pd.DataFrame:
     row = {c: df[c].iloc[0] for c in id_cols}
     ev = df["eval/loss"].dropna() if "eval/loss" in df else pd.Series(dtype=float)
     tr = df["train/loss"].dropna() if "train/loss" in df else pd.Series(dtype=float)
-    nonfinite = bool((~np.isfinite(ev)).any() or (~np.isfinite(tr)).any())
-    diverged = nonfinite or row["status"] == "diverged"
+    diverged = bool((~np.isfinite(ev)).any() or (~np.isfinite(tr)).any()
+                    or row["status"] == "diverged")
     row["final_step"] = int(df["step"].max())
     row["final_eval_loss"] = math.inf if diverged or ev.empty else float(ev.iloc[-1])
     row["final_train_loss"] = math.inf if diverged or tr.empty else float(tr.iloc[-tail:].mean())

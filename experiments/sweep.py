@@ -1,10 +1,6 @@
-"""What an experiment sweeps: grids of Hydra overrides, scale presets, run and sweep dirs.
-
-A run's directory is `<sweep_dir>/<override_dirname>`: only the swept keys of its point,
-sorted, as Hydra writes them (`key=value,key=value`; everything fixed is excluded), so a
-re-launched sweep lands on the same directories and the training entry skips or resumes
-them. A preset's scale (model, data, steps) is the config group `configs/scale/<preset>.yaml`.
-"""
+"""What an experiment sweeps: grids of Hydra overrides, scale presets (`configs/scale/`), run
+and sweep directories (a run's is its swept keys as Hydra writes them, so a relaunch lands on
+the same directories)."""
 
 from __future__ import annotations
 
@@ -53,11 +49,9 @@ POLICY = ("each group's lr is chosen on its selection seeds alone and its number
 
 @dataclasses.dataclass(frozen=True)
 class LrSearch:
-  """`POLICY` per group (`group_keys`, e.g. ("optimizer.placement",)): the lowest mean final
-  eval loss over the selection seeds (the first block's `seed_key` values) picks the lr; a
-  best lr at an edge extends the grid by `factor`, up to `max_extend` times a side; an
-  all-diverged group extends downward to `diverged_floor` below its first grid; the fresh
-  `seeds` then run at the chosen lr and are the only reported numbers."""
+  """`POLICY` per group of `group_keys`: the lowest mean final eval loss over the selection
+  seeds (the first block's) picks the lr; a best lr at an edge extends the grid by `factor`
+  (≤ `max_extend` times a side, an all-diverged group down to `diverged_floor` below it)."""
 
   group_keys: tuple
   lr_key: str = "optimizer.lr"
@@ -76,9 +70,8 @@ class LrSearch:
 
 @dataclasses.dataclass(frozen=True)
 class Sweep:
-  """All runs of one experiment at one preset: `base` overrides shared by every run (not in
-  the run names), the first-stage `blocks`, an optional `lr_search` follow-up, and the
-  expected minutes on this 2-core machine."""
+  """All runs of one experiment at one preset: `base` overrides (not in the run names), the
+  first-stage `blocks`, an optional `lr_search`, the expected minutes on 2 cores."""
 
   base: dict
   blocks: tuple
@@ -116,7 +109,7 @@ def experiment_value(name: str, key: str):
 
 
 def scale_value(preset: str, key: str):
-  """A value of `configs/scale/<preset>.yaml`, e.g. scale_value("cpu", "train.steps")."""
+  """A value that `configs/scale/<preset>.yaml` sets."""
   return config_value(scale_file(preset), key)
 
 
@@ -144,11 +137,9 @@ def config_extras(extra: Sequence[str]) -> list[str]:
 def sweep_dir(root: Path, name: str, preset: str, extra: Sequence[str] = ()) -> Path:
   """`<root>/<name>/<preset>`, with `-<hash>` of the config-changing extras when any (so a
   rerun with other data or model overrides is not skipped onto another config's runs)."""
-  extras = config_extras(extra)
-  if not extras:
-    return Path(root) / name / preset
-  digest = hashlib.sha256("\n".join(extras).encode()).hexdigest()[:8]
-  return Path(root) / name / f"{preset}-{digest}"
+  extras = "\n".join(config_extras(extra))
+  tag = "-" + hashlib.sha256(extras.encode()).hexdigest()[:8] if extras else ""
+  return Path(root) / name / (preset + tag)
 
 
 def record_sweep(path: Path, preset: str, base: dict, extra: Sequence[str]) -> None:
@@ -156,11 +147,10 @@ def record_sweep(path: Path, preset: str, base: dict, extra: Sequence[str]) -> N
   doc = {"preset": preset, "base": {k: fmt(v) for k, v in base.items()},
          "extra": config_extras(extra)}
   f = Path(path) / SWEEP_JSON
-  if f.exists():
-    old = json.loads(f.read_text())
-    if (old.get("preset"), old.get("extra")) != (doc["preset"], doc["extra"]):
-      raise ValueError(f"{path} holds runs of preset {old.get('preset')!r} with extra "
-                       f"overrides {old.get('extra')}, not {preset!r} with {doc['extra']}; "
-                       "pass another --sweeps-root.")
+  old = json.loads(f.read_text()) if f.exists() else doc
+  if (old.get("preset"), old.get("extra")) != (doc["preset"], doc["extra"]):
+    raise ValueError(f"{path} holds runs of preset {old.get('preset')!r} with extra "
+                     f"overrides {old.get('extra')}, not {preset!r} with {doc['extra']}; "
+                     "pass another --sweeps-root.")
   Path(path).mkdir(parents=True, exist_ok=True)
   f.write_text(json.dumps(doc, indent=1))

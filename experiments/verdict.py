@@ -1,13 +1,5 @@
-"""The report every experiment returns and the few templates its sentences are written with.
-
-  Report                     verdict, rule, the paper's figure and ours, checks, error rates
-  finding(...)               "<verdict>: <ours>. <checks>. <rule's error rates>."
-  not_measured(rule, what)   the Report of an experiment whose inputs are missing
-  gated(verdict, cal, ...)   a Report whose "not reproduced" needs the rule's power
-  pairs_report(groups, ...)  the Report of a pairs rule, calibrated and gated
-  listing(items)             "k v, k v";  sections(...): text and tables, a blank line apart
-  md_table, pairs_md, fmt_num, outcomes, groups   numbers as Markdown and text
-"""
+"""The `Report` every experiment returns and the few templates its sentences are written
+with: `finding`, `not_measured`, `gated`, `pairs_report`, and numbers as text and Markdown."""
 
 from __future__ import annotations
 
@@ -18,8 +10,6 @@ import numpy as np
 import pandas as pd
 
 from experiments import calibrate, rules
-
-RERUN = "re-run `python scripts/reproduce.py {name} --preset <preset>`"
 
 
 def finding(verdict: str, ours: str, checks=(), cal=None) -> str:
@@ -33,8 +23,7 @@ def finding(verdict: str, ours: str, checks=(), cal=None) -> str:
 @dataclasses.dataclass(frozen=True)
 class Report:
   """What `Experiment.report(out_dir)` returns: the verdict, the rule stated before the data,
-  the paper's figure and ours (the claims table's cells), the checks behind the verdict,
-  the rule's simulated error rates (`calibrate`), the Markdown of the experiment's README."""
+  the claims table's cells, the checks, the rule's error rates, the README's Markdown."""
 
   verdict: str
   rule: str = ""
@@ -63,8 +52,8 @@ class Report:
 
 def not_measured(rule: str, what: str, name: str = "", **kw) -> Report:
   """"not measured: <what>; re-run ..." (the experiment's inputs are missing)."""
-  return Report(verdict="not measured", rule=rule,
-                ours=what + (f": {RERUN.format(name=name)}" if name else ""), **kw)
+  rerun = f": re-run `python scripts/reproduce.py {name} --preset <preset>`" if name else ""
+  return Report(verdict="not measured", rule=rule, ours=what + rerun, **kw)
 
 
 def fmt_num(x, digits: int = 3) -> str:
@@ -117,9 +106,8 @@ def groups(values: dict) -> str:
 def pairs_report(values: dict, expected: list, *, rule: str, paper: str, effect: float,
                  numbers_md: str = "", checks=(), verdict_fn=None, planned=(),
                  lower_is_better: bool = True, cal: calibrate.Calibration | None = None) -> Report:
-  """The report of a pairs rule (`rules.decide` on `expected`, `verdict_fn` on its pairs if
-  given): the rule's simulated error rates at the pooled seed noise for `effect` (or `cal`),
-  the gated verdict; the `planned` groups without runs are named."""
+  """`rules.decide` on `expected` (or `verdict_fn` on its pairs), gated by `cal` or the pair
+  rule's error rates at the pooled seed noise for `effect`; names `planned` groups not run."""
   verdict, pairs = (rules.decide(values, expected, lower_is_better=lower_is_better)
                     if expected else ("not tested", []))
   if verdict_fn is not None:
