@@ -5,7 +5,9 @@ every step, warmup and evaluations at the same examples. Arms: fixed B = 8 ... 6
 its own lr (factor-2 grid on seed 0, extended once), the best one the baseline; gns_norm (B
 follows the norm layers' B_simple); linear_paper (a ramp over the whole budget from B_max/8);
 linear_fit (a ramp fitted to the best fixed arm's B_simple, within the budget); warmup (Merrill
-et al. 2025: B doubles over the first quarter, lr × √ratio; beside); short (the best fixed arm
+et al. 2025, our reading: a ramp from B_max/8 over the first quarter, lr × √ratio; beside);
+seesaw (arXiv 2510.14717: from the best fixed arm's B and lr, B doubles with lr × 1/√2 where
+the step schedule would halve the lr; beside); short (the best fixed arm
 on 82 % of the examples: Δ18). Schedules run at the best arm's lr on 6 fresh seeds, the
 fewest with power ≥ 0.8 for Δ18 ≈ 0.043 at the noise 0.023 measured before.
 """
@@ -33,7 +35,7 @@ CLAIM = ("A batch-size schedule guided by the gradient noise scale (in the paper
 SIZE, PER_SIZE = "data.batch_size", ("train.steps", "train.eval_every", "schedule.warmup_steps")
 GROUP = ("batch.kind", SIZE, *PER_SIZE)  # a fixed arm (in its runs' names: lr_search copies it)
 GUIDED = ("gns_norm", "linear_paper", "linear_fit")  # the claim's schedules (the verdict's)
-BASELINES = ("warmup",)  # published schedules, reported beside
+BASELINES = ("warmup", "seesaw")  # published schedules, reported beside
 PAPER_RAMP_SHARE = 0.999  # a ramp this close to the budget is the paper's
 WARMUP_SHARE = 0.25  # warmup: the share of the budget over which B grows
 SELECT_SEED = 0
@@ -157,7 +159,9 @@ def follow_up(preset: str, sweep_dir: Path) -> tuple[Block, ...]:
                    "optimizer.lr": lr, "train.seed": seeds[:N_OTHER]}),  # Δ18 is a mean
             ramp(b_max // 8, tokens),  # the paper's: over the whole budget
             ramp(b_max // 8, WARMUP_SHARE * tokens, seeds[:2],  # warmup: beside
-                 **{"batch.lr_scaling": ["sqrt"]})]
+                 **{"batch.lr_scaling": ["sqrt"]}),
+            Block({"batch.kind": ["seesaw"], "schedule.name": ["step"], "optimizer.lr": lr,
+                   "train.seed": seeds[:2]}, fixed={"batch.start": int(best[SIZE])})]  # beside
   if preset == "ci":  # the pipeline only: the fixed arm, gns_norm and the short arm
     return tuple(blocks[:3])
   fit = fit_ramp(table, best, b_max)
@@ -167,7 +171,8 @@ def follow_up(preset: str, sweep_dir: Path) -> tuple[Block, ...]:
 
 
 def arm(row: dict) -> str:
-  """fixed_<B>[_short] | gns_<group> | linear_paper | linear_fit | warmup, from a run's row."""
+  """fixed_<B>[_short] | gns_<group> | linear_paper | linear_fit | warmup | seesaw, from a
+  run's row."""
   kind = row.get("batch.kind")
   if kind == "fixed":
     return f"fixed_{int(row['data.batch_size'])}" + ("_short" if row.get("short") else "")

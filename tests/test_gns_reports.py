@@ -339,3 +339,29 @@ def test_gns_schedule_identical_arms_rarely_lose():
   assert gs.schedule_verdict([tie] * 3, power=0.5) == "undetermined"
   assert gs.schedule_verdict([tie] * 3, power=float("nan")) == "undetermined"
   assert gs.schedule_verdict([win, tie, tie], power=0.5) == "partly reproduced"
+
+
+def test_gns_schedule_follow_up_runs_every_arm_and_each_composes(monkeypatch):
+  # The follow-up at the cpu preset, from a sweep whose best fixed arm is B = 16: the best
+  # arm's other seeds, gns_norm, the short arm, the paper's ramp, warmup, Seesaw (from the
+  # best arm's B and lr, step schedule) and the fitted ramp; every run's config builds a plan.
+  from experiments import gns_schedule as gs
+  from experiments.sweep import scale_value
+  from pergrad.config import build_plan, compose
+
+  monkeypatch.setattr(gs, "aggregate", lambda _: _schedule_table({}))
+  blocks = gs.follow_up("cpu", None)
+  points = [{**b.fixed, **p} for b in blocks for p in b.points()]
+  budget = 12_800 * int(scale_value("cpu", "data.seq_len"))  # tokens of every arm
+  arm = lambda p: gs.arm({**p, "_budget": budget})
+  arms = {arm(p) for p in points}
+  assert {"fixed_16", "gns_norm", "linear_paper", "linear_fit", "warmup", "seesaw"} <= arms
+  seesaw = [p for p in points if p["batch.kind"] == "seesaw"]
+  assert {(p["batch.start"], p["schedule.name"], p["optimizer.lr"]) for p in seesaw} == {
+      (16, "step", BEST_LR[16])}
+  base = gs.sweep("cpu").base
+  for p in {arm(p): p for p in points}.values():
+    plan = build_plan(compose([f"{k}={v}" for k, v in {**base, **p}.items()]))
+    assert plan.batch.max_size == (64 if p["batch.kind"] != "fixed" else p["data.batch_size"])
+    if p["batch.kind"] == "seesaw":  # doubling from 16 where the step schedule halves the lr
+      assert plan.batch.sizes == (16, 32, 64) and len(plan.batch.decay_examples) >= 2
