@@ -241,3 +241,18 @@ def test_bad_settings_are_one_line_errors(override, match):
 
 def test_the_setting_is_resumable():
   assert {"stats.sign_agreement", "stats.sign_lag"} <= set(resumable_keys())
+
+
+def test_resume_turning_the_sign_agreement_on(runs, tiny_overrides, tmp_path):
+  """stats.sign_agreement is resumable: a checkpoint without the lag state resumes with it
+  (fresh: the lagged target is the current one at the first logging step after), on the
+  same trajectory."""
+  off = build_plan(compose(_overrides(tiny_overrides, 0)))
+  assert run(off, tmp_path, echo=lambda s: None, stop=_StopAt(4))["status"] == "interrupted"
+  on = build_plan(compose(_overrides(tiny_overrides, N_H)))
+  assert run(on, tmp_path, echo=print)["status"] == "completed"
+  r = next(r for r in _records(tmp_path, "stats") if r["step"] == 6)
+  assert r["sign_lag/total/agree_all"] == r["sign/total/agree_all"]
+  for x, y in zip(jax.tree.leaves(_params(tmp_path)), jax.tree.leaves(_params(runs[N_H])),
+                  strict=True):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))

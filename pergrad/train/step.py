@@ -53,6 +53,7 @@ from pergrad.model import Transformer
 from pergrad.optim import Optimizer, diagnostics
 from pergrad.optim.diagnostics import gns_metrics
 from pergrad.stats import sign_agreement
+from pergrad.stats.sign_agreement import lag_init
 from pergrad.stats.types import GradStats
 from pergrad.train import mesh as mesh_lib
 from pergrad.train.heldout import SignLog, directions, sign_metrics
@@ -111,6 +112,8 @@ def train_step(state: TrainState, batch: dict, heldout: GradStats | None = None,
     metrics.update(pstats.summaries.layer_summaries(stats))
     metrics.update(diagnostics(stats, opt_state, snr))
   if heldout is not None:
+    if not isinstance(state.lag, sign_agreement.LagState):
+      raise ValueError("held-out statistics need the lag state: make_init_fn(lag=True)")
     lag = sign_agreement.lag_update(state.lag, sign_agreement.current(heldout), sign_lag)
     new_state = new_state.replace(lag=lag)
     metrics.update(sign_metrics(directions(updates, opt_stats, stats, snr), heldout, lag))
@@ -136,6 +139,11 @@ class Steps:
     self.abstract_state = jax.eval_shape(init, jnp.int32(0))
     self.state_shardings = jax.tree.map(lambda _: repl, self.abstract_state)
     self.init = jax.jit(init, out_shardings=self.state_shardings)
+    # What a resumed run sets when its checkpoint lacks the lag state or holds an unwanted
+    # one (stats.sign_agreement is resumable; older checkpoints have none).
+    lag = (jax.jit(lag_init, out_shardings=self.state_shardings.lag) if sp.sign_agreement
+           else lambda params: optax.EmptyState())
+    self.fresh = {"lag": lambda state: lag(state.params)}
 
     def abstract_batch(B):
       return {k: jax.ShapeDtypeStruct((B, plan.data.seq_len), jnp.int32,
