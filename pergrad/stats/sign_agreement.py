@@ -55,8 +55,8 @@ logging steps k = 1, 2, ... (`lag_update`, the one home of this EMA; ρ = stats.
 
 from h̄_0 = w_0 = a_0 = 0. The held-out draws are independent across logging steps, so
 w_k / a_k² is the variance of the debiased mean h̄_k / a_k, a weighted mean of the h_i with
-weights summing to 1 (`lagged`): the target (h̄/a, w/a², 1), whose t² = h̄²/w is the same
-as above. At the first logging step it is the current target. Each term of h̄ is
+weights summing to 1 (`lagged`): the target (h̄/a, w/a², 1), so that `counts` reads
+t² = h̄²/w (a cancels). At the first logging step it is the current target. Each term of h̄ is
 independent of the update, so every estimator above holds with E h̄/a (a trailing mean of
 E g) in place of E g.
 """
