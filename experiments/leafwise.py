@@ -3,8 +3,10 @@
 A ratio of sums Σnum/Σden weighs a leaf by its share of Σnum and Σden, not of the parameters
 (the norm layers: 0.19 % of the cpu model's parameters, most of Σμ̂²), so each seed also gets
 `rules.leaf_aggregates` of the per-leaf ratios, weighted by the counts in leaf_params.csv.
-The sign counts `sign/<leaf>/<field>` (`pergrad.stats.sign_agreement.SignCounts`) are pooled
-over the second half of training and over leaves (`sign_summary`).
+The sign counts `sign[_lag][_<stage>]/<leaf>/<field>` (`pergrad.stats.sign_agreement.SignCounts`
+of the update or a stage's direction against the current or lagged held-out mean,
+`pergrad.train.heldout`) are pooled over the second half of training and over leaves
+(`sign_summary`).
 """
 
 from __future__ import annotations
@@ -75,14 +77,17 @@ def long_stats(t: pd.DataFrame, ids: list[str], names: dict, key: str, value: st
 
 
 def sign_long(table: pd.DataFrame, ids: list[str]) -> pd.DataFrame:
-  """ids + leaf + FIELDS: one row per run, logged step and leaf (incl. "total")."""
+  """ids + direction (update, example, batch, ema) + target (current, lagged) + leaf + FIELDS:
+  one row per run, logged step, direction, target and leaf (incl. "total")."""
   frames = []
-  for leaf in sorted({leaf_of(c) for c in stat_columns(table, "coords", "sign")}):
-    cols = {f"sign/{leaf}/{f}": f for f in FIELDS}
+  for pre, leaf in sorted({(c.split("/")[0], leaf_of(c)) for c in stat_columns(table, "coords")
+                           if c.startswith("sign")}):
+    cols, lag = {f"{pre}/{leaf}/{f}": f for f in FIELDS}, pre.startswith("sign_lag")
     if set(cols) <= set(table.columns):
-      frames.append(table[ids + list(cols)].dropna(subset=list(cols)).rename(columns=cols)
-                    .assign(leaf=leaf))
-  cols = ids + ["leaf", *FIELDS]
+      frames.append(table[ids + list(cols)].dropna(subset=list(cols)).rename(columns=cols).assign(
+          direction=pre.removeprefix("sign_lag" if lag else "sign").lstrip("_") or "update",
+          target="lagged" if lag else "current", leaf=leaf))
+  cols = ids + ["direction", "target", "leaf", *FIELDS]
   return pd.concat(frames, ignore_index=True)[cols] if frames else pd.DataFrame(columns=cols)
 
 

@@ -131,23 +131,54 @@ def figures(out_dir: Path) -> list[Path]:
   return [savefig(fig, Path(out_dir) / "snr_over_training.png")]
 
 
-def _signs(out_dir: Path) -> tuple[str, str]:
-  """Sign agreement with E g per placement and pool (check sentence, Markdown)."""
+def _signs(out_dir: Path) -> tuple[str, str, str]:
+  """Sign agreement with E g per placement and pool, why SignEMA wins (check sentences),
+  Markdown."""
   counts = leafwise.read_signs(out_dir)
   if counts.empty:
-    return "Sign agreement with E g: not logged (no sign/<leaf>/... counts in these runs)", ""
+    return "Sign agreement with E g: not logged (no sign/<leaf>/... counts in these runs)", "", ""
+  if "direction" not in counts:  # an analysis older than the stage directions
+    counts = counts.assign(direction="update", target="current")
   keys = _by(counts)
-  pooled = leafwise.sign_pooled(counts, keys + ["train.seed"])
-  m = pooled.groupby(keys + ["leaf"], dropna=False)[["agree", "resolved", "alignment"]].agg(
+  pooled = leafwise.sign_pooled(counts, keys + ["train.seed", "direction", "target"])
+  own = pooled[(pooled["direction"] == "update") & (pooled["target"] == "current")]
+  m = own.groupby(keys + ["leaf"], dropna=False)[["agree", "resolved", "alignment"]].agg(
       ["mean", "std"])
   parts = [f"{' '.join(map(str, i if isinstance(i, tuple) else (i,)))}: agreement "
            f"{fmt_num(r[('agree', 'mean')])} ± {fmt_num(r[('agree', 'std')])} on "
            f"{fmt_num(r[('resolved', 'mean')])} of the coordinates, alignment "
            f"{fmt_num(r[('alignment', 'mean')])}" for i, r in m.iterrows()]
+  means = pooled.groupby(keys + ["direction", "target", "leaf"], dropna=False)[
+      list(leafwise.SUMMARY)].mean().reset_index()
   return ("Sign agreement with E g (held-out batches, pooled over the second half, mean ± std "
-          "over seeds; not in the verdict): " + "; ".join(parts),
-          sections("", "Sign agreement per run:",
-                   pooled[keys + ["train.seed", "leaf", *leafwise.SUMMARY]]))
+          "over seeds; not in the verdict): " + "; ".join(parts), _why(means, keys),
+          sections("", "Sign agreement of each direction (the update's, and every stage's at "
+                   "the same parameters) with the current and the lagged E g, mean over seeds:",
+                   means, "Per run:",
+                   pooled[keys + ["train.seed", "direction", "target", "leaf",
+                                  *leafwise.SUMMARY]]))
+
+
+def _why(means: pd.DataFrame, keys: list[str]) -> str:
+  """Why SignEMA wins: agreement / alignment of each stage's direction with the current and
+  the lagged E g on the same trajectories (no-norm leaves, mean over seeds)."""
+  m = means[(means["leaf"] == leafwise.NO_NORM) & means["direction"].isin(PLACEMENTS)]
+  pair = lambda v: f"{fmt_num(v['agree'])} / {fmt_num(v['alignment'])}"
+  parts, targets = [], ("current", "lagged")
+  for k, g in (m.groupby(keys, dropna=False) if keys else [(None, m)]):
+    at = g.set_index(["target", "direction"])
+    al = at["alignment"]
+    text = "; ".join(f"{t} E g: " + listing(((d, at.loc[(t, d)]) for d in PLACEMENTS
+                                             if (t, d) in at.index), fmt=pair)
+                     for t in targets if t in at.index)
+    text += "".join(f"; m's alignment with the {t} E g is "
+                    f"{fmt_num(al[(t, 'ema')] / al[(t, 'batch')])} times ḡ's"
+                    for t in targets if {(t, "ema"), (t, "batch")} <= set(at.index))
+    parts.append((f"{k[0] if isinstance(k, tuple) else k} runs: " if keys else "") + text)
+  return ("Why SignEMA wins: each stage's direction at the same parameters (example: mean of "
+          "per-example signs, batch: ḡ, ema: m), agreement / alignment with the current and "
+          "the lagged held-out E g (no-norm leaves, second half, mean over seeds): "
+          + " | ".join(parts)) if parts else ""
 
 
 def report(out_dir: Path):
@@ -165,12 +196,12 @@ def report(out_dir: Path):
                     (f"{r[PLACEMENT]} runs: " if PLACEMENT in r else "")
                     + listing((name(c), float(r[c])) for c in cols)
                     for r in m.to_dict("records")))
-  sign_text, sign_md = _signs(out_dir)
+  sign_text, why_text, sign_md = _signs(out_dir)
   numbers = sections("Whole model, per run:", whole) + sign_md
   sizes = leafwise.read_sizes(out_dir)
   if sizes is None or per_leaf.empty:
     return not_measured(RULE, "no per-leaf SNR² or leaf sizes", NAME,
-                        checks=(whole_text, sign_text), numbers_md=numbers)
+                        checks=(whole_text, sign_text, why_text), numbers_md=numbers)
   means = leafwise.second_half(per_leaf).groupby(
       _by(per_leaf) + ["train.seed", "stage", "leaf"], dropna=False)["snr2"].mean().reset_index()
   views, gains = leaf_views(means, sizes), leaf_gains(means, sizes)
@@ -187,7 +218,8 @@ def report(out_dir: Path):
   gain_text = "Per-leaf EMA gain (parameter-weighted median, no norm): " + listing(
       ("all runs" if k is None else k, float(g)) for k, g in gains.items())
   return pairs_report(values, expected, rule=RULE, paper=PAPER, effect=cal.effect, cal=cal,
-                      lower_is_better=False, checks=(gain_text, whole_text, sign_text),
+                      lower_is_better=False,
+                      checks=(gain_text, whole_text, sign_text, why_text),
                       numbers_md=sections("Per-leaf SNR² views (`_no_norm`: without the "
                                           "normalization layers):", views, numbers))
 

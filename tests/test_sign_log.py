@@ -1,7 +1,9 @@
 """The sign agreement logged during training (`stats.sign_agreement`,
-`pergrad.train.heldout`): logged on statistics-logging steps only, the trajectory
-bit-identical with and without it, the logged counts equal to a NumPy recomputation from
-the step's update and held-out statistics, and one-line errors for bad settings.
+`pergrad.train.heldout`): logged on statistics-logging steps only, for the update and each
+stage's direction against the current and the lagged target, the trajectory bit-identical
+with and without it (and without 'sign' in stats.want), the update's counts equal to a
+NumPy recomputation and to those of the stage its sign is taken from, the lag state
+resumed, and one-line errors for bad settings.
 
 Runs: the 1-layer, 32-wide model of conftest.TINY, SignEMA, 6 steps, statistics at
 steps 1, 3 and 6.
@@ -9,6 +11,7 @@ steps 1, 3 and 6.
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import jax
@@ -22,6 +25,8 @@ from pergrad.config.plan import resumable_keys
 from pergrad.config.schema import StatsSpec
 from pergrad.stats import noise
 from pergrad.stats.sign_agreement import SignCounts
+from pergrad.train.heldout import STAGES, prefix
+from pergrad.train.interrupt import Interrupts
 from pergrad.train.loop import run
 from pergrad.train.metrics import read_records
 
@@ -30,7 +35,7 @@ pytestmark = pytest.mark.extended  # trains with held-out statistics (module fix
 N_H = 2
 BASE = ("train.steps=6", "train.eval_every=6", "train.checkpoint_every=6",
         "logging.log_every=1", "optimizer=sign", "optimizer.placement=ema",
-        "optimizer.lr=1e-2", "stats.want=[mean,sq]", "stats.log_every=3")
+        "optimizer.lr=1e-2", "stats.log_every=3", "stats.track_snr=true")
 LOGGED = (1, 3, 6)
 FIELDS = SignCounts._fields
 
@@ -40,19 +45,24 @@ def _cache(compilation_cache):
   return compilation_cache
 
 
-def _overrides(tiny, n_h):
-  return [*tiny, *BASE, f"stats.sign_agreement={n_h}"]
+def _overrides(tiny, n_h, *extra):
+  want = "stats.want=[mean,sq,sign]" if n_h else "stats.want=[mean,sq]"
+  return [*tiny, *BASE, want, f"stats.sign_agreement={n_h}", *extra]
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, tiny_overrides):
-  """{n_h: run dir} for the same run with the sign agreement off (0) and on (N_H)."""
+  """{n_h: run dir} for the same run with the sign agreement off (0, no 'sign' logged) and
+  on (N_H, with the per-example signs' direction)."""
   out = {}
   for n_h in (0, N_H):
     d = tmp_path_factory.mktemp(f"sign{n_h}")
     run(build_plan(compose(_overrides(tiny_overrides, n_h))), d, echo=lambda s: None)
     out[n_h] = d
   return out
+
+
+PREFIXES = [prefix(d, lag) for d in ("update", *STAGES) for lag in (False, True)]
 
 
 def _records(d: Path, split: str) -> list[dict]:
@@ -71,13 +81,81 @@ def test_counts_are_logged_on_statistics_steps_only(runs):
   assert sorted(signed) == list(LOGGED)
   assert all(r["split"] == "stats" for r in signed.values())
   leaves = noise.leaf_paths(_params(d))
-  want = {f"sign/{leaf}/{f}" for leaf in (*leaves, "total") for f in FIELDS}
+  want = {f"{p}/{leaf}/{f}" for p in PREFIXES for leaf in (*leaves, "total") for f in FIELDS}
   for r in signed.values():
-    assert {k for k in r if k.startswith("sign/")} == want
-    assert r["sign/total/coords"] == sum(r[f"sign/{leaf}/coords"] for leaf in leaves)
-    assert 0 < r["sign/total/agree"] <= r["sign/total/selected"] <= r["sign/total/coords"]
+    assert {k for k in r if k.startswith("sign")} == want
+    for p in PREFIXES:
+      assert r[f"{p}/total/coords"] == sum(r[f"{p}/{leaf}/coords"] for leaf in leaves)
+      assert 0 < r[f"{p}/total/agree"] <= r[f"{p}/total/selected"] <= r[f"{p}/total/coords"]
+  # The lagged target is the current one at the first logging step, not later.
+  first, last = signed[LOGGED[0]], signed[LOGGED[-1]]
+  for f in ("agree_all", "progress"):
+    np.testing.assert_allclose(first[f"sign_lag/total/{f}"], first[f"sign/total/{f}"], rtol=1e-5)
+  assert last["sign_lag/total/selected"] != last["sign/total/selected"]
   off = read_records(runs[0] / "metrics.jsonl")
-  assert off and not any(k.startswith("sign/") for r in off for k in r)
+  assert off and not any(k.startswith("sign") for r in off for k in r)
+
+
+@pytest.fixture(scope="module")
+def parity_runs(tmp_path_factory, tiny_overrides):
+  """{placement: run dir} of the batch and example placements with β = 0 (the update has
+  the sign of ḡ, of the mean of per-example signs)."""
+  out = {}
+  for k in ("batch", "example"):
+    d = tmp_path_factory.mktemp(f"parity_{k}")
+    run(build_plan(compose(_overrides(tiny_overrides, N_H, f"optimizer.placement={k}",
+                                      "optimizer.b1=0"))), d, echo=lambda s: None)
+    out[k] = d
+  return out
+
+
+def test_stage_counts_equal_the_updates_of_that_placement(runs, parity_runs):
+  """The stage a placement takes its sign from has the update's counts (the same signs),
+  against both targets: ema in the SignEMA run; batch and example with β = 0."""
+  cases = [("ema", runs[N_H]), *((k, d) for k, d in parity_runs.items())]
+  for stage, d in cases:
+    recs = [r for r in _records(d, "stats") if "sign/total/coords" in r]
+    assert [r["step"] for r in recs] == list(LOGGED), stage
+    for r in recs:
+      for lag in (False, True):
+        own, other = prefix("update", lag), prefix(stage, lag)
+        keys = [k for k in r if k.startswith(own + "/")]
+        assert {k.replace(own, other, 1) for k in keys} <= set(r)
+        for k in keys:  # counts exactly; sums of h in any order (rounding)
+          exact = k.split("/")[-1] not in ("progress", "mu2")
+          np.testing.assert_allclose(r[k.replace(own, other, 1)], r[k], rtol=0 if exact else 1e-5,
+                                     err_msg=f"{stage} {k}")
+        assert r[f"{prefix('example', lag)}/total/progress"] != r[f"{own}/total/progress"] or (
+            stage == "example")
+
+
+class _StopAt(Interrupts):
+  """Requests a stop before update `k` + 1 (as a SIGTERM would)."""
+
+  def __init__(self, k):
+    super().__init__()
+    self.k = k
+
+  def requested(self, k):
+    if k == self.k:
+      self.signum = signal.SIGTERM
+    return self.signum is not None
+
+
+def test_resume_keeps_the_lag_state(runs, tiny_overrides, tmp_path):
+  """Interrupted after update 4 (logging steps 1 and 3 behind it), checkpointed, resumed:
+  the lagged counts of step 6 are the uninterrupted run's, and the checkpoint holds the
+  lag state."""
+  plan = build_plan(compose(_overrides(tiny_overrides, N_H)))
+  assert run(plan, tmp_path, echo=lambda s: None, stop=_StopAt(4))["status"] == "interrupted"
+  saved = ocp.StandardCheckpointer().restore((tmp_path / "checkpoints" / "4" / "default")
+                                             .absolute())
+  assert float(saved["lag"]["weight"]) == pytest.approx(0.75)  # 1 − ρ² after 2 logging steps
+  assert run(plan, tmp_path, echo=lambda s: None)["status"] == "completed"
+  got, want = (next(r for r in _records(d, "stats") if r["step"] == 6)
+               for d in (tmp_path, runs[N_H]))
+  lagged = [k for k in want if k.startswith("sign_lag")]
+  assert lagged and [got[k] for k in lagged] == [want[k] for k in lagged]
 
 
 def test_trajectory_is_bit_identical_with_and_without(runs):
@@ -151,6 +229,7 @@ def test_logged_counts_equal_numpy_from_the_update_and_heldout_stats(runs, tiny_
     ("stats.sign_agreement=-1", r"^stats.sign_agreement=-1 must be >= 0 \(0: off"),
     ("stats.log_every=0", r"^stats.sign_agreement=2 is logged on statistics-logging steps, "
                           r"but stats.log_every=0"),
+    ("stats.sign_lag=1", r"^stats.sign_lag=1(\.0)? must be in \[0, 1\)"),
 ])
 def test_bad_settings_are_one_line_errors(override, match):
   with pytest.raises(ValueError, match=match) as e:
@@ -161,4 +240,19 @@ def test_bad_settings_are_one_line_errors(override, match):
 
 
 def test_the_setting_is_resumable():
-  assert "stats.sign_agreement" in resumable_keys()
+  assert {"stats.sign_agreement", "stats.sign_lag"} <= set(resumable_keys())
+
+
+def test_resume_turning_the_sign_agreement_on(runs, tiny_overrides, tmp_path):
+  """stats.sign_agreement is resumable: a checkpoint without the lag state resumes with it
+  (fresh: the lagged target is the current one at the first logging step after), on the
+  same trajectory."""
+  off = build_plan(compose(_overrides(tiny_overrides, 0)))
+  assert run(off, tmp_path, echo=lambda s: None, stop=_StopAt(4))["status"] == "interrupted"
+  on = build_plan(compose(_overrides(tiny_overrides, N_H)))
+  assert run(on, tmp_path, echo=print)["status"] == "completed"
+  r = next(r for r in _records(tmp_path, "stats") if r["step"] == 6)
+  assert r["sign_lag/total/agree_all"] == r["sign/total/agree_all"]
+  for x, y in zip(jax.tree.leaves(_params(tmp_path)), jax.tree.leaves(_params(runs[N_H])),
+                  strict=True):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))

@@ -80,17 +80,32 @@ def test_snr_report_verdicts(tmp_path):
   assert rep.verdict == "not measured" and "re-run" in rep.finding and rep.rule
 
 
-def _sign_columns(leaf_counts: dict, steps) -> dict:
-  """sign/<leaf>/<field> columns: leaf -> (coords, agree_all, selected, agree, progress, mu2)
-  per logged step, and sign/total/ their sums."""
+def _sign_columns(leaf_counts: dict, steps, prefix="sign") -> dict:
+  """<prefix>/<leaf>/<field> columns: leaf -> (coords, agree_all, selected, agree, progress,
+  mu2) per logged step, and <prefix>/total/ their sums."""
   from experiments.leafwise import FIELDS
   cols = {}
   total = np.zeros(len(FIELDS))
   for leaf, c in leaf_counts.items():
     total = total + np.asarray(c, float)
-    cols.update({f"sign/{leaf}/{f}": c[i] for i, f in enumerate(FIELDS)})
-  cols.update({f"sign/total/{f}": total[i] for i, f in enumerate(FIELDS)})
+    cols.update({f"{prefix}/{leaf}/{f}": c[i] for i, f in enumerate(FIELDS)})
+  cols.update({f"{prefix}/total/{f}": total[i] for i, f in enumerate(FIELDS)})
   return cols
+
+
+# The stage directions' counts (stats.sign_agreement with 'sign' and track_snr): per prefix
+# sign[_lag]_<stage>, a factor on the dense leaf's agree and progress (of the update's).
+STAGE_SCALE = {"sign_ema": 0.5, "sign_batch": 0.25, "sign_example": 0.2,
+               "sign_lag": 1.05, "sign_lag_ema": 1.1, "sign_lag_batch": 0.4,
+               "sign_lag_example": 0.3}
+
+
+def _stage_columns(counts: dict, step) -> dict:
+  out = {}
+  for pre, f in STAGE_SCALE.items():
+    c = dict(counts, **{"dense/kernel": (1000, 700, 400, 360 * f, 30.0 * f, 4.0)})
+    out.update(_sign_columns(c, step, pre))
+  return out
 
 
 def test_snr_analyze_figures_report_from_a_table(tmp_path):
@@ -112,7 +127,7 @@ def test_snr_analyze_figures_report_from_a_table(tmp_path):
         r[f"opt/{leaf}/snr2_example"] = scale / 8
         r[f"opt/{leaf}/snr2_batch"] = scale + 0.01 * seed
         r[f"opt/{leaf}/snr2_ema"] = 3 * scale + 0.01 * seed
-      rows.append({**r, **_sign_columns(counts, step)})
+      rows.append({**r, **_sign_columns(counts, step), **_stage_columns(counts, step)})
   table = pd.DataFrame(rows)
   snr.analyze(Runs(tmp_path, table, pd.DataFrame({"run": ["s0"]})), tmp_path)
   leaf = pd.read_csv(tmp_path / "snr_per_leaf.csv")
@@ -127,7 +142,11 @@ def test_snr_analyze_figures_report_from_a_table(tmp_path):
   # Pooled over the second half (steps 15, 20) and over seeds the ratios are the per-step
   # ones: total agreement (360+60+4)/(400+100+4), alignment 40/√(1504·21); without the norm
   # leaf 420/500 and 32/√(1500·5).
-  pooled = leafwise.sign_pooled(leafwise.read_signs(tmp_path), ["train.seed"])
+  signs = leafwise.read_signs(tmp_path)
+  assert {(d, t) for d, t in zip(signs["direction"], signs["target"], strict=True)} == {
+      (d, t) for d in ("update", "ema", "batch", "example") for t in ("current", "lagged")}
+  own = signs[(signs["direction"] == "update") & (signs["target"] == "current")]
+  pooled = leafwise.sign_pooled(own, ["train.seed"])
   tot = pooled[pooled["leaf"] == "total"].iloc[0]
   rest = pooled[pooled["leaf"] == leafwise.NO_NORM].iloc[0]
   assert tot["coords"] == 2 * 1504
@@ -137,6 +156,15 @@ def test_snr_analyze_figures_report_from_a_table(tmp_path):
                              [420 / 500, 32 / np.sqrt(1500 * 5), 960 / 1500])
   assert "Sign agreement with E g (held-out" in rep.finding
   assert f"agreement {424 / 504:.3f}" in rep.finding
+  # Why SignEMA wins: every stage against both targets, no-norm leaves: agreement
+  # (360 f + 60) / 500, alignment (30 f + 2) / √(1500 · 5); m's alignment over ḡ's.
+  why = next(c for c in rep.checks if c.startswith("Why SignEMA wins"))
+  pair = lambda f: f"{(360 * f + 60) / 500:.3f} / {(30 * f + 2) / np.sqrt(7500):.3f}"
+  assert f"current E g: ema {pair(0.5)}, batch {pair(0.25)}, example {pair(0.2)}" in why
+  assert f"lagged E g: ema {pair(1.1)}, batch {pair(0.4)}, example {pair(0.3)}" in why
+  assert f"current E g is {(30 * 0.5 + 2) / (30 * 0.25 + 2):.3f} times" in why
+  assert f"lagged E g is {(30 * 1.1 + 2) / (30 * 0.4 + 2):.3f} times" in why
+  assert "Sign agreement of each direction" in rep.numbers_md
 
 
 def test_sign_counts_summary_edges():

@@ -34,7 +34,8 @@ def _plan(tiny: tuple[str, ...], name: str):
 
 
 def _abstract_state(plan) -> TrainState:
-  init = make_init_fn(plan.model, plan.optimizer, plan.data.seq_len)
+  init = make_init_fn(plan.model, plan.optimizer, plan.data.seq_len,
+                      lag=bool(plan.stats.sign_agreement))
   return jax.eval_shape(init, jnp.int32(0))
 
 
@@ -108,5 +109,6 @@ def test_train_step_returns_state_and_metrics_in_every_variant(tiny_overrides, n
   assert {"loss", "lr", "grad_norm", "update_norm", "param_norm"} <= keys["plain"]
   assert any(k.startswith("gns/") for k in keys["plain"]) == ("gns" in name or name == "both")
   assert keys["plain"] < keys["logged"] < keys["logged+sign"]
-  assert all(k.startswith("sign/") for k in keys["logged+sign"] - keys["logged"])
+  assert all(k.split("/")[0].startswith("sign") for k in keys["logged+sign"] - keys["logged"])
+  assert {"sign/total/agree", "sign_lag/total/agree"} <= keys["logged+sign"]
   assert ("opt/all/snr2_ema" in keys["logged"]) == (name in ("snr", "both"))

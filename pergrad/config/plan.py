@@ -57,9 +57,9 @@ class StatsPlan:
   request/backend: every step (what the optimizer reads). log_request/log_backend: on
   statistics-logging steps, the union of the optimizer's request and the logged
   statistics, computed in the same backward pass as the update (None: none logged).
-  options: how (stats.microbatch_size). sign_agreement/sign_backend: on logging steps,
-  the update's sign agreement with a held-out mean gradient (`pergrad.train.heldout`;
-  0: off).
+  options: how (stats.microbatch_size). sign_agreement/sign_backend/sign_lag: on logging
+  steps, the sign agreement with a held-out mean gradient and with its trailing mean of
+  decay sign_lag (`pergrad.train.heldout`; 0: off).
   """
 
   request: StatsRequest
@@ -70,6 +70,7 @@ class StatsPlan:
   log_every: int = 0
   sign_agreement: int = 0
   sign_backend: str | None = None
+  sign_lag: float = 0.5
 
   def logs_at(self, k: int) -> bool:
     return self.log_request is not None and (k == 1 or k % self.log_every == 0)
@@ -194,7 +195,8 @@ def _stats_plan(request: StatsRequest, s: StatsSpec) -> StatsPlan:
   return StatsPlan(request=request, backend=backend,
                    options=StatsOptions(microbatch_size=s.microbatch_size),
                    log_request=log_request, log_backend=log_backend, log_every=s.log_every,
-                   sign_agreement=s.sign_agreement, sign_backend=sign_backend)
+                   sign_agreement=s.sign_agreement, sign_backend=sign_backend,
+                   sign_lag=s.sign_lag)
 
 
 # --- same run? ---------------------------------------------------------------------------

@@ -146,6 +146,7 @@ class StatsSpec:
   # statistics-logging steps, E g is estimated from a held-out set of this many times
   # data.batch_size examples, drawn apart from the training stream; 0: off.
   sign_agreement: int = resumable(0)
+  sign_lag: float = resumable(0.5)  # ρ of the sign agreement's trailing mean of held-out means
 
   def __post_init__(self):
     self.granularity = Granularity.check(self.granularity, "stats.granularity")
@@ -157,6 +158,9 @@ class StatsSpec:
     if self.sign_agreement < 0:
       raise ValueError(f"stats.sign_agreement={self.sign_agreement} must be >= 0 (0: off; n: "
                        "a held-out set of n x data.batch_size examples, e.g. 4).")
+    if not 0 <= self.sign_lag < 1:
+      raise ValueError(f"stats.sign_lag={self.sign_lag} must be in [0, 1) (the decay of the "
+                       "trailing mean over logging steps; 0: no lag), e.g. 0.5.")
     if self.sign_agreement and not self.log_every:
       raise ValueError(f"stats.sign_agreement={self.sign_agreement} is logged on "
                        "statistics-logging steps, but stats.log_every=0; set stats.log_every "

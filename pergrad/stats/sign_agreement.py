@@ -44,7 +44,21 @@ t_j = h_j / √(v̂_j / n_h). With c_u = 2p − 1 and c_h = 2 P(sign h = sign μ
                       D Σμ² (`GradStats.mean_sq_unbiased`).
 
 `counts` returns the sums behind these (so leaves pool into a whole-model value by adding
-counts), `per_leaf` maps it over a tree and adds the total.
+counts), `per_leaf` maps it over a tree and adds the total. Its target is a `Target`
+(h, v̂, n_h): the held-out statistics (`current`) or the lagged one below.
+
+Lagged target. An update made of past batches (an EMA) points along past expected
+gradients, so it is also compared with a trailing mean of the held-out means h_k of the
+logging steps k = 1, 2, ... (`lag_update`, the one home of this EMA; ρ = stats.sign_lag):
+
+    h̄_k = ρ h̄_{k−1} + (1−ρ) h_k,    w_k = ρ² w_{k−1} + (1−ρ)² v̂_k/n_h,    a_k = ρ a_{k−1} + (1−ρ)
+
+from h̄_0 = w_0 = a_0 = 0. The held-out draws are independent across logging steps, so
+w_k / a_k² is the variance of the debiased mean h̄_k / a_k, a weighted mean of the h_i with
+weights summing to 1 (`lagged`): the target (h̄/a, w/a², 1), so that `counts` reads
+t² = h̄²/w (a cancels). At the first logging step it is the current target. Each term of h̄ is
+independent of the update, so every estimator above holds with E h̄/a (a trailing mean of
+E g) in place of E g.
 """
 
 from __future__ import annotations
@@ -74,6 +88,52 @@ class SignCounts(NamedTuple):
 
   def __add__(self, other):  # pooled counts, not a tuple concatenation
     return SignCounts(*(a + b for a, b in zip(self, other, strict=True)))
+
+
+class Target(NamedTuple):
+  """What an update is compared with: mean h, unbiased variance v̂ (trees like params) of a
+  mean of n_h independent samples (v̂/n_h: the variance of h)."""
+
+  mean: PyTree
+  var: PyTree
+  count: Any
+
+
+class LagState(NamedTuple):
+  """The un-debiased trailing mean of held-out means (module docstring), float32."""
+
+  mean: PyTree  # h̄, like params
+  var: PyTree  # w, like params
+  weight: jax.Array  # a = 1 − ρ^k after k logging steps
+
+
+def current(heldout: GradStats) -> Target:
+  """The held-out statistics as a target (they need 'sq')."""
+  if heldout.sum_sq is None:
+    raise ValueError("the held-out GradStats has no 'sq'; compute it with want=('mean', 'sq')")
+  return Target(heldout.mean, heldout.variance, heldout.count)
+
+
+def lag_init(params: PyTree) -> LagState:
+  zeros = lambda: jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), params)
+  return LagState(mean=zeros(), var=zeros(), weight=jnp.float32(0.0))
+
+
+def lag_update(state: LagState, target: Target, rho: float) -> LagState:
+  """One logging step of the trailing mean: h̄, w, a of the module docstring."""
+  f = lambda a, b: rho * a + (1.0 - rho) * jnp.asarray(b, jnp.float32)
+  return LagState(mean=jax.tree.map(f, state.mean, target.mean),
+                  var=jax.tree.map(lambda w, v: rho**2 * w + (1.0 - rho)**2
+                                   * jnp.asarray(v, jnp.float32) / target.count,
+                                   state.var, target.var),
+                  weight=f(state.weight, 1.0))
+
+
+def lagged(state: LagState) -> Target:
+  """The lagged target (h̄/a, w/a², 1) (module docstring)."""
+  a = jnp.maximum(state.weight, jnp.finfo(jnp.float32).tiny)
+  return Target(jax.tree.map(lambda m: m / a, state.mean),
+                jax.tree.map(lambda w: w / (a * a), state.var), jnp.float32(1.0))
 
 
 def counts(u, h, v, n_h, z: float = Z) -> SignCounts:
@@ -123,20 +183,18 @@ def summary(c: SignCounts, z: float = Z) -> dict[str, jax.Array]:
           "bias_bound": bias_bound(c, z), "alignment": alignment(c)}
 
 
-def per_leaf(update: PyTree, heldout: GradStats, z: float = Z) -> dict[str, SignCounts]:
-  """leaf path -> `SignCounts` of update (a tree like params) against the held-out
-  statistics (computed with want ⊇ ("mean", "sq") on samples no term of the update has
-  seen), plus "total": every leaf pooled."""
-  if heldout.sum_sq is None:
-    raise ValueError("the held-out GradStats has no 'sq'; compute it with want=('mean', 'sq')")
-  n = heldout.count
+def per_leaf(update: PyTree, target: Target | GradStats, z: float = Z) -> dict[str, SignCounts]:
+  """leaf path -> `SignCounts` of update (a tree like params) against `target` (a `Target`,
+  or held-out statistics computed with want ⊇ ("mean", "sq") on samples no term of the
+  update has seen), plus "total": every leaf pooled."""
+  t = current(target) if isinstance(target, GradStats) else target
   flat = jax.tree_util.tree_flatten_with_path(update)[0]
-  mean, var = jax.tree.leaves(heldout.mean), jax.tree.leaves(heldout.variance)
+  mean, var = jax.tree.leaves(t.mean), jax.tree.leaves(t.var)
   if len(flat) != len(mean):
-    raise ValueError(f"update has {len(flat)} leaves, the held-out statistics {len(mean)}; "
+    raise ValueError(f"update has {len(flat)} leaves, the target {len(mean)}; "
                      "give a tree like params for both")
-  out = {leaf_path(p): counts(u, h, v, n, z) for (p, u), h, v in zip(flat, mean, var,
-                                                                    strict=True)}
+  out = {leaf_path(p): counts(u, h, v, t.count, z)
+         for (p, u), h, v in zip(flat, mean, var, strict=True)}
   total = None
   for c in out.values():
     total = c if total is None else total + c

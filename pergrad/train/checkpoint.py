@@ -19,6 +19,7 @@ naming the path; its temporary folder is removed and the earlier checkpoints are
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import gc
 import logging
@@ -192,14 +193,22 @@ class Checkpoints:
         return
 
   def restore_latest(self, abstract_state: Any, echo: Callable[[str], None] = print,
-                     restart: bool = False) -> Any | None:
+                     restart: bool = False, fresh: dict[str, Callable] | None = None
+                     ) -> Any | None:
     """The newest step that restores completely, or None when there is none to resume;
     damaged steps are moved aside. OutputError when every checkpoint is unreadable,
-    unless `restart` (then None: start again from step 0)."""
+    unless `restart` (then None: start again from step 0). `fresh`: {field: state -> value}
+    for fields of the (dataclass) state that a checkpoint may lack or hold with other
+    leaves (a logging state turned on or off by a resumable setting, or older than the
+    field): such a field is read as saved, if at all, then set to fresh[field](state)."""
     for step in sorted(self.manager.all_steps(), reverse=True):
       try:
         with _quiet():
-          state = self.manager.restore(step, args=ocp.args.StandardRestore(abstract_state))
+          target, redo = self._target(step, abstract_state, fresh or {})
+          state = self.manager.restore(step, args=ocp.args.StandardRestore(target))
+          if redo:
+            state = abstract_state.replace(**{k: v for k, v in state.items() if k not in redo})
+            state = state.replace(**{f: fresh[f](state) for f in redo})
         got = int(jax.device_get(state.step))
         if got != step:
           raise ValueError(f"it holds step {got}")
@@ -219,6 +228,25 @@ class Checkpoints:
           "nothing was restored. Set train.restart=true to start again from step 0 on "
           "purpose (this run's metrics are then rewritten), or set another train.out_dir.")
     return None
+
+  def _target(self, step: int, abstract_state: Any, fresh: dict) -> tuple[Any, list[str]]:
+    """The restore target of `step` and the `fresh` fields to set after it: those whose
+    saved leaves differ in number from the target's (a dict target holding them as saved)."""
+    if not fresh:
+      return abstract_state, []
+    with ocp.StandardCheckpointer() as reader:  # the manager knows no handler before a restore
+      saved = reader.metadata(self.directory / str(step) / "default").item_metadata
+    n = lambda tree: len(jax.tree.leaves(tree))
+    redo = [f for f in fresh
+            if f not in saved.keys() or n(saved[f]) != n(getattr(abstract_state, f))]
+    if not redo:
+      return abstract_state, []
+    target = {f.name: getattr(abstract_state, f.name) for f in dataclasses.fields(abstract_state)}
+    for f in redo:
+      target.pop(f)
+      if f in saved.keys():  # read to host memory, then dropped
+        target[f] = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), saved[f])
+    return target, redo
 
   def _move_aside(self, step: int) -> Path:
     src = self.directory / str(step)

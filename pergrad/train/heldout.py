@@ -1,6 +1,7 @@
 """How often the update's sign agrees with sign(E g), logged during training.
 
     stats.sign_agreement=4 stats.log_every=10     # n_h = 4 batches, every 10th update
+    stats.sign_lag=0.5                            # ρ of the lagged target
 
 On each statistics-logging step k (`StatsPlan.logs_at`) with n_h = stats.sign_agreement
 > 0, before update k:
@@ -23,17 +24,33 @@ On each statistics-logging step k (`StatsPlan.logs_at`) with n_h = stats.sign_ag
                  direction before the learning rate (for the sign family, the
                  signed/EMA'd direction) without dividing by lr; with weight decay it is
                  the sign of the decayed step, the one the parameters take.
-  counts         `pergrad.stats.sign_agreement.per_leaf(u, held-out stats)`, logged raw
-                 in the stats record as "sign/<leaf>/<field>" and "sign/total/<field>"
-                 (fields of `SignCounts`: coords, agree_all, selected, agree, progress,
-                 mu2; leaf names `pergrad.stats.noise.leaf_path`), so ratios pool over
+  stages         beside u, every stage's direction at the same θ_{k−1} from the same
+                 batch, whatever the run's placement (`directions`): "example" = the mean
+                 of per-example signs s (when the step's statistics hold 'sign' at example
+                 granularity for every leaf: stats.want ∋ sign), "batch" = ḡ (the
+                 optimizer's own), "ema" = the SNR tracker's m = EMA_β(ḡ) after update k
+                 (stats.track_snr), whose sign is SignEMA's direction. u has the sign of
+                 "ema" in a SignEMA run, of "batch" in a batch run with β = 0 (signSGD),
+                 of "example" in an example run with β = 0 (tested).
+  targets        the held-out mean h (`sign_agreement.current`), and the lagged target
+                 h̄ = EMA_ρ of the held-out means over the logging steps so far, ρ =
+                 stats.sign_lag (`sign_agreement.lag_update`, `lagged`; the state is
+                 `TrainState.lag`, checkpointed; equal to h at the first logging step).
+  counts         `pergrad.stats.sign_agreement.per_leaf(direction, target)` of every
+                 direction and target, logged raw in the stats record as
+                 "<prefix>/<leaf>/<field>" and "<prefix>/total/<field>" (fields of
+                 `SignCounts`: coords, agree_all, selected, agree, progress, mu2; leaf
+                 names `pergrad.stats.noise.leaf_path`), prefix "sign[_lag][_<stage>]"
+                 (`prefix`): "sign" the update against h, "sign_lag" the update against h̄,
+                 "sign_ema" m against h, "sign_lag_ema" m against h̄, ... Ratios pool over
                  leaves, steps and seeds by adding counts (`sign_agreement.summary`).
 
 The training trajectory is untouched: the held-out statistics are a separate compiled
 function of θ_{k−1} (`SignLog.stats`, called before the train step donates the state,
 compiled ahead of time once per run), passed to the logging train step
 (`pergrad.train.step.train_step(state, batch, heldout)`), which turns its update and
-them into counts (`sign_metrics`) beside its other metrics.
+them into counts (`sign_metrics`) beside its other metrics, and updates `TrainState.lag`
+(which the plain step carries through unchanged).
 """
 
 from __future__ import annotations
@@ -48,6 +65,7 @@ import jax.numpy as jnp
 
 import pergrad.stats as pstats
 from pergrad.config.plan import HELDOUT_REQUEST
+from pergrad.optim.diagnostics import SnrTrackerState
 from pergrad.stats import sign_agreement
 from pergrad.stats.types import GradStats
 from pergrad.train import mesh as mesh_lib
@@ -55,6 +73,12 @@ from pergrad.train import mesh as mesh_lib
 PyTree = Any
 HELDOUT_SEED = 2**63  # the held-out stream's seed is data.seed + HELDOUT_SEED
 PREFIX = "sign"
+STAGES = ("example", "batch", "ema")  # the stage directions, beside the run's "update"
+
+
+def prefix(direction: str = "update", lag: bool = False) -> str:
+  """"sign[_lag][_<direction>]": the key prefix of a direction's counts against a target."""
+  return PREFIX + ("_lag" if lag else "") + ("" if direction == "update" else f"_{direction}")
 
 
 def heldout_seed(seed: int) -> int:
@@ -82,13 +106,33 @@ def heldout_stats(params: PyTree, batch: dict, *, loss_fn, backend: str,
   return pstats.compute(loss_fn, params, batch, HELDOUT_REQUEST, options, backend=backend)[1]
 
 
-def sign_metrics(updates: PyTree, heldout: GradStats,
+def directions(updates: PyTree, stats: GradStats, log_stats: GradStats | None = None,
+               snr: Any = None) -> dict[str, PyTree]:
+  """{"update": −updates} and the stages available (module docstring): "example" from the
+  first of `stats` (the optimizer's), `log_stats` with 'sign' at example granularity for
+  every leaf, "batch" = `stats.mean`, "ema" from a `track_snr` state `snr`."""
+  out = {"update": jax.tree.map(jnp.negative, updates), "batch": stats.mean}
+  signed = [s for s in (stats, log_stats) if s is not None and s.sum_sign is not None
+            and s.granularity == "example" and not s.layers]
+  if signed:
+    out["example"] = signed[0].sign_mean
+  if isinstance(snr, SnrTrackerState):
+    out["ema"] = snr.mu
+  return out
+
+
+def sign_metrics(directions: dict[str, PyTree], heldout: GradStats,
+                 lag: sign_agreement.LagState | None = None,
                  z: float = sign_agreement.Z) -> dict[str, jax.Array]:
-  """{"sign/<leaf>/<field>": float32 scalar} of u = −updates against the held-out
-  statistics, per leaf and "total" (module docstring)."""
-  u = jax.tree.map(jnp.negative, updates)
-  return {f"{PREFIX}/{leaf}/{field}": value
-          for leaf, c in sign_agreement.per_leaf(u, heldout, z).items()
+  """{"<prefix>/<leaf>/<field>": float32 scalar} of each direction against the held-out
+  statistics and, given the lag state (after this step's update), the lagged target; per
+  leaf and "total" (module docstring)."""
+  targets = {False: sign_agreement.current(heldout)}
+  if lag is not None:
+    targets[True] = sign_agreement.lagged(lag)
+  return {f"{prefix(d, lagged)}/{leaf}/{field}": value
+          for d, u in directions.items() for lagged, t in targets.items()
+          for leaf, c in sign_agreement.per_leaf(u, t, z).items()
           for field, value in c._asdict().items()}
 
 

@@ -100,7 +100,7 @@ def run(plan: RunPlan, out_dir: str | Path, *, hydra_info: dict | None = None,
   steps = Steps(plan, mesh)
   ckpt = Checkpoints(out_dir / "checkpoints", keep=plan.train.keep_checkpoints)
   state = ckpt.restore_latest(steps.abstract_sharded_state(), echo=echo,
-                             restart=plan.train.restart)
+                             restart=plan.train.restart, fresh=steps.fresh)
   start = 0 if state is None else int(jax.device_get(state.step))
   if state is None:
     state = steps.init(jnp.int32(plan.train.seed))

@@ -9,6 +9,9 @@
     lr             float32: the last update's learning rate (0 before the first)
     snr, gns       the trackers' states beside the optimizer (`pergrad.optim.diagnostics`;
                    `optax.EmptyState()` when off); gns holds the controller's B_simple
+    lag            the trailing mean of the held-out means of the sign-agreement log
+                   (`pergrad.stats.sign_agreement.LagState`, updated on its logging steps;
+                   `optax.EmptyState()` when stats.sign_agreement=0)
 
 It is created directly with its shardings by a jitted init (no host copy of the
 parameters), and saved / restored whole by Orbax (`checkpoint.py`). The data order
@@ -22,9 +25,11 @@ from typing import Any, Callable
 import flax.struct
 import jax
 import jax.numpy as jnp
+import optax
 
 from pergrad.model import ModelSpec, init_params
 from pergrad.optim import Optimizer
+from pergrad.stats.sign_agreement import lag_init
 
 
 @flax.struct.dataclass
@@ -37,11 +42,13 @@ class TrainState:
   lr: jax.Array
   snr: Any
   gns: Any
+  lag: Any = optax.EmptyState()
 
 
-def make_init_fn(spec: ModelSpec, opt: Optimizer,
-                 seq_len: int) -> Callable[[jax.Array], TrainState]:
-  """seed (int32 scalar) -> TrainState, a pure function (jit it with out_shardings)."""
+def make_init_fn(spec: ModelSpec, opt: Optimizer, seq_len: int,
+                 lag: bool = False) -> Callable[[jax.Array], TrainState]:
+  """seed (int32 scalar) -> TrainState, a pure function (jit it with out_shardings); `lag`:
+  with the sign agreement's lag state."""
 
   def init(seed: jax.Array) -> TrainState:
     init_key = jax.random.split(jax.random.PRNGKey(seed))[0]
@@ -49,6 +56,7 @@ def make_init_fn(spec: ModelSpec, opt: Optimizer,
     zero = lambda dtype=jnp.int32: jnp.zeros((), dtype)
     return TrainState(step=zero(), params=params, opt_state=opt.tx.init(params),
                       examples_seen=zero(), batch_size=zero(), lr=zero(jnp.float32),
-                      snr=opt.snr.init(params), gns=opt.gns.init(params))
+                      snr=opt.snr.init(params), gns=opt.gns.init(params),
+                      lag=lag_init(params) if lag else optax.EmptyState())
 
   return init

@@ -24,8 +24,10 @@ their consumers are those of the plain variant. When the logged request is the
 optimizer's (same backend), the logged statistics are the update's own; otherwise they
 are a second backward pass at θ_{k−1} on the same batch (the cost of logging).
 With stats.sign_agreement, logging steps also get the held-out statistics (computed
-before the step by a separate compiled function at the same θ) and log the update's sign
-agreement with the held-out mean gradient ("sign/...", `pergrad.train.heldout`).
+before the step by a separate compiled function at the same θ), update the trailing mean
+of the held-out means (`TrainState.lag`; the plain step carries it through) and log the
+sign agreement of the update and of each stage's direction (per-example signs, ḡ, the SNR
+tracker's m; from the barriered values) with both ("sign.../...", `pergrad.train.heldout`).
 
 `Steps` jits each function once over a 1-D ('data',) mesh: explicit in/out
 shardings (batch split on 'data', state replicated), the state donated to the
@@ -50,16 +52,19 @@ from pergrad.loss import make_loss_fn
 from pergrad.model import Transformer
 from pergrad.optim import Optimizer, diagnostics
 from pergrad.optim.diagnostics import gns_metrics
+from pergrad.stats import sign_agreement
+from pergrad.stats.sign_agreement import lag_init
 from pergrad.stats.types import GradStats
 from pergrad.train import mesh as mesh_lib
-from pergrad.train.heldout import SignLog, sign_metrics
+from pergrad.train.heldout import SignLog, directions, sign_metrics
 from pergrad.train.state import TrainState, make_init_fn
 
 
 def train_step(state: TrainState, batch: dict, heldout: GradStats | None = None, *, loss_fn,
                opt: Optimizer, request: pstats.StatsRequest, backend: str,
                options: pstats.StatsOptions, log_request: pstats.StatsRequest | None = None,
-               log_backend: str | None = None) -> tuple[TrainState, dict[str, jax.Array]]:
+               log_backend: str | None = None, sign_lag: float = 0.5
+               ) -> tuple[TrainState, dict[str, jax.Array]]:
   """One update θ_{k+1} = θ_k + tx(ḡ_k, stats_k): (new state, metrics of step k).
 
   Metrics: loss (mean over the batch at θ_k), grad_norm ‖ḡ‖, update_norm,
@@ -67,9 +72,11 @@ def train_step(state: TrainState, batch: dict, heldout: GradStats | None = None,
   the examples seen and on B = the batch's static leading size); "gns/..."
   when the GNS is tracked (`gns_metrics`, every step); with `log_request` (a logging
   step), also "stats/..." and "opt/..." scalars; with `heldout` (the held-out statistics
-  at θ_k), also the update's sign-agreement counts "sign/..." (`pergrad.train.heldout`).
-  The update and the metrics above are the same operations with or without them (module
-  docstring).
+  at θ_k), also the sign-agreement counts "sign.../..." of the update and of the stage
+  directions against the held-out mean and its trailing mean (ρ = `sign_lag`), whose state
+  `TrainState.lag` such a step updates and every other step carries through
+  (`pergrad.train.heldout`). The update and the metrics above are the same operations with
+  or without them (module docstring).
   """
   loss, stats = pstats.compute(loss_fn, state.params, batch, request, options,
                                backend=backend)
@@ -82,7 +89,7 @@ def train_step(state: TrainState, batch: dict, heldout: GradStats | None = None,
   new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state,
                          examples_seen=seen + B, batch_size=jnp.int32(B),
                          lr=opt.token_lr(seen, B), snr=opt.snr.update(state.snr, stats),
-                         gns=opt.gns.update(state.gns, stats))
+                         gns=opt.gns.update(state.gns, stats), lag=state.lag)
   metrics = {
       "loss": loss,
       "grad_norm": optax.tree.norm(grads),
@@ -97,6 +104,7 @@ def train_step(state: TrainState, batch: dict, heldout: GradStats | None = None,
   params_k, batch_k = jax.lax.optimization_barrier((state.params, batch))
   stats, opt_state, snr, updates = jax.lax.optimization_barrier(
       (stats, opt_state, new_state.snr, updates))
+  opt_stats = stats
   if log_request is not None:
     if (log_request, log_backend) != (request, backend):
       stats = pstats.compute(loss_fn, params_k, batch_k, log_request, options,
@@ -104,7 +112,11 @@ def train_step(state: TrainState, batch: dict, heldout: GradStats | None = None,
     metrics.update(pstats.summaries.layer_summaries(stats))
     metrics.update(diagnostics(stats, opt_state, snr))
   if heldout is not None:
-    metrics.update(sign_metrics(updates, heldout))
+    if not isinstance(state.lag, sign_agreement.LagState):
+      raise ValueError("held-out statistics need the lag state: make_init_fn(lag=True)")
+    lag = sign_agreement.lag_update(state.lag, sign_agreement.current(heldout), sign_lag)
+    new_state = new_state.replace(lag=lag)
+    metrics.update(sign_metrics(directions(updates, opt_stats, stats, snr), heldout, lag))
   return new_state, metrics
 
 
@@ -123,10 +135,15 @@ class Steps:
     repl = mesh_lib.replicated(mesh)
     self.batch_sharding = mesh_lib.batch_sharding(mesh)
 
-    init = make_init_fn(plan.model, opt, plan.data.seq_len)
+    init = make_init_fn(plan.model, opt, plan.data.seq_len, lag=bool(sp.sign_agreement))
     self.abstract_state = jax.eval_shape(init, jnp.int32(0))
     self.state_shardings = jax.tree.map(lambda _: repl, self.abstract_state)
     self.init = jax.jit(init, out_shardings=self.state_shardings)
+    # What a resumed run sets when its checkpoint lacks the lag state or holds an unwanted
+    # one (stats.sign_agreement is resumable; older checkpoints have none).
+    lag = (jax.jit(lag_init, out_shardings=self.state_shardings.lag) if sp.sign_agreement
+           else lambda params: optax.EmptyState())
+    self.fresh = {"lag": lambda state: lag(state.params)}
 
     def abstract_batch(B):
       return {k: jax.ShapeDtypeStruct((B, plan.data.seq_len), jnp.int32,
@@ -143,7 +160,7 @@ class Steps:
       return jax.jit(
           functools.partial(train_step, loss_fn=self.loss_fn, opt=opt, request=sp.request,
                             backend=sp.backend, options=options, log_request=log_request,
-                            log_backend=log_backend),
+                            log_backend=log_backend, sign_lag=sp.sign_lag),
           in_shardings=(self.state_shardings, self.batch_sharding) + ((repl,) if heldout else ()),
           out_shardings=(self.state_shardings, repl),
           # The batch is not donated: no output has its shape (XLA could not reuse it).
