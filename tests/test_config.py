@@ -72,7 +72,7 @@ def test_help_lists_each_groups_choices_and_a_line_per_field():
 
 def test_a_registered_backend_is_chosen_by_name(tiny_overrides):
   with pytest.raises(ValueError, match=r"^stats.backend=fast is not a registered backend; "
-                                       r"choose one of auto, value_and_grad, vmap"):
+                                       r"choose one of auto, value_and_grad, contraction, vmap"):
     build_plan(compose(["stats.backend=fast"]))
   ps.register_backend("mine", ps.Backend(ps.backends.get("vmap").fn))
   try:

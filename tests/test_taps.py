@@ -236,3 +236,29 @@ def test_nnx_einsum_layers_match_the_loop_with_and_without_clipping():
   loss_fn, params = _einsum_loss(_EinsumLM(nnx.Rngs(0), ("btd,ndh->btnh", (2, am.D, 3))))
   with pytest.raises(ValueError, match="is not a dense layer"):
     ps.compute(loss_fn, params, batch, want=("sq",), backend="surgery")
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_the_contraction_plain_step_equals_autodiff_on_every_model_kind(tied):
+  """ḡ by the fast weight-gradient path (the plain step "auto" takes on CPU) equals
+  `jax.value_and_grad`'s on every leaf, for Linen, NNX and plain JAX, and for a model with a
+  layer the planner cannot read (a parameter used outside any standard layer: it falls
+  back to autodiff)."""
+  batch = am.batch(3)
+  cases = {k: v[:2] for k, v in am.models(tied).items()}
+  loss_fn, params = cases["plain"]
+  odd = {**params, "gain": jnp.ones(())}  # a parameter no standard layer owns
+  cases["fallback"] = (lambda p, b: loss_fn({k: v for k, v in p.items() if k != "gain"}, b)
+                       * p["gain"], odd)
+  for kind, (f, p) in cases.items():
+    ref = ps.compute(f, p, batch, want=("mean",), backend="value_and_grad")
+    got = jax.jit(lambda p_, b_, f=f: ps.compute(f, p_, b_, want=("mean",),
+                                                 backend="contraction"))(p, batch)
+    np.testing.assert_allclose(got[0], ref[0], rtol=1e-6, err_msg=kind)
+    top = max(float(np.abs(b).max()) for b in jax.tree.leaves(ref[1].sum))
+    for (path, a), b in zip(jax.tree_util.tree_flatten_with_path(got[1].sum)[0],
+                            jax.tree.leaves(ref[1].sum), strict=True):  # key biases: ≈ 0
+      np.testing.assert_allclose(a, b, rtol=2e-5, atol=1e-6 * top,
+                                 err_msg=f"{kind} {jax.tree_util.keystr(path)}")
+  assert ps.resolve_backend(ps.StatsRequest(("mean",))) == (
+      "contraction" if jax.default_backend() == "cpu" else "value_and_grad")

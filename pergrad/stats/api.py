@@ -20,9 +20,10 @@ unrolling, vmap's layout); which backend, a name of the table `backends.REGISTRY
                standard Flax Linen / NNX layers, or calling `pergrad.stats.taps`.
   - "loop":    a Python loop over examples (`reference.py`); a reference for tests.
   - "auto":    the cheapest backend that can supply the request (`resolve_backend`):
-               surgery, or vmap with per-example clipping.
-A request for "mean" alone (example granularity, no clipping) takes the plain
-"value_and_grad" backend whatever the backend asked, since the mean needs nothing more.
+               surgery.
+A request for "mean" alone (example granularity, no clipping) takes a plain step whatever
+the backend asked, since the mean needs nothing more: "contraction" on CPU (the fast
+weight-gradient path), "value_and_grad" elsewhere, or whichever of the two is asked.
 Everything is validated here, once, before the backend runs.
 
 `options.microbatch_size` splits the batch into chunks processed one after the other
@@ -58,7 +59,8 @@ LossFn = Callable[[PyTree, dict], jax.Array]
 
 class StatsBackend(Choice):
   """The built-in choices of `stats.backend`; the table (`backends.REGISTRY`) also holds
-  "value_and_grad" (what "auto" gives a mean-only request) and registered backends."""
+  the plain steps "value_and_grad" and "contraction" (what "auto" gives a mean-only
+  request) and registered backends."""
 
   auto = "auto"  # the cheapest backend that can supply the request
   vmap = "vmap"
@@ -67,12 +69,15 @@ class StatsBackend(Choice):
 
 
 def resolve_backend(request: StatsRequest, backend: str = "auto") -> str:
-  """The backend that serves `request`: "value_and_grad", "vmap", "surgery", "loop" (or
-  a registered one).
+  """The backend that serves `request`: "contraction", "value_and_grad", "vmap", "surgery",
+  "loop" (or a registered one).
 
   Rule for "auto" (from results/cpu/overhead and results/cpu/norm_cost,
   `scripts/reproduce.py overhead norm_cost --preset cpu`, measured on XLA:CPU):
-    - "mean" only, example granularity, no clipping -> "value_and_grad";
+    - "mean" only, example granularity, no clipping -> "contraction" on CPU (autodiff's
+      step takes 1.13-1.31x its time at equal FLOPs, `scripts/bench_stats.py`; a model the
+      planner cannot read falls back to autodiff inside it), "value_and_grad" elsewhere
+      (not measured on an accelerator);
     - token granularity -> "surgery" (the only backend with per-token statistics);
     - otherwise (example granularity, per-example clipping included) -> "surgery": with
       the simultaneous methods it was the faster of surgery and vmap for sq+sign, norms
@@ -86,8 +91,10 @@ def resolve_backend(request: StatsRequest, backend: str = "auto") -> str:
   """
   if backend != "auto":
     backends.get(backend)
-  if request.mean_only:
-    return "value_and_grad"
+  if request.mean_only:  # a plain step, whatever backend serves statistics
+    if backend in ("value_and_grad", "contraction"):
+      return backend
+    return "contraction" if jax.default_backend() == "cpu" else "value_and_grad"
   which = backend
   if backend == "auto":
     which = "surgery"
@@ -209,7 +216,7 @@ def compute(
     loss, stats = chunk_fn(params, batch)
   else:
     loss, stats = _microbatched(chunk_fn, params, batch, chunk)
-  if which == "value_and_grad":
+  if not entry.statistics:  # ḡ alone
     return loss, stats
   if request.type_rules and not stats.rules:
     stats = stats.replace(rules=request.type_rules + TYPE_RULES)

@@ -11,6 +11,8 @@ dispatcher also applies `options.microbatch_size`: the backend sees one chunk as
 batch. Built in:
 
   value_and_grad  the plain ḡ = ∇ (1/B) Σ_b loss_b; "mean" alone (sum = B ḡ, count = B)
+  contraction     the same ḡ on the fast weight-gradient path: each dense kernel's
+                  gradient as one contraction over (example, row) (`surgery.contraction_stats`)
   vmap            per-example gradients by `jax.vmap(jax.grad)`, reduced in the same jit
   surgery         one backward pass with custom VJPs that emit the statistics (and
                   per-example clipping without a second backward: `surgery/clip.py`)
@@ -81,6 +83,8 @@ REGISTRY: Registry[Backend] = Registry(
     "backend", hint="add one with pergrad.stats.register_backend", reserved=("auto",))
 REGISTRY.register("value_and_grad", Backend(value_and_grad_stats, statistics=False,
                                             microbatch=False))
+REGISTRY.register("contraction", Backend(surgery.contraction_stats, statistics=False,
+                                         microbatch=False))
 REGISTRY.register("vmap", Backend(vmap.vmap_stats, clip="clip_power"))
 REGISTRY.register("surgery", Backend(surgery.surgery_stats, granularities=("example", "token"),
                                      clip="any"))

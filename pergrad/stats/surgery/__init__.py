@@ -40,7 +40,10 @@ unrolls the scans.
 Structure: `sites.make_plan` (the planner) traces the model into `Site`s, one per layer
 call; `HANDLERS` maps each layer kind to the module that computes its statistics
 (`dense`, `embed`, `norm`, all built on `tap`); `surgery_stats` runs the one backward
-pass, sending each layer call (`site_router`) to its handler.
+pass, sending each layer call (`site_router`) to its handler, and each call none of whose
+leaves is selected to the fast weight-gradient path (`plain_call`: a dense kernel's
+gradient as one contraction over (example, row), a norm's backward from x̂ kept, no
+statistic), the path of `contraction_stats` (the "contraction" backend: ḡ alone).
 
 A layer whose input has no example axis (found by tracing at two batch sizes) is taken
 to be broadcast against the batch along a new leading axis; its output is broadcast
@@ -48,6 +51,8 @@ explicitly to B×... so that its cotangent keeps the example axis.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -75,7 +80,8 @@ def surgery_stats(loss_fn, params, batch, request: StatsRequest, options: StatsO
     request: statistics (`want`), granularity "example" (n = B samples) or "token"
       (n = B·T samples), and `layers`: the leaves that get statistics
       (`pergrad.layer_types`; empty: all). A layer call none of whose leaves is selected
-      runs untouched (plain autodiff, no tap): its statistics are zeros and cost nothing.
+      takes the fast weight-gradient path (`plain_call`, no tap): its statistics are
+      zeros and cost nothing.
     options: `dense_method` and `scan_unroll` (`StatsOptions`).
   Returns:
     (mean loss, GradStats) with sum = n · ∇(mean loss) and the requested sums.
@@ -97,11 +103,14 @@ def surgery_stats(loss_fn, params, batch, request: StatsRequest, options: StatsO
     env = Env(B=B, token=token, want=want, scale=scale, options=options, sites=plan.sites)
 
     def handler(site, layer):
+      if not site.selected:
+        return plain_call(env, site, layer)
       sub = {k: {leaf: probes[k][key] for leaf, key in zip(site.leaves, site.keys, strict=True)}
              for k in stat_keys}
       return HANDLERS[site.kind](env, Call(site=site, layer=layer, probes=sub))
 
-    with frontends.route(sites.site_router(plan, p, handler if stat_keys else None)):
+    with frontends.route(sites.site_router(plan, p, handler if stat_keys else None,
+                                           every=True)):
       return loss_fn(p, batch).mean()
 
   loss, (grads, probe_cts) = jax.value_and_grad(objective, argnums=(0, 1))(params, probes)
@@ -115,3 +124,40 @@ def surgery_stats(loss_fn, params, batch, request: StatsRequest, options: StatsO
       rules=plan.rules,
   )
 
+
+
+def plain_call(env: Env, site, layer):
+  """y of a layer call without statistics on the fast weight-gradient path: a dense
+  kernel's gradient as one contraction (`dense.contracted`), a norm's backward from the
+  x̂ kept (`norm.simultaneous_norm`, no statistic asked), any other call as it is."""
+  if site.kind == "dense" and site.in_axis is not None and site.plain_dot:
+    return dense.contracted(layer, site, env.B)
+  if site.kind == "norm" and site.in_axis is not None and not env.token:
+    return norm.simultaneous_norm(dataclasses.replace(env, want=()),
+                                  Call(site=site, layer=layer, probes={}))
+  return layer.run()
+
+
+def contraction_stats(loss_fn, params, batch, request: StatsRequest, options: StatsOptions):
+  """Mean loss and GradStats("mean"): ḡ with every layer call on the fast weight-gradient
+  path (`plain_call`); a model the planner cannot read (`make_plan`'s ValueError) gets
+  `jax.value_and_grad`'s, the same gradient."""
+  del options  # "mean" alone
+  try:
+    plan = make_plan(loss_fn, params, batch, request)
+  except ValueError:
+    plan = None
+  B = jax.tree.leaves(batch)[0].shape[0]
+  env = plan and Env(B=B, token=False, want=(), scale=float(B), options=StatsOptions(),
+                     sites=plan.sites)
+
+  def objective(p):
+    if plan is None:
+      return loss_fn(p, batch).mean()
+    with frontends.route(sites.site_router(plan, p, lambda s, y: plain_call(env, s, y),
+                                           every=True)):
+      return loss_fn(p, batch).mean()
+
+  loss, grads = jax.value_and_grad(objective)(params)
+  return loss, GradStats(count=jnp.asarray(B, F32),
+                         sum=jax.tree.map(lambda g: g.astype(F32) * B, grads))

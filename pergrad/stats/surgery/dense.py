@@ -8,7 +8,9 @@ the bias B·Σ_r Δ_br. Two methods:
   - the tap (`tapped`): autodiff's weight gradient, and the statistics from A and Δ in
     the tap's backward pass (materialised B×K×L, the Gram "ghost norm" for norms alone
     when it takes fewer FLOPs, or per token φ(A)ᵀφ(Δ)).
-`simultaneous_is_used` chooses, under `StatsOptions.dense_method`.
+`simultaneous_is_used` chooses, under `StatsOptions.dense_method`. A call with no
+statistic takes the fast weight-gradient path (`contracted`): one contraction over
+(example, row), no per-example axis.
 """
 
 from __future__ import annotations
@@ -49,6 +51,32 @@ def simultaneous_is_used(site: Site, B: int, x_shape, want, token: bool,
     return False
   norms_only = not sm.coordinate_names(want) and set(sm.example_names(want)) == {"norms"}
   return not norms_only or 2 * K * L <= 2 * R * R * (K + L) + R * R
+
+
+def contracted(layer, site: Site, B: int):
+  """y of a dense call without statistics whose kernel gradient is one contraction
+  Aᵀ Δ over the B×R×K and B×R×L rows (einsum brk,brl->kl, float32 accumulation): on
+  XLA:CPU 1.1-1.3x faster than autodiff's (results/cpu/overhead), the same FLOPs."""
+  kernel, bias = layer.params["kernel"], layer.params.get("bias")
+  fwd = lambda x_, k_, b_: layer.forward(x_, {"kernel": k_, "bias": b_})
+
+  @jax.custom_vjp
+  def f(x_, k_, b_):
+    return fwd(x_, k_, b_)
+
+  def f_fwd(x_, k_, b_):
+    return fwd(x_, k_, b_), (x_, k_, b_)
+
+  def f_bwd(res, dy):
+    _, k_, b_ = res
+    dx, a_BxRxK, d_BxRxL = backward_rows(fwd, site, B, res, dy)
+    dk = jnp.einsum("brk,brl->kl", a_BxRxK, d_BxRxL, preferred_element_type=F32)
+    db = (None if b_ is None
+          else d_BxRxL.astype(F32).sum(axis=(0, 1)).reshape(b_.shape).astype(b_.dtype))
+    return dx, dk.reshape(k_.shape).astype(k_.dtype), db
+
+  f.defvjp(f_fwd, f_bwd)
+  return f(layer.x, kernel, bias)
 
 
 def handle(env: Env, call: Call):
