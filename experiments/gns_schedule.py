@@ -4,7 +4,8 @@ Every arm spends the same examples (cpu: 400 × 32 sequences), tracks every laye
 every step, warmup and evaluations at the same examples. Arms: fixed B = 8 ... 64, each with
 its own lr (factor-2 grid on seed 0, extended once), the best one the baseline; gns_norm (B
 follows the norm layers' B_simple); linear_paper (a ramp over the whole budget from B_max/8);
-linear_fit (a ramp fitted to the best fixed arm's B_simple, within the budget); warmup (Merrill
+linear_fit (the ramp fitted to the best fixed arm's B_simple, run as fitted: not run where it
+is linear_paper's or never leaves its start, `fitted_arm`); warmup (Merrill
 et al. 2025, our reading: a ramp from B_max/8 over the first quarter, lr × √ratio; beside);
 seesaw (arXiv 2510.14717: from the best fixed arm's B and lr, B doubles with lr × 1/√2 where
 the step schedule would halve the lr; beside); short (the best fixed arm
@@ -23,7 +24,7 @@ import pandas as pd
 from experiments import calibrate, lr_search, rules
 from experiments.figures import plt, savefig, style
 from experiments.record import ROWS, Experiment, register
-from experiments.runs import aggregate, finals, from_table, read_csv
+from experiments.runs import aggregate, finals, from_table, reach, read_csv
 from experiments.sweep import Block, LrSearch, Sweep, base_for, experiment_value, scale_value
 from experiments.verdict import Report, listing, not_measured, outcomes, pairs_md, sections
 
@@ -36,7 +37,7 @@ SIZE, PER_SIZE = "data.batch_size", ("train.steps", "train.eval_every", "schedul
 GROUP = ("batch.kind", SIZE, *PER_SIZE)  # a fixed arm (in its runs' names: lr_search copies it)
 GUIDED = ("gns_norm", "linear_paper", "linear_fit")  # the claim's schedules (the verdict's)
 BASELINES = ("warmup", "seesaw")  # published schedules, reported beside
-PAPER_RAMP_SHARE = 0.999  # a ramp this close to the budget is the paper's
+RAMP_TOL = 0.01  # a ramp within 1% of the budget is the paper's (runs overshoot it < 1 batch)
 WARMUP_SHARE = 0.25  # warmup: the share of the budget over which B grows
 SELECT_SEED = 0
 SEEDS = {"ci": (1,), "cpu": (1, 2, 3, 4, 5, 6), "paper": (1, 2, 3, 4, 5, 6)}  # fresh: judged on
@@ -165,9 +166,23 @@ def follow_up(preset: str, sweep_dir: Path) -> tuple[Block, ...]:
   if preset == "ci":  # the pipeline only: the fixed arm, gns_norm and the short arm
     return tuple(blocks[:3])
   fit = fit_ramp(table, best, b_max)
-  if fit is not None:  # a fitted ramp that fits the budget
-    blocks.append(ramp(fit["batch.start"], min(fit["batch.ramp_tokens"], tokens - 1)))
+  if (tok := fitted_arm(fit, tokens, b_max)[0]) is not None:  # the fit's own ramp
+    blocks.append(ramp(fit["batch.start"], tok))
   return tuple(blocks)
+
+
+def fitted_arm(fit: dict | None, tokens: float, b_max: int) -> tuple[int | None, str]:
+  """(ramp tokens, "launched") of the fit, run as fitted over the budget `tokens` (ending below
+  b_max if longer), or (None, why not): no fit, the paper's ramp, or a B that never grows."""
+  if fit is None:
+    return None, "no fit (fewer than 3 points of B_simple)"
+  start, tok = int(fit["batch.start"]), int(fit["batch.ramp_tokens"])
+  said = f"the fit's ramp ({tok:,} tokens from B = {start}, budget {int(tokens):,})"
+  if start == b_max // 8 and abs(tok / tokens - 1) <= RAMP_TOL:
+    return None, f"{said} is linear_paper's"
+  if start >= b_max or start + (b_max - start) * tokens / tok < min(2 * start, b_max):
+    return None, f"{said} stays at B = {start} within the budget: fixed_{start}"
+  return tok, "launched"
 
 
 def arm(row: dict) -> str:
@@ -182,7 +197,7 @@ def arm(row: dict) -> str:
     if str(row.get("batch.lr_scaling", "none")) == "sqrt":
       return "warmup"
     tok = float(row.get("batch.ramp_tokens") or 0)
-    return "linear_paper" if tok >= PAPER_RAMP_SHARE * row.get("_budget", tok) else "linear_fit"
+    return "linear_paper" if abs(tok / row.get("_budget", tok) - 1) <= RAMP_TOL else "linear_fit"
   return str(kind)
 
 
@@ -198,27 +213,6 @@ def compared(table: pd.DataFrame, search: pd.DataFrame, best: dict | None) -> pd
       lr, size.map(chosen).fillna(-1.0))
   sched = (table["batch.kind"] != "fixed") & np.isclose(lr, float(best["optimizer.lr"]))
   return table[fixed | sched].assign(short=is_short(table)[fixed | sched])
-
-
-def crossing(x: np.ndarray, y: np.ndarray, target: float) -> float:
-  """The first x where the curve y(x) reaches ≤ target, linear between points (inf if
-  never; x[0] if already there)."""
-  hit = np.flatnonzero(y <= target)
-  if not len(hit):
-    return math.inf
-  i = int(hit[0])
-  if i == 0:
-    return float(x[0])
-  return float(x[i - 1] + (x[i] - x[i - 1]) * (y[i - 1] - target) / (y[i - 1] - y[i]))
-
-
-def reach(r: pd.DataFrame, target: float) -> tuple[float, float]:
-  """(tokens, train time) where the curve `r` (by tokens) reaches `target` (inf, inf: not within
-  its budget, which says nothing about divergence)."""
-  x = r["tokens"].to_numpy(float)
-  tok = crossing(x, r["eval_loss"].to_numpy(float), target)
-  t = np.interp(tok, x, r["train_time_s"].to_numpy(float)) if math.isfinite(tok) else math.inf
-  return tok, float(t)
 
 
 CURVES = ["run", "arm", "train.seed", "lr", "step", "tokens", "eval_loss", "train_time_s",
@@ -298,13 +292,16 @@ def analyze(runs, out_dir: Path) -> None:
   to_target(cur, best_arm, fin).to_csv(out_dir / "to_target.csv", index=False)
   keys = [k for k in ("gns/total/b_simple", "gns/norm/b_simple") if k in judged]
   if keys:
-    t = judged.dropna(subset=keys, how="all")
-    pd.DataFrame({"run": t["run"], "arm": [arm(r) for r in t.to_dict("records")],
+    t, arms = judged.dropna(subset=keys, how="all"), dict(zip(cur["run"], cur["arm"], strict=True))
+    pd.DataFrame({"run": t["run"], "arm": t["run"].map(arms),
                   "train.seed": t["train.seed"], "step": t["step"],
                   "tokens": t["train/tokens_seen"], **{k.split("/")[1]: t[k] for k in keys}}
                  ).to_csv(out_dir / "gns.csv", index=False)
-  fit = fit_ramp(table, best, int(table["train/batch_size"].max())) if best is not None else None
-  pd.DataFrame([fit] if fit else []).to_csv(out_dir / "ramp_fit.csv", index=False)
+  b_max = int(table["train/batch_size"].max())
+  fit = fit_ramp(table, best, b_max) if best is not None else None
+  budget = float(full_fixed(table)["train/tokens_seen"].max())
+  why = fitted_arm(fit, budget, b_max)[1]
+  pd.DataFrame([{**(fit or {}), "linear_fit": why}]).to_csv(out_dir / "ramp_fit.csv", index=False)
 
 
 def figures(out_dir: Path) -> list[Path]:
@@ -356,11 +353,14 @@ def report(out_dir: Path) -> Report:
   best = search[search["best_arm"]].iloc[0]
   base, target = f"fixed_{int(best[SIZE])}", float(tt["target"].iloc[0])
   losses = {k: g["final_eval_loss"].tolist() for k, g in tt.groupby("arm")}
-  _, pairs = rules.decide(losses, [(k, base) for k in GUIDED])
+  fit = read_csv(out_dir / "ramp_fit.csv")
+  why = str(fit["linear_fit"].iloc[0]) if "linear_fit" in fit and len(fit) else "launched"
+  guided = [k for k in GUIDED if k != "linear_fit" or why == "launched" or k in losses]
+  _, pairs = rules.decide(losses, [(k, base) for k in guided])
   short, full = losses.get(f"{base}_short", []), losses.get(base, [])  # Δ18 (inf: diverged)
   delta = float(np.mean(short) - np.mean(full)) if len(short) and len(full) else math.nan
-  noise = calibrate.pooled_std([losses[k] for k in (base, *GUIDED) if k in losses])
-  n = min(len(full), *(len(losses.get(k, [])) or 99 for k in GUIDED))
+  noise = calibrate.pooled_std([losses[k] for k in (base, *guided) if k in losses])
+  n = min(len(full), *(len(losses.get(k, [])) or 99 for k in guided))
   cal = calibrate.calibrate("pair", noise, n, delta if math.isfinite(delta) else math.nan)
   mean_tt = seed_mean_to_target(pd.read_csv(out_dir / "curves.csv"), base, target)
   by_arm = tt.groupby("arm").agg(
@@ -377,12 +377,13 @@ def report(out_dir: Path) -> Report:
                 calibration=cal.row(), ours=f"token saving to B={int(best[SIZE])}'s final loss: "
                 f"{save or 'n/a'}; {outcomes(pairs)}",
                 checks=(f"baseline: fixed B = {int(best[SIZE])} at lr {best['optimizer.lr']:g}",
-                        *(p.sentence() for p in pairs), f"Δ18 = {delta:.3g}"),
+                        *(p.sentence() for p in pairs), f"Δ18 = {delta:.3g}",
+                        *([f"linear_fit not run: {why}"] if "linear_fit" not in guided else [])),
                 numbers_md=sections(
                     lr_search.best_md(search, GROUP, extra=("best_arm",)), pairs_md(pairs),
                     f"By arm (seed-mean curves; to the target {target:.4f}):", by_arm,
                     "The fitted ramp (B_simple ≈ a + b·tokens):",
-                    read_csv(out_dir / "ramp_fit.csv")))
+                    fit))
 
 
 EXPERIMENT = register(Experiment(

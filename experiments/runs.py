@@ -150,3 +150,24 @@ def stat_columns(table: pd.DataFrame, name: str, prefix: str | None = None) -> l
 
 def leaf_of(col: str) -> str:
   return "/".join(col.split("/")[1:-1])
+
+
+def crossing(x: np.ndarray, y: np.ndarray, target: float) -> float:
+  """The first x where the curve y(x) reaches ≤ target, linear between points (inf if
+  never; x[0] if already there)."""
+  hit = np.flatnonzero(y <= target)
+  if not len(hit):
+    return math.inf
+  i = int(hit[0])
+  if i == 0:
+    return float(x[0])
+  return float(x[i - 1] + (x[i] - x[i - 1]) * (y[i - 1] - target) / (y[i - 1] - y[i]))
+
+
+def reach(r: pd.DataFrame, target: float) -> tuple[float, float]:
+  """(tokens, train time) where the curve `r` (by tokens) reaches `target` (inf, inf: not within
+  its budget, which says nothing about divergence)."""
+  x = r["tokens"].to_numpy(float)
+  tok = crossing(x, r["eval_loss"].to_numpy(float), target)
+  t = np.interp(tok, x, r["train_time_s"].to_numpy(float)) if math.isfinite(tok) else math.inf
+  return tok, float(t)

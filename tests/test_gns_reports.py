@@ -218,7 +218,7 @@ def _schedule_report(tmp_path, name, table):
 
 
 def test_gns_schedule_crossing_interpolates_between_evaluations():
-  from experiments.gns_schedule import crossing
+  from experiments.runs import crossing
 
   x, y = np.array([0.0, 10.0, 20.0]), np.array([5.0, 4.0, 2.0])
   assert crossing(x, y, 3.0) == 15.0 and crossing(x, y, 5.0) == 0.0
@@ -365,3 +365,42 @@ def test_gns_schedule_follow_up_runs_every_arm_and_each_composes(monkeypatch):
     assert plan.batch.max_size == (64 if p["batch.kind"] != "fixed" else p["data.batch_size"])
     if p["batch.kind"] == "seesaw":  # doubling from 16 where the step schedule halves the lr
       assert plan.batch.sizes == (16, 32, 64) and len(plan.batch.decay_examples) >= 2
+
+
+def test_gns_schedule_fitted_ramp_runs_as_fitted_or_not_at_all():
+  # The cpu run at 7627ac3 clipped a fit of 1,695,083 tokens from B = 8 to the budget less
+  # one token (a copy of the paper's ramp), and arm() called both ramps linear_fit, their
+  # runs overshooting the budget by 1,536 tokens. The fit now runs as fitted (B ends at 32,
+  # below B_max); a fit that is the paper's ramp, or never leaves its start, is not run.
+  from experiments import gns_schedule as gs
+
+  budget, fit = 819_200, lambda start, tok: {"batch.start": start, "batch.ramp_tokens": tok}
+  assert gs.fitted_arm(fit(8, 1_695_083), budget, 64) == (1_695_083, "launched")
+  tok, why = gs.fitted_arm(fit(8, budget - 1), budget, 64)
+  assert tok is None and "linear_paper's" in why
+  tok, why = gs.fitted_arm(fit(16, 2_810_000), budget, 64)  # ends at B = 29.99 < 32
+  assert tok is None and "fixed_16" in why
+  assert gs.fitted_arm(fit(16, 2_400_000), budget, 64)[0] == 2_400_000  # ends at 32.4
+  assert gs.fitted_arm(fit(64, 1_000), budget, 64)[0] is None
+  assert gs.fitted_arm(None, budget, 64)[0] is None
+  ramp = lambda tok: gs.arm({"batch.kind": "linear", "batch.ramp_tokens": tok,
+                             "_budget": budget + 1_536})
+  assert ramp(budget) == "linear_paper"
+  assert ramp(1_695_083) == ramp(600_000) == "linear_fit"
+
+
+def test_gns_schedule_judges_a_fitted_ramp_not_run_by_the_arms_run(tmp_path, monkeypatch):
+  # A fit that is the paper's ramp is not run: the verdict is the other schedules' and the
+  # report says why. A fitted arm that was due but has no runs stays in the verdict.
+  from experiments import gns_schedule as gs
+
+  arms = {"gns_norm": 1.5, "linear_paper": 1.4}
+  monkeypatch.setattr(gs, "fit_ramp", lambda *a: {"batch.start": 8, "batch.ramp_tokens": 12_800})
+  rep, tt = _schedule_report(tmp_path, "paper_fit", _schedule_table(arms))
+  assert rep.verdict == "reproduced", rep.finding
+  assert "linear_fit" not in set(tt["arm"])
+  assert any(c.startswith("linear_fit not run:") and "linear_paper's" in c for c in rep.checks)
+  monkeypatch.setattr(gs, "fit_ramp", lambda *a: {"batch.start": 8, "batch.ramp_tokens": 6_000})
+  rep, _ = _schedule_report(tmp_path, "fit_missing", _schedule_table(arms))
+  assert rep.verdict == "partly reproduced", rep.finding
+  assert not any(c.startswith("linear_fit not run") for c in rep.checks)

@@ -61,7 +61,7 @@ from pergrad.stats import registry
 from pergrad.stats.options import StatsOptions
 from pergrad.stats.request import StatsRequest
 from pergrad.stats.surgery import clip, dense, embed, frontends, norm, sites
-from pergrad.stats.surgery.sites import make_plan
+from pergrad.stats.surgery.sites import Unsupported, make_plan
 from pergrad.stats.surgery.tap import F32, Call, Env
 from pergrad.stats.types import GradStats
 
@@ -140,16 +140,17 @@ def plain_call(env: Env, site, layer):
 
 def contraction_stats(loss_fn, params, batch, request: StatsRequest, options: StatsOptions):
   """Mean loss and GradStats("mean"): ḡ with every layer call on the fast weight-gradient
-  path (`plain_call`); a model the planner cannot read (`make_plan`'s ValueError) gets
+  path (`plain_call`); a model the planner cannot read (`make_plan` raises `Unsupported`) gets
   `jax.value_and_grad`'s, the same gradient."""
   del options  # "mean" alone
+  B = jax.tree.leaves(batch)[0].shape[0]
   try:
     plan = make_plan(loss_fn, params, batch, request)
-  except ValueError:
-    plan = None
-  B = jax.tree.leaves(batch)[0].shape[0]
-  env = plan and Env(B=B, token=False, want=(), scale=float(B), options=StatsOptions(),
-                     sites=plan.sites)
+  except Unsupported:
+    plan = env = None
+  else:
+    env = Env(B=plan.B, token=False, want=(), scale=float(plan.B), options=StatsOptions(),
+              sites=plan.sites)
 
   def objective(p):
     if plan is None:

@@ -30,8 +30,12 @@ from pergrad.stats.surgery import frontends
 KIND_TYPES = {"norm": "norm", "embed": "embedding"}
 
 
-def unsupported(msg: str) -> ValueError:
-  return ValueError(f"surgery backend: {msg}; use backend='vmap', which supports any model.")
+class Unsupported(ValueError):
+  """A model whose layer calls the planner cannot read (the vmap backend can)."""
+
+
+def unsupported(msg: str) -> Unsupported:
+  return Unsupported(f"surgery backend: {msg}; use backend='vmap', which supports any model.")
 
 
 @dataclasses.dataclass(frozen=True)
