@@ -278,7 +278,7 @@ def seed_mean_to_target(cur: pd.DataFrame, best_arm: str, target: float) -> pd.D
 
 def analyze(runs, out_dir: Path) -> None:
   """best.csv (the fixed arms' search; `best_arm`), curves.csv and to_target.csv (the runs
-  judged), gns.csv (tracked B_simple), ramp_fit.csv."""
+  judged), gns.csv (tracked B_simple at the logged steps), ramp_fit.csv."""
   out_dir, table, fin = Path(out_dir), runs.table, runs.finals
   fin.to_csv(out_dir / "finals.csv", index=False)
   search, best = fixed_search(fin)
@@ -292,7 +292,8 @@ def analyze(runs, out_dir: Path) -> None:
   to_target(cur, best_arm, fin).to_csv(out_dir / "to_target.csv", index=False)
   keys = [k for k in ("gns/total/b_simple", "gns/norm/b_simple") if k in judged]
   if keys:
-    t, arms = judged.dropna(subset=keys, how="all"), dict(zip(cur["run"], cur["arm"], strict=True))
+    t = judged.dropna(subset=["train/tokens_seen"]).dropna(subset=keys, how="all")  # log steps
+    arms = dict(zip(cur["run"], cur["arm"], strict=True))
     pd.DataFrame({"run": t["run"], "arm": t["run"].map(arms),
                   "train.seed": t["train.seed"], "step": t["step"],
                   "tokens": t["train/tokens_seen"], **{k.split("/")[1]: t[k] for k in keys}}
@@ -321,13 +322,15 @@ def figures(out_dir: Path) -> list[Path]:
     axes[0].axhline(target, color="k", lw=0.8, ls="--", label="target (best fixed, final)")
     axes[0].set_ylim(target - 0.1, target + 0.6)
   for name, g in read_csv(out_dir / "gns.csv").groupby("arm", sort=True):
-    for col, ls in (("total", "-"), ("norm", "--")):
-      for i, (_, r) in enumerate(g.groupby("run", sort=False)):
-        if col in r:
-          axes[2].plot(r["tokens"], r[col], color=colors.get(name), lw=0.8, ls=ls,
-                       label=f"{name} ({col})" if i == 0 else None)
-  for ax, y, title, legend in zip(axes, ("eval loss", "batch size", "B_simple"), (
-      "eval loss", "batch size", "tracked B_simple"), (8, 8, 7), strict=True):
+    cols = [c for c in ("total", "norm") if c in g]
+    g = g.assign(log_index=g.sort_values("tokens").groupby("run").cumcount())
+    agg = g.groupby("log_index")[["tokens", *cols]].mean()
+    for col in cols:
+      axes[2].plot(agg["tokens"], agg[col], color=colors.get(name), lw=0.9,
+                   ls="-" if col == "total" else "--", label=name if col == cols[0] else None)
+  ylabels = ("eval loss", "batch size", "B_simple (— total, -- norm)")
+  for ax, y, title, legend in zip(axes, ylabels, (
+      "eval loss", "batch size", "tracked B_simple, seed mean"), (8, 8, 7), strict=True):
     style(ax, xlabel="tokens seen", ylabel=y, title=title, legend=legend, grid=True)
   axes[2].set_yscale("log")
   return [savefig(fig, out_dir / "gns_schedule.png")]

@@ -5,8 +5,8 @@ A ratio of sums Σnum/Σden weighs a leaf by its share of Σnum and Σden, not o
 `rules.leaf_aggregates` of the per-leaf ratios, weighted by the counts in leaf_params.csv.
 The sign counts `sign[_lag][_<stage>]/<leaf>/<field>` (`pergrad.stats.sign_agreement.SignCounts`
 of the update or a stage's direction against the current or lagged held-out mean,
-`pergrad.train.heldout`) are pooled over the second half of training and over leaves
-(`sign_summary`).
+`pergrad.train.heldout`) are summed over leaves per logged step (`sign_pools`, what snr_sign.csv
+keeps) and over the second half of training (`sign_pooled`, `sign_summary`).
 """
 
 from __future__ import annotations
@@ -105,18 +105,26 @@ def sign_summary(counts: pd.DataFrame) -> pd.DataFrame:
                            np.nan))
 
 
-def sign_pooled(sign_df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
-  """Per group of `keys`: the counts summed over the second half of each run, for TOTAL and
-  NO_NORM, with their SUMMARY."""
-  if sign_df.empty:
+def sign_pools(long: pd.DataFrame) -> pd.DataFrame:
+  """`sign_long`'s rows summed over the leaves of each pool (TOTAL: the logged total; NO_NORM:
+  every leaf but the norm layers'), one row per run, logged step, direction, target and pool:
+  what the report reads (snr_sign.csv)."""
+  keys = [c for c in long.columns if c not in ("leaf", *FIELDS)]
+  rest = long[(long["leaf"] != TOTAL) & ~long["leaf"].map(is_norm_leaf)]
+  no_norm = rest.groupby(keys, dropna=False, sort=False)[list(FIELDS)].sum().reset_index()
+  return pd.concat([long[long["leaf"] == TOTAL], no_norm.assign(leaf=NO_NORM)[long.columns]],
+                   ignore_index=True)
+
+
+def sign_pooled(pools: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+  """Per group of `keys` and pool (`sign_pools`' leaf): the counts summed over the second half
+  of each run, with their SUMMARY."""
+  if pools.empty:
     return pd.DataFrame(columns=[*keys, "leaf", *FIELDS, *SUMMARY])
-  late = second_half(sign_df)
-  pools = ((TOTAL, late[late["leaf"] == TOTAL]),
-           (NO_NORM, late[(late["leaf"] != TOTAL) & ~late["leaf"].map(is_norm_leaf)]))
-  parts = [g.groupby(keys, dropna=False)[list(FIELDS)].sum().reset_index().assign(leaf=name)
-           for name, g in pools if len(g)]
-  return sign_summary(pd.concat(parts, ignore_index=True)) if parts else sign_pooled(
-      sign_df[:0], keys)
+  late = second_half(pools)
+  parts = [late[late["leaf"] == name].groupby(keys, dropna=False)[list(FIELDS)].sum()
+           .reset_index().assign(leaf=name) for name in (TOTAL, NO_NORM)]
+  return sign_summary(pd.concat([p for p in parts if len(p)], ignore_index=True))
 
 
 def read_signs(out_dir: Path) -> pd.DataFrame:

@@ -54,7 +54,8 @@ def sweep(preset: str, inputs: Inputs | None = None) -> Sweep:
 
 
 def analyze(runs, out_dir: Path) -> None:
-  """snr_per_leaf.csv, snr_all.csv (long tables of snr2), snr_sign.csv, leaf_params.csv."""
+  """snr_per_leaf.csv, snr_all.csv (long tables of snr2), snr_sign.csv (the sign counts per
+  step, summed over the leaves of each pool), leaf_params.csv."""
   out_dir, table = Path(out_dir), runs.table
   t = table.assign(examples_seen=x_examples(table))
   ids = IDS + _by(t)
@@ -62,7 +63,7 @@ def analyze(runs, out_dir: Path) -> None:
   whole = long["leaf"] == "all"
   long[~whole].to_csv(out_dir / "snr_per_leaf.csv", index=False)
   long[whole].drop(columns="leaf").to_csv(out_dir / "snr_all.csv", index=False)
-  signs = leafwise.sign_long(t, ids)
+  signs = leafwise.sign_pools(leafwise.sign_long(t, ids))
   if len(signs):
     signs.to_csv(out_dir / leafwise.SIGN_CSV, index=False)
   leafwise.write_sizes(table, out_dir)

@@ -213,6 +213,8 @@ def _schedule_report(tmp_path, name, table):
   d.mkdir()
   gns_schedule.analyze(runs.Runs(d, table, runs.finals(table)), d)
   assert gns_schedule.figures(d)[0].exists()
+  tracked = pd.read_csv(d / "gns.csv")  # the figure's B_simple: each row at a known token count
+  assert tracked[["tokens", "arm"]].notna().all().all()
   tt = d / "to_target.csv"
   return gns_schedule.report(d), pd.read_csv(tt) if tt.stat().st_size > 1 else pd.DataFrame()
 
