@@ -261,13 +261,19 @@ def to_target(cur: pd.DataFrame, best_arm: str, fin: pd.DataFrame) -> pd.DataFra
   return pd.DataFrame(rows)
 
 
+def seed_mean(g: pd.DataFrame, cols) -> pd.DataFrame:
+  """An arm's seed-mean curve: `cols` averaged over its runs' i-th rows in token order (the
+  runs of an arm evaluate and log at the same examples seen, up to one batch)."""
+  g = g.sort_values("tokens")
+  return g.groupby(g.groupby("run").cumcount())[list(cols)].mean()
+
+
 def seed_mean_to_target(cur: pd.DataFrame, best_arm: str, target: float) -> pd.DataFrame:
-  """Per arm: `reach` of its seed-mean curve (averaged per evaluation: the arms evaluate at the
-  same examples seen, up to one batch), and the token saving against the best fixed arm's."""
+  """Per arm: `reach` of its `seed_mean` curve, and the token saving against the best fixed
+  arm's."""
   rows = []
   for a in sorted(set(cur["arm"])):
-    g = cur[cur["arm"] == a].sort_values("tokens")
-    m = g.groupby(g.groupby("run").cumcount())[["tokens", "eval_loss", "train_time_s"]].mean()
+    m = seed_mean(cur[cur["arm"] == a], ["tokens", "eval_loss", "train_time_s"])
     rows.append(dict(zip(("arm", "tokens_to_target", "time_to_target_s"), (a, *reach(m, target)),
                          strict=True)))
   out = pd.DataFrame(rows)
@@ -309,11 +315,10 @@ def figures(out_dir: Path) -> list[Path]:
   """Seed-mean eval loss, batch size and tracked B_simple (total —, norm layers --) vs tokens."""
   out_dir = Path(out_dir)
   cur = pd.read_csv(out_dir / "curves.csv")
-  cur["eval_index"] = cur.sort_values("tokens").groupby("run").cumcount()
   fig, axes = plt().subplots(1, 3, figsize=(16, 4.2))
   colors = {a: f"C{i}" for i, a in enumerate(sorted(set(cur["arm"])))}
   for name, g in cur.groupby("arm", sort=True):
-    agg = g.groupby("eval_index")[["tokens", "eval_loss", "batch_size"]].mean()
+    agg = seed_mean(g, ["tokens", "eval_loss", "batch_size"])
     axes[0].plot(agg["tokens"], agg["eval_loss"], color=colors[name], label=name)
     axes[1].step(agg["tokens"], agg["batch_size"], where="post", color=colors[name], label=name)
   tt = read_csv(out_dir / "to_target.csv")
@@ -323,8 +328,7 @@ def figures(out_dir: Path) -> list[Path]:
     axes[0].set_ylim(target - 0.1, target + 0.6)
   for name, g in read_csv(out_dir / "gns.csv").groupby("arm", sort=True):
     cols = [c for c in ("total", "norm") if c in g]
-    g = g.assign(log_index=g.sort_values("tokens").groupby("run").cumcount())
-    agg = g.groupby("log_index")[["tokens", *cols]].mean()
+    agg = seed_mean(g, ["tokens", *cols])
     for col in cols:
       axes[2].plot(agg["tokens"], agg[col], color=colors.get(name), lw=0.9,
                    ls="-" if col == "total" else "--", label=name if col == cols[0] else None)

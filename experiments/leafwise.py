@@ -119,12 +119,12 @@ def sign_pools(long: pd.DataFrame) -> pd.DataFrame:
 def sign_pooled(pools: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
   """Per group of `keys` and pool (`sign_pools`' leaf): the counts summed over the second half
   of each run, with their SUMMARY."""
-  if pools.empty:
-    return pd.DataFrame(columns=[*keys, "leaf", *FIELDS, *SUMMARY])
-  late = second_half(pools)
+  empty = pd.DataFrame(columns=[*keys, "leaf", *FIELDS, *SUMMARY])
+  late = second_half(pools) if len(pools) else pools
   parts = [late[late["leaf"] == name].groupby(keys, dropna=False)[list(FIELDS)].sum()
-           .reset_index().assign(leaf=name) for name in (TOTAL, NO_NORM)]
-  return sign_summary(pd.concat([p for p in parts if len(p)], ignore_index=True))
+           .reset_index().assign(leaf=name) for name in (TOTAL, NO_NORM) if len(late)]
+  parts = [p for p in parts if len(p)]  # a table without total / no-norm rows: none
+  return sign_summary(pd.concat(parts, ignore_index=True)) if parts else empty
 
 
 def read_signs(out_dir: Path) -> pd.DataFrame:

@@ -26,9 +26,10 @@ from test_train import _assert_trees_equal, _final_params, _no_duplicates
 from pergrad.config import build_plan
 from pergrad.data import DataError, DataSpec, make_data
 from pergrad.data.corpus import not_text
-from pergrad.train.checkpoint import OutputError
+from pergrad.train.checkpoint import Checkpoints, OutputError
 from pergrad.train.loop import NonFiniteLossError, eval_diverged, run
 from pergrad.train.metrics import read_records
+from pergrad.train.progress import Clock
 
 SHORT = ("train.steps=12", "train.eval_every=6", "train.checkpoint_every=6",
          "logging.log_every=1", "optimizer.lr=1e-2")
@@ -195,6 +196,23 @@ def test_signal_stops_with_checkpoint_and_resumes_bit_exact(sig, tmp_path, tiny_
   assert [(r["step"], r["split"], r.get("loss")) for r in got] == \
       [(r["step"], r["split"], r.get("loss")) for r in want]
   assert json.loads((d / "summary.json").read_text())["status"] == "completed"
+  # the resumed process's clock goes on from the checkpoint's training time (not from 0)
+  times = [(r["step"], r["train_time_s"]) for r in got if "train_time_s" in r]
+  assert any(s <= k for s, _ in times) and any(s > k for s, _ in times), times
+  assert [t for _, t in times] == sorted(t for _, t in times), times
+
+
+def test_checkpoint_carries_the_training_time(tmp_path):
+  ckpt = Checkpoints(tmp_path / "c", keep=3)
+  ckpt.save(1, {"w": np.ones(2, np.float32)}, train_time_s=12.5)
+  ckpt.save(2, {"w": np.ones(2, np.float32)})  # an older checkpoint: no time recorded
+  ckpt.wait()
+  assert (ckpt.train_time_s(1), ckpt.train_time_s(2)) == (12.5, 0.0)
+  ckpt.close()
+  clock = Clock(tokens_per_example=4, elapsed_before=12.5)
+  assert clock.elapsed() is None
+  clock.tick(1)
+  assert 12.5 <= clock.elapsed() < 13.5
 
 
 def _task_pids(marker: str) -> list[int]:

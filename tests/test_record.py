@@ -240,9 +240,14 @@ def test_a_new_report_removes_the_files_of_the_old_one(tmp_path):
 # --------------------------------------------------------------------------- size
 
 
-def test_experiment_modules_are_at_most_400_lines():
-  """(Which modules `experiments` may import: tests/test_layers.py.)"""
-  assert all(len(p.read_text().splitlines()) <= 400 for p in (REPO / "experiments").glob("*.py"))
+def test_every_python_file_is_at_most_400_lines():
+  """Library, experiments, scripts and tests alike (which modules `experiments` may import:
+  tests/test_layers.py)."""
+  files = [p for d in ("pergrad", "experiments", "scripts", "tests")
+           for p in (REPO / d).rglob("*.py")]
+  lines = {str(p.relative_to(REPO)): len(p.read_text().splitlines()) for p in files}
+  over = {name: n for name, n in lines.items() if n > 400}
+  assert len(files) > 50 and not over, over
 
 
 # --------------------------------------------------------------------------- reproduction.json

@@ -154,6 +154,8 @@ def test_snr_analyze_figures_report_from_a_table(tmp_path):
                              [424 / 504, 40 / np.sqrt(1504 * 21), 504 / 1504])
   np.testing.assert_allclose([rest["agree"], rest["alignment"], rest["agree_raw"]],
                              [420 / 500, 32 / np.sqrt(1500 * 5), 960 / 1500])
+  one_leaf = own.assign(leaf="block_0/mlp/kernel")  # rows, but no pool's: nothing pooled
+  assert len(one_leaf) and leafwise.sign_pooled(one_leaf, ["train.seed"]).empty
   assert "Sign agreement with E g (held-out" in rep.finding
   assert f"agreement {424 / 504:.3f}" in rep.finding
   # Why SignEMA wins: every stage against both targets, no-norm leaves: agreement

@@ -157,12 +157,21 @@ class Checkpoints:
     steps = self.steps()
     return steps[-1] if steps else None
 
-  def save(self, step: int, state: Any) -> None:
+  def save(self, step: int, state: Any, train_time_s: float | None = None) -> None:
+    """Saves `state` as `step`, with the seconds of training before it (the step's
+    metadata, not the state: wall-clock time never enters the training computation)."""
     with self._writing(self._saving):  # the previous save's error surfaces here
       self.manager.check_for_errors()
     self._saving = step
+    meta = None if train_time_s is None else {"train_time_s": float(train_time_s)}
     with self._writing(step):
-      self.manager.save(step, args=ocp.args.StandardSave(state), force=True)
+      self.manager.save(step, args=ocp.args.StandardSave(state), force=True,
+                        custom_metadata=meta)
+
+  def train_time_s(self, step: int) -> float:
+    """The seconds of training before `step`'s checkpoint (0.0 when it recorded none)."""
+    meta = self.manager.metadata(step).custom_metadata or {}
+    return float(meta.get("train_time_s", 0.0))
 
   @contextlib.contextmanager
   def _writing(self, step: int | None):

@@ -123,7 +123,7 @@ def run(plan: RunPlan, out_dir: str | Path, *, hydra_info: dict | None = None,
   heldout = (HeldOutData(data, plan.stats.sign_agreement, unit, part)
              if steps.sign is not None else None)
   evaluate = Evaluator(steps, data.eval_batches(plan.train.eval_batches, part))
-  clock = Clock(tokens_per_example=T)
+  clock = Clock(tokens_per_example=T, elapsed_before=ckpt.train_time_s(start) if start else 0.0)
   recorder = Recorder(plan, logger, history, clock, start, seen, data.vocab_size, ckpt)
   progress = Progress(plan.train.steps, seen // unit, plan.logging, plan.name)
 
@@ -132,11 +132,14 @@ def run(plan: RunPlan, out_dir: str | Path, *, hydra_info: dict | None = None,
     return float(jax.device_get(gns_metrics(state.gns)[key]))
 
   def checkpoint(k: int, seen: int, log_eval: bool, save: bool) -> None:
-    """Evaluates θ_k (logged if `log_eval`), stops on divergence, then saves if `save`."""
-    if log_eval or (save and k not in ckpt.steps()):
-      recorder.eval(k, seen, evaluate(state.params), log=log_eval)
-    if save and k not in ckpt.steps():
-      ckpt.save(k, state)
+    """Evaluates θ_k (logged if `log_eval`), stops on divergence, then saves if `save`
+    (with the seconds of training so far, which a resumed run's clock starts from)."""
+    trained = clock.elapsed()
+    with clock.paused():
+      if log_eval or (save and k not in ckpt.steps()):
+        recorder.eval(k, seen, evaluate(state.params), log=log_eval)
+      if save and k not in ckpt.steps():
+        ckpt.save(k, state, train_time_s=trained)
 
   status, error = "failed", None
   stop = (stop or Interrupts()).install(every=plan.logging.log_every)
@@ -162,8 +165,7 @@ def run(plan: RunPlan, out_dir: str | Path, *, hydra_info: dict | None = None,
       ckpts = plan.train.checkpoints_at(before, seen, unit)
       if evals or ckpts:
         pending = _pull(pending, 0, recorder, progress)
-        with clock.paused():
-          checkpoint(k, seen, evals, ckpts)
+        checkpoint(k, seen, evals, ckpts)
       elif len(pending) > plan.logging.log_every:
         pending = _pull(pending, 1, recorder, progress)
     _pull(pending, 0, recorder, progress)
@@ -315,7 +317,7 @@ class Recorder:
       tps = self.clock.rate_since_last_log()
       if tps is not None:
         rec["tokens_per_s"] = tps
-        rec["train_time_s"] = self.clock.elapsed()  # since this process's first pull
+        rec["train_time_s"] = self.clock.elapsed()  # a resumed run's includes its earlier time
       self.logger.write(rec)
       shown = {"loss": f"{m['loss']:.3f}"}
       if tps is not None:

@@ -14,8 +14,8 @@ import time
 class Clock:
   """Ticks carry the examples seen so far (the batch size may change between updates)."""
 
-  def __init__(self, tokens_per_example: int):
-    self.tokens_per_example = tokens_per_example
+  def __init__(self, tokens_per_example: int, elapsed_before: float = 0.0):
+    self.tokens_per_example, self.elapsed_before = tokens_per_example, elapsed_before
     self._t0 = self._k0 = None  # first recorded step
     self._t_log = self._k_log = None  # last rate_since_last_log
     self._k = None
@@ -32,10 +32,12 @@ class Clock:
     self._k = k
 
   def elapsed(self) -> float | None:
-    """Seconds of training since the first tick (pauses left out; None before it)."""
+    """Seconds of training: `elapsed_before` (a resumed run's, from its checkpoint) plus
+    those since the first tick (pauses left out; None before it)."""
     if self._t0 is None:
       return None
-    return time.perf_counter() - self._t0 - (self._paused - self._paused_at_t0)
+    return (self.elapsed_before + time.perf_counter() - self._t0
+            - (self._paused - self._paused_at_t0))
 
   @contextlib.contextmanager
   def paused(self):
