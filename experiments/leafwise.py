@@ -120,9 +120,11 @@ def sign_pooled(pools: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
   """Per group of `keys` and pool (`sign_pools`' leaf): the counts summed over the second half
   of each run, with their SUMMARY."""
   empty = pd.DataFrame(columns=[*keys, "leaf", *FIELDS, *SUMMARY])
-  late = second_half(pools) if len(pools) else pools
+  if pools.empty:
+    return empty
+  late = second_half(pools)
   parts = [late[late["leaf"] == name].groupby(keys, dropna=False)[list(FIELDS)].sum()
-           .reset_index().assign(leaf=name) for name in (TOTAL, NO_NORM) if len(late)]
+           .reset_index().assign(leaf=name) for name in (TOTAL, NO_NORM)]
   parts = [p for p in parts if len(p)]  # a table without total / no-norm rows: none
   return sign_summary(pd.concat(parts, ignore_index=True)) if parts else empty
 
