@@ -1,2 +1,3 @@
-"""The paper's experiments, one module per experiment (registered in `record`), and the
-machinery they share: sweeps and launches, run tables, decision rules, reports."""
+"""The papers' experiments, one module per experiment (registered in `record`), and the
+machinery they share: sweeps, the lr search, launches, the runner, report templates. They read
+runs and decide with `pergrad.analysis` (run tables, rules and their error rates, plots)."""

@@ -14,11 +14,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from experiments import calibrate, lr_search, rules
-from experiments.figures import plot_curves, plt, savefig, style
+from experiments import lr_search
 from experiments.record import ROWS, Experiment, register
 from experiments.sweep import Block, Sweep, base_for, scale_value
 from experiments.verdict import gated, md_table, outcomes, pairs_md
+from pergrad.analysis import calibrate, rules
+from pergrad.analysis.plots import plot_curves, plt, savefig, style
 
 NAME = "batch_scaling"
 TITLE = "square-root learning-rate scaling with batch size"

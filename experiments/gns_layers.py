@@ -15,14 +15,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from experiments import calibrate, leafwise, lr_search
-from experiments.figures import plot_curves, plt, savefig, style
+from experiments import lr_search
 from experiments.record import ROWS, Experiment, Inputs, register
-from experiments.rules import NOT_REPRODUCED, PARTLY, REPRODUCED, UNDETERMINED, part_whole
-from experiments.runs import read_csv, x_examples
 from experiments.sweep import SEEDS, Block, Sweep, base_for, experiment_value
 from experiments.verdict import Report, fmt_num, gated, listing, not_measured, sections
-from pergrad.analysis import GNS_TOTAL, layer_type, smooth
+from pergrad.analysis import GNS_TOTAL, calibrate, layer_type, leafwise, smooth
+from pergrad.analysis.plots import plot_curves, plt, savefig, style
+from pergrad.analysis.rules import NOT_REPRODUCED, PARTLY, REPRODUCED, UNDETERMINED, part_whole
+from pergrad.analysis.runs import read_csv, x_examples
 
 NAME = "gns_layers"
 TITLE = "gradient noise scale per layer type; the normalization layers as predictor"

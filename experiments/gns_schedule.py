@@ -21,12 +21,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from experiments import calibrate, lr_search, rules
-from experiments.figures import plt, savefig, style
+from experiments import lr_search
 from experiments.record import ROWS, Experiment, register
-from experiments.runs import aggregate, finals, from_table, reach, read_csv
 from experiments.sweep import Block, LrSearch, Sweep, base_for, experiment_value, scale_value
 from experiments.verdict import Report, listing, not_measured, outcomes, pairs_md, sections
+from pergrad.analysis import calibrate, rules
+from pergrad.analysis.plots import plt, savefig, style
+from pergrad.analysis.runs import aggregate, finals, from_table, reach, read_csv
 
 NAME = "gns_schedule"
 TITLE = "batch-size schedules (GNS-guided, fitted ramp) against the best fixed batch"

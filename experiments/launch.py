@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
-from experiments.runs import DONE, run_status
-from experiments.sweep import REPO, Block, fmt, override_key, run_dirname
+from experiments.sweep import REPO, Block, override_key
+from pergrad.analysis.runs import DONE, fmt, run_dirname, run_status
 
 # Each launcher's overrides (configs/hydra/launcher/{slurm_gpu,local}.yaml for submitit).
 LAUNCHERS = {"basic": (), "joblib": ("hydra/launcher=joblib", "hydra.launcher.n_jobs={n_jobs}"),

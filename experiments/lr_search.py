@@ -14,11 +14,11 @@ from typing import Callable, Sequence
 import numpy as np
 import pandas as pd
 
-from experiments import figures as F
-from experiments import rules
-from experiments.runs import DONE, curves_at, finals, from_table
-from experiments.sweep import Block, Sweep, config_extras, fmt
+from experiments.sweep import Block, Sweep, config_extras
 from experiments.verdict import md_table
+from pergrad.analysis import plots as F
+from pergrad.analysis import rules
+from pergrad.analysis.runs import DONE, curves_at, finals, fmt, from_table
 
 
 @functools.lru_cache(maxsize=32)
@@ -148,7 +148,7 @@ def load_best(out_dir: Path) -> pd.DataFrame:
 def tuned_best(inputs, experiment: str) -> pd.DataFrame:
   """`best_lr` of `experiment`'s own search, from its runs (FileNotFoundError if not run)."""
   from experiments.record import get
-  from experiments.runs import aggregate
+  from pergrad.analysis.runs import aggregate
 
   sdir = inputs.sweep_dir(experiment)
   table = aggregate(sdir) if sdir.is_dir() else pd.DataFrame()

@@ -13,13 +13,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from experiments import calibrate, leafwise, lr_search
-from experiments.figures import plot_curves, plt, savefig, style
+from experiments import lr_search
 from experiments.record import ROWS, Experiment, Inputs, register
-from experiments.rules import PAIR_WIN, is_norm_leaf
-from experiments.runs import read_csv, x_examples
 from experiments.sweep import SEEDS, Block, Sweep, base_for
 from experiments.verdict import listing, not_measured, pairs_report, sections
+from pergrad.analysis import calibrate, leafwise
+from pergrad.analysis.plots import plot_curves, plt, savefig, style
+from pergrad.analysis.rules import PAIR_WIN, is_norm_leaf
+from pergrad.analysis.runs import read_csv, x_examples
 
 NAME = "moments"
 TITLE = "μ², σ²/B and σ² in Adam's second moment over training"

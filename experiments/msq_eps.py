@@ -15,10 +15,18 @@ import pandas as pd
 
 from experiments import lr_search, preconditioner
 from experiments.record import ROWS, Experiment, register
-from experiments.rules import LOSS, NOT_REPRODUCED, PAIR_WIN, PARTLY, REPRODUCED, UNDETERMINED, WIN
-from experiments.runs import read_csv, stat_columns
-from experiments.sweep import Block, LrSearch, Sweep, base_for, fmt
+from experiments.sweep import Block, LrSearch, Sweep, base_for
 from experiments.verdict import pairs_report, sections
+from pergrad.analysis.rules import (
+  LOSS,
+  NOT_REPRODUCED,
+  PAIR_WIN,
+  PARTLY,
+  REPRODUCED,
+  UNDETERMINED,
+  WIN,
+)
+from pergrad.analysis.runs import fmt, read_csv, stat_columns
 
 NAME = "msq_eps"
 TITLE = "MicroAdamMSQ: its μ² preconditioner or its ε floor?"

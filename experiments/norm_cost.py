@@ -13,10 +13,18 @@ import numpy as np
 import pandas as pd
 
 from experiments import overhead
-from experiments.figures import plt, savefig
 from experiments.record import ROWS, Experiment, register
-from experiments.rules import BOUND, FAILS, HOLDS, NOT_REPRODUCED, PARTLY, REPRODUCED, quartiles
 from experiments.verdict import gated, md_table, not_measured
+from pergrad.analysis.plots import plt, savefig
+from pergrad.analysis.rules import (
+  BOUND,
+  FAILS,
+  HOLDS,
+  NOT_REPRODUCED,
+  PARTLY,
+  REPRODUCED,
+  quartiles,
+)
 
 NAME = "norm_cost"
 TITLE = "the cost of per-example gradient norms (all layers, normalization layers only)"

@@ -15,12 +15,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from experiments import calibrate
-from experiments.figures import plt, savefig
 from experiments.launch import LaunchLog
 from experiments.record import ROWS, Experiment, register
-from experiments.rules import BOUND, FAILS, HOLDS, NOT_REPRODUCED, PARTLY, REPRODUCED, bound
 from experiments.verdict import fmt_num, gated, md_table, not_measured
+from pergrad.analysis import calibrate
+from pergrad.analysis.plots import plt, savefig
+from pergrad.analysis.rules import BOUND, FAILS, HOLDS, NOT_REPRODUCED, PARTLY, REPRODUCED, bound
 
 NAME = "overhead"
 TITLE = "the cost of per-example gradient statistics"

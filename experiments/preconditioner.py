@@ -14,10 +14,10 @@ import numpy as np
 
 from experiments import lr_search
 from experiments.record import ROWS, Experiment, register
-from experiments.rules import PAIR_WIN, PAIRS_VERDICT
-from experiments.runs import from_table
-from experiments.sweep import Block, LrSearch, Sweep, base_for, fmt
+from experiments.sweep import Block, LrSearch, Sweep, base_for
 from experiments.verdict import pairs_report
+from pergrad.analysis.rules import PAIR_WIN, PAIRS_VERDICT
+from pergrad.analysis.runs import fmt, from_table
 
 NAME = "preconditioner"
 TITLE = "mean- vs variance-dominated Adam preconditioners"

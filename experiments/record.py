@@ -10,6 +10,8 @@ import subprocess
 from pathlib import Path
 from typing import Callable
 
+import pandas as pd
+
 from experiments.sweep import REPO, sweep_dir
 from experiments.verdict import Report
 from pergrad.registry import Registry
@@ -37,6 +39,17 @@ class Inputs:
 
   def sweep_dir(self, name: str) -> Path:
     return sweep_dir(self.root, name, self.preset, self.extra)
+
+
+@dataclasses.dataclass
+class Runs:
+  """What `analyze(runs, out_dir)` gets: the sweep directory and, for a training sweep, its
+  table (`pergrad.analysis.runs.aggregate`; the runs' shared overrides in `attrs`) and the
+  finals with `DIVERGED_RULE` applied."""
+
+  sweep_dir: Path
+  table: pd.DataFrame | None = None
+  finals: pd.DataFrame | None = None
 
 
 @dataclasses.dataclass(frozen=True)

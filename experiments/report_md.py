@@ -8,10 +8,10 @@ import math
 import sys
 from pathlib import Path
 
-from experiments.calibrate import Calibration
 from experiments.record import Experiment, Inputs, Report, experiments
-from experiments.runs import read_csv
-from experiments.sweep import POLICY, REPO, fmt, scale_file
+from experiments.sweep import POLICY, REPO, scale_file
+from pergrad.analysis.calibrate import Calibration
+from pergrad.analysis.runs import fmt, read_csv
 
 RESOLVED = {"model": ("n_layers", "d_model", "n_heads", "d_ff", "vocab_size", "seq_len"),
             "data": ("name", "tokenizer", "vocab_size", "seq_len", "batch_size", "eval_batch_size"),

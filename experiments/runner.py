@@ -12,9 +12,9 @@ from pathlib import Path
 
 from experiments import lr_search, report_md
 from experiments.launch import LAUNCHERS, LaunchLog, launch_blocks
-from experiments.record import BUILTIN, Inputs, Report, get, provenance
-from experiments.runs import METRICS, SUMMARY, Runs, aggregate
-from experiments.sweep import PRESETS, REPO, config_extras, fmt, record_sweep, sweep_dir
+from experiments.record import BUILTIN, Inputs, Report, Runs, get, provenance
+from experiments.sweep import PRESETS, REPO, config_extras, record_sweep, sweep_dir
+from pergrad.analysis.runs import METRICS, SUMMARY, aggregate, fmt
 
 EXPERIMENTS = BUILTIN  # the built-in experiments' names; `record.experiments()` has plugins'
 RESULTS = REPO / "results"

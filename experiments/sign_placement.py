@@ -10,9 +10,9 @@ import functools
 
 from experiments import lr_search
 from experiments.record import ROWS, Experiment, register
-from experiments.rules import PAIR_WIN, PAIRS_VERDICT, adjacent
 from experiments.sweep import Block, LrSearch, Sweep, base_for
 from experiments.verdict import pairs_report
+from pergrad.analysis.rules import PAIR_WIN, PAIRS_VERDICT, adjacent
 
 NAME = "sign_placement"
 TITLE = "where to put the sign in signSGD"

@@ -13,13 +13,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from experiments import calibrate, leafwise, lr_search, rules
-from experiments.figures import plot_curves, plt, savefig, style
+from experiments import lr_search
 from experiments.record import ROWS, Experiment, Inputs, register
-from experiments.runs import read_csv, x_examples
 from experiments.sweep import SEEDS, Block, Sweep, base_for, experiment_value
 from experiments.verdict import fmt_num, listing, not_measured, pairs_report, sections
-from pergrad.analysis import ema_gain
+from pergrad.analysis import calibrate, ema_gain, leafwise, rules
+from pergrad.analysis.plots import plot_curves, plt, savefig, style
+from pergrad.analysis.runs import read_csv, x_examples
 
 NAME = "snr"
 TITLE = "measured SNR at each stage of the sign chain"
@@ -31,6 +31,7 @@ PLACEMENT = "optimizer.placement"
 BETA = float(experiment_value(NAME, "optimizer.b1"))
 IDS = ["run", "train.seed", "step", "examples_seen"]
 VIEW = "weighted_median_no_norm"  # the per-leaf view the verdict reads
+SIGN_CSV = "snr_sign.csv"  # the sign counts per logged step, summed over each pool's leaves
 RULE = ("Per placement's runs, per seed and stage, each leaf's SNR² is its mean over the second "
         "half of training's logged steps; the seed's value is the parameter-weighted median over "
         "the leaves other than the normalization layers (not the whole-model ratio of sums, which "
@@ -65,7 +66,7 @@ def analyze(runs, out_dir: Path) -> None:
   long[whole].drop(columns="leaf").to_csv(out_dir / "snr_all.csv", index=False)
   signs = leafwise.sign_pools(leafwise.sign_long(t, ids))
   if len(signs):
-    signs.to_csv(out_dir / leafwise.SIGN_CSV, index=False)
+    signs.to_csv(out_dir / SIGN_CSV, index=False)
   leafwise.write_sizes(table, out_dir)
   runs.finals.to_csv(out_dir / "finals.csv", index=False)
 
@@ -135,7 +136,7 @@ def figures(out_dir: Path) -> list[Path]:
 def _signs(out_dir: Path) -> tuple[str, str, str]:
   """Sign agreement with E g per placement and pool, why SignEMA wins (check sentences),
   Markdown."""
-  counts = leafwise.read_signs(out_dir)
+  counts = read_csv(out_dir / SIGN_CSV)
   if counts.empty:
     return "Sign agreement with E g: not logged (no sign/<leaf>/... counts in these runs)", "", ""
   if "direction" not in counts:  # an analysis older than the stage directions

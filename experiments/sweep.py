@@ -1,6 +1,6 @@
-"""What an experiment sweeps: grids of Hydra overrides, scale presets (`configs/scale/`), run
-and sweep directories (a run's is its swept keys as Hydra writes them, so a relaunch lands on
-the same directories)."""
+"""What an experiment sweeps: grids of Hydra overrides, scale presets (`configs/scale/`), sweep
+directories (a run's is its swept keys as Hydra writes them, `pergrad.analysis.runs.run_dirname`,
+so a relaunch lands on the same directories)."""
 
 from __future__ import annotations
 
@@ -14,20 +14,11 @@ from typing import Sequence
 
 import yaml
 
+from pergrad.analysis.runs import fmt
+
 REPO = Path(__file__).resolve().parents[1]
 PRESETS = ("ci", "cpu", "paper")
 SEEDS = {"ci": (0,), "cpu": (0, 1, 2), "paper": (0, 1, 2)}  # of moments, snr and gns_layers
-
-
-def fmt(value) -> str:
-  """An override value as on the command line and in run dirs."""
-  if value is None:
-    return "null"
-  if isinstance(value, bool):
-    return "true" if value else "false"
-  if isinstance(value, float):
-    return f"{value:g}"
-  return str(value)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,16 +68,6 @@ class Sweep:
   blocks: tuple
   lr_search: LrSearch | None = None
   wall_estimate_min: float | None = None
-
-
-def run_dirname(point: dict) -> str:
-  """Hydra's `${hydra.job.override_dirname}` for a point whose only overrides are its keys."""
-  return ",".join(sorted(f"{k}={fmt(v)}" for k, v in point.items()))
-
-
-def parse_dirname(name: str) -> dict:
-  """`run_dirname`'s inverse: {key: value as text}."""
-  return dict(item.partition("=")[::2] for item in name.split(","))
 
 
 def scale_file(preset: str) -> Path:

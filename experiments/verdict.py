@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from experiments import calibrate, rules
+from pergrad.analysis import calibrate, rules
 
 
 def finding(verdict: str, ours: str, checks=(), cal=None) -> str:

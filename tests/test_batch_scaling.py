@@ -20,8 +20,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from experiments import batch_scaling as bs  # noqa: E402
-from experiments import calibrate, lr_search, rules, runs  # noqa: E402
-from experiments.sweep import run_dirname  # noqa: E402
+from experiments import lr_search, record  # noqa: E402
+from pergrad.analysis import calibrate, rules, runs  # noqa: E402
+from pergrad.analysis.runs import run_dirname  # noqa: E402
 
 REF, EXAMPLES, EVAL_EXAMPLES, SIZES = bs.budget("cpu")
 
@@ -122,7 +123,7 @@ def _table(offset, seeds=SEEDS5, contrast=SEEDS3, diverge=(), above=(), margin=(
 def _run_rule(tmp_path, table):
   """report, (verdict, {scaling: {outcome: [B]}}, pairs at √'s break, that B), collapse table."""
   fin = rules.mark_diverged(runs.finals(table), 1024, table)
-  bs.analyze(runs.Runs(tmp_path, table, fin), tmp_path)
+  bs.analyze(record.Runs(tmp_path, table, fin), tmp_path)
   col, mis, _ = bs.collapse(pd.read_csv(tmp_path / "curves.csv"))
   return bs.report(tmp_path), bs.judge(col, mis), col
 

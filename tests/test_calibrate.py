@@ -1,4 +1,4 @@
-"""Each decision rule's simulated error rates (`experiments.calibrate`) at the noise its
+"""Each decision rule's simulated error rates (`pergrad.analysis.calibrate`) at the noise its
 experiment measured in results/cpu (or its stated prior): false alarm ≤ 0.05, power printed."""
 
 import math
@@ -7,8 +7,8 @@ import time
 import numpy as np
 import pytest
 
-from experiments import calibrate, rules
 from experiments.verdict import finding
+from pergrad.analysis import calibrate, rules
 
 # (rule, noise measured in results/cpu, seeds, the rule's extra arguments: effect / margin / ...)
 CASES = {

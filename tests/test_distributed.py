@@ -144,7 +144,7 @@ def test_killed_process_resumes_to_the_same_parameters(tmp_path, tiny_overrides)
 
 def test_submitit_local_sweep_end_to_end(tmp_path, tiny_overrides):
   """hydra/launcher=local (submitit's local executor): two runs, read back as a sweep."""
-  from experiments.runs import aggregate, run_status
+  from pergrad.analysis.runs import aggregate, run_status
 
   sweep = tmp_path / "sweep"
   fixed = [o for o in tiny_overrides] + ["train.steps=4", "train.eval_every=4"]

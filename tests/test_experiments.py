@@ -24,16 +24,10 @@ from test_record import needed_runs
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from experiments import launch, lr_search, runner, runs  # noqa: E402
-from experiments.sweep import (  # noqa: E402
-    PRESETS,
-    SWEEP_JSON,
-    Block,
-    LrSearch,
-    Sweep,
-    record_sweep,
-    run_dirname,
-)
+from experiments import launch, lr_search, runner  # noqa: E402
+from experiments.sweep import PRESETS, SWEEP_JSON, Block, LrSearch, Sweep, record_sweep  # noqa: E402
+from pergrad.analysis import runs  # noqa: E402
+from pergrad.analysis.runs import run_dirname  # noqa: E402
 
 PY = sys.executable
 

@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from experiments import gns_layers, norm_cost  # noqa: E402
-from experiments.runs import Runs  # noqa: E402
+from experiments.record import Runs  # noqa: E402
 
 # --- norm_cost ---------------------------------------------------------------------------------
 

@@ -59,11 +59,12 @@ def _schedule_table(speedup: dict[str, float], seeds=(1, 2, 3), n_evals=25, budg
 
 
 def _schedule_report(tmp_path, name, table):
-  from experiments import gns_schedule, runs
+  from experiments import gns_schedule, record
+  from pergrad.analysis import runs
 
   d = tmp_path / name
   d.mkdir()
-  gns_schedule.analyze(runs.Runs(d, table, runs.finals(table)), d)
+  gns_schedule.analyze(record.Runs(d, table, runs.finals(table)), d)
   assert gns_schedule.figures(d)[0].exists()
   tracked = pd.read_csv(d / "gns.csv")  # the figure's B_simple: each row at a known token count
   assert tracked[["tokens", "arm"]].notna().all().all()
@@ -72,7 +73,7 @@ def _schedule_report(tmp_path, name, table):
 
 
 def test_gns_schedule_crossing_interpolates_between_evaluations():
-  from experiments.runs import crossing
+  from pergrad.analysis.runs import crossing
 
   x, y = np.array([0.0, 10.0, 20.0]), np.array([5.0, 4.0, 2.0])
   assert crossing(x, y, 3.0) == 15.0 and crossing(x, y, 5.0) == 0.0
@@ -81,7 +82,7 @@ def test_gns_schedule_crossing_interpolates_between_evaluations():
 
 def test_gns_schedule_sweep_plan():
   from experiments import gns_schedule as gs
-  from experiments.sweep import run_dirname
+  from pergrad.analysis.runs import run_dirname
 
   sw = gs.sweep("cpu")
   pts = [p for b in sw.blocks for p in b.points()]
@@ -166,7 +167,8 @@ def test_gns_schedule_short_arm_resolves_a_tie(tmp_path):
   assert rep.verdict == "undetermined", rep.finding  # no Δ18: no power
   # The short arm runs in the follow-up, beside the schedules, and no lr-search stage
   # launches anything for it.
-  from experiments import lr_search, runs
+  from experiments import lr_search
+  from pergrad.analysis import runs
 
   fin = runs.finals(table)
   blocks, kind = lr_search.follow_up_blocks(gs.sweep("cpu"), fin, 1)
@@ -178,7 +180,7 @@ def test_gns_schedule_identical_arms_rarely_lose():
   # seeds: a LOSS (not reproduced) at the pair rule's one-sided rate 0.025, not the ~50 % of
   # a rule where not reaching the fixed arm's own final loss counts as a loss.
   from experiments import gns_schedule as gs
-  from experiments import rules
+  from pergrad.analysis import rules
 
   rng = np.random.default_rng(1)
   n, loss, reached = 4000, 0, 0

@@ -204,6 +204,8 @@ def _one(module: str, source: str, is_init: bool = False, **more) -> list[str]:
      "imports pergrad.train.step (pergrad.train, a floor above)"),
     ("pergrad.config.plan", "from pergrad.train.heldout import HELDOUT_REQUEST\n", False,
      "(pergrad.train, a floor above)"),
+    ("pergrad.analysis.runs", "from experiments.sweep import parse_dirname\n", False,
+     "imports experiments.sweep.parse_dirname (experiments, a floor above)"),
     # a sibling on the same floor
     ("pergrad.stats.api", "from pergrad.data import DataSpec\n", False,
      "(pergrad.data, its own floor)"),
@@ -244,7 +246,8 @@ def test_the_check_catches_a_circle():
     ("pergrad.train.loop", "from pergrad.config.plan import RunPlan\n", False),
     ("pergrad.config.composer", "from omegaconf import OmegaConf\n", False),
     ("experiments.overhead", "from pergrad.bench import stats\n", False),
-    ("experiments.rules", "from pergrad.layer_types import layer_type\n", False),
+    ("pergrad.analysis.rules", "from pergrad.layer_types import layer_type\n", False),
+    ("experiments.snr", "from pergrad.analysis.rules import PAIR_WIN\n", False),
     ("scripts.train", "from pergrad.train.cli import main\nimport experiments\n", False),
     ("notebooks.figures", "from pergrad.train.metrics import resmooth\n", False),
 ])

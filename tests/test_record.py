@@ -20,7 +20,8 @@ sys.path.insert(0, str(REPO))
 from experiments import record, report_md, runner  # noqa: E402
 from experiments.launch import LaunchLog  # noqa: E402
 from experiments.record import Experiment, Inputs, Report  # noqa: E402
-from experiments.sweep import run_dirname, sweep_dir  # noqa: E402
+from experiments.sweep import sweep_dir  # noqa: E402
+from pergrad.analysis.runs import run_dirname  # noqa: E402
 from pergrad.registry import Registry  # noqa: E402
 
 PLUGIN = textwrap.dedent('''\

@@ -19,8 +19,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from experiments import lr_search, overhead, preconditioner, sign_placement  # noqa: E402
-from experiments.rules import bound  # noqa: E402
-from experiments.sweep import Block, LrSearch, Sweep, run_dirname  # noqa: E402
+from experiments.sweep import Block, LrSearch, Sweep  # noqa: E402
+from pergrad.analysis.rules import bound  # noqa: E402
+from pergrad.analysis.runs import run_dirname  # noqa: E402
 
 INF = math.inf
 GRID = (1e-3, 3e-3, 1e-2)

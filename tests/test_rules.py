@@ -1,4 +1,4 @@
-"""experiments.rules: the equivalence (collapse) test by simulation, the divergence rule,
+"""pergrad.analysis.rules: the equivalence (collapse) test by simulation, the divergence rule,
 per-leaf aggregates and the part-whole GNS regression on constructed data."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from experiments import calibrate, rules
+from pergrad.analysis import calibrate, rules
 
 # Seed noise like the batch_scaling runs': 3 seeds, 20 eval points, AR(1) along the curve
 # (ρ = 0.5; the cpu runs' second-half lag-1 correlation of seed deviations is 0.15-0.67 for
@@ -215,3 +215,20 @@ def test_part_whole_separates_a_dominant_group_from_the_rest():
   assert rules.part_whole(g2_grp + g2_rest, s_grp + s_rest, bad, s_grp).n_steps == 190
   with pytest.raises(ValueError, match="same steps"):
     rules.part_whole(t, t, t, t[:5])
+
+
+def test_the_analysis_package_imports_no_jax(tmp_path):
+  """Every `pergrad.analysis` module imports, and reads a sweep into a table and its finals,
+  without importing JAX (what its docstring promises notebooks and experiments)."""
+  import subprocess
+  import sys
+
+  run = tmp_path / "optimizer.lr=0.1,train.seed=0"
+  run.mkdir()
+  (run / "metrics.jsonl").write_text('{"step": 1, "split": "eval", "loss": 3.0}\n')
+  code = ("import sys\nfrom pergrad.analysis import calibrate, leafwise, plots, rules, runs\n"
+          f"t = runs.aggregate({str(tmp_path)!r})\n"
+          "assert runs.finals(t)['final_eval_loss'].tolist() == [3.0], t\n"
+          "print(sorted(m for m in sys.modules if m == 'jax' or m.startswith('jax.')))\n")
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+  assert out.stdout.strip() == "[]", out.stdout

@@ -83,7 +83,7 @@ def test_snr_report_verdicts(tmp_path):
 def _sign_columns(leaf_counts: dict, steps, prefix="sign") -> dict:
   """<prefix>/<leaf>/<field> columns: leaf -> (coords, agree_all, selected, agree, progress,
   mu2) per logged step, and <prefix>/total/ their sums."""
-  from experiments.leafwise import FIELDS
+  from pergrad.analysis.leafwise import FIELDS
   cols = {}
   total = np.zeros(len(FIELDS))
   for leaf, c in leaf_counts.items():
@@ -111,8 +111,9 @@ def _stage_columns(counts: dict, step) -> dict:
 def test_snr_analyze_figures_report_from_a_table(tmp_path):
   """analyze -> figures -> report on a table shaped like runs.aggregate's, with the sign
   counts the train loop logs (which also give the leaves' parameter counts)."""
-  from experiments import leafwise, snr
-  from experiments.runs import Runs
+  from experiments import snr
+  from experiments.record import Runs
+  from pergrad.analysis import leafwise
   leaves = {"dense/kernel": (1.0, 1000), "embed/embedding": (-0.01, 500),
             "norm/scale": (50.0, 4)}
   # per step: coords, agree_all, selected, agree, progress, mu2
@@ -142,7 +143,7 @@ def test_snr_analyze_figures_report_from_a_table(tmp_path):
   # Pooled over the second half (steps 15, 20) and over seeds the ratios are the per-step
   # ones: total agreement (360+60+4)/(400+100+4), alignment 40/√(1504·21); without the norm
   # leaf 420/500 and 32/√(1500·5).
-  signs = leafwise.read_signs(tmp_path)
+  signs = pd.read_csv(tmp_path / snr.SIGN_CSV)
   assert {(d, t) for d, t in zip(signs["direction"], signs["target"], strict=True)} == {
       (d, t) for d in ("update", "ema", "batch", "example") for t in ("current", "lagged")}
   own = signs[(signs["direction"] == "update") & (signs["target"] == "current")]
@@ -170,7 +171,7 @@ def test_snr_analyze_figures_report_from_a_table(tmp_path):
 
 
 def test_sign_counts_summary_edges():
-  from experiments import leafwise
+  from pergrad.analysis import leafwise
   df = pd.DataFrame({"coords": [10.0, 10.0], "agree_all": [5.0, 6.0], "selected": [0.0, 2.0],
                      "agree": [0.0, 2.0], "progress": [1.0, 1.0], "mu2": [-1.0, 0.1]})
   s = leafwise.sign_summary(df)
@@ -270,8 +271,8 @@ def test_experiment_configs_match_the_modules(tmp_path):
 def test_leaf_sizes_from_the_sweeps_overrides():
   """The runner's base overrides give every leaf's parameter count (shapes only); at the
   cpu scale the normalization layers hold 0.19 % of the parameters."""
-  from experiments import leafwise
-  from experiments.rules import is_norm_leaf
+  from pergrad.analysis import leafwise
+  from pergrad.analysis.rules import is_norm_leaf
   table = pd.DataFrame({"run": ["r"], "step": [1]})
   assert leafwise.sizes_from_table(table) is None
   table.attrs["overrides"] = ["experiment=moments", "scale=cpu", "stats.log_every=10"]

@@ -18,7 +18,7 @@ Divergence stops the run (status "diverged" in summary.json, a one-line error na
 step and the last good checkpoint): a non-finite training loss, gradient or parameter
 norm, or an eval loss at a step > 0 that is non-finite or above ln V (V: the tokenizer's
 vocabulary; a uniform guess) after an earlier eval was below it (the lr sweeps' rule,
-experiments.rules) or above the step-0 loss (`eval_diverged`). Every checkpoint is
+pergrad.analysis.rules) or above the step-0 loss (`eval_diverged`). Every checkpoint is
 evaluated before it is saved (unlogged when the step is not an eval step), so a saved
 checkpoint is a good one.
 SIGINT, SIGTERM and the pre-emption signal (`pergrad.train.interrupt`) stop the run
@@ -241,7 +241,7 @@ class Evaluator:
 
 def eval_diverged(loss: float, earlier: dict[int, float], ln_v: float) -> bool:
   """An eval loss after some updates diverged: non-finite, or above ln V when an earlier
-  eval was at most ln V (the lr sweeps' rule, experiments.rules) or when it is above the
+  eval was at most ln V (the lr sweeps' rule, pergrad.analysis.rules) or when it is above the
   untrained model's loss (step 0)."""
   if not math.isfinite(loss):
     return True

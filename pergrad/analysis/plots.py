@@ -1,4 +1,4 @@
-"""Matplotlib helpers of the experiments' figures (drawn from their CSVs only)."""
+"""Matplotlib helpers for run tables: loss-vs-lr U-curves, mean curves over seeds, styling."""
 
 from __future__ import annotations
 
@@ -7,8 +7,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from experiments.runs import from_table
-from experiments.sweep import fmt
+from pergrad.analysis.runs import fmt, from_table
 
 
 def plt():

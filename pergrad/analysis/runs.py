@@ -1,9 +1,12 @@
 """Reading run directories (metrics.jsonl, summary.json): status, a sweep's tidy table (a row
-per run and step, the swept values as columns), final numbers."""
+per run and step, the swept values as columns), final numbers, where a curve reaches a target.
+
+A sweep's run directory is named by its swept overrides as Hydra's
+`${hydra.job.override_dirname}` writes them (`run_dirname`), so the table reads the swept
+values back from the names (`parse_dirname`)."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 from pathlib import Path
@@ -12,22 +15,31 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from experiments.sweep import parse_dirname
-from pergrad.analysis import read_records
+from pergrad.files import METRICS, read_records
 
 SUMMARY = "summary.json"
-METRICS = "metrics.jsonl"
-DONE = ("completed", "diverged")  # statuses that are not launched again
+DONE = ("completed", "diverged")  # statuses of a finished run (a sweep does not launch it again)
 
 
-@dataclasses.dataclass
-class Runs:
-  """What `analyze(runs, out_dir)` gets: the sweep directory and, for a training sweep, its
-  table (the runs' shared overrides in `attrs`) and the finals with `DIVERGED_RULE` applied."""
+def fmt(value) -> str:
+  """An override value as on the command line and in run dirs."""
+  if value is None:
+    return "null"
+  if isinstance(value, bool):
+    return "true" if value else "false"
+  if isinstance(value, float):
+    return f"{value:g}"
+  return str(value)
 
-  sweep_dir: Path
-  table: pd.DataFrame | None = None
-  finals: pd.DataFrame | None = None
+
+def run_dirname(point: dict) -> str:
+  """Hydra's `${hydra.job.override_dirname}` for a point whose only overrides are its keys."""
+  return ",".join(sorted(f"{k}={fmt(v)}" for k, v in point.items()))
+
+
+def parse_dirname(name: str) -> dict:
+  """`run_dirname`'s inverse: {key: value as text}."""
+  return dict(item.partition("=")[::2] for item in name.split(","))
 
 
 def read_csv(path) -> pd.DataFrame:

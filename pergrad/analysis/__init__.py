@@ -1,10 +1,18 @@
-"""The surface of pergrad that analysis code (the `experiments` package, notebooks) may use.
+"""Analysis of pergrad runs: what analysis code (the `experiments` package, notebooks, your
+own scripts) calls. The readers, rules and offline formulas are NumPy/pandas only (importing
+this package or a submodule, or reading a table, imports no JAX); the functions that compose
+a config or build a model's shapes import the library inside the call.
 
-Experiments read run directories (metrics.jsonl, summary.json, config.yaml) and launch
-`python -m pergrad.train`; for the rest they call the functions here (and the benchmark,
-`pergrad.bench.stats`). The table readers and the offline formulas are NumPy only (importing
-this module or reading a table imports no JAX); the functions that compose a config or build
-a model's shapes import the library inside the call.
+  runs        a sweep's run directories as one tidy table (a row per run and step, the swept
+              values from the run names), finals, where a curve reaches a target
+  leafwise    per-leaf tables of the logged `opt/`, `stats/` and `sign/` keys, per-leaf views
+              of whole-model ratios, sign counts pooled over leaves
+  rules       decision rules over seeds (pair wins, equivalence of curves, bounds on ratios,
+              divergence), each stated in English beside its code
+  calibrate   each rule's false-alarm rate and power, simulated at a measured noise
+  plots       matplotlib helpers (U-curves over learning rates, mean curves over seeds)
+
+and here:
 
   read_records(path)                the records of a metrics.jsonl
   smooth(G2, S, alpha)              the GNS tracker's recurrence, offline (B_simple)

@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from experiments import rules
+from pergrad.analysis import rules
 
 DRAWS = 4000
 MIN_POWER = 0.8

@@ -1,12 +1,12 @@
-"""Per-leaf views of whole-model ratios (snr, moments, gns_layers) and the sign counts (snr).
+"""Per-leaf views of whole-model ratios and of the logged sign counts.
 
 A ratio of sums Σnum/Σden weighs a leaf by its share of Σnum and Σden, not of the parameters
 (the norm layers: 0.19 % of the cpu model's parameters, most of Σμ̂²), so each seed also gets
 `rules.leaf_aggregates` of the per-leaf ratios, weighted by the counts in leaf_params.csv.
 The sign counts `sign[_lag][_<stage>]/<leaf>/<field>` (`pergrad.stats.sign_agreement.SignCounts`
 of the update or a stage's direction against the current or lagged held-out mean,
-`pergrad.train.heldout`) are summed over leaves per logged step (`sign_pools`, what snr_sign.csv
-keeps) and over the second half of training (`sign_pooled`, `sign_summary`).
+`pergrad.train.heldout`) are summed over leaves per logged step (`sign_pools`) and over the
+second half of training (`sign_pooled`, `sign_summary`).
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from experiments.rules import is_norm_leaf, leaf_aggregates
-from experiments.runs import leaf_of, read_csv, stat_columns
+from pergrad.analysis.rules import is_norm_leaf, leaf_aggregates
+from pergrad.analysis.runs import leaf_of, read_csv, stat_columns
 
-SIZES_CSV, SIGN_CSV = "leaf_params.csv", "snr_sign.csv"
+SIZES_CSV = "leaf_params.csv"
 WHOLE = ("all", "total")  # the whole-model "leaf" of opt/ and stats/, sign/ keys
 VIEWS = ("share_params_above_1", "median", "weighted_median")
 FIELDS = ("coords", "agree_all", "selected", "agree", "progress", "mu2")
@@ -28,8 +28,9 @@ TOTAL, NO_NORM = "total", "no norm"  # the pools: every leaf, every leaf but the
 
 
 def sizes_from_table(table: pd.DataFrame) -> dict[str, int] | None:
-  """leaf -> parameter count: from the model of `table.attrs["overrides"]` (the runner's),
-  else the logged `sign/<leaf>/coords`; None when neither is there."""
+  """leaf -> parameter count: from the model of `table.attrs["overrides"]` (the overrides
+  its runs share, when the caller knows them), else the logged `sign/<leaf>/coords`; None
+  when neither is there."""
   if table.attrs.get("overrides"):
     from pergrad.analysis import leaf_sizes
 
@@ -107,8 +108,7 @@ def sign_summary(counts: pd.DataFrame) -> pd.DataFrame:
 
 def sign_pools(long: pd.DataFrame) -> pd.DataFrame:
   """`sign_long`'s rows summed over the leaves of each pool (TOTAL: the logged total; NO_NORM:
-  every leaf but the norm layers'), one row per run, logged step, direction, target and pool:
-  what the report reads (snr_sign.csv)."""
+  every leaf but the norm layers'), one row per run, logged step, direction, target and pool."""
   keys = [c for c in long.columns if c not in ("leaf", *FIELDS)]
   rest = long[(long["leaf"] != TOTAL) & ~long["leaf"].map(is_norm_leaf)]
   no_norm = rest.groupby(keys, dropna=False, sort=False)[list(FIELDS)].sum().reset_index()
@@ -127,7 +127,3 @@ def sign_pooled(pools: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
            .reset_index().assign(leaf=name) for name in (TOTAL, NO_NORM)]
   parts = [p for p in parts if len(p)]  # a table without total / no-norm rows: none
   return sign_summary(pd.concat(parts, ignore_index=True)) if parts else empty
-
-
-def read_signs(out_dir: Path) -> pd.DataFrame:
-  return read_csv(Path(out_dir) / SIGN_CSV)
