@@ -36,6 +36,7 @@ def read_json(path: str | Path):
 
 
 METRICS = "metrics.jsonl"  # a run's metrics, one JSON object per line
+SUMMARY = "summary.json"  # a run's status and final numbers, written when it stops
 
 
 def read_records(path: str | Path) -> list[dict]:

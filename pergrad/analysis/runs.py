@@ -15,9 +15,8 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from pergrad.files import METRICS, read_records
+from pergrad.files import METRICS, SUMMARY, read_records
 
-SUMMARY = "summary.json"
 DONE = ("completed", "diverged")  # statuses of a finished run (a sweep does not launch it again)
 
 

@@ -34,6 +34,7 @@ from pergrad.config.batch import BatchSchedule
 from pergrad.config.schema import Config, LoggingSpec, StatsSpec, TrainSpec, WandbMode
 from pergrad.data import DataSpec
 from pergrad.fields import RESUMABLE
+from pergrad.files import SUMMARY
 from pergrad.layer_types import LAYER_TYPES
 from pergrad.model import TIED_EMBEDDING, ModelSpec
 from pergrad.optim import Optimizer, build_optimizer
@@ -45,7 +46,6 @@ from pergrad.stats import backends as backends_lib
 from pergrad.stats.noise import TOTAL
 
 CONFIG = "config.yaml"
-SUMMARY = "summary.json"
 # What the sign-agreement log computes on the held-out set (`pergrad.train.heldout`).
 HELDOUT_REQUEST = StatsRequest(want=("mean", "sq"))
 

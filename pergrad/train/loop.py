@@ -53,7 +53,7 @@ import numpy as np
 import yaml
 
 from pergrad import files
-from pergrad.config.plan import CONFIG, SUMMARY, RunPlan, resume_decision
+from pergrad.config.plan import CONFIG, RunPlan, resume_decision
 from pergrad.model import count_params
 from pergrad.optim.diagnostics import gns_metrics
 from pergrad.train import distributed
@@ -82,7 +82,7 @@ def run(plan: RunPlan, out_dir: str | Path, *, hydra_info: dict | None = None,
   echo = echo if main else (lambda _: None)
   if resume_decision(out_dir, plan) == "completed":
     echo(f"already completed: {out_dir}")
-    return files.read_json(out_dir / SUMMARY)
+    return files.read_json(out_dir / files.SUMMARY)
 
   from pergrad.data import make_data
   from pergrad.train.mesh import make_mesh
@@ -191,7 +191,7 @@ def run(plan: RunPlan, out_dir: str | Path, *, hydra_info: dict | None = None,
       summary["figure"] = _figure(out_dir, echo)
     if status != "failed" and main:
       logger.summary({k: v for k, v in summary.items() if isinstance(v, (int, float))})
-      files.write_json(out_dir / SUMMARY, summary)
+      files.write_json(out_dir / files.SUMMARY, summary)
     logger.close(exit_code=0 if status == "completed" else 1)
     if failure:
       raise failure
@@ -387,4 +387,4 @@ def _print_summary(s: dict, echo) -> None:
   echo(f"[pergrad]   checkpoints: {s['checkpoints']} (steps {s['checkpoint_steps']})")
   if s["wandb"]:
     echo(f"[pergrad]   W&B: {s['wandb']} (upload with `wandb sync {s['wandb']}`)")
-  echo(f"[pergrad]   config: {s['config']}; summary: {Path(s['run_dir']) / SUMMARY}")
+  echo(f"[pergrad]   config: {s['config']}; summary: {Path(s['run_dir']) / files.SUMMARY}")
