@@ -14,7 +14,8 @@ from experiments import lr_search, report_md
 from experiments.launch import LAUNCHERS, LaunchLog, launch_blocks
 from experiments.record import BUILTIN, Inputs, Report, Runs, get, provenance
 from experiments.sweep import PRESETS, REPO, config_extras, record_sweep, sweep_dir
-from pergrad.analysis.runs import METRICS, SUMMARY, aggregate, fmt
+from pergrad.analysis.runs import aggregate, fmt
+from pergrad.files import METRICS, SUMMARY
 
 EXPERIMENTS = BUILTIN  # the built-in experiments' names; `record.experiments()` has plugins'
 RESULTS = REPO / "results"

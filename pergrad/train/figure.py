@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
-from pergrad.train.metrics import METRICS, read_records
+from pergrad.files import METRICS, read_records
 
 FIGURE = "curves.png"
 # Per-layer (prefix, name) worth a look, in order of preference: the optimizer diagnostics
