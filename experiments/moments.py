@@ -16,7 +16,14 @@ import pandas as pd
 from experiments import lr_search
 from experiments.record import ROWS, Experiment, Inputs, register
 from experiments.sweep import SEEDS, Block, Sweep, base_for
-from experiments.verdict import listing, not_measured, pairs_report, sections
+from experiments.verdict import (
+  declared,
+  declared_text,
+  listing,
+  not_measured,
+  pairs_report,
+  sections,
+)
 from pergrad.analysis import calibrate, leafwise
 from pergrad.analysis.plots import plot_curves, plt, savefig, style
 from pergrad.analysis.rules import PAIR_WIN, is_norm_leaf
@@ -37,7 +44,7 @@ RULE = ("Per seed, each leaf's r = Σμ̂²/Σ(σ̂²/B) over its coordinates an
         f"Against 1 (higher: μ² dominates Adam's v), {PAIR_WIN}: reproduced if μ² wins, not "
         "reproduced if σ²/B does, partly reproduced on a tie, undetermined with < 2 seeds.")
 PAPER = "v ≈ μ² + σ²/B dominated by μ² (qualitative)"
-EFFECT = 1.0  # r − 1: μ² twice σ²/B, our stated prior for "μ² dominates"
+EFFECT = declared(NAME, "effect")  # r − 1, configs/experiment/moments.yaml
 
 
 def sweep(preset: str, inputs: Inputs | None = None) -> Sweep:
@@ -152,10 +159,13 @@ def report(out_dir: Path):
   m = views.mean(numeric_only=True)
   shares = listing((k, m[k]) for k in ("ratio_of_sums", "ratio_of_sums_no_norm",
                                          "norm_share_num", "norm_share_params"))
-  cal = calibrate.calibrate("pair", calibrate.pooled_std([r]), len(r), EFFECT, n_b=len(r))
+  cal = calibrate.calibrate("pair", calibrate.std(r), len(r), EFFECT.value, n_b=len(r),
+                            noise_b=0.0)
   return pairs_report({"μ²": r, "σ²/B": [1.0] * len(r)}, [("μ²", "σ²/B")], rule=RULE,
-                      paper=PAPER, effect=EFFECT, cal=cal, lower_is_better=False,
-                      checks=(f"Per leaf r, mean over seeds: {shares}", whole),
+                      paper=PAPER, effect=EFFECT.value, cals={"μ² vs σ²/B": cal},
+                      lower_is_better=False,
+                      checks=(f"Per leaf r, mean over seeds: {shares}", whole,
+                              declared_text(EFFECT)),
                       numbers_md=sections(views, numbers))
 
 

@@ -15,7 +15,7 @@ import numpy as np
 from experiments import lr_search
 from experiments.record import ROWS, Experiment, register
 from experiments.sweep import Block, LrSearch, Sweep, base_for
-from experiments.verdict import pairs_report
+from experiments.verdict import declared, declared_text, pairs_report
 from pergrad.analysis.rules import PAIR_WIN, PAIRS_VERDICT
 from pergrad.analysis.runs import fmt, from_table
 
@@ -31,7 +31,7 @@ VARIANTS = MEAN_DOMINATED + VAR_DOMINATED
 SELECT, SEEDS = (0,), (2, 3, 4, 5, 6)
 EPS = {"adam": 1e-8, "micro_adam": 1e-8, "micro_adam_var": 1e-8, "micro_adam_msq": 1e-5}
 OPTIMUM = {"adam": 3e-2, "micro_adam": 3e-2, "micro_adam_var": 3e-2, "micro_adam_msq": 1e-2}
-EFFECT = 0.02  # nats: our stated prior for "a better preconditioner" at this scale
+EFFECT = declared(NAME, "effect")  # configs/experiment/preconditioner.yaml
 RULE = (f"Each variant's lr is the best of a √2 grid (same size for every variant) on seeds "
         f"{SELECT}; within each clipping setting each μ²-dominated variant must beat each "
         f"σ²-dominated one on the fresh seeds {SEEDS}: {PAIR_WIN}; {PAIRS_VERDICT}.")
@@ -83,9 +83,11 @@ def report(out_dir):
   suffixes = sorted({label({**r, "optimizer.variant": ""}) for r in best.to_dict("records")})
   expected = [(m + s, v + s) for s in suffixes for m in MEAN_DOMINATED for v in VAR_DOMINATED
               if m + s in groups and v + s in groups]
-  return pairs_report(groups, expected, rule=RULE, paper=PAPER, effect=EFFECT, planned=VARIANTS,
+  return pairs_report(groups, expected, rule=RULE, paper=PAPER, effect=EFFECT.value,
+                      planned=VARIANTS,
                       numbers_md=lr_search.best_md(every, GROUP),
-                      checks=(lr_search.edges_note(every, label),))
+                      checked=lr_search.guards_of(best, label, {x for p in expected for x in p}),
+                      checks=(lr_search.edges_note(every, label), declared_text(EFFECT)))
 
 
 EXPERIMENT = register(Experiment(name=NAME, title=TITLE, claim=CLAIM, row=ROWS["3"], sweep=sweep,

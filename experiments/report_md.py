@@ -91,7 +91,8 @@ def write_readme(exp: Experiment, out_dir: Path, report: Report, info: dict,
   experiment's results."""
   cal = report.calibration and Calibration(**report.calibration).text()
   stated = "".join(f"**{k}.** {v}\n\n" for k, v in (
-      ("Rule", report.rule), ("Paper", report.paper), ("Error rates of the rule", cal)) if v)
+      ("Rule", report.rule), ("Paper", report.paper), ("Error rates of the rule", cal),
+      ("Validity guards, checked before the verdict", report.guards_text())) if v)
   (out_dir / "README.md").write_text(README.format(
       exp=exp, r=report, i=info, stated=stated, dirty="" if info["clean"] else
       " with uncommitted changes", setup=report.setup_md or describe_setup(
@@ -133,18 +134,22 @@ README_BEGIN, README_END = "<!-- claims:begin -->", "<!-- claims:end -->"
 STALE = " (written before reports recorded their commit: re-run with the current rules)"
 NO_RULE = " (no stated rule: re-run)"
 OLD_RULE = " (decided by an earlier rule than the code's: re-run)"
+NO_GUARDS = " (decided before the validity guards were checked: re-run)"
 
 
 def stale_mark(doc: dict, name: str | None = None) -> str:
   """What the claims table says beside a verdict whose report.json cannot vouch for it: no
-  commit, no stated rule, or a rule other than the `RULE` of the experiment's module now."""
+  commit, no stated rule, a rule other than the `RULE` of the experiment's module now, or no
+  validity guards (`pergrad.analysis.guards`) checked."""
   if not doc.get("commit"):
     return STALE
   if not doc.get("rule"):
     return NO_RULE
   exp = experiments().get(name) if name else None
   current = getattr(sys.modules.get(exp.report.__module__), "RULE", None) if exp else None
-  return OLD_RULE if current is not None and current != doc["rule"] else ""
+  if current is not None and current != doc["rule"]:
+    return OLD_RULE
+  return "" if "guards" in doc else NO_GUARDS
 
 
 ROW = ("| {claim} | [`{n}`]({link}{n}/README.md) | {paper} | {r.ours} | **{r.verdict}**{mark} "

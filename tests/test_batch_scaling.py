@@ -120,9 +120,14 @@ def _table(offset, seeds=SEEDS5, contrast=SEEDS3, diverge=(), above=(), margin=(
   return pd.DataFrame(rows)
 
 
-def _run_rule(tmp_path, table):
-  """report, (verdict, {scaling: {outcome: [B]}}, pairs at √'s break, that B), collapse table."""
+def _run_rule(tmp_path, table, warmup=lambda b: 20):
+  """report, (verdict, {scaling: {outcome: [B]}}, pairs at √'s break, that B), collapse table;
+  each run's config records `warmup(B)` steps."""
   fin = rules.mark_diverged(runs.finals(table), 1024, table)
+  for r in fin.to_dict("records"):
+    (tmp_path / r["run"] / ".hydra").mkdir(parents=True, exist_ok=True)
+    (tmp_path / r["run"] / ".hydra" / "config.yaml").write_text(
+        f"schedule:\n  warmup_steps: {warmup(r[bs.KEY])}\n")
   bs.analyze(record.Runs(tmp_path, table, fin), tmp_path)
   col, mis, _ = bs.collapse(pd.read_csv(tmp_path / "curves.csv"))
   return bs.report(tmp_path), bs.judge(col, mis), col
@@ -152,8 +157,12 @@ def test_rule_collapse_then_break_and_sqrt_wins(tmp_path):
   assert v == rep.verdict == "reproduced" and rep.rule == bs.RULE
   assert "breaks at B=[128]" in rep.ours and "(margin ±0.03)" in rep.ours  # no margin seeds
   assert _cell(col, "linear", 128)["outcome"] == B  # diverged: breaks
-  cal = rep.calibration
-  assert cal["kind"] == "equivalence" and cal["n"] == 5 and cal["power"] >= 0.8
+  cal = rep.calibrations["sqrt at B=64 vs B_ref"]  # each comparison at its own arms' noise
+  assert cal["kind"] == "equivalence" and cal["n"] == cal["n_b"] == 5 and cal["power"] >= 0.8
+  assert rep.calibrations["sqrt at B=128 vs linear at B=128"]["source"] == "diverged"
+  weakest = rep.calibration  # the claims table's: the pair at the break, 5 vs 3 seeds
+  assert weakest["kind"] == "pair" and (weakest["n"], weakest["n_b"]) == (5, 3)
+  assert 0.8 <= weakest["power"] < cal["power"]
   assert bs.figures(tmp_path)[0].exists()
 
 
@@ -191,7 +200,7 @@ def test_rule_underpowered_comparisons_are_undetermined_not_breaks(tmp_path):
   loud = tuple(5 * s for s in SEEDS5)  # std 0.04: identical curves rarely pass
   rep, (_, by, _, _), _ = _run_rule(tmp_path, _table(offset, seeds=loud, contrast=SEEDS3))
   assert by["sqrt"] == {C: [], B: [128], U: [8, 16, 64]}
-  assert rep.verdict == "partly reproduced", rep.finding
+  assert rep.verdict == "undetermined: powered", rep.finding  # not "partly": no finding
   assert rep.calibration["power"] < 0.8
 
 
@@ -219,9 +228,15 @@ def test_rule_without_break_or_seeds(tmp_path):
   def same(b, scaling, x):
     return 0.0 if scaling == "sqrt" else 0.1 * _log2(b)
 
-  rep, (_, by, _, at), _ = _run_rule(tmp_path, _table(same))
+  rep, (_, by, _, at), _ = _run_rule(tmp_path, _table(same, contrast=(-0.005, 0.0, 0.005)))
   assert by["sqrt"][B] == [] and at == 128
   assert rep.verdict == "partly reproduced"  # collapses everywhere: no break seen
+  rep, _, _ = _run_rule(tmp_path, _table(same))  # contrasts of spread 0.01: power 0.79
+  assert rep.verdict == "undetermined: powered"
+  rep, _, _ = _run_rule(tmp_path, _table(same, contrast=(-0.005, 0.0, 0.005)),
+                        warmup=lambda b: max(640 // b, 1))  # warmup counted in examples
+  assert rep.verdict == "undetermined: warm" and "sqrt at B=128 warms up 5 steps" in \
+      rep.guards_text()
   rep, (_, by, _, _), _ = _run_rule(tmp_path, _table(same, seeds=(0.0,), contrast=(0.0,)))
-  assert rep.verdict == "undetermined"  # one seed: the noise is unknown
+  assert rep.verdict == "undetermined: powered"  # one seed: the noise is unknown
   assert by["sqrt"][U] == [8, 16, 64, 128]

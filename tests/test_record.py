@@ -209,7 +209,8 @@ def test_run_info_and_report_count_this_invocation_only(tmp_path):
   report_md.write_readme(exp, out, rep, info)
   doc = json.loads((out / "report.json").read_text())
   assert doc == {"verdict": "measured", "rule": "R", "paper": "p", "ours": "o", "checks": ["c"],
-                 "calibration": cal, "commit": "abc", "clean": False}
+                 "guards": [], "calibration": cal, "calibrations": None, "commit": "abc",
+                 "clean": False}
   assert Report.from_json(doc) == Report("measured", "R", "p", "o", ("c",), cal)
   text = (out / "README.md").read_text()
   assert "commit `abc` with uncommitted changes" in text and "launching 1 run(s)" in text

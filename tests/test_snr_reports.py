@@ -59,7 +59,8 @@ def test_snr_report_verdicts(tmp_path):
   cases = {  # (leaves' ema, batch, norm leaf's ema, batch, seed spread) -> verdict
       (4.0, 1.0, 4.0, 1.0, 0.1): "reproduced",
       (0.5, 1.0, 0.5, 1.0, 0.1): "not reproduced",  # the EMA lowers the SNR: flips it
-      (1.05, 1.0, 1.05, 1.0, 0.2): "partly reproduced",  # within seed noise: a tie
+      # within seed noise: a tie, at a noise where the pair rule has no power for the effect
+      (1.05, 1.0, 1.05, 1.0, 0.2): "undetermined: powered",
       # The norm leaf dominates the whole model (ema > batch there), the parameters say
       # otherwise: the verdict follows the parameter-weighted view without the norm layers.
       (0.5, 1.0, 40.0, 1.0, 0.1): "not reproduced",
@@ -73,7 +74,7 @@ def test_snr_report_verdicts(tmp_path):
     assert "Sign agreement with E g: not logged" in rep.finding
   # One seed: nothing is significant.
   d = _snr_csvs(tmp_path / "one", stages(4.0, 1.0), stages(4.0, 1.0), 0.1, seeds=1)
-  assert snr.report(d).verdict == "undetermined"
+  assert snr.report(d).verdict == "undetermined: powered"
   # Without the parameter counts: not measured, re-run (the whole model still reported).
   (d / "leaf_params.csv").unlink()
   rep = snr.report(d)
@@ -208,7 +209,7 @@ def _moments_csvs(d: Path, leaf_ratio, norm_ratio, spread, seeds=3, n=32):
 def test_moments_report_verdicts(tmp_path):
   from experiments import moments
   cases = {(3.0, 3.0, 0.2): "reproduced", (0.3, 0.3, 0.1): "not reproduced",  # flipped
-           (1.2, 1.2, 0.5): "partly reproduced",  # within seed noise: a tie
+           (1.2, 1.2, 0.5): "undetermined: powered",  # a tie within seed noise, unpowered
            # The norm leaf's μ² makes the whole-model ratio > 1; the parameters' is 0.3.
            (0.3, 20.0, 0.1): "not reproduced"}
   for k, ((leaf, norm, spread), want) in enumerate(cases.items()):
@@ -247,8 +248,10 @@ def test_reports_with_a_rule_lose_the_old_rule_mark(tmp_path):
   assert report_md.stale_mark({"verdict": "x", "commit": "abc"}) == report_md.NO_RULE
   from experiments import snr
 
-  doc = {"verdict": "x", "commit": "abc", "rule": snr.RULE}
+  doc = {"verdict": "x", "commit": "abc", "rule": snr.RULE, "guards": []}
   assert report_md.stale_mark(doc, "snr") == ""
+  no_guards = {k: v for k, v in doc.items() if k != "guards"}  # written before the guards
+  assert report_md.stale_mark(no_guards, "snr") == report_md.NO_GUARDS
   assert report_md.stale_mark({**doc, "rule": "an older rule"}, "snr") == report_md.OLD_RULE
   assert Report.from_json({"verdict": "x"}).rule == ""
 
