@@ -3,6 +3,7 @@ checked against known truth in tests/test_estimators.py)."""
 
 from __future__ import annotations
 
+import itertools
 import sys
 from pathlib import Path
 
@@ -180,18 +181,22 @@ def test_sign_counts_summary_edges():
   np.testing.assert_allclose(s["alignment"][1], 1 / np.sqrt(10 * 0.1))
 
 
-def _moments_csvs(d: Path, leaf_ratio, norm_ratio, spread, seeds=3, n=32):
+def _moments_csvs(d: Path, leaf_ratio, norm_ratio, spread, seeds=3, n=32, late=None,
+                  sizes=(None,), warmup=20):
   """moments_all.csv, moments_per_leaf.csv, leaf_params.csv: every non-norm leaf with
-  μ̂²/(σ̂²/n) = leaf_ratio (+ a seed offset), the norm leaf at norm_ratio with a 1000×
-  larger σ̂² per coordinate (so it dominates the whole-model sums)."""
+  μ̂²/(σ̂²/n) = leaf_ratio (`late` in the second half, if given; + a seed offset), the norm
+  leaf at norm_ratio with a 1000× larger σ̂² per coordinate (so it dominates the whole-model
+  sums); runs at each batch size of `sizes` (None: the scale's, B NaN)."""
   d.mkdir()
   rows_all, rows_leaf = [], []
-  for seed, off in enumerate(_offsets(spread, seeds)):
+  for (seed, off), b in itertools.product(enumerate(_offsets(spread, seeds)), sizes):
     for step in (10, 20, 30, 40):
-      ids = {"run": f"s{seed}", "train.seed": seed, "step": step, "examples_seen": 32 * step}
+      ids = {"run": f"s{seed}b{b}", "train.seed": seed, "step": step, "examples_seen": 32 * step,
+             "B": np.nan if b is None else b}
       num = den = 0.0
+      ratio = leaf_ratio if late is None or step <= 20 else late
       for leaf, size in SIZES.items():
-        r, var = (norm_ratio, 1000.0) if leaf == NORM else (leaf_ratio + off, 1.0)
+        r, var = (norm_ratio, 1000.0) if leaf == NORM else (ratio + off, 1.0)
         mu2 = r * var / n
         num, den = num + mu2 * size, den + var * size / n
         rows_leaf += [{**ids, "value": mu2, "quantity": "mu2_mean", "leaf": leaf},
@@ -202,8 +207,28 @@ def _moments_csvs(d: Path, leaf_ratio, norm_ratio, spread, seeds=3, n=32):
         rows_all.append({**ids, "quantity": q, "value": v})
   pd.DataFrame(rows_all).to_csv(d / "moments_all.csv", index=False)
   pd.DataFrame(rows_leaf).to_csv(d / "moments_per_leaf.csv", index=False)
+  pd.DataFrame([{"run": f"s{s}b{b}", "data.batch_size": b, "warmup_steps": warmup}
+                for s in range(seeds) for b in sizes]).to_csv(d / "finals.csv", index=False)
   _write_sizes(d)
   return d
+
+
+def test_moments_judges_both_halves_at_both_batch_sizes(tmp_path):
+  from experiments import moments
+  # μ² dominates early, σ²/B late (r 3 -> 0.3) in every leaf but the norm layer (r 3, which
+  # dominates the sums): both halves are judged, so not reproduced, and every cell (2 windows
+  # × 2 B × with/without norm) is in the table; only the second half without norm loses
+  d = _moments_csvs(tmp_path / "flip", 3.0, 3.0, 0.1, late=0.3, sizes=(None, 128))
+  rep = moments.report(d)
+  assert rep.verdict == "not reproduced", rep.finding
+  assert rep.ours.count(": win") == 6 and rep.ours.count(": loss") == 2
+  assert "(second half, B=128, no norm): loss" in rep.ours
+  assert len(rep.calibrations) == 8 and "| second | 128 | no norm | 0.300 |" in rep.numbers_md
+  assert "| first | ref | all leaves | 3.000 |" in rep.numbers_md
+  same = moments.report(_moments_csvs(tmp_path / "same", 3.0, 3.0, 0.1, sizes=(None, 128)))
+  assert same.verdict == "reproduced" and len(same.calibrations) == 8
+  cold = moments.report(_moments_csvs(tmp_path / "cold", 3.0, 3.0, 0.1, warmup=5))
+  assert cold.verdict == "undetermined: warm" and "B=ref warms up 5 steps" in cold.guards_text()
 
 
 def test_moments_report_verdicts(tmp_path):
