@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -117,16 +118,19 @@ def _json(path: Path) -> dict | None:
 
 
 def launch_costs(results_root: Path) -> dict[str, float]:
-  """{experiment: seconds of launches that made its committed results}: the end-to-end
-  record's (reproduction.json) for an experiment whose run_info.json is from that record's
-  commit, else run_info.json's `launch_wall_s`."""
+  """{experiment: seconds of launches that made its committed results}: run_info.json's
+  `launch_wall_s`, which sums the invocations at its commit and sweep it counts
+  (`invocations`); for one invocation at the end-to-end record's commit, the record's
+  (reproduction.json: it adds the launches of an invocation stopped before run_info.json was
+  written). Never both: a resumed run_info already holds the earlier launches."""
   record = _json(Path(results_root) / REPRODUCTION) or {}
   out = {}
   for n in experiments():
     if (info := _json(Path(results_root) / n / "run_info.json")) is not None:
       entry = record.get("experiments", {}).get(n)
       same = entry and info.get("commit") == record.get("commit")
-      out[n] = float((entry if same else info)["launch_wall_s"])
+      alone = int(info.get("invocations", 1)) <= 1
+      out[n] = float((entry if same and alone else info)["launch_wall_s"])
   return out
 
 
@@ -265,8 +269,12 @@ def index_text(results_root: Path, preset: str) -> str:
                 if d else f"| `{n}` | `python scripts/reproduce.py {n} --preset {preset}` | "
                 "not yet run | — |")
   rep = "".join(line + "\n" for line in reproduction_lines(results_root))
+  record = _json(Path(results_root) / REPRODUCTION)
+  total = f"| total | | {sum(costs.values()) / 60:.1f} | " + (
+      f"of the end-to-end record's {record['wall_s'] / 60:.1f} min (the rest: analysis, "
+      "figures) |" if record and "wall_s" in record else "|")
   return INDEX.format(p=preset, claims=claims_block(results_root, preset=preset),
-                      reproduction=rep, costs="\n".join(rows))
+                      reproduction=rep, costs="\n".join([*rows, total]))
 
 
 REPRODUCTION = "reproduction.json"  # written by `scripts/reproduce.py all`
@@ -301,8 +309,54 @@ def reproduction_lines(results_root: Path) -> list[str]:
           for n, e in d["experiments"].items())).split("\n")
 
 
+SWEEPS_ROOT = "<sweeps-root>"  # what results/ says for this machine's sweeps directory
+
+
+def portable_sweep_dir(sweep_dir) -> str:
+  """A sweep directory as results/ records it: relative to the repository when inside it,
+  else `<sweeps-root>/<experiment>/<preset>` (no machine's path)."""
+  p = Path(sweep_dir)
+  r = p.resolve()
+  if r.is_relative_to(REPO):
+    return str(r.relative_to(REPO))
+  return str(Path(SWEEPS_ROOT, *p.parts[-2:])) if p.is_absolute() else str(p)
+
+
+def portable_command(command: str) -> str:
+  """`command` with the value of --sweeps-root (an absolute path) as `<sweeps-root>`."""
+  return re.sub(r"(--sweeps-root[= ])(/\S*)", rf"\g<1>{SWEEPS_ROOT}", command)
+
+
+def portable_results(results_root: Path) -> list[Path]:
+  """Rewrites the run_info.json, reproduction.json and experiment READMEs under `results_root`
+  that name an absolute sweeps directory with `<sweeps-root>` instead; returns those changed."""
+  changed, roots = [], set()
+  for info_path in sorted(Path(results_root).glob("*/run_info.json")):
+    info = json.loads(info_path.read_text())
+    if Path(info.get("sweep_dir", "")).is_absolute():
+      roots.add(str(Path(info["sweep_dir"]).parents[1]))
+  for path in [*Path(results_root).glob("*/run_info.json"), Path(results_root) / REPRODUCTION,
+               *Path(results_root).glob("*/README.md")]:
+    if not path.exists():
+      continue
+    text = old = path.read_text()
+    for root in sorted(roots, key=len, reverse=True):
+      text = text.replace(root + "/", SWEEPS_ROOT + "/").replace(root, SWEEPS_ROOT)
+    if path.suffix == ".json":
+      doc = json.loads(text)
+      doc |= {k: portable_command(doc[k]) for k in ("command",) if k in doc}
+      doc |= {k: portable_sweep_dir(doc[k]) for k in ("sweep_dir",) if k in doc}
+      text = json.dumps(doc, indent=1)
+    if text != old:
+      path.write_text(text)
+      changed.append(path)
+  return changed
+
+
 def write_index(results_root: Path, preset: str) -> Path:
-  """Writes results/<preset>/README.md (`index_text`), from that preset's results only."""
+  """Writes results/<preset>/README.md (`index_text`), from that preset's results only, after
+  `portable_results` (no machine's path in results/)."""
+  portable_results(results_root)
   path = Path(results_root) / "README.md"
   path.write_text(index_text(results_root, preset))
   return path
