@@ -37,6 +37,7 @@ from pergrad.analysis import calibrate, guards, rules
 from pergrad.analysis.plots import plt, savefig, style
 from pergrad.analysis.runs import (
   aggregate,
+  eval_curves,
   finals,
   from_table,
   read_csv,
@@ -236,28 +237,10 @@ def compared(table: pd.DataFrame, search: pd.DataFrame, best: dict | None) -> pd
   return table[fixed | sched].assign(short=is_short(table)[fixed | sched])
 
 
-CURVES = ["run", "arm", "train.seed", "lr", "step", "tokens", "eval_loss", "train_time_s",
-          "batch_size"]
-
-
 def curves(table: pd.DataFrame) -> pd.DataFrame:
-  """`CURVES` per run and evaluation (time and batch size interpolated from the train records
-  that log them)."""
-  rows = []
-  for run, g in table.groupby("run", sort=False):
-    g = g.sort_values("step")
-    ev, tr = g.dropna(subset=["eval/loss"]), g.dropna(subset=["train/tokens_seen"])
-    timed = tr.dropna(subset=["train/train_time_s"]) if "train/train_time_s" in tr else tr[:0]
-    tokens = ev["eval/tokens_seen"].to_numpy(float)
-    time_s = (np.interp(tokens, timed["train/tokens_seen"], timed["train/train_time_s"])
-              if len(timed) else np.full(len(ev), np.nan))
-    size = np.interp(ev["step"], tr["step"], tr["train/batch_size"]) if len(tr) else np.nan
-    rows.append(pd.DataFrame({
-        "run": run, "arm": arm({**g.iloc[0].to_dict(), "_budget": g["train/tokens_seen"].max()}),
-        "train.seed": g["train.seed"].iloc[0], "lr": g["optimizer.lr"].iloc[0],
-        "step": ev["step"].to_numpy(), "tokens": tokens, "eval_loss": ev["eval/loss"].to_numpy(),
-        "train_time_s": time_s, "batch_size": size}))
-  return pd.concat(rows, ignore_index=True)[CURVES] if rows else pd.DataFrame(columns=CURVES)
+  """`runs.eval_curves` with each run's `arm`."""
+  return eval_curves(table, lambda g: arm({**g.iloc[0].to_dict(),
+                                           "_budget": g["train/tokens_seen"].max()}))
 
 
 def analyze(runs, out_dir: Path) -> None:
@@ -389,5 +372,5 @@ def report(out_dir: Path) -> Report:
 
 
 EXPERIMENT = register(Experiment(
-    name=NAME, title=TITLE, claim=CLAIM, row=ROWS["G3"], sweep=sweep, analyze=analyze,
+    name=NAME, title=TITLE, claim=CLAIM, row=ROWS["G3+"], sweep=sweep, analyze=analyze,
     figures=figures, report=report, follow_up=follow_up))

@@ -156,8 +156,17 @@ def stale_mark(doc: dict, name: str | None = None) -> str:
   return "" if "guards" in doc else NO_GUARDS
 
 
-ROW = ("| {claim} | [`{n}`]({link}{n}/README.md) | {paper} | {r.ours} | **{r.verdict}**{mark} "
+ROW = ("| {claim} | [`{n}`]({link}{n}/README.md) | {paper} | {ours} | **{r.verdict}**{mark} "
        "| {fa} | {power} | {figs} |")
+CELL = 120  # characters of "Ours" in the claims table: one line; the whole in its README
+
+
+def one_line(text: str, limit: int = CELL) -> str:
+  """`text` cut at its last "; " before `limit` characters, with " …" (the README has all)."""
+  if len(text) <= limit:
+    return text
+  cut = text.rfind("; ", 0, limit)
+  return (text[:cut] if cut > 0 else text[:limit].rsplit(" ", 1)[0]) + " …"
 
 
 def claims_table(results_root: Path, link_prefix: str = "") -> str:
@@ -176,7 +185,7 @@ def claims_table(results_root: Path, link_prefix: str = "") -> str:
       figs = " ".join(f"[{p.name}]({link_prefix}{n}/{p.name})"
                       for p in sorted((Path(results_root) / n).glob("*.png"))) or "—"
       rows.append(ROW.format(claim=claim, n=n, link=link_prefix, mark=stale_mark(doc, n),
-                             r=d, paper=d.paper or "—", figs=figs,
+                             r=d, paper=d.paper or "—", figs=figs, ours=one_line(d.ours),
                              fa=rate(d.calibration, "false_alarm"),
                              power=rate(d.calibration, "power")))
   return "\n".join(rows)
@@ -198,7 +207,8 @@ SETUP = (
     "transformer ({m[n_layers]} layers, width {m[d_model]}, {m[n_heads]} heads, {params:,} "
     "parameters) on `{m[data]}` with a {m[vocab_size]}-token {m[tokenizer]} vocabulary, B = "
     "{m[batch_size]} sequences of T = {m[seq_len]} tokens, {m[steps]} steps (`batch_scaling` "
-    "sets its own steps per batch size), each experiment's own grids and learning rates (its "
+    "sets its own steps per batch size, `gns_ramp` its own smaller model: ~20 tokens per "
+    "parameter), each experiment's own grids and learning rates (its "
     "README). Seeds behind the reported numbers: {seeds}. The committed results took {wall:.0f} "
     "min of launches on 2 cores (per experiment: the cost table of `results/{p}/README.md`); "
     "`python scripts/reproduce.py all --preset {p}` regenerates them (resumable). The paper "

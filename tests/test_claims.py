@@ -82,6 +82,10 @@ def test_claims_table_renders_constructed_reports(tmp_path):
   _report(tmp_path / "unguarded", "overhead", verdict="reproduced", ours="x", commit="abc",
           rule=overhead.RULE)  # written before the validity guards
   assert report_md.NO_GUARDS in report_md.claims_table(tmp_path / "unguarded")
+  long = "; ".join(f"arm_{i} vs fixed_8: tie" for i in range(12))  # ~280 characters
+  _report(tmp_path / "long", "snr", verdict="x", ours=long, commit="abc", guards=[])
+  cell = report_md.claims_table(tmp_path / "long").split("`snr`")[1].split(" | ")[2]
+  assert len(cell) <= report_md.CELL + 2 and cell.endswith("tie …")
   # Every number of the table is one of the reports' (or a claim's own numbering).
   nums = set(re.findall(r"\d+\.\d+", table))
   assert nums == {"1.234", "1.17", "4.5", "4.6", "0.03", "0.99"}

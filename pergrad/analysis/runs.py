@@ -241,3 +241,26 @@ def seed_mean_to_target(cur: pd.DataFrame, best_arm: str, target: float) -> pd.D
   ref = float(out.loc[out["arm"] == best_arm, "tokens_to_target"].iloc[0])
   out["token_saving"] = 1.0 - out["tokens_to_target"] / ref
   return out
+
+
+CURVES = ["run", "arm", "train.seed", "lr", "step", "tokens", "eval_loss", "train_time_s",
+          "batch_size"]
+
+
+def eval_curves(table: pd.DataFrame, arm_of) -> pd.DataFrame:
+  """`CURVES` per run and evaluation, `arm_of(the run's rows)` its arm (time and batch size
+  interpolated from the train records that log them)."""
+  rows = []
+  for run, g in table.groupby("run", sort=False):
+    g = g.sort_values("step")
+    ev, tr = g.dropna(subset=["eval/loss"]), g.dropna(subset=["train/tokens_seen"])
+    timed = tr.dropna(subset=["train/train_time_s"]) if "train/train_time_s" in tr else tr[:0]
+    tokens = ev["eval/tokens_seen"].to_numpy(float)
+    time_s = (np.interp(tokens, timed["train/tokens_seen"], timed["train/train_time_s"])
+              if len(timed) else np.full(len(ev), np.nan))
+    size = np.interp(ev["step"], tr["step"], tr["train/batch_size"]) if len(tr) else np.nan
+    rows.append(pd.DataFrame({
+        "run": run, "arm": arm_of(g), "train.seed": g["train.seed"].iloc[0],
+        "lr": g["optimizer.lr"].iloc[0], "step": ev["step"].to_numpy(), "tokens": tokens,
+        "eval_loss": ev["eval/loss"].to_numpy(), "train_time_s": time_s, "batch_size": size}))
+  return pd.concat(rows, ignore_index=True)[CURVES] if rows else pd.DataFrame(columns=CURVES)
