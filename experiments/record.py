@@ -87,7 +87,8 @@ _REGISTRY: Registry[Experiment] = Registry(
     "experiment", hint="choose one of them or 'all', or register yours in a plugin: --plugin")
 
 BUILTIN = ("overhead", "sign_placement", "preconditioner", "msq_eps", "batch_scaling", "snr",
-           "moments", "norm_cost", "gns_layers", "gns_ramp", "gns_schedule")  # in order
+           "moments", "norm_cost", "gns_layers", "gns_ramp", "gns_schedule",
+           "lr_exponent")  # experiments.<name>, in order
 
 
 def register(exp: Experiment) -> Experiment:

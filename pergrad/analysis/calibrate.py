@@ -12,6 +12,7 @@ import functools
 import math
 
 import numpy as np
+from scipy import stats
 
 from pergrad.analysis import rules
 
@@ -25,7 +26,7 @@ class Calibration:
   """A rule's simulated error rates at `noise` (per-seed std) with `n` seeds (side A), and
   `noise_b`, `n_b` on side B where the rule compares two arms (NaN, 0: as side A)."""
 
-  kind: str  # pair | equivalence | noninferiority | threshold | bound
+  kind: str  # pair | equivalence | noninferiority | band | threshold | bound
   noise: float
   n: int
   effect: float  # the declared effect (or margin), in the measurement's units
@@ -86,6 +87,18 @@ def noninferiority(noise: float, n: int, margin: float, n_b: int | None = None,
   return fa, float(np.mean(hi <= margin))
 
 
+def band(noise: float, n: int, margin: float) -> tuple[float, float]:
+  """A fitted slope's 90% t-interval (n points, df n − 2, its standard error `noise`, estimated
+  from the residuals) within ±margin of the claimed value: P(within | the slope off by the
+  margin), P(within | the slope at the claimed value)."""
+  rng, df = np.random.default_rng(0), n - 2
+  se = noise * np.sqrt(rng.chisquare(df, DRAWS) / df)
+  half = stats.t.ppf(1 - rules.ALPHA, df) * se
+  err = noise * rng.standard_normal(DRAWS)
+  within = lambda d: float(np.mean(np.abs(d) + half <= margin))
+  return within(err + margin), within(err)
+
+
 def threshold(noise: float, n: int, level: float, claimed: float) -> tuple[float, float]:
   """Mean ± std against `level` (true value `claimed`): P(mean + s < level), P(mean − s ≥ level)."""
   x = claimed + noise * np.random.default_rng(0).standard_normal((DRAWS, n))
@@ -103,7 +116,7 @@ def bound(noise: float, n: int, limit: float, effect: float) -> tuple[float, flo
 
 
 KINDS = {"pair": pair, "equivalence": equivalence, "noninferiority": noninferiority,
-         "threshold": threshold, "bound": bound}
+         "band": band, "threshold": threshold, "bound": bound}
 TWO_ARMS = ("pair", "equivalence", "noninferiority")  # rules comparing two arms' seeds
 
 
