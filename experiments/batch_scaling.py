@@ -3,8 +3,9 @@ collapse for small to medium B and separate at large B; √ does this better tha
 
 Every run sees the same examples (≥ MIN_STEPS steps at the largest B), warmup and evals in
 examples (the warmup long enough for `guards.MIN_WARMUP` steps at the largest B); B_ref runs
-at Adam's tuned lr. The `sqrt_2x` arm (small B at twice the examples)
-separates "small B is more sample-efficient in a short budget" from "√ scaling breaks".
+at Adam's tuned lr. The `sqrt_2x` arm (the largest B at twice the examples, where the curves
+separate) tells "large B has too few steps in this budget" (its gap closes with more examples)
+from "√ scaling breaks at large B" (it does not). lr_exponent fits lr*(B) ∝ B^α beside.
 """
 
 from __future__ import annotations
@@ -31,9 +32,9 @@ PAPER = "curves coincide for small/medium B under √ scaling, separate at large
 KEY, SCALING, SEED = "data.batch_size", "optimizer.lr_scaling", "train.seed"
 REF = "optimizer.ref_batch_size"
 SCALINGS = ("sqrt", "linear", "none")
-LONG = "sqrt_2x"  # √ scaling at twice the examples (small B only)
+LONG = "sqrt_2x"  # √ scaling at twice the examples (the largest B only)
 SIZES = {"ci": [8, 32], "cpu": [8, 16, 64, 128], "paper": [32, 64, 128, 256, 512, 1024, 2048]}
-LONG_SIZES = {"ci": [], "cpu": [8], "paper": [32]}
+LONG_SIZES = {"ci": [], "cpu": [128], "paper": [2048]}
 SEEDS = {"ci": [0], "cpu": [0, 1, 2, 3, 4], "paper": [0, 1, 2, 3, 4]}
 MARGIN_SEEDS = {"ci": [], "cpu": [100, 101, 102], "paper": [100, 101, 102]}  # B_ref only
 CONTRAST_SEEDS = {"ci": [], "cpu": [0, 1, 2], "paper": [0, 1, 2]}
@@ -84,7 +85,7 @@ def sweep(preset: str, inputs=None) -> Sweep:
       blocks.append(block(b, SCALINGS[1:], CONTRAST_SEEDS[preset][:2 if b < ref else None]))
   blocks += [block(b, ["sqrt"], SEEDS[preset][:3], 2 * ex)  # reported beside, not judged
              for b in LONG_SIZES[preset]]
-  # cpu: 48 runs of 12,800 examples (~36 min) + 3 of 25,600 at B = 8 (~4 min)
+  # cpu: 48 runs of 12,800 examples (~36 min) + 3 of 25,600 at B = 128 (~3 min)
   return Sweep(base_for(NAME, preset, **lr_search.adam_lr(inputs, preset)), tuple(blocks),
                wall_estimate_min={"ci": 1.0, "cpu": 40}.get(preset))
 

@@ -41,8 +41,8 @@ def test_batch_scaling_plan_gives_large_batches_enough_steps(tmp_path):
   ref = [pt for pt in pts if pt[bs.KEY] == REF]  # 5 judged seeds + 3 margin seeds, sqrt only
   assert sorted(pt[bs.SEED] for pt in ref) == [*bs.SEEDS["cpu"], *bs.MARGIN_SEEDS["cpu"]]
   assert {pt[bs.SCALING] for pt in ref} == {"sqrt"}
-  long = [pt for pt in pts if "train.steps" in pt]  # the 2x horizon arm, B = 8
-  assert sorted({(pt[bs.KEY], pt["train.steps"]) for pt in long}) == [(8, 3200)]
+  long = [pt for pt in pts if "train.steps" in pt]  # the 2x horizon arm, at the largest B
+  assert sorted({(pt[bs.KEY], pt["train.steps"]) for pt in long}) == [(128, 200)]
   for b in sw.blocks:
     size = b.grid[bs.KEY][0]
     if "train.steps" not in b.grid:
