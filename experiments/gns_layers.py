@@ -112,7 +112,7 @@ def analyze(runs, out_dir: Path) -> None:
   pd.concat([regression(smoothed(t, a), a) for a in ALPHAS], ignore_index=True).to_csv(
       out_dir / PART_WHOLE, index=False)
   leafwise.write_sizes(table, out_dir)
-  fin.to_csv(out_dir / "finals.csv", index=False)
+  lr_search.with_warmup(fin, runs.sweep_dir).to_csv(out_dir / "finals.csv", index=False)
 
 
 def figures(out_dir: Path) -> list[Path]:
@@ -162,7 +162,8 @@ def report(out_dir: Path) -> Report:
   by_alpha = reg.groupby("alpha")[["r_complement", "slope_complement", "r_total", "share_g2",
                                    "share_s"]].agg(["mean", "std"]).reset_index()
   by_alpha.columns = ["_".join(c).rstrip("_") for c in by_alpha.columns]
-  return gated(decide(rs), cal, rule=RULE, paper=PAPER,
+  warm = lr_search.warm_of(read_csv(Path(out_dir) / "finals.csv"), lambda r: "adam", {"adam"})
+  return gated(decide(rs), cal, (warm,), rule=RULE, paper=PAPER,
                ours=f"r(complement, norm) = {f('r_complement')} at α = {ALPHA:g}",
                checks=(f"slope {f('slope_complement')}; the norm group holds {f('share_g2')} of "
                        f"Σ|G|² and {f('share_s')} of ΣS, so the part-whole r of the total "

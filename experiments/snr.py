@@ -77,7 +77,7 @@ def analyze(runs, out_dir: Path) -> None:
   if len(signs):
     signs.to_csv(out_dir / SIGN_CSV, index=False)
   leafwise.write_sizes(table, out_dir)
-  runs.finals.to_csv(out_dir / "finals.csv", index=False)
+  lr_search.with_warmup(runs.finals, runs.sweep_dir).to_csv(out_dir / "finals.csv", index=False)
 
 
 def _placements(df: pd.DataFrame) -> list:
@@ -229,8 +229,11 @@ def report(out_dir: Path):
           for a, b in expected}
   gain_text = "Per-leaf EMA gain (parameter-weighted median, no norm): " + listing(
       ("all runs" if k is None else k, float(g)) for k, g in gains.items())
+  fin = read_csv(Path(out_dir) / "finals.csv")
+  arm = lambda r: str(r.get(PLACEMENT, "run"))
+  warm = lr_search.warm_of(fin, arm, {arm(r) for r in fin.to_dict("records")})
   return pairs_report(values, expected, rule=RULE, paper=PAPER, effect=EFFECT.value, cals=cals,
-                      lower_is_better=False,
+                      lower_is_better=False, checked=(warm,),
                       checks=(gain_text, whole_text, sign_text, why_text, declared_text(EFFECT)),
                       numbers_md=sections("Per-leaf SNR² views (`_no_norm`: without the "
                                           "normalization layers):", views, numbers))

@@ -112,6 +112,9 @@ def _gns_table(seeds, coupled: bool, steps=200, seed=0, g2_norm=0.3, s_rest=1.0)
 def _gns_report(tmp_path, name, table):
   d = tmp_path / name
   d.mkdir()
+  for r in table["run"].unique():  # each run's warmup, as Hydra records its config
+    (d / r / ".hydra").mkdir(parents=True)
+    (d / r / ".hydra" / "config.yaml").write_text("schedule:\n  warmup_steps: 20\n")
   gns_layers.analyze(Runs(d, table, pd.DataFrame({"run": table["run"].unique()})), d)
   assert gns_layers.figures(d)[0].exists()
   return gns_layers.report(d), pd.read_csv(d / gns_layers.PART_WHOLE)

@@ -50,6 +50,8 @@ def _snr_csvs(d: Path, leaf: dict, norm: dict, spread, seeds=3, steps=(10, 20, 3
                             "snr2": norm[stage] if name == NORM else v})
   pd.DataFrame(rows_all).to_csv(d / "snr_all.csv", index=False)
   pd.DataFrame(rows_leaf).to_csv(d / "snr_per_leaf.csv", index=False)
+  pd.DataFrame({"run": [f"train.seed={s}" for s in range(seeds)], "warmup_steps": 20}).to_csv(
+      d / "finals.csv", index=False)
   _write_sizes(d)
   return d
 
@@ -132,6 +134,8 @@ def test_snr_analyze_figures_report_from_a_table(tmp_path):
         r[f"opt/{leaf}/snr2_ema"] = 3 * scale + 0.01 * seed
       rows.append({**r, **_sign_columns(counts, step), **_stage_columns(counts, step)})
   table = pd.DataFrame(rows)
+  (tmp_path / "s0" / ".hydra").mkdir(parents=True)  # the run's warmup, as Hydra records it
+  (tmp_path / "s0" / ".hydra" / "config.yaml").write_text("schedule:\n  warmup_steps: 20\n")
   snr.analyze(Runs(tmp_path, table, pd.DataFrame({"run": ["s0"]})), tmp_path)
   leaf = pd.read_csv(tmp_path / "snr_per_leaf.csv")
   assert set(leaf["leaf"]) == set(leaves)
