@@ -350,15 +350,17 @@ def report(out_dir: Path) -> Report:
       updates=("updates", "mean"), time_total_s=("time_total_s", "mean"), seeds=("run", "count"),
       not_reached=("tokens_to_target", lambda x: int((~np.isfinite(x)).sum()))
   ).reset_index().merge(mean_tt, on="arm")
-  for c in ("tokens_to_target", "time_to_target_s", "token_saving"):  # inf: not reached
+  for c in ("tokens_to_target", "time_to_target_s", "token_saving", "time_saving"):  # inf: not
     by_arm[c] = by_arm[c].astype(object).where(np.isfinite(by_arm[c].astype(float)), "not reached")
-  saving = mean_tt.set_index("arm")["token_saving"]
-  save = listing(((a, saving[a]) for a in (*GUIDED, *BASELINES) if a in saving),
-                 lambda x: f"{100 * x:.1f}%" if math.isfinite(x) else "not reached")
+  saving = mean_tt.set_index("arm")[["token_saving", "time_saving"]]
+  pct = lambda x: f"{100 * x:.0f}%" if math.isfinite(x) else "not reached"
+  save = listing(((a, saving.loc[a]) for a in (*GUIDED, *BASELINES) if a in saving.index),
+                 lambda r: pct(r["token_saving"]) + (f" (time {pct(r['time_saving'])})" if
+                                                     math.isfinite(r["token_saving"]) else ""))
   power = cal.power if cal is not None else math.nan
   return gated(schedule_verdict(pairs, power), cals, arm_guards(out_dir, search, best, guided),
                rule=RULE, paper=PAPER,
-               ours=f"token saving to B={int(best[SIZE])}'s final loss: "
+               ours=f"token (wall-time) saving to B={int(best[SIZE])}'s final loss: "
                f"{save or 'n/a'}; {outcomes(pairs)}",
                 checks=(f"baseline: fixed B = {int(best[SIZE])} at lr {best['optimizer.lr']:g}",
                         *(p.sentence() for p in pairs), f"Δ18 = {delta:.3g}",

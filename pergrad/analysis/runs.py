@@ -230,8 +230,8 @@ def seed_mean(g: pd.DataFrame, cols) -> pd.DataFrame:
 
 
 def seed_mean_to_target(cur: pd.DataFrame, best_arm: str, target: float) -> pd.DataFrame:
-  """Per arm: `reach` of its `seed_mean` curve, and the token saving against the best fixed
-  arm's."""
+  """Per arm: `reach` of its `seed_mean` curve, and the token and wall-time savings against
+  the best fixed arm's."""
   rows = []
   for a in sorted(set(cur["arm"])):
     m = seed_mean(cur[cur["arm"] == a], ["tokens", "eval_loss", "train_time_s"])
@@ -239,7 +239,9 @@ def seed_mean_to_target(cur: pd.DataFrame, best_arm: str, target: float) -> pd.D
                          strict=True)))
   out = pd.DataFrame(rows)
   ref = float(out.loc[out["arm"] == best_arm, "tokens_to_target"].iloc[0])
+  ref_t = float(out.loc[out["arm"] == best_arm, "time_to_target_s"].iloc[0])
   out["token_saving"] = 1.0 - out["tokens_to_target"] / ref
+  out["time_saving"] = 1.0 - out["time_to_target_s"] / ref_t
   return out
 
 
