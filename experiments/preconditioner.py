@@ -2,7 +2,8 @@
 
 Variants (`pergrad.optim`): `adam` v = EMA ḡ² (μ² + σ²/B), `micro_adam` mean_i g_i² (μ² + σ²),
 `micro_adam_var` σ̂², `micro_adam_msq` max(ḡ² − σ̂²/B, 0) (≈ μ², our reading; its v is 0
-where the mean is noise-dominated, so it runs at ε = 1e-5, the ε its earlier search chose).
+where the mean is noise-dominated, so its ε is tuned too: 1e-6, 1e-5, 1e-4, the chosen one
+bracketed).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from experiments import lr_search
 from experiments.record import ROWS, Experiment, register
 from experiments.sweep import Block, LrSearch, Sweep, base_for
 from experiments.verdict import declared, declared_text, pairs_report
+from pergrad.analysis import guards
 from pergrad.analysis.rules import PAIR_WIN, PAIRS_VERDICT
 from pergrad.analysis.runs import fmt, from_table
 
@@ -29,7 +31,8 @@ GROUP = ("optimizer.variant", "optimizer.clip_norm", "optimizer.eps")
 MEAN_DOMINATED, VAR_DOMINATED = ("adam", "micro_adam_msq"), ("micro_adam", "micro_adam_var")
 VARIANTS = MEAN_DOMINATED + VAR_DOMINATED
 SELECT, SEEDS = (0,), (2, 3, 4, 5, 6)
-EPS = {"adam": 1e-8, "micro_adam": 1e-8, "micro_adam_var": 1e-8, "micro_adam_msq": 1e-5}
+EPS = {"adam": [1e-8], "micro_adam": [1e-8], "micro_adam_var": [1e-8],
+       "micro_adam_msq": [1e-6, 1e-5, 1e-4]}  # MSQ's ε is a floor of √v: tuned, bracketed
 OPTIMUM = {"adam": 3e-2, "micro_adam": 3e-2, "micro_adam_var": 3e-2, "micro_adam_msq": 1e-2}
 EFFECT = declared(NAME, "effect")  # configs/experiment/preconditioner.yaml
 RULE = (f"Each variant's lr is the best of a √2 grid (same size for every variant) on seeds "
@@ -52,11 +55,11 @@ def sweep(preset: str) -> Sweep:
   clips = [None, 1.0] if preset == "paper" else [None]
   scale = 0.1 if preset == "paper" else 1.0
   blocks = tuple(Block({"optimizer.variant": [v], "optimizer.clip_norm": clips,
-                        "optimizer.eps": [EPS[v]], "optimizer.lr": grid(OPTIMUM[v] * scale),
+                        "optimizer.eps": EPS[v], "optimizer.lr": grid(OPTIMUM[v] * scale),
                         "train.seed": list(SELECT)}) for v in VARIANTS)
-  # cpu: 4 variants × (3 lrs × 1 selection + 5 fresh) = 32 runs (+ extensions), ~32 s each
+  # cpu: 6 (variant, ε) groups × (3 lrs × 1 selection + 5 fresh) = 48 runs (+ extensions)
   return Sweep(base, blocks, LrSearch(GROUP, factor=math.sqrt(2), max_extend=2, seeds=SEEDS),
-               wall_estimate_min=17 if preset == "cpu" else None)
+               wall_estimate_min=26 if preset == "cpu" else None)
 
 
 def label(g: dict) -> str:
@@ -70,6 +73,19 @@ def chosen(best):
           for _, g in best.groupby(["optimizer.variant", "optimizer.clip_norm"], sort=False,
                                    dropna=False)]
   return best.loc[keep]
+
+
+def eps_bracketed(every, best) -> guards.Guard:
+  """`guards.bracketed` of each chosen ε among its variant's measured εs (variants searched
+  over more than one ε; the others run at their fixed ε, which is not tuned)."""
+  arms = {}
+  for r in best.to_dict("records"):
+    same = every[(every["optimizer.variant"] == r["optimizer.variant"])
+                 & (every["optimizer.clip_norm"].isna() if from_table(r["optimizer.clip_norm"])
+                    is None else every["optimizer.clip_norm"] == r["optimizer.clip_norm"])]
+    if same["optimizer.eps"].nunique() > 1:
+      arms[label(r)] = (same["optimizer.eps"].astype(float), float(r["optimizer.eps"]))
+  return guards.bracketed(arms, "ε")
 
 
 analyze = functools.partial(lr_search.analyze, group_keys=GROUP, select_seed=SELECT)
@@ -86,7 +102,8 @@ def report(out_dir):
   return pairs_report(groups, expected, rule=RULE, paper=PAPER, effect=EFFECT.value,
                       planned=VARIANTS,
                       numbers_md=lr_search.best_md(every, GROUP),
-                      checked=lr_search.guards_of(best, label, {x for p in expected for x in p}),
+                      checked=(*lr_search.guards_of(best, label, {x for p in expected for x in p}),
+                               eps_bracketed(every, best)),
                       checks=(lr_search.edges_note(every, label), declared_text(EFFECT)))
 
 

@@ -50,6 +50,9 @@ def test_a_loss_above_ln_v_counts_as_diverged_in_the_search(tmp_path):
   runs |= {_point("micro_adam_msq", 1e-4, lr, s): [7.5, 5.0, 4.0 + abs(math.log10(lr / 3e-3))]
            for lr in (1e-3, 3e-3, 1e-2) for s in preconditioner.SELECT}
   runs |= {_point("micro_adam_msq", 1e-4, 3e-3, s): [7.5, 5.0, 4.0 + 0.001 * s] for s in (2, 3, 4)}
+  # ε = 1e-3 trains worse than 1e-4 (MSQ's ε is a floor of √v): 1e-4 is bracketed
+  runs |= {_point("micro_adam_msq", 1e-3, lr, s): [7.5, 5.0, 4.2 + abs(math.log10(lr / 3e-3))]
+           for lr in (1e-3, 3e-3, 1e-2) for s in preconditioner.SELECT}
   runs |= {_point("adam", 1e-8, 3e-3, s): [7.5, 5.0, 4.1 + 0.001 * s] for s in (0, 1, 2, 3, 4)}
   runs |= {_point("adam", 1e-8, lr, s): [7.5, 5.0, 4.3] for lr in (1e-3, 1e-2)
            for s in preconditioner.SELECT}
@@ -87,6 +90,10 @@ def test_a_loss_above_ln_v_counts_as_diverged_in_the_search(tmp_path):
   assert "micro_adam_msq beats micro_adam" in rep.finding and rep.verdict == "reproduced"
   assert "Diverged at every lr: ['micro_adam_msq (lr 0.01 down to 0.001)']" in rep.finding
   assert "| micro_adam_msq | n/a | 1e-05 |" in rep.numbers_md  # the ε not chosen is shown
+  every = lr_search.load_best(out)
+  edge = preconditioner.eps_bracketed(every[every["optimizer.eps"] != 1e-3],
+                                      preconditioner.chosen(every))
+  assert not edge.ok and "micro_adam_msq's ε 0.0001 is the highest" in edge.why
 
 
 def test_lr_is_chosen_on_the_mean_of_two_selection_seeds():
