@@ -41,6 +41,8 @@ CONTRAST_SEEDS = {"ci": [], "cpu": [0, 1, 2], "paper": [0, 1, 2]}
 MIN_STEPS, N_EVALS = {"ci": 4, "cpu": 100, "paper": 200}, {"ci": 4, "cpu": 25, "paper": 40}
 MIN_MARGIN_D, FALLBACK_D = declared(NAME, "min_margin"), declared(NAME, "fallback_margin")
 MIN_MARGIN, MARGIN_SPREADS, FALLBACK_MARGIN = MIN_MARGIN_D.value, 3.0, FALLBACK_D.value
+BELOW, ABOVE = declared(NAME, "below"), declared(NAME, "above")  # the regime, vs B_simple
+B_SIMPLE = "gns/total/b_simple"  # tracked in B_ref's runs (stats.gns)
 COLLAPSES, BREAKS, UNDETERMINED = "collapses", "breaks", "undetermined"
 RULE = (f"Over the second half of training's eval points, B collapses onto B_ref when "
         f"{rules.EQUIV} (rules.equivalence); it breaks only when the 95% interval lies beyond "
@@ -68,17 +70,18 @@ def sweep(preset: str, inputs=None) -> Sweep:
   warm = max(ref * int(scale_value(preset, "schedule.warmup_steps")),  # in examples, the same
              guards.MIN_WARMUP * max(sizes) if preset != "ci" else 0)  # for every B
 
-  def block(b, scalings, seeds, examples=ex):
+  def block(b, scalings, seeds, examples=ex, **more):
     steps = examples // b
     fixed = {"train.steps": steps, "train.eval_every": every // b,
              "logging.log_every": max(steps // 40, 1), "train.checkpoint_every": max(steps // 4, 1),
-             "schedule.warmup_steps": max(warm // b, 1)}
+             "schedule.warmup_steps": max(warm // b, 1), **more}
     grid = {KEY: [b], REF: [ref], SCALING: list(scalings), SEED: list(seeds)}
     if examples != ex:  # the long arm: train.steps in the grid gives it its own run directories
       grid["train.steps"] = [fixed.pop("train.steps")]
     return Block(grid, fixed=fixed)
 
-  blocks = [block(ref, ["sqrt"], SEEDS[preset] + MARGIN_SEEDS[preset])]
+  # B_ref's runs track B_simple (stats.gns) for the regime guard
+  blocks = [block(ref, ["sqrt"], SEEDS[preset] + MARGIN_SEEDS[preset], **{"stats.gns": True})]
   for b in (b for b in sizes if b != ref):
     blocks.append(block(b, ["sqrt"], SEEDS[preset]))
     if CONTRAST_SEEDS[preset]:  # below B_ref (never where √ breaks, the pair judged): 2 seeds
@@ -99,7 +102,7 @@ def analyze(runs, out_dir):
     t.loc[t["train.steps"].notna(), SCALING] = LONG
   t.insert(1, "ref", int(t[REF].dropna().iloc[0]))
   cols = ["run", "ref", KEY, SCALING, SEED, "step", "examples_seen", "diverged", "eval/loss",
-          "train/lr"]
+          "train/lr", B_SIMPLE]
   t[[c for c in cols if c in t]].to_csv(Path(out_dir) / "curves.csv", index=False)
 
 
@@ -213,6 +216,19 @@ def arm_guards(out_dir) -> tuple:
   return guards.stable(div, 1.0), guards.warm(warm)
 
 
+def regime(curves: pd.DataFrame) -> guards.Guard:
+  """`guards.in_regime`: the sizes from ≤ BELOW to ≥ ABOVE × B_simple, the median tracked
+  B_simple over the second half of B_ref's runs."""
+  ref = curves[curves[KEY] == curves["ref"]]
+  late = ref[ref["examples_seen"] > ref["examples_seen"].max() / 2]
+  b = float(late[B_SIMPLE].median()) if B_SIMPLE in late and late[B_SIMPLE].notna().any() \
+      else math.nan
+  sizes = sorted(int(x) for x in curves[KEY].unique())
+  return guards.in_regime({"min B / B_simple": sizes[0] / b, "max B / B_simple": sizes[-1] / b},
+                          [guards.Regime("min B / B_simple", hi=BELOW.value),
+                           guards.Regime("max B / B_simple", lo=ABOVE.value)])
+
+
 def report(out_dir):
   col, mis, m = collapse(pd.read_csv(Path(out_dir) / "curves.csv"))
   verdict, by, pairs, at = judge(col, mis)
@@ -228,8 +244,10 @@ def report(out_dir):
            for p in pairs}
   ours = "; ".join(f"{sc}: collapses at B={by[sc][COLLAPSES]}, breaks at B={by[sc][BREAKS]}"
                    for sc in by) + f" (margin ±{m:.3g}); at B={at}: {outcomes(pairs)}"
-  return gated(verdict, cals, arm_guards(out_dir), rule=RULE, paper=PAPER, ours=ours,
-               checks=(*(p.sentence() for p in pairs), declared_text(MIN_MARGIN_D, FALLBACK_D)),
+  checked = (*arm_guards(out_dir), regime(pd.read_csv(Path(out_dir) / "curves.csv")))
+  return gated(verdict, cals, checked, rule=RULE, paper=PAPER, ours=ours,
+               checks=(*(p.sentence() for p in pairs),
+                       declared_text(MIN_MARGIN_D, FALLBACK_D, BELOW, ABOVE)),
                numbers_md=md_table(col) + ("\n\n" + pairs_md(pairs) if pairs else ""))
 
 

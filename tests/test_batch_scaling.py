@@ -91,11 +91,12 @@ SEEDS5 = (-0.01, -0.005, 0.0, 0.005, 0.01)  # std 0.0079 per group, one offset p
 SEEDS3 = (-0.01, 0.0, 0.01)
 
 
-def _table(offset, seeds=SEEDS5, contrast=SEEDS3, diverge=(), above=(), margin=()):
+def _table(offset, seeds=SEEDS5, contrast=SEEDS3, diverge=(), above=(), margin=(),
+           b_simple=16.0):
   """An `aggregate`-like table of eval curves: loss(x) = 4 + 3 exp(-x / 2500) +
   offset(b, scaling, x) + a seed offset (`seeds` under sqrt, `contrast` otherwise; `margin`:
   B_ref's margin seeds 100, 101, ...); runs in `diverge` stop at 5,000 examples (NaN loss),
-  runs in `above` end at 7.5 > ln 1024."""
+  runs in `above` end at 7.5 > ln 1024; B_ref's runs track B_simple = `b_simple`."""
   rows = []
   for b in SIZES:
     for scaling in (("sqrt",) if b == REF else bs.SCALINGS):
@@ -114,7 +115,8 @@ def _table(offset, seeds=SEEDS5, contrast=SEEDS3, diverge=(), above=(), margin=(
             loss = 7.5
           rows.append({"run": name, "status": "diverged" if bad else "completed",
                        bs.KEY: b, bs.REF: REF, bs.SCALING: scaling, bs.SEED: seed,
-                       "step": k, "eval/loss": loss, "train/loss": loss, "train/lr": 1e-2})
+                       "step": k, "eval/loss": loss, "train/loss": loss, "train/lr": 1e-2,
+                       bs.B_SIMPLE: b_simple if b == REF else np.nan})
         if bad:
           rows.append({**rows[-1], "eval/loss": np.nan, "train/loss": math.inf})
   return pd.DataFrame(rows)
@@ -240,3 +242,16 @@ def test_rule_without_break_or_seeds(tmp_path):
   rep, (_, by, _, _), _ = _run_rule(tmp_path, _table(same, seeds=(0.0,), contrast=(0.0,)))
   assert rep.verdict == "undetermined: powered"  # one seed: the noise is unknown
   assert by["sqrt"][U] == [8, 16, 64, 128]
+
+
+def test_rule_needs_batch_sizes_on_both_sides_of_b_simple(tmp_path):
+  # B_ref's runs measure B_simple ≈ 2: every B (8 ... 128) is above it, so the claim about
+  # small B has nothing to speak of: undetermined, whatever the curves do
+  def offset(b, scaling, x):
+    return {128: 0.1}.get(b, 0.0) if scaling == "sqrt" else 0.1 * _log2(b)
+
+  rep, _, _ = _run_rule(tmp_path, _table(offset, b_simple=2.0))
+  assert rep.verdict == "undetermined: in_regime", rep.guards_text()
+  assert "min B / B_simple 4, declared ≤ 0.5" in rep.guards_text()
+  sw = bs.sweep("ci")
+  assert sw.blocks[0].fixed["stats.gns"] is True  # B_ref's runs track it
