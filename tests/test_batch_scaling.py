@@ -31,13 +31,13 @@ REF, EXAMPLES, EVAL_EXAMPLES, SIZES = bs.budget("cpu")
 
 
 def test_batch_scaling_plan_gives_large_batches_enough_steps(tmp_path):
-  assert (REF, EXAMPLES, EVAL_EXAMPLES, SIZES) == (32, 12_800, 512, (8, 16, 32, 64, 128))
+  assert (REF, EXAMPLES, EVAL_EXAMPLES, SIZES) == (32, 12_800, 512, (4, 8, 16, 32, 64, 128))
   assert all(EVAL_EXAMPLES % b == 0 for b in SIZES)  # same eval points for every B
   inputs = needed_runs(tmp_path, "cpu")
   sw = bs.sweep("cpu", inputs)
-  assert sw.wall_estimate_min <= 40
+  assert sw.wall_estimate_min <= 50
   pts = [pt for b in sw.blocks for pt in b.points()]
-  assert len(pts) == len({run_dirname(pt) for pt in pts}) == 8 + 4 * 5 + 2 * 2 * 2 + 2 * 2 * 3 + 3
+  assert len(pts) == len({run_dirname(pt) for pt in pts}) == 8 + 5 * 5 + 3 * 2 * 2 + 2 * 2 * 3 + 3
   ref = [pt for pt in pts if pt[bs.KEY] == REF]  # 5 judged seeds + 3 margin seeds, sqrt only
   assert sorted(pt[bs.SEED] for pt in ref) == [*bs.SEEDS["cpu"], *bs.MARGIN_SEEDS["cpu"]]
   assert {pt[bs.SCALING] for pt in ref} == {"sqrt"}
@@ -153,8 +153,8 @@ def test_rule_collapse_then_break_and_sqrt_wins(tmp_path):
     return (0.1 if scaling == "linear" else 0.08) * _log2(b)
 
   rep, (v, by, pairs, at), col = _run_rule(tmp_path, _table(offset, diverge={(128, "linear")}))
-  assert by["sqrt"] == {C: [8, 16, 64], B: [128], U: []}
-  assert by["linear"][B][0] == 8 and by["none"][B][0] == 8
+  assert by["sqrt"] == {C: [4, 8, 16, 64], B: [128], U: []}
+  assert by["linear"][B][0] == 4 and by["none"][B][0] == 4
   assert at == 128 and [p.outcome for p in pairs] == ["win", "win"]
   assert v == rep.verdict == "reproduced" and rep.rule == bs.RULE
   assert "breaks at B=[128]" in rep.ours and "(margin ±0.03)" in rep.ours  # no margin seeds
@@ -201,7 +201,7 @@ def test_rule_underpowered_comparisons_are_undetermined_not_breaks(tmp_path):
 
   loud = tuple(5 * s for s in SEEDS5)  # std 0.04: identical curves rarely pass
   rep, (_, by, _, _), _ = _run_rule(tmp_path, _table(offset, seeds=loud, contrast=SEEDS3))
-  assert by["sqrt"] == {C: [], B: [128], U: [8, 16, 64]}
+  assert by["sqrt"] == {C: [], B: [128], U: [4, 8, 16, 64]}
   assert rep.verdict == "undetermined: powered", rep.finding  # not "partly": no finding
   assert rep.calibration["power"] < 0.8
 
@@ -241,17 +241,17 @@ def test_rule_without_break_or_seeds(tmp_path):
       rep.guards_text()
   rep, (_, by, _, _), _ = _run_rule(tmp_path, _table(same, seeds=(0.0,), contrast=(0.0,)))
   assert rep.verdict == "undetermined: powered"  # one seed: the noise is unknown
-  assert by["sqrt"][U] == [8, 16, 64, 128]
+  assert by["sqrt"][U] == [4, 8, 16, 64, 128]
 
 
 def test_rule_needs_batch_sizes_on_both_sides_of_b_simple(tmp_path):
-  # B_ref's runs measure B_simple ≈ 2: every B (8 ... 128) is above it, so the claim about
+  # B_ref's runs measure B_simple ≈ 2: every B (4 ... 128) is above it, so the claim about
   # small B has nothing to speak of: undetermined, whatever the curves do
   def offset(b, scaling, x):
     return {128: 0.1}.get(b, 0.0) if scaling == "sqrt" else 0.1 * _log2(b)
 
   rep, _, _ = _run_rule(tmp_path, _table(offset, b_simple=2.0))
   assert rep.verdict == "undetermined: in_regime", rep.guards_text()
-  assert "min B / B_simple 4, declared ≤ 0.5" in rep.guards_text()
+  assert "min B / B_simple 2, declared ≤ 0.5" in rep.guards_text()
   sw = bs.sweep("ci")
   assert sw.blocks[0].fixed["stats.gns"] is True  # B_ref's runs track it
