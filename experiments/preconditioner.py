@@ -35,9 +35,11 @@ EPS = {"adam": [1e-8], "micro_adam": [1e-8], "micro_adam_var": [1e-8],
        "micro_adam_msq": [1e-6, 1e-5, 1e-4]}  # MSQ's ε is a floor of √v: tuned, bracketed
 OPTIMUM = {"adam": 3e-2, "micro_adam": 3e-2, "micro_adam_var": 3e-2, "micro_adam_msq": 1e-2}
 EFFECT = declared(NAME, "effect")  # configs/experiment/preconditioner.yaml
-RULE = (f"Each variant's lr is the best of a √2 grid (same size for every variant) on seeds "
-        f"{SELECT}; within each clipping setting each μ²-dominated variant must beat each "
-        f"σ²-dominated one on the fresh seeds {SEEDS}: {PAIR_WIN}; {PAIRS_VERDICT}.")
+RULE = (f"Each variant's lr is the best of a √2 grid on seeds {SELECT} (the same 3 lrs around "
+        "each variant's optimum first, then extended past an edge until bracketed, so the grids "
+        "may end unequal; MicroAdamMSQ's ε chosen the same way); within each clipping setting "
+        f"each μ²-dominated variant must beat each σ²-dominated one on the fresh seeds {SEEDS}: "
+        f"{PAIR_WIN}, at the effect declared before the run; {PAIRS_VERDICT}.")
 
 
 def grid(lr: float, k: int = 1) -> list[float]:
