@@ -2,8 +2,10 @@
 collapse for small to medium B and separate at large B; √ does this better than linear or none.
 
 Every run sees the same examples (≥ MIN_STEPS steps at the largest B), warmup and evals in
-examples; B_ref runs at Adam's tuned lr. The `sqrt_2x` arm (small B at twice the examples)
-separates "small B is more sample-efficient in a short budget" from "√ scaling breaks".
+examples (the warmup long enough for `guards.MIN_WARMUP` steps at the largest B); B_ref runs
+at Adam's tuned lr. The `sqrt_2x` arm (the largest B at twice the examples, where the curves
+separate) tells "large B has too few steps in this budget" (its gap closes with more examples)
+from "√ scaling breaks at large B" (it does not). lr_exponent fits lr*(B) ∝ B^α beside.
 """
 
 from __future__ import annotations
@@ -17,8 +19,8 @@ import pandas as pd
 from experiments import lr_search
 from experiments.record import ROWS, Experiment, register
 from experiments.sweep import Block, Sweep, base_for, scale_value
-from experiments.verdict import gated, md_table, outcomes, pairs_md
-from pergrad.analysis import calibrate, rules
+from experiments.verdict import declared, declared_text, gated, md_table, outcomes, pairs_md
+from pergrad.analysis import calibrate, guards, rules
 from pergrad.analysis.plots import plot_curves, plt, savefig, style
 
 NAME = "batch_scaling"
@@ -30,14 +32,18 @@ PAPER = "curves coincide for small/medium B under √ scaling, separate at large
 KEY, SCALING, SEED = "data.batch_size", "optimizer.lr_scaling", "train.seed"
 REF = "optimizer.ref_batch_size"
 SCALINGS = ("sqrt", "linear", "none")
-LONG = "sqrt_2x"  # √ scaling at twice the examples (small B only)
-SIZES = {"ci": [8, 32], "cpu": [8, 16, 64, 128], "paper": [32, 64, 128, 256, 512, 1024, 2048]}
-LONG_SIZES = {"ci": [], "cpu": [8], "paper": [32]}
+LONG = "sqrt_2x"  # √ scaling at twice the examples (the largest B only)
+SIZES = {"ci": [8, 32], "cpu": [4, 8, 16, 64, 128],  # cpu: B_simple measured ~5-30
+         "paper": [32, 64, 128, 256, 512, 1024, 2048]}
+LONG_SIZES = {"ci": [], "cpu": [128], "paper": [2048]}
 SEEDS = {"ci": [0], "cpu": [0, 1, 2, 3, 4], "paper": [0, 1, 2, 3, 4]}
 MARGIN_SEEDS = {"ci": [], "cpu": [100, 101, 102], "paper": [100, 101, 102]}  # B_ref only
 CONTRAST_SEEDS = {"ci": [], "cpu": [0, 1, 2], "paper": [0, 1, 2]}
 MIN_STEPS, N_EVALS = {"ci": 4, "cpu": 100, "paper": 200}, {"ci": 4, "cpu": 25, "paper": 40}
-MIN_MARGIN, MARGIN_SPREADS, FALLBACK_MARGIN = 0.01, 3.0, 0.03
+MIN_MARGIN_D, FALLBACK_D = declared(NAME, "min_margin"), declared(NAME, "fallback_margin")
+MIN_MARGIN, MARGIN_SPREADS, FALLBACK_MARGIN = MIN_MARGIN_D.value, 3.0, FALLBACK_D.value
+BELOW, ABOVE = declared(NAME, "below"), declared(NAME, "above")  # the regime, vs B_simple
+B_SIMPLE = "gns/total/b_simple"  # tracked in B_ref's runs (stats.gns)
 COLLAPSES, BREAKS, UNDETERMINED = "collapses", "breaks", "undetermined"
 RULE = (f"Over the second half of training's eval points, B collapses onto B_ref when "
         f"{rules.EQUIV} (rules.equivalence); it breaks only when the 95% interval lies beyond "
@@ -62,32 +68,34 @@ def budget(preset: str) -> tuple[int, int, int, tuple]:
 
 def sweep(preset: str, inputs=None) -> Sweep:
   ref, ex, every, sizes = budget(preset)
-  warm = ref * int(scale_value(preset, "schedule.warmup_steps"))
+  warm = max(ref * int(scale_value(preset, "schedule.warmup_steps")),  # in examples, the same
+             guards.MIN_WARMUP * max(sizes) if preset != "ci" else 0)  # for every B
 
-  def block(b, scalings, seeds, examples=ex):
+  def block(b, scalings, seeds, examples=ex, **more):
     steps = examples // b
     fixed = {"train.steps": steps, "train.eval_every": every // b,
              "logging.log_every": max(steps // 40, 1), "train.checkpoint_every": max(steps // 4, 1),
-             "schedule.warmup_steps": max(warm // b, 1)}
+             "schedule.warmup_steps": max(warm // b, 1), **more}
     grid = {KEY: [b], REF: [ref], SCALING: list(scalings), SEED: list(seeds)}
     if examples != ex:  # the long arm: train.steps in the grid gives it its own run directories
       grid["train.steps"] = [fixed.pop("train.steps")]
     return Block(grid, fixed=fixed)
 
-  blocks = [block(ref, ["sqrt"], SEEDS[preset] + MARGIN_SEEDS[preset])]
+  # B_ref's runs track B_simple (stats.gns) for the regime guard
+  blocks = [block(ref, ["sqrt"], SEEDS[preset] + MARGIN_SEEDS[preset], **{"stats.gns": True})]
   for b in (b for b in sizes if b != ref):
     blocks.append(block(b, ["sqrt"], SEEDS[preset]))
     if CONTRAST_SEEDS[preset]:  # below B_ref (never where √ breaks, the pair judged): 2 seeds
       blocks.append(block(b, SCALINGS[1:], CONTRAST_SEEDS[preset][:2 if b < ref else None]))
   blocks += [block(b, ["sqrt"], SEEDS[preset][:3], 2 * ex)  # reported beside, not judged
              for b in LONG_SIZES[preset]]
-  # cpu: 48 runs of 12,800 examples (~36 min) + 3 of 25,600 at B = 8 (~4 min)
+  # cpu: 57 runs of 12,800 examples (~46 min) + 3 of 25,600 at B = 128 (~3 min)
   return Sweep(base_for(NAME, preset, **lr_search.adam_lr(inputs, preset)), tuple(blocks),
-               wall_estimate_min={"ci": 1.0, "cpu": 40}.get(preset))
+               wall_estimate_min={"ci": 1.0, "cpu": 50}.get(preset))
 
 
 def analyze(runs, out_dir):
-  t, fin = runs.table.copy(), runs.finals
+  t, fin = runs.table.copy(), lr_search.with_warmup(runs.finals, runs.sweep_dir)
   fin.to_csv(Path(out_dir) / "finals.csv", index=False)
   t["examples_seen"] = t["step"] * t[KEY]
   t["diverged"] = t["run"].map(dict(zip(fin["run"], fin["diverged"], strict=False))).fillna(False)
@@ -95,7 +103,7 @@ def analyze(runs, out_dir):
     t.loc[t["train.steps"].notna(), SCALING] = LONG
   t.insert(1, "ref", int(t[REF].dropna().iloc[0]))
   cols = ["run", "ref", KEY, SCALING, SEED, "step", "examples_seen", "diverged", "eval/loss",
-          "train/lr"]
+          "train/lr", B_SIMPLE]
   t[[c for c in cols if c in t]].to_csv(Path(out_dir) / "curves.csv", index=False)
 
 
@@ -114,6 +122,12 @@ def margin(ref_margin: np.ndarray) -> float:
   if len(ref_margin) < 2:
     return FALLBACK_MARGIN
   return max(MIN_MARGIN, MARGIN_SPREADS * float(np.std(ref_margin.mean(axis=1), ddof=1)))
+
+
+def spread(y_SxP: np.ndarray) -> float:
+  """The std over seeds of their second-half curve averages (NaN: < 2 seeds or a diverged one)."""
+  avg = np.nanmean(y_SxP, axis=1) if y_SxP.size else np.array([])
+  return float(np.std(avg, ddof=1)) if len(avg) > 1 and np.isfinite(avg).all() else math.nan
 
 
 def collapse(curves: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, float]:
@@ -139,9 +153,10 @@ def collapse(curves: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, float]:
                   "mean_abs_gap": math.inf if np.isinf(d).any() else float(np.nanmean(d))})
     rows.append({SCALING: sc, KEY: int(b), "n_seeds": len(y), "gap": eq.gap, "lo95": eq.lo95,
                  "hi95": eq.hi95, "lo": eq.lo, "hi": eq.hi, "max_abs_gap": eq.max_abs_gap,
-                 "outcome": out, "final_eval_loss": float(np.mean(y[:, -1]))})
+                 "outcome": out, "final_eval_loss": float(np.mean(y[:, -1])),
+                 "spread": spread(y)})
   rows.append({SCALING: "sqrt", KEY: ref_b, "n_seeds": len(ref_y), "outcome": "reference",
-               "spread": float(np.std(ref_y.mean(axis=1), ddof=1)) if len(ref_y) > 1 else math.nan})
+               "spread": spread(ref_y)})
   return pd.DataFrame(rows), pd.DataFrame(mis), m
 
 
@@ -184,15 +199,56 @@ def figures(out_dir):
   return [savefig(fig, Path(out_dir) / "batch_scaling.png")]
 
 
+def arm_guards(out_dir) -> tuple:
+  """(stable, warm) of the √ arms: no seed diverged at an arm's (√-scaled) lr, and every arm
+  (√ and the contrasts) warmed up ≥ `guards.MIN_WARMUP` steps (finals.csv, from the configs)."""
+  fin = pd.read_csv(Path(out_dir) / "finals.csv")
+  curves = pd.read_csv(Path(out_dir) / "curves.csv")
+  name = lambda r: f"{r[SCALING]} at B={int(r[KEY])}"
+  lr = curves.groupby("run")["train/lr"].max() if "train/lr" in curves else pd.Series(dtype=float)
+  sq = fin[fin[SCALING] == "sqrt"] if SCALING in fin else fin.iloc[:0]
+  div = {name(r): (float(lr.get(r["run"], math.nan)), []) for r in sq.to_dict("records")}
+  for r in sq[sq["diverged"].astype(bool)].to_dict("records"):
+    div[name(r)] = (div[name(r)][0], [div[name(r)][0]])
+  warm = {}
+  for r in fin.to_dict("records"):
+    w = float(r.get(lr_search.WARMUP, math.nan))
+    warm[name(r)] = min(warm.get(name(r), math.inf), w) if math.isfinite(w) else math.nan
+  return guards.stable(div, 1.0), guards.warm(warm)
+
+
+def regime(curves: pd.DataFrame) -> guards.Guard:
+  """`guards.in_regime`: the sizes from ≤ BELOW to ≥ ABOVE × B_simple, the median tracked
+  B_simple over the second half of B_ref's runs."""
+  ref = curves[curves[KEY] == curves["ref"]]
+  late = ref[ref["examples_seen"] > ref["examples_seen"].max() / 2]
+  b = float(late[B_SIMPLE].median()) if B_SIMPLE in late and late[B_SIMPLE].notna().any() \
+      else math.nan
+  sizes = sorted(int(x) for x in curves[KEY].unique())
+  return guards.in_regime({"min B / B_simple": sizes[0] / b, "max B / B_simple": sizes[-1] / b},
+                          [guards.Regime("min B / B_simple", hi=BELOW.value),
+                           guards.Regime("max B / B_simple", lo=ABOVE.value)])
+
+
 def report(out_dir):
   col, mis, m = collapse(pd.read_csv(Path(out_dir) / "curves.csv"))
   verdict, by, pairs, at = judge(col, mis)
   ref = col[col["outcome"] == "reference"].iloc[0]
-  cal = calibrate.calibrate("equivalence", float(ref["spread"]), int(ref["n_seeds"]), m)
+  # each √ arm's equivalence at its own and B_ref's spread of curve averages, and each pair
+  # at the break at its arms' own spread of mean |gap| for a difference of one margin
+  cals = {f"sqrt at B={int(r[KEY])} vs B_ref": calibrate.calibrate(
+      "equivalence", float(r.get("spread", math.nan)), int(r["n_seeds"]), m,
+      n_b=int(ref["n_seeds"]), noise_b=float(ref["spread"]))
+      for r in col[(col[SCALING] == "sqrt") & (col["outcome"] != "reference")].to_dict("records")}
+  vals = lambda s: mis.loc[(mis[SCALING] == s) & (mis[KEY] == at), "mean_abs_gap"].tolist()
+  cals |= {f"{p.a} vs {p.b}": calibrate.of_arms(vals("sqrt"), vals(p.b.split(" at ")[0]), m)
+           for p in pairs}
   ours = "; ".join(f"{sc}: collapses at B={by[sc][COLLAPSES]}, breaks at B={by[sc][BREAKS]}"
                    for sc in by) + f" (margin ±{m:.3g}); at B={at}: {outcomes(pairs)}"
-  return gated(verdict, cal, rule=RULE, paper=PAPER, ours=ours,
-               checks=tuple(p.sentence() for p in pairs),
+  checked = (*arm_guards(out_dir), regime(pd.read_csv(Path(out_dir) / "curves.csv")))
+  return gated(verdict, cals, checked, rule=RULE, paper=PAPER, ours=ours,
+               checks=(*(p.sentence() for p in pairs),
+                       declared_text(MIN_MARGIN_D, FALLBACK_D, BELOW, ABOVE)),
                numbers_md=md_table(col) + ("\n\n" + pairs_md(pairs) if pairs else ""))
 
 

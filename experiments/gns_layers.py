@@ -18,7 +18,16 @@ import pandas as pd
 from experiments import lr_search
 from experiments.record import ROWS, Experiment, Inputs, register
 from experiments.sweep import SEEDS, Block, Sweep, base_for, experiment_value
-from experiments.verdict import Report, fmt_num, gated, listing, not_measured, sections
+from experiments.verdict import (
+  Report,
+  declared,
+  declared_text,
+  fmt_num,
+  gated,
+  listing,
+  not_measured,
+  sections,
+)
 from pergrad.analysis import GNS_TOTAL, calibrate, layer_type, leafwise, smooth
 from pergrad.analysis.plots import plot_curves, plt, savefig, style
 from pergrad.analysis.rules import NOT_REPRODUCED, PARTLY, REPRODUCED, UNDETERMINED, part_whole
@@ -31,8 +40,8 @@ CLAIM = ("The gradient noise scale of the normalization layers alone predicts th
          "Gray et al., arXiv 2411.00999).")
 ALPHA = float(experiment_value(NAME, "stats.gns_alpha"))
 ALPHAS = (0.9, ALPHA, 0.98, 0.99)
-R_MIN = 0.9
-CLAIMED_R = 0.95  # "high correlation": our reading of the paper's figure
+R_MIN_D, CLAIMED_D = declared(NAME, "r_min"), declared(NAME, "claimed_r")  # configs/experiment
+R_MIN, CLAIMED_R = R_MIN_D.value, CLAIMED_D.value
 PAPER = "norm-layer GNS predicts the total GNS (high correlation, linear)"
 NORM = "norm"
 PART_WHOLE = "gns_part_whole.csv"
@@ -103,7 +112,7 @@ def analyze(runs, out_dir: Path) -> None:
   pd.concat([regression(smoothed(t, a), a) for a in ALPHAS], ignore_index=True).to_csv(
       out_dir / PART_WHOLE, index=False)
   leafwise.write_sizes(table, out_dir)
-  fin.to_csv(out_dir / "finals.csv", index=False)
+  lr_search.with_warmup(fin, runs.sweep_dir).to_csv(out_dir / "finals.csv", index=False)
 
 
 def figures(out_dir: Path) -> list[Path]:
@@ -153,12 +162,14 @@ def report(out_dir: Path) -> Report:
   by_alpha = reg.groupby("alpha")[["r_complement", "slope_complement", "r_total", "share_g2",
                                    "share_s"]].agg(["mean", "std"]).reset_index()
   by_alpha.columns = ["_".join(c).rstrip("_") for c in by_alpha.columns]
-  return gated(decide(rs), cal, rule=RULE, paper=PAPER,
+  warm = lr_search.warm_of(read_csv(Path(out_dir) / "finals.csv"), lambda r: "adam", {"adam"})
+  return gated(decide(rs), cal, (warm,), rule=RULE, paper=PAPER,
                ours=f"r(complement, norm) = {f('r_complement')} at α = {ALPHA:g}",
                checks=(f"slope {f('slope_complement')}; the norm group holds {f('share_g2')} of "
                        f"Σ|G|² and {f('share_s')} of ΣS, so the part-whole r of the total "
                        f"{f('r_total')} is not evidence", "Share of the parameters per type: "
-                       + listing(by_type.items(), lambda v: f"{100 * v:.3g} %")),
+                       + listing(by_type.items(), lambda v: f"{100 * v:.3g} %"),
+                       declared_text(R_MIN_D, CLAIMED_D)),
                numbers_md=sections("Regressions on the norm layers' B_simple (per seed, by α):",
                                    reg, "By α:", by_alpha))
 

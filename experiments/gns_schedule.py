@@ -1,16 +1,14 @@
 """G3 (Gray et al. 2024): a GNS-guided batch-size schedule saves tokens against a fixed batch.
 
-Every arm spends the same examples (cpu: 400 × 32 sequences), tracks every layer type's GNS
-every step, warmup and evaluations at the same examples. Arms: fixed B = 8 ... 64, each with
-its own lr (factor-2 grid on seed 0, extended once), the best one the baseline; gns_norm (B
-follows the norm layers' B_simple); linear_paper (a ramp over the whole budget from B_max/8);
-linear_fit (the ramp fitted to the best fixed arm's B_simple, run as fitted: not run where it
-is linear_paper's or never leaves its start, `fitted_arm`); warmup (Merrill
-et al. 2025, our reading: a ramp from B_max/8 over the first quarter, lr × √ratio; beside);
-seesaw (arXiv 2510.14717: from the best fixed arm's B and lr, B doubles with lr × 1/√2 where
-the step schedule would halve the lr; beside); short (the best fixed arm
-on 82 % of the examples: Δ18). Schedules run at the best arm's lr on 6 fresh seeds, the
-fewest with power ≥ 0.8 for Δ18 ≈ 0.043 at the noise 0.023 measured before.
+Every arm spends the same examples, tracks every layer type's GNS every step, warmup and
+evaluations at the same examples. Arms: fixed B = 8 ... 64, each at its own lr (factor-2 grid
+on seed 0, extended once), the best one the baseline; gns_norm (B follows the norm layers'
+B_simple); linear_paper (a ramp over the budget from B_max/8); linear_fit (the ramp fitted to
+the best fixed arm's B_simple, run as fitted, `fitted_arm`); warmup (Merrill et al. 2025, our
+reading: a ramp from B_max/8 over the first quarter, lr × √ratio; beside); seesaw (arXiv
+2510.14717; beside); short (the best fixed arm on 82 % of the examples: Δ18). Schedules run at
+the best arm's lr on 6 fresh seeds (power ≥ 0.8 for the declared effect at the noise 0.023
+measured before). Curves to the target: `pergrad.analysis.runs.to_target`.
 """
 
 from __future__ import annotations
@@ -24,10 +22,29 @@ import pandas as pd
 from experiments import lr_search
 from experiments.record import ROWS, Experiment, register
 from experiments.sweep import Block, LrSearch, Sweep, base_for, experiment_value, scale_value
-from experiments.verdict import Report, listing, not_measured, outcomes, pairs_md, sections
-from pergrad.analysis import calibrate, rules
+from experiments.verdict import (
+  Report,
+  declared,
+  declared_text,
+  gated,
+  listing,
+  not_measured,
+  outcomes,
+  pairs_md,
+  sections,
+)
+from pergrad.analysis import calibrate, guards, rules
 from pergrad.analysis.plots import plt, savefig, style
-from pergrad.analysis.runs import aggregate, finals, from_table, reach, read_csv
+from pergrad.analysis.runs import (
+  aggregate,
+  eval_curves,
+  finals,
+  from_table,
+  read_csv,
+  seed_mean,
+  seed_mean_to_target,
+  to_target,
+)
 
 NAME = "gns_schedule"
 TITLE = "batch-size schedules (GNS-guided, fitted ramp) against the best fixed batch"
@@ -48,11 +65,14 @@ PAPER_SAVING = 0.18
 SHORT = 1 - PAPER_SAVING  # the short arm's share of the examples
 WARMUP = 20  # steps of the α = 0.95 EMA left out of the fit (1 / (1 − α))
 PAPER = "18% fewer tokens to the fixed batch's final loss"
+EFFECT = declared(NAME, "effect")  # nats, configs/experiment/gns_schedule.yaml
 RULE = (f"Each GNS-guided schedule ({', '.join(GUIDED)}) at the best fixed arm's lr and seeds vs "
         f"the best fixed arm (lowest fresh-seed mean final eval loss) in final eval loss at equal "
-        f"tokens: {rules.PAIR_WIN}. The claimed effect is Δ18, the best fixed arm's seed-mean "
-        "final loss on 82% of the tokens minus on all. Reproduced if every schedule wins, not "
-        "reproduced if one loses or none wins while the rule has power ≥ 0.8 for Δ18, partly "
+        f"tokens: {rules.PAIR_WIN}. The effect each pair must detect is declared before the run "
+        f"({EFFECT.value:g} nats, the paper's 18% in loss units); Δ18, the best fixed arm's "
+        "seed-mean final loss on 82% of the tokens minus on all, re-measures it beside. "
+        "Reproduced if every schedule wins, not "
+        "reproduced if one loses or none wins while the rule has power ≥ 0.8, partly "
         "reproduced if some win, undetermined otherwise. Tokens and wall time to the fixed arm's "
         "final loss on seed-mean curves are reported, not judged.")
 
@@ -79,7 +99,8 @@ def sweep(preset: str) -> Sweep:
   """The fixed arms' lr search (the schedules come in `follow_up`)."""
   ref, b_max, fixed = sizes(preset)
   examples, n = ref * int(scale_value(preset, "train.steps")), N_EVALS[preset]
-  warmup = ref * int(scale_value(preset, "schedule.warmup_steps"))
+  warmup = max(ref * int(scale_value(preset, "schedule.warmup_steps")),  # examples: ≥ 20
+               guards.MIN_WARMUP * b_max if preset != "ci" else 0)  # steps at every B
   per_size = lambda b: dict(zip(PER_SIZE, (examples // b, max(examples // b // n, 1),
                                            max(warmup // b, 1)), strict=True))
   base = base_for(NAME, preset, **{  # ci logs every step: enough points for the ramp's fit
@@ -216,77 +237,17 @@ def compared(table: pd.DataFrame, search: pd.DataFrame, best: dict | None) -> pd
   return table[fixed | sched].assign(short=is_short(table)[fixed | sched])
 
 
-CURVES = ["run", "arm", "train.seed", "lr", "step", "tokens", "eval_loss", "train_time_s",
-          "batch_size"]
-
-
 def curves(table: pd.DataFrame) -> pd.DataFrame:
-  """`CURVES` per run and evaluation (time and batch size interpolated from the train records
-  that log them)."""
-  rows = []
-  for run, g in table.groupby("run", sort=False):
-    g = g.sort_values("step")
-    ev, tr = g.dropna(subset=["eval/loss"]), g.dropna(subset=["train/tokens_seen"])
-    timed = tr.dropna(subset=["train/train_time_s"]) if "train/train_time_s" in tr else tr[:0]
-    tokens = ev["eval/tokens_seen"].to_numpy(float)
-    time_s = (np.interp(tokens, timed["train/tokens_seen"], timed["train/train_time_s"])
-              if len(timed) else np.full(len(ev), np.nan))
-    size = np.interp(ev["step"], tr["step"], tr["train/batch_size"]) if len(tr) else np.nan
-    rows.append(pd.DataFrame({
-        "run": run, "arm": arm({**g.iloc[0].to_dict(), "_budget": g["train/tokens_seen"].max()}),
-        "train.seed": g["train.seed"].iloc[0], "lr": g["optimizer.lr"].iloc[0],
-        "step": ev["step"].to_numpy(), "tokens": tokens, "eval_loss": ev["eval/loss"].to_numpy(),
-        "train_time_s": time_s, "batch_size": size}))
-  return pd.concat(rows, ignore_index=True)[CURVES] if rows else pd.DataFrame(columns=CURVES)
-
-
-def to_target(cur: pd.DataFrame, best_arm: str, fin: pd.DataFrame) -> pd.DataFrame:
-  """Per run: the target (the best fixed arm's seed-mean final eval loss), tokens and time to
-  reach it, the final eval loss (+inf for a run the finals `fin` say diverged), totals."""
-  ref = cur[cur["arm"] == best_arm]
-  if ref.empty:
-    return pd.DataFrame()
-  target = float(ref.sort_values("tokens").groupby("run")["eval_loss"].last().mean())
-  marked = dict(zip(fin["run"], fin["final_eval_loss"], strict=True))
-  rows = []
-  for run, r in cur.groupby("run", sort=False):
-    r = r.sort_values("tokens")
-    tok, t = reach(r, target)
-    final = float(marked.get(run, r["eval_loss"].iloc[-1]))
-    rows.append({"run": run, "arm": r["arm"].iloc[0], "train.seed": r["train.seed"].iloc[0],
-                 "target": target, "tokens_to_target": tok, "time_to_target_s": t,
-                 "final_eval_loss": final if math.isfinite(final) else math.inf,
-                 "tokens_total": float(r["tokens"].iloc[-1]),
-                 "time_total_s": float(r["train_time_s"].iloc[-1]),
-                 "updates": int(r["step"].iloc[-1])})
-  return pd.DataFrame(rows)
-
-
-def seed_mean(g: pd.DataFrame, cols) -> pd.DataFrame:
-  """An arm's seed-mean curve: `cols` averaged over its runs' i-th rows in token order (the
-  runs of an arm evaluate and log at the same examples seen, up to one batch)."""
-  g = g.sort_values("tokens")
-  return g.groupby(g.groupby("run").cumcount())[list(cols)].mean()
-
-
-def seed_mean_to_target(cur: pd.DataFrame, best_arm: str, target: float) -> pd.DataFrame:
-  """Per arm: `reach` of its `seed_mean` curve, and the token saving against the best fixed
-  arm's."""
-  rows = []
-  for a in sorted(set(cur["arm"])):
-    m = seed_mean(cur[cur["arm"] == a], ["tokens", "eval_loss", "train_time_s"])
-    rows.append(dict(zip(("arm", "tokens_to_target", "time_to_target_s"), (a, *reach(m, target)),
-                         strict=True)))
-  out = pd.DataFrame(rows)
-  ref = float(out.loc[out["arm"] == best_arm, "tokens_to_target"].iloc[0])
-  out["token_saving"] = 1.0 - out["tokens_to_target"] / ref
-  return out
+  """`runs.eval_curves` with each run's `arm`."""
+  return eval_curves(table, lambda g: arm({**g.iloc[0].to_dict(),
+                                           "_budget": g["train/tokens_seen"].max()}))
 
 
 def analyze(runs, out_dir: Path) -> None:
   """best.csv (the fixed arms' search; `best_arm`), curves.csv and to_target.csv (the runs
   judged), gns.csv (tracked B_simple at the logged steps), ramp_fit.csv."""
-  out_dir, table, fin = Path(out_dir), runs.table, runs.finals
+  out_dir, table = Path(out_dir), runs.table
+  fin = lr_search.with_warmup(runs.finals, runs.sweep_dir)
   fin.to_csv(out_dir / "finals.csv", index=False)
   search, best = fixed_search(fin)
   search["best_arm"] = [best is not None and r[SIZE] == best[SIZE]
@@ -351,6 +312,19 @@ def schedule_verdict(pairs: list[rules.Comparison], power: float) -> str:
   return rules.NOT_REPRODUCED if tied else rules.UNDETERMINED
 
 
+def arm_guards(out_dir: Path, search: pd.DataFrame, best, guided) -> tuple:
+  """The best fixed arm's B strictly inside the fixed sizes and its lr inside its grid, the
+  compared arms' lr one step below any divergence, every compared arm ≥ 20 warmup steps."""
+  label = lambda r: f"fixed_{int(r[SIZE])}" if r["batch.kind"] == "fixed" else r["batch.kind"]
+  base = f"fixed_{int(best[SIZE])}"
+  lr, stable, _ = lr_search.guards_of(search, label, {base})
+  sizes_b = guards.bracketed({base: (search[SIZE].astype(float), float(best[SIZE]))}, "B")
+  fin = pd.read_csv(out_dir / "finals.csv")
+  fin = fin[(fin["train.seed"] != SELECT_SEED) & ~is_short(fin)]
+  kinds = {base, *(k.split("_")[0] for k in guided)}  # gns, linear
+  return lr, sizes_b, stable, lr_search.warm_of(fin, label, kinds)
+
+
 def report(out_dir: Path) -> Report:
   out_dir = Path(out_dir)
   tt = read_csv(out_dir / "to_target.csv")
@@ -367,25 +341,30 @@ def report(out_dir: Path) -> Report:
   _, pairs = rules.decide(losses, [(k, base) for k in guided])
   short, full = losses.get(f"{base}_short", []), losses.get(base, [])  # Δ18 (inf: diverged)
   delta = float(np.mean(short) - np.mean(full)) if len(short) and len(full) else math.nan
-  noise = calibrate.pooled_std([losses[k] for k in (base, *guided) if k in losses])
-  n = min(len(full), *(len(losses.get(k, [])) or 99 for k in guided))
-  cal = calibrate.calibrate("pair", noise, n, delta if math.isfinite(delta) else math.nan)
+  cals = {f"{k} vs {base}": calibrate.of_arms(losses.get(k, []), full, EFFECT.value)
+          for k in guided}
+  cal = calibrate.weakest(cals.values())
   mean_tt = seed_mean_to_target(pd.read_csv(out_dir / "curves.csv"), base, target)
   by_arm = tt.groupby("arm").agg(
       final_eval_loss=("final_eval_loss", "mean"), final_std=("final_eval_loss", "std"),
       updates=("updates", "mean"), time_total_s=("time_total_s", "mean"), seeds=("run", "count"),
       not_reached=("tokens_to_target", lambda x: int((~np.isfinite(x)).sum()))
   ).reset_index().merge(mean_tt, on="arm")
-  for c in ("tokens_to_target", "time_to_target_s", "token_saving"):  # inf: not reached
+  for c in ("tokens_to_target", "time_to_target_s", "token_saving", "time_saving"):  # inf: not
     by_arm[c] = by_arm[c].astype(object).where(np.isfinite(by_arm[c].astype(float)), "not reached")
-  saving = mean_tt.set_index("arm")["token_saving"]
-  save = listing(((a, saving[a]) for a in (*GUIDED, *BASELINES) if a in saving),
-                 lambda x: f"{100 * x:.1f}%" if math.isfinite(x) else "not reached")
-  return Report(verdict=schedule_verdict(pairs, cal.power), rule=RULE, paper=PAPER,
-                calibration=cal.row(), ours=f"token saving to B={int(best[SIZE])}'s final loss: "
-                f"{save or 'n/a'}; {outcomes(pairs)}",
+  saving = mean_tt.set_index("arm")[["token_saving", "time_saving"]]
+  pct = lambda x: f"{100 * x:.0f}%" if math.isfinite(x) else "not reached"
+  save = listing(((a, saving.loc[a]) for a in (*GUIDED, *BASELINES) if a in saving.index),
+                 lambda r: pct(r["token_saving"]) + (f" (time {pct(r['time_saving'])})" if
+                                                     math.isfinite(r["token_saving"]) else ""))
+  power = cal.power if cal is not None else math.nan
+  return gated(schedule_verdict(pairs, power), cals, arm_guards(out_dir, search, best, guided),
+               rule=RULE, paper=PAPER,
+               ours=f"token (wall-time) saving to B={int(best[SIZE])}'s final loss: "
+               f"{save or 'n/a'}; {outcomes(pairs)}",
                 checks=(f"baseline: fixed B = {int(best[SIZE])} at lr {best['optimizer.lr']:g}",
                         *(p.sentence() for p in pairs), f"Δ18 = {delta:.3g}",
+                        declared_text(EFFECT),
                         *([f"linear_fit not run: {why}"] if "linear_fit" not in guided else [])),
                 numbers_md=sections(
                     lr_search.best_md(search, GROUP, extra=("best_arm",)), pairs_md(pairs),
@@ -395,5 +374,5 @@ def report(out_dir: Path) -> Report:
 
 
 EXPERIMENT = register(Experiment(
-    name=NAME, title=TITLE, claim=CLAIM, row=ROWS["G3"], sweep=sweep, analyze=analyze,
+    name=NAME, title=TITLE, claim=CLAIM, row=ROWS["G3+"], sweep=sweep, analyze=analyze,
     figures=figures, report=report, follow_up=follow_up))

@@ -16,9 +16,9 @@ import pandas as pd
 
 from experiments.sweep import Block, Sweep, config_extras
 from experiments.verdict import md_table
+from pergrad.analysis import guards, rules
 from pergrad.analysis import plots as F
-from pergrad.analysis import rules
-from pergrad.analysis.runs import DONE, curves_at, finals, fmt, from_table
+from pergrad.analysis.runs import DONE, curves_at, finals, fmt, from_table, run_setting
 
 
 @functools.lru_cache(maxsize=32)
@@ -95,8 +95,69 @@ def best_lr(fin: pd.DataFrame, group_keys: Sequence[str], lr_key: str,
         "grid": " ".join(fmt(float(x)) for x in lrs),
         "n_diverged": int((~finite).sum()),
         "all_diverged": bool(not finite.any()),
+        "diverged_lrs": " ".join(fmt(float(x)) for x in sorted(set(
+            g.loc[~np.isfinite(g[metric].astype(float)), lr_key].astype(float)))),
+        WARMUP: float(g[WARMUP].min()) if WARMUP in g else math.nan,
     })
   return pd.DataFrame(rows)
+
+
+WARMUP = "warmup_steps"  # a run's warmup in optimizer steps, read from its Hydra config
+
+
+def with_warmup(fin: pd.DataFrame, sweep_dir: Path) -> pd.DataFrame:
+  """`fin` with WARMUP: each run's schedule.warmup_steps as its config records it, else as its
+  name does (a swept value), else NaN (never guessed)."""
+  if fin.empty:
+    return fin.assign(**{WARMUP: []})
+  named = fin.get("schedule.warmup_steps", pd.Series(math.nan, index=fin.index))
+  w = [run_setting(Path(sweep_dir) / r, "schedule.warmup_steps") for r in fin["run"]]
+  return fin.assign(**{WARMUP: [float(n) if x is None else float(x)
+                                for x, n in zip(w, named, strict=True)]})
+
+
+def factor_of(grid: Sequence[float]) -> float:
+  """The grid's step: the smallest ratio of neighbouring values (1 with < 2 values)."""
+  g = sorted(set(grid))
+  return min((b / a for a, b in zip(g, g[1:], strict=False) if a > 0), default=1.0)
+
+
+def guards_of(best: pd.DataFrame, labeler: Callable[[dict], str], used=None) -> tuple:
+  """(bracketed, stable, warm) of the `load_best` groups whose label is in `used` (all if None):
+  each chosen lr strictly inside its grid, one grid step below the smallest lr at which any of
+  its seeds diverged, and each group's runs warmed up ≥ `guards.MIN_WARMUP` steps."""
+  recs = [r for r in best.to_dict("records") if used is None or labeler(r) in used]
+  lrs = lambda v: [float(x) for x in str(v).split()] if from_table(v) is not None else []
+  grid = {labeler(r): (lrs(r["grid"]), float(r["optimizer.lr"])) for r in recs}
+  steps = [factor_of(g) for g, _ in grid.values() if len(g) > 1]
+  div = {labeler(r): (float(r["optimizer.lr"]), lrs(r.get("diverged_lrs"))) for r in recs}
+  warm = {labeler(r): float(r.get(WARMUP, math.nan)) for r in recs}
+  stable = (guards.stable(div, min(steps, default=1.0)) if "diverged_lrs" in best or not recs
+            else guards.Guard("stable", False, "best.csv records no divergences (diverged_lrs): "
+                              "written by older code, re-analyse the sweep"))
+  return guards.bracketed(grid), stable, guards.warm(warm)
+
+
+def warm_of(fin: pd.DataFrame, labeler: Callable[[dict], str], used) -> guards.Guard:
+  """`guards.warm` of the finals' runs whose label is in `used` (the fewest warmup steps each)."""
+  w: dict[str, float] = {}
+  for r in fin.to_dict("records"):
+    if (k := labeler(r)) in used:
+      x = float(r.get(WARMUP, math.nan))
+      w[k] = min(w.get(k, math.inf), x) if math.isfinite(x) else math.nan
+  return guards.warm(w)
+
+
+def stable_of(fin: pd.DataFrame, labeler: Callable[[dict], str], labels) -> guards.Guard:
+  """`guards.stable` (no step to spare: strictly below) of arms run at one fixed lr each (the
+  finals' runs labelled in `labels`): no seed of the arm diverged at its lr."""
+  arms: dict[str, tuple[float, list]] = {}
+  for r in fin.to_dict("records"):
+    if (k := labeler(r)) in labels:
+      lr, div = arms.get(k, (float(r["optimizer.lr"]), []))
+      bad = bool(r.get("diverged")) or not np.isfinite(float(r["final_eval_loss"]))
+      arms[k] = (lr, [*div, float(r["optimizer.lr"])] if bad else div)
+  return guards.stable(arms, 1.0)
 
 
 def follow_up_blocks(sweep: Sweep, fin: pd.DataFrame, round_: int) -> tuple[list[Block], str]:
@@ -213,9 +274,9 @@ def edges_note(best: pd.DataFrame, labeler: Callable[[dict], str]) -> str:
 
 def analyze(runs, out_dir: Path, group_keys: Sequence[str], lr_key: str = "optimizer.lr",
             seed_key: str = "train.seed", select_seed=None) -> None:
-  """finals.csv, best.csv (`best_lr`) and curves.csv (at the chosen lr: the fresh seeds', else
-  the selection seeds')."""
-  out_dir, table, fin = Path(out_dir), runs.table, runs.finals
+  """finals.csv (each run's warmup from its config), best.csv (`best_lr`) and curves.csv (at
+  the chosen lr: the fresh seeds', else the selection seeds')."""
+  out_dir, table, fin = Path(out_dir), runs.table, with_warmup(runs.finals, runs.sweep_dir)
   fin.to_csv(out_dir / "finals.csv", index=False)
   best = best_lr(fin, group_keys, lr_key, seed_key, select_seed=select_seed)
   best.to_csv(out_dir / "best.csv", index=False)

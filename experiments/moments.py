@@ -16,11 +16,18 @@ import pandas as pd
 from experiments import lr_search
 from experiments.record import ROWS, Experiment, Inputs, register
 from experiments.sweep import SEEDS, Block, Sweep, base_for
-from experiments.verdict import listing, not_measured, pairs_report, sections
+from experiments.verdict import (
+  declared,
+  declared_text,
+  listing,
+  not_measured,
+  pairs_report,
+  sections,
+)
 from pergrad.analysis import calibrate, leafwise
 from pergrad.analysis.plots import plot_curves, plt, savefig, style
-from pergrad.analysis.rules import PAIR_WIN, is_norm_leaf
-from pergrad.analysis.runs import read_csv, x_examples
+from pergrad.analysis.rules import PAIR_WIN, PAIRS_VERDICT, is_norm_leaf
+from pergrad.analysis.runs import fmt, from_table, read_csv, x_examples
 
 NAME = "moments"
 TITLE = "μ², σ²/B and σ² in Adam's second moment over training"
@@ -30,14 +37,16 @@ RATIOS = ("snr2_batch", "snr2_example")  # opt/<leaf>/<name>
 MAGNITUDES = ("gbar2_mean", "mu2_mean", "var_mean")  # stats/<leaf>/<name>, per leaf only
 SHARES = ("share_mu2", "share_var_b", "share_var")  # opt/<leaf>/<name>
 IDS = ["run", "train.seed", "step", "examples_seen", "B"]  # B: NaN at the scale's batch size
-RULE = ("Per seed, each leaf's r = Σμ̂²/Σ(σ̂²/B) over its coordinates and the second half of "
-        "training's logged steps; the seed's value is the parameter-weighted median of r over the "
-        "leaves other than the normalization layers (the whole-model ratio of sums is not used: "
-        "in the cpu runs those layers hold 0.19 % of the parameters but most of Σμ̂² and Σσ̂²/B). "
-        f"Against 1 (higher: μ² dominates Adam's v), {PAIR_WIN}: reproduced if μ² wins, not "
-        "reproduced if σ²/B does, partly reproduced on a tie, undetermined with < 2 seeds.")
+WINDOWS = ("first", "second")  # halves of each run's logged steps, both declared in advance
+VIEWS = {"all leaves": "ratio_of_sums", "no norm": "ratio_of_sums_no_norm"}
+RULE = ("Per seed and cell (window: the first and the second half of the logged steps, both "
+        "declared in advance; B: the scale's and 128; with and without the normalization "
+        "layers), r = Σμ̂²/Σ(σ̂²/B) over the cell's leaves and steps (a ratio of sums). In each "
+        f"cell, r against 1 (higher: μ² dominates Adam's v), {PAIR_WIN}; {PAIRS_VERDICT} "
+        "(each cell's μ² expected to win). The parameter-weighted medians of the leaves' r are "
+        "reported beside.")
 PAPER = "v ≈ μ² + σ²/B dominated by μ² (qualitative)"
-EFFECT = 1.0  # r − 1: μ² twice σ²/B, our stated prior for "μ² dominates"
+EFFECT = declared(NAME, "effect")  # r − 1, configs/experiment/moments.yaml
 
 
 def sweep(preset: str, inputs: Inputs | None = None) -> Sweep:
@@ -64,7 +73,7 @@ def analyze(runs, out_dir: Path) -> None:
   long[~whole].to_csv(out_dir / "moments_per_leaf.csv", index=False)
   long[whole].drop(columns="leaf").to_csv(out_dir / "moments_all.csv", index=False)
   leafwise.write_sizes(table, out_dir)
-  fin.to_csv(out_dir / "finals.csv", index=False)
+  lr_search.with_warmup(fin, runs.sweep_dir).to_csv(out_dir / "finals.csv", index=False)
 
 
 def at_ref(df: pd.DataFrame) -> pd.DataFrame:
@@ -87,18 +96,25 @@ def sample_count(all_df: pd.DataFrame) -> float:
   return float(n.median())
 
 
-def leaf_views(out_dir: Path) -> pd.DataFrame | None:
+def at_size(df: pd.DataFrame, b) -> pd.DataFrame:
+  """The rows of the runs at batch size `b` (None: the scale's, `at_ref`)."""
+  return at_ref(df) if b is None else df[df["B"] == b] if "B" in df else df[:0]
+
+
+def leaf_views(out_dir: Path, window: str = "second", b=None) -> pd.DataFrame | None:
   """Per seed `rules.leaf_aggregates` of num = Σμ̂², den = Σσ̂²/n per leaf (the means over the
-  second half of mu2_mean · D and var_mean · D / n); None without them or leaf_params.csv."""
+  `window` half of mu2_mean · D and var_mean · D / n) of the runs at batch size `b` (None: the
+  scale's); None without them or leaf_params.csv."""
   sizes = leafwise.read_sizes(out_dir)
   path = Path(out_dir) / "moments_per_leaf.csv"
   if sizes is None or not path.exists():
     return None
-  per_leaf = at_ref(pd.read_csv(path))
+  per_leaf = at_size(pd.read_csv(path), b)
   if not {"mu2_mean", "var_mean"} <= set(per_leaf["quantity"]):
     return None
-  n = sample_count(at_ref(pd.read_csv(Path(out_dir) / "moments_all.csv")))
-  late = leafwise.second_half(per_leaf[per_leaf["quantity"].isin(("mu2_mean", "var_mean"))])
+  n = sample_count(at_size(pd.read_csv(Path(out_dir) / "moments_all.csv"), b))
+  half = leafwise.first_half if window == "first" else leafwise.second_half
+  late = half(per_leaf[per_leaf["quantity"].isin(("mu2_mean", "var_mean"))])
   p = late.pivot_table(index=["train.seed", "leaf"], columns="quantity", values="value",
                        aggfunc="mean").reset_index()
   size = p["leaf"].map(sizes).astype(float)
@@ -148,15 +164,35 @@ def report(out_dir: Path):
   if views is None:
     return not_measured(RULE, "the per-leaf μ̂², σ̂² or the leaves' parameter counts "
                         "(leaf_params.csv) are missing", NAME, checks=(whole,), numbers_md=numbers)
-  r = views["weighted_median_no_norm"].dropna().tolist()
+  values, expected, cals, rows = {}, [], {}, []
+  sizes = [None, *sorted(int(b) for b in big["B"].unique())] if len(big) else [None]
+  for b in sizes:
+    for w in WINDOWS:
+      v = leaf_views(out_dir, w, b)
+      for name, col in ([] if v is None else VIEWS.items()):
+        cell = f"{w} half, B={'ref' if b is None else b}, {name}"
+        r = v[col].dropna().tolist()
+        values[f"μ² ({cell})"], values[f"1 ({cell})"] = r, [1.0] * len(r)
+        expected.append((f"μ² ({cell})", f"1 ({cell})"))
+        cals[f"{cell}"] = calibrate.calibrate("pair", calibrate.std(r), len(r), EFFECT.value,
+                                              n_b=len(r), noise_b=0.0)
+        rows.append({"window": w, "B": "ref" if b is None else b, "view": name,
+                     "r_mean": float(np.mean(r)) if r else np.nan, "n_seeds": len(r),
+                     "weighted_median": float(v["weighted_median" + (
+                         "_no_norm" if col.endswith("_no_norm") else "")].mean())})
   m = views.mean(numeric_only=True)
   shares = listing((k, m[k]) for k in ("ratio_of_sums", "ratio_of_sums_no_norm",
                                          "norm_share_num", "norm_share_params"))
-  cal = calibrate.calibrate("pair", calibrate.pooled_std([r]), len(r), EFFECT, n_b=len(r))
-  return pairs_report({"μ²": r, "σ²/B": [1.0] * len(r)}, [("μ²", "σ²/B")], rule=RULE,
-                      paper=PAPER, effect=EFFECT, cal=cal, lower_is_better=False,
-                      checks=(f"Per leaf r, mean over seeds: {shares}", whole),
-                      numbers_md=sections(views, numbers))
+  size = lambda r: f"B={fmt(from_table(r.get('data.batch_size')) or 'ref')}"
+  fin = read_csv(Path(out_dir) / "finals.csv")
+  warm = lr_search.warm_of(fin, size, {size(r) for r in fin.to_dict("records")})
+  return pairs_report(values, expected, rule=RULE, paper=PAPER, effect=EFFECT.value, cals=cals,
+                      lower_is_better=False, checked=(warm,),
+                      checks=(f"Second half at the scale's B, per leaf, mean over seeds: "
+                              f"{shares}", whole, declared_text(EFFECT)),
+                      numbers_md=sections("r per cell (ratio of sums, mean over seeds; the "
+                                          "leaves' parameter-weighted median beside):",
+                                          pd.DataFrame(rows), views, numbers))
 
 
 EXPERIMENT = register(Experiment(

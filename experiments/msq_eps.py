@@ -16,15 +16,19 @@ import pandas as pd
 from experiments import lr_search, preconditioner
 from experiments.record import ROWS, Experiment, register
 from experiments.sweep import Block, LrSearch, Sweep, base_for
-from experiments.verdict import pairs_report, sections
+from experiments.verdict import declared, declared_text, pairs_report, sections
+from pergrad.analysis import calibrate
 from pergrad.analysis.rules import (
   LOSS,
+  NONINF,
   NOT_REPRODUCED,
   PAIR_WIN,
   PARTLY,
   REPRODUCED,
   UNDETERMINED,
   WIN,
+  compare,
+  noninferior,
 )
 from pergrad.analysis.runs import fmt, read_csv, stat_columns
 
@@ -38,11 +42,13 @@ GROUP = ("optimizer.variant", "optimizer.eps")
 MSQ, ADAM, CONTROL_EPS, CONTROL = "micro_adam_msq", "adam", 1.0, "control (adam, eps=1)"
 SELECT, SEEDS = preconditioner.SELECT, preconditioner.SEEDS
 LOG_EVERY = {"ci": 10, "cpu": 50, "paper": 500}
-RULE = (f"MicroAdamMSQ vs Adam, vs the ε-only control (ε = 1) and vs Adam at MicroAdamMSQ's ε, "
-        f"on the fresh seeds {SEEDS}: {PAIR_WIN}. Not reproduced if MicroAdamMSQ loses to Adam; "
-        "reproduced if it wins or ties against Adam and beats both controls; partly "
-        "reproduced if it does not beat a control (ε can explain it); undetermined if the "
-        "MicroAdamMSQ-Adam pair is.")
+MARGIN, EFFECT = declared(NAME, "margin"), declared(NAME, "effect")
+RULE = (f"MicroAdamMSQ vs Adam on the fresh seeds {SEEDS}: {NONINF} (margin {MARGIN.value:g} "
+        f"nats, declared). MicroAdamMSQ vs the ε-only control (ε = 1) and vs Adam at "
+        f"MicroAdamMSQ's ε: {PAIR_WIN}. Not reproduced if MicroAdamMSQ loses to Adam; "
+        "reproduced if it is non-inferior to Adam and beats both controls; partly reproduced "
+        "if it does not beat a control (ε can explain it); undetermined if the "
+        "MicroAdamMSQ-Adam comparison is.")
 
 
 def sweep(preset: str, inputs=None) -> Sweep:
@@ -119,13 +125,29 @@ def report(out_dir):
     return (NOT_REPRODUCED if head == LOSS else UNDETERMINED if head == UNDETERMINED
             else REPRODUCED if all(p.outcome == WIN for p in pairs[1:]) else PARTLY)
 
+  get = lambda k: g.get(k, [])
+  comparisons = [noninferior(get(msq), get(adam), MARGIN.value, (msq, adam)),
+                 *(compare(get(msq), get(c), (msq, c)) for c in controls)]
+  cals = {f"{msq} vs {adam}": calibrate.of_arms(get(msq), get(adam), MARGIN.value,
+                                                "noninferiority"),
+          **{f"{msq} vs {c}": calibrate.of_arms(get(msq), get(c), EFFECT.value)
+             for c in controls}}
+
   shares = read_csv(Path(out_dir) / "eps_share.csv")
   cols = [c for c in (*GROUP, "train.seed", "eps_share", "eps_share_weighted") if c in shares]
   share_md = sections("", "eps_share per run (mean over its logged steps):",
                       shares[cols]) if len(shares) else ""
+  expected = [(msq, c) for c in (adam, *controls)]
+  used = {x for p in expected for x in p}
+  best = lr_search.load_best(out_dir)  # the controls' searches; MicroAdamMSQ's and Adam's lr
+  bracket, stable, _ = lr_search.guards_of(best, label, used)  # were the preconditioner's
+  fin = pd.read_csv(Path(out_dir) / "finals.csv")
+  fixed = lr_search.stable_of(fin[fin["train.seed"].isin(SEEDS)], label, {msq, adam})
+  warm = lr_search.warm_of(fin, label, used)
   return pairs_report(
-      g, [(msq, c) for c in (adam, *controls)], rule=RULE, paper=PAPER,
-      effect=preconditioner.EFFECT, verdict_fn=verdict,
+      g, expected, rule=RULE, paper=PAPER, checked=(bracket, stable, fixed, warm),
+      effect=EFFECT.value, verdict_fn=verdict, comparisons=comparisons, cals=cals,
+      checks=(declared_text(MARGIN, EFFECT),),
       numbers_md=lr_search.best_md(lr_search.load_best(out_dir), GROUP) + share_md)
 
 

@@ -2,7 +2,8 @@
 
 Variants (`pergrad.optim`): `adam` v = EMA ḡ² (μ² + σ²/B), `micro_adam` mean_i g_i² (μ² + σ²),
 `micro_adam_var` σ̂², `micro_adam_msq` max(ḡ² − σ̂²/B, 0) (≈ μ², our reading; its v is 0
-where the mean is noise-dominated, so it runs at ε = 1e-5, the ε its earlier search chose).
+where the mean is noise-dominated, so its ε is tuned too: 1e-6, 1e-5, 1e-4, the chosen one
+bracketed).
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import numpy as np
 from experiments import lr_search
 from experiments.record import ROWS, Experiment, register
 from experiments.sweep import Block, LrSearch, Sweep, base_for
-from experiments.verdict import pairs_report
+from experiments.verdict import declared, declared_text, pairs_report
+from pergrad.analysis import guards
 from pergrad.analysis.rules import PAIR_WIN, PAIRS_VERDICT
 from pergrad.analysis.runs import fmt, from_table
 
@@ -29,12 +31,15 @@ GROUP = ("optimizer.variant", "optimizer.clip_norm", "optimizer.eps")
 MEAN_DOMINATED, VAR_DOMINATED = ("adam", "micro_adam_msq"), ("micro_adam", "micro_adam_var")
 VARIANTS = MEAN_DOMINATED + VAR_DOMINATED
 SELECT, SEEDS = (0,), (2, 3, 4, 5, 6)
-EPS = {"adam": 1e-8, "micro_adam": 1e-8, "micro_adam_var": 1e-8, "micro_adam_msq": 1e-5}
+EPS = {"adam": [1e-8], "micro_adam": [1e-8], "micro_adam_var": [1e-8],
+       "micro_adam_msq": [1e-6, 1e-5, 1e-4]}  # MSQ's ε is a floor of √v: tuned, bracketed
 OPTIMUM = {"adam": 3e-2, "micro_adam": 3e-2, "micro_adam_var": 3e-2, "micro_adam_msq": 1e-2}
-EFFECT = 0.02  # nats: our stated prior for "a better preconditioner" at this scale
-RULE = (f"Each variant's lr is the best of a √2 grid (same size for every variant) on seeds "
-        f"{SELECT}; within each clipping setting each μ²-dominated variant must beat each "
-        f"σ²-dominated one on the fresh seeds {SEEDS}: {PAIR_WIN}; {PAIRS_VERDICT}.")
+EFFECT = declared(NAME, "effect")  # configs/experiment/preconditioner.yaml
+RULE = (f"Each variant's lr is the best of a √2 grid on seeds {SELECT} (the same 3 lrs around "
+        "each variant's optimum first, then extended past an edge until bracketed, so the grids "
+        "may end unequal; MicroAdamMSQ's ε chosen the same way); within each clipping setting "
+        f"each μ²-dominated variant must beat each σ²-dominated one on the fresh seeds {SEEDS}: "
+        f"{PAIR_WIN}, at the effect declared before the run; {PAIRS_VERDICT}.")
 
 
 def grid(lr: float, k: int = 1) -> list[float]:
@@ -52,11 +57,11 @@ def sweep(preset: str) -> Sweep:
   clips = [None, 1.0] if preset == "paper" else [None]
   scale = 0.1 if preset == "paper" else 1.0
   blocks = tuple(Block({"optimizer.variant": [v], "optimizer.clip_norm": clips,
-                        "optimizer.eps": [EPS[v]], "optimizer.lr": grid(OPTIMUM[v] * scale),
+                        "optimizer.eps": EPS[v], "optimizer.lr": grid(OPTIMUM[v] * scale),
                         "train.seed": list(SELECT)}) for v in VARIANTS)
-  # cpu: 4 variants × (3 lrs × 1 selection + 5 fresh) = 32 runs (+ extensions), ~32 s each
+  # cpu: 6 (variant, ε) groups × (3 lrs × 1 selection + 5 fresh) = 48 runs (+ extensions)
   return Sweep(base, blocks, LrSearch(GROUP, factor=math.sqrt(2), max_extend=2, seeds=SEEDS),
-               wall_estimate_min=17 if preset == "cpu" else None)
+               wall_estimate_min=26 if preset == "cpu" else None)
 
 
 def label(g: dict) -> str:
@@ -72,6 +77,19 @@ def chosen(best):
   return best.loc[keep]
 
 
+def eps_bracketed(every, best) -> guards.Guard:
+  """`guards.bracketed` of each chosen ε among its variant's measured εs (variants searched
+  over more than one ε; the others run at their fixed ε, which is not tuned)."""
+  arms = {}
+  for r in best.to_dict("records"):
+    same = every[(every["optimizer.variant"] == r["optimizer.variant"])
+                 & (every["optimizer.clip_norm"].isna() if from_table(r["optimizer.clip_norm"])
+                    is None else every["optimizer.clip_norm"] == r["optimizer.clip_norm"])]
+    if same["optimizer.eps"].nunique() > 1:
+      arms[label(r)] = (same["optimizer.eps"].astype(float), float(r["optimizer.eps"]))
+  return guards.bracketed(arms, "ε")
+
+
 analyze = functools.partial(lr_search.analyze, group_keys=GROUP, select_seed=SELECT)
 figures = functools.partial(lr_search.figures, group_keys=GROUP, title="Adam preconditioners")
 
@@ -83,9 +101,12 @@ def report(out_dir):
   suffixes = sorted({label({**r, "optimizer.variant": ""}) for r in best.to_dict("records")})
   expected = [(m + s, v + s) for s in suffixes for m in MEAN_DOMINATED for v in VAR_DOMINATED
               if m + s in groups and v + s in groups]
-  return pairs_report(groups, expected, rule=RULE, paper=PAPER, effect=EFFECT, planned=VARIANTS,
+  return pairs_report(groups, expected, rule=RULE, paper=PAPER, effect=EFFECT.value,
+                      planned=VARIANTS,
                       numbers_md=lr_search.best_md(every, GROUP),
-                      checks=(lr_search.edges_note(every, label),))
+                      checked=(*lr_search.guards_of(best, label, {x for p in expected for x in p}),
+                               eps_bracketed(every, best)),
+                      checks=(lr_search.edges_note(every, label), declared_text(EFFECT)))
 
 
 EXPERIMENT = register(Experiment(name=NAME, title=TITLE, claim=CLAIM, row=ROWS["3"], sweep=sweep,

@@ -24,7 +24,8 @@ ROWS = {
     "4": "4. sqrt(B) learning-rate scaling collapses loss-vs-examples curves for small/medium B",
     "G1": "G1. Per-example norms of every layer at a small cost (simultaneous method; Gray et al.)",
     "G2": "G2. The normalization layers' GNS predicts the total GNS (Gray et al.)",
-    "G3": "G3. A GNS-guided batch-size schedule saves tokens (Gray et al.: 18%)",
+    "G3": "G3. A linear batch-size ramp saves tokens against fixed B_max (Gray et al.: 18%)",
+    "G3+": "G3, beyond the paper: GNS-guided schedules against the best fixed batch (bracketed)",
 }
 
 
@@ -86,7 +87,8 @@ _REGISTRY: Registry[Experiment] = Registry(
     "experiment", hint="choose one of them or 'all', or register yours in a plugin: --plugin")
 
 BUILTIN = ("overhead", "sign_placement", "preconditioner", "msq_eps", "batch_scaling", "snr",
-           "moments", "norm_cost", "gns_layers", "gns_schedule")  # experiments.<name>, in order
+           "moments", "norm_cost", "gns_layers", "gns_ramp", "gns_schedule",
+           "lr_exponent")  # experiments.<name>, in order
 
 
 def register(exp: Experiment) -> Experiment:

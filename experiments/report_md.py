@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -91,7 +92,8 @@ def write_readme(exp: Experiment, out_dir: Path, report: Report, info: dict,
   experiment's results."""
   cal = report.calibration and Calibration(**report.calibration).text()
   stated = "".join(f"**{k}.** {v}\n\n" for k, v in (
-      ("Rule", report.rule), ("Paper", report.paper), ("Error rates of the rule", cal)) if v)
+      ("Rule", report.rule), ("Paper", report.paper), ("Error rates of the rule", cal),
+      ("Validity guards, checked before the verdict", report.guards_text())) if v)
   (out_dir / "README.md").write_text(README.format(
       exp=exp, r=report, i=info, stated=stated, dirty="" if info["clean"] else
       " with uncommitted changes", setup=report.setup_md or describe_setup(
@@ -116,16 +118,19 @@ def _json(path: Path) -> dict | None:
 
 
 def launch_costs(results_root: Path) -> dict[str, float]:
-  """{experiment: seconds of launches that made its committed results}: the end-to-end
-  record's (reproduction.json) for an experiment whose run_info.json is from that record's
-  commit, else run_info.json's `launch_wall_s`."""
+  """{experiment: seconds of launches that made its committed results}: run_info.json's
+  `launch_wall_s`, which sums the invocations at its commit and sweep it counts
+  (`invocations`); for one invocation at the end-to-end record's commit, the record's
+  (reproduction.json: it adds the launches of an invocation stopped before run_info.json was
+  written). Never both: a resumed run_info already holds the earlier launches."""
   record = _json(Path(results_root) / REPRODUCTION) or {}
   out = {}
   for n in experiments():
     if (info := _json(Path(results_root) / n / "run_info.json")) is not None:
       entry = record.get("experiments", {}).get(n)
       same = entry and info.get("commit") == record.get("commit")
-      out[n] = float((entry if same else info)["launch_wall_s"])
+      alone = int(info.get("invocations", 1)) <= 1
+      out[n] = float((entry if same and alone else info)["launch_wall_s"])
   return out
 
 
@@ -133,22 +138,35 @@ README_BEGIN, README_END = "<!-- claims:begin -->", "<!-- claims:end -->"
 STALE = " (written before reports recorded their commit: re-run with the current rules)"
 NO_RULE = " (no stated rule: re-run)"
 OLD_RULE = " (decided by an earlier rule than the code's: re-run)"
+NO_GUARDS = " (decided before the validity guards were checked: re-run)"
 
 
 def stale_mark(doc: dict, name: str | None = None) -> str:
   """What the claims table says beside a verdict whose report.json cannot vouch for it: no
-  commit, no stated rule, or a rule other than the `RULE` of the experiment's module now."""
+  commit, no stated rule, a rule other than the `RULE` of the experiment's module now, or no
+  validity guards (`pergrad.analysis.guards`) checked."""
   if not doc.get("commit"):
     return STALE
   if not doc.get("rule"):
     return NO_RULE
   exp = experiments().get(name) if name else None
   current = getattr(sys.modules.get(exp.report.__module__), "RULE", None) if exp else None
-  return OLD_RULE if current is not None and current != doc["rule"] else ""
+  if current is not None and current != doc["rule"]:
+    return OLD_RULE
+  return "" if "guards" in doc else NO_GUARDS
 
 
-ROW = ("| {claim} | [`{n}`]({link}{n}/README.md) | {paper} | {r.ours} | **{r.verdict}**{mark} "
+ROW = ("| {claim} | [`{n}`]({link}{n}/README.md) | {paper} | {ours} | **{r.verdict}**{mark} "
        "| {fa} | {power} | {figs} |")
+CELL = 120  # characters of "Ours" in the claims table: one line; the whole in its README
+
+
+def one_line(text: str, limit: int = CELL) -> str:
+  """`text` cut at its last "; " before `limit` characters, with " …" (the README has all)."""
+  if len(text) <= limit:
+    return text
+  cut = text.rfind("; ", 0, limit)
+  return (text[:cut] if cut > 0 else text[:limit].rsplit(" ", 1)[0]) + " …"
 
 
 def claims_table(results_root: Path, link_prefix: str = "") -> str:
@@ -167,7 +185,7 @@ def claims_table(results_root: Path, link_prefix: str = "") -> str:
       figs = " ".join(f"[{p.name}]({link_prefix}{n}/{p.name})"
                       for p in sorted((Path(results_root) / n).glob("*.png"))) or "—"
       rows.append(ROW.format(claim=claim, n=n, link=link_prefix, mark=stale_mark(doc, n),
-                             r=d, paper=d.paper or "—", figs=figs,
+                             r=d, paper=d.paper or "—", figs=figs, ours=one_line(d.ours),
                              fa=rate(d.calibration, "false_alarm"),
                              power=rate(d.calibration, "power")))
   return "\n".join(rows)
@@ -189,7 +207,8 @@ SETUP = (
     "transformer ({m[n_layers]} layers, width {m[d_model]}, {m[n_heads]} heads, {params:,} "
     "parameters) on `{m[data]}` with a {m[vocab_size]}-token {m[tokenizer]} vocabulary, B = "
     "{m[batch_size]} sequences of T = {m[seq_len]} tokens, {m[steps]} steps (`batch_scaling` "
-    "sets its own steps per batch size), each experiment's own grids and learning rates (its "
+    "sets its own steps per batch size, `gns_ramp` its own smaller model: ~20 tokens per "
+    "parameter), each experiment's own grids and learning rates (its "
     "README). Seeds behind the reported numbers: {seeds}. The committed results took {wall:.0f} "
     "min of launches on 2 cores (per experiment: the cost table of `results/{p}/README.md`); "
     "`python scripts/reproduce.py all --preset {p}` regenerates them (resumable). The paper "
@@ -260,8 +279,12 @@ def index_text(results_root: Path, preset: str) -> str:
                 if d else f"| `{n}` | `python scripts/reproduce.py {n} --preset {preset}` | "
                 "not yet run | — |")
   rep = "".join(line + "\n" for line in reproduction_lines(results_root))
+  record = _json(Path(results_root) / REPRODUCTION)
+  total = f"| total | | {sum(costs.values()) / 60:.1f} | " + (
+      f"of the end-to-end record's {record['wall_s'] / 60:.1f} min (the rest: analysis, "
+      "figures) |" if record and "wall_s" in record else "|")
   return INDEX.format(p=preset, claims=claims_block(results_root, preset=preset),
-                      reproduction=rep, costs="\n".join(rows))
+                      reproduction=rep, costs="\n".join([*rows, total]))
 
 
 REPRODUCTION = "reproduction.json"  # written by `scripts/reproduce.py all`
@@ -296,8 +319,54 @@ def reproduction_lines(results_root: Path) -> list[str]:
           for n, e in d["experiments"].items())).split("\n")
 
 
+SWEEPS_ROOT = "<sweeps-root>"  # what results/ says for this machine's sweeps directory
+
+
+def portable_sweep_dir(sweep_dir) -> str:
+  """A sweep directory as results/ records it: relative to the repository when inside it,
+  else `<sweeps-root>/<experiment>/<preset>` (no machine's path)."""
+  p = Path(sweep_dir)
+  r = p.resolve()
+  if r.is_relative_to(REPO):
+    return str(r.relative_to(REPO))
+  return str(Path(SWEEPS_ROOT, *p.parts[-2:])) if p.is_absolute() else str(p)
+
+
+def portable_command(command: str) -> str:
+  """`command` with the value of --sweeps-root (an absolute path) as `<sweeps-root>`."""
+  return re.sub(r"(--sweeps-root[= ])(/\S*)", rf"\g<1>{SWEEPS_ROOT}", command)
+
+
+def portable_results(results_root: Path) -> list[Path]:
+  """Rewrites the run_info.json, reproduction.json and experiment READMEs under `results_root`
+  that name an absolute sweeps directory with `<sweeps-root>` instead; returns those changed."""
+  changed, roots = [], set()
+  for info_path in sorted(Path(results_root).glob("*/run_info.json")):
+    info = json.loads(info_path.read_text())
+    if Path(info.get("sweep_dir", "")).is_absolute():
+      roots.add(str(Path(info["sweep_dir"]).parents[1]))
+  for path in [*Path(results_root).glob("*/run_info.json"), Path(results_root) / REPRODUCTION,
+               *Path(results_root).glob("*/README.md")]:
+    if not path.exists():
+      continue
+    text = old = path.read_text()
+    for root in sorted(roots, key=len, reverse=True):
+      text = text.replace(root + "/", SWEEPS_ROOT + "/").replace(root, SWEEPS_ROOT)
+    if path.suffix == ".json":
+      doc = json.loads(text)
+      doc |= {k: portable_command(doc[k]) for k in ("command",) if k in doc}
+      doc |= {k: portable_sweep_dir(doc[k]) for k in ("sweep_dir",) if k in doc}
+      text = json.dumps(doc, indent=1)
+    if text != old:
+      path.write_text(text)
+      changed.append(path)
+  return changed
+
+
 def write_index(results_root: Path, preset: str) -> Path:
-  """Writes results/<preset>/README.md (`index_text`), from that preset's results only."""
+  """Writes results/<preset>/README.md (`index_text`), from that preset's results only, after
+  `portable_results` (no machine's path in results/)."""
+  portable_results(results_root)
   path = Path(results_root) / "README.md"
   path.write_text(index_text(results_root, preset))
   return path

@@ -140,10 +140,10 @@ def run_info(out_dir, name, preset, sdir, log, wall, command, launcher, prov) ->
       continue
     n_done += d.get("status") == "completed"
     compute_s += float(d.get("wall_time_s", 0.0))
-  resolved = Path(sdir).resolve()
   old_path = Path(out_dir, "run_info.json")
   old = json.loads(old_path.read_text()) if old_path.exists() else {}
-  rel = str(resolved.relative_to(REPO)) if resolved.is_relative_to(REPO) else str(sdir)
+  rel = report_md.portable_sweep_dir(sdir)  # no machine's path in results/ (issue 40)
+  command = command and report_md.portable_command(command)
   same = old.get("commit") == prov.get("commit") and old.get("sweep_dir") in (str(sdir), rel)
   if same:  # a resumed invocation adds its launches to those that made the results
     log.wall_s += float(old.get("launch_wall_s", 0.0))

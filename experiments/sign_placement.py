@@ -11,7 +11,7 @@ import functools
 from experiments import lr_search
 from experiments.record import ROWS, Experiment, register
 from experiments.sweep import Block, LrSearch, Sweep, base_for
-from experiments.verdict import pairs_report
+from experiments.verdict import declared, declared_text, pairs_report
 from pergrad.analysis.rules import PAIR_WIN, PAIRS_VERDICT, adjacent
 
 NAME = "sign_placement"
@@ -22,7 +22,7 @@ PAPER = "SignEMA best, per-example sign worst (qualitative; no figure)"
 GROUP = ("optimizer.placement",)
 CHAINS = (("ema", "batch", "example"), ("ema", "batch", "token"))
 SEEDS = (1, 2, 3)  # power 0.99 for 0.05 nats at the measured noise 0.009
-EFFECT = 0.05  # nats: our stated prior for "a better placement" at this scale
+EFFECT = declared(NAME, "effect")  # configs/experiment/sign_placement.yaml
 RULE = (f"Expected ema < batch < example and ema < batch < token in final eval loss on the "
         f"fresh seeds; each adjacent pair: {PAIR_WIN}; {PAIRS_VERDICT}.")
 
@@ -51,9 +51,11 @@ figures = functools.partial(lr_search.figures, group_keys=GROUP, title="sign pla
 def report(out_dir):
   best, label = lr_search.load_best(out_dir), lambda g: str(g["optimizer.placement"])
   groups = lr_search.by_label(best, label)
-  return pairs_report(groups, adjacent([p for p in c if p in groups] for c in CHAINS), rule=RULE,
-                      paper=PAPER, effect=EFFECT, numbers_md=lr_search.best_md(best, GROUP),
-                      checks=(lr_search.edges_note(best, label),),
+  expected = adjacent([p for p in c if p in groups] for c in CHAINS)
+  return pairs_report(groups, expected, rule=RULE,
+                      paper=PAPER, effect=EFFECT.value, numbers_md=lr_search.best_md(best, GROUP),
+                      checks=(lr_search.edges_note(best, label), declared_text(EFFECT)),
+                      checked=lr_search.guards_of(best, label, {x for p in expected for x in p}),
                       planned=tuple(dict.fromkeys(sum(CHAINS, ()))))
 
 

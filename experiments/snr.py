@@ -8,6 +8,7 @@ gain SNR_ema/SNR_batch of √((1+β)/(1−β)), a drifting one less.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +17,15 @@ import pandas as pd
 from experiments import lr_search
 from experiments.record import ROWS, Experiment, Inputs, register
 from experiments.sweep import SEEDS, Block, Sweep, base_for, experiment_value
-from experiments.verdict import fmt_num, listing, not_measured, pairs_report, sections
+from experiments.verdict import (
+  declared,
+  declared_text,
+  fmt_num,
+  listing,
+  not_measured,
+  pairs_report,
+  sections,
+)
 from pergrad.analysis import calibrate, ema_gain, leafwise, rules
 from pergrad.analysis.plots import plot_curves, plt, savefig, style
 from pergrad.analysis.runs import read_csv, x_examples
@@ -39,7 +48,7 @@ RULE = ("Per placement's runs, per seed and stage, each leaf's SNR² is its mean
         "batch in every placement's runs (batch = B × example by construction, so that pair is "
         f"not tested), each pair {rules.PAIR_WIN}: {rules.PAIRS_VERDICT}.")
 PAPER = "SNR per-example < batch < EMA (argument; the measured plot is not known)"
-EFFECT = (1 + BETA) / (1 - BETA) - 1  # SNR²_ema − SNR²_batch for a constant mean, in SNR²_batch
+EFFECT = declared(NAME, "effect")  # SNR²_ema − SNR²_batch in SNR²_batch (configs/experiment)
 GAIN = float(np.sqrt((1 + BETA) / (1 - BETA)))  # SNR_ema / SNR_batch for a constant mean
 
 
@@ -68,7 +77,7 @@ def analyze(runs, out_dir: Path) -> None:
   if len(signs):
     signs.to_csv(out_dir / SIGN_CSV, index=False)
   leafwise.write_sizes(table, out_dir)
-  runs.finals.to_csv(out_dir / "finals.csv", index=False)
+  lr_search.with_warmup(runs.finals, runs.sweep_dir).to_csv(out_dir / "finals.csv", index=False)
 
 
 def _placements(df: pd.DataFrame) -> list:
@@ -213,15 +222,19 @@ def report(out_dir: Path):
     for st in ("snr2_ema", "snr2_batch"):
       values[tag + st[5:]] = v[v["stage"] == st][VIEW].dropna().tolist()
     expected.append((tag + "ema", tag + "batch"))
-  stage = lambda st: views[views["stage"] == st][VIEW].dropna()
-  cal = calibrate.calibrate("pair", calibrate.pooled_std([stage("snr2_ema"), stage("snr2_batch")]),
-                            int(views["train.seed"].nunique()),
-                            EFFECT * float(stage("snr2_batch").mean()))
+  # each placement's pair at its own seeds' spread (not the spread across placements), for
+  # an effect of EFFECT × that placement's batch SNR²
+  cals = {f"{a} vs {b}": calibrate.of_arms(values[a], values[b],
+                                           EFFECT.value * float(np.mean(values[b] or [math.nan])))
+          for a, b in expected}
   gain_text = "Per-leaf EMA gain (parameter-weighted median, no norm): " + listing(
       ("all runs" if k is None else k, float(g)) for k, g in gains.items())
-  return pairs_report(values, expected, rule=RULE, paper=PAPER, effect=cal.effect, cal=cal,
-                      lower_is_better=False,
-                      checks=(gain_text, whole_text, sign_text, why_text),
+  fin = read_csv(Path(out_dir) / "finals.csv")
+  arm = lambda r: str(r.get(PLACEMENT, "run"))
+  warm = lr_search.warm_of(fin, arm, {arm(r) for r in fin.to_dict("records")})
+  return pairs_report(values, expected, rule=RULE, paper=PAPER, effect=EFFECT.value, cals=cals,
+                      lower_is_better=False, checked=(warm,),
+                      checks=(gain_text, whole_text, sign_text, why_text, declared_text(EFFECT)),
                       numbers_md=sections("Per-leaf SNR² views (`_no_norm`: without the "
                                           "normalization layers):", views, numbers))
 

@@ -1,15 +1,15 @@
 """The `Report` every experiment returns and the few templates its sentences are written
-with: `finding`, `not_measured`, `gated`, `pairs_report`, and numbers as text and Markdown."""
+with: `finding`, `not_measured`, `gated` (the validity guards, then the verdict),
+`pairs_report`, and numbers as text and Markdown."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
 
-import numpy as np
 import pandas as pd
 
-from pergrad.analysis import calibrate, rules
+from pergrad.analysis import calibrate, guards, rules
 
 
 def finding(verdict: str, ours: str, checks=(), cal=None) -> str:
@@ -33,21 +33,58 @@ class Report:
   calibration: dict | None = None
   numbers_md: str = ""
   setup_md: str = ""
+  guards: tuple = ()  # `guards.Guard.row()`s, checked before the verdict
+  calibrations: dict | None = None  # {comparison: its `Calibration.row()`}
 
   @property
   def finding(self) -> str:
     return finding(self.verdict, self.ours, self.checks)
 
+  def guards_text(self) -> str:
+    """"Guards: bracketed: passes (...); ..." ('' when none was checked)."""
+    return "; ".join(guards.Guard(**g).text() for g in self.guards)
+
   def to_json(self, provenance: dict) -> dict:
-    """report.json: the claims table's fields, the checks, the calibration, the provenance."""
+    """report.json: the claims table's fields, the checks, the guards, the calibrations, the
+    provenance."""
     return {"verdict": self.verdict, "rule": self.rule, "paper": self.paper, "ours": self.ours,
-            "checks": list(self.checks), "calibration": self.calibration, **provenance}
+            "checks": list(self.checks), "guards": list(self.guards),
+            "calibration": self.calibration, "calibrations": self.calibrations, **provenance}
 
   @classmethod
   def from_json(cls, doc: dict) -> Report:
     return cls(verdict=doc.get("verdict", ""), rule=doc.get("rule", ""), paper=doc.get("paper", ""),
                ours=doc.get("ours") or doc.get("claim_row") or doc.get("finding", ""),
-               checks=tuple(doc.get("checks") or ()), calibration=doc.get("calibration"))
+               checks=tuple(doc.get("checks") or ()), calibration=doc.get("calibration"),
+               guards=tuple(doc.get("guards") or ()), calibrations=doc.get("calibrations"))
+
+
+@dataclasses.dataclass(frozen=True)
+class Declared:
+  """A value stated before the runs in `configs/experiment/<name>.yaml` (`declared.<key>`),
+  with its one-line justification."""
+
+  key: str
+  value: float
+  why: str
+
+  def text(self) -> str:
+    return f"{self.key} {self.value:g} ({self.why})"
+
+
+def declared(name: str, key: str) -> Declared:
+  """`declared.<key>` of experiment `name`'s config: {value, why} (KeyError if not stated)."""
+  from experiments.sweep import experiment_value
+
+  d = experiment_value(name, f"declared.{key}")
+  if not isinstance(d, dict) or "value" not in d or not str(d.get("why", "")).strip():
+    raise KeyError(f"configs/experiment/{name}.yaml: declared.{key} needs a value and a why")
+  return Declared(key, float(d["value"]), " ".join(str(d["why"]).split()))
+
+
+def declared_text(*items: Declared) -> str:
+  """"Declared before the run: margin 0.02 (why); ..."."""
+  return "Declared before the run: " + "; ".join(d.text() for d in items)
 
 
 def not_measured(rule: str, what: str, name: str = "", **kw) -> Report:
@@ -81,9 +118,17 @@ def sections(*parts) -> str:
   return "\n\n".join(md_table(p) if isinstance(p, pd.DataFrame) else p for p in parts)
 
 
-def gated(verdict: str, cal: calibrate.Calibration, **kw) -> Report:
-  """The Report of `verdict` gated by the rule's error rates `cal` (`calibrate.gate`)."""
-  return Report(verdict=calibrate.gate(verdict, cal), calibration=cal.row(), **kw)
+def gated(verdict: str, cals, checked=(), **kw) -> Report:
+  """The Report of `verdict` after the validity guards (`pergrad.analysis.guards`): those
+  `checked` by the experiment (bracketed, stable, warm, in_regime) and `powered` over `cals`
+  ({comparison: its `Calibration`}, or one); a failed one makes the verdict "undetermined:
+  <guard>". The claims table shows the weakest comparison's error rates."""
+  cals = cals if isinstance(cals, dict) else {"rule": cals}
+  every = (*checked, guards.powered(cals))
+  weakest = calibrate.weakest(cals.values())
+  return Report(verdict=guards.apply(verdict, every), guards=tuple(g.row() for g in every),
+                calibration=weakest.row() if weakest else None,
+                calibrations={k: c.row() for k, c in cals.items()}, **kw)
 
 
 def pairs_md(pairs) -> str:
@@ -105,20 +150,24 @@ def groups(values: dict) -> str:
 
 def pairs_report(values: dict, expected: list, *, rule: str, paper: str, effect: float,
                  numbers_md: str = "", checks=(), verdict_fn=None, planned=(),
-                 lower_is_better: bool = True, cal: calibrate.Calibration | None = None) -> Report:
-  """`rules.decide` on `expected` (or `verdict_fn` on its pairs), gated by `cal` or the pair
-  rule's error rates at the pooled seed noise for `effect`; names `planned` groups not run."""
+                 lower_is_better: bool = True, cals: dict | None = None, checked=(),
+                 comparisons=None) -> Report:
+  """`rules.decide` on `expected` (or `verdict_fn` on its pairs, or on `comparisons` made by
+  the experiment's own rules), after the guards `checked` and `powered`: each pair's rule at
+  its own arms' noise and seeds for `effect` (or `cals`, {"a vs b": Calibration}); names
+  `planned` groups not run."""
   verdict, pairs = (rules.decide(values, expected, lower_is_better=lower_is_better)
                     if expected else ("not tested", []))
+  if comparisons is not None:
+    pairs = list(comparisons)
   if verdict_fn is not None:
     verdict = verdict_fn(pairs)
   used = {x for p in expected for x in p}
-  if cal is None:
-    vals = [v for k, v in values.items() if k in used and np.isfinite(v).all()]  # diverged out
-    cal = calibrate.calibrate("pair", calibrate.pooled_std(vals),
-                              min((len(v) for v in vals), default=0), effect)
+  if cals is None:
+    cals = {f"{a} vs {b}": calibrate.of_arms(values.get(a, ()), values.get(b, ()), effect)
+            for a, b in expected}
   missing = [g for g in planned if g not in values]
-  return gated(verdict, cal, rule=rule, paper=paper, ours=outcomes(pairs),
+  return gated(verdict, cals, checked, rule=rule, paper=paper, ours=outcomes(pairs),
                checks=(groups({k: values[k] for k in values if k in used}),
                        *(p.sentence() for p in pairs), *checks,
                        *([f"Not run in this preset: {missing}"] if missing else [])),

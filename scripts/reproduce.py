@@ -64,6 +64,7 @@ class Record:
 
   def __init__(self, path: Path, command: str, fresh: bool, heartbeat_s: float = 60.0):
     self.path, self.t0 = Path(path), time.time()
+    command = report_md.portable_command(command)  # no machine's path in results/
     prov = rec.provenance()
     old = json.loads(self.path.read_text()) if self.path.exists() else {}
     now = datetime.datetime.now().isoformat(timespec="seconds")

@@ -31,18 +31,18 @@ REF, EXAMPLES, EVAL_EXAMPLES, SIZES = bs.budget("cpu")
 
 
 def test_batch_scaling_plan_gives_large_batches_enough_steps(tmp_path):
-  assert (REF, EXAMPLES, EVAL_EXAMPLES, SIZES) == (32, 12_800, 512, (8, 16, 32, 64, 128))
+  assert (REF, EXAMPLES, EVAL_EXAMPLES, SIZES) == (32, 12_800, 512, (4, 8, 16, 32, 64, 128))
   assert all(EVAL_EXAMPLES % b == 0 for b in SIZES)  # same eval points for every B
   inputs = needed_runs(tmp_path, "cpu")
   sw = bs.sweep("cpu", inputs)
-  assert sw.wall_estimate_min <= 40
+  assert sw.wall_estimate_min <= 50
   pts = [pt for b in sw.blocks for pt in b.points()]
-  assert len(pts) == len({run_dirname(pt) for pt in pts}) == 8 + 4 * 5 + 2 * 2 * 2 + 2 * 2 * 3 + 3
+  assert len(pts) == len({run_dirname(pt) for pt in pts}) == 8 + 5 * 5 + 3 * 2 * 2 + 2 * 2 * 3 + 3
   ref = [pt for pt in pts if pt[bs.KEY] == REF]  # 5 judged seeds + 3 margin seeds, sqrt only
   assert sorted(pt[bs.SEED] for pt in ref) == [*bs.SEEDS["cpu"], *bs.MARGIN_SEEDS["cpu"]]
   assert {pt[bs.SCALING] for pt in ref} == {"sqrt"}
-  long = [pt for pt in pts if "train.steps" in pt]  # the 2x horizon arm, B = 8
-  assert sorted({(pt[bs.KEY], pt["train.steps"]) for pt in long}) == [(8, 3200)]
+  long = [pt for pt in pts if "train.steps" in pt]  # the 2x horizon arm, at the largest B
+  assert sorted({(pt[bs.KEY], pt["train.steps"]) for pt in long}) == [(128, 200)]
   for b in sw.blocks:
     size = b.grid[bs.KEY][0]
     if "train.steps" not in b.grid:
@@ -91,11 +91,12 @@ SEEDS5 = (-0.01, -0.005, 0.0, 0.005, 0.01)  # std 0.0079 per group, one offset p
 SEEDS3 = (-0.01, 0.0, 0.01)
 
 
-def _table(offset, seeds=SEEDS5, contrast=SEEDS3, diverge=(), above=(), margin=()):
+def _table(offset, seeds=SEEDS5, contrast=SEEDS3, diverge=(), above=(), margin=(),
+           b_simple=16.0):
   """An `aggregate`-like table of eval curves: loss(x) = 4 + 3 exp(-x / 2500) +
   offset(b, scaling, x) + a seed offset (`seeds` under sqrt, `contrast` otherwise; `margin`:
   B_ref's margin seeds 100, 101, ...); runs in `diverge` stop at 5,000 examples (NaN loss),
-  runs in `above` end at 7.5 > ln 1024."""
+  runs in `above` end at 7.5 > ln 1024; B_ref's runs track B_simple = `b_simple`."""
   rows = []
   for b in SIZES:
     for scaling in (("sqrt",) if b == REF else bs.SCALINGS):
@@ -114,15 +115,21 @@ def _table(offset, seeds=SEEDS5, contrast=SEEDS3, diverge=(), above=(), margin=(
             loss = 7.5
           rows.append({"run": name, "status": "diverged" if bad else "completed",
                        bs.KEY: b, bs.REF: REF, bs.SCALING: scaling, bs.SEED: seed,
-                       "step": k, "eval/loss": loss, "train/loss": loss, "train/lr": 1e-2})
+                       "step": k, "eval/loss": loss, "train/loss": loss, "train/lr": 1e-2,
+                       bs.B_SIMPLE: b_simple if b == REF else np.nan})
         if bad:
           rows.append({**rows[-1], "eval/loss": np.nan, "train/loss": math.inf})
   return pd.DataFrame(rows)
 
 
-def _run_rule(tmp_path, table):
-  """report, (verdict, {scaling: {outcome: [B]}}, pairs at √'s break, that B), collapse table."""
+def _run_rule(tmp_path, table, warmup=lambda b: 20):
+  """report, (verdict, {scaling: {outcome: [B]}}, pairs at √'s break, that B), collapse table;
+  each run's config records `warmup(B)` steps."""
   fin = rules.mark_diverged(runs.finals(table), 1024, table)
+  for r in fin.to_dict("records"):
+    (tmp_path / r["run"] / ".hydra").mkdir(parents=True, exist_ok=True)
+    (tmp_path / r["run"] / ".hydra" / "config.yaml").write_text(
+        f"schedule:\n  warmup_steps: {warmup(r[bs.KEY])}\n")
   bs.analyze(record.Runs(tmp_path, table, fin), tmp_path)
   col, mis, _ = bs.collapse(pd.read_csv(tmp_path / "curves.csv"))
   return bs.report(tmp_path), bs.judge(col, mis), col
@@ -146,14 +153,18 @@ def test_rule_collapse_then_break_and_sqrt_wins(tmp_path):
     return (0.1 if scaling == "linear" else 0.08) * _log2(b)
 
   rep, (v, by, pairs, at), col = _run_rule(tmp_path, _table(offset, diverge={(128, "linear")}))
-  assert by["sqrt"] == {C: [8, 16, 64], B: [128], U: []}
-  assert by["linear"][B][0] == 8 and by["none"][B][0] == 8
+  assert by["sqrt"] == {C: [4, 8, 16, 64], B: [128], U: []}
+  assert by["linear"][B][0] == 4 and by["none"][B][0] == 4
   assert at == 128 and [p.outcome for p in pairs] == ["win", "win"]
   assert v == rep.verdict == "reproduced" and rep.rule == bs.RULE
   assert "breaks at B=[128]" in rep.ours and "(margin ±0.03)" in rep.ours  # no margin seeds
   assert _cell(col, "linear", 128)["outcome"] == B  # diverged: breaks
-  cal = rep.calibration
-  assert cal["kind"] == "equivalence" and cal["n"] == 5 and cal["power"] >= 0.8
+  cal = rep.calibrations["sqrt at B=64 vs B_ref"]  # each comparison at its own arms' noise
+  assert cal["kind"] == "equivalence" and cal["n"] == cal["n_b"] == 5 and cal["power"] >= 0.8
+  assert rep.calibrations["sqrt at B=128 vs linear at B=128"]["source"] == "diverged"
+  weakest = rep.calibration  # the claims table's: the pair at the break, 5 vs 3 seeds
+  assert weakest["kind"] == "pair" and (weakest["n"], weakest["n_b"]) == (5, 3)
+  assert 0.8 <= weakest["power"] < cal["power"]
   assert bs.figures(tmp_path)[0].exists()
 
 
@@ -190,8 +201,8 @@ def test_rule_underpowered_comparisons_are_undetermined_not_breaks(tmp_path):
 
   loud = tuple(5 * s for s in SEEDS5)  # std 0.04: identical curves rarely pass
   rep, (_, by, _, _), _ = _run_rule(tmp_path, _table(offset, seeds=loud, contrast=SEEDS3))
-  assert by["sqrt"] == {C: [], B: [128], U: [8, 16, 64]}
-  assert rep.verdict == "partly reproduced", rep.finding
+  assert by["sqrt"] == {C: [], B: [128], U: [4, 8, 16, 64]}
+  assert rep.verdict == "undetermined: powered", rep.finding  # not "partly": no finding
   assert rep.calibration["power"] < 0.8
 
 
@@ -219,9 +230,28 @@ def test_rule_without_break_or_seeds(tmp_path):
   def same(b, scaling, x):
     return 0.0 if scaling == "sqrt" else 0.1 * _log2(b)
 
-  rep, (_, by, _, at), _ = _run_rule(tmp_path, _table(same))
+  rep, (_, by, _, at), _ = _run_rule(tmp_path, _table(same, contrast=(-0.005, 0.0, 0.005)))
   assert by["sqrt"][B] == [] and at == 128
   assert rep.verdict == "partly reproduced"  # collapses everywhere: no break seen
+  rep, _, _ = _run_rule(tmp_path, _table(same))  # contrasts of spread 0.01: power 0.79
+  assert rep.verdict == "undetermined: powered"
+  rep, _, _ = _run_rule(tmp_path, _table(same, contrast=(-0.005, 0.0, 0.005)),
+                        warmup=lambda b: max(640 // b, 1))  # warmup counted in examples
+  assert rep.verdict == "undetermined: warm" and "sqrt at B=128 warms up 5 steps" in \
+      rep.guards_text()
   rep, (_, by, _, _), _ = _run_rule(tmp_path, _table(same, seeds=(0.0,), contrast=(0.0,)))
-  assert rep.verdict == "undetermined"  # one seed: the noise is unknown
-  assert by["sqrt"][U] == [8, 16, 64, 128]
+  assert rep.verdict == "undetermined: powered"  # one seed: the noise is unknown
+  assert by["sqrt"][U] == [4, 8, 16, 64, 128]
+
+
+def test_rule_needs_batch_sizes_on_both_sides_of_b_simple(tmp_path):
+  # B_ref's runs measure B_simple ≈ 2: every B (4 ... 128) is above it, so the claim about
+  # small B has nothing to speak of: undetermined, whatever the curves do
+  def offset(b, scaling, x):
+    return {128: 0.1}.get(b, 0.0) if scaling == "sqrt" else 0.1 * _log2(b)
+
+  rep, _, _ = _run_rule(tmp_path, _table(offset, b_simple=2.0))
+  assert rep.verdict == "undetermined: in_regime", rep.guards_text()
+  assert "min B / B_simple 2, declared ≤ 0.5" in rep.guards_text()
+  sw = bs.sweep("ci")
+  assert sw.blocks[0].fixed["stats.gns"] is True  # B_ref's runs track it

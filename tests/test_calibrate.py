@@ -48,15 +48,45 @@ def test_power_grows_with_seeds_and_seeds_for_finds_the_smallest():
   assert calibrate.calibrate("pair", 0.02, n - 1, 0.04).power < 0.8
 
 
-def test_gate_turns_an_underpowered_not_reproduced_into_undetermined():
-  weak = calibrate.calibrate("pair", 0.05, 3, 0.02)
-  strong = calibrate.calibrate("pair", 0.005, 8, 0.02)
-  assert weak.power < 0.8 <= strong.power
-  assert calibrate.gate(rules.NOT_REPRODUCED, weak) == rules.UNDETERMINED
-  assert calibrate.gate(rules.NOT_REPRODUCED, strong) == rules.NOT_REPRODUCED
-  assert calibrate.gate(rules.REPRODUCED, weak) == rules.REPRODUCED
-  nan = calibrate.calibrate("pair", math.nan, 3, 0.02)
-  assert math.isnan(nan.power) and calibrate.gate(rules.NOT_REPRODUCED, nan) == rules.UNDETERMINED
+def test_pair_rates_recover_the_welch_test_known_rates():
+  """On synthetic arms the simulated rates match the Welch t-test's: false alarm 5 % (two
+  sides at 2.5 %), power P(T > t*) from the noncentral t, equal noises and seeds."""
+  from scipy import stats
+
+  n, sigma, effect = 6, 0.02, 0.03
+  cal = calibrate.calibrate("pair", sigma, n, effect)
+  df = 2 * n - 2
+  crit = stats.t.ppf(1 - rules.PAIR_ALPHA, df)
+  power = stats.nct.sf(crit, df, effect / (sigma * math.sqrt(2 / n)))
+  assert cal.false_alarm == pytest.approx(0.05, abs=0.012)
+  assert cal.power == pytest.approx(power, abs=0.03)
+
+
+def test_each_comparison_is_calibrated_at_its_own_arms_noise():
+  """Unequal noises and seeds (Welch): the false alarm stays ≤ 5 % and the power is that of
+  the two arms compared, not of a noise pooled with other arms."""
+  quiet, loud = [4.00, 4.01, 4.00, 4.01, 4.00], [4.1, 4.3, 4.0, 4.2, 4.4, 4.1, 4.3, 4.2]
+  c = calibrate.of_arms(quiet, loud, 0.05)
+  assert (c.noise, c.n, c.n_b) == (pytest.approx(calibrate.std(quiet)), 5, 8)
+  assert c.noise_b == pytest.approx(calibrate.std(loud))
+  assert c.false_alarm <= 0.06 and c.power < 0.8  # the loud arm limits this comparison
+  both_quiet = calibrate.of_arms(quiet, [x + 0.1 for x in quiet], 0.05)
+  assert both_quiet.power >= 0.8  # and only this one
+  assert math.isnan(calibrate.of_arms(quiet, [4.0, math.inf], 0.05).power)  # diverged
+  assert "vs 0.131 (8 seeds)" in c.text()
+  assert calibrate.weakest([both_quiet, c]) is c
+
+
+def test_noninferiority_rates_and_rule():
+  cal = calibrate.calibrate("noninferiority", 0.005, 5, 0.02)
+  assert cal.false_alarm <= 0.05 and cal.power >= 0.8  # one-sided 5 % at the margin
+  ok = rules.noninferior([4.010, 4.012, 4.011], [4.000, 4.002, 4.001], 0.02)
+  assert ok.outcome == rules.NONINFERIOR and "is non-inferior to" in ok.sentence()
+  far = rules.noninferior([4.100, 4.102, 4.101], [4.000, 4.002, 4.001], 0.02)
+  assert far.outcome == rules.LOSS
+  wide = rules.noninferior([4.0, 4.1, 3.9], [4.0, 4.1, 3.9], 0.02)
+  assert wide.outcome == rules.UNDETERMINED  # same mean, but not shown within the margin
+  assert rules.noninferior([4.0, math.inf], [4.0, 4.1], 0.02).outcome == rules.LOSS
 
 
 def test_time_bound_is_never_tighter_than_the_self_ratio():

@@ -59,9 +59,9 @@ def test_claims_table_renders_constructed_reports(tmp_path):
          "power": 0.991, "source": "measured"}
   from experiments import overhead, sign_placement
   _report(root, "overhead", verdict="reproduced", ours="ratio 1.234", paper="≈ 1.17",
-          checks=["long text"], calibration=cal, commit="abc", rule=overhead.RULE)
+          checks=["long text"], calibration=cal, commit="abc", rule=overhead.RULE, guards=[])
   _report(root, "sign_placement", verdict="partly reproduced", ours="ema 4.5 < batch 4.6",
-          commit="abc", rule=sign_placement.RULE)
+          commit="abc", rule=sign_placement.RULE, guards=[])
   (root / "sign_placement" / "curves.png").write_bytes(b"")
   (root / "sign_placement" / "best.csv").write_text("optimizer.placement,n_seeds\nema,3\n"
                                                     "batch,2\n")
@@ -79,6 +79,13 @@ def test_claims_table_renders_constructed_reports(tmp_path):
   assert "| `snr` | | not yet run | not yet run |" in table
   _report(tmp_path / "old", "snr", verdict="reproduced", ours="x", commit="abc", rule="older")
   assert report_md.OLD_RULE in report_md.claims_table(tmp_path / "old")  # marked, not hidden
+  _report(tmp_path / "unguarded", "overhead", verdict="reproduced", ours="x", commit="abc",
+          rule=overhead.RULE)  # written before the validity guards
+  assert report_md.NO_GUARDS in report_md.claims_table(tmp_path / "unguarded")
+  long = "; ".join(f"arm_{i} vs fixed_8: tie" for i in range(12))  # ~280 characters
+  _report(tmp_path / "long", "snr", verdict="x", ours=long, commit="abc", guards=[])
+  cell = report_md.claims_table(tmp_path / "long").split("`snr`")[1].split(" | ")[2]
+  assert len(cell) <= report_md.CELL + 2 and cell.endswith("tie …")
   # Every number of the table is one of the reports' (or a claim's own numbering).
   nums = set(re.findall(r"\d+\.\d+", table))
   assert nums == {"1.234", "1.17", "4.5", "4.6", "0.03", "0.99"}

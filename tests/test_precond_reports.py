@@ -23,6 +23,7 @@ from pergrad.analysis.runs import aggregate, run_dirname  # noqa: E402
 INF = math.inf
 LN_V = math.log(1024)  # the cpu preset's BPE vocabulary
 CPU = {"experiment": "preconditioner", "scale": "cpu"}
+W = lr_search.WARMUP
 
 
 def _table(runs: dict) -> pd.DataFrame:
@@ -48,13 +49,16 @@ def test_a_loss_above_ln_v_counts_as_diverged_in_the_search(tmp_path):
           for s in preconditioner.SELECT}
   runs |= {_point("micro_adam_msq", 1e-4, lr, s): [7.5, 5.0, 4.0 + abs(math.log10(lr / 3e-3))]
            for lr in (1e-3, 3e-3, 1e-2) for s in preconditioner.SELECT}
-  runs |= {_point("micro_adam_msq", 1e-4, 3e-3, s): [7.5, 5.0, 4.0 + 0.01 * s] for s in (2, 3, 4)}
-  runs |= {_point("adam", 1e-8, 3e-3, s): [7.5, 5.0, 4.1 + 0.01 * s] for s in (0, 1, 2, 3, 4)}
+  runs |= {_point("micro_adam_msq", 1e-4, 3e-3, s): [7.5, 5.0, 4.0 + 0.001 * s] for s in (2, 3, 4)}
+  # ε = 1e-3 trains worse than 1e-4 (MSQ's ε is a floor of √v): 1e-4 is bracketed
+  runs |= {_point("micro_adam_msq", 1e-3, lr, s): [7.5, 5.0, 4.2 + abs(math.log10(lr / 3e-3))]
+           for lr in (1e-3, 3e-3, 1e-2) for s in preconditioner.SELECT}
+  runs |= {_point("adam", 1e-8, 3e-3, s): [7.5, 5.0, 4.1 + 0.001 * s] for s in (0, 1, 2, 3, 4)}
   runs |= {_point("adam", 1e-8, lr, s): [7.5, 5.0, 4.3] for lr in (1e-3, 1e-2)
            for s in preconditioner.SELECT}
   runs |= {_point("micro_adam", 1e-8, lr, s): [7.5, 5.0, 4.3 + 0.01 * s + (lr != 3e-3) * 0.1]
            for lr in (1e-3, 3e-3, 1e-2) for s in preconditioner.SELECT}
-  runs |= {_point("micro_adam", 1e-8, 3e-3, s): [7.5, 5.0, 4.3 + 0.01 * s] for s in (2, 3, 4)}
+  runs |= {_point("micro_adam", 1e-8, 3e-3, s): [7.5, 5.0, 4.3 + 0.001 * s] for s in (2, 3, 4)}
   table = _table(runs)
   fin = lr_search.marked_finals(table, CPU)
   msq5 = fin[fin["optimizer.eps"] == 1e-5]
@@ -67,7 +71,11 @@ def test_a_loss_above_ln_v_counts_as_diverged_in_the_search(tmp_path):
 
   out = tmp_path / "pc"
   out.mkdir()
+  for r in fin["run"]:  # each run's warmup, as Hydra records its config
+    (out / r / ".hydra").mkdir(parents=True)
+    (out / r / ".hydra" / "config.yaml").write_text("schedule:\n  warmup_steps: 20\n")
   preconditioner.analyze(Runs(out, table, fin), out)
+  assert (pd.read_csv(out / "finals.csv")[lr_search.WARMUP] == 20).all()
   best = pd.read_csv(out / "best.csv")
   assert set(best["select_seed"]) == {0}  # one selection seed
   msq = best[best["optimizer.variant"] == "micro_adam_msq"].set_index("optimizer.eps")
@@ -78,10 +86,14 @@ def test_a_loss_above_ln_v_counts_as_diverged_in_the_search(tmp_path):
       "micro_adam_msq": 1e-4, "adam": 1e-8, "micro_adam": 1e-8}
   rep = preconditioner.report(out)
   assert rep.rule == preconditioner.RULE and "√2 grid" in rep.rule
-  assert "micro_adam_msq: 4.030 ± 0.01 (n=3)" in rep.finding  # at ε = 1e-4, seeds 2-4
+  assert "micro_adam_msq: 4.003 ± 0.001 (n=3)" in rep.finding  # at ε = 1e-4, seeds 2-4
   assert "micro_adam_msq beats micro_adam" in rep.finding and rep.verdict == "reproduced"
   assert "Diverged at every lr: ['micro_adam_msq (lr 0.01 down to 0.001)']" in rep.finding
   assert "| micro_adam_msq | n/a | 1e-05 |" in rep.numbers_md  # the ε not chosen is shown
+  every = lr_search.load_best(out)
+  edge = preconditioner.eps_bracketed(every[every["optimizer.eps"] != 1e-3],
+                                      preconditioner.chosen(every))
+  assert not edge.ok and "micro_adam_msq's ε 0.0001 is the highest" in edge.why
 
 
 def test_lr_is_chosen_on_the_mean_of_two_selection_seeds():
@@ -117,17 +129,17 @@ def _msq_out(tmp_path, msq, adam, control, share_msq=0.9, matched=None) -> Path:
   fixed = (("micro_adam_msq", 1e-4, 1e-2, msq), ("adam", 1e-8, 3e-2, adam))
   for v, eps, lr, vals in fixed:
     rows += [{"optimizer.variant": v, "optimizer.eps": eps, "optimizer.lr": lr,
-              "train.seed": s, "final_eval_loss": x, "status": "completed"}
+              "train.seed": s, "final_eval_loss": x, "status": "completed", W: 20}
              for s, x in zip(msq_eps.SEEDS, vals, strict=False)]
   for eps, vals in ((1.0, control), (1e-4, matched)):
     if vals is None:
       continue
     ctrl = {"optimizer.variant": "adam", "optimizer.eps": eps}
     rows += [{**ctrl, "optimizer.lr": lr, "train.seed": s, "final_eval_loss": x0,
-              "status": "completed"}
+              "status": "completed", W: 20}
              for lr, x0 in ((0.3, 4.6), (1.0, min(vals)), (3.0, 4.7)) for s in (0, 1)]
     rows += [{**ctrl, "optimizer.lr": 1.0, "train.seed": s, "final_eval_loss": x,
-              "status": "completed"} for s, x in zip(msq_eps.SEEDS, vals, strict=False)]
+              "status": "completed", W: 20} for s, x in zip(msq_eps.SEEDS, vals, strict=False)]
   out = tmp_path / "me"
   out.mkdir(exist_ok=True)
   fin = pd.DataFrame(rows)
@@ -142,39 +154,43 @@ def _msq_out(tmp_path, msq, adam, control, share_msq=0.9, matched=None) -> Path:
 
 
 def test_msq_eps_msq_like_momentum_is_partly_reproduced(tmp_path):
-  rep = msq_eps.report(_msq_out(tmp_path, [4.01, 4.03, 4.05], [4.00, 4.02, 4.04],
-                                [4.02, 4.03, 4.04]))
+  rep = msq_eps.report(_msq_out(tmp_path, [4.001, 4.002, 4.003], TIGHT, [4.001, 4.002, 4.003]))
   assert rep.verdict == "partly reproduced" and rep.rule == msq_eps.RULE
-  assert "micro_adam_msq, eps=0.0001 ties with adam, eps=1e-08" in rep.finding
+  assert "micro_adam_msq, eps=0.0001 is non-inferior to adam, eps=1e-08" in rep.finding
   assert "micro_adam_msq, eps=0.0001 ties with control (adam, eps=1)" in rep.finding
   assert "eps_share" in rep.numbers_md and "| 0.900 |" in rep.numbers_md
+  assert "Declared before the run: margin 0.02 (nats:" in rep.finding
+  cal = rep.calibrations["micro_adam_msq, eps=0.0001 vs adam, eps=1e-08"]
+  assert cal["kind"] == "noninferiority" and cal["false_alarm"] <= 0.05 and cal["power"] >= 0.8
 
 
 TIGHT = [4.000, 4.001, 4.002]  # Adam's seeds: a noise at which the rule has power
+CTRL = [4.300, 4.301, 4.302]
 
 
 @pytest.mark.parametrize(("msq", "adam", "control", "matched", "verdict"), [
-    ([4.01, 4.03, 4.05], [4.00, 4.02, 4.04], [4.30, 4.31, 4.32], [4.3, 4.31, 4.32],
-     "reproduced"),  # ties Adam, beats both controls
-    ([4.001, 4.002, 4.003], TIGHT, [4.300, 4.301, 4.302], [4.001, 4.002, 4.003],
+    ([4.001, 4.002, 4.003], TIGHT, CTRL, CTRL, "reproduced"),  # within the margin, beats both
+    ([4.001, 4.002, 4.003], TIGHT, CTRL, [4.001, 4.002, 4.003],
      "partly reproduced"),  # Adam at MicroAdamMSQ's ε does as well: ε can explain it
-    ([4.200, 4.201, 4.202], TIGHT, [4.300, 4.301, 4.302], None, "not reproduced"),  # loses
-    ([4.20, 4.21, 4.22], [4.00, 4.02, 4.04], [4.30, 4.31, 4.32], None,
-     "undetermined"),  # the same loss where the rule has no power for 0.02 nats
-    ([4.01, INF, 4.05], TIGHT, [4.300, 4.301, 4.302], None, "not reproduced"),  # diverged
-    ([4.01], [4.00, 4.02, 4.04], [4.30, 4.31, 4.32], None, "undetermined"),  # one seed
+    ([4.200, 4.201, 4.202], TIGHT, CTRL, None, "not reproduced"),  # loses beyond the margin
+    ([4.01, 4.03, 4.05], [4.00, 4.02, 4.04], CTRL, CTRL,
+     "undetermined: powered"),  # a 0.01 gap at 0.02 noise: 3 seeds cannot show "within 0.02"
+    ([4.20, 4.21, 4.22], [4.00, 4.02, 4.04], CTRL, None,
+     "undetermined: powered"),  # a loss, but the rule has no power for the margin here
+    ([4.01, INF, 4.05], TIGHT, CTRL, None, "undetermined: stable"),  # diverged at its lr
+    ([4.01], [4.00, 4.02, 4.04], CTRL, None, "undetermined: powered"),  # one seed
 ])
 def test_msq_eps_verdicts(tmp_path, msq, adam, control, matched, verdict):
   rep = msq_eps.report(_msq_out(tmp_path, msq, adam, control, 0.1, matched))
   assert rep.verdict == verdict, rep.finding
-  assert rep.calibration["effect"] == preconditioner.EFFECT
+  assert rep.calibration["effect"] == msq_eps.MARGIN.value == msq_eps.EFFECT.value
   if matched is not None:
     assert "vs adam, eps=0.0001" in rep.ours  # the ε-matched control is judged
 
 
 def test_msq_eps_without_adam_is_undetermined(tmp_path):
   rep = msq_eps.report(_msq_out(tmp_path, [4.0, 4.1], [], [4.3, 4.3, 4.3]))
-  assert rep.verdict == "undetermined" and "is not separable from adam" in rep.finding
+  assert rep.verdict == "undetermined: powered" and "is not separable from adam" in rep.finding
 
 
 def test_eps_share_table_averages_the_logged_steps():

@@ -209,7 +209,8 @@ def test_run_info_and_report_count_this_invocation_only(tmp_path):
   report_md.write_readme(exp, out, rep, info)
   doc = json.loads((out / "report.json").read_text())
   assert doc == {"verdict": "measured", "rule": "R", "paper": "p", "ours": "o", "checks": ["c"],
-                 "calibration": cal, "commit": "abc", "clean": False}
+                 "guards": [], "calibration": cal, "calibrations": None, "commit": "abc",
+                 "clean": False}
   assert Report.from_json(doc) == Report("measured", "R", "p", "o", ("c",), cal)
   text = (out / "README.md").read_text()
   assert "commit `abc` with uncommitted changes" in text and "launching 1 run(s)" in text
@@ -225,6 +226,37 @@ def test_run_info_and_report_count_this_invocation_only(tmp_path):
   (results / report_md.REPRODUCTION).write_text(json.dumps(
       {"commit": "zzz", "experiments": {"snr": {"launch_wall_s": 120.0}}}))
   assert report_md.launch_costs(results)["snr"] == 0.0  # another commit's record
+  # A resumed run_info (2 invocations) sums its launches already; the record, which adds the
+  # stopped invocation's to it, would count them twice (msq_eps: 42.0 vs 21.1 min)
+  (results / "snr" / "run_info.json").write_text(json.dumps(
+      {**info, "launch_wall_s": 60.0, "invocations": 2}))
+  (results / report_md.REPRODUCTION).write_text(json.dumps(
+      {"commit": "abc", "experiments": {"snr": {"launch_wall_s": 120.0}}}))
+  assert report_md.launch_costs(results)["snr"] == 60.0
+
+
+def test_results_name_no_machine_path(tmp_path):
+  """run_info.json, reproduction.json and the experiments' READMEs say `<sweeps-root>` for an
+  absolute sweeps directory (`report_md.portable_results`, run by `write_index`)."""
+  results, root = tmp_path / "results", "/some/machine/sweeps5"
+  (results / "snr").mkdir(parents=True)
+  info = {"sweep_dir": f"{root}/snr/cpu", "command": "python scripts/reproduce.py snr",
+          "commit": "abc", "launch_wall_s": 1.0, "n_runs_completed": 1}
+  (results / "snr" / "run_info.json").write_text(json.dumps(info))
+  (results / "snr" / "README.md").write_text(f"Sweep directory `{root}/snr/cpu` (not committed)")
+  (results / report_md.REPRODUCTION).write_text(json.dumps(
+      {"command": f"python scripts/reproduce.py all --sweeps-root {root}", "commit": "abc",
+       "experiments": {}, "wall_s": 60.0, "started": "t0", "finished": "t1"}))
+  report_md.write_index(results, "cpu")
+  text = "".join(p.read_text() for p in results.rglob("*") if p.is_file())
+  assert root not in text and text.count("<sweeps-root>") >= 4
+  assert json.loads((results / "snr" / "run_info.json").read_text())["sweep_dir"] == \
+      "<sweeps-root>/snr/cpu"
+  assert report_md.portable_command("x --sweeps-root /a/b --n-jobs 2") == \
+      "x --sweeps-root <sweeps-root> --n-jobs 2"
+  assert report_md.portable_sweep_dir(report_md.REPO / "runs" / "s" / "snr" / "ci") == \
+      "runs/s/snr/ci"  # inside the checkout: relative
+  assert "| total | | 0.0 | of the end-to-end record's 1.0 min" in text
 
 
 def test_a_new_report_removes_the_files_of_the_old_one(tmp_path):

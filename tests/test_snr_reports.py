@@ -3,6 +3,7 @@ checked against known truth in tests/test_estimators.py)."""
 
 from __future__ import annotations
 
+import itertools
 import sys
 from pathlib import Path
 
@@ -49,6 +50,8 @@ def _snr_csvs(d: Path, leaf: dict, norm: dict, spread, seeds=3, steps=(10, 20, 3
                             "snr2": norm[stage] if name == NORM else v})
   pd.DataFrame(rows_all).to_csv(d / "snr_all.csv", index=False)
   pd.DataFrame(rows_leaf).to_csv(d / "snr_per_leaf.csv", index=False)
+  pd.DataFrame({"run": [f"train.seed={s}" for s in range(seeds)], "warmup_steps": 20}).to_csv(
+      d / "finals.csv", index=False)
   _write_sizes(d)
   return d
 
@@ -59,7 +62,8 @@ def test_snr_report_verdicts(tmp_path):
   cases = {  # (leaves' ema, batch, norm leaf's ema, batch, seed spread) -> verdict
       (4.0, 1.0, 4.0, 1.0, 0.1): "reproduced",
       (0.5, 1.0, 0.5, 1.0, 0.1): "not reproduced",  # the EMA lowers the SNR: flips it
-      (1.05, 1.0, 1.05, 1.0, 0.2): "partly reproduced",  # within seed noise: a tie
+      # within seed noise: a tie, at a noise where the pair rule has no power for the effect
+      (1.05, 1.0, 1.05, 1.0, 0.2): "undetermined: powered",
       # The norm leaf dominates the whole model (ema > batch there), the parameters say
       # otherwise: the verdict follows the parameter-weighted view without the norm layers.
       (0.5, 1.0, 40.0, 1.0, 0.1): "not reproduced",
@@ -73,7 +77,7 @@ def test_snr_report_verdicts(tmp_path):
     assert "Sign agreement with E g: not logged" in rep.finding
   # One seed: nothing is significant.
   d = _snr_csvs(tmp_path / "one", stages(4.0, 1.0), stages(4.0, 1.0), 0.1, seeds=1)
-  assert snr.report(d).verdict == "undetermined"
+  assert snr.report(d).verdict == "undetermined: powered"
   # Without the parameter counts: not measured, re-run (the whole model still reported).
   (d / "leaf_params.csv").unlink()
   rep = snr.report(d)
@@ -130,6 +134,8 @@ def test_snr_analyze_figures_report_from_a_table(tmp_path):
         r[f"opt/{leaf}/snr2_ema"] = 3 * scale + 0.01 * seed
       rows.append({**r, **_sign_columns(counts, step), **_stage_columns(counts, step)})
   table = pd.DataFrame(rows)
+  (tmp_path / "s0" / ".hydra").mkdir(parents=True)  # the run's warmup, as Hydra records it
+  (tmp_path / "s0" / ".hydra" / "config.yaml").write_text("schedule:\n  warmup_steps: 20\n")
   snr.analyze(Runs(tmp_path, table, pd.DataFrame({"run": ["s0"]})), tmp_path)
   leaf = pd.read_csv(tmp_path / "snr_per_leaf.csv")
   assert set(leaf["leaf"]) == set(leaves)
@@ -179,18 +185,22 @@ def test_sign_counts_summary_edges():
   np.testing.assert_allclose(s["alignment"][1], 1 / np.sqrt(10 * 0.1))
 
 
-def _moments_csvs(d: Path, leaf_ratio, norm_ratio, spread, seeds=3, n=32):
+def _moments_csvs(d: Path, leaf_ratio, norm_ratio, spread, seeds=3, n=32, late=None,
+                  sizes=(None,), warmup=20):
   """moments_all.csv, moments_per_leaf.csv, leaf_params.csv: every non-norm leaf with
-  μ̂²/(σ̂²/n) = leaf_ratio (+ a seed offset), the norm leaf at norm_ratio with a 1000×
-  larger σ̂² per coordinate (so it dominates the whole-model sums)."""
+  μ̂²/(σ̂²/n) = leaf_ratio (`late` in the second half, if given; + a seed offset), the norm
+  leaf at norm_ratio with a 1000× larger σ̂² per coordinate (so it dominates the whole-model
+  sums); runs at each batch size of `sizes` (None: the scale's, B NaN)."""
   d.mkdir()
   rows_all, rows_leaf = [], []
-  for seed, off in enumerate(_offsets(spread, seeds)):
+  for (seed, off), b in itertools.product(enumerate(_offsets(spread, seeds)), sizes):
     for step in (10, 20, 30, 40):
-      ids = {"run": f"s{seed}", "train.seed": seed, "step": step, "examples_seen": 32 * step}
+      ids = {"run": f"s{seed}b{b}", "train.seed": seed, "step": step, "examples_seen": 32 * step,
+             "B": np.nan if b is None else b}
       num = den = 0.0
+      ratio = leaf_ratio if late is None or step <= 20 else late
       for leaf, size in SIZES.items():
-        r, var = (norm_ratio, 1000.0) if leaf == NORM else (leaf_ratio + off, 1.0)
+        r, var = (norm_ratio, 1000.0) if leaf == NORM else (ratio + off, 1.0)
         mu2 = r * var / n
         num, den = num + mu2 * size, den + var * size / n
         rows_leaf += [{**ids, "value": mu2, "quantity": "mu2_mean", "leaf": leaf},
@@ -201,14 +211,34 @@ def _moments_csvs(d: Path, leaf_ratio, norm_ratio, spread, seeds=3, n=32):
         rows_all.append({**ids, "quantity": q, "value": v})
   pd.DataFrame(rows_all).to_csv(d / "moments_all.csv", index=False)
   pd.DataFrame(rows_leaf).to_csv(d / "moments_per_leaf.csv", index=False)
+  pd.DataFrame([{"run": f"s{s}b{b}", "data.batch_size": b, "warmup_steps": warmup}
+                for s in range(seeds) for b in sizes]).to_csv(d / "finals.csv", index=False)
   _write_sizes(d)
   return d
+
+
+def test_moments_judges_both_halves_at_both_batch_sizes(tmp_path):
+  from experiments import moments
+  # μ² dominates early, σ²/B late (r 3 -> 0.3) in every leaf but the norm layer (r 3, which
+  # dominates the sums): both halves are judged, so not reproduced, and every cell (2 windows
+  # × 2 B × with/without norm) is in the table; only the second half without norm loses
+  d = _moments_csvs(tmp_path / "flip", 3.0, 3.0, 0.1, late=0.3, sizes=(None, 128))
+  rep = moments.report(d)
+  assert rep.verdict == "not reproduced", rep.finding
+  assert rep.ours.count(": win") == 6 and rep.ours.count(": loss") == 2
+  assert "(second half, B=128, no norm): loss" in rep.ours
+  assert len(rep.calibrations) == 8 and "| second | 128 | no norm | 0.300 |" in rep.numbers_md
+  assert "| first | ref | all leaves | 3.000 |" in rep.numbers_md
+  same = moments.report(_moments_csvs(tmp_path / "same", 3.0, 3.0, 0.1, sizes=(None, 128)))
+  assert same.verdict == "reproduced" and len(same.calibrations) == 8
+  cold = moments.report(_moments_csvs(tmp_path / "cold", 3.0, 3.0, 0.1, warmup=5))
+  assert cold.verdict == "undetermined: warm" and "B=ref warms up 5 steps" in cold.guards_text()
 
 
 def test_moments_report_verdicts(tmp_path):
   from experiments import moments
   cases = {(3.0, 3.0, 0.2): "reproduced", (0.3, 0.3, 0.1): "not reproduced",  # flipped
-           (1.2, 1.2, 0.5): "partly reproduced",  # within seed noise: a tie
+           (1.2, 1.2, 0.5): "undetermined: powered",  # a tie within seed noise, unpowered
            # The norm leaf's μ² makes the whole-model ratio > 1; the parameters' is 0.3.
            (0.3, 20.0, 0.1): "not reproduced"}
   for k, ((leaf, norm, spread), want) in enumerate(cases.items()):
@@ -247,8 +277,10 @@ def test_reports_with_a_rule_lose_the_old_rule_mark(tmp_path):
   assert report_md.stale_mark({"verdict": "x", "commit": "abc"}) == report_md.NO_RULE
   from experiments import snr
 
-  doc = {"verdict": "x", "commit": "abc", "rule": snr.RULE}
+  doc = {"verdict": "x", "commit": "abc", "rule": snr.RULE, "guards": []}
   assert report_md.stale_mark(doc, "snr") == ""
+  no_guards = {k: v for k, v in doc.items() if k != "guards"}  # written before the guards
+  assert report_md.stale_mark(no_guards, "snr") == report_md.NO_GUARDS
   assert report_md.stale_mark({**doc, "rule": "an older rule"}, "snr") == report_md.OLD_RULE
   assert Report.from_json({"verdict": "x"}).rule == ""
 

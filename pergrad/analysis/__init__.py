@@ -9,7 +9,9 @@ a config or build a model's shapes import the library inside the call.
               of whole-model ratios, sign counts pooled over leaves
   rules       decision rules over seeds (pair wins, equivalence of curves, bounds on ratios,
               divergence), each stated in English beside its code
-  calibrate   each rule's false-alarm rate and power, simulated at a measured noise
+  calibrate   each rule's false-alarm rate and power, simulated at a comparison's own noise
+  guards      validity guards checked before any verdict (bracketed, stable, warm, in regime,
+              powered): a failed one makes the verdict "undetermined: <guard>"
   plots       matplotlib helpers (U-curves over learning rates, mean curves over seeds)
 
 and here:

@@ -1,61 +1,102 @@
 """Each rule's error rates, by applying it to DRAWS synthetic experiments (fixed seed) at the
 noise an experiment measures: false_alarm (a true claim called false, e.g. identical arms
-called different) and power (an effect of the claimed size detected; below MIN_POWER a "not
-reproduced" says "undetermined", `gate`)."""
+called different) and power (an effect of the declared size detected; below MIN_POWER the
+verdict is "undetermined: powered", `pergrad.analysis.guards.powered`). Each comparison is
+calibrated at its own arms' noise and seeds (Welch: unequal variances, unequal n), never at a
+noise pooled across arms."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import numpy as np
+from scipy import stats
 
 from pergrad.analysis import rules
 
 DRAWS = 4000
 MIN_POWER = 0.8
+DIVERGED = "diverged"  # a Calibration's source when a seed diverged: no noise to calibrate
 
 
 @dataclasses.dataclass(frozen=True)
 class Calibration:
-  """A rule's simulated error rates at `noise` (per-seed std) with `n` seeds a side."""
+  """A rule's simulated error rates at `noise` (per-seed std) with `n` seeds (side A), and
+  `noise_b`, `n_b` on side B where the rule compares two arms (NaN, 0: as side A)."""
 
-  kind: str  # pair | equivalence | threshold | bound
+  kind: str  # pair | equivalence | noninferiority | band | threshold | bound
   noise: float
   n: int
-  effect: float  # the effect the paper claims, in the measurement's units
+  effect: float  # the declared effect (or margin), in the measurement's units
   false_alarm: float
   power: float
-  source: str = "measured"  # or "prior": the noise was not measured (stated in advance)
+  source: str = "measured"  # "prior": not measured (stated in advance); DIVERGED: no noise
+  noise_b: float = math.nan
+  n_b: int = 0
 
   def row(self) -> dict:
     return dataclasses.asdict(self)
 
   def text(self) -> str:
     f = lambda x: "n/a" if not math.isfinite(x) else f"{x:.2f}"
-    return (f"{self.kind} rule at {self.source} noise {self.noise:.3g}, {self.n} seeds, effect "
-            f"{self.effect:.3g}: false alarm {f(self.false_alarm)}, power {f(self.power)}")
+    two = (f" vs {self.noise_b:.3g} ({self.n_b} seeds)"
+           if self.n_b and (self.n_b != self.n or self.noise_b != self.noise) else "")
+    return (f"{self.kind} rule at {self.source} noise {self.noise:.3g}, {self.n} seeds{two}, "
+            f"effect {self.effect:.3g}: false alarm {f(self.false_alarm)}, power {f(self.power)}")
 
 
-def pair(noise: float, n: int, effect: float, n_b: int | None = None) -> tuple[float, float]:
-  """`rules.compare` (lower is better): P(win or loss | same mean), P(win | A lower by effect)."""
+def _draws(noise, n, n_b, noise_b):
   rng, nb = np.random.default_rng(0), n_b or n
-  a, b = noise * rng.standard_normal((DRAWS, n)), noise * rng.standard_normal((DRAWS, nb))
+  sb = noise if noise_b is None or not np.isfinite(noise_b) else noise_b
+  return noise * rng.standard_normal((DRAWS, n)), sb * rng.standard_normal((DRAWS, nb))
+
+
+def pair(noise: float, n: int, effect: float, n_b: int | None = None,
+         noise_b: float | None = None) -> tuple[float, float]:
+  """`rules.compare` (lower is better) with A's seeds at std `noise`, B's at `noise_b`: P(win or
+  loss | same mean), P(win | A lower by effect)."""
+  a, b = _draws(noise, n, n_b, noise_b)
   _, lo, hi = rules.welch_interval(b, a, rules.PAIR_ALPHA)
   fa = float(np.mean((lo > 0) | (hi < 0)))
   _, lo, _ = rules.welch_interval(b + effect, a, rules.PAIR_ALPHA)
   return fa, float(np.mean(lo > 0))
 
 
-def equivalence(noise: float, n: int, margin: float, n_b: int | None = None) -> tuple[float, float]:
-  """`rules.equivalence` on the seeds' curve averages (spread `noise`; the point guard left
-  out): P(the interval lies beyond ±margin | gap = margin), P(equivalent | gap = 0)."""
-  rng, nb = np.random.default_rng(0), n_b or n
-  a, b = noise * rng.standard_normal((DRAWS, n)), noise * rng.standard_normal((DRAWS, nb))
+def equivalence(noise: float, n: int, margin: float, n_b: int | None = None,
+                noise_b: float | None = None) -> tuple[float, float]:
+  """`rules.equivalence` on the seeds' curve averages (A's spread `noise`, B's `noise_b`; the
+  point guard left out): P(the interval lies beyond ±margin | gap = margin), P(equivalent | gap
+  = 0)."""
+  a, b = _draws(noise, n, n_b, noise_b)
   _, lo, hi = rules.welch_interval(a + margin, b, rules.PAIR_ALPHA)
   fa = float(np.mean((lo > margin) | (hi < -margin)))
   _, lo, hi = rules.welch_interval(a, b, rules.ALPHA)
   return fa, float(np.mean((lo >= -margin) & (hi <= margin)))
+
+
+def noninferiority(noise: float, n: int, margin: float, n_b: int | None = None,
+                   noise_b: float | None = None) -> tuple[float, float]:
+  """`rules.noninferior` (A's seeds at std `noise`, B's at `noise_b`): P(non-inferior | A worse
+  by exactly the margin), P(non-inferior | same mean)."""
+  a, b = _draws(noise, n, n_b, noise_b)
+  _, _, hi = rules.welch_interval(a + margin, b, rules.ALPHA)
+  fa = float(np.mean(hi <= margin))
+  _, _, hi = rules.welch_interval(a, b, rules.ALPHA)
+  return fa, float(np.mean(hi <= margin))
+
+
+def band(noise: float, n: int, margin: float) -> tuple[float, float]:
+  """A fitted slope's 90% t-interval (n points, df n − 2, its standard error `noise`, estimated
+  from the residuals) within ±margin of the claimed value: P(within | the slope off by the
+  margin), P(within | the slope at the claimed value)."""
+  rng, df = np.random.default_rng(0), n - 2
+  se = noise * np.sqrt(rng.chisquare(df, DRAWS) / df)
+  half = stats.t.ppf(1 - rules.ALPHA, df) * se
+  err = noise * rng.standard_normal(DRAWS)
+  within = lambda d: float(np.mean(np.abs(d) + half <= margin))
+  return within(err + margin), within(err)
 
 
 def threshold(noise: float, n: int, level: float, claimed: float) -> tuple[float, float]:
@@ -74,32 +115,54 @@ def bound(noise: float, n: int, limit: float, effect: float) -> tuple[float, flo
   return float(np.mean(q25 > limit)), float(np.mean(q75 <= limit))
 
 
-KINDS = {"pair": pair, "equivalence": equivalence, "threshold": threshold, "bound": bound}
+KINDS = {"pair": pair, "equivalence": equivalence, "noninferiority": noninferiority,
+         "band": band, "threshold": threshold, "bound": bound}
+TWO_ARMS = ("pair", "equivalence", "noninferiority")  # rules comparing two arms' seeds
 
 
 def calibrate(kind: str, noise: float, n: int, *args, effect: float | None = None,
-              source: str = "measured", **kw) -> Calibration:
+              source: str = "measured", n_b: int | None = None, noise_b: float | None = None,
+              **kw) -> Calibration:
   """`KINDS[kind](noise, n, *args)` as a `Calibration` recording `effect` (default args[0])
-  (NaN rates without a finite noise or with < 2 seeds)."""
+  (NaN rates without a finite noise or with < 2 seeds a side); `n_b`, `noise_b`: side B's
+  seeds and std (the `TWO_ARMS` rules; default: side A's)."""
   eff = float(effect if effect is not None else (args[0] if args else math.nan))
-  if not (np.isfinite(noise) and noise > 0 and n >= 2):
-    return Calibration(kind, float(noise), int(n), eff, math.nan, math.nan, source)
-  fa, pw = KINDS[kind](float(noise), int(n), *args, **kw)
-  return Calibration(kind, float(noise), int(n), eff, fa, pw, source)
+  nb = int(n_b) if n_b is not None else int(n)
+  sb = float(noise_b) if noise_b is not None else float(noise)
+  two = kind in TWO_ARMS
+  if two:
+    kw = {**kw, "n_b": nb, "noise_b": sb}
+  ok = (np.isfinite(noise) and noise >= 0 and n >= 2 and (not two or (
+      np.isfinite(sb) and sb >= 0 and nb >= 2)) and (noise > 0 or (two and sb > 0)))
+  cal = functools.partial(Calibration, kind, float(noise), int(n), eff, source=source,
+                          noise_b=sb if two else math.nan, n_b=nb if two else 0)
+  if not ok:
+    return cal(math.nan, math.nan)
+  return cal(*KINDS[kind](float(noise), int(n), *args, **kw))
 
 
-def pooled_std(groups) -> float:
-  """√ of the mean within-group sample variance over groups of ≥ 2 finite values."""
-  v = [np.var(np.asarray(g, float), ddof=1) for g in groups
-       if len(g) > 1 and np.isfinite(np.asarray(g, float)).all()]
-  return float(math.sqrt(np.mean(v))) if v else math.nan
+def std(values) -> float:
+  """The sample std (ddof 1) of one arm's finite values (NaN with < 2 or a diverged one)."""
+  x = np.asarray(values, float)
+  return float(np.std(x, ddof=1)) if len(x) > 1 and np.isfinite(x).all() else math.nan
 
 
-def gate(verdict: str, cal: Calibration) -> str:
-  """"not reproduced" from a rule with power < MIN_POWER (or unknown) is "undetermined"."""
-  if verdict == rules.NOT_REPRODUCED and not (cal.power >= MIN_POWER):
-    return rules.UNDETERMINED
-  return verdict
+def of_arms(a, b, effect: float, kind: str = "pair", source: str = "measured") -> Calibration:
+  """A `TWO_ARMS` rule's error rates for arms with values `a` and `b`, each at its own std and
+  seeds; with a diverged seed on a side, NaN rates and source DIVERGED: the comparison is
+  decided by the divergence (a diverged seed loses), which `guards.stable` judges, not noise."""
+  if any(not np.isfinite(float(x)) for x in (*a, *b)):
+    source = DIVERGED
+  return calibrate(kind, std(a), len(a), effect, n_b=len(b), noise_b=std(b), source=source)
+
+
+def weakest(cals) -> Calibration | None:
+  """The calibration with the lowest power (unknown first; those decided by a diverged seed
+  only when there is no other), the one the claims table shows."""
+  cals = list(cals)
+  cals = [c for c in cals if c.source != DIVERGED] or cals
+  key = lambda c: (math.isfinite(c.power), c.power if math.isfinite(c.power) else 0.0)
+  return min(cals, key=key) if cals else None
 
 
 def seeds_for(noise: float, effect: float, kind: str = "pair", *args, target: float = MIN_POWER,

@@ -56,6 +56,11 @@ def second_half(df: pd.DataFrame) -> pd.DataFrame:
   return df if df.empty else df[df["step"] > df.groupby("run")["step"].transform("max") / 2]
 
 
+def first_half(df: pd.DataFrame) -> pd.DataFrame:
+  """The rows up to the middle of each run's logged steps (`second_half`'s complement)."""
+  return df if df.empty else df[df["step"] <= df.groupby("run")["step"].transform("max") / 2]
+
+
 def per_seed_views(by_leaf: pd.DataFrame, sizes: dict[str, int], keys: list[str]) -> pd.DataFrame:
   """by_leaf: keys + [leaf, num, den]; one row per group of `keys`: `rules.leaf_aggregates`."""
   missing = sorted(set(by_leaf["leaf"]) - set(sizes))

@@ -35,7 +35,8 @@ class Comparison:
 
   def sentence(self) -> str:
     f = lambda x: "n/a" if math.isnan(x) else "diverged" if math.isinf(x) else f"{x:.4g}"
-    rel = {WIN: "beats", LOSS: "loses to", TIE: "ties with", UNDETERMINED: "is not separable from"}
+    rel = {WIN: "beats", LOSS: "loses to", TIE: "ties with", UNDETERMINED: "is not separable from",
+           NONINFERIOR: "is non-inferior to"}
     return (f"{self.a} {rel[self.outcome]} {self.b} ({f(self.mean_a)} vs {f(self.mean_b)}, "
             f"noise {f(self.noise)})")
 
@@ -46,18 +47,25 @@ def clean(values: Sequence[float]) -> np.ndarray:
   return np.where(np.isfinite(x), x, np.inf)
 
 
-def compare(a, b, names=("A", "B"), *, lower_is_better: bool = True) -> Comparison:
-  """A vs B by `PAIR_WIN`; a side with no values is undetermined, with a diverged seed loses."""
+def _sides(a, b, names, both_diverged: str):
+  """(A's and B's values, their means, the Comparison the seeds decide without noise or None):
+  a side with no values or < 2 seeds is undetermined; a side with a diverged seed loses (both:
+  `both_diverged`)."""
   xa, xb = clean(a), clean(b)
   mean = lambda x: math.nan if not len(x) else math.inf if np.isinf(x).any() else float(x.mean())
   ma, mb = mean(xa), mean(xb)
-  if not len(xa) or not len(xb):
-    return Comparison(*names, UNDETERMINED, ma, mb, math.nan)
   ia, ib = bool(np.isinf(xa).any()), bool(np.isinf(xb).any())
-  if ia or ib:
-    return Comparison(*names, TIE if ia and ib else LOSS if ia else WIN, ma, mb, math.nan)
-  if len(xa) < 2 or len(xb) < 2:
-    return Comparison(*names, UNDETERMINED, ma, mb, math.nan)
+  out = (UNDETERMINED if not len(xa) or not len(xb) else
+         (both_diverged if ia and ib else LOSS if ia else WIN) if ia or ib else
+         UNDETERMINED if len(xa) < 2 or len(xb) < 2 else None)
+  return xa, xb, ma, mb, None if out is None else Comparison(*names, out, ma, mb, math.nan)
+
+
+def compare(a, b, names=("A", "B"), *, lower_is_better: bool = True) -> Comparison:
+  """A vs B by `PAIR_WIN`; a side with no values is undetermined, with a diverged seed loses."""
+  xa, xb, ma, mb, decided = _sides(a, b, names, TIE)
+  if decided is not None:
+    return decided
   gap, lo, hi = welch_interval(*((xb, xa) if lower_is_better else (xa, xb)), PAIR_ALPHA)
   return Comparison(*names, WIN if lo > 0 else LOSS if hi < 0 else TIE, ma, mb, gap - lo)
 
@@ -158,6 +166,24 @@ def equivalence(a_SxP, b_SxP, margin: float = MARGIN, *, alpha=ALPHA, guard=GUAR
   mx = float(np.max(np.abs(a.mean(axis=0) - b.mean(axis=0))))
   return Equivalence(bool(lo >= -margin and hi <= margin and mx <= guard * margin), gap, lo, hi,
                      mx, margin, n_a, n_b, n_p, lo95, hi95)
+
+
+NONINFERIOR = "non-inferior"
+NONINF = ("A is non-inferior to B (lower is better) when the upper end of the 90% Welch "
+          "interval of mean_A − mean_B (one-sided 95%) lies at or below +margin; A loses when "
+          "it is not and the 95% interval lies above 0 (or A diverged); else undetermined")
+
+
+def noninferior(a, b, margin: float, names=("A", "B")) -> Comparison:
+  """`NONINF` (lower is better; the margin declared before the run): outcome NONINFERIOR,
+  LOSS, WIN (B diverged) or UNDETERMINED (< 2 seeds a side or neither shown)."""
+  xa, xb, ma, mb, decided = _sides(a, b, names, UNDETERMINED)
+  if decided is not None:
+    return decided
+  gap, _, hi = welch_interval(xa, xb, ALPHA)
+  _, lo95, _ = welch_interval(xa, xb, PAIR_ALPHA)
+  out = NONINFERIOR if hi <= margin else LOSS if lo95 > 0 else UNDETERMINED
+  return Comparison(*names, out, ma, mb, hi - gap)
 
 
 HOLDS, FAILS, WITHIN = "holds", "fails", "within noise"

@@ -1,5 +1,6 @@
 """Reading run directories (metrics.jsonl, summary.json): status, a sweep's tidy table (a row
-per run and step, the swept values as columns), final numbers, where a curve reaches a target.
+per run and step, the swept values as columns), final numbers, where a curve reaches a target
+(per run and on an arm's seed-mean curve: `to_target`, `seed_mean_to_target`).
 
 A sweep's run directory is named by its swept overrides as Hydra's
 `${hydra.job.override_dirname}` writes them (`run_dirname`), so the table reads the swept
@@ -109,6 +110,21 @@ def aggregate(sweep_dir: Path) -> pd.DataFrame:
   return pd.concat(frames, ignore_index=True, sort=False)
 
 
+HYDRA_CONFIG = Path(".hydra") / "config.yaml"  # the config Hydra composed for a run
+
+
+def run_setting(run_dir: Path, key: str):
+  """The value of dotted `key` in the config Hydra wrote for the run (None when the run has no
+  such file or the key is not set: a value not recorded is never guessed)."""
+  import yaml
+
+  path = Path(run_dir) / HYDRA_CONFIG
+  node = yaml.safe_load(path.read_text()) if path.exists() else None
+  for part in key.split("."):
+    node = node.get(part) if isinstance(node, dict) else None
+  return node
+
+
 def x_examples(df: pd.DataFrame) -> pd.Series:
   """Examples seen at each row (from train/examples_seen, else step * batch size)."""
   if "train/examples_seen" in df:
@@ -182,3 +198,71 @@ def reach(r: pd.DataFrame, target: float) -> tuple[float, float]:
   tok = crossing(x, r["eval_loss"].to_numpy(float), target)
   t = np.interp(tok, x, r["train_time_s"].to_numpy(float)) if math.isfinite(tok) else math.inf
   return tok, float(t)
+
+
+def to_target(cur: pd.DataFrame, best_arm: str, fin: pd.DataFrame) -> pd.DataFrame:
+  """Per run: the target (the best fixed arm's seed-mean final eval loss), tokens and time to
+  reach it, the final eval loss (+inf for a run the finals `fin` say diverged), totals."""
+  ref = cur[cur["arm"] == best_arm]
+  if ref.empty:
+    return pd.DataFrame()
+  target = float(ref.sort_values("tokens").groupby("run")["eval_loss"].last().mean())
+  marked = dict(zip(fin["run"], fin["final_eval_loss"], strict=True))
+  rows = []
+  for run, r in cur.groupby("run", sort=False):
+    r = r.sort_values("tokens")
+    tok, t = reach(r, target)
+    final = float(marked.get(run, r["eval_loss"].iloc[-1]))
+    rows.append({"run": run, "arm": r["arm"].iloc[0], "train.seed": r["train.seed"].iloc[0],
+                 "target": target, "tokens_to_target": tok, "time_to_target_s": t,
+                 "final_eval_loss": final if math.isfinite(final) else math.inf,
+                 "tokens_total": float(r["tokens"].iloc[-1]),
+                 "time_total_s": float(r["train_time_s"].iloc[-1]),
+                 "updates": int(r["step"].iloc[-1])})
+  return pd.DataFrame(rows)
+
+
+def seed_mean(g: pd.DataFrame, cols) -> pd.DataFrame:
+  """An arm's seed-mean curve: `cols` averaged over its runs' i-th rows in token order (the
+  runs of an arm evaluate and log at the same examples seen, up to one batch)."""
+  g = g.sort_values("tokens")
+  return g.groupby(g.groupby("run").cumcount())[list(cols)].mean()
+
+
+def seed_mean_to_target(cur: pd.DataFrame, best_arm: str, target: float) -> pd.DataFrame:
+  """Per arm: `reach` of its `seed_mean` curve, and the token and wall-time savings against
+  the best fixed arm's."""
+  rows = []
+  for a in sorted(set(cur["arm"])):
+    m = seed_mean(cur[cur["arm"] == a], ["tokens", "eval_loss", "train_time_s"])
+    rows.append(dict(zip(("arm", "tokens_to_target", "time_to_target_s"), (a, *reach(m, target)),
+                         strict=True)))
+  out = pd.DataFrame(rows)
+  ref = float(out.loc[out["arm"] == best_arm, "tokens_to_target"].iloc[0])
+  ref_t = float(out.loc[out["arm"] == best_arm, "time_to_target_s"].iloc[0])
+  out["token_saving"] = 1.0 - out["tokens_to_target"] / ref
+  out["time_saving"] = 1.0 - out["time_to_target_s"] / ref_t
+  return out
+
+
+CURVES = ["run", "arm", "train.seed", "lr", "step", "tokens", "eval_loss", "train_time_s",
+          "batch_size"]
+
+
+def eval_curves(table: pd.DataFrame, arm_of) -> pd.DataFrame:
+  """`CURVES` per run and evaluation, `arm_of(the run's rows)` its arm (time and batch size
+  interpolated from the train records that log them)."""
+  rows = []
+  for run, g in table.groupby("run", sort=False):
+    g = g.sort_values("step")
+    ev, tr = g.dropna(subset=["eval/loss"]), g.dropna(subset=["train/tokens_seen"])
+    timed = tr.dropna(subset=["train/train_time_s"]) if "train/train_time_s" in tr else tr[:0]
+    tokens = ev["eval/tokens_seen"].to_numpy(float)
+    time_s = (np.interp(tokens, timed["train/tokens_seen"], timed["train/train_time_s"])
+              if len(timed) else np.full(len(ev), np.nan))
+    size = np.interp(ev["step"], tr["step"], tr["train/batch_size"]) if len(tr) else np.nan
+    rows.append(pd.DataFrame({
+        "run": run, "arm": arm_of(g), "train.seed": g["train.seed"].iloc[0],
+        "lr": g["optimizer.lr"].iloc[0], "step": ev["step"].to_numpy(), "tokens": tokens,
+        "eval_loss": ev["eval/loss"].to_numpy(), "train_time_s": time_s, "batch_size": size}))
+  return pd.concat(rows, ignore_index=True)[CURVES] if rows else pd.DataFrame(columns=CURVES)

@@ -214,6 +214,9 @@ class Config:
   dist: DistSpec = resumable(default_factory=DistSpec)
   name: str = resumable("run")  # free-form run name (W&B run name, sweep tables)
   experiment: Any = resumable(None)  # set by configs/experiment/*.yaml (free-form tag)
+  # configs/experiment/*.yaml: effects, margins and regimes stated before the runs, each
+  # {value, why}; read by the experiments' reports, never by training (free-form)
+  declared: Any = resumable(None)
   # Modules imported before Hydra composes (`pergrad.config.composer.load_plugins`): user
   # code that registers statistics, backends or optimizers.
   plugins: tuple[str, ...] = resumable(())

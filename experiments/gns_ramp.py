@@ -1,0 +1,195 @@
+"""G3, the paper's own comparison (Gray et al. 2024): a batch-size ramp linear in tokens from
+B_max/8 to B_max over the whole budget reaches the fixed B_max run's final loss with fewer
+tokens (18 % on a Chinchilla-optimal model).
+
+As the authors' code runs it: both arms at the fixed B_max run's tuned lr (factor-2 grid on
+seed 0, extended until bracketed), the lr schedule indexed by tokens, the same tokens; the
+model is sized so the budget is ~20 tokens per parameter (configs/experiment/gns_ramp.yaml).
+Arms: fixed_<B_max>, ramp (sizes every B_max/8 from B_max/8), short (fixed_<B_max> on 82 % of
+the tokens: Δ18, beside). The stronger comparison, against the best fixed batch, is
+gns_schedule's ("beyond the paper").
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from experiments import lr_search
+from experiments.record import ROWS, Experiment, register
+from experiments.sweep import Block, LrSearch, Sweep, base_for, experiment_value, scale_value
+from experiments.verdict import declared, declared_text, gated, listing, not_measured, sections
+from pergrad.analysis import calibrate, guards, rules
+from pergrad.analysis.plots import plt, savefig, style
+from pergrad.analysis.runs import (
+  eval_curves,
+  read_csv,
+  seed_mean,
+  seed_mean_to_target,
+  to_target,
+)
+
+NAME = "gns_ramp"
+TITLE = "the paper's test: a linear batch-size ramp against the fixed B_max run"
+CLAIM = ("A batch-size ramp linear in tokens from B_max/7.5 to B_max, at the fixed B_max run's "
+         "lr, reaches that run's final loss with 18% fewer tokens on a Chinchilla-optimal "
+         "model (Gray et al., arXiv 2411.00999).")
+PAPER = "18% fewer tokens to the fixed B_max run's final loss"
+EFFECT, TPP = declared(NAME, "effect"), declared(NAME, "tokens_per_param")
+SPAN = declared(NAME, "tokens_per_param_span")
+SIZE, STEPS, SELECT_SEED, SHORT = "data.batch_size", "train.steps", 0, 0.82
+GROUP = ("batch.kind", STEPS)  # the short arm: a group of its own (its steps in its name)
+SEEDS = {"ci": (1,), "cpu": (1, 2, 3, 4, 5, 6), "paper": (1, 2, 3, 4, 5, 6)}
+N_EVALS = {"ci": 5, "cpu": 25, "paper": 25}
+RULE = (f"The ramp (B_max/8 to B_max linear in tokens over the budget) vs the fixed B_max run, "
+        f"both at the fixed run's tuned lr and fresh seeds {SEEDS['cpu']}, in final eval loss at "
+        f"equal tokens: {rules.PAIR_WIN}; the effect it must detect is declared ({EFFECT.value:g} "
+        "nats). Reproduced if the ramp wins, not reproduced if it loses or ties with power "
+        "≥ 0.8, else undetermined. The token saving to the fixed run's final loss (seed-mean "
+        "curves) is the paper's figure, reported beside; the regime guard checks tokens per "
+        "parameter.")
+
+
+def b_max(preset: str) -> int:
+  return 2 * int(scale_value(preset, "data.batch_size"))
+
+
+def sweep(preset: str) -> Sweep:
+  """The fixed B_max run's lr search (the ramp and the short arm come in `follow_up`)."""
+  b = b_max(preset)
+  examples = int(scale_value(preset, "data.batch_size")) * int(scale_value(preset, "train.steps"))
+  steps = examples // b
+  base = base_for(NAME, preset, **{
+      SIZE: b, "train.eval_every": max(steps // N_EVALS[preset], 1),
+      "schedule.warmup_steps": max(int(scale_value(preset, "schedule.warmup_steps")),
+                                   guards.MIN_WARMUP if preset != "ci" else 1),
+      "batch.start": b // 8,  # ci: powers of two (4 compiled sizes, not 8)
+      **({} if preset == "ci" else {"batch.sizes": list(range(b // 8, b + 1, b // 8))}),
+      "logging.log_every": 1 if preset == "ci" else 5})
+  lrs = ([float(experiment_value(NAME, "optimizer.lr"))] if preset == "ci"
+         else [5e-3, 1e-2, 2e-2, 4e-2])
+  block = Block({"batch.kind": ["fixed"], STEPS: [steps], "optimizer.lr": lrs,
+                 "train.seed": [SELECT_SEED]})
+  search = LrSearch(GROUP, factor=2.0, max_extend=0 if preset == "ci" else 2,
+                    seeds=SEEDS[preset])
+  return Sweep(base, (block,), search, wall_estimate_min={"ci": 0.5, "cpu": 8}.get(preset))
+
+
+def follow_up(preset: str, sweep_dir: Path) -> tuple[Block, ...]:
+  """The ramp at the fixed run's chosen lr and fresh seeds, the short arm on 3 of them."""
+  from pergrad.analysis.runs import aggregate, finals
+
+  table = aggregate(sweep_dir)
+  best = fixed_best(finals(table)) if not table.empty else None
+  if best is None:
+    return ()
+  lr, seeds, base = [float(best["optimizer.lr"])], list(SEEDS[preset]), sweep(preset).base
+  steps = int(best[STEPS])
+  tokens = steps * base[SIZE] * int(scale_value(preset, "data.seq_len"))
+  return (Block({"batch.kind": ["linear"], "batch.ramp_tokens": [tokens], "optimizer.lr": lr,
+                 "train.seed": seeds}, fixed={STEPS: steps}),
+          Block({"batch.kind": ["fixed"], STEPS: [int(round(SHORT * steps))], "optimizer.lr": lr,
+                 "train.seed": seeds[:3]}))
+
+
+def fixed_best(fin: pd.DataFrame) -> dict | None:
+  """The fixed B_max run's `lr_search.best_lr` row (the short arm, without a selection seed,
+  has no row), None before it."""
+  best = lr_search.best_lr(fin[fin["batch.kind"] == "fixed"], GROUP, "optimizer.lr",
+                           select_seed=SELECT_SEED)
+  return None if best.empty else best.iloc[0].to_dict()
+
+
+def arm(row: dict, steps: float | None = None) -> str:
+  """ramp | fixed | short (a fixed run with fewer than `steps` steps)."""
+  if row.get("batch.kind") == "linear":
+    return "ramp"
+  return "short" if steps is not None and float(row.get(STEPS)) < steps else "fixed"
+
+
+def analyze(runs, out_dir: Path) -> None:
+  """finals.csv, best.csv (the fixed run's lr search), curves.csv, to_target.csv (the judged
+  runs at the chosen lr, fresh seeds), regime.csv (tokens per parameter)."""
+  from pergrad.analysis import n_params
+
+  out_dir, table = Path(out_dir), runs.table
+  fin = lr_search.with_warmup(runs.finals, runs.sweep_dir)
+  fin.to_csv(out_dir / "finals.csv", index=False)
+  best = lr_search.best_lr(fin[fin["batch.kind"] == "fixed"], GROUP, "optimizer.lr",
+                           select_seed=SELECT_SEED)
+  best.to_csv(out_dir / "best.csv", index=False)
+  if best.empty:
+    return
+  lr, steps = float(best["optimizer.lr"].iloc[0]), float(best[STEPS].iloc[0])
+  judged = table[np.isclose(table["optimizer.lr"].astype(float), lr)
+                 & (table["train.seed"] != SELECT_SEED)]
+  cur = eval_curves(judged, lambda g: arm(g.iloc[0].to_dict(), steps))
+  cur.to_csv(out_dir / "curves.csv", index=False)
+  to_target(cur, "fixed", fin).to_csv(out_dir / "to_target.csv", index=False)
+  overrides = table.attrs.get("overrides") or [f"experiment={NAME}"]
+  n, tokens = n_params(overrides), float(cur.loc[cur["arm"] == "fixed", "tokens"].max())
+  pd.DataFrame([{"n_params": n, "tokens": tokens, "tokens_per_param": tokens / n}]).to_csv(
+      out_dir / "regime.csv", index=False)
+
+
+def figures(out_dir: Path) -> list[Path]:
+  """Seed-mean eval loss and batch size against tokens, the fixed run's final loss marked."""
+  cur = read_csv(Path(out_dir) / "curves.csv")
+  fig, axes = plt().subplots(1, 2, figsize=(11, 4.2))
+  for name, g in cur.groupby("arm", sort=True):
+    m = seed_mean(g, ["tokens", "eval_loss", "batch_size"])
+    axes[0].plot(m["tokens"], m["eval_loss"], label=name)
+    axes[1].step(m["tokens"], m["batch_size"], where="post", label=name)
+  tt = read_csv(Path(out_dir) / "to_target.csv")
+  if len(tt):
+    axes[0].axhline(float(tt["target"].iloc[0]), color="k", lw=0.8, ls="--",
+                    label="fixed B_max's final loss")
+  for ax, y in zip(axes, ("eval loss", "batch size"), strict=True):
+    style(ax, xlabel="tokens seen", ylabel=y, legend=8, grid=True)
+  return [savefig(fig, Path(out_dir) / "gns_ramp.png")]
+
+
+def report(out_dir: Path):
+  out_dir = Path(out_dir)
+  tt = read_csv(out_dir / "to_target.csv")
+  if tt.empty:
+    return not_measured(RULE, "the fixed B_max run has no fresh seeds at its chosen lr", NAME,
+                        paper=PAPER)
+  losses = {k: g["final_eval_loss"].tolist() for k, g in tt.groupby("arm")}
+  pair = rules.compare(losses.get("ramp", []), losses.get("fixed", []), ("ramp", "fixed"))
+  verdict = (rules.REPRODUCED if pair.outcome == rules.WIN else rules.NOT_REPRODUCED
+             if pair.outcome in (rules.LOSS, rules.TIE) else rules.UNDETERMINED)
+  cals = {"ramp vs fixed": calibrate.of_arms(losses.get("ramp", []), losses.get("fixed", []),
+                                             EFFECT.value)}
+  best = lr_search.load_best(out_dir)
+  bracket, stable, warm = lr_search.guards_of(best, lambda r: "fixed")
+  fin = read_csv(out_dir / "finals.csv")
+  ramp_warm = lr_search.warm_of(fin, arm, {"ramp"})
+  regime = read_csv(out_dir / "regime.csv")
+  tpp = float(regime["tokens_per_param"].iloc[0]) if len(regime) else math.nan
+  in_regime = guards.in_regime({"tokens per parameter": tpp}, [guards.Regime(
+      "tokens per parameter", TPP.value / SPAN.value, TPP.value * SPAN.value, TPP.why)])
+  cur = read_csv(out_dir / "curves.csv")
+  target = float(tt["target"].iloc[0])
+  mean_tt = seed_mean_to_target(cur, "fixed", target).set_index("arm")
+  save = listing(((a, mean_tt.loc[a, "token_saving"]) for a in ("ramp",) if a in mean_tt.index),
+                 lambda x: f"{100 * x:.1f}%" if math.isfinite(x) else "not reached")
+  short, full = losses.get("short", []), losses.get("fixed", [])
+  delta = float(np.mean(short) - np.mean(full)) if short and full else math.nan
+  return gated(verdict, cals, (bracket, stable, warm, ramp_warm, in_regime), rule=RULE,
+               paper=PAPER, ours=f"token saving to fixed B_max's final loss: {save or 'n/a'}; "
+               f"ramp vs fixed: {pair.outcome}",
+               checks=(pair.sentence(), f"fixed B_max at lr {best['optimizer.lr'].iloc[0]:g}",
+                       f"{tpp:.1f} tokens per parameter", f"Δ18 = {delta:.3g}",
+                       declared_text(EFFECT, TPP, SPAN)),
+               numbers_md=sections(lr_search.best_md(best, GROUP),
+                                   f"To the fixed run's final loss {target:.4f}:",
+                                   mean_tt.reset_index(), "Regime:", regime))
+
+
+EXPERIMENT = register(Experiment(
+    name=NAME, title=TITLE, claim=CLAIM, row=ROWS["G3"], sweep=sweep, analyze=analyze,
+    figures=figures, report=report, follow_up=follow_up))

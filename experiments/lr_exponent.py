@@ -1,0 +1,186 @@
+"""Claim 4 as an exponent: lr*(B) ∝ B^α with the lr tuned at each B, α with its interval
+against √ scaling (α = 0.5), over batch sizes from well below to above the measured B_simple.
+
+Per B: Adam at a √2 grid of absolute lrs centred on Adam's tuned lr × √(B / B_ref), two
+selection seeds, extended until bracketed; every run at the same examples (warmup ≥ 20 steps
+at the largest B). Each seed's lr* is the vertex of a parabola in log lr through its three
+lowest-loss neighbours (the grid point when the vertex leaves them); α is the least-squares
+slope of log lr* on log B over every (B, seed), its interval Student's t on the residuals.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from scipy import stats as sps
+
+from experiments import lr_search
+from experiments.record import ROWS, Experiment, Inputs, register
+from experiments.sweep import Block, LrSearch, Sweep, base_for, scale_value
+from experiments.verdict import declared, declared_text, gated, md_table, not_measured
+from pergrad.analysis import calibrate, guards, rules
+from pergrad.analysis.plots import plt, savefig, style
+from pergrad.analysis.runs import read_csv
+
+NAME = "lr_exponent"
+TITLE = "the exponent of the tuned learning rate in the batch size"
+CLAIM = ("With the learning rate tuned at each batch size, lr* grows as √B (α = 0.5) for "
+         "small to medium B: the premise of square-root scaling.")
+PAPER = "lr* ∝ √B for small/medium B (α = 0.5; qualitative)"
+KEY, SEED, LR = "data.batch_size", "train.seed", "optimizer.lr"
+SIZES = {"ci": [8, 16], "cpu": [4, 8, 16, 32, 64, 128], "paper": [32, 64, 128, 256, 512, 1024]}
+SELECT = (0, 1)
+ALPHA, MARGIN = declared(NAME, "alpha"), declared(NAME, "margin")
+BELOW, ABOVE = declared(NAME, "below"), declared(NAME, "above")
+B_SIMPLE = "gns/total/b_simple"
+RULE = (f"α is the least-squares slope of log lr* on log B over every (B, seed); reproduced "
+        f"when its 90% interval lies within {ALPHA.value:g} ± {MARGIN.value:g} (declared), not "
+        "reproduced when its 95% interval lies wholly outside that band, else undetermined. "
+        "Guards: every lr* inside its grid, no diverged seed at it, ≥ 20 warmup steps, the B "
+        f"range from ≤ {BELOW.value:g} to ≥ {ABOVE.value:g} × the measured B_simple (B_ref's "
+        "runs, second half), and the rule's power for an α of exactly 0.5.")
+
+
+def sweep(preset: str, inputs: Inputs | None = None) -> Sweep:
+  ref = int(scale_value(preset, "data.batch_size"))
+  sizes = SIZES[preset]
+  examples = ref * int(scale_value(preset, "train.steps"))
+  warm = max(ref * int(scale_value(preset, "schedule.warmup_steps")),
+             guards.MIN_WARMUP * max(sizes) if preset != "ci" else 0)
+  lr_ref = float(lr_search.adam_lr(inputs, preset).get(LR, 1e-2))
+  blocks = tuple(Block(
+      {KEY: [b], LR: [float(f"{lr_ref * math.sqrt(b / ref) * 2 ** (i / 2):.3g}")
+                      for i in (range(-2, 3) if preset != "ci" else (0,))],  # √2 apart
+       SEED: list(SELECT if preset != "ci" else SELECT[:1])},
+      fixed={"train.steps": examples // b, "train.eval_every": max(examples // b // 8, 1),
+             "schedule.warmup_steps": max(warm // b, 1),
+             "logging.log_every": max(examples // b // 50, 1)}) for b in sizes)
+  search = LrSearch((KEY,), factor=math.sqrt(2), max_extend=0 if preset == "ci" else 2)
+  # cpu: 6 sizes × 5 lrs × 2 seeds = 60 runs of 12,800 examples (~40 min with the GNS)
+  return Sweep(base_for(NAME, preset), blocks, search,
+               wall_estimate_min={"ci": 0.5, "cpu": 40}.get(preset))
+
+
+def vertex(lrs, losses) -> float:
+  """The lr at the vertex of the parabola in log lr through the lowest finite loss and its two
+  neighbours (the lowest point itself at an edge, or when the parabola opens down)."""
+  x, y = np.log(np.asarray(lrs, float)), np.asarray(losses, float)
+  o = np.argsort(x)
+  x, y = x[o], y[o]
+  if not np.isfinite(y).any():
+    return math.nan
+  i = int(np.nanargmin(np.where(np.isfinite(y), y, np.nan)))
+  if i == 0 or i == len(x) - 1 or not np.isfinite(y[i - 1:i + 2]).all():
+    return float(np.exp(x[i]))
+  a, b, _ = np.polyfit(x[i - 1:i + 2], y[i - 1:i + 2], 2)
+  return float(np.exp(np.clip(-b / (2 * a), x[i - 1], x[i + 1]))) if a > 0 else float(np.exp(x[i]))
+
+
+def lr_star(fin: pd.DataFrame) -> pd.DataFrame:
+  """Per (B, seed): lr* (`vertex`), the grid's lowest-loss lr, the number of lrs."""
+  rows = []
+  for (b, s), g in fin.groupby([KEY, SEED]):
+    loss = g["final_eval_loss"].astype(float).where(~g["diverged"].astype(bool), np.inf)
+    rows.append({KEY: int(b), SEED: int(s), "lr_star": vertex(g[LR], loss),
+                 "lr_grid_best": float(g[LR].iloc[int(np.argmin(loss.to_numpy()))]),
+                 "n_lrs": len(g)})
+  return pd.DataFrame(rows)
+
+
+def fit(star: pd.DataFrame) -> dict:
+  """α (slope of log lr* on log B), its 90% and 95% t-intervals, se, points."""
+  ok = star[np.isfinite(star["lr_star"])]
+  x, y = np.log(ok[KEY].to_numpy(float)), np.log(ok["lr_star"].to_numpy(float))
+  n, nan = len(x), math.nan
+  if n < 3 or np.ptp(x) == 0:
+    return {"alpha": nan, "se": nan, "lo90": nan, "hi90": nan, "lo95": nan, "hi95": nan, "n": n}
+  slope, icpt = np.polyfit(x, y, 1)
+  resid = y - (slope * x + icpt)
+  se = float(np.sqrt(resid @ resid / (n - 2) / ((x - x.mean()) @ (x - x.mean()))))
+  t90, t95 = sps.t.ppf(0.95, n - 2), sps.t.ppf(0.975, n - 2)
+  return {"alpha": float(slope), "se": se, "lo90": slope - t90 * se, "hi90": slope + t90 * se,
+          "lo95": slope - t95 * se, "hi95": slope + t95 * se, "n": n}
+
+
+def judge(f: dict) -> str:
+  lo, hi = ALPHA.value - MARGIN.value, ALPHA.value + MARGIN.value
+  if not math.isfinite(f["alpha"]):
+    return rules.UNDETERMINED
+  if lo <= f["lo90"] and f["hi90"] <= hi:
+    return rules.REPRODUCED
+  return rules.NOT_REPRODUCED if f["lo95"] > hi or f["hi95"] < lo else rules.UNDETERMINED
+
+
+def analyze(runs, out_dir: Path) -> None:
+  """finals.csv (warmup from the configs), best.csv (`lr_search.best_lr` per B), lr_star.csv,
+  b_simple.csv (each run's median tracked B_simple over its second half)."""
+  out_dir = Path(out_dir)
+  fin = lr_search.with_warmup(runs.finals, runs.sweep_dir)
+  fin.to_csv(out_dir / "finals.csv", index=False)
+  lr_search.best_lr(fin, (KEY,), LR, select_seed=SELECT).to_csv(out_dir / "best.csv", index=False)
+  lr_star(fin).to_csv(out_dir / "lr_star.csv", index=False)
+  t = runs.table
+  rows = [{"run": r, KEY: g[KEY].iloc[0], LR: g[LR].iloc[0], "b_simple": float(
+      g.loc[g["step"] > g["step"].max() / 2, B_SIMPLE].median())}
+      for r, g in t.groupby("run")] if B_SIMPLE in t else []
+  pd.DataFrame(rows, columns=["run", KEY, LR, "b_simple"]).to_csv(out_dir / "b_simple.csv",
+                                                                   index=False)
+
+
+def figures(out_dir: Path) -> list[Path]:
+  star = read_csv(Path(out_dir) / "lr_star.csv")
+  fig, ax = plt().subplots(figsize=(5.5, 4.2))
+  if len(star):
+    ax.loglog(star[KEY], star["lr_star"], "o", label="lr* per seed")
+    f = fit(star)
+    if math.isfinite(f["alpha"]):
+      b = np.array(sorted(star[KEY].unique()), float)
+      ly, lx = np.mean(np.log(star["lr_star"])), np.mean(np.log(star[KEY]))
+      for a, ls, name in ((f["alpha"], "-", f"fit α = {f['alpha']:.2f}"),
+                          (ALPHA.value, ":", f"√ scaling (α = {ALPHA.value:g})")):
+        ax.loglog(b, np.exp(ly + a * (np.log(b) - lx)), ls, label=name)
+  style(ax, xlabel="batch size B", ylabel="tuned lr*", legend=8, grid=True)
+  return [savefig(fig, Path(out_dir) / "lr_exponent.png")]
+
+
+def regime(out_dir: Path) -> guards.Guard:
+  """`guards.in_regime`: min(B) / B_simple ≤ BELOW and max(B) / B_simple ≥ ABOVE, B_simple the
+  median over the runs at the reference batch size (the middle of the sizes) at their lr*."""
+  bs, star = read_csv(Path(out_dir) / "b_simple.csv"), read_csv(Path(out_dir) / "lr_star.csv")
+  sizes = sorted(star[KEY].unique()) if len(star) else []
+  b_simple = float(bs["b_simple"].median()) if len(bs) and bs["b_simple"].notna().any() \
+      else math.nan
+  measured = ({"min B / B_simple": sizes[0] / b_simple, "max B / B_simple": sizes[-1] / b_simple}
+              if sizes else {})
+  return guards.in_regime(measured, [guards.Regime("min B / B_simple", hi=BELOW.value),
+                                     guards.Regime("max B / B_simple", lo=ABOVE.value)])
+
+
+def report(out_dir: Path):
+  out_dir = Path(out_dir)
+  star = read_csv(out_dir / "lr_star.csv")
+  if star.empty:
+    return not_measured(RULE, "no run finished", NAME)
+  f = fit(star)
+  best = lr_search.load_best(out_dir)
+  label = lambda r: f"B={int(r[KEY])}"
+  bracket, stable, warm = lr_search.guards_of(best, label)
+  # the band test's error rates at the slope's own standard error and points
+  cal = calibrate.calibrate("band", f["se"], f["n"], MARGIN.value) if f["n"] >= 3 else \
+      calibrate.calibrate("band", math.nan, f["n"], MARGIN.value)
+  ours = (f"α = {f['alpha']:.2f} [{f['lo95']:.2f}, {f['hi95']:.2f}] (95%) over B = "
+          f"{sorted(int(b) for b in star[KEY].unique())}; √ scaling: α = {ALPHA.value:g}")
+  return gated(judge(f), {"α vs 0.5": cal}, (bracket, stable, warm, regime(out_dir)),
+               rule=RULE, paper=PAPER, ours=ours,
+               checks=(f"90% interval [{f['lo90']:.2f}, {f['hi90']:.2f}] against "
+                       f"[{ALPHA.value - MARGIN.value:g}, {ALPHA.value + MARGIN.value:g}]",
+                       declared_text(ALPHA, MARGIN, BELOW, ABOVE)),
+               numbers_md=md_table(star) + "\n\n" + md_table(pd.DataFrame([f])))
+
+
+EXPERIMENT = register(Experiment(
+    name=NAME, title=TITLE, claim=CLAIM, row=ROWS["4"], sweep=sweep, analyze=analyze,
+    figures=figures, report=report, needs=("preconditioner",)))

@@ -1,0 +1,86 @@
+"""G3, the paper's test (`experiments.gns_ramp`) on constructed runs: its plan (B_max/8 to
+B_max, ~20 tokens per parameter), the ramp against the fixed B_max run at its lr, the token
+saving, and the regime guard firing on an over-parameterised model."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from experiments import gns_ramp as gr  # noqa: E402
+from experiments import record  # noqa: E402
+from pergrad.analysis import runs  # noqa: E402
+
+BUDGET, LR = 819_200, 0.02  # tokens, the fixed run's best lr
+
+
+def _table(ramp_speed: float, seeds=(1, 2, 3, 4, 5, 6), n_evals=25) -> pd.DataFrame:
+  """L(x) = 3 + 4·exp(−3·s·x / budget) (a per-seed jitter of s): the fixed run (s = 1) on seed
+  0 at three lrs (the others 10 % slower) and fresh seeds at LR, the ramp (s = ramp_speed) and
+  the short arm (82 % of the tokens) at LR."""
+  rows = []
+  arms = [("fixed", 200, lr, 0, 1.0 if lr == LR else 0.9, 1.0) for lr in (0.01, LR, 0.04)]
+  arms += [("fixed", 200, LR, s, 1.0, 1.0) for s in seeds]
+  arms += [("linear", None, LR, s, ramp_speed, 1.0) for s in seeds]
+  arms += [("fixed", 164, LR, s, 1.0, 0.82) for s in seeds[:3]]
+  for kind, steps, lr, seed, speed, share in arms:
+    name = runs.run_dirname({"batch.kind": kind, "optimizer.lr": lr, "train.seed": seed,
+                             **({"train.steps": steps} if steps else {})})
+    for i in range(n_evals + 1):
+      x = share * BUDGET * i / n_evals
+      loss = 3 + 4 * np.exp(-3 * speed * (1 + 0.01 * (seed - 3)) * x / BUDGET)
+      rows.append({"run": name, "status": "completed", "batch.kind": kind,
+                   "train.steps": steps if steps else np.nan, "optimizer.lr": lr,
+                   "train.seed": seed, "step": 8 * i, "eval/loss": loss, "train/loss": loss,
+                   "eval/tokens_seen": x, "train/tokens_seen": x,
+                   "train/train_time_s": x / 1e4, "train/batch_size": 64 if steps else 8 + i})
+  return pd.DataFrame(rows)
+
+
+def _report(tmp_path, name, table, overrides=("experiment=gns_ramp", "scale=cpu")):
+  d = tmp_path / name
+  d.mkdir()
+  fin = runs.finals(table)
+  for r in fin["run"]:  # each run's warmup, as Hydra records its config
+    (d / r / ".hydra").mkdir(parents=True)
+    (d / r / ".hydra" / "config.yaml").write_text("schedule:\n  warmup_steps: 20\n")
+  table.attrs["overrides"] = list(overrides)
+  gr.analyze(record.Runs(d, table, fin), d)
+  assert gr.figures(d)[0].exists()
+  return gr.report(d), d
+
+
+def test_gns_ramp_plan_is_the_papers():
+  sw = gr.sweep("cpu")
+  b = sw.base
+  assert b["data.batch_size"] == 64 and b["batch.start"] == 8  # B_max / 8 (the paper: / 7.5)
+  assert b["batch.sizes"] == [8, 16, 24, 32, 40, 48, 56, 64]  # a ramp, not powers of two
+  assert sw.blocks[0].grid["train.steps"] == [200] and b["schedule.warmup_steps"] >= 20
+  assert len(sw.lr_search.seeds) == 6 and sw.lr_search.max_extend == 2
+
+
+def test_gns_ramp_wins_and_saves_tokens(tmp_path):
+  rep, d = _report(tmp_path, "faster", _table(1.3))
+  assert rep.verdict == "reproduced", (rep.finding, rep.guards_text())
+  assert [g["name"] for g in rep.guards] == ["bracketed", "stable", "warm", "warm", "in_regime",
+                                            "powered"]
+  regime = pd.read_csv(d / "regime.csv")
+  assert regime["n_params"].iloc[0] == 40_096
+  assert 19 < regime["tokens_per_param"].iloc[0] < 21  # Chinchilla-proportioned
+  assert "token saving to fixed B_max's final loss: ramp 2" in rep.ours  # 1 − 1/1.3 ≈ 23 %
+  assert "Δ18 = 0.1" in rep.finding  # the short arm ends higher
+
+
+def test_gns_ramp_tie_is_not_reproduced_and_the_regime_guard_fires(tmp_path):
+  rep, _ = _report(tmp_path, "same", _table(1.0))
+  assert rep.verdict == "not reproduced", rep.finding  # a tie at power ≥ 0.8
+  rep, _ = _report(tmp_path, "big", _table(1.3), overrides=(
+      "experiment=gns_ramp", "scale=cpu", "model.d_model=128", "model.d_ff=512"))
+  assert rep.verdict == "undetermined: in_regime", rep.guards_text()
+  assert "tokens per parameter 1." in rep.guards_text()  # ~1.3 tokens per parameter

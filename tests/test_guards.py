@@ -1,0 +1,105 @@
+"""The validity guards (`pergrad.analysis.guards`): each one, on a case built to violate it,
+fires and makes the verdict "undetermined: <guard>"; on a case that satisfies it, passes and
+leaves the verdict alone. Then the same guards from an lr search's best.csv, and in a report."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+
+from experiments import lr_search
+from experiments.verdict import gated, pairs_report
+from pergrad.analysis import calibrate, guards, rules
+
+R = rules.REPRODUCED
+
+
+def _cal(power: float) -> calibrate.Calibration:
+  return calibrate.Calibration("pair", 0.01, 5, 0.02, 0.05, power)
+
+
+@pytest.mark.parametrize("name, bad, good", [
+    ("bracketed",  # the best lr at the top of its grid; the best batch size at the bottom
+     lambda: guards.bracketed({"ema": ([1e-3, 3e-3, 1e-2], 1e-2), "B": ([8, 16, 32], 8)}),
+     lambda: guards.bracketed({"ema": ([1e-3, 3e-3, 1e-2], 3e-3), "B": ([8, 16, 32], 16)})),
+    ("stable",  # chosen one √2 step below a diverged lr is fine; at it or right below it is not
+     lambda: guards.stable({"B=128": (0.06, [0.06]), "adam": (0.03, [0.0424])}, 2.0),
+     lambda: guards.stable({"adam": (0.03, [0.0424 * 1.5]), "msq": (0.01, [])}, math.sqrt(2))),
+    ("warm",  # warmup counted in examples: 640 examples at B = 128 are 5 steps
+     lambda: guards.warm({"B=32": 20, "B=128": 5}),
+     lambda: guards.warm({"B=32": 20, "B=128": 20})),
+    ("in_regime",  # B_ref = 32 above B_simple ≈ 10 for a claim about B ≤ B_simple; unmeasured
+     lambda: guards.in_regime({"B_ref / B_simple": 3.2},
+                              [guards.Regime("B_ref / B_simple", hi=1.0),
+                               guards.Regime("tokens per parameter", 15, 25)]),
+     lambda: guards.in_regime({"B_ref / B_simple": 0.5, "tokens per parameter": 20.0},
+                              [guards.Regime("B_ref / B_simple", hi=1.0),
+                               guards.Regime("tokens per parameter", 15, 25)])),
+    ("powered",  # a tie at power 0.15 is not a finding
+     lambda: guards.powered({"msq vs micro_adam": _cal(0.15), "adam vs micro_adam": _cal(0.95)}),
+     lambda: guards.powered({"adam vs micro_adam": _cal(0.95)})),
+])
+def test_each_guard_fires_on_its_violation_and_passes_otherwise(name, bad, good):
+  b, g = bad(), good()
+  assert b.name == g.name == name and name in guards.NAMES
+  assert not b.ok and g.ok, (b, g)
+  assert "FAILS" in b.text() and "passes" in g.text()
+  assert guards.apply(R, [g, b]) == f"undetermined: {name}"
+  assert guards.apply(R, [g]) == R
+  assert guards.apply(rules.NOT_REPRODUCED, [b]) == f"undetermined: {name}"
+
+
+def test_the_violations_are_named():
+  b = guards.bracketed({"ema": ([1e-3, 3e-3, 1e-2], 1e-2)})
+  assert "ema" in b.why and "highest" in b.why
+  s = guards.stable({"B=128": (0.06, [0.06])}, 2.0)
+  assert "B=128" in s.why and "0.06" in s.why
+  r = guards.in_regime({}, [guards.Regime("tokens per parameter", 15, 25)])
+  assert not r.ok and "not measured" in r.why
+  assert not guards.warm({}).ok and not guards.powered({}).ok
+  assert not guards.powered({"x": _cal(math.nan)}).ok  # unknown power: not powered
+
+
+def test_several_failed_guards_are_all_listed_and_not_measured_stays():
+  failed = [guards.warm({"a": 3}), guards.powered({"x": _cal(0.1)})]
+  assert guards.apply(rules.PARTLY, failed) == "undetermined: warm, powered"
+  assert guards.apply("not measured", failed) == "not measured"
+
+
+def _best(rows) -> pd.DataFrame:
+  return pd.DataFrame([{"optimizer.placement": p, "optimizer.lr": lr, "grid": grid,
+                        "diverged_lrs": div, lr_search.WARMUP: w}
+                       for p, lr, grid, div, w in rows])
+
+
+def test_lr_search_guards_read_best_csv_columns():
+  label = lambda r: r["optimizer.placement"]
+  ok = _best([("ema", 3e-3, "0.001 0.003 0.01", "", 20.0),
+              ("batch", 1e-2, "0.003 0.01 0.03 0.1", "0.1", 20.0)])
+  assert all(g.ok for g in lr_search.guards_of(ok, label))
+  bad = _best([("ema", 1e-2, "0.001 0.003 0.01", "", 20.0),  # at the edge
+               ("batch", 3e-2, "0.003 0.01 0.03 0.1", "0.03", 10.0)])  # diverged at its lr
+  b, s, w = lr_search.guards_of(bad, label)
+  assert not b.ok and not s.ok and not w.ok
+  assert all(g.ok for g in lr_search.guards_of(bad.iloc[:0], label)[:2])
+  unused = lr_search.guards_of(bad, label, used={"other"})
+  assert unused[0].ok and unused[1].ok  # only the compared groups are guarded
+  missing = _best([("ema", 3e-3, "0.001 0.003 0.01", "", math.nan)])
+  assert not lr_search.guards_of(missing, label)[2].ok  # a warmup not recorded is not warm
+  old = lr_search.guards_of(ok.drop(columns="diverged_lrs"), label)[1]  # older best.csv
+  assert not old.ok and "records no divergences" in old.why
+
+
+def test_a_report_shows_the_failed_guard_as_its_verdict():
+  vals = {"a": [4.00, 4.01, 4.00, 4.01, 4.00], "b": [4.10, 4.11, 4.10, 4.12, 4.11]}
+  rep = pairs_report(vals, [("a", "b")], rule="r", paper="p", effect=0.05)
+  assert rep.verdict == R and [g["name"] for g in rep.guards] == ["powered"]
+  rep = pairs_report(vals, [("a", "b")], rule="r", paper="p", effect=0.05,
+                     checked=(guards.warm({"a": 20, "b": 5}),))
+  assert rep.verdict == "undetermined: warm" and "warm: FAILS" in rep.guards_text()
+  doc = rep.to_json({"commit": "x", "clean": True})
+  assert doc["guards"][0]["name"] == "warm" and "a vs b" in doc["calibrations"]
+  weak = gated(R, _cal(0.3))
+  assert weak.verdict == "undetermined: powered"
