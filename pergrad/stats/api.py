@@ -39,6 +39,7 @@ are global sums, so the statistics are those of the whole global batch.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -46,10 +47,10 @@ import jax
 from optax import microbatching
 
 from pergrad.fields import Choice
-from pergrad.layer_types import TYPE_RULES
 from pergrad.stats import backends, registry
 from pergrad.stats.options import StatsOptions
 from pergrad.stats.request import StatsRequest
+from pergrad.stats.surgery.sites import Unsupported, leaf_rules, make_plan
 from pergrad.stats.types import GradStats
 
 PyTree = Any
@@ -100,6 +101,29 @@ def resolve_backend(request: StatsRequest, backend: str = "auto") -> str:
     which = "surgery"
   check_support(request, which)
   return which
+
+
+_WARNED: set[str] = set()
+
+
+def surgery_or_vmap(loss_fn, params, batch, request: StatsRequest) -> str:
+  """"surgery" where its planner proves it exact for loss_fn (`surgery.proof`, at trace
+  time), else "vmap" with a one-time warning naming the leaf and the use that surgery
+  refused; the refusal itself where vmap cannot serve the request either (per-token
+  statistics)."""
+  try:
+    make_plan(loss_fn, params, batch, request)
+  except Unsupported as e:
+    try:
+      check_support(request, "vmap")
+    except ValueError:
+      raise e from None
+    if e.reason not in _WARNED:
+      _WARNED.add(e.reason)
+      warnings.warn(f"pergrad.stats: surgery is not exact for this model ({e.reason}); "
+                    "backend='auto' falls back to backend='vmap'.", stacklevel=3)
+    return "vmap"
+  return "surgery"
 
 
 def check_support(request: StatsRequest, backend: str) -> None:
@@ -201,9 +225,13 @@ def compute(
           f"{options.microbatch_size} disagree; give one of them.")
     options = dataclasses.replace(options, microbatch_size=microbatch_size)
   which = resolve_backend(request, backend)
-  entry = backends.get(which)
   B = batch_size(batch)
+  if backend == "auto" and which == "surgery":
+    which = surgery_or_vmap(loss_fn, params, batch, request)
+  entry = backends.get(which)
   check_microbatch(options.microbatch_size, B)
+  # Layer types for `layers` and the noise-scale groups: one classifier, every backend.
+  rules = leaf_rules(loss_fn, params, batch, request) if entry.statistics else ()
   out = jax.eval_shape(loss_fn, params, batch)
   if getattr(out, "shape", None) != (B,):
     raise ValueError(
@@ -218,9 +246,7 @@ def compute(
     loss, stats = _microbatched(chunk_fn, params, batch, chunk)
   if not entry.statistics:  # ḡ alone
     return loss, stats
-  if request.type_rules and not stats.rules:
-    stats = stats.replace(rules=request.type_rules + TYPE_RULES)
-  return loss, stats.replace(layers=request.layers) if request.layers else stats
+  return loss, stats.replace(rules=rules, layers=request.layers)
 
 
 def _microbatched(chunk_fn: Callable, params: PyTree, batch: PyTree, microbatch_size: int):
