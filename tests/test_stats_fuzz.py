@@ -404,6 +404,24 @@ def test_500_models_none_silently_wrong():
   assert bad == []
 
 
+RECORD = Path(__file__).resolve().parents[1] / "results" / "stats_fuzz.json"
+
+
+def readme_sentence(rec: dict) -> str:
+  """README.md's statement of the fuzzer's record (checked against the record below)."""
+  return (f"Its record (`results/stats_fuzz.json`, written by `python tests/test_stats_fuzz.py "
+          f"--models {rec['models']} --out results/stats_fuzz.json`): {rec['models']} models, "
+          f"{rec['surgery_exact']} proved exact and {rec['surgery_refused']} refused by surgery, "
+          f"{rec['silent_mismatches']} silent mismatches.")
+
+
+def test_the_readme_states_the_committed_record():
+  rec = json.loads(RECORD.read_text())
+  assert rec["models"] >= 500 and rec["silent_mismatches"] == 0 and not rec["failures"]
+  readme = " ".join((RECORD.parents[1] / "README.md").read_text().split())
+  assert readme_sentence(rec) in readme
+
+
 def summary(outs, seconds: float) -> dict:
   count = collections.Counter
   return dict(
@@ -429,8 +447,10 @@ if __name__ == "__main__":
     outs.append(check(s))
     build.cache_clear()
     jax.clear_caches()
-    if s % 25 == 0:
-      print(s, sum(bool(o["mismatches"]) for o in outs), f"{time.time() - t0:.0f}s", flush=True)
+    if a.out and (s + 1) % 25 == 0:  # the record so far: a stopped run keeps its count
+      a.out.write_text(json.dumps(summary(outs, time.time() - t0), indent=1) + "\n")
+      print(s + 1, sum(bool(o["mismatches"]) for o in outs), f"{time.time() - t0:.0f}s",
+            flush=True)
   rec = summary(outs, time.time() - t0)
   print(json.dumps(rec, indent=1))
   if a.out:

@@ -46,7 +46,6 @@ from typing import Any
 import jax
 from optax import microbatching
 
-from pergrad.fields import Choice
 from pergrad.stats import backends, registry
 from pergrad.stats.options import StatsOptions
 from pergrad.stats.request import StatsRequest
@@ -56,17 +55,6 @@ from pergrad.stats.types import GradStats
 PyTree = Any
 LossFn = Callable[[PyTree, dict], jax.Array]
 
-
-
-class StatsBackend(Choice):
-  """The built-in choices of `stats.backend`; the table (`backends.REGISTRY`) also holds
-  the plain steps "value_and_grad" and "contraction" (what "auto" gives a mean-only
-  request) and registered backends."""
-
-  auto = "auto"  # the cheapest backend that can supply the request
-  vmap = "vmap"
-  surgery = "surgery"
-  loop = "loop"
 
 
 def resolve_backend(request: StatsRequest, backend: str = "auto") -> str:

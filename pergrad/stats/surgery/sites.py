@@ -190,7 +190,7 @@ def make_plan(loss_fn, params, batch, request: StatsRequest) -> Plan:
     calls, linen_types = _traced_sites(loss_fn, params, batch, B, keys)
     by_key = dict(zip(keys, paths, strict=True))
     sites = _sites(calls, B, set(keys), set(), linen_types)
-    proof.prove(loss_fn, params, batch, keys, paths,
+    proof.prove(loss_fn, jax.tree.map(_struct, params), jax.tree.map(_struct, batch), keys, paths,
                 [(c1["y"], c1["dtype"]) for c1, _ in calls],
                 [i for i, s in enumerate(sites) if s.in_axis is None])
   except Unsupported:
