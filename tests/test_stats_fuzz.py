@@ -305,8 +305,7 @@ def build(seed: int):
 
   if m["frontend"] == "plain":
     params = _plain_params(m, rng)
-    first = lambda p: next(iter(p.values())).get("kernel", next(iter(p.values())).get(
-        "embedding"))
+    first = lambda p: p["wte"]["embedding"] if "wte" in p else p["din"]["kernel"]
     loss_fn = lambda p, b: xent(_forward(m, _Plain(m, p), b["inputs"]), b["targets"]) + \
         penalty(p, first)
   elif m["frontend"] == "nnx":
@@ -423,6 +422,8 @@ def test_the_readme_states_the_committed_record():
 
 
 def summary(outs, seconds: float) -> dict:
+  """The record of a run: counts, failures, and one row per model (seed, frontend, tokens,
+  head, hazard, surgery's outcome, mismatches)."""
   count = collections.Counter
   return dict(
       models=len(outs), silent_mismatches=sum(bool(o["mismatches"]) for o in outs),
@@ -434,22 +435,49 @@ def summary(outs, seconds: float) -> dict:
       failures=[dict(seed=o["model"]["seed"], mismatches=o["mismatches"]) for o in outs
                 if o["mismatches"]],
       seconds=round(seconds, 1),
+      rows=[[o["model"]["seed"], o["model"]["frontend"], o["model"]["tokens"],
+             o["model"]["head"], o["model"]["hazard"], o["surgery"], len(o["mismatches"])]
+            for o in outs],
       command="python tests/test_stats_fuzz.py --models N --out results/stats_fuzz.json")
+
+
+def merged(records: list[dict]) -> dict:
+  """One record of runs over disjoint seeds (`--shard`), as one run's."""
+  outs = [dict(model=dict(seed=r[0], frontend=r[1], tokens=r[2], head=r[3], hazard=r[4]),
+               surgery=r[5], mismatches=["?"] * r[6]) for rec in records for r in rec["rows"]]
+  rec = summary(sorted(outs, key=lambda o: o["model"]["seed"]),
+                sum(r["seconds"] for r in records))
+  rec["failures"] = [f for r in records for f in r["failures"]]
+  return rec
+
+
+def _crashed(seed: int, e: Exception) -> dict:
+  return dict(model=draw(seed), surgery="crash", mismatches=[f"{type(e).__name__}: {e}"])
 
 
 if __name__ == "__main__":
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--models", type=int, default=500)
+  ap.add_argument("--shard", default="0/1", help="K/N: the seeds s < models with s % N == K")
+  ap.add_argument("--merge", type=Path, nargs="*", help="merge these shards' records into --out")
   ap.add_argument("--out", type=Path, default=None)
   a = ap.parse_args()
+  if a.merge:
+    rec = merged([json.loads(f.read_text()) for f in a.merge])
+    a.out.write_text(json.dumps(rec, indent=1) + "\n")
+    sys.exit(print({k: v for k, v in rec.items() if k != "rows"}))
+  k, n = map(int, a.shard.split("/"))
   t0, outs = time.time(), []
-  for s in range(a.models):
-    outs.append(check(s))
+  for s in range(k, a.models, n):
+    try:
+      outs.append(check(s))
+    except Exception as e:  # noqa: BLE001 - recorded as a failure, the run goes on
+      outs.append(_crashed(s, e))
     build.cache_clear()
     jax.clear_caches()
-    if a.out and (s + 1) % 25 == 0:  # the record so far: a stopped run keeps its count
+    if a.out and len(outs) % 10 == 0:  # the record so far: a stopped run keeps its count
       a.out.write_text(json.dumps(summary(outs, time.time() - t0), indent=1) + "\n")
-      print(s + 1, sum(bool(o["mismatches"]) for o in outs), f"{time.time() - t0:.0f}s",
+      print(len(outs), sum(bool(o["mismatches"]) for o in outs), f"{time.time() - t0:.0f}s",
             flush=True)
   rec = summary(outs, time.time() - t0)
   print(json.dumps(rec, indent=1))

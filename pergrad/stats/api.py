@@ -20,7 +20,8 @@ unrolling, vmap's layout); which backend, a name of the table `backends.REGISTRY
                standard Flax Linen / NNX layers, or calling `pergrad.stats.taps`.
   - "loop":    a Python loop over examples (`reference.py`); a reference for tests.
   - "auto":    the cheapest backend that can supply the request (`resolve_backend`):
-               surgery.
+               surgery where its planner proves it exact for the model, else vmap with
+               a one-time warning (`surgery_or_vmap`).
 A request for "mean" alone (example granularity, no clipping) takes a plain step whatever
 the backend asked, since the mean needs nothing more: "contraction" on CPU (the fast
 weight-gradient path), "value_and_grad" elsewhere, or whichever of the two is asked.
@@ -74,8 +75,8 @@ def resolve_backend(request: StatsRequest, backend: str = "auto") -> str:
       step); with clipping (`scripts/bench_stats.py --stat-sets clip`, cpu presets, over the
       plain step, FLOPs / peak / median time) surgery 1.02-1.08x / 1.05-1.10x / 1.00-1.05x
       against vmap 1.005-1.011x / 1.09-1.24x / 1.17-1.47x. Surgery needs a model of
-      standard layers (its error names any other layer that owns parameters: use
-      backend="vmap" there). Not yet measured on an accelerator.
+      standard layers that it can prove exact (`surgery/proof.py`); `compute` sends any
+      other model to vmap (`surgery_or_vmap`). Not yet measured on an accelerator.
   Raises ValueError when `backend` cannot serve the request, naming one that can.
   """
   if backend != "auto":
@@ -214,17 +215,17 @@ def compute(
     options = dataclasses.replace(options, microbatch_size=microbatch_size)
   which = resolve_backend(request, backend)
   B = batch_size(batch)
-  if backend == "auto" and which == "surgery":
-    which = surgery_or_vmap(loss_fn, params, batch, request)
-  entry = backends.get(which)
   check_microbatch(options.microbatch_size, B)
-  # Layer types for `layers` and the noise-scale groups: one classifier, every backend.
-  rules = leaf_rules(loss_fn, params, batch, request) if entry.statistics else ()
   out = jax.eval_shape(loss_fn, params, batch)
   if getattr(out, "shape", None) != (B,):
     raise ValueError(
         f"loss_fn must return per-example losses of shape ({B},), got "
         f"{getattr(out, 'shape', out)}; use pergrad.loss.make_loss_fn (no mean over the batch).")
+  if backend == "auto" and which == "surgery":
+    which = surgery_or_vmap(loss_fn, params, batch, request)
+  entry = backends.get(which)
+  # Layer types for `layers` and the noise-scale groups: one classifier, every backend.
+  rules = leaf_rules(loss_fn, params, batch, request) if entry.statistics else ()
 
   chunk = options.microbatch_size
   chunk_fn = lambda p, b: entry.fn(loss_fn, p, b, request, options)

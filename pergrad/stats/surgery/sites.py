@@ -7,10 +7,14 @@ its parameter leaves, whether the request's layer selection covers it, the examp
 of its input (the one axis whose size follows the batch; None for an input shared across
 the batch), the dense contraction axes, the tokens per example. A parameter leaf no layer
 call uses, a layer used twice (other than a tied embedding table, lookup then attend), a
-normalization over other axes, a dense layer with batch axes raise a ValueError naming it.
+normalization over other axes, a dense layer with batch axes raise an `Unsupported` naming
+it; so does anything `proof.prove` cannot show exact (one more abstract trace, at batch B).
+Plans (and refusals) are remembered per (loss_fn, shapes, request): a step traced again,
+or `compute`'s auto check then the backend, trace the model once.
 
-Layer types (`pergrad.layer_types`) of the leaves of a norm or embedding call come from
-that (class-derived) kind; the others' from their names (`Plan.rules`).
+Layer types (`pergrad.layer_types.call_rules`, `leaf_rules`: the one classifier of every
+backend) of the leaves of a norm or embedding call come from that (class-derived) kind;
+the others' from their names (`Plan.rules`).
 """
 
 from __future__ import annotations
@@ -189,7 +193,7 @@ def make_plan(loss_fn, params, batch, request: StatsRequest) -> Plan:
   try:
     calls, linen_types = _traced_sites(loss_fn, params, batch, B, keys)
     by_key = dict(zip(keys, paths, strict=True))
-    sites = _sites(calls, B, set(keys), set(), linen_types)
+    sites = _sites(calls, B, set(keys), linen_types)
     proof.prove(loss_fn, jax.tree.map(_struct, params), jax.tree.map(_struct, batch), keys, paths,
                 [(c1["y"], c1["dtype"]) for c1, _ in calls],
                 [i for i, s in enumerate(sites) if s.in_axis is None])
@@ -202,7 +206,7 @@ def make_plan(loss_fn, params, batch, request: StatsRequest) -> Plan:
   rules = call_rules({by_key[k]: c1["kind"] for c1, _ in calls for k in c1["keys"].values()},
                      request.type_rules)
   chosen = {k for k, p in zip(keys, paths, strict=True) if selects(request.layers, p, rules)}
-  sites = _sites(calls, B, set(keys), chosen, linen_types)
+  sites = [dataclasses.replace(s, selected=any(k in chosen for k in s.keys)) for s in sites]
   rows = {s.rows for s in sites}
   if request.granularity == "token" and len(rows) > 1:
     raise unsupported(f"per-token statistics need every layer to see the same tokens per "
@@ -270,8 +274,8 @@ def _traced_sites(loss_fn, params, batch, B: int, keys):
   return [(c1, c2) for c1, c2 in zip(log1, log2, strict=True) if c1["keys"]], linen_types
 
 
-def _sites(calls, B: int, keys: set, chosen: set, linen_types: dict) -> list[Site]:
-  """One Site per layer call (`keys`: every leaf; `chosen`: the selected leaves)."""
+def _sites(calls, B: int, keys: set, linen_types: dict) -> list[Site]:
+  """One Site per layer call (`keys`: every leaf), none selected yet."""
   used: dict[tuple, list] = {}
   for c1, _ in calls:
     for k in c1["keys"].values():
@@ -287,11 +291,11 @@ def _sites(calls, B: int, keys: set, chosen: set, linen_types: dict) -> list[Sit
       raise unsupported(
           f"'{_name(k[:-1])}' is used {len(cs)} times ({methods}); shared weights are "
           "handled only for a tied embedding table (lookup then attend)")
-  return [_site(c1, c2, B, chosen, tied=len(used[next(iter(c1["keys"].values()))]) > 1)
+  return [_site(c1, c2, B, tied=len(used[next(iter(c1["keys"].values()))]) > 1)
           for c1, c2 in calls]
 
 
-def _site(c1: dict, c2: dict, B: int, chosen: set, tied: bool) -> Site:
+def _site(c1: dict, c2: dict, B: int, tied: bool) -> Site:
   """The Site of one call, traced at batch sizes B (c1) and B+1 (c2)."""
   kind, a, attend = c1["kind"], c1["attrs"], c1["attend"]
   roles = tuple(c1["keys"])
@@ -302,7 +306,7 @@ def _site(c1: dict, c2: dict, B: int, chosen: set, tied: bool) -> Site:
   nx = len(c1["x"])
   kw = dict(path=first[:-1], kind=kind, attend=attend, in_axis=ax, tied=tied, leaves=roles,
             keys=tuple(c1["keys"][r] for r in roles),
-            selected=any(k in chosen for k in c1["keys"].values()))
+            selected=False)
   contract = ()
   if kind == "dense":
     contract = kw["contract"] = a["contract"]
