@@ -124,3 +124,67 @@ def batch(B: int, seed: int = 0):
   rng = np.random.default_rng(seed)
   return {"inputs": jnp.asarray(rng.integers(0, 6, (B, T)), jnp.int32),  # repeated ids
           "targets": jnp.asarray(rng.integers(0, V, (B, T)), jnp.int32)}
+
+
+# --- a float64 per-example loop: the reference of every statistic ----------------------------
+def reference64(loss_fn, params, batch, want=("mean", "sq", "sign", "norms"), clip=None):
+  """{statistic: tree like params} of the per-example gradients, by a float64 Python loop:
+  g_b = ∇ loss_b (batch of one), clipped to ĝ_b = g_b·min(1, C/‖g_b‖) when `clip` is C;
+  "mean": Σ_b ĝ_b, "sq": Σ_b ĝ_b², "sign": Σ_b sign(ĝ_b), "norms": [‖ĝ_b‖² per leaf]
+  (leaves (B,)), and "_samples": the ĝ_b stacked (leaves (B, ...))."""
+  with jax.enable_x64(True):
+    wide = lambda a: (np.asarray(a, np.float64) if np.issubdtype(np.asarray(a).dtype,
+                                                                   np.floating) else a)
+    p64 = jax.tree.map(wide, params)
+    grad = jax.jit(jax.grad(lambda p, ex: loss_fn(p, ex)[0].astype(jnp.float64)))
+    B = jax.tree.leaves(batch)[0].shape[0]
+    batch = jax.tree.map(np.asarray, batch)  # slices in NumPy: no eager op to compile
+    samples = [jax.tree.map(np.asarray, grad(p64, jax.tree.map(lambda x, b=b: x[b:b + 1], batch)))
+               for b in range(B)]
+  return statistics64(jax.tree.map(lambda *g: np.stack(g), *samples), want, clip)
+
+
+def statistics64(samples, want=("mean", "sq", "sign", "norms"), clip=None):
+  """`reference64`'s statistics of float64 per-example gradients (leaves (B, ...))."""
+  B = jax.tree.leaves(samples)[0].shape[0]
+  if clip is not None:
+    norms = np.sqrt(sum(np.square(g).reshape(B, -1).sum(-1) for g in jax.tree.leaves(samples)))
+    w = np.minimum(1.0, clip / np.maximum(norms, 1e-300))
+    samples = jax.tree.map(lambda g: g * w.reshape((B,) + (1,) * (g.ndim - 1)), samples)
+  stacked = samples
+  out = {"_samples": stacked, "mean": jax.tree.map(lambda g: g.sum(0), stacked)}
+  if "sq" in want:
+    out["sq"] = jax.tree.map(lambda g: np.square(g).sum(0), stacked)
+  if "sign" in want:
+    out["sign"] = jax.tree.map(lambda g: np.sign(g).sum(0), stacked)
+  if "norms" in want:
+    out["norms"] = jax.tree.map(lambda g: np.square(g).reshape(B, -1).sum(-1), stacked)
+  return out
+
+
+def mismatches(stats, ref, want=("mean", "sq", "sign", "norms"), rtol=1e-4) -> list[str]:
+  """The (statistic, leaf) pairs where `stats` (a GradStats) differs from `reference64`'s
+  `ref` by more than float32 round-off: ‖got − ref‖ > rtol·(‖ref‖ + 1e-3·the largest leaf's
+  ‖ref‖) per leaf; signs only where no sample is near zero. [] when they all agree."""
+  bad = []
+  samples = ref["_samples"]
+  paths = [jax.tree_util.keystr(k, simple=True, separator="/")
+           for k, _ in jax.tree_util.tree_flatten_with_path(samples)[0]]
+  for name in want:
+    got = [np.asarray(x, np.float64) for x in jax.tree.leaves(jax.device_get(stats.get(name)))]
+    exp = jax.tree.leaves(ref[name])
+    if len(got) != len(exp):
+      return [f"{name}: {len(got)} leaves, expected {len(exp)}"]
+    top = max(float(np.linalg.norm(e)) for e in exp)
+    for path, g, e, s in zip(paths, got, exp, jax.tree.leaves(samples), strict=True):
+      if name == "sign":
+        a = np.abs(s)
+        ok = np.all(a > 1e-4 * max(float(a.max()), 1e-30), axis=0)
+        g, e = np.where(ok, g, 0), np.where(ok, e, 0)
+        err, tol = float(np.abs(g - e).max(initial=0.0)), 1e-3
+      else:
+        err = float(np.linalg.norm(g - e))
+        tol = rtol * (float(np.linalg.norm(e)) + 1e-3 * top)
+      if not err <= tol:
+        bad.append(f"{name} {path}: error {err:.3g} > {tol:.3g}")
+  return bad

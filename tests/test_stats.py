@@ -313,7 +313,7 @@ def test_surgery_per_token_peak_memory(tied):
   """XLA's peak of live buffers for per-token sq+sign stays within 1.1x of the plain step.
 
   A property of the compiled program (XLA's buffer-liveness analysis, deterministic),
-  not a timing. It guards the scheduling fix in surgery_math.zero_after: without it,
+  not a timing. It guards the scheduling fix in surgery.formulas.zero_after: without it,
   XLA computes φ(activations) and the zero accumulators early in the backward pass,
   while every activation is live (1.19x on the benchmark's tiny model at B=8).
   """

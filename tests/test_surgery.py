@@ -22,8 +22,8 @@ import pytest
 import pergrad.stats as ps
 from pergrad.loss import make_loss_fn
 from pergrad.model import ModelSpec, Transformer, init_params
-from pergrad.stats import surgery_math as sm
 from pergrad.stats.surgery import dense
+from pergrad.stats.surgery import formulas as sm
 from pergrad.stats.surgery.sites import Site
 
 V, T = 17, 5

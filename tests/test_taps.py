@@ -17,7 +17,7 @@ import pergrad.stats as ps
 from pergrad.layer_types import layer_type
 from pergrad.loss import make_loss_fn, per_example_xent
 from pergrad.stats import noise, taps
-from pergrad.stats import surgery_math as sm
+from pergrad.stats.surgery import formulas as sm
 
 ALL = ("mean", "sq", "sign", "norms")
 KINDS = ("nnx", "plain")

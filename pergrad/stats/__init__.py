@@ -10,6 +10,24 @@ What: a `StatsRequest`; how: a `StatsOptions`; by which backend: a name of the t
 `backends.REGISTRY`, every entry fn(loss_fn, params, batch, request, options).
 The surgery backend takes Flax Linen and Flax NNX models as they are, and plain-JAX
 models that call `pergrad.stats.taps` (dense, embed, attend, layer_norm, rms_norm).
+
+Surgery is exact or refused, proved once per model from its jaxpr at trace time
+(`surgery/proof.py`):
+  supports: Dense / DenseGeneral / LinearGeneral (no batch axes), nnx.Einsum of a dense
+    form, Embed (lookup, attend, one table tied by both), LayerNorm / RMSNorm over the last
+    axis, the `taps` functions; inputs positional or by keyword; a table looked up on
+    arange(T) (no example axis);
+  refuses (`surgery.Unsupported`, one line naming the leaf and the use): a parameter that
+    reaches the loss outside its layer calls (x @ W.T, λ‖W‖² in the loss), a layer called
+    twice (but a tied table), a layer call under jax.vmap, scan (nn.scan, nnx.scan),
+    remat, cond or custom_vjp or differentiated inside loss_fn, a layer input whose
+    example axis cannot be found.
+backend="auto" then runs vmap for the whole model, warning once:
+
+    ps.compute(loss_fn_with_penalty, params, batch, want=("sq",))
+    # UserWarning: pergrad.stats: surgery is not exact for this model ('w/kernel' reaches
+    # the loss outside its layer calls (used by square), ...); backend='auto' falls back
+    # to backend='vmap'.
 """
 
 from pergrad.stats import backends, summaries, taps

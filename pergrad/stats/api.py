@@ -20,7 +20,8 @@ unrolling, vmap's layout); which backend, a name of the table `backends.REGISTRY
                standard Flax Linen / NNX layers, or calling `pergrad.stats.taps`.
   - "loop":    a Python loop over examples (`reference.py`); a reference for tests.
   - "auto":    the cheapest backend that can supply the request (`resolve_backend`):
-               surgery.
+               surgery where its planner proves it exact for the model, else vmap with
+               a one-time warning (`surgery_or_vmap`).
 A request for "mean" alone (example granularity, no clipping) takes a plain step whatever
 the backend asked, since the mean needs nothing more: "contraction" on CPU (the fast
 weight-gradient path), "value_and_grad" elsewhere, or whichever of the two is asked.
@@ -39,33 +40,22 @@ are global sums, so the statistics are those of the whole global batch.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 from optax import microbatching
 
-from pergrad.fields import Choice
-from pergrad.layer_types import TYPE_RULES
 from pergrad.stats import backends, registry
 from pergrad.stats.options import StatsOptions
 from pergrad.stats.request import StatsRequest
+from pergrad.stats.surgery.sites import Unsupported, leaf_rules, make_plan
 from pergrad.stats.types import GradStats
 
 PyTree = Any
 LossFn = Callable[[PyTree, dict], jax.Array]
 
-
-
-class StatsBackend(Choice):
-  """The built-in choices of `stats.backend`; the table (`backends.REGISTRY`) also holds
-  the plain steps "value_and_grad" and "contraction" (what "auto" gives a mean-only
-  request) and registered backends."""
-
-  auto = "auto"  # the cheapest backend that can supply the request
-  vmap = "vmap"
-  surgery = "surgery"
-  loop = "loop"
 
 
 def resolve_backend(request: StatsRequest, backend: str = "auto") -> str:
@@ -85,8 +75,8 @@ def resolve_backend(request: StatsRequest, backend: str = "auto") -> str:
       step); with clipping (`scripts/bench_stats.py --stat-sets clip`, cpu presets, over the
       plain step, FLOPs / peak / median time) surgery 1.02-1.08x / 1.05-1.10x / 1.00-1.05x
       against vmap 1.005-1.011x / 1.09-1.24x / 1.17-1.47x. Surgery needs a model of
-      standard layers (its error names any other layer that owns parameters: use
-      backend="vmap" there). Not yet measured on an accelerator.
+      standard layers that it can prove exact (`surgery/proof.py`); `compute` sends any
+      other model to vmap (`surgery_or_vmap`). Not yet measured on an accelerator.
   Raises ValueError when `backend` cannot serve the request, naming one that can.
   """
   if backend != "auto":
@@ -100,6 +90,29 @@ def resolve_backend(request: StatsRequest, backend: str = "auto") -> str:
     which = "surgery"
   check_support(request, which)
   return which
+
+
+_WARNED: set[str] = set()
+
+
+def surgery_or_vmap(loss_fn, params, batch, request: StatsRequest) -> str:
+  """"surgery" where its planner proves it exact for loss_fn (`surgery.proof`, at trace
+  time), else "vmap" with a one-time warning naming the leaf and the use that surgery
+  refused; the refusal itself where vmap cannot serve the request either (per-token
+  statistics)."""
+  try:
+    make_plan(loss_fn, params, batch, request)
+  except Unsupported as e:
+    try:
+      check_support(request, "vmap")
+    except ValueError:
+      raise e from None
+    if e.reason not in _WARNED:
+      _WARNED.add(e.reason)
+      warnings.warn(f"pergrad.stats: surgery is not exact for this model ({e.reason}); "
+                    "backend='auto' falls back to backend='vmap'.", stacklevel=3)
+    return "vmap"
+  return "surgery"
 
 
 def check_support(request: StatsRequest, backend: str) -> None:
@@ -201,7 +214,6 @@ def compute(
           f"{options.microbatch_size} disagree; give one of them.")
     options = dataclasses.replace(options, microbatch_size=microbatch_size)
   which = resolve_backend(request, backend)
-  entry = backends.get(which)
   B = batch_size(batch)
   check_microbatch(options.microbatch_size, B)
   out = jax.eval_shape(loss_fn, params, batch)
@@ -209,6 +221,11 @@ def compute(
     raise ValueError(
         f"loss_fn must return per-example losses of shape ({B},), got "
         f"{getattr(out, 'shape', out)}; use pergrad.loss.make_loss_fn (no mean over the batch).")
+  if backend == "auto" and which == "surgery":
+    which = surgery_or_vmap(loss_fn, params, batch, request)
+  entry = backends.get(which)
+  # Layer types for `layers` and the noise-scale groups: one classifier, every backend.
+  rules = leaf_rules(loss_fn, params, batch, request) if entry.statistics else ()
 
   chunk = options.microbatch_size
   chunk_fn = lambda p, b: entry.fn(loss_fn, p, b, request, options)
@@ -218,9 +235,7 @@ def compute(
     loss, stats = _microbatched(chunk_fn, params, batch, chunk)
   if not entry.statistics:  # ḡ alone
     return loss, stats
-  if request.type_rules and not stats.rules:
-    stats = stats.replace(rules=request.type_rules + TYPE_RULES)
-  return loss, stats.replace(layers=request.layers) if request.layers else stats
+  return loss, stats.replace(rules=rules, layers=request.layers)
 
 
 def _microbatched(chunk_fn: Callable, params: PyTree, batch: PyTree, microbatch_size: int):

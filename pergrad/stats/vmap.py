@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 
 from pergrad.stats import registry
+from pergrad.stats.clipping import clip_weights
 from pergrad.stats.options import StatsOptions
 from pergrad.stats.request import StatsRequest
 from pergrad.stats.types import GradStats
@@ -38,12 +39,6 @@ def example_loss(loss_fn):
   def f(params, example):
     return loss_fn(params, jax.tree.map(lambda x: x[None], example))[0]
   return f
-
-
-def clip_weights(sq_norms_B: jax.Array, clip: float) -> jax.Array:
-  """w_b = min(1, C/‖g_b‖) (1 where ‖g_b‖ = 0)."""
-  norms_B = jnp.sqrt(sq_norms_B)
-  return jnp.where(norms_B > clip, clip / jnp.where(norms_B > 0, norms_B, 1.0), 1.0)
 
 
 def vmap_stats(loss_fn, params, batch, request: StatsRequest, options: StatsOptions):

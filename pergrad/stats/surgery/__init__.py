@@ -7,7 +7,7 @@ The model stays as written: Flax Linen, Flax NNX, or plain JAX calling
 "probe" inputs receive the statistics as cotangents. The layer's own forward and the
 parameter gradient are untouched (plain autodiff); in the backward pass each tap sees
 its layer's input A and output cotangent Δ and computes the requested statistics of
-the samples (`pergrad.stats.surgery_math`). One `jax.value_and_grad` w.r.t. (params,
+the samples (`surgery.formulas`). One `jax.value_and_grad` w.r.t. (params,
 probes) yields the batch-mean gradient and all statistics. Probes are keyed by the
 parameter leaves' paths, so their cotangents land on the params tree. A parameter that
 no standard layer call uses raises a ValueError. Per-example clipping: `clip.py`.
@@ -61,8 +61,8 @@ from pergrad.stats import registry
 from pergrad.stats.options import StatsOptions
 from pergrad.stats.request import StatsRequest
 from pergrad.stats.surgery import clip, dense, embed, frontends, norm, sites
+from pergrad.stats.surgery.probes import F32, Call, Env
 from pergrad.stats.surgery.sites import Unsupported, make_plan
-from pergrad.stats.surgery.tap import F32, Call, Env
 from pergrad.stats.types import GradStats
 
 # Layer kind (`Site.kind`) -> handler(env, call) -> the layer's output y.

@@ -20,7 +20,7 @@ After the pass (`finish`), per leaf, ‖g_b‖² (`_sq_norms`):
     ‖L_bᵀR_b‖² + 2 Σ_{s,r} L_b[s, id_br] ⟨R_bs, row_br⟩ + ‖scatter(ids_b, rows_b)‖²
     (`sm.tied_example_stats`);
   - rows: Σ squares; lookup: sparse segment-sum (`sm.lookup_example_stats`).
-Summed over leaves they give w_b (`vmap.clip_weights`); then Σ_b w_b g_b: for factors
+Summed over leaves they give w_b (`clipping.clip_weights`); then Σ_b w_b g_b: for factors
 ONE contraction over (example, row), Lᵀ(w⊙R) (w on the narrower factor), which is the
 plain step's weight-gradient contraction; wᵀrows; scatter(ids, w·rows); and every
 requested statistic of ĝ_b = w_b g_b: Σ_b φ(ĝ_b), Σ_coords φ(ĝ_b) (no `clip_power`).
@@ -46,13 +46,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from pergrad.stats import registry
-from pergrad.stats import surgery_math as sm
+from pergrad.stats.clipping import clip_weights
+from pergrad.stats.surgery import formulas as sm
 from pergrad.stats.surgery import frontends
 from pergrad.stats.surgery.norm import normalized
+from pergrad.stats.surgery.probes import F32, Call, Env, collector, lead, rows, shapes_of, zero_ct
 from pergrad.stats.surgery.sites import Plan, Site, site_router
-from pergrad.stats.surgery.tap import F32, Call, Env, collector, lead, rows, shapes_of, zero_ct
 from pergrad.stats.types import GradStats
-from pergrad.stats.vmap import clip_weights
 
 # The probe collections: an outer-product leaf's factors L and R (g_b = L_bᵀR_b), and
 # every other leaf's record (rows B×N, or a lookup's rows B×R×D).

@@ -19,9 +19,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pergrad.stats import surgery_math as sm
+from pergrad.stats.surgery import formulas as sm
+from pergrad.stats.surgery.probes import F32, Call, Env, collector, rows, shapes_of, tapped
 from pergrad.stats.surgery.sites import Site
-from pergrad.stats.surgery.tap import F32, Call, Env, collector, rows, shapes_of, tapped
 
 # Largest per-example gradient tensor B×K×L (float32 elements) a layer materialises: 256 MB.
 SIMULTANEOUS_MAX_ELEMS = 1 << 26

@@ -17,8 +17,8 @@ A position embedding called on arange(T) (no example axis) has sample δ_bt at r
 
 from __future__ import annotations
 
-from pergrad.stats import surgery_math as sm
-from pergrad.stats.surgery.tap import Call, Env, lead, rows, tapped, zero_ct
+from pergrad.stats.surgery import formulas as sm
+from pergrad.stats.surgery.probes import Call, Env, lead, rows, tapped, zero_ct
 
 
 def handle(env: Env, call: Call):

@@ -17,6 +17,7 @@ The kind (dense, embed, norm) comes from the class or function, never from a nam
 from __future__ import annotations
 
 import contextlib
+import inspect
 
 import flax.linen as nn
 import jax
@@ -53,7 +54,7 @@ def linen_dense_forward(module, x, params, contract):
 def linen_call(module, method: str, args, kwargs, run) -> LayerCall:
   """The `LayerCall` of one intercepted Linen layer call."""
   kind = LINEN_KIND[type(module)]
-  x = args[0] if args else next(iter(kwargs.values()))
+  x = args[0] if args else kwargs[_input_name(getattr(type(module), method))]
   own = module.variables.get("params", {})
   params = {r: own.get(r) for r in ROLES[kind]}
   attrs, forward = {}, None
@@ -161,12 +162,24 @@ def nnx_call(module, method: str, x, kwargs, run) -> LayerCall:
                    attend=method == "attend", name=type(module).__name__)
 
 
+def _input_name(fn) -> str:
+  """The name of a layer method's input argument (the one after self: inputs, x, query)."""
+  return list(inspect.signature(fn).parameters)[1]
+
+
 def _reporting(method: str, original):
-  def wrapped(self, x, *args, **kwargs):
-    run = lambda: original(self, x, *args, **kwargs)
-    if not taps.active() or args:
+  """`original` (an NNX layer method) reporting its calls; the input positional or by
+  keyword (lin(inputs=x)). A call with more positional arguments runs as it is (its
+  parameters then reach the loss outside a layer call: `proof` refuses the model)."""
+  input_name = _input_name(original)
+
+  def wrapped(self, *args, **kwargs):
+    run = lambda: original(self, *args, **kwargs)
+    if not taps.active() or len(args) > 1 or (not args and input_name not in kwargs):
       return run()
-    return taps.report(nnx_call(self, method, x, kwargs, run))
+    rest = dict(kwargs)
+    x = args[0] if args else rest.pop(input_name)
+    return taps.report(nnx_call(self, method, x, rest, run))
   wrapped.__wrapped__ = original
   return wrapped
 

@@ -14,9 +14,9 @@ import jax
 import jax.numpy as jnp
 from flax.linen import dtypes as flax_dtypes
 
-from pergrad.stats import surgery_math as sm
+from pergrad.stats.surgery import formulas as sm
+from pergrad.stats.surgery.probes import F32, Call, Env, collector, rows, shapes_of, tapped
 from pergrad.stats.surgery.sites import Site
-from pergrad.stats.surgery.tap import F32, Call, Env, collector, rows, shapes_of, tapped
 
 
 def simultaneous_norm_is_used(site: Site, want, token: bool, method: str = "auto") -> bool:

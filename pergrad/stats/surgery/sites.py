@@ -7,35 +7,30 @@ its parameter leaves, whether the request's layer selection covers it, the examp
 of its input (the one axis whose size follows the batch; None for an input shared across
 the batch), the dense contraction axes, the tokens per example. A parameter leaf no layer
 call uses, a layer used twice (other than a tied embedding table, lookup then attend), a
-normalization over other axes, a dense layer with batch axes raise a ValueError naming it.
+normalization over other axes, a dense layer with batch axes raise an `Unsupported` naming
+it; so does anything `proof.prove` cannot show exact (one more abstract trace, at batch B).
+Plans (and refusals) are remembered per (loss_fn, shapes, request): a step traced again,
+or `compute`'s auto check then the backend, trace the model once.
 
-Layer types (`pergrad.layer_types`) of the leaves of a norm or embedding call come from
-that (class-derived) kind; the others' from their names (`Plan.rules`).
+Layer types (`pergrad.layer_types.call_rules`, `leaf_rules`: the one classifier of every
+backend) of the leaves of a norm or embedding call come from that (class-derived) kind;
+the others' from their names (`Plan.rules`).
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
-import re
+import functools
 
 import flax.linen as nn
 import jax
 import numpy as np
 
-from pergrad.layer_types import LAYER_TYPES, TYPE_RULES, selects
+from pergrad.layer_types import LAYER_TYPES, TYPE_RULES, call_rules, selects
 from pergrad.stats.request import StatsRequest
-from pergrad.stats.surgery import frontends
-
-# The layer type of a handler kind's leaves, where the kind decides it.
-KIND_TYPES = {"norm": "norm", "embed": "embedding"}
-
-
-class Unsupported(ValueError):
-  """A model whose layer calls the planner cannot read (the vmap backend can)."""
-
-
-def unsupported(msg: str) -> Unsupported:
-  return Unsupported(f"surgery backend: {msg}; use backend='vmap', which supports any model.")
+from pergrad.stats.surgery import frontends, proof
+from pergrad.stats.surgery.proof import Unsupported, unsupported
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,22 +131,82 @@ def site_router(plan: Plan, p, handler, every: bool = False):
 
 
 
-def _exact(path: str) -> str:
-  return re.sub(r"([*?\[])", r"[\1]", path)
+# (what, loss_fn, params' and batch's shapes, request) -> a plan, rules or refusal: the
+# traces run once per model and shape, not once per backend or per call of `compute`.
+_MEMO: collections.OrderedDict = collections.OrderedDict()
+MEMO_SIZE = 32
 
 
+def _memo(fn):
+  """fn(loss_fn, params, batch, request), remembered (its result or its `Unsupported`) by
+  `loss_fn` (the object), the shapes and dtypes of params and batch, and the request."""
+  @functools.wraps(fn)
+  def memoized(loss_fn, params, batch, request):
+    shapes = lambda t: (jax.tree.structure(t), tuple(
+        (tuple(getattr(x, "shape", ())), str(getattr(x, "dtype", type(x))))
+        for x in jax.tree.leaves(t)))
+    try:
+      key = (fn.__name__, loss_fn, shapes(params), shapes(batch), request)
+      hash(key)
+    except TypeError:  # an unhashable loss_fn or tree: no memo
+      return fn(loss_fn, params, batch, request)
+    if key not in _MEMO:
+      try:
+        _MEMO[key] = fn(loss_fn, params, batch, request)
+      except Unsupported as e:
+        _MEMO[key] = e
+      while len(_MEMO) > MEMO_SIZE:
+        _MEMO.popitem(last=False)
+    _MEMO.move_to_end(key)
+    if isinstance(_MEMO[key], Unsupported):
+      raise _MEMO[key]
+    return _MEMO[key]
+  return memoized
+
+
+@_memo
+def leaf_rules(loss_fn, params, batch, request: StatsRequest) -> tuple[tuple[str, str], ...]:
+  """The layer-type rules of loss_fn's leaves, whatever the backend (`layer_types.call_rules`
+  from one abstract trace of its layer calls); the user's rules and the names alone where
+  the model cannot be traced with its layer calls routed. ValueError where a non-empty
+  `request.layers` selects no leaf."""
+  keys, paths, _ = leaf_keys(params)
+  try:
+    log, _ = _trace_calls(loss_fn, params, batch, keys)
+  except Exception:  # noqa: BLE001 - names then decide; the backend reports the model's error
+    log = []
+  by_key = dict(zip(keys, paths, strict=True))
+  rules = call_rules({by_key[k]: c["kind"] for c in log for k in c["keys"].values()},
+                     request.type_rules)
+  if request.layers and not any(selects(request.layers, p, rules) for p in paths):
+    raise ValueError(f"layers={list(request.layers)} selects no parameter leaf; choose layer "
+                     f"types {LAYER_TYPES} or path patterns of the model's leaves.")
+  return rules
+
+
+@_memo
 def make_plan(loss_fn, params, batch, request: StatsRequest) -> Plan:
-  """The plan of `loss_fn` on a batch shaped like `batch` (module docstring)."""
+  """The plan of `loss_fn` on a batch shaped like `batch` (module docstring); the proof
+  that surgery is exact for it (`proof.prove`) or its `Unsupported`."""
   B = next(x.shape[0] for x in jax.tree.leaves(batch) if np.ndim(x))
   keys, paths, treedef = leaf_keys(params)
-  calls, linen_types = _traced_sites(loss_fn, params, batch, B, keys)
-  by_key = dict(zip(keys, paths, strict=True))
-  typed = {by_key[k]: KIND_TYPES[c1["kind"]] for c1, _ in calls if c1["kind"] in KIND_TYPES
-           for k in c1["keys"].values()}
-  rules = (tuple(request.type_rules) + tuple((_exact(p), t) for p, t in typed.items())
-           + TYPE_RULES)
+  try:
+    calls, linen_types = _traced_sites(loss_fn, params, batch, B, keys)
+    by_key = dict(zip(keys, paths, strict=True))
+    sites = _sites(calls, B, set(keys), linen_types)
+    proof.prove(loss_fn, jax.tree.map(_struct, params), jax.tree.map(_struct, batch), keys, paths,
+                [(c1["y"], c1["dtype"]) for c1, _ in calls],
+                [i for i, s in enumerate(sites) if s.in_axis is None])
+  except Unsupported:
+    raise
+  except Exception as e:  # noqa: BLE001 - the model's own error raises below, as it is
+    jax.eval_shape(loss_fn, params, batch)
+    raise unsupported(f"tracing loss_fn with its layer calls routed failed "
+                      f"({type(e).__name__}: {e})") from e
+  rules = call_rules({by_key[k]: c1["kind"] for c1, _ in calls for k in c1["keys"].values()},
+                     request.type_rules)
   chosen = {k for k, p in zip(keys, paths, strict=True) if selects(request.layers, p, rules)}
-  sites = _sites(calls, B, set(keys), chosen, linen_types)
+  sites = [dataclasses.replace(s, selected=any(k in chosen for k in s.keys)) for s in sites]
   rows = {s.rows for s in sites}
   if request.granularity == "token" and len(rows) > 1:
     raise unsupported(f"per-token statistics need every layer to see the same tokens per "
@@ -179,7 +234,7 @@ def _trace_calls(loss_fn, params, batch, keys):
       out = call.run()
       log.append(dict(keys=call_keys(call, ids), kind=call.kind, attend=call.attend,
                       attrs=call.attrs, name=call.name, x=tuple(call.x.shape),
-                      y=tuple(getattr(out, "shape", ()))))
+                      y=tuple(getattr(out, "shape", ())), dtype=getattr(out, "dtype", None)))
       return out
 
     with nn.intercept_methods(linen_log), frontends.route(rec):
@@ -219,8 +274,8 @@ def _traced_sites(loss_fn, params, batch, B: int, keys):
   return [(c1, c2) for c1, c2 in zip(log1, log2, strict=True) if c1["keys"]], linen_types
 
 
-def _sites(calls, B: int, keys: set, chosen: set, linen_types: dict) -> list[Site]:
-  """One Site per layer call (`keys`: every leaf; `chosen`: the selected leaves)."""
+def _sites(calls, B: int, keys: set, linen_types: dict) -> list[Site]:
+  """One Site per layer call (`keys`: every leaf), none selected yet."""
   used: dict[tuple, list] = {}
   for c1, _ in calls:
     for k in c1["keys"].values():
@@ -236,11 +291,11 @@ def _sites(calls, B: int, keys: set, chosen: set, linen_types: dict) -> list[Sit
       raise unsupported(
           f"'{_name(k[:-1])}' is used {len(cs)} times ({methods}); shared weights are "
           "handled only for a tied embedding table (lookup then attend)")
-  return [_site(c1, c2, B, chosen, tied=len(used[next(iter(c1["keys"].values()))]) > 1)
+  return [_site(c1, c2, B, tied=len(used[next(iter(c1["keys"].values()))]) > 1)
           for c1, c2 in calls]
 
 
-def _site(c1: dict, c2: dict, B: int, chosen: set, tied: bool) -> Site:
+def _site(c1: dict, c2: dict, B: int, tied: bool) -> Site:
   """The Site of one call, traced at batch sizes B (c1) and B+1 (c2)."""
   kind, a, attend = c1["kind"], c1["attrs"], c1["attend"]
   roles = tuple(c1["keys"])
@@ -251,7 +306,7 @@ def _site(c1: dict, c2: dict, B: int, chosen: set, tied: bool) -> Site:
   nx = len(c1["x"])
   kw = dict(path=first[:-1], kind=kind, attend=attend, in_axis=ax, tied=tied, leaves=roles,
             keys=tuple(c1["keys"][r] for r in roles),
-            selected=any(k in chosen for k in c1["keys"].values()))
+            selected=False)
   contract = ()
   if kind == "dense":
     contract = kw["contract"] = a["contract"]

@@ -16,8 +16,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pergrad.stats import surgery_math as sm
 from pergrad.stats.options import StatsOptions
+from pergrad.stats.surgery import formulas as sm
 from pergrad.stats.surgery.sites import Site
 from pergrad.stats.taps import LayerCall
 
