@@ -53,6 +53,40 @@ def test_internal_schema_nodes_are_not_choices(choice):
     compose([f"optimizer={choice}"])
 
 
+@pytest.mark.parametrize("override,message", [
+    ("train.stepz=20", "unknown key train.stepz: the config has no such field; did you mean "
+                       "train.steps?"),
+    ("+train.stepz=20", "unknown key train.stepz: the config has no such field; did you mean "
+                        "train.steps?"),
+    ("++train.stepz=20", "unknown key train.stepz"),
+    ("+stepz=20", "unknown key stepz: the config has no such field;"),
+    ("+optimizer.placement=batch", "it is a field of optimizer=sign, not of the chosen "
+                                   "optimizer (adamw)"),
+    ("data.batchsize=4", "did you mean data.batch_size?"),
+])
+def test_unknown_keys_are_refused_with_or_without_plus(override, message):
+  """`+train.stepz=20` trained normally and wrote `stepz: 20` into config.yaml, ignored."""
+  from hydra.errors import ConfigCompositionException
+
+  with pytest.raises(ConfigCompositionException) as e:
+    compose([override])
+  assert message in str(e.value) and "\n" not in str(e.value) and "+" not in str(e.value)
+
+
+def test_overrides_of_known_keys_and_free_form_values_still_pass():
+  cfg = compose(["optimizer=sign", "optimizer.placement=batch", "+plugins=[]",
+                 "experiment=quickstart", "train.steps=7"])
+  assert cfg.optimizer.placement == "batch" and cfg.train.steps == 7
+
+
+@pytest.mark.parametrize("name", ["pergrad_schema", "optimizer_sign_schema"])
+def test_internal_schema_nodes_are_not_primary_configs(name):
+  from pergrad.config import compose as compose_named
+
+  with pytest.raises(ValueError, match=rf"--config-name={name} is an internal schema node"):
+    compose_named(config_name=name)
+
+
 def test_help_lists_each_groups_choices_and_a_line_per_field():
   env = {**os.environ, "PYTHONPATH": str(REPO)}
   out = subprocess.run([sys.executable, "-m", "pergrad.train", "--help"], cwd=REPO, env=env,

@@ -4,8 +4,9 @@
     python scripts/train.py -m optimizer.lr=1e-3,3e-3 data.batch_size=16,32
 
 Hydra composes `configs/config.yaml` (`pergrad.config.composer.configs_dir`) against the
-typed schema `pergrad.config.schema.Config`, so a typo'd key, a wrong type or an unknown
-option stops here with Hydra's message naming the key (or the valid options); then
+typed schema `pergrad.config.schema.Config`, so a typo'd key (with or without `+`: the
+nearest field names), a wrong type or an unknown option stops here with one message naming
+the key (or the valid options), and an internal schema node is refused as --config-name; then
 `pergrad.config.build_plan` builds the schema's dataclasses (each checks its fields) and
 checks every cross-field rule, before any data is read or anything compiled.
 `plugins=[module,...]` imports user modules once, before Hydra composes (their
@@ -112,9 +113,22 @@ def main() -> None:
   signal.signal(signal.SIGINT, _interrupted_at_start)  # the loop installs its own
   try:
     pconfig.load_plugins(pconfig.plugins_in(sys.argv[1:]))
+    if (name := _config_name(sys.argv[1:])) is not None:
+      pconfig.check_config_name(name)
   except ValueError as e:
     sys.exit(f"error: {e}")
   _main()
+
+
+def _config_name(args: list[str]) -> str | None:
+  """The value of Hydra's --config-name (-cn) in `args`, if given."""
+  for i, a in enumerate(args):
+    for flag in ("--config-name", "-cn"):
+      if a == flag and i + 1 < len(args):
+        return args[i + 1]
+      if a.startswith(flag + "="):
+        return a[len(flag) + 1:]
+  return None
 
 
 def _interrupted_at_start(signum, frame) -> None:
