@@ -27,6 +27,7 @@ from pergrad.config import build_plan
 from pergrad.data import DataError, DataSpec, make_data
 from pergrad.data.corpus import not_text
 from pergrad.train.checkpoint import Checkpoints, OutputError
+from pergrad.train.divergence import TrainLossWatch
 from pergrad.train.loop import NonFiniteLossError, eval_diverged, run
 from pergrad.train.metrics import read_records
 from pergrad.train.progress import Clock
@@ -132,6 +133,48 @@ def test_diverged_eval_is_not_kept_as_good_checkpoint(tmp_path, tiny_overrides):
   loss = Evaluator(Steps(plan, make_mesh()), data.eval_batches(plan.train.eval_batches))(
       _final_params(d, good))
   assert math.isfinite(loss) and loss < math.log(data.vocab_size)
+
+
+def test_train_loss_watch_rule():
+  ln_v = math.log(256)
+  watch = TrainLossWatch(ln_v, window=3)
+  for k, loss in enumerate([6.0, 5.0, 3.8, 5.9, 4.0, 4.1], start=1):  # one noisy batch
+    watch.add(k, loss)
+    assert watch.check(k) is None, (k, loss)
+  assert watch.check(6) is None  # no update since the last check
+  for k in (7, 8):
+    watch.add(k, 7.0)
+  assert "diverged at step 8 (mean 6.033 over updates 6-8" in watch.check(8)
+  nan = TrainLossWatch(ln_v)
+  nan.add(1, math.nan)
+  assert "diverged at step 1" in nan.check(1)
+
+
+@pytest.mark.parametrize("extra,step,good", [
+    # the issue's probe: ended `completed` with train loss 292 and checkpoints saved; logged
+    # at step 1 only, so the check before the checkpoint of step 6 is the one that stops it
+    (("optimizer=sgd", "optimizer.lr=1e6", "logging.log_every=50"), 6, None),
+    # a long warmup to lr 1e3: some checkpoints are good first
+    (("optimizer.lr=1e3", "schedule.warmup_steps=20000", "train.checkpoint_every=5",
+      "train.steps=60"), 19, 15),
+])
+def test_divergence_without_evals_stops_before_a_bad_checkpoint(tmp_path, tiny_overrides,
+                                                                 extra, step, good):
+  """train.eval_batches=0: the mean training loss of the last 10 updates is held to the eval
+  rule at every logged step and before every checkpoint; the diverged state is not saved."""
+  d = tmp_path / "div"
+  with pytest.raises(NonFiniteLossError) as e:
+    _run(d, tiny_overrides, ("train.eval_batches=0", *extra))
+  msg = str(e.value)
+  assert "\n" not in msg and f"the training loss diverged at step {step} (mean " in msg, msg
+  assert ("no checkpoint was saved before it" if good is None else
+          f"the last good checkpoint is step {good} in {d / 'checkpoints'}") in msg, msg
+  kept = sorted(int(p.name) for p in (d / "checkpoints").iterdir() if p.name.isdigit())
+  assert kept == ([] if good is None else [good - 5, good])
+  summary = json.loads((d / "summary.json").read_text())
+  assert summary["status"] == "diverged" and summary["diverged_step"] == step
+  train = [r["loss"] for r in read_records(d / "metrics.jsonl") if r["split"] == "train"]
+  assert max(train) > math.log(256)
 
 
 # --------------------------------------------------------------------------- interrupts

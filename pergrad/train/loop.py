@@ -18,9 +18,11 @@ Divergence stops the run (status "diverged" in summary.json, a one-line error na
 step and the last good checkpoint): a non-finite training loss, gradient or parameter
 norm, or an eval loss at a step > 0 that is non-finite or above ln V (V: the tokenizer's
 vocabulary; a uniform guess) after an earlier eval was below it (the lr sweeps' rule,
-pergrad.analysis.rules) or above the step-0 loss (`eval_diverged`). Every checkpoint is
-evaluated before it is saved (unlogged when the step is not an eval step), so a saved
-checkpoint is a good one.
+pergrad.analysis.rules) or above the step-0 loss (`pergrad.train.divergence`). Every
+checkpoint is evaluated before it is saved (unlogged when the step is not an eval step), so a
+saved checkpoint is a good one; without eval batches (train.eval_batches=0) the mean training
+loss of the last 10 updates is held to the same rule, at every logged step and before every
+checkpoint.
 SIGINT, SIGTERM and the pre-emption signal (`pergrad.train.interrupt`) stop the run
 between two updates with a checkpoint and status "interrupted"; the same command resumes.
 
@@ -59,6 +61,7 @@ from pergrad.optim.diagnostics import gns_metrics
 from pergrad.train import distributed
 from pergrad.train.batch_schedule import next_size
 from pergrad.train.checkpoint import Checkpoints, OutputError
+from pergrad.train.divergence import TrainLossWatch, eval_diverged
 from pergrad.train.heldout import HeldOutData
 from pergrad.train.interrupt import Interrupts
 from pergrad.train.metrics import MetricsLogger, read_records
@@ -239,16 +242,6 @@ class Evaluator:
     return float(np.mean(jax.device_get([self._eval(params, b) for b in self._batches])))
 
 
-def eval_diverged(loss: float, earlier: dict[int, float], ln_v: float) -> bool:
-  """An eval loss after some updates diverged: non-finite, or above ln V when an earlier
-  eval was at most ln V (the lr sweeps' rule, pergrad.analysis.rules) or when it is above the
-  untrained model's loss (step 0)."""
-  if not math.isfinite(loss):
-    return True
-  return loss > ln_v and (min(earlier.values(), default=math.inf) <= ln_v
-                          or loss > earlier.get(0, math.inf))
-
-
 class History:
   """What a resumed run already logged: eval losses by step and the last train loss."""
 
@@ -274,11 +267,13 @@ class Recorder:
                                       plan.train.steps * plan.batch.max_size)
     self.last_step, self.last_seen = start, seen
     self.diverged_step = None
+    self.watch = TrainLossWatch(self.ln_v) if plan.train.eval_batches == 0 else None
 
   def eval(self, k: int, seen: int, loss: float | None, log: bool = True) -> None:
     """Records (if `log`) and checks the eval loss of θ_k; NonFiniteLossError when it
-    diverged (`eval_diverged`)."""
+    diverged (`eval_diverged`; without eval batches, the training loss: `_check_train`)."""
     if loss is None:
+      self._check_train(k)
       return
     earlier = dict(self.history.evals)
     if log:
@@ -290,6 +285,12 @@ class Recorder:
       raise NonFiniteLossError(
           f"the eval loss diverged at step {k} (loss={loss:.4g}, ln V={self.ln_v:.4g}); "
           f"stopped, {self._kept()}. Lower optimizer.lr or set optimizer.clip_norm.")
+
+  def _check_train(self, k: int) -> None:
+    if self.watch is not None and (why := self.watch.check(k)):
+      self.diverged_step = k
+      raise NonFiniteLossError(f"{why}; stopped, {self._kept()}. Lower optimizer.lr or set "
+                               "optimizer.clip_norm.")
 
   def _kept(self) -> str:
     good = self.ckpt.latest()
@@ -312,6 +313,8 @@ class Recorder:
           f"{m['grad_norm']}, param_norm={m['param_norm']}); stopped, {self._kept()}. "
           "Lower optimizer.lr or set optimizer.clip_norm.")
     self.history.train_loss, self.last_step, self.last_seen = m["loss"], k, seen
+    if self.watch is not None:
+      self.watch.add(k, m["loss"])
     shown = {}
     if k == self.first or seen >= self.budget or k % self.every == 0:
       tps = self.clock.rate_since_last_log()
@@ -319,6 +322,7 @@ class Recorder:
         rec["tokens_per_s"] = tps
         rec["train_time_s"] = self.clock.elapsed()  # a resumed run's includes its earlier time
       self.logger.write(rec)
+      self._check_train(k)
       shown = {"loss": f"{m['loss']:.3f}"}
       if tps is not None:
         shown["tok/s"] = f"{tps:,.0f}"
