@@ -338,6 +338,48 @@ def test_every_checkpoint_unreadable_stops_until_restart_is_asked(short_run, tmp
   _assert_trees_equal(_final_params(short_run, 12), _final_params(d, 12))
 
 
+def test_progress_without_any_checkpoint_is_not_restarted_silently(short_run, tmp_path,
+                                                                   tiny_overrides):
+  """Every checkpoint deleted after the run logged its steps: the same command restarted
+  from step 0 and rewrote metrics.jsonl. Now one line says what was found, and nothing is
+  written, until train.restart=true."""
+  d = tmp_path / "run"
+  shutil.copytree(short_run, d)
+  shutil.rmtree(d / "checkpoints")
+  (d / "summary.json").unlink()
+  metrics = (d / "metrics.jsonl").read_bytes()
+  before = sorted(p.name for p in d.iterdir())
+  with pytest.raises(OutputError) as e:
+    _run(d, tiny_overrides)
+  assert str(e.value) == (
+      f"{d} records progress (metrics.jsonl logs 12 training records up to step 12) but "
+      f"{d / 'checkpoints'} holds no checkpoint; nothing was started. Set train.restart=true "
+      "to train again from step 0 on purpose (metrics.jsonl is then rewritten), or set "
+      "another train.out_dir.")
+  assert (d / "metrics.jsonl").read_bytes() == metrics and sorted(
+      p.name for p in d.iterdir()) == before
+  summary, _ = _run(d, tiny_overrides, ("train.restart=true",))
+  assert summary["status"] == "completed" and summary["resumed_from"] is None
+
+
+def test_a_run_killed_before_its_first_checkpoint_starts_again(short_run, tmp_path,
+                                                               tiny_overrides):
+  """Metrics that stop before the first checkpoint (step 6) lose nothing a checkpoint held:
+  the run starts again from step 0 without asking."""
+  d = tmp_path / "run"
+  d.mkdir()
+  shutil.copy(short_run / "config.yaml", d)
+  lines = (short_run / "metrics.jsonl").read_text().splitlines()
+  (d / "metrics.jsonl").write_text("\n".join(
+      ln for ln in lines if json.loads(ln)["step"] <= 3) + "\n")
+  summary, _ = _run(d, tiny_overrides)
+  assert summary["status"] == "completed" and summary["resumed_from"] is None
+  clockless = lambda run: [{k: v for k, v in r.items() if k not in ("tokens_per_s",
+                                                                     "train_time_s")}
+                           for r in read_records(run / "metrics.jsonl")]
+  assert clockless(d) == clockless(short_run)
+
+
 # The failed write leaves callbacks on Orbax's closed asyncio loop (harmless, inside Orbax).
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_disk_full_during_a_checkpoint_is_one_line_and_keeps_the_earlier(

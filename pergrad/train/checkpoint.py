@@ -14,6 +14,11 @@ of starting again from step 0, unless `train.restart=true` asks for that on purp
 
 A save that cannot write (disk full, read-only or missing folder) raises `OutputError`
 naming the path; its temporary folder is removed and the earlier checkpoints are intact.
+
+`check_progress_kept(run_dir, train, unit)`, before anything is written: a run directory
+whose metrics or summary record progress that a checkpoint should hold, but which holds no
+checkpoint at all (deleted, or lost with a disk), is not silently trained again from step 0
+(its metrics.jsonl rewritten); one line says what it found, unless `train.restart=true`.
 """
 
 from __future__ import annotations
@@ -31,6 +36,9 @@ from typing import Any, Callable
 import jax
 import orbax.checkpoint as ocp
 
+from pergrad.files import METRICS, SUMMARY, read_json, read_records
+
+CHECKPOINTS = "checkpoints"  # a run directory's checkpoints folder
 TMP_SUFFIX = ".orbax-checkpoint-tmp"
 _WRITE_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOTDIR,
                  errno.EDQUOT, errno.ENOENT, errno.EEXIST}
@@ -132,6 +140,32 @@ def _quiet():
     gc.collect()  # the failed read's futures log "never retrieved" when collected
     for lg, level in zip(loggers, levels, strict=True):
       lg.setLevel(level)
+
+
+def check_progress_kept(run_dir: Path, train, unit: int) -> None:
+  """OutputError (one line) when `run_dir` records progress (a summary.json, or metrics
+  past the run's first checkpoint: `train.checkpoints_at`, `unit` examples per full-batch
+  step) but holds no checkpoint, readable or not, unless `train.restart`. A run killed before
+  its first checkpoint starts again from step 0, as it must."""
+  directory = Path(run_dir) / CHECKPOINTS
+  if train.restart or (directory.is_dir() and any(
+      p.name.split(".")[0].isdigit() and TMP_SUFFIX not in p.name for p in directory.iterdir())):
+    return
+  records = read_records(Path(run_dir) / METRICS)
+  seen = max((r.get("examples_seen", 0) for r in records), default=0)
+  summary = Path(run_dir) / SUMMARY
+  status = read_json(summary).get("status") if summary.exists() else None
+  if status is None and not train.checkpoints_at(0, seen, unit):
+    return
+  train = [r["step"] for r in records if r.get("split") == "train"]
+  found = [f"{METRICS} logs {len(train):,} training records up to step "
+           f"{max(train, default=0):,}"]
+  if status is not None:
+    found.append(f"{SUMMARY} has status {status!r}")
+  raise OutputError(
+      f"{run_dir} records progress ({'; '.join(found)}) but {directory} holds no "
+      "checkpoint; nothing was started. Set train.restart=true to train again from step 0 "
+      f"on purpose ({METRICS} is then rewritten), or set another train.out_dir.")
 
 
 class Checkpoints:

@@ -60,7 +60,7 @@ from pergrad.model import count_params
 from pergrad.optim.diagnostics import gns_metrics
 from pergrad.train import distributed
 from pergrad.train.batch_schedule import next_size
-from pergrad.train.checkpoint import Checkpoints, OutputError
+from pergrad.train.checkpoint import Checkpoints, OutputError, check_progress_kept
 from pergrad.train.divergence import TrainLossWatch, eval_diverged
 from pergrad.train.heldout import HeldOutData
 from pergrad.train.interrupt import Interrupts
@@ -86,6 +86,7 @@ def run(plan: RunPlan, out_dir: str | Path, *, hydra_info: dict | None = None,
   if resume_decision(out_dir, plan) == "completed":
     echo(f"already completed: {out_dir}")
     return files.read_json(out_dir / files.SUMMARY)
+  check_progress_kept(out_dir, plan.train, plan.batch.max_size)
 
   from pergrad.data import make_data
   from pergrad.train.mesh import make_mesh
