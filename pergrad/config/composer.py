@@ -79,7 +79,21 @@ def register() -> None:
     if not (shipped / f"{name}.yaml").exists():
       cs.store(group="optimizer", name=name, node=entry.config(name=name))
   cs.store(group="hydra/help", name="pergrad", node=help_lib.node())
+  cs.store(group="hydra/job_logging", name="pergrad", node=JOB_LOGGING)
   strict_overrides()
+
+
+# The run's Python logging (`hydra/job_logging`): warnings and errors to stderr, no log file
+# in Hydra's run folder, and no INFO lines (JAX's backend probe logs a missing libtpu.so at
+# INFO, which reads like an error); the run prints its own lines.
+JOB_LOGGING = {
+    "version": 1,
+    "formatters": {"simple": {"format": "[%(name)s] %(levelname)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "simple",
+                             "stream": "ext://sys.stderr"}},
+    "root": {"level": "WARNING", "handlers": ["console"]},
+    "disable_existing_loggers": False,
+}
 
 
 def primary_configs() -> list[str]:

@@ -28,7 +28,6 @@ submitit job the pre-emption signal then requeues the job (`pergrad.train.interr
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import sys
 from pathlib import Path
@@ -56,7 +55,7 @@ def _main(cfg: DictConfig) -> float | None:
   import jax
 
   from pergrad.config.plan import build_plan
-  from pergrad.train import distributed
+  from pergrad.train import distributed, run_dir
   from pergrad.train.checkpoint import OutputError
   from pergrad.train.interrupt import Interrupts
   from pergrad.train.loop import NonFiniteLossError, run
@@ -65,9 +64,8 @@ def _main(cfg: DictConfig) -> float | None:
   hydra_dir = Path(hc.runtime.output_dir)
   out_dir = Path(cfg.train.out_dir) if cfg.train.out_dir else hydra_dir
   stop = Interrupts()
+  accepted = False  # the run passed the checks that refuse it (then it may write)
   try:
-    if out_dir.resolve() != hydra_dir.resolve() and (hydra_dir / ".hydra").exists():
-      shutil.copytree(hydra_dir / ".hydra", out_dir / ".hydra", dirs_exist_ok=True)
     d = cfg.dist
     pconfig.load_plugins(cfg.plugins)  # those set in a YAML file, or in a sweep's worker
     distributed.initialize(d.coordinator_address, d.num_processes, d.process_id, auto=d.auto,
@@ -77,6 +75,7 @@ def _main(cfg: DictConfig) -> float | None:
           f"a run of {jax.process_count()} processes needs one run directory for all: set "
           "train.out_dir (Hydra's default directory is named by each process's clock).")
     plan = build_plan(cfg, jax.device_count())
+    accepted = run_dir.accepts(plan, out_dir)
     summary = run(plan, out_dir, hydra_info=_hydra_info(), stop=stop)
   except (ValueError, NonFiniteLossError, OutputError, OSError, KeyboardInterrupt) as e:
     if os.environ.get("HYDRA_FULL_ERROR") == "1":
@@ -88,6 +87,10 @@ def _main(cfg: DictConfig) -> float | None:
     if hc.mode == RunMode.MULTIRUN:
       raise  # Hydra runs the other points, then reports this one
     sys.exit(1)
+  finally:
+    if accepted and distributed.is_main():
+      run_dir.record_invocation(out_dir, cfg, hc)
+    run_dir.remove_if_empty(out_dir, hydra_dir)
   if summary["status"] == "interrupted":
     sys.stdout.flush()
     stop.hand_over()  # submitit's handler requeues the job and exits
