@@ -382,8 +382,13 @@ def test_a_run_killed_before_its_first_checkpoint_starts_again(short_run, tmp_pa
 
 # The failed write leaves callbacks on Orbax's closed asyncio loop (harmless, inside Orbax).
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.parametrize("raised", ["oserror", "tensorstore"])
 def test_disk_full_during_a_checkpoint_is_one_line_and_keeps_the_earlier(
-    short_run, tmp_path, tiny_overrides, monkeypatch):
+    short_run, tmp_path, tiny_overrides, monkeypatch, raised):
+  """A full disk as Python's OSError, or as TensorStore's status (what a 600 KiB tmpfs gave:
+  a raw RESOURCE_EXHAUSTED line, the temporary folder left, no summary.json): one line
+  naming the path and the cause, summary.json status failed, no temporary folder, and the
+  last complete checkpoint resumes bit-exactly once there is space again."""
   from orbax.checkpoint._src.path import async_path
 
   d = tmp_path / "run"
@@ -391,18 +396,57 @@ def test_disk_full_during_a_checkpoint_is_one_line_and_keeps_the_earlier(
 
   async def full(path, text):
     if "12.orbax-checkpoint-tmp" in str(path):
-      raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+      if raised == "oserror":
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+      raise ValueError(f'RESOURCE_EXHAUSTED: Error writing "params/0" in OCDBT database at '
+                       f'local file "{path}": Failed to write 30725 bytes to file 17: No '
+                       "space left on device [os_error_code='28']")
     return await write_text(path, text)
 
   monkeypatch.setattr(async_path, "write_text", full)
   with pytest.raises(OutputError) as e:
     _run(d, tiny_overrides)
   msg = str(e.value)
-  assert "\n" not in msg and "No space left on device" in msg, msg
-  assert "checkpoint of step 12" in msg and str(d / "checkpoints") in msg
-  assert "earlier checkpoints are intact (steps [6])" in msg
+  assert "\n" not in msg and msg.startswith(
+      f"cannot write the checkpoint of step 12 to {d / 'checkpoints'} (No space left on device")
+  assert msg.endswith("); free disk space there or set train.out_dir to a writable folder; "
+                      "the earlier checkpoints are intact (steps [6]).")
   assert sorted(p.name for p in (d / "checkpoints").iterdir()) == ["6"]  # no temporary dir
+  summary = json.loads((d / "summary.json").read_text())
+  assert summary["status"] == "failed" and summary["error"] == msg
   _assert_trees_equal(_final_params(short_run, 6), _final_params(d, 6))
+  monkeypatch.undo()  # space again: the same command resumes from step 6
+  summary, _ = _run(d, tiny_overrides)
+  assert summary["status"] == "completed" and summary["resumed_from"] == 6
+  _assert_trees_equal(_final_params(short_run, 12), _final_params(d, 12))
+
+
+def test_a_corrupt_checkpoints_reason_is_one_readable_line(tmp_path):
+  """TensorStore's status for a truncated data file (as a restore raised it): the message
+  carried the escaped JSON spec, cut mid-way; now the code, the file and the cause."""
+  from pergrad.train.checkpoint import _reason
+
+  step = tmp_path / "checkpoints" / "12"
+  raw = ('OUT_OF_RANGE: Error opening "cast" driver: Error opening "zarr" driver: Error '
+         f'reading "lr/.zarray" in OCDBT database at local file "{step}/default/": Error '
+         f'reading Byte range [0, 3406) of local file "{step}/default/d/582ae12c": Requested '
+         "byte range [0, 3406) is not valid for value of size 0 [tensorstore_spec[1]='{"
+         '\\"base\\":{\\"driver\\":\\"zarr\\",\\"fill_missing_dat\' [source '
+         "locations='tensorstore/kvstore/ocdbt/io.cc:52']\ntraceback line")
+  assert _reason(ValueError(raw), step) == (
+      "ValueError: OUT_OF_RANGE reading default/d/582ae12c: Requested byte range [0, 3406) "
+      "is not valid for value of size 0")
+  assert _reason(KeyError(), step) == "KeyError"
+
+
+def test_a_full_disk_outside_a_checkpoint_names_the_run_directory(tmp_path):
+  """'No space left on device' of a write that carries no path (a later run on the full
+  disk) names the run directory."""
+  from pergrad.train.cli import _one_line
+
+  msg = _one_line(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)), tmp_path / "run")
+  assert msg == (f"No space left on device: writing in {tmp_path / 'run'}; check that path "
+                 "(free disk space there, or set train.out_dir to a writable folder).")
 
 
 def test_unwritable_run_directory_is_one_line(tmp_path, tiny_overrides):

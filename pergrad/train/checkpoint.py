@@ -12,8 +12,12 @@ and the previous step is tried: nothing is deleted silently. When no checkpoint 
 readable but some were (now or earlier moved aside), the run stops with one line instead
 of starting again from step 0, unless `train.restart=true` asks for that on purpose.
 
-A save that cannot write (disk full, read-only or missing folder) raises `OutputError`
-naming the path; its temporary folder is removed and the earlier checkpoints are intact.
+A save that cannot write (disk full, read-only or missing folder; an OSError, or TensorStore's
+status for one such as RESOURCE_EXHAUSTED) raises `OutputError` naming the path; its
+temporary folder is removed and the earlier checkpoints are intact.
+
+A run that fails (a save that cannot write, any other error) still writes summary.json with
+status "failed" and the error where anything can be written (`write_failed_summary`).
 
 `check_progress_kept(run_dir, train, unit)`, before anything is written: a run directory
 whose metrics or summary record progress that a checkpoint should hold, but which holds no
@@ -28,6 +32,8 @@ import dataclasses
 import errno
 import gc
 import logging
+import os
+import re
 import shutil
 import time
 from pathlib import Path
@@ -36,7 +42,7 @@ from typing import Any, Callable
 import jax
 import orbax.checkpoint as ocp
 
-from pergrad.files import METRICS, SUMMARY, read_json, read_records
+from pergrad.files import METRICS, SUMMARY, read_json, read_records, write_json
 
 CHECKPOINTS = "checkpoints"  # a run directory's checkpoints folder
 TMP_SUFFIX = ".orbax-checkpoint-tmp"
@@ -55,13 +61,25 @@ class OutputError(RuntimeError):
                + "); free disk space there or set train.out_dir to a writable folder.")
 
 
+# TensorStore reports a failed write as a status (a ValueError), e.g. 'RESOURCE_EXHAUSTED:
+# Error writing "..." ...: No space left on device [os_error_code='28']'.
+_TS_ERRNO = re.compile(r"\[os_error_code='(\d+)'\]")
+_TS_STATUS = {"RESOURCE_EXHAUSTED": errno.ENOSPC, "PERMISSION_DENIED": errno.EACCES}
+
+
 def _write_error(e: BaseException) -> OSError | None:
-  """The OSError of a failed write in `e`'s chain (Orbax wraps its thread's errors)."""
+  """The OSError of a failed write in `e`'s chain (Orbax wraps its thread's errors; a
+  TensorStore status naming an OS error or an exhausted resource counts as one)."""
   seen = set()
   while e is not None and id(e) not in seen:
     seen.add(id(e))
     if isinstance(e, OSError) and e.errno in _WRITE_ERRNOS:
       return e
+    code = _TS_ERRNO.search(str(e))
+    code = int(code.group(1)) if code else next(
+        (c for status, c in _TS_STATUS.items() if str(e).startswith(status)), None)
+    if code in _WRITE_ERRNOS:
+      return OSError(code, os.strerror(code))
     e = e.__cause__ or e.__context__
   return None
 
@@ -108,7 +126,8 @@ class _OrbaxTracebacks(logging.Filter):
 
 
 class _NeverRetrieved(logging.Filter):
-  """Drops asyncio's "exception was never retrieved" of a failed restore's reads, logged
+  """Drops asyncio's "exception was never retrieved" of a failed restore's reads (or a failed
+  save's writes), logged
   whenever their futures are collected (the failure is reported in one line already)."""
 
   def filter(self, record: logging.LogRecord) -> bool:
@@ -168,6 +187,31 @@ def check_progress_kept(run_dir: Path, train, unit: int) -> None:
       f"on purpose ({METRICS} is then rewritten), or set another train.out_dir.")
 
 
+def write_failed_summary(run_dir: Path, summary: dict, error: BaseException | None) -> None:
+  """summary.json with status "failed" and the error's line, where it can still be written
+  (a full disk may refuse even that; a second Ctrl-C is no failure of the run: nothing)."""
+  if not isinstance(error, Exception):
+    return
+  with contextlib.suppress(OSError):
+    write_json(Path(run_dir) / SUMMARY, {**summary, "status": "failed",
+                                         "error": str(error).strip().splitlines()[0]
+                                         if str(error).strip() else type(error).__name__})
+
+
+def _reason(e: BaseException, step_dir: Path) -> str:
+  """One readable line for why a restore failed: for TensorStore's status ('OUT_OF_RANGE:
+  Error opening "cast" driver: ... local file "<f>": <cause> [tensorstore_spec='<escaped
+  JSON>']'), its code, the file under `step_dir` and the innermost cause, without the spec."""
+  text = str(e).strip().splitlines()[0] if str(e).strip() else ""
+  text = re.sub(r"\s*\[(tensorstore_spec|source locations)[^=]*=.*", "", text)
+  status = re.match(r"([A-Z_]+): (.*)", text)
+  if status:
+    read = re.findall(r'local file "([^"]+)"', text)
+    where = f" reading {os.path.relpath(read[-1], step_dir)}" if read else ""
+    text = f"{status.group(1)}{where}: {status.group(2).rsplit(': ', 1)[-1]}"
+  return f"{type(e).__name__}: {text[:200]}" if text else type(e).__name__
+
+
 class Checkpoints:
   """A `CheckpointManager` keeping the last `keep` steps of one run."""
 
@@ -215,6 +259,9 @@ class Checkpoints:
       os_error = _write_error(e)
       if os_error is None:
         raise
+      named = re.search(rf"/(\d+){re.escape(TMP_SUFFIX)}", str(e))  # TensorStore's path
+      step = int(named.group(1)) if named else step
+      _quiet_failed_reads()  # the failed writes' futures, collected later, are reported here
       self._remove_temporary()
       what = "a checkpoint to" if step is None else f"the checkpoint of step {step} to"
       kept = [s for s in self.steps() if s != step]
@@ -258,11 +305,10 @@ class Checkpoints:
         return state
       except Exception as e:  # noqa: BLE001 - any failure means this step is unusable
         _quiet_failed_reads()
-        reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
         moved = self._move_aside(step)
         echo(f"[checkpoint] step {step} in {self.directory} is corrupt or incomplete "
-             f"({type(e).__name__}: {reason}); moved it to {moved.name} and trying the "
-             "previous checkpoint.")
+             f"({_reason(e, self.directory / str(step))}); moved it to {moved.name} and "
+             "trying the previous checkpoint.")
         self.manager.reload()
     corrupt = sorted(p.name for p in self.directory.glob("*.corrupt*"))
     if corrupt and not restart:
@@ -279,6 +325,8 @@ class Checkpoints:
       return abstract_state, []
     with ocp.StandardCheckpointer() as reader:  # the manager knows no handler before a restore
       saved = reader.metadata(self.directory / str(step) / "default").item_metadata
+    if saved is None:  # unreadable: the restore then fails, saying why
+      return abstract_state, []
     n = lambda tree: len(jax.tree.leaves(tree))
     redo = [f for f in fresh
             if f not in saved.keys() or n(saved[f]) != n(getattr(abstract_state, f))]

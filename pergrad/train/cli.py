@@ -104,8 +104,9 @@ def _one_line(e: BaseException, out_dir: Path) -> str:
     return (f"interrupted twice: stopped without saving; re-run the same command to resume "
             f"{out_dir} from its last checkpoint.")
   if isinstance(e, OSError):
-    return (f"{e.strerror or type(e).__name__}: {e.filename or e}; check that path (free "
-            "disk space there, or set train.out_dir to a writable folder).")
+    return (f"{e.strerror or type(e).__name__}: {e.filename or f'writing in {out_dir}'}; "
+            "check that path (free disk space there, or set train.out_dir to a writable "
+            "folder).")
   return str(e)
 
 

@@ -45,6 +45,7 @@ from __future__ import annotations
 import gc
 import logging
 import math
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -60,7 +61,12 @@ from pergrad.model import count_params
 from pergrad.optim.diagnostics import gns_metrics
 from pergrad.train import distributed
 from pergrad.train.batch_schedule import next_size
-from pergrad.train.checkpoint import Checkpoints, OutputError, check_progress_kept
+from pergrad.train.checkpoint import (
+  Checkpoints,
+  OutputError,
+  check_progress_kept,
+  write_failed_summary,
+)
 from pergrad.train.divergence import TrainLossWatch, eval_diverged
 from pergrad.train.heldout import HeldOutData
 from pergrad.train.interrupt import Interrupts
@@ -193,7 +199,9 @@ def run(plan: RunPlan, out_dir: str | Path, *, hydra_info: dict | None = None,
     ckpt.close()
     if status == "completed" and main:
       summary["figure"] = _figure(out_dir, echo)
-    if status != "failed" and main:
+    if status == "failed" and main:
+      write_failed_summary(out_dir, summary, failure or sys.exc_info()[1])
+    elif main:
       logger.summary({k: v for k, v in summary.items() if isinstance(v, (int, float))})
       files.write_json(out_dir / files.SUMMARY, summary)
     logger.close(exit_code=0 if status == "completed" else 1)

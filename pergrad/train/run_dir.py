@@ -42,14 +42,16 @@ def accepts(plan: RunPlan, out_dir: Path) -> bool:
 
 def record_invocation(out_dir: Path, cfg: DictConfig, hydra_cfg: DictConfig) -> None:
   """Writes `.hydra/` (the composed config, Hydra's config, the command-line overrides), as
-  Hydra would, once the run has written its own config (it started)."""
+  Hydra would, once the run has written its own config (it started); not where the disk
+  refuses it."""
   if not (out_dir / CONFIG).exists():
     return
   record = out_dir / RECORD
-  files.write_text(record / "config.yaml", OmegaConf.to_yaml(cfg))
-  files.write_text(record / "hydra.yaml", OmegaConf.to_yaml({"hydra": hydra_cfg}))
-  files.write_text(record / "overrides.yaml",
-                   OmegaConf.to_yaml(OmegaConf.create(list(hydra_cfg.overrides.task))))
+  with contextlib.suppress(OSError):  # a full disk: the run's own error is the one to report
+    files.write_text(record / "config.yaml", OmegaConf.to_yaml(cfg))
+    files.write_text(record / "hydra.yaml", OmegaConf.to_yaml({"hydra": hydra_cfg}))
+    files.write_text(record / "overrides.yaml",
+                     OmegaConf.to_yaml(OmegaConf.create(list(hydra_cfg.overrides.task))))
 
 
 def remove_if_empty(out_dir: Path, hydra_dir: Path) -> None:
