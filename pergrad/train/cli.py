@@ -16,6 +16,11 @@ The run writes to `train.out_dir` (default: Hydra's run directory, `outputs/<dat
 `multirun/<date>/<time>/<overrides>` for a sweep point). Re-running the same command
 on the same directory resumes it; a completed run is skipped.
 
+`--dry-run` composes, builds the frozen plan and checks what a run would check first (the
+run directory, the data source, the vocabulary, the model's, optimizer's and train step's
+shapes, traced: `pergrad.train.dry_run`), prints the resolved plan and the run directory,
+trains nothing and writes nothing; it exits 1 on anything a real run would refuse.
+
 Errors of the run itself (a bad setting found at start-up, a missing dataset, a
 diverged loss, an unwritable run directory or unreadable checkpoints) print one line
 `error: ...` and exit with status 1; set HYDRA_FULL_ERROR=1 for the traceback. In a
@@ -38,6 +43,8 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from pergrad.config import composer as pconfig
+
+DRY_RUN = "PERGRAD_DRY_RUN"  # set by --dry-run: check everything, train nothing, write nothing
 
 
 def _hydra_info() -> dict:
@@ -68,6 +75,11 @@ def _main(cfg: DictConfig) -> float | None:
   try:
     d = cfg.dist
     pconfig.load_plugins(cfg.plugins)  # those set in a YAML file, or in a sweep's worker
+    if os.environ.get(DRY_RUN) == "1":
+      from pergrad.train.dry_run import dry_run
+
+      print(dry_run(build_plan(cfg, jax.device_count()), out_dir), flush=True)
+      return None
     distributed.initialize(d.coordinator_address, d.num_processes, d.process_id, auto=d.auto,
                            timeout_s=d.timeout_s)
     if jax.process_count() > 1 and not cfg.train.out_dir and hc.mode == RunMode.RUN:
@@ -115,6 +127,9 @@ def main() -> None:
   override are imported before Hydra composes the config, so that `optimizer=<name>`
   can select an optimizer they register."""
   signal.signal(signal.SIGINT, _interrupted_at_start)  # the loop installs its own
+  if "--dry-run" in sys.argv[1:]:  # the environment carries it to a launcher's workers
+    sys.argv.remove("--dry-run")
+    os.environ[DRY_RUN] = "1"
   try:
     pconfig.load_plugins(pconfig.plugins_in(sys.argv[1:]))
     if (name := _config_name(sys.argv[1:])) is not None:
