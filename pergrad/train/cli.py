@@ -44,7 +44,9 @@ from omegaconf import DictConfig
 
 from pergrad.config import composer as pconfig
 
-DRY_RUN = "PERGRAD_DRY_RUN"  # set by --dry-run: check everything, train nothing, write nothing
+# Set by --dry-run ("1"): check everything, train nothing, write nothing; "remote": the runs
+# read their data elsewhere (reproduce.py --dry-run of a cluster launcher), data is a note.
+DRY_RUN = "PERGRAD_DRY_RUN"
 
 
 def _hydra_info() -> dict:
@@ -75,10 +77,11 @@ def _main(cfg: DictConfig) -> float | None:
   try:
     d = cfg.dist
     pconfig.load_plugins(cfg.plugins)  # those set in a YAML file, or in a sweep's worker
-    if os.environ.get(DRY_RUN) == "1":
+    if os.environ.get(DRY_RUN):
       from pergrad.train.dry_run import dry_run
 
-      print(dry_run(build_plan(cfg, jax.device_count()), out_dir), flush=True)
+      print(dry_run(build_plan(cfg, jax.device_count()), out_dir,
+                    data_here=os.environ[DRY_RUN] != "remote"), flush=True)
       return None
     distributed.initialize(d.coordinator_address, d.num_processes, d.process_id, auto=d.auto,
                            timeout_s=d.timeout_s)
@@ -129,7 +132,7 @@ def main() -> None:
   signal.signal(signal.SIGINT, _interrupted_at_start)  # the loop installs its own
   if "--dry-run" in sys.argv[1:]:  # the environment carries it to a launcher's workers
     sys.argv.remove("--dry-run")
-    os.environ[DRY_RUN] = "1"
+    os.environ.setdefault(DRY_RUN, "1")
   try:
     pconfig.load_plugins(pconfig.plugins_in(sys.argv[1:]))
     if (name := _config_name(sys.argv[1:])) is not None:

@@ -16,7 +16,9 @@ Returns the text to print: the decision, the data, the shapes and the resolved p
 from __future__ import annotations
 
 import functools
+import importlib
 import importlib.util
+import json
 import math
 from pathlib import Path
 
@@ -26,6 +28,7 @@ import yaml
 
 from pergrad.config.plan import RunPlan, resume_decision
 from pergrad.data import DataError, DataSpec, corpus
+from pergrad.data.pipeline import TFDS_MODULES
 from pergrad.data.spec import TFDS_DATASETS
 from pergrad.loss import make_loss_fn
 from pergrad.model import Transformer
@@ -36,11 +39,14 @@ from pergrad.train.step import train_step
 BYTE_VOCAB = 256  # the byte tokenizer's vocabulary (pergrad.data.tokenizer.ByteTokenizer)
 
 
-def dry_run(plan: RunPlan, out_dir: Path) -> str:
+def dry_run(plan: RunPlan, out_dir: Path, data_here: bool = True) -> str:
+  """`data_here=False`: the runs read their data on other machines (a cluster's launcher):
+  it is not checked here."""
   out_dir = Path(out_dir)
-  lines = [f"run directory: {out_dir} ({_decision(plan, out_dir)})",
-           f"data: {data_source(plan.data)}", _check_vocab(plan), *trace(plan),
-           "every check passed; the resolved plan:"]
+  data = (_data_once(plan.data) if data_here else
+          f"{plan.data.name}, read where the runs run (not checked on this machine)")
+  lines = [f"run directory: {out_dir} ({_decision(plan, out_dir)})", f"data: {data}",
+           _check_vocab(plan), *trace(plan), "every check passed; the resolved plan:"]
   return "\n".join([*(f"[dry-run] {line}" for line in lines),
                     yaml.safe_dump(plan.config, sort_keys=False).rstrip()])
 
@@ -56,6 +62,23 @@ def _decision(plan: RunPlan, out_dir: Path) -> str:
   return "a run would start it from step 0"
 
 
+def _data_once(spec: DataSpec) -> str:
+  """`data_source`, once per process for each spec (a sweep's points share theirs); a
+  DataError is raised again for each."""
+  key = repr(spec)
+  if key not in _sources:
+    try:
+      _sources[key] = data_source(spec)
+    except DataError as e:
+      _sources[key] = e
+  if isinstance(_sources[key], DataError):
+    raise _sources[key]
+  return _sources[key]
+
+
+_sources: dict[str, str | DataError] = {}  # data_source's answers in this process
+
+
 def data_source(spec: DataSpec) -> str:
   """Where the data of `spec` comes from; DataError (one line) when it is not there."""
   if spec.name in TFDS_DATASETS:
@@ -63,6 +86,8 @@ def data_source(spec: DataSpec) -> str:
 
     tfds_name, _ = TFDS_DATASETS[spec.name]
     try:
+      if spec.name in TFDS_MODULES:
+        importlib.import_module(TFDS_MODULES[spec.name])
       prepared = tfds.builder(tfds_name, data_dir=spec.tfds_dir).is_prepared()
     except Exception as e:  # noqa: BLE001 - e.g. a missing optional dependency of the builder
       raise DataError(f"data.name={spec.name}: TFDS cannot build '{tfds_name}' "
@@ -93,7 +118,23 @@ def _check_vocab(plan: RunPlan) -> str:
 
 
 def trace(plan: RunPlan) -> list[str]:
-  """The train state's and the train step's shapes (`jax.eval_shape`: traced, not compiled)."""
+  """The train state's and the train step's shapes (`jax.eval_shape`: traced, not compiled);
+  once per process for plans that differ only in values that cannot change a shape (the
+  points of a sweep over lr or seed)."""
+  key = json.dumps({k: v for k, v in plan.config.items() if k not in _VALUES_ONLY}
+                   | {"optimizer": {k: v for k, v in plan.config["optimizer"].items()
+                                    if k != "lr"}}, sort_keys=True, default=str)
+  if key not in _traced:
+    _traced[key] = _trace(plan)
+  return _traced[key]
+
+
+# Config nodes whose values never change a traced shape, and the traces of this process.
+_VALUES_ONLY = ("train", "logging", "dist", "name", "experiment", "plugins")
+_traced: dict[str, list[str]] = {}
+
+
+def _trace(plan: RunPlan) -> list[str]:
   sp = plan.stats
   init = make_init_fn(plan.model, plan.optimizer, plan.data.seq_len, lag=bool(sp.sign_agreement))
   state = jax.eval_shape(init, jnp.int32(0))
