@@ -100,7 +100,28 @@ def test_help_lists_each_groups_choices_and_a_line_per_field():
                "stats.gns_tied (include|exclude) = include:",
                "train.steps (int) = 400: run length in full-batch steps",
                "optimizer.b1 (float) = 0.9:", "optimizer.placement (example|token|batch|ema)",
-               "stats.layers (", "logging.wandb.mode (online|offline|disabled) = offline"):
+               "stats.layers (", "logging.wandb.mode (online|offline|disabled) = offline",
+               # what a run uses (configs/optimizer/adamw.yaml), not the dataclass's SGD, 0.0
+               "optimizer.name (str) = adamw:", "optimizer.weight_decay (float) = 0.1:",
+               # whole descriptions, not cut at the first colon
+               "train.restart (bool) = False: every checkpoint unreadable: start again from "
+               "step 0 (true) or stop with an error",
+               "schedule.decay_steps (tuple[int, ...]) = []: step: the full-batch steps at "
+               "which the lr is halved, ascending; []: where the cosine (warmup_steps, "
+               "final_lr_frac) would halve it"):
+    assert line in text, line
+
+
+def test_help_shows_the_values_of_the_chosen_config():
+  from omegaconf import OmegaConf
+
+  from pergrad.config import help as help_lib
+
+  cfg = compose(["optimizer=sign", "optimizer.lr=1e-4", "model=small"])
+  text = help_lib.template(OmegaConf.to_container(cfg, resolve=True))
+  for line in ("optimizer.name (str) = sign:", "optimizer.lr (float) = 0.0001:",
+               "optimizer.placement (example|token|batch|ema) = ", "model.name (str) = small:",
+               " optimizer=adam|adamw adds:"):
     assert line in text, line
 
 
