@@ -148,6 +148,7 @@ def run(plan: RunPlan, out_dir: str | Path, *, hydra_info: dict | None = None,
     with clock.paused():
       if log_eval or (save and k not in ckpt.steps()):
         recorder.eval(k, seen, evaluate(state.params), log=log_eval)
+        progress.show_eval(recorder.history.evals)
       if save and k not in ckpt.steps():
         ckpt.save(k, state, train_time_s=trained)
 
