@@ -16,9 +16,6 @@ A save that cannot write (disk full, read-only or missing folder; an OSError, or
 status for one such as RESOURCE_EXHAUSTED) raises `OutputError` naming the path; its
 temporary folder is removed and the earlier checkpoints are intact.
 
-A run that fails (a save that cannot write, any other error) still writes summary.json with
-status "failed" and the error where anything can be written (`write_failed_summary`).
-
 `check_progress_kept(run_dir, train, unit)`, before anything is written: a run directory
 whose metrics or summary record progress that a checkpoint should hold, but which holds no
 checkpoint at all (deleted, or lost with a disk), is not silently trained again from step 0
@@ -42,7 +39,7 @@ from typing import Any, Callable
 import jax
 import orbax.checkpoint as ocp
 
-from pergrad.files import METRICS, SUMMARY, read_json, read_records, write_json
+from pergrad.files import METRICS, SUMMARY, read_json, read_records
 
 CHECKPOINTS = "checkpoints"  # a run directory's checkpoints folder
 TMP_SUFFIX = ".orbax-checkpoint-tmp"
@@ -185,17 +182,6 @@ def check_progress_kept(run_dir: Path, train, unit: int) -> None:
       f"{run_dir} records progress ({'; '.join(found)}) but {directory} holds no "
       "checkpoint; nothing was started. Set train.restart=true to train again from step 0 "
       f"on purpose ({METRICS} is then rewritten), or set another train.out_dir.")
-
-
-def write_failed_summary(run_dir: Path, summary: dict, error: BaseException | None) -> None:
-  """summary.json with status "failed" and the error's line, where it can still be written
-  (a full disk may refuse even that; a second Ctrl-C is no failure of the run: nothing)."""
-  if not isinstance(error, Exception):
-    return
-  with contextlib.suppress(OSError):
-    write_json(Path(run_dir) / SUMMARY, {**summary, "status": "failed",
-                                         "error": str(error).strip().splitlines()[0]
-                                         if str(error).strip() else type(error).__name__})
 
 
 def _reason(e: BaseException, step_dir: Path) -> str:

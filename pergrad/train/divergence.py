@@ -35,16 +35,18 @@ class TrainLossWatch:
   """`eval_diverged` applied to the mean training loss of the last `window` updates at each
   check: the first check's mean is the reference of step 0, the later ones the earlier evals."""
 
-  def __init__(self, ln_v: float, window: int = WINDOW):
-    self.ln_v = ln_v
+  def __init__(self, ln_v: float, window: int = WINDOW, active: bool = True):
+    """`active=False` (a run that evaluates): `add` and `check` do nothing."""
+    self.ln_v, self.active = ln_v, active
     self.means: dict[int, float] = {}  # check index (0: the first) -> mean training loss
     self._last = collections.deque(maxlen=window)  # (update, loss)
     self._new = False  # an update since the last check
 
   def add(self, k: int, loss: float) -> None:
     """Update k's training loss (measured before the update)."""
-    self._last.append((k, loss))
-    self._new = True
+    if self.active:
+      self._last.append((k, loss))
+      self._new = True
 
   def check(self, k: int) -> str | None:
     """What diverged at update k, if it did (None also when no update came since the last

@@ -18,11 +18,9 @@ Divergence stops the run (status "diverged" in summary.json, a one-line error na
 step and the last good checkpoint): a non-finite training loss, gradient or parameter
 norm, or an eval loss at a step > 0 that is non-finite or above ln V (V: the tokenizer's
 vocabulary; a uniform guess) after an earlier eval was below it (the lr sweeps' rule,
-pergrad.analysis.rules) or above the step-0 loss (`pergrad.train.divergence`). Every
-checkpoint is evaluated before it is saved (unlogged when the step is not an eval step), so a
-saved checkpoint is a good one; without eval batches (train.eval_batches=0) the mean training
-loss of the last 10 updates is held to the same rule, at every logged step and before every
-checkpoint.
+pergrad.analysis.rules) or above the step-0 loss (`pergrad.train.divergence`; without eval
+batches, the mean training loss of the last 10 updates). Every checkpoint is evaluated (or
+its training loss checked) before it is saved, so a saved checkpoint is a good one.
 SIGINT, SIGTERM and the pre-emption signal (`pergrad.train.interrupt`) stop the run
 between two updates with a checkpoint and status "interrupted"; the same command resumes.
 
@@ -61,17 +59,13 @@ from pergrad.model import count_params
 from pergrad.optim.diagnostics import gns_metrics
 from pergrad.train import distributed
 from pergrad.train.batch_schedule import next_size
-from pergrad.train.checkpoint import (
-  Checkpoints,
-  OutputError,
-  check_progress_kept,
-  write_failed_summary,
-)
+from pergrad.train.checkpoint import Checkpoints, OutputError, check_progress_kept
 from pergrad.train.divergence import TrainLossWatch, eval_diverged
 from pergrad.train.heldout import HeldOutData
 from pergrad.train.interrupt import Interrupts
 from pergrad.train.metrics import MetricsLogger, read_records
 from pergrad.train.progress import Clock, Progress
+from pergrad.train.run_dir import write_failed_summary
 
 
 class NonFiniteLossError(RuntimeError):
@@ -277,7 +271,7 @@ class Recorder:
                                       plan.train.steps * plan.batch.max_size)
     self.last_step, self.last_seen = start, seen
     self.diverged_step = None
-    self.watch = TrainLossWatch(self.ln_v) if plan.train.eval_batches == 0 else None
+    self.watch = TrainLossWatch(self.ln_v, active=plan.train.eval_batches == 0)
 
   def eval(self, k: int, seen: int, loss: float | None, log: bool = True) -> None:
     """Records (if `log`) and checks the eval loss of θ_k; NonFiniteLossError when it
@@ -297,7 +291,7 @@ class Recorder:
           f"stopped, {self._kept()}. Lower optimizer.lr or set optimizer.clip_norm.")
 
   def _check_train(self, k: int) -> None:
-    if self.watch is not None and (why := self.watch.check(k)):
+    if why := self.watch.check(k):
       self.diverged_step = k
       raise NonFiniteLossError(f"{why}; stopped, {self._kept()}. Lower optimizer.lr or set "
                                "optimizer.clip_norm.")
@@ -323,8 +317,7 @@ class Recorder:
           f"{m['grad_norm']}, param_norm={m['param_norm']}); stopped, {self._kept()}. "
           "Lower optimizer.lr or set optimizer.clip_norm.")
     self.history.train_loss, self.last_step, self.last_seen = m["loss"], k, seen
-    if self.watch is not None:
-      self.watch.add(k, m["loss"])
+    self.watch.add(k, m["loss"])
     shown = {}
     if k == self.first or seen >= self.budget or k % self.every == 0:
       tps = self.clock.rate_since_last_log()

@@ -13,6 +13,8 @@ directory of a run that was accepted and wrote its config, so a refused run cann
 the record of the run it was refused for. Hydra still creates its run folder
 (`outputs/<date>/<time>` unless hydra.run.dir is set) before the task starts;
 `remove_if_empty` removes it, and a run directory that a run failing at start left empty.
+A run that fails (a save that cannot write, any other error) still writes summary.json with
+status "failed" and its error where anything can be written (`write_failed_summary`).
 """
 
 from __future__ import annotations
@@ -64,3 +66,13 @@ def remove_if_empty(out_dir: Path, hydra_dir: Path) -> None:
     for d in (hydra_dir.parent, hydra_dir.parent.parent):
       with contextlib.suppress(OSError):
         d.rmdir()
+
+
+def write_failed_summary(run_dir: Path, summary: dict, error: BaseException | None) -> None:
+  """summary.json with status "failed" and the error's line, where it can still be written
+  (a full disk may refuse even that; a second Ctrl-C is no failure of the run: nothing)."""
+  if not isinstance(error, Exception):
+    return
+  why = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+  with contextlib.suppress(OSError):
+    files.write_json(Path(run_dir) / files.SUMMARY, {**summary, "status": "failed", "error": why})
