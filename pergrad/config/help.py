@@ -143,5 +143,7 @@ def template(values: dict | None = None) -> str:
       "== Fields ==", "Set any field as key=value (e.g. optimizer.lr=1e-3); "
       "(a|b) lists a field's choices:", "",
       *fields, "",
-      "--cfg job prints the composed config; --hydra-help shows Hydra's own options."])
+      "--dry-run checks a command without training or writing (config, plan, run directory, data,\n"
+      "shapes; exit 1 on anything a run would refuse); --cfg job prints the composed config,\n"
+      "unchecked; --hydra-help shows Hydra's own options."])
   return text.replace("${", "\\${")
