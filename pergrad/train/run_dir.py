@@ -13,8 +13,8 @@ directory of a run that was accepted and wrote its config, so a refused run cann
 the record of the run it was refused for. Hydra still creates its run folder
 (`outputs/<date>/<time>` unless hydra.run.dir is set) before the task starts;
 `remove_if_empty` removes it, and a run directory that a run failing at start left empty.
-A run that fails (a save that cannot write, any other error) still writes summary.json with
-status "failed" and its error where anything can be written (`write_failed_summary`).
+A run whose storage fails (a save that cannot write) still writes summary.json with status
+"failed" and its error where anything can be written (`write_failed_summary`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from pergrad import files
 from pergrad.config.plan import CONFIG, RunPlan, resume_decision
-from pergrad.train.checkpoint import check_progress_kept
+from pergrad.train.checkpoint import OutputError, check_progress_kept
 
 RECORD = ".hydra"  # the invocation's record in the run directory (Hydra's name for it)
 _DATE = re.compile(r"\d{4}-\d{2}-\d{2}")  # the date folder of Hydra's default run folders
@@ -69,9 +69,10 @@ def remove_if_empty(out_dir: Path, hydra_dir: Path) -> None:
 
 
 def write_failed_summary(run_dir: Path, summary: dict, error: BaseException | None) -> None:
-  """summary.json with status "failed" and the error's line, where it can still be written
-  (a full disk may refuse even that; a second Ctrl-C is no failure of the run: nothing)."""
-  if not isinstance(error, Exception):
+  """summary.json with status "failed" and the error's line when the run's storage failed
+  (OutputError, OSError), where it can still be written (a full disk may refuse even that).
+  Other failures (a lost peer, a second Ctrl-C) leave the run as they found it: resumable."""
+  if not isinstance(error, (OutputError, OSError)):
     return
   why = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
   with contextlib.suppress(OSError):
