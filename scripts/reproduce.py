@@ -31,9 +31,12 @@ submitit_local (the same path on this machine, configs/hydra/launcher/local.yaml
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import datetime
 import json
+import os
 import shlex
+import subprocess
 import sys
 import threading
 import time
@@ -140,6 +143,39 @@ class Record:
     return self.d
 
 
+def _refused_points(commands: list[list[str]], remote: bool = False) -> list[str]:
+  """Runs each multirun command of a dry run with `--dry-run` (every point composed, planned,
+  its run directory, data and shapes checked, nothing trained or written:
+  `pergrad.train.dry_run`), on this machine with Hydra's basic launcher, a few at a time;
+  returns the one-line errors of the points a real run would refuse (a bad --hydra-arg among
+  them). `remote`: the runs go to a cluster, where their data is (not checked here)."""
+  env = {**os.environ, "WANDB_MODE": "disabled", "PERGRAD_DRY_RUN": "remote" if remote else "1"}
+  argvs, records = [], set()
+  for cmd in commands:
+    i = max(j for j, c in enumerate(cmd) if c == "-m")  # Hydra's multirun flag (python's first)
+    argvs.append([*cmd[:i + 1], "--dry-run", *(c for c in cmd[i + 1:] if not c.startswith(
+        ("hydra/launcher=", "hydra.launcher.")))])
+    sweep = Path(next(c for c in cmd if c.startswith("hydra.sweep.dir=")).split("=", 1)[1])
+    if not (sweep / "multirun.yaml").exists():
+      records.add(sweep / "multirun.yaml")  # Hydra's record of a sweep not launched: removed
+
+  def check(argv: list[str]) -> list[str]:
+    proc = subprocess.run(argv, cwd=report_md.REPO, capture_output=True, text=True, env=env)
+    found = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    if proc.returncode and not found:  # Hydra's own: the first line of its message
+      found = ([ln for ln in proc.stderr.splitlines() if ln.strip()]
+               or [f"exit {proc.returncode}"])[:1]
+    print(f"[dry-run] {'REFUSED' if found else 'checked'}: "
+          f"{' '.join(argv[argv.index('--dry-run') + 1:])}"[:300], flush=True)
+    return found
+
+  with concurrent.futures.ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
+    errors = sum(pool.map(check, argvs), [])
+  for record in records:
+    record.unlink(missing_ok=True)
+  return errors
+
+
 def main(argv=None) -> int:
   argv = list(sys.argv[1:] if argv is None else argv)
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -153,7 +189,9 @@ def main(argv=None) -> int:
   p.add_argument("--preset", default="cpu", choices=PRESETS)
   p.add_argument("--launcher", default="basic", choices=LAUNCHERS)
   p.add_argument("--n-jobs", type=int, default=2, help="parallel jobs (joblib launcher)")
-  p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+  p.add_argument("--dry-run", action="store_true",
+                 help="print the commands and check every run they would launch (train.py "
+                 "--dry-run: config, plan, data, shapes); train nothing; exit 1 if any is refused")
   p.add_argument("--analyze-only", action="store_true",
                  help="launch nothing; rebuild the table and results from existing runs")
   p.add_argument("--sweeps-root", type=Path, default=None,
@@ -205,8 +243,13 @@ def main(argv=None) -> int:
           command=f"python scripts/reproduce.py {n} --preset {a.preset}"
           + (f" --launcher {a.launcher}" if a.launcher != "basic" else "")
           + "".join(f" --hydra-arg {shlex.quote(x)}" for x in a.hydra_arg))
+      refused = (_refused_points(out.log.commands, remote=a.launcher == "submitit")
+                 if a.dry_run else [])
+      if refused:
+        raise ValueError(f"{len(refused)} point(s) a real run would refuse: "
+                         + " | ".join(refused))
     except (FileNotFoundError, RuntimeError, ValueError) as e:
-      if len(names) == 1:
+      if len(names) == 1 and not a.dry_run:
         raise
       print(f"[error] {n}: {e}")
       errors.append(n)

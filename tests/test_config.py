@@ -53,6 +53,40 @@ def test_internal_schema_nodes_are_not_choices(choice):
     compose([f"optimizer={choice}"])
 
 
+@pytest.mark.parametrize("override,message", [
+    ("train.stepz=20", "unknown key train.stepz: the config has no such field; did you mean "
+                       "train.steps?"),
+    ("+train.stepz=20", "unknown key train.stepz: the config has no such field; did you mean "
+                        "train.steps?"),
+    ("++train.stepz=20", "unknown key train.stepz"),
+    ("+stepz=20", "unknown key stepz: the config has no such field;"),
+    ("+optimizer.placement=batch", "it is a field of optimizer=sign, not of the chosen "
+                                   "optimizer (adamw)"),
+    ("data.batchsize=4", "did you mean data.batch_size?"),
+])
+def test_unknown_keys_are_refused_with_or_without_plus(override, message):
+  """`+train.stepz=20` trained normally and wrote `stepz: 20` into config.yaml, ignored."""
+  from hydra.errors import ConfigCompositionException
+
+  with pytest.raises(ConfigCompositionException) as e:
+    compose([override])
+  assert message in str(e.value) and "\n" not in str(e.value) and "+" not in str(e.value)
+
+
+def test_overrides_of_known_keys_and_free_form_values_still_pass():
+  cfg = compose(["optimizer=sign", "optimizer.placement=batch", "+plugins=[]",
+                 "experiment=quickstart", "train.steps=7"])
+  assert cfg.optimizer.placement == "batch" and cfg.train.steps == 7
+
+
+@pytest.mark.parametrize("name", ["pergrad_schema", "optimizer_sign_schema"])
+def test_internal_schema_nodes_are_not_primary_configs(name):
+  from pergrad.config import compose as compose_named
+
+  with pytest.raises(ValueError, match=rf"--config-name={name} is an internal schema node"):
+    compose_named(config_name=name)
+
+
 def test_help_lists_each_groups_choices_and_a_line_per_field():
   env = {**os.environ, "PYTHONPATH": str(REPO)}
   out = subprocess.run([sys.executable, "-m", "pergrad.train", "--help"], cwd=REPO, env=env,
@@ -66,7 +100,28 @@ def test_help_lists_each_groups_choices_and_a_line_per_field():
                "stats.gns_tied (include|exclude) = include:",
                "train.steps (int) = 400: run length in full-batch steps",
                "optimizer.b1 (float) = 0.9:", "optimizer.placement (example|token|batch|ema)",
-               "stats.layers (", "logging.wandb.mode (online|offline|disabled) = offline"):
+               "stats.layers (", "logging.wandb.mode (online|offline|disabled) = offline",
+               # what a run uses (configs/optimizer/adamw.yaml), not the dataclass's SGD, 0.0
+               "optimizer.name (str) = adamw:", "optimizer.weight_decay (float) = 0.1:",
+               # whole descriptions, not cut at the first colon
+               "train.restart (bool) = False: every checkpoint unreadable: start again from "
+               "step 0 (true) or stop with an error",
+               "schedule.decay_steps (tuple[int, ...]) = []: step: the full-batch steps at "
+               "which the lr is halved, ascending; []: where the cosine (warmup_steps, "
+               "final_lr_frac) would halve it"):
+    assert line in text, line
+
+
+def test_help_shows_the_values_of_the_chosen_config():
+  from omegaconf import OmegaConf
+
+  from pergrad.config import help as help_lib
+
+  cfg = compose(["optimizer=sign", "optimizer.lr=1e-4", "model=small"])
+  text = help_lib.template(OmegaConf.to_container(cfg, resolve=True))
+  for line in ("optimizer.name (str) = sign:", "optimizer.lr (float) = 0.0001:",
+               "optimizer.placement (example|token|batch|ema) = ", "model.name (str) = small:",
+               " optimizer=adam|adamw adds:"):
     assert line in text, line
 
 

@@ -297,8 +297,13 @@ def test_every_checkpoint_unreadable_stops_until_restart_is_asked(short_run, tmp
 
 # The failed write leaves callbacks on Orbax's closed asyncio loop (harmless, inside Orbax).
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.parametrize("raised", ["oserror", "tensorstore"])
 def test_disk_full_during_a_checkpoint_is_one_line_and_keeps_the_earlier(
-    short_run, tmp_path, tiny_overrides, monkeypatch):
+    short_run, tmp_path, tiny_overrides, monkeypatch, raised):
+  """A full disk as Python's OSError, or as TensorStore's status (what a 600 KiB tmpfs gave:
+  a raw RESOURCE_EXHAUSTED line, the temporary folder left, no summary.json): one line
+  naming the path and the cause, summary.json status failed, no temporary folder, and the
+  last complete checkpoint resumes bit-exactly once there is space again."""
   from orbax.checkpoint._src.path import async_path
 
   d = tmp_path / "run"
@@ -306,18 +311,29 @@ def test_disk_full_during_a_checkpoint_is_one_line_and_keeps_the_earlier(
 
   async def full(path, text):
     if "12.orbax-checkpoint-tmp" in str(path):
-      raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+      if raised == "oserror":
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+      raise ValueError(f'RESOURCE_EXHAUSTED: Error writing "params/0" in OCDBT database at '
+                       f'local file "{path}": Failed to write 30725 bytes to file 17: No '
+                       "space left on device [os_error_code='28']")
     return await write_text(path, text)
 
   monkeypatch.setattr(async_path, "write_text", full)
   with pytest.raises(OutputError) as e:
     _run(d, tiny_overrides)
   msg = str(e.value)
-  assert "\n" not in msg and "No space left on device" in msg, msg
-  assert "checkpoint of step 12" in msg and str(d / "checkpoints") in msg
-  assert "earlier checkpoints are intact (steps [6])" in msg
+  assert "\n" not in msg and msg.startswith(
+      f"cannot write the checkpoint of step 12 to {d / 'checkpoints'} (No space left on device")
+  assert msg.endswith("); free disk space there or set train.out_dir to a writable folder; "
+                      "the earlier checkpoints are intact (steps [6]).")
   assert sorted(p.name for p in (d / "checkpoints").iterdir()) == ["6"]  # no temporary dir
+  summary = json.loads((d / "summary.json").read_text())
+  assert summary["status"] == "failed" and summary["error"] == msg
   _assert_trees_equal(_final_params(short_run, 6), _final_params(d, 6))
+  monkeypatch.undo()  # space again: the same command resumes from step 6
+  summary, _ = _run(d, tiny_overrides)
+  assert summary["status"] == "completed" and summary["resumed_from"] == 6
+  _assert_trees_equal(_final_params(short_run, 12), _final_params(d, 12))
 
 
 def test_unwritable_run_directory_is_one_line(tmp_path, tiny_overrides):

@@ -18,7 +18,8 @@ def _train(tmp, overrides, extra=()):
 
 
 @pytest.mark.parametrize("override,expect", [
-    ("optimizer.lrr=1", ["optimizer.lrr", "not in 'AdamConfig'"]),
+    ("optimizer.lrr=1", ["unknown key optimizer.lrr", "did you mean optimizer.lr?"]),
+    ("+train.stepz=20", ["unknown key train.stepz", "did you mean train.steps?"]),
     ("optimizer.name=adamx", ["optimizer.name=adamx", "'sgd', 'momentum', 'adam', 'adamw'",
                               "optimizer=<name>"]),
     ("model=huge", ["Could not find 'model/huge'", "tiny", "small", "paper"]),
@@ -31,6 +32,21 @@ def test_config_errors_are_short_and_name_the_key(override, expect, tmp_path):
   for e in expect:
     assert e in text, text
   assert "Traceback" not in text and len(text.splitlines()) < 20, text
+  assert "+train" not in text and "To append" not in text, text  # no hint toward `+key`
+  assert not (tmp_path / "config.yaml").exists()
+
+
+@pytest.mark.parametrize("name", ["pergrad_schema", "optimizer_adam_schema"])
+def test_internal_schema_nodes_cannot_be_the_primary_config(name, tmp_path):
+  """`--config-name=pergrad_schema` trained the bare dataclass defaults (SGD, not the
+  documented AdamW) with rc 0; `optimizer_adam_schema` was a raw traceback."""
+  out = run_cli([f"--config-name={name}", f"train.out_dir={tmp_path / 'run'}"], timeout=120)
+  assert out.returncode == 1
+  assert out.stderr.strip() == (
+      f"error: --config-name={name} is an internal schema node (the dataclass defaults Hydra "
+      "checks configs against), not a config; choose one of ['config'] (the default: "
+      "config), and pick an experiment with experiment=<name>."), out.stderr
+  assert not (tmp_path / "run").exists()
 
 
 def test_bad_sizes_are_one_line_errors_before_compute(tmp_path, tiny_overrides):

@@ -12,8 +12,14 @@ and the previous step is tried: nothing is deleted silently. When no checkpoint 
 readable but some were (now or earlier moved aside), the run stops with one line instead
 of starting again from step 0, unless `train.restart=true` asks for that on purpose.
 
-A save that cannot write (disk full, read-only or missing folder) raises `OutputError`
-naming the path; its temporary folder is removed and the earlier checkpoints are intact.
+A save that cannot write (disk full, read-only or missing folder; an OSError, or TensorStore's
+status for one such as RESOURCE_EXHAUSTED) raises `OutputError` naming the path; its
+temporary folder is removed and the earlier checkpoints are intact.
+
+`check_progress_kept(run_dir, train, unit)`, before anything is written: a run directory
+whose metrics or summary record progress that a checkpoint should hold, but which holds no
+checkpoint at all (deleted, or lost with a disk), is not silently trained again from step 0
+(its metrics.jsonl rewritten); one line says what it found, unless `train.restart=true`.
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ import dataclasses
 import errno
 import gc
 import logging
+import os
+import re
 import shutil
 import time
 from pathlib import Path
@@ -31,6 +39,9 @@ from typing import Any, Callable
 import jax
 import orbax.checkpoint as ocp
 
+from pergrad.files import METRICS, SUMMARY, read_json, read_records
+
+CHECKPOINTS = "checkpoints"  # a run directory's checkpoints folder
 TMP_SUFFIX = ".orbax-checkpoint-tmp"
 _WRITE_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOTDIR,
                  errno.EDQUOT, errno.ENOENT, errno.EEXIST}
@@ -47,13 +58,25 @@ class OutputError(RuntimeError):
                + "); free disk space there or set train.out_dir to a writable folder.")
 
 
+# TensorStore reports a failed write as a status (a ValueError), e.g. 'RESOURCE_EXHAUSTED:
+# Error writing "..." ...: No space left on device [os_error_code='28']'.
+_TS_ERRNO = re.compile(r"\[os_error_code='(\d+)'\]")
+_TS_STATUS = {"RESOURCE_EXHAUSTED": errno.ENOSPC, "PERMISSION_DENIED": errno.EACCES}
+
+
 def _write_error(e: BaseException) -> OSError | None:
-  """The OSError of a failed write in `e`'s chain (Orbax wraps its thread's errors)."""
+  """The OSError of a failed write in `e`'s chain (Orbax wraps its thread's errors; a
+  TensorStore status naming an OS error or an exhausted resource counts as one)."""
   seen = set()
   while e is not None and id(e) not in seen:
     seen.add(id(e))
     if isinstance(e, OSError) and e.errno in _WRITE_ERRNOS:
       return e
+    code = _TS_ERRNO.search(str(e))
+    code = int(code.group(1)) if code else next(
+        (c for status, c in _TS_STATUS.items() if str(e).startswith(status)), None)
+    if code in _WRITE_ERRNOS:
+      return OSError(code, os.strerror(code))
     e = e.__cause__ or e.__context__
   return None
 
@@ -100,7 +123,8 @@ class _OrbaxTracebacks(logging.Filter):
 
 
 class _NeverRetrieved(logging.Filter):
-  """Drops asyncio's "exception was never retrieved" of a failed restore's reads, logged
+  """Drops asyncio's "exception was never retrieved" of a failed restore's reads (or a failed
+  save's writes), logged
   whenever their futures are collected (the failure is reported in one line already)."""
 
   def filter(self, record: logging.LogRecord) -> bool:
@@ -132,6 +156,46 @@ def _quiet():
     gc.collect()  # the failed read's futures log "never retrieved" when collected
     for lg, level in zip(loggers, levels, strict=True):
       lg.setLevel(level)
+
+
+def check_progress_kept(run_dir: Path, train, unit: int) -> None:
+  """OutputError (one line) when `run_dir` records progress (a summary.json, or metrics
+  past the run's first checkpoint: `train.checkpoints_at`, `unit` examples per full-batch
+  step) but holds no checkpoint, readable or not, unless `train.restart`. A run killed before
+  its first checkpoint starts again from step 0, as it must."""
+  directory = Path(run_dir) / CHECKPOINTS
+  if train.restart or (directory.is_dir() and any(
+      p.name.split(".")[0].isdigit() and TMP_SUFFIX not in p.name for p in directory.iterdir())):
+    return
+  records = read_records(Path(run_dir) / METRICS)
+  seen = max((r.get("examples_seen", 0) for r in records), default=0)
+  summary = Path(run_dir) / SUMMARY
+  status = read_json(summary).get("status") if summary.exists() else None
+  if status is None and not train.checkpoints_at(0, seen, unit):
+    return
+  train = [r["step"] for r in records if r.get("split") == "train"]
+  found = [f"{METRICS} logs {len(train):,} training records up to step "
+           f"{max(train, default=0):,}"]
+  if status is not None:
+    found.append(f"{SUMMARY} has status {status!r}")
+  raise OutputError(
+      f"{run_dir} records progress ({'; '.join(found)}) but {directory} holds no "
+      "checkpoint; nothing was started. Set train.restart=true to train again from step 0 "
+      f"on purpose ({METRICS} is then rewritten), or set another train.out_dir.")
+
+
+def _reason(e: BaseException, step_dir: Path) -> str:
+  """One readable line for why a restore failed: for TensorStore's status ('OUT_OF_RANGE:
+  Error opening "cast" driver: ... local file "<f>": <cause> [tensorstore_spec='<escaped
+  JSON>']'), its code, the file under `step_dir` and the innermost cause, without the spec."""
+  text = str(e).strip().splitlines()[0] if str(e).strip() else ""
+  text = re.sub(r"\s*\[(tensorstore_spec|source locations)[^=]*=.*", "", text)
+  status = re.match(r"([A-Z_]+): (.*)", text)
+  if status:
+    read = re.findall(r'local file "([^"]+)"', text)
+    where = f" reading {os.path.relpath(read[-1], step_dir)}" if read else ""
+    text = f"{status.group(1)}{where}: {status.group(2).rsplit(': ', 1)[-1]}"
+  return f"{type(e).__name__}: {text[:200]}" if text else type(e).__name__
 
 
 class Checkpoints:
@@ -181,6 +245,9 @@ class Checkpoints:
       os_error = _write_error(e)
       if os_error is None:
         raise
+      named = re.search(rf"/(\d+){re.escape(TMP_SUFFIX)}", str(e))  # TensorStore's path
+      step = int(named.group(1)) if named else step
+      _quiet_failed_reads()  # the failed writes' futures, collected later, are reported here
       self._remove_temporary()
       what = "a checkpoint to" if step is None else f"the checkpoint of step {step} to"
       kept = [s for s in self.steps() if s != step]
@@ -224,11 +291,10 @@ class Checkpoints:
         return state
       except Exception as e:  # noqa: BLE001 - any failure means this step is unusable
         _quiet_failed_reads()
-        reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
         moved = self._move_aside(step)
         echo(f"[checkpoint] step {step} in {self.directory} is corrupt or incomplete "
-             f"({type(e).__name__}: {reason}); moved it to {moved.name} and trying the "
-             "previous checkpoint.")
+             f"({_reason(e, self.directory / str(step))}); moved it to {moved.name} and "
+             "trying the previous checkpoint.")
         self.manager.reload()
     corrupt = sorted(p.name for p in self.directory.glob("*.corrupt*"))
     if corrupt and not restart:
@@ -245,6 +311,8 @@ class Checkpoints:
       return abstract_state, []
     with ocp.StandardCheckpointer() as reader:  # the manager knows no handler before a restore
       saved = reader.metadata(self.directory / str(step) / "default").item_metadata
+    if saved is None:  # unreadable: the restore then fails, saying why
+      return abstract_state, []
     n = lambda tree: len(jax.tree.leaves(tree))
     redo = [f for f in fresh
             if f not in saved.keys() or n(saved[f]) != n(getattr(abstract_state, f))]

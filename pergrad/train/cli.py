@@ -4,8 +4,9 @@
     python scripts/train.py -m optimizer.lr=1e-3,3e-3 data.batch_size=16,32
 
 Hydra composes `configs/config.yaml` (`pergrad.config.composer.configs_dir`) against the
-typed schema `pergrad.config.schema.Config`, so a typo'd key, a wrong type or an unknown
-option stops here with Hydra's message naming the key (or the valid options); then
+typed schema `pergrad.config.schema.Config`, so a typo'd key (with or without `+`: the
+nearest field names), a wrong type or an unknown option stops here with one message naming
+the key (or the valid options), and an internal schema node is refused as --config-name; then
 `pergrad.config.build_plan` builds the schema's dataclasses (each checks its fields) and
 checks every cross-field rule, before any data is read or anything compiled.
 `plugins=[module,...]` imports user modules once, before Hydra composes (their
@@ -14,6 +15,11 @@ field.
 The run writes to `train.out_dir` (default: Hydra's run directory, `outputs/<date>/<time>`, or
 `multirun/<date>/<time>/<overrides>` for a sweep point). Re-running the same command
 on the same directory resumes it; a completed run is skipped.
+
+`--dry-run` composes, builds the frozen plan and checks what a run would check first (the
+run directory, the data source, the vocabulary, the model's, optimizer's and train step's
+shapes, traced: `pergrad.train.dry_run`), prints the resolved plan and the run directory,
+trains nothing and writes nothing; it exits 1 on anything a real run would refuse.
 
 Errors of the run itself (a bad setting found at start-up, a missing dataset, a
 diverged loss, an unwritable run directory or unreadable checkpoints) print one line
@@ -27,7 +33,6 @@ submitit job the pre-emption signal then requeues the job (`pergrad.train.interr
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import sys
 from pathlib import Path
@@ -38,6 +43,10 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from pergrad.config import composer as pconfig
+
+# Set by --dry-run ("1"): check everything, train nothing, write nothing; "remote": the runs
+# read their data elsewhere (reproduce.py --dry-run of a cluster launcher), data is a note.
+DRY_RUN = "PERGRAD_DRY_RUN"
 
 
 def _hydra_info() -> dict:
@@ -55,7 +64,7 @@ def _main(cfg: DictConfig) -> float | None:
   import jax
 
   from pergrad.config.plan import build_plan
-  from pergrad.train import distributed
+  from pergrad.train import distributed, run_dir
   from pergrad.train.checkpoint import OutputError
   from pergrad.train.interrupt import Interrupts
   from pergrad.train.loop import NonFiniteLossError, run
@@ -64,11 +73,16 @@ def _main(cfg: DictConfig) -> float | None:
   hydra_dir = Path(hc.runtime.output_dir)
   out_dir = Path(cfg.train.out_dir) if cfg.train.out_dir else hydra_dir
   stop = Interrupts()
+  accepted = False  # the run passed the checks that refuse it (then it may write)
   try:
-    if out_dir.resolve() != hydra_dir.resolve() and (hydra_dir / ".hydra").exists():
-      shutil.copytree(hydra_dir / ".hydra", out_dir / ".hydra", dirs_exist_ok=True)
     d = cfg.dist
     pconfig.load_plugins(cfg.plugins)  # those set in a YAML file, or in a sweep's worker
+    if os.environ.get(DRY_RUN):
+      from pergrad.train.dry_run import dry_run
+
+      print(dry_run(build_plan(cfg, jax.device_count()), out_dir,
+                    data_here=os.environ[DRY_RUN] != "remote"), flush=True)
+      return None
     distributed.initialize(d.coordinator_address, d.num_processes, d.process_id, auto=d.auto,
                            timeout_s=d.timeout_s)
     if jax.process_count() > 1 and not cfg.train.out_dir and hc.mode == RunMode.RUN:
@@ -76,6 +90,7 @@ def _main(cfg: DictConfig) -> float | None:
           f"a run of {jax.process_count()} processes needs one run directory for all: set "
           "train.out_dir (Hydra's default directory is named by each process's clock).")
     plan = build_plan(cfg, jax.device_count())
+    accepted = run_dir.accepts(plan, out_dir)
     summary = run(plan, out_dir, hydra_info=_hydra_info(), stop=stop)
   except (ValueError, NonFiniteLossError, OutputError, OSError, KeyboardInterrupt) as e:
     if os.environ.get("HYDRA_FULL_ERROR") == "1":
@@ -87,6 +102,10 @@ def _main(cfg: DictConfig) -> float | None:
     if hc.mode == RunMode.MULTIRUN:
       raise  # Hydra runs the other points, then reports this one
     sys.exit(1)
+  finally:
+    if accepted and distributed.is_main():
+      run_dir.record_invocation(out_dir, cfg, hc)
+    run_dir.remove_if_empty(out_dir, hydra_dir)
   if summary["status"] == "interrupted":
     sys.stdout.flush()
     stop.hand_over()  # submitit's handler requeues the job and exits
@@ -100,8 +119,9 @@ def _one_line(e: BaseException, out_dir: Path) -> str:
     return (f"interrupted twice: stopped without saving; re-run the same command to resume "
             f"{out_dir} from its last checkpoint.")
   if isinstance(e, OSError):
-    return (f"{e.strerror or type(e).__name__}: {e.filename or e}; check that path (free "
-            "disk space there, or set train.out_dir to a writable folder).")
+    return (f"{e.strerror or type(e).__name__}: {e.filename or f'writing in {out_dir}'}; "
+            "check that path (free disk space there, or set train.out_dir to a writable "
+            "folder).")
   return str(e)
 
 
@@ -110,11 +130,27 @@ def main() -> None:
   override are imported before Hydra composes the config, so that `optimizer=<name>`
   can select an optimizer they register."""
   signal.signal(signal.SIGINT, _interrupted_at_start)  # the loop installs its own
+  if "--dry-run" in sys.argv[1:]:  # the environment carries it to a launcher's workers
+    sys.argv.remove("--dry-run")
+    os.environ.setdefault(DRY_RUN, "1")
   try:
     pconfig.load_plugins(pconfig.plugins_in(sys.argv[1:]))
+    if (name := _config_name(sys.argv[1:])) is not None:
+      pconfig.check_config_name(name)
   except ValueError as e:
     sys.exit(f"error: {e}")
   _main()
+
+
+def _config_name(args: list[str]) -> str | None:
+  """The value of Hydra's --config-name (-cn) in `args`, if given."""
+  for i, a in enumerate(args):
+    for flag in ("--config-name", "-cn"):
+      if a == flag and i + 1 < len(args):
+        return args[i + 1]
+      if a.startswith(flag + "="):
+        return a[len(flag) + 1:]
+  return None
 
 
 def _interrupted_at_start(signum, frame) -> None:

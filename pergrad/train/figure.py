@@ -1,4 +1,5 @@
-"""A run's figure, drawn from its `metrics.jsonl` alone: `plot_run(run_dir) -> curves.png`.
+"""A run's figure, drawn from its `metrics.jsonl`: `plot_run(run_dir) -> curves.png`, titled
+with the run's name and what sets it apart (its `config.yaml`: model, optimizer, lr, B, seed).
 
 Panel 1: train and eval loss against tokens seen. When statistics were logged, one
 more panel per summary (`SUMMARIES`, the first ones present), one line per layer
@@ -10,6 +11,9 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
+import yaml
+
+from pergrad.config.plan import CONFIG
 from pergrad.files import METRICS, read_records
 
 FIGURE = "curves.png"
@@ -24,6 +28,20 @@ MAX_PANELS = 2
 def _layer(leaf: str) -> str:
   """'block_0/mlp/fc1/kernel' -> 'block_0/mlp/fc1' (a layer holds kernel, bias, ...)."""
   return leaf.rsplit("/", 1)[0] if "/" in leaf else leaf
+
+
+def title(run_dir: Path) -> str:
+  """'<name> (<experiment>)' over 'model=… optimizer=… lr=… B=… seed=…', from the run's
+  config.yaml (the folder's name when there is none)."""
+  path = Path(run_dir) / CONFIG
+  if not path.exists():
+    return Path(run_dir).name
+  cfg = yaml.safe_load(path.read_text())
+  opt = cfg["optimizer"]
+  kind = "/".join(str(opt[k]) for k in ("name", "placement", "variant") if k in opt)
+  name = cfg.get("name", "run") + (f" ({cfg['experiment']})" if cfg.get("experiment") else "")
+  return (f"{name}\nmodel={cfg['model']['name']} optimizer={kind} lr={opt['lr']:g} "
+          f"B={cfg['data']['batch_size']} T={cfg['data']['seq_len']} seed={cfg['train']['seed']}")
 
 
 def plot_run(run_dir: str | Path) -> Path:
@@ -48,7 +66,8 @@ def plot_run(run_dir: str | Path) -> Path:
   evals = [r for r in recs if r.get("split") == "eval"]
   ax.plot([r["step"] * tokens_per_step for r in evals], [r["loss"] for r in evals], "o-",
           label="eval")
-  ax.set(xlabel="tokens", ylabel="loss", title=run_dir.name[-40:])
+  ax.set(xlabel="tokens", ylabel="loss")
+  fig.suptitle(title(run_dir), fontsize=9)
   ax.legend()
   for ax, (prefix, name) in zip(axes[0, 1:], names, strict=True):
     series = defaultdict(lambda: defaultdict(list))  # layer -> step -> values of its leaves

@@ -18,9 +18,9 @@ Divergence stops the run (status "diverged" in summary.json, a one-line error na
 step and the last good checkpoint): a non-finite training loss, gradient or parameter
 norm, or an eval loss at a step > 0 that is non-finite or above ln V (V: the tokenizer's
 vocabulary; a uniform guess) after an earlier eval was below it (the lr sweeps' rule,
-pergrad.analysis.rules) or above the step-0 loss (`eval_diverged`). Every checkpoint is
-evaluated before it is saved (unlogged when the step is not an eval step), so a saved
-checkpoint is a good one.
+pergrad.analysis.rules) or above the step-0 loss (`pergrad.train.divergence`; without eval
+batches, the mean training loss of the last 10 updates). Every checkpoint is evaluated (or
+its training loss checked) before it is saved, so a saved checkpoint is a good one.
 SIGINT, SIGTERM and the pre-emption signal (`pergrad.train.interrupt`) stop the run
 between two updates with a checkpoint and status "interrupted"; the same command resumes.
 
@@ -43,6 +43,7 @@ from __future__ import annotations
 import gc
 import logging
 import math
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -58,11 +59,13 @@ from pergrad.model import count_params
 from pergrad.optim.diagnostics import gns_metrics
 from pergrad.train import distributed
 from pergrad.train.batch_schedule import next_size
-from pergrad.train.checkpoint import Checkpoints, OutputError
+from pergrad.train.checkpoint import Checkpoints, OutputError, check_progress_kept
+from pergrad.train.divergence import TrainLossWatch, eval_diverged
 from pergrad.train.heldout import HeldOutData
 from pergrad.train.interrupt import Interrupts
 from pergrad.train.metrics import MetricsLogger, read_records
 from pergrad.train.progress import Clock, Progress
+from pergrad.train.run_dir import write_failed_summary
 
 
 class NonFiniteLossError(RuntimeError):
@@ -83,6 +86,7 @@ def run(plan: RunPlan, out_dir: str | Path, *, hydra_info: dict | None = None,
   if resume_decision(out_dir, plan) == "completed":
     echo(f"already completed: {out_dir}")
     return files.read_json(out_dir / files.SUMMARY)
+  check_progress_kept(out_dir, plan.train, plan.batch.max_size)
 
   from pergrad.data import make_data
   from pergrad.train.mesh import make_mesh
@@ -138,6 +142,7 @@ def run(plan: RunPlan, out_dir: str | Path, *, hydra_info: dict | None = None,
     with clock.paused():
       if log_eval or (save and k not in ckpt.steps()):
         recorder.eval(k, seen, evaluate(state.params), log=log_eval)
+        progress.show_eval(recorder.history.evals)
       if save and k not in ckpt.steps():
         ckpt.save(k, state, train_time_s=trained)
 
@@ -189,7 +194,9 @@ def run(plan: RunPlan, out_dir: str | Path, *, hydra_info: dict | None = None,
     ckpt.close()
     if status == "completed" and main:
       summary["figure"] = _figure(out_dir, echo)
-    if status != "failed" and main:
+    if status == "failed" and main:
+      write_failed_summary(out_dir, summary, failure or sys.exc_info()[1])
+    elif main:
       logger.summary({k: v for k, v in summary.items() if isinstance(v, (int, float))})
       files.write_json(out_dir / files.SUMMARY, summary)
     logger.close(exit_code=0 if status == "completed" else 1)
@@ -239,16 +246,6 @@ class Evaluator:
     return float(np.mean(jax.device_get([self._eval(params, b) for b in self._batches])))
 
 
-def eval_diverged(loss: float, earlier: dict[int, float], ln_v: float) -> bool:
-  """An eval loss after some updates diverged: non-finite, or above ln V when an earlier
-  eval was at most ln V (the lr sweeps' rule, pergrad.analysis.rules) or when it is above the
-  untrained model's loss (step 0)."""
-  if not math.isfinite(loss):
-    return True
-  return loss > ln_v and (min(earlier.values(), default=math.inf) <= ln_v
-                          or loss > earlier.get(0, math.inf))
-
-
 class History:
   """What a resumed run already logged: eval losses by step and the last train loss."""
 
@@ -274,11 +271,13 @@ class Recorder:
                                       plan.train.steps * plan.batch.max_size)
     self.last_step, self.last_seen = start, seen
     self.diverged_step = None
+    self.watch = TrainLossWatch(self.ln_v, active=plan.train.eval_batches == 0)
 
   def eval(self, k: int, seen: int, loss: float | None, log: bool = True) -> None:
     """Records (if `log`) and checks the eval loss of θ_k; NonFiniteLossError when it
-    diverged (`eval_diverged`)."""
+    diverged (`eval_diverged`; without eval batches, the training loss: `_check_train`)."""
     if loss is None:
+      self._check_train(k)
       return
     earlier = dict(self.history.evals)
     if log:
@@ -290,6 +289,12 @@ class Recorder:
       raise NonFiniteLossError(
           f"the eval loss diverged at step {k} (loss={loss:.4g}, ln V={self.ln_v:.4g}); "
           f"stopped, {self._kept()}. Lower optimizer.lr or set optimizer.clip_norm.")
+
+  def _check_train(self, k: int) -> None:
+    if why := self.watch.check(k):
+      self.diverged_step = k
+      raise NonFiniteLossError(f"{why}; stopped, {self._kept()}. Lower optimizer.lr or set "
+                               "optimizer.clip_norm.")
 
   def _kept(self) -> str:
     good = self.ckpt.latest()
@@ -312,6 +317,7 @@ class Recorder:
           f"{m['grad_norm']}, param_norm={m['param_norm']}); stopped, {self._kept()}. "
           "Lower optimizer.lr or set optimizer.clip_norm.")
     self.history.train_loss, self.last_step, self.last_seen = m["loss"], k, seen
+    self.watch.add(k, m["loss"])
     shown = {}
     if k == self.first or seen >= self.budget or k % self.every == 0:
       tps = self.clock.rate_since_last_log()
@@ -319,6 +325,7 @@ class Recorder:
         rec["tokens_per_s"] = tps
         rec["train_time_s"] = self.clock.elapsed()  # a resumed run's includes its earlier time
       self.logger.write(rec)
+      self._check_train(k)
       shown = {"loss": f"{m['loss']:.3f}"}
       if tps is not None:
         shown["tok/s"] = f"{tps:,.0f}"

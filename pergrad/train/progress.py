@@ -80,12 +80,21 @@ class Progress:
 
     self._bar = tqdm(total=total, initial=start, disable=not logging_spec.progress,
                      desc=name, unit="step", dynamic_ncols=True, mininterval=0.5)
+    self._postfix: dict[str, str] = {}
 
   def show(self, k_and_postfix: tuple[int, dict]) -> None:
     k, postfix = k_and_postfix
     self._bar.update(k - self._bar.n)
     if postfix:
-      self._bar.set_postfix(postfix, refresh=False)
+      self._postfix.update(postfix)
+      self._bar.set_postfix(self._postfix, refresh=False)
+
+  def show_eval(self, evals: dict[int, float]) -> None:
+    """The latest eval loss (an eval comes after the train steps it follows were shown:
+    without this the bar ends on the eval before the last)."""
+    if evals:
+      self._postfix["eval"] = f"{evals[max(evals)]:.3f}"
+      self._bar.set_postfix(self._postfix, refresh=False)
 
   def close(self) -> None:
     self._bar.close()
