@@ -101,7 +101,7 @@ def base_for(name: str, preset: str, **over) -> dict:
 
 SWEEP_JSON = "sweep.json"
 # Overrides that do not change what a run computes: the launcher's, the logging's, the cache's.
-NEUTRAL = ("hydra", "logging", "data.tfds_dir")
+NEUTRAL = ("hydra", "logging", "data.tfds_dir", "train.compile_cache")
 
 
 def override_key(override: str) -> str:

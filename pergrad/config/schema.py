@@ -50,6 +50,8 @@ class TrainSpec:
   out_dir: str | None = resumable(None)  # run directory; null: Hydra's run directory
   # every checkpoint unreadable: start again from step 0 (true) or stop with an error
   restart: bool = resumable(False)
+  # JAX's persistent compilation cache (pergrad.train.compile_cache); null: off
+  compile_cache: str | None = resumable("~/.cache/pergrad/jax")
 
   def __post_init__(self):
     if self.steps < 1:

@@ -48,7 +48,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import yaml
 
@@ -70,10 +69,19 @@ class NonFiniteLossError(RuntimeError):
   checkpoint."""
 
 
-def run(plan: RunPlan, out_dir: str | Path, *, hydra_info: dict | None = None,
-        echo: Callable[[str], None] = print, stop: Interrupts | None = None) -> dict:
+def run(plan: RunPlan, out_dir: str | Path, **kwargs) -> dict:
   """Trains (or resumes, or skips a completed run in `out_dir`); returns the summary.
-  `stop`: the signal flags to read between updates (default: installed here)."""
+  kwargs: hydra_info (recorded in the config), echo (print), stop (the signal flags to read
+  between updates; default: installed here). JAX's persistent compilation cache is on in
+  plan.train.compile_cache meanwhile (`pergrad.train.compile_cache`)."""
+  from pergrad.train import compile_cache
+
+  with compile_cache.using(plan.train.compile_cache):
+    return _run(plan, out_dir, **kwargs)
+
+
+def _run(plan: RunPlan, out_dir: str | Path, *, hydra_info: dict | None = None,
+         echo: Callable[[str], None] = print, stop: Interrupts | None = None) -> dict:
   t_begin = time.time()
   for name in ("absl", "jax"):  # Orbax logs every file at INFO; JAX its backend search
     logging.getLogger(name).setLevel(logging.WARNING)
@@ -85,8 +93,11 @@ def run(plan: RunPlan, out_dir: str | Path, *, hydra_info: dict | None = None,
     return files.read_json(out_dir / files.SUMMARY)
 
   from pergrad.data import make_data
+  from pergrad.train import compile_cache
   from pergrad.train.mesh import make_mesh
   from pergrad.train.step import Steps
+
+  compiles = compile_cache.counts()
 
   try:
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -103,7 +114,7 @@ def run(plan: RunPlan, out_dir: str | Path, *, hydra_info: dict | None = None,
                              restart=plan.train.restart, fresh=steps.fresh)
   start = 0 if state is None else int(jax.device_get(state.step))
   if state is None:
-    state = steps.init(jnp.int32(plan.train.seed))
+    state = steps.init(np.int32(plan.train.seed))
   else:
     echo(f"[pergrad] resuming {out_dir} from the checkpoint of step {start}.")
   seen, size = map(int, jax.device_get((state.examples_seen, state.batch_size)))  # last B
@@ -142,6 +153,7 @@ def run(plan: RunPlan, out_dir: str | Path, *, hydra_info: dict | None = None,
         ckpt.save(k, state, train_time_s=trained)
 
   status, error = "failed", None
+  setup_s = time.time() - t_begin  # the fixed cost: imports aside, data, compiles, restore
   stop = (stop or Interrupts()).install(every=plan.logging.log_every)
   gc.collect()
   gc.freeze()  # setup's objects leave the collector's generations: cheaper collections
@@ -184,6 +196,9 @@ def run(plan: RunPlan, out_dir: str | Path, *, hydra_info: dict | None = None,
     status = "failed" if failure else status
     summary = _summary(plan, out_dir, status, error, recorder, clock, start, ckpt, logger,
                        time.time() - t_begin, count_params(state.params), mesh.devices.size)
+    compiles = compile_cache.counts() - compiles
+    summary.update(setup_s=round(setup_s, 2), compile_s=round(compiles.seconds, 2),
+                   compile_cache_hits=compiles.hits, compile_misses=compiles.misses)
     if status == "interrupted":
       summary["signal"] = stop.name
     ckpt.close()
