@@ -55,7 +55,7 @@ from pergrad import files
 from pergrad.config.plan import CONFIG, RunPlan, resume_decision
 from pergrad.model import count_params
 from pergrad.optim.diagnostics import gns_metrics
-from pergrad.train import distributed
+from pergrad.train import compile_cache, distributed
 from pergrad.train.batch_schedule import next_size
 from pergrad.train.checkpoint import Checkpoints, OutputError
 from pergrad.train.heldout import HeldOutData
@@ -70,12 +70,9 @@ class NonFiniteLossError(RuntimeError):
 
 
 def run(plan: RunPlan, out_dir: str | Path, **kwargs) -> dict:
-  """Trains (or resumes, or skips a completed run in `out_dir`); returns the summary.
-  kwargs: hydra_info (recorded in the config), echo (print), stop (the signal flags to read
-  between updates; default: installed here). JAX's persistent compilation cache is on in
-  plan.train.compile_cache meanwhile (`pergrad.train.compile_cache`)."""
-  from pergrad.train import compile_cache
-
+  """Trains (or resumes, or skips a completed run in `out_dir`); returns the summary. kwargs:
+  hydra_info (recorded), echo (print), stop (the signal flags read between updates; default:
+  installed here). With JAX's compilation cache in plan.train.compile_cache meanwhile."""
   with compile_cache.using(plan.train.compile_cache):
     return _run(plan, out_dir, **kwargs)
 
@@ -93,12 +90,10 @@ def _run(plan: RunPlan, out_dir: str | Path, *, hydra_info: dict | None = None,
     return files.read_json(out_dir / files.SUMMARY)
 
   from pergrad.data import make_data
-  from pergrad.train import compile_cache
   from pergrad.train.mesh import make_mesh
   from pergrad.train.step import Steps
 
   compiles = compile_cache.counts()
-
   try:
     out_dir.mkdir(parents=True, exist_ok=True)
   except OSError as e:
