@@ -7,9 +7,10 @@
 A run's key is the SHA-256 of its resolved config (the Hydra overrides composed against
 configs/, as the run itself resolves them) without what only labels or places it
 (`LABELS`: the experiment's tag and name, the output, data-cache and compile-cache
-directories, W&B and the progress bar, checkpoints kept), together with the code version
-(HEAD's commit and, for a tree with uncommitted changes, the hash of its diff): a run with
-any other difference (a seed, a step count, a logged statistic, a cadence) is another run.
+directories, W&B, the progress bar, the run's figure, checkpoints kept), together with the
+code version (HEAD's commit and, for a tree with uncommitted changes, the hash of its
+diff): a run with any other difference (a seed, a step count, a logged statistic, a
+cadence) is another run.
 Outside a git checkout the code version is unknown and nothing is reused.
 
 The index is one small file per finished run under `<sweeps root>/.runs/<key>` holding its
@@ -34,7 +35,8 @@ from pergrad.analysis.runs import DONE, run_status
 
 # Keys (and nodes) of the resolved config that do not change what a run computes or writes.
 LABELS = ("experiment", "name", "train.out_dir", "train.restart", "train.keep_checkpoints",
-          "train.compile_cache", "data.tfds_dir", "logging.wandb", "logging.progress")
+          "train.compile_cache", "data.tfds_dir", "logging.wandb", "logging.progress",
+          "logging.figure")
 INDEX = ".runs"
 REUSED = "reused.json"  # in a run directory linked to another sweep's run
 

@@ -95,8 +95,9 @@ def scale_value(preset: str, key: str):
 
 
 def base_for(name: str, preset: str, **over) -> dict:
-  """Overrides shared by every run of experiment `name` at `preset`."""
-  return {"experiment": name, "scale": preset, **over}
+  """Overrides shared by every run of experiment `name` at `preset` (no figure per run: the
+  experiment's report draws its own)."""
+  return {"experiment": name, "scale": preset, "logging.figure": False, **over}
 
 
 SWEEP_JSON = "sweep.json"

@@ -85,9 +85,12 @@ def turn(repo: Path, args, root: Path) -> dict:
   experiments = [("grid", {"optimizer.lr": lrs, "train.seed": seeds}),
                  ("second", {"optimizer.lr": [lrs[len(lrs) // 2]], "train.seed": seeds})]
   extra = [f"train.compile_cache={root / 'jax_cache'}"] if has_compile_cache(repo) else []
+  # as that version's experiments launch their runs (experiments.sweep.base_for)
+  figure = ({"logging.figure": False} if "logging.figure" in (
+      repo / "experiments" / "sweep.py").read_text() else {})
   spec = {"root": str(root), "experiments": experiments, "extra": extra,
           "base": {"experiment": args.experiment, "scale": "cpu", "train.steps": args.steps,
-                   "logging.log_every": 5}}  # tokens/s needs two metric pulls
+                   "logging.log_every": 5, **figure}}  # tokens/s needs two metric pulls
   env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": str(repo)}
   env.pop("JAX_COMPILATION_CACHE_DIR", None)
   t0 = time.time()

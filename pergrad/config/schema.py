@@ -107,6 +107,7 @@ class WandbSpec:
 class LoggingSpec:
   log_every: int = 10  # steps between train-loss records
   progress: bool = True  # tqdm progress bar
+  figure: bool = True  # curves.png at the end of the run (a sweep's: off, its report draws)
   wandb: WandbSpec = dataclasses.field(default_factory=WandbSpec)
 
   def __post_init__(self):

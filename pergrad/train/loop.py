@@ -197,7 +197,7 @@ def _run(plan: RunPlan, out_dir: str | Path, *, hydra_info: dict | None = None,
     if status == "interrupted":
       summary["signal"] = stop.name
     ckpt.close()
-    if status == "completed" and main:
+    if status == "completed" and main and plan.logging.figure:
       summary["figure"] = _figure(out_dir, echo)
     if status != "failed" and main:
       logger.summary({k: v for k, v in summary.items() if isinstance(v, (int, float))})
