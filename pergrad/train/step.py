@@ -56,6 +56,7 @@ from pergrad.stats import sign_agreement
 from pergrad.stats.sign_agreement import lag_init
 from pergrad.stats.types import GradStats
 from pergrad.train import mesh as mesh_lib
+from pergrad.train import plain
 from pergrad.train.heldout import SignLog, directions, sign_metrics
 from pergrad.train.state import TrainState, make_init_fn
 
@@ -80,8 +81,11 @@ def train_step(state: TrainState, batch: dict, heldout: GradStats | None = None,
   (`Optimizer.at`; None: the optimizer's own, compiled in).
   """
   opt = opt if hparams is None else opt.at(hparams)
-  loss, stats = pstats.compute(loss_fn, state.params, batch, request, options,
-                               backend=backend)
+  if pstats.backends.get(backend).statistics:
+    loss, stats = pstats.compute(loss_fn, state.params, batch, request, options,
+                                 backend=backend)
+  else:  # ḡ alone: the fastest exact path (microbatched on CPU)
+    loss, stats = plain.mean_gradient(loss_fn, state.params, batch, request, options, backend)
   grads = stats.mean
   B = batch["inputs"].shape[0]  # static: one compiled step per batch size
   seen = state.examples_seen
