@@ -45,3 +45,18 @@ def test_microbatched_mean_gradient_equals_the_whole_batch(backend, asked):
   for (path, w), g in zip(leaves, jax.tree.leaves(got.mean), strict=True):
     np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6 * float(jnp.max(jnp.abs(w))),
                                err_msg=jax.tree_util.keystr(path))
+
+
+def test_statistics_backends_get_the_chunk_in_their_own_loop():
+  """`chunked`: a statistics backend that microbatches gets chunk_for's chunk where none is
+  set (its merge is `pergrad.stats.compute`'s, tested with the engine); a plain one and a
+  chunk already set are left alone."""
+  opts = pstats.StatsOptions()
+  platform_chunk = plain.chunk_for(32, jax.default_backend())
+  assert plain.chunked(opts, 32, "vmap").microbatch_size == platform_chunk
+  assert plain.chunked(opts, 32, "surgery").microbatch_size == platform_chunk
+  assert plain.chunked(opts, 32, "loop").microbatch_size is None  # no loop of its own
+  assert plain.chunked(opts, 32, "value_and_grad") is opts
+  assert plain.chunked(opts, 8, "vmap").microbatch_size is None
+  set_ = pstats.StatsOptions(microbatch_size=4)
+  assert plain.chunked(set_, 32, "vmap") is set_

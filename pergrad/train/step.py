@@ -81,13 +81,13 @@ def train_step(state: TrainState, batch: dict, heldout: GradStats | None = None,
   (`Optimizer.at`; None: the optimizer's own, compiled in).
   """
   opt = opt if hparams is None else opt.at(hparams)
-  if pstats.backends.get(backend).statistics:
-    loss, stats = pstats.compute(loss_fn, state.params, batch, request, options,
-                                 backend=backend)
+  B = batch["inputs"].shape[0]  # static: one compiled step per batch size
+  if pstats.backends.get(backend).statistics:  # in chunks where faster (`plain.chunked`)
+    loss, stats = pstats.compute(loss_fn, state.params, batch, request,
+                                 plain.chunked(options, B, backend), backend=backend)
   else:  # ḡ alone: the fastest exact path (microbatched on CPU)
     loss, stats = plain.mean_gradient(loss_fn, state.params, batch, request, options, backend)
   grads = stats.mean
-  B = batch["inputs"].shape[0]  # static: one compiled step per batch size
   seen = state.examples_seen
   updates, opt_state = opt.tx.update(grads, state.opt_state, state.params, grad_stats=stats,
                                      examples_seen=seen, batch_size=B)
@@ -113,8 +113,8 @@ def train_step(state: TrainState, batch: dict, heldout: GradStats | None = None,
   opt_stats = stats
   if log_request is not None:
     if (log_request, log_backend) != (request, backend):
-      stats = pstats.compute(loss_fn, params_k, batch_k, log_request, options,
-                             backend=log_backend)[1]
+      stats = pstats.compute(loss_fn, params_k, batch_k, log_request,
+                             plain.chunked(options, B, log_backend), backend=log_backend)[1]
     metrics.update(pstats.summaries.layer_summaries(stats))
     metrics.update(diagnostics(stats, opt_state, snr))
   if heldout is not None:
