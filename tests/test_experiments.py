@@ -322,4 +322,3 @@ def test_notebooks_execute_on_ci_sweep(ci_sweeps, tmp_path):
     assert images, nb_name
     if "gns_layers" in env.get("PERGRAD_SWEEP_DIR", ""):  # the GNS section drew its curves
       assert any(o.get("output_type") == "display_data" for o in nb.cells[-1].outputs)
-

@@ -36,8 +36,6 @@ from __future__ import annotations
 import importlib
 from typing import NamedTuple
 
-import jax
-import jax.numpy as jnp
 import optax
 
 from pergrad.optim import configs
@@ -45,6 +43,7 @@ from pergrad.optim.adam_family import request_for_variant, scale_by_adam_family
 from pergrad.optim.common import with_float32_state
 from pergrad.optim.diagnostics import OFF, Tracker, hold_eps
 from pergrad.optim.diagnostics import track_snr as snr_tracker
+from pergrad.optim.dp_noise import add_clipped_noise
 from pergrad.optim.hparams import Hparams
 from pergrad.optim.schedule import (
   ScaledHparams,
@@ -53,7 +52,6 @@ from pergrad.optim.schedule import (
   scale_by_token_schedule,
   scale_hparams,
   schedule_of,
-  step_args,
   token_lr,
 )
 from pergrad.optim.sign import request_for_placement, scale_by_sign_placement
@@ -165,27 +163,6 @@ def hparams_of(opt: configs.OptimizerConfig, sched: ScheduleConfig, *, total_ste
                  halvings=(decay_steps(sched, total_steps, cut=False) if sched.name == "step"
                            else ()),
                  noise_seed=seed)
-
-
-def add_clipped_noise(noise_multiplier: float, clip: float, max_batch: int, seed: int = 0
-                      ) -> optax.GradientTransformationExtraArgs:
-  """DP-SGD's noise on the mean of B clipped per-example gradients: u + (σ·C/B)·ξ,
-  ξ ~ N(0, I) (noise σ·C on the clipped sum). Stateless: B is the update's batch size
-  (extra argument `batch_size`, a static int; None: max_batch) and ξ is drawn from
-  fold_in(PRNGKey(seed), examples_seen), unique per update and the same after a resume."""
-
-  def update(updates, state, params=None, **extra_args):
-    del params
-    seen, batch_size = step_args("add_clipped_noise", max_batch, **extra_args)
-    std = noise_multiplier * clip / batch_size
-    key = jax.random.fold_in(jax.random.PRNGKey(seed), seen)
-    leaves, treedef = jax.tree.flatten(updates)
-    keys = jax.random.split(key, len(leaves))
-    noisy = [u + jnp.asarray(std, u.dtype) * jax.random.normal(k, u.shape, u.dtype)
-             for u, k in zip(leaves, keys, strict=True)]
-    return jax.tree.unflatten(treedef, noisy), state
-
-  return optax.GradientTransformationExtraArgs(optax.init_empty_state, update)
 
 
 # --- the built-in optimizers' builders (registered in configs.py) ----------------------
