@@ -1,5 +1,7 @@
 """Launching a sweep: one Hydra multirun of `python -m pergrad.train` per grid block with a
-point not finished (launched whole: the entry skips completed runs and resumes partial ones)."""
+point not finished (launched whole: the entry skips completed runs and resumes partial ones).
+A point that another sweep of the same sweeps root has run already, at the same code
+version (`experiments.reuse`), is linked to that run, not trained again."""
 
 from __future__ import annotations
 
@@ -11,7 +13,8 @@ import time
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
-from experiments.sweep import REPO, Block, override_key
+from experiments.reuse import RunIndex, is_reused
+from experiments.sweep import REPO, Block, config_extras, override_key
 from pergrad.analysis.runs import DONE, fmt, run_dirname, run_status
 
 # Each launcher's overrides (configs/hydra/launcher/{slurm_gpu,local}.yaml for submitit).
@@ -33,12 +36,20 @@ def multirun_command(sweep_dir: Path, base: dict, block: Block, *,
           *(o.format(n_jobs=n_jobs) for o in LAUNCHERS[launcher])]
 
 
+def run_overrides(base: dict, block: Block, point: dict, extra: Sequence[str]) -> list[str]:
+  """The overrides that make one run of `block` (what its multirun job composes), without
+  the launcher's and the other neutral ones."""
+  values = {**base, **block.fixed, **point}
+  return [*(f"{k}={fmt(v)}" for k, v in values.items()), *config_extras(extra)]
+
+
 @dataclasses.dataclass
 class LaunchLog:
   """What one `launch` call did: points already done, points run, failures."""
 
   skipped: list = dataclasses.field(default_factory=list)
   launched: list = dataclasses.field(default_factory=list)
+  reused: list = dataclasses.field(default_factory=list)  # linked to another sweep's run
   failed: list = dataclasses.field(default_factory=list)
   wall_s: float = 0.0
   commands: list = dataclasses.field(default_factory=list)
@@ -47,19 +58,32 @@ class LaunchLog:
 def launch_blocks(sweep_dir: Path, base: dict, blocks: Iterable[Block], *,
                   train_cmd: Sequence[str] = TRAIN_CMD, launcher: str = "basic", n_jobs: int = 2,
                   extra: Sequence[str] = (), dry_run: bool = False, log: LaunchLog | None = None,
-                  echo: Callable[[str], None] = print) -> LaunchLog:
-  """Launches each block whose points are not all done; records skipped points."""
+                  echo: Callable[[str], None] = print, index: RunIndex | None = None
+                  ) -> LaunchLog:
+  """Launches each block whose points are not all done; records skipped points, and links
+  the points that `index` knows another sweep has run (module docstring; None: none)."""
   log = log or LaunchLog()
   sweep_dir.mkdir(parents=True, exist_ok=True)
   for block in blocks:
-    todo, done = [], []
+    todo, done, keys = [], [], {}
     for p in block.points():
       name = run_dirname(p)
-      (done if run_status(sweep_dir / name) in DONE else todo).append(name)
+      status = run_status(sweep_dir / name)
+      if index is not None and status == "missing":
+        keys[name] = index.key(run_overrides(base, block, p, extra))
+        found = index.find(keys[name])
+        if found is not None:
+          if not dry_run:
+            index.link(sweep_dir / name, found)
+          log.reused.append(name)
+          echo(f"[reuse] {name} <- {found}")
+          continue
+      (done if status in DONE else todo).append(name)
     for name in done:  # each run once: a later round lists finished runs again
-      if name not in log.skipped and name not in log.launched:
-        log.skipped.append(name)
-        echo(f"[skip] {name} ({run_status(sweep_dir / name)})")
+      if name in log.skipped or name in log.launched or name in log.reused:
+        continue
+      (log.reused if is_reused(sweep_dir / name) else log.skipped).append(name)
+      echo(f"[skip] {name} ({run_status(sweep_dir / name)})")
     if not todo:
       continue
     cmd = multirun_command(sweep_dir, base, block, train_cmd=train_cmd, launcher=launcher,
@@ -74,6 +98,10 @@ def launch_blocks(sweep_dir: Path, base: dict, blocks: Iterable[Block], *,
     proc = subprocess.run(cmd, cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     log.wall_s += time.time() - t0
     log.failed += [n for n in todo if run_status(sweep_dir / n) != "completed"]
+    for p in block.points() if index is not None else ():
+      if (name := run_dirname(p)) in todo:
+        index.add(keys.get(name) or index.key(run_overrides(base, block, p, extra)),
+                  sweep_dir / name)
     if proc.returncode:
       echo(f"[warn] multirun exited with code {proc.returncode}; failed: "
            f"{[n for n in todo if n in log.failed]}")

@@ -13,6 +13,7 @@ from pathlib import Path
 from experiments import lr_search, report_md
 from experiments.launch import LAUNCHERS, LaunchLog, launch_blocks
 from experiments.record import BUILTIN, Inputs, Report, Runs, get, provenance
+from experiments.reuse import RunIndex, is_reused
 from experiments.sweep import PRESETS, REPO, config_extras, record_sweep, sweep_dir
 from pergrad.analysis.runs import aggregate, fmt
 from pergrad.files import METRICS, SUMMARY
@@ -64,7 +65,8 @@ def run_experiment(name: str, preset: str, *, launcher: str = "basic", n_jobs: i
     sweep = exp.sweep_at(preset, inputs)
     if not dry_run or (sdir / "sweep.json").exists():
       record_sweep(sdir, preset, sweep.base, extra)
-    kw = dict(launcher=launcher, n_jobs=n_jobs, extra=extra, dry_run=dry_run, log=log, echo=echo)
+    kw = dict(launcher=launcher, n_jobs=n_jobs, extra=extra, dry_run=dry_run, log=log, echo=echo,
+              index=RunIndex.at(root))  # runs of the other experiments of this root reused
     if not analyze_only:
       launch_blocks(sdir, sweep.base, sweep.blocks, **kw)
     rounds = sweep.lr_search.rounds if sweep.lr_search else 0
@@ -95,8 +97,9 @@ def run_experiment(name: str, preset: str, *, launcher: str = "basic", n_jobs: i
     echo(f"[{name}/{preset}] dry run: would launch {len(log.launched)} run(s) "
          f"({len(log.skipped)} already finished){later}")
     return Outcome(name, preset, sdir, out_dir, log, None)
-  echo(f"[{name}/{preset}] launched {len(log.launched)} run(s), skipped {len(log.skipped)} "
-       f"finished, failed {len(log.failed)}; {wall:.0f} s")
+  echo(f"[{name}/{preset}] launched {len(log.launched)} run(s), reused {len(log.reused)} "
+       f"another sweep's, skipped {len(log.skipped)} finished, failed {len(log.failed)}; "
+       f"{wall:.0f} s")
 
   out_dir.mkdir(parents=True, exist_ok=True)
   clear_outputs(out_dir)
@@ -139,7 +142,8 @@ def run_info(out_dir, name, preset, sdir, log, wall, command, launcher, prov) ->
     except json.JSONDecodeError:
       continue
     n_done += d.get("status") == "completed"
-    compute_s += float(d.get("wall_time_s", 0.0))
+    if not is_reused(s.parent):  # another sweep's run: its compute is that sweep's
+      compute_s += float(d.get("wall_time_s", 0.0))
   old_path = Path(out_dir, "run_info.json")
   old = json.loads(old_path.read_text()) if old_path.exists() else {}
   rel = report_md.portable_sweep_dir(sdir)  # no machine's path in results/ (issue 40)
@@ -153,6 +157,7 @@ def run_info(out_dir, name, preset, sdir, log, wall, command, launcher, prov) ->
               sweep_dir=rel, n_runs_completed=n_done, runs_compute_s=round(compute_s, 1),
               wall_s=round(wall, 1), launch_wall_s=round(log.wall_s, 1),
               launched=len(log.launched), launched_runs=list(log.launched),
+              reused=len(log.reused), reused_runs=list(log.reused),
               invocations=int(old.get("invocations", 1)) + 1 if same else 1,
               skipped=len(log.skipped), failed=log.failed,
               date=datetime.datetime.now().isoformat(timespec="seconds"))

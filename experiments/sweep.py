@@ -95,13 +95,14 @@ def scale_value(preset: str, key: str):
 
 
 def base_for(name: str, preset: str, **over) -> dict:
-  """Overrides shared by every run of experiment `name` at `preset`."""
-  return {"experiment": name, "scale": preset, **over}
+  """Overrides shared by every run of experiment `name` at `preset` (no figure per run: the
+  experiment's report draws its own)."""
+  return {"experiment": name, "scale": preset, "logging.figure": False, **over}
 
 
 SWEEP_JSON = "sweep.json"
 # Overrides that do not change what a run computes: the launcher's, the logging's, the cache's.
-NEUTRAL = ("hydra", "logging", "data.tfds_dir")
+NEUTRAL = ("hydra", "logging", "data.tfds_dir", "train.compile_cache")
 
 
 def override_key(override: str) -> str:

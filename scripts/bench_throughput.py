@@ -68,14 +68,14 @@ def bare_step(plan, steps: int, warmup: int) -> dict:
   state = st.init(jnp.int32(0))
   t0 = time.perf_counter()
   # The trainer's plain step, compiled once more to read XLA's buffer-liveness peak.
-  compiled, peak_bytes = compile_with_peak(st.train_jit.lower(state, batch))
+  compiled, peak_bytes = compile_with_peak(st.train_jit.lower(state, batch, st.hparams))
   compile_s = time.perf_counter() - t0
   for _ in range(warmup):
-    state, m = compiled(state, batch)
+    state, m = compiled(state, batch, st.hparams)
   jax.block_until_ready((state, m))
   t0 = time.perf_counter()
   for _ in range(steps):
-    state, m = compiled(state, batch)
+    state, m = compiled(state, batch, st.hparams)
   jax.block_until_ready((state, m))
   dt = time.perf_counter() - t0
   return {"xla_flops_per_step": flops_of(compiled),
@@ -103,6 +103,46 @@ def loop_tokens_per_s(overrides: list[str], steps: int) -> float:
   return float(summary["tokens_per_s"])
 
 
+def microbatch_table(overrides: list[str], chunk: int, sizes: list[int], reps: int) -> dict:
+  """`pergrad.bench.microbatch.plain_microbatch` at each batch size, both plain backends."""
+  import jax
+
+  from pergrad.bench.microbatch import plain_microbatch
+  from pergrad.config import build_plan, compose
+
+  rows = []
+  for B in sizes:
+    plan = build_plan(compose([*overrides, f"data.batch_size={B}"]), jax.device_count())
+    for backend in ("contraction", "value_and_grad"):
+      r = plain_microbatch(plan, backend, chunk, reps)
+      rows.append({"batch_size": B, "backend": backend, "chunk": chunk, **r})
+  out = {"benchmark": "plain step microbatched / direct", "device": jax.devices()[0].device_kind,
+         "overrides": overrides, "reps": reps, "rows": rows}
+  print(json.dumps(out, indent=1))
+  return out
+
+
+def nanodo_table(overrides: list[str], sizes: list[int], reps: int) -> dict:
+  """`pergrad.bench.nanodo.versus_nanodo` at each batch size, both plain backends."""
+  import jax
+
+  from pergrad.bench.nanodo import versus_nanodo
+  from pergrad.config import build_plan, compose
+
+  rows = []
+  for B in sizes:
+    for backend in ("contraction", "value_and_grad"):
+      plan = build_plan(compose(["optimizer=adamw", *overrides, f"data.batch_size={B}",
+                                 f"stats.backend={backend}", "stats.log_every=0"]),
+                        jax.device_count())
+      rows.append({"batch_size": B, **versus_nanodo(plan, reps)})
+  out = {"benchmark": "plain train step / nanodo-style step",
+         "device": jax.devices()[0].device_kind, "overrides": overrides, "reps": reps,
+         "rows": rows}
+  print(json.dumps(out, indent=1))
+  return out
+
+
 # --preset: the model presets' sizes (random tokens: no dataset is read in the default mode).
 PRESETS = {
     "tiny": ["scale=cpu"],
@@ -122,8 +162,20 @@ def main(argv=None) -> dict:
   p.add_argument("--compare", action="store_true",
                  help="bare step vs full loop vs loop with statistics logging (ratios)")
   p.add_argument("--reps", type=int, default=3, help="repetitions of each --compare variant")
+  p.add_argument("--microbatch", type=int, default=None, metavar="CHUNK",
+                 help="the plain step's ḡ over chunks of CHUNK examples vs the whole batch, "
+                      "at --batch-sizes, both plain backends (paired ratios, parity)")
+  p.add_argument("--nanodo", action="store_true",
+                 help="the loop's plain step vs a nanodo-style step (optax.adamw + "
+                      "value_and_grad) at --batch-sizes, both plain backends (paired ratios)")
+  p.add_argument("--batch-sizes", type=lambda s: [int(x) for x in s.split(",")],
+                 default=[8, 32, 128])
   args, overrides = p.parse_known_args(argv)
   overrides = [*PRESETS.get(args.preset, []), *overrides]
+  if args.microbatch:
+    return microbatch_table(overrides, args.microbatch, args.batch_sizes, max(args.reps, 8))
+  if args.nanodo:
+    return nanodo_table(overrides, args.batch_sizes, max(args.reps, 8))
 
   import jax
 

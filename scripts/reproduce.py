@@ -261,7 +261,7 @@ def main(argv=None) -> int:
       record.experiment(n, {
           "wall_s": round(time.time() - t0, 1),
           "launch_wall_s": round(out.log.wall_s, 1), "launched": len(out.log.launched),
-          "skipped": len(out.log.skipped),
+          "skipped": len(out.log.skipped), "reused": len(out.log.reused),
           "status": (f"{len(out.log.failed)} run(s) failed" if out.log.failed else "completed")
           + (f", verdict: {out.report.verdict}" if out.report else "")})
     if out.report:

@@ -110,3 +110,36 @@ def test_plain_candidates_compute_one_gradient():
   key = {n: baselines.program_key(c) for n, c in compiled.items()}
   assert key["surgery"] == key["value_and_grad"]  # no statistic asked: no layer is changed
   assert key["contraction"] != key["value_and_grad"]
+
+
+def test_sweep_projection_from_a_record(tmp_path):
+  """`pergrad.bench.sweep_cost` on a constructed record: per-run fixed costs and step
+  speed rescale each training experiment, a repeated run (same final step and losses as an
+  earlier experiment's) drops out when runs are reused, a benchmark keeps its time."""
+  import json
+
+  from pergrad.bench.sweep_cost import project, repeated_runs
+
+  rec = {"wall_s": 400.0, "experiments": {"a": {"wall_s": 200.0}, "b": {"wall_s": 100.0},
+                                          "bench": {"wall_s": 100.0}}}
+  (tmp_path / "reproduction.json").write_text(json.dumps(rec))
+  head = "run,status,final_step,final_eval_loss,final_train_loss\n"
+  for name, n, compute, rows in (("a", 2, 400.0, ["x,completed,400,4.1,4.0",
+                                                  "y,completed,400,4.2,4.1"]),
+                                 ("b", 2, 200.0, ["z,completed,400,4.1,4.0",
+                                                  "w,diverged,3,inf,inf"]),
+                                 ("bench", 0, 0.0, [])):
+    (tmp_path / name).mkdir()
+    (tmp_path / name / "run_info.json").write_text(
+        json.dumps({"n_runs_completed": n, "runs_compute_s": compute}))
+    if rows:
+      (tmp_path / name / "finals.csv").write_text(head + "\n".join(rows) + "\n")
+  assert repeated_runs(tmp_path, ["a", "b", "bench"]) == {"a": 0, "b": 1}
+  same = project(tmp_path, fixed_s=(10.0, 10.0))
+  assert same["projected_min"] == same["committed_experiments_min"] and same["speedup"] == 1
+  p = project(tmp_path, fixed_s=(20.0, 5.0), speed=2.0, reuses=True)
+  # a: ((400 - 2·20)/2 + 2·5) / 400 = 0.475 of its wall; b: ½ of ((200 - 40)/2 + 10) / 200
+  assert p["experiments"]["a"]["projected_s"] == 200.0 * 0.475
+  assert p["experiments"]["b"]["projected_s"] == 100.0 * 0.225
+  assert p["experiments"]["bench"]["projected_s"] == 100.0
+  assert p["repeated_runs"] == 1 and p["reuse_counted"]

@@ -191,7 +191,7 @@ def test_bad_schedule_raises():
 def test_clipped_noise_scale_seed_and_resume():
   """DP-SGD noise: std σ·C/B at the update's own B (a batch schedule's, not B_max),
   stateless, keyed by (seed, examples_seen): the same after a resume, new per update."""
-  from pergrad.optim.build import add_clipped_noise
+  from pergrad.optim.dp_noise import add_clipped_noise
   sigma, clip, b_max = 0.7, 2.0, 32
   zeros = {"w": jnp.zeros((256, 256)), "b": jnp.zeros((256,))}
   tx = add_clipped_noise(sigma, clip, b_max, seed=3)

@@ -50,6 +50,8 @@ class TrainSpec:
   out_dir: str | None = resumable(None)  # run directory; null: Hydra's run directory
   # every checkpoint unreadable: start again from step 0 (true) or stop with an error
   restart: bool = resumable(False)
+  # JAX's persistent compilation cache (pergrad.train.compile_cache); null: off
+  compile_cache: str | None = resumable("~/.cache/pergrad/jax")
 
   def __post_init__(self):
     if self.steps < 1:
@@ -105,6 +107,7 @@ class WandbSpec:
 class LoggingSpec:
   log_every: int = 10  # steps between train-loss records
   progress: bool = True  # tqdm progress bar
+  figure: bool = True  # curves.png at the end of the run (a sweep's: off, its report draws)
   wandb: WandbSpec = dataclasses.field(default_factory=WandbSpec)
 
   def __post_init__(self):

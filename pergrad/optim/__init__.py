@@ -11,7 +11,9 @@ MicroAdamMSQ / mix; this MicroAdam is the per-example Adam of Roulet & Agarwala,
 IST-DASLab's compression optimizer), `schedule` (warmup + cosine, batch-size scaling),
 `diagnostics` (the trackers beside the optimizer, `track_snr` and `track_gns`, and the
 SNR, second-moment shares and GNS they log), `configs` (one config dataclass per
-optimizer and the registry: how to add an optimizer), `build` (config -> Optimizer).
+optimizer and the registry: how to add an optimizer), `build` (config -> Optimizer),
+`hparams` (the numbers a sweep varies, the compiled step's arguments), `dp_noise`
+(DP-SGD's noise link).
 """
 
 from pergrad.optim.adam_family import (

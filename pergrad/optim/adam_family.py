@@ -45,6 +45,7 @@ import optax
 from pergrad.fields import check_decay
 from pergrad.optim.common import f32, require_stats
 from pergrad.optim.configs import AdamVariant
+from pergrad.optim.hparams import traced
 from pergrad.stats.request import StatsRequest
 from pergrad.stats.types import GradStats, unbiased_sq_mean
 
@@ -125,9 +126,10 @@ def scale_by_adam_family(variant: str = "adam", b1: float = 0.9, b2: float = 0.9
     A transformation whose update reads `grad_stats` (with the 'sq' statistic,
     granularity "example") for every variant except "adam", which ignores it.
   """
-  check_adam_args(variant, b1, b2, eps, eps_root, mix_a, mix_b)
-  if clip_norm is not None and clip_norm <= 0:
-    raise ValueError(f"clip_norm={clip_norm} must be positive (or None for no clipping)")
+  if not traced(b1, b2, eps, eps_root, clip_norm):  # else checked where built
+    check_adam_args(variant, b1, b2, eps, eps_root, mix_a, mix_b)
+    if clip_norm is not None and clip_norm <= 0:
+      raise ValueError(f"clip_norm={clip_norm} must be positive (or None for no clipping)")
   clip = optax.clip_by_global_norm(clip_norm) if clip_norm is not None else None
 
   def init_fn(params):

@@ -36,8 +36,6 @@ from __future__ import annotations
 import importlib
 from typing import NamedTuple
 
-import jax
-import jax.numpy as jnp
 import optax
 
 from pergrad.optim import configs
@@ -45,13 +43,15 @@ from pergrad.optim.adam_family import request_for_variant, scale_by_adam_family
 from pergrad.optim.common import with_float32_state
 from pergrad.optim.diagnostics import OFF, Tracker, hold_eps
 from pergrad.optim.diagnostics import track_snr as snr_tracker
+from pergrad.optim.dp_noise import add_clipped_noise
+from pergrad.optim.hparams import Hparams
 from pergrad.optim.schedule import (
   ScaledHparams,
   ScheduleConfig,
-  make_schedule,
+  decay_steps,
   scale_by_token_schedule,
   scale_hparams,
-  step_args,
+  schedule_of,
   token_lr,
 )
 from pergrad.optim.sign import request_for_placement, scale_by_sign_placement
@@ -109,86 +109,90 @@ def build_optimizer(opt: configs.OptimizerConfig, sched: ScheduleConfig, *, tota
     seed: seeds the DP-SGD noise (`add_clipped_noise`) when optimizer.noise_multiplier > 0.
 
   Returns:
-    Optimizer(tx, request, learning_rate, token_lr, snr, gns); raises ValueError on a
-    bad setting, before any compute.
+    Optimizer(tx, request, learning_rate, token_lr, snr, gns, hparams, at); raises
+    ValueError on a bad setting, before any compute.
   """
   build = _builder(opt.name)
-  hp = scaled_hparams(opt, batch_size)
-  lr = make_schedule(sched, hp.peak_lr, total_steps=total_steps)
-  direction = build(opt, hp)
-  request = StatsRequest(want=direction.request.want + (("sq",) if track_snr else ()),
-                         granularity=direction.request.granularity,
-                         per_example_clip=opt.per_example_clip)
-  if gns is not None:
-    if request.granularity != "example":
-      raise ValueError(
-          f"stats.gns needs per-example norms but the optimizer reads "
-          f"{request.granularity}-level statistics; turn stats.gns off for this optimizer.")
-    request = request.union(("norms",), "example", gns_layers)
-  parts = []
-  if opt.noise_multiplier > 0:
-    parts.append(add_clipped_noise(opt.noise_multiplier, opt.per_example_clip, batch_size, seed))
-  if opt.clip_norm is not None and not direction.clips:
-    parts.append(optax.clip_by_global_norm(opt.clip_norm))
-  parts.append(direction.tx)
-  if opt.weight_decay > 0:
-    parts.append(optax.add_decayed_weights(opt.weight_decay))
+  if total_steps < 1:
+    raise ValueError(f"total_steps={total_steps} must be >= 1")
   by_tokens = (batch_size, batch_lr_scaling, batch_lr_ref, sched.name == "step")
-  parts.append(scale_by_token_schedule(lr, *by_tokens))
-  return Optimizer(tx=with_float32_state(optax.chain(*parts)), request=request,
-                   learning_rate=lr, token_lr=token_lr(lr, *by_tokens),
-                   snr=snr_tracker(hp.b1) if track_snr else OFF,
-                   gns=gns if gns is not None else OFF)
+  token_lr(lambda tau: tau, *by_tokens)  # checks batch_lr_scaling before any compute
+
+  def at(hp: Hparams) -> Optimizer:
+    """The optimizer of `hp` (numbers, arrays or tracers; `pergrad.optim.hparams`)."""
+    lr = schedule_of(sched.name, hp.peak_lr, total_steps=hp.total_steps,
+                     warmup_steps=hp.warmup_steps, final_lr_frac=hp.final_lr_frac,
+                     halvings=hp.halvings)
+    direction = build(opt, hp)
+    request = StatsRequest(want=direction.request.want + (("sq",) if track_snr else ()),
+                           granularity=direction.request.granularity,
+                           per_example_clip=opt.per_example_clip)
+    if gns is not None:
+      if request.granularity != "example":
+        raise ValueError(
+            f"stats.gns needs per-example norms but the optimizer reads "
+            f"{request.granularity}-level statistics; turn stats.gns off for this optimizer.")
+      request = request.union(("norms",), "example", gns_layers)
+    parts = []
+    if opt.noise_multiplier > 0:
+      parts.append(add_clipped_noise(opt.noise_multiplier, opt.per_example_clip, batch_size,
+                                     hp.noise_seed))
+    if opt.clip_norm is not None and not direction.clips:
+      parts.append(optax.clip_by_global_norm(hp.clip_norm))
+    parts.append(direction.tx)
+    if opt.weight_decay > 0:
+      parts.append(optax.add_decayed_weights(hp.weight_decay))
+    parts.append(scale_by_token_schedule(lr, *by_tokens))
+    return Optimizer(tx=with_float32_state(optax.chain(*parts)), request=request,
+                     learning_rate=lr, token_lr=token_lr(lr, *by_tokens),
+                     snr=snr_tracker(hp.b1) if track_snr else OFF,
+                     gns=gns if gns is not None else OFF, hparams=hp, at=at)
+
+  return at(hparams_of(opt, sched, total_steps=total_steps, batch_size=batch_size, seed=seed))
 
 
-def add_clipped_noise(noise_multiplier: float, clip: float, max_batch: int, seed: int = 0
-                      ) -> optax.GradientTransformationExtraArgs:
-  """DP-SGD's noise on the mean of B clipped per-example gradients: u + (σ·C/B)·ξ,
-  ξ ~ N(0, I) (noise σ·C on the clipped sum). Stateless: B is the update's batch size
-  (extra argument `batch_size`, a static int; None: max_batch) and ξ is drawn from
-  fold_in(PRNGKey(seed), examples_seen), unique per update and the same after a resume."""
-
-  def update(updates, state, params=None, **extra_args):
-    del params
-    seen, batch_size = step_args("add_clipped_noise", max_batch, **extra_args)
-    std = noise_multiplier * clip / batch_size
-    key = jax.random.fold_in(jax.random.PRNGKey(seed), seen)
-    leaves, treedef = jax.tree.flatten(updates)
-    keys = jax.random.split(key, len(leaves))
-    noisy = [u + jnp.asarray(std, u.dtype) * jax.random.normal(k, u.shape, u.dtype)
-             for u, k in zip(leaves, keys, strict=True)]
-    return jax.tree.unflatten(treedef, noisy), state
-
-  return optax.GradientTransformationExtraArgs(optax.init_empty_state, update)
+def hparams_of(opt: configs.OptimizerConfig, sched: ScheduleConfig, *, total_steps: int,
+               batch_size: int, seed: int = 0) -> Hparams:
+  """The numbers of `opt` and `sched` that `build_optimizer` reads, as Python numbers
+  (`pergrad.optim.hparams`): β's and ε after batch-size scaling (`scaled_hparams`)."""
+  hp = scaled_hparams(opt, batch_size)
+  return Hparams(peak_lr=hp.peak_lr, b1=hp.b1, b2=hp.b2, eps=hp.eps, eps_root=hp.eps_root,
+                 batch_ratio=hp.batch_ratio, weight_decay=opt.weight_decay,
+                 clip_norm=opt.clip_norm, total_steps=total_steps,
+                 warmup_steps=sched.warmup_steps, final_lr_frac=sched.final_lr_frac,
+                 halvings=(decay_steps(sched, total_steps, cut=False) if sched.name == "step"
+                           else ()),
+                 noise_seed=seed)
 
 
 # --- the built-in optimizers' builders (registered in configs.py) ----------------------
-def sgd(cfg, hp: ScaledHparams) -> Direction:
+def sgd(cfg, hp: Hparams) -> Direction:
   del cfg, hp
   return Direction(optax.identity())
 
 
-def momentum(cfg: configs.MomentumConfig, hp: ScaledHparams) -> Direction:
+def momentum(cfg: configs.MomentumConfig, hp: Hparams) -> Direction:
   del cfg
   return Direction(optax.trace(decay=hp.b1))
 
 
-def adam(cfg: configs.AdamConfig, hp: ScaledHparams) -> Direction:
-  tx = scale_by_adam_family("adam", hp.b1, hp.b2, hp.eps, hp.eps_root, clip_norm=cfg.clip_norm)
+def adam(cfg: configs.AdamConfig, hp: Hparams) -> Direction:
+  del cfg
+  tx = scale_by_adam_family("adam", hp.b1, hp.b2, hp.eps, hp.eps_root, clip_norm=hp.clip_norm)
   return Direction(optax.chain(tx, hold_eps(hp.eps, hp.eps_root)), clips=True)
 
 
 adamw = adam
 
 
-def sign(cfg: configs.SignConfig, hp: ScaledHparams) -> Direction:
+def sign(cfg: configs.SignConfig, hp: Hparams) -> Direction:
   placement = cfg.placement
   return Direction(scale_by_sign_placement(placement, hp.b1), request_for_placement(placement))
 
 
-def adam_family(cfg: configs.AdamFamilyConfig, hp: ScaledHparams) -> Direction:
+def adam_family(cfg: configs.AdamFamilyConfig, hp: Hparams) -> Direction:
   variant = cfg.variant
   tx = scale_by_adam_family(variant, hp.b1, hp.b2, hp.eps, hp.eps_root, cfg.mix_a, cfg.mix_b,
-                            clip_norm=cfg.clip_norm)
+                            clip_norm=hp.clip_norm)
   return Direction(optax.chain(tx, hold_eps(hp.eps, hp.eps_root)), request_for_variant(variant),
                    clips=True)

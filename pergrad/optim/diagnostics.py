@@ -78,6 +78,7 @@ from pergrad.fields import check_decay
 from pergrad.layer_types import TYPE_RULES
 from pergrad.optim.adam_family import ScaleByAdamFamilyState
 from pergrad.optim.common import f32, find_state, require_stats
+from pergrad.optim.hparams import traced
 from pergrad.stats import noise
 from pergrad.stats.types import GradStats
 
@@ -103,12 +104,12 @@ class EpsState(NamedTuple):
 def hold_eps(eps: float, eps_root: float = 0.0) -> optax.GradientTransformation:
   """Identity on the updates; its state holds the direction's ε (and eps_root) so that
   `diagnostics` can log eps_share (module docstring)."""
-  if eps < 0 or eps_root < 0:
+  if not traced(eps, eps_root) and (eps < 0 or eps_root < 0):
     raise ValueError(f"hold_eps: eps={eps} and eps_root={eps_root} must be >= 0")
 
   def init_fn(params):
     del params
-    return EpsState(eps=jnp.float32(eps), eps_root=jnp.float32(eps_root))
+    return EpsState(eps=jnp.asarray(eps, jnp.float32), eps_root=jnp.asarray(eps_root, jnp.float32))
 
   def update_fn(updates, state, params=None):
     del params
@@ -126,7 +127,8 @@ class SnrTrackerState(NamedTuple):
 def track_snr(beta: float) -> Tracker:
   """Tracks (m, V) of the module docstring from `grad_stats`, which needs the 'sq'
   statistic, so that the EMA SNR can be logged."""
-  check_decay(beta)
+  if not traced(beta):  # else checked where built
+    check_decay(beta)
 
   def init(params):
     zeros = lambda: optax.tree.zeros_like(params, dtype=jnp.float32)

@@ -119,9 +119,12 @@ def scale_hparams(*, lr: float, b1: float, b2: float, eps: float, eps_root: floa
                        batch_ratio=kappa_b)
 
 
-def decay_steps(sched: ScheduleConfig, total_steps: int) -> tuple[int, ...]:
+def decay_steps(sched: ScheduleConfig, total_steps: int, *, cut: bool = True
+                ) -> tuple[int, ...]:
   """The step schedule's halving points d_i (module docstring): schedule.decay_steps, or
-  the first steps at which the cosine of `sched` over `total_steps` is ≤ 2^−i."""
+  the first steps at which the cosine of `sched` over `total_steps` is ≤ 2^−i, before
+  `total_steps` (`cut`) or all of them (one per level 2^−i > f whatever the run's length,
+  those from total_steps on never reached: the compiled step's argument)."""
   if sched.decay_steps:
     return sched.decay_steps
   W, f = sched.warmup_steps, sched.final_lr_frac
@@ -130,7 +133,7 @@ def decay_steps(sched: ScheduleConfig, total_steps: int) -> tuple[int, ...]:
     # ½ (1 + cos πt) = (level − f)/(1 − f)  ⇔  t = arccos(2(level − f)/(1 − f) − 1)/π
     t = math.acos(2.0 * (level - f) / (1.0 - f) - 1.0) / math.pi
     d = W + math.ceil(span * t - 1e-9)
-    if d >= total_steps:
+    if cut and d >= total_steps:
       break
     points.append(max(d, points[-1] + 1 if points else 1))
     level /= 2
@@ -143,21 +146,30 @@ def make_schedule(sched: ScheduleConfig, peak_lr: float, *, total_steps: int
   ScheduleConfig); see the module docstring."""
   if total_steps < 1:
     raise ValueError(f"total_steps={total_steps} must be >= 1")
-  name, warmup_steps, final_lr_frac = sched.name, sched.warmup_steps, sched.final_lr_frac
-  span = max(total_steps - warmup_steps, 1)
-  halvings = decay_steps(sched, total_steps) if name == "step" else ()
+  halvings = decay_steps(sched, total_steps) if sched.name == "step" else ()
+  return schedule_of(sched.name, peak_lr, total_steps=total_steps,
+                     warmup_steps=sched.warmup_steps, final_lr_frac=sched.final_lr_frac,
+                     halvings=halvings)
+
+
+def schedule_of(name: str, peak_lr, *, total_steps, warmup_steps, final_lr_frac,
+                halvings=()) -> optax.Schedule:
+  """The schedule `name` (module docstring) of numbers that may be traced
+  (`pergrad.optim.hparams`: checked where they were built): the peak, N, W, f and the
+  step schedule's halving points d_i (a vector)."""
+  halvings = jnp.asarray(halvings, jnp.float32).reshape(-1)
 
   def schedule(step):
     k = jnp.asarray(step, jnp.float32)
-    warm = jnp.minimum((k + 1.0) / warmup_steps, 1.0) if warmup_steps else 1.0
+    W = jnp.asarray(warmup_steps, jnp.float32)
+    warm = jnp.where(W > 0, jnp.minimum((k + 1.0) / jnp.maximum(W, 1.0), 1.0), 1.0)
     if name == "constant":
       shape = 1.0
-    elif name == "step":
-      shape = jnp.float32(1.0)
-      for d in halvings:
-        shape = jnp.where(k >= d, 0.5 * shape, shape)
+    elif name == "step":  # 2^−#{i : k >= d_i}, exactly
+      shape = jnp.ldexp(jnp.float32(1.0), -jnp.sum(k >= halvings, dtype=jnp.int32))
     else:
-      t = jnp.clip((k - warmup_steps) / span, 0.0, 1.0)
+      span = jnp.maximum(jnp.asarray(total_steps, jnp.float32) - W, 1.0)
+      t = jnp.clip((k - W) / span, 0.0, 1.0)
       shape = final_lr_frac + (1.0 - final_lr_frac) * 0.5 * (1.0 + jnp.cos(jnp.pi * t))
     return jnp.asarray(peak_lr * warm * shape, jnp.float32)
 

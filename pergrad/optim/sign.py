@@ -29,6 +29,7 @@ import optax
 from pergrad.fields import check_decay
 from pergrad.optim.common import f32, require_stats
 from pergrad.optim.configs import Placement
+from pergrad.optim.hparams import traced
 from pergrad.stats.request import StatsRequest
 
 PLACEMENTS = Placement.values()
@@ -62,7 +63,8 @@ def scale_by_sign_placement(placement: str, beta: float, *, debias: bool = True
   """
   if placement not in PLACEMENTS:
     raise ValueError(f"unknown sign placement {placement!r}; choose one of {PLACEMENTS}")
-  check_decay(beta)
+  if not traced(beta):  # else checked where built
+    check_decay(beta)
   if placement == "ema":
     # Exactly optax.signum without the learning rate: no debiasing before a sign.
     return optax.chain(optax.ema(beta, debias=False), optax.scale_by_sign())

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import jax
 import optax
@@ -25,6 +25,10 @@ class Optimizer(NamedTuple):
     token_lr: (seen, B) -> the learning rate `tx` applies to that update (float32).
     snr, gns: the trackers (`pergrad.optim.diagnostics.Tracker`; `OFF` when not tracked),
       kept outside `tx` so that the optimizer state does not depend on them.
+    hparams: the numbers it was built from (`pergrad.optim.hparams.Hparams`: learning
+      rate, β's, ε, weight decay, schedule, ...), as Python numbers.
+    at: hparams -> the same optimizer built from other numbers of that structure (arrays
+      or tracers: the compiled train step's argument, so that a sweep compiles once).
   """
 
   tx: optax.GradientTransformationExtraArgs
@@ -33,3 +37,5 @@ class Optimizer(NamedTuple):
   token_lr: Callable[[jax.Array, int], jax.Array]
   snr: Tracker = OFF
   gns: Tracker = OFF
+  hparams: Any = None
+  at: Callable[[Any], Optimizer] | None = None

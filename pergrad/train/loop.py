@@ -49,7 +49,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import yaml
 
@@ -57,7 +56,7 @@ from pergrad import files
 from pergrad.config.plan import CONFIG, RunPlan, resume_decision
 from pergrad.model import count_params
 from pergrad.optim.diagnostics import gns_metrics
-from pergrad.train import distributed
+from pergrad.train import compile_cache, distributed
 from pergrad.train.batch_schedule import next_size
 from pergrad.train.checkpoint import Checkpoints, OutputError, check_progress_kept
 from pergrad.train.divergence import TrainLossWatch, eval_diverged
@@ -73,10 +72,16 @@ class NonFiniteLossError(RuntimeError):
   checkpoint."""
 
 
-def run(plan: RunPlan, out_dir: str | Path, *, hydra_info: dict | None = None,
-        echo: Callable[[str], None] = print, stop: Interrupts | None = None) -> dict:
-  """Trains (or resumes, or skips a completed run in `out_dir`); returns the summary.
-  `stop`: the signal flags to read between updates (default: installed here)."""
+def run(plan: RunPlan, out_dir: str | Path, **kwargs) -> dict:
+  """Trains (or resumes, or skips a completed run in `out_dir`); returns the summary. kwargs:
+  hydra_info (recorded), echo (print), stop (the signal flags read between updates; default:
+  installed here). With JAX's compilation cache in plan.train.compile_cache meanwhile."""
+  with compile_cache.using(plan.train.compile_cache):
+    return _run(plan, out_dir, **kwargs)
+
+
+def _run(plan: RunPlan, out_dir: str | Path, *, hydra_info: dict | None = None,
+         echo: Callable[[str], None] = print, stop: Interrupts | None = None) -> dict:
   t_begin = time.time()
   for name in ("absl", "jax"):  # Orbax logs every file at INFO; JAX its backend search
     logging.getLogger(name).setLevel(logging.WARNING)
@@ -92,6 +97,7 @@ def run(plan: RunPlan, out_dir: str | Path, *, hydra_info: dict | None = None,
   from pergrad.train.mesh import make_mesh
   from pergrad.train.step import Steps
 
+  compiles = compile_cache.counts()
   try:
     out_dir.mkdir(parents=True, exist_ok=True)
   except OSError as e:
@@ -107,7 +113,7 @@ def run(plan: RunPlan, out_dir: str | Path, *, hydra_info: dict | None = None,
                              restart=plan.train.restart, fresh=steps.fresh)
   start = 0 if state is None else int(jax.device_get(state.step))
   if state is None:
-    state = steps.init(jnp.int32(plan.train.seed))
+    state = steps.init(np.int32(plan.train.seed))
   else:
     echo(f"[pergrad] resuming {out_dir} from the checkpoint of step {start}.")
   seen, size = map(int, jax.device_get((state.examples_seen, state.batch_size)))  # last B
@@ -147,6 +153,7 @@ def run(plan: RunPlan, out_dir: str | Path, *, hydra_info: dict | None = None,
         ckpt.save(k, state, train_time_s=trained)
 
   status, error = "failed", None
+  setup_s = time.time() - t_begin  # the fixed cost: imports aside, data, compiles, restore
   stop = (stop or Interrupts()).install(every=plan.logging.log_every)
   gc.collect()
   gc.freeze()  # setup's objects leave the collector's generations: cheaper collections
@@ -189,10 +196,13 @@ def run(plan: RunPlan, out_dir: str | Path, *, hydra_info: dict | None = None,
     status = "failed" if failure else status
     summary = _summary(plan, out_dir, status, error, recorder, clock, start, ckpt, logger,
                        time.time() - t_begin, count_params(state.params), mesh.devices.size)
+    compiles = compile_cache.counts() - compiles
+    summary.update(setup_s=round(setup_s, 2), compile_s=round(compiles.seconds, 2),
+                   compile_cache_hits=compiles.hits, compile_misses=compiles.misses)
     if status == "interrupted":
       summary["signal"] = stop.name
     ckpt.close()
-    if status == "completed" and main:
+    if status == "completed" and main and plan.logging.figure:
       summary["figure"] = _figure(out_dir, echo)
     if status == "failed" and main:
       write_failed_summary(out_dir, summary, failure or sys.exc_info()[1])

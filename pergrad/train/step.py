@@ -56,12 +56,13 @@ from pergrad.stats import sign_agreement
 from pergrad.stats.sign_agreement import lag_init
 from pergrad.stats.types import GradStats
 from pergrad.train import mesh as mesh_lib
+from pergrad.train import plain
 from pergrad.train.heldout import SignLog, directions, sign_metrics
 from pergrad.train.state import TrainState, make_init_fn
 
 
 def train_step(state: TrainState, batch: dict, heldout: GradStats | None = None, *, loss_fn,
-               opt: Optimizer, request: pstats.StatsRequest, backend: str,
+               opt: Optimizer, request: pstats.StatsRequest, backend: str, hparams=None,
                options: pstats.StatsOptions, log_request: pstats.StatsRequest | None = None,
                log_backend: str | None = None, sign_lag: float = 0.5
                ) -> tuple[TrainState, dict[str, jax.Array]]:
@@ -76,12 +77,17 @@ def train_step(state: TrainState, batch: dict, heldout: GradStats | None = None,
   directions against the held-out mean and its trailing mean (ρ = `sign_lag`), whose state
   `TrainState.lag` such a step updates and every other step carries through
   (`pergrad.train.heldout`). The update and the metrics above are the same operations with
-  or without them (module docstring).
+  or without them (module docstring). `hparams`: the optimizer's numbers as arrays
+  (`Optimizer.at`; None: the optimizer's own, compiled in).
   """
-  loss, stats = pstats.compute(loss_fn, state.params, batch, request, options,
-                               backend=backend)
-  grads = stats.mean
+  opt = opt if hparams is None else opt.at(hparams)
   B = batch["inputs"].shape[0]  # static: one compiled step per batch size
+  if pstats.backends.get(backend).statistics:  # in chunks where faster (`plain.chunked`)
+    loss, stats = pstats.compute(loss_fn, state.params, batch, request,
+                                 plain.chunked(options, B, backend), backend=backend)
+  else:  # ḡ alone: the fastest exact path (microbatched on CPU)
+    loss, stats = plain.mean_gradient(loss_fn, state.params, batch, request, options, backend)
+  grads = stats.mean
   seen = state.examples_seen
   updates, opt_state = opt.tx.update(grads, state.opt_state, state.params, grad_stats=stats,
                                      examples_seen=seen, batch_size=B)
@@ -107,8 +113,8 @@ def train_step(state: TrainState, batch: dict, heldout: GradStats | None = None,
   opt_stats = stats
   if log_request is not None:
     if (log_request, log_backend) != (request, backend):
-      stats = pstats.compute(loss_fn, params_k, batch_k, log_request, options,
-                             backend=log_backend)[1]
+      stats = pstats.compute(loss_fn, params_k, batch_k, log_request,
+                             plain.chunked(options, B, log_backend), backend=log_backend)[1]
     metrics.update(pstats.summaries.layer_summaries(stats))
     metrics.update(diagnostics(stats, opt_state, snr))
   if heldout is not None:
@@ -135,10 +141,13 @@ class Steps:
     repl = mesh_lib.replicated(mesh)
     self.batch_sharding = mesh_lib.batch_sharding(mesh)
 
+    # The optimizer's numbers are arguments, not constants: one program per run shape.
+    self.hparams = jax.device_put(opt.hparams.as_arrays(), repl)
     init = make_init_fn(plan.model, opt, plan.data.seq_len, lag=bool(sp.sign_agreement))
-    self.abstract_state = jax.eval_shape(init, jnp.int32(0))
+    self.abstract_state = jax.eval_shape(init, jnp.int32(0), self.hparams)
     self.state_shardings = jax.tree.map(lambda _: repl, self.abstract_state)
-    self.init = jax.jit(init, out_shardings=self.state_shardings)
+    self.init_jit = jax.jit(init, out_shardings=self.state_shardings)
+    self.init = lambda seed: self.init_jit(seed, self.hparams)
     # What a resumed run sets when its checkpoint lacks the lag state or holds an unwanted
     # one (stats.sign_agreement is resumable; older checkpoints have none).
     lag = (jax.jit(lag_init, out_shardings=self.state_shardings.lag) if sp.sign_agreement
@@ -157,17 +166,24 @@ class Steps:
                  if sp.sign_agreement and sp.log_request is not None else None)
 
     def jit_step(log_request=None, log_backend=None, heldout=False):
+      step = functools.partial(train_step, loss_fn=self.loss_fn, opt=opt, request=sp.request,
+                               backend=sp.backend, options=options, log_request=log_request,
+                               log_backend=log_backend, sign_lag=sp.sign_lag)
+
+      def train_step_of(state, batch, hparams, *heldout):
+        return step(state, batch, *heldout, hparams=hparams)
+
       return jax.jit(
-          functools.partial(train_step, loss_fn=self.loss_fn, opt=opt, request=sp.request,
-                            backend=sp.backend, options=options, log_request=log_request,
-                            log_backend=log_backend, sign_lag=sp.sign_lag),
-          in_shardings=(self.state_shardings, self.batch_sharding) + ((repl,) if heldout else ()),
+          train_step_of,
+          in_shardings=(self.state_shardings, self.batch_sharding, repl)
+          + ((repl,) if heldout else ()),
           out_shardings=(self.state_shardings, repl),
           # The batch is not donated: no output has its shape (XLA could not reuse it).
           donate_argnames=("state",))
 
     def compiled(fn, B, *heldout):  # ahead of time, before the loop
-      return fn.lower(self.abstract_sharded_state(), abstract_batch(B), *heldout).compile()
+      return fn.lower(self.abstract_sharded_state(), abstract_batch(B), self.hparams,
+                      *heldout).compile()
 
     self.train_jit = jit_step()
     logged_jit = (jit_step(sp.log_request, sp.log_backend, self.sign is not None)
@@ -187,16 +203,16 @@ class Steps:
     """Update k (1-based) with the batch's size: the logging variant on statistics-logging
     steps, there with the sign agreement against the `heldout` batch (a global batch,
     `put_batch`) when the run logs it (`pergrad.train.heldout`)."""
-    B = batch["inputs"].shape[0]
+    B, hp = batch["inputs"].shape[0], self.hparams
     if not self.logs_at(k):
-      return self.train[B](state, batch)
+      return self.train[B](state, batch, hp)
     if self.sign is None:
-      return self.train_logged[B](state, batch)
+      return self.train_logged[B](state, batch, hp)
     if heldout is None:
       raise ValueError(f"step {k} logs the sign agreement (stats.sign_agreement="
                        f"{self.sign.n_h}) but got no held-out batch.")
     stats = self.sign.stats(state.params, heldout)  # at θ_{k-1}, before the donation
-    return self.train_logged[B](state, batch, stats)
+    return self.train_logged[B](state, batch, hp, stats)
 
   def abstract_sharded_state(self) -> TrainState:
     """ShapeDtypeStructs with shardings (the restore target for Orbax)."""

@@ -1,0 +1,188 @@
+#!/usr/bin/env python
+"""What a sweep pays per run, before and after, in one process tree; prints one JSON object.
+
+    python scripts/bench_sweep.py --before /tmp/pergrad_10f64fc      # a checkout to compare
+    python scripts/bench_sweep.py --steps 20 --lrs 0.003,0.01,0.03 --seeds 0,1
+
+For each code version (`--before`: another checkout, e.g. `git worktree add` of an older
+commit; `after`: this one), in turns (before, after, before, ... over `--rounds`), a
+subprocess launches with that version's own launcher (`experiments.launch.launch_blocks`,
+the basic Hydra launcher: one process trains the runs in turn, as a joblib worker does) a
+small sweep of the cpu preset: an lr grid x seeds of one experiment's config, then a
+second experiment that asks for some of the same runs (the grid's middle lr, every seed).
+Each turn starts from empty sweep directories and, for a version that has one, an empty
+compilation cache (`train.compile_cache`).
+
+Per run, from its summary.json: the steps' time tokens_seen / tokens_per_s (the loop's own
+clock: training only) and the fixed cost = wall_time_s - steps' time (data, compiles,
+restore, evaluations, checkpoint, figure). Reported per version: runs trained and reused
+(a run the launcher found finished elsewhere, `LaunchLog.reused`), the fixed cost of the
+first run and of the later ones (median [q25, q75]), compile-cache hits and misses of the
+later runs (`pergrad.train.compile_cache`; null for a version without the cache), tokens/s;
+and paired after/before ratios of the later runs' fixed costs (run i of one turn against
+run i of the neighbouring turn of the other version).
+
+Projection (`projection`): the committed clean run of `reproduce.py all --preset cpu`
+(results/cpu/reproduction.json: wall time per experiment; run_info.json: the summed wall
+time of its runs and their count) with each training experiment's run time rescaled:
+its runs' fixed cost from the measured before to the measured after, their steps' time by
+the measured tokens/s ratio, and the runs whose final step and losses repeat an earlier
+experiment's (the same run trained twice; finals.csv) left out when the after version
+reuses runs. Experiments that are benchmarks (no run to train) keep their time. The
+machine is 2 cores shared with other work: read the ratios, not the seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from pergrad.bench.paired import paired_ratios, quartiles  # noqa: E402
+from pergrad.bench.sweep_cost import project  # noqa: E402
+
+# Run in the version's checkout (its own experiments/ and pergrad/ first on sys.path).
+DRIVER = r"""
+import json, sys, time
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+from experiments.launch import launch_blocks
+from experiments.sweep import Block
+try:
+  from experiments.reuse import RunIndex
+  index = RunIndex.at(sys.argv[3])
+except ImportError:  # a version without run reuse
+  index = None
+spec = json.loads(sys.argv[2])
+out = {}
+for exp, grid in spec["experiments"]:
+  t0 = time.time()
+  kw = {"index": index} if index is not None else {}
+  log = launch_blocks(Path(spec["root"]) / exp / "cpu", spec["base"], [Block(grid)],
+                      launcher="basic", extra=tuple(spec["extra"]), echo=lambda line: None,
+                      **kw)
+  out[exp] = {"wall_s": time.time() - t0, "launched": log.launched, "skipped": log.skipped,
+              "reused": list(getattr(log, "reused", [])), "failed": log.failed}
+print("BENCH_SWEEP " + json.dumps(out))
+"""
+
+
+def has_compile_cache(repo: Path) -> bool:
+  return "compile_cache" in (repo / "pergrad" / "config" / "schema.py").read_text()
+
+
+def turn(repo: Path, args, root: Path) -> dict:
+  """One version's sweep (module docstring): {experiment: launch log} and per-run rows."""
+  lrs, seeds = args.lrs, args.seeds
+  experiments = [("grid", {"optimizer.lr": lrs, "train.seed": seeds}),
+                 ("second", {"optimizer.lr": [lrs[len(lrs) // 2]], "train.seed": seeds})]
+  extra = [f"train.compile_cache={root / 'jax_cache'}"] if has_compile_cache(repo) else []
+  # as that version's experiments launch their runs (experiments.sweep.base_for)
+  figure = ({"logging.figure": False} if "logging.figure" in (
+      repo / "experiments" / "sweep.py").read_text() else {})
+  spec = {"root": str(root), "experiments": experiments, "extra": extra,
+          "base": {"experiment": args.experiment, "scale": "cpu", "train.steps": args.steps,
+                   "logging.log_every": 5, **figure}}  # tokens/s needs two metric pulls
+  env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": str(repo)}
+  env.pop("JAX_COMPILATION_CACHE_DIR", None)
+  t0 = time.time()
+  proc = subprocess.run([sys.executable, "-c", DRIVER, str(repo), json.dumps(spec), str(root)],
+                        cwd=repo, env=env, capture_output=True, text=True)
+  wall = time.time() - t0
+  line = [x for x in proc.stdout.splitlines() if x.startswith("BENCH_SWEEP ")]
+  if proc.returncode or not line:
+    raise SystemExit(f"the sweep of {repo} failed (exit {proc.returncode}):\n"
+                     f"{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+  logs = json.loads(line[0].removeprefix("BENCH_SWEEP "))
+  rows = []
+  for exp, _ in experiments:
+    for name in logs[exp]["launched"]:
+      s = json.loads((root / exp / "cpu" / name / "summary.json").read_text())
+      steps_s = s["tokens_seen"] / s["tokens_per_s"]
+      rows.append({"experiment": exp, "run": name, "wall_s": s["wall_time_s"],
+                   "steps_s": steps_s, "fixed_s": s["wall_time_s"] - steps_s,
+                   "tokens_per_s": s["tokens_per_s"], "hits": s.get("compile_cache_hits"),
+                   "misses": s.get("compile_misses")})
+  return {"logs": logs, "rows": rows, "wall_s": wall}
+
+
+def summarize(turns: list[dict]) -> dict:
+  rows = [r for t in turns for r in t["rows"]]
+  firsts = [t["rows"][0] for t in turns]
+  later = [r for t in turns for r in t["rows"][1:]]
+  cached = [r for r in later if r["hits"] is not None]
+  hits = sum(r["hits"] for r in cached)
+  return {
+      "turns": len(turns),
+      "runs_trained": len(rows) / len(turns),
+      "runs_reused": sum(len(t["logs"][e]["reused"]) for t in turns for e in t["logs"])
+      / len(turns),
+      "fixed_s_first_run": quartiles([r["fixed_s"] for r in firsts]),
+      "fixed_s_later_runs": quartiles([r["fixed_s"] for r in later]),
+      "cache_hits_later_runs": hits if cached else None,
+      "cache_misses_later_runs": sum(r["misses"] for r in cached) if cached else None,
+      "cache_hit_share_later_runs": (hits / max(hits + sum(r["misses"] for r in cached), 1)
+                                     if cached else None),
+      "tokens_per_s": quartiles([r["tokens_per_s"] for r in rows]),
+      "sweep_wall_s": quartiles([t["wall_s"] for t in turns]),
+      "failed": [f for t in turns for e in t["logs"] for f in t["logs"][e]["failed"]],
+  }
+
+
+def main(argv=None) -> dict:
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("--before", type=Path, required=True,
+                 help="a checkout of the code to compare against (e.g. main)")
+  p.add_argument("--experiment", default="preconditioner",
+                 help="the experiment config of the sweep (configs/experiment/)")
+  p.add_argument("--steps", type=int, default=20)
+  p.add_argument("--lrs", type=lambda s: [float(x) for x in s.split(",")],
+                 default=[0.003, 0.01, 0.03])
+  p.add_argument("--seeds", type=lambda s: [int(x) for x in s.split(",")], default=[0, 1])
+  p.add_argument("--rounds", type=int, default=1, help="turns of each version")
+  args = p.parse_args(argv)
+  versions = {"before": args.before.resolve(), "after": REPO}
+  turns = {v: [] for v in versions}
+  with tempfile.TemporaryDirectory(prefix="bench_sweep_") as tmp:
+    for r in range(args.rounds):
+      order = list(versions) if r % 2 == 0 else list(versions)[::-1]
+      for v in order:
+        turns[v].append(turn(versions[v], args, Path(tmp) / f"{v}{r}"))
+  stats = {v: summarize(t) for v, t in turns.items()}
+  later = lambda v: [x["fixed_s"] for t in turns[v] for x in t["rows"][1:]]
+  n = min(len(later("before")), len(later("after")))
+  ratio = quartiles(paired_ratios(later("after")[:n], later("before")[:n]))
+  reuses = stats["after"]["runs_reused"] > 0
+  tps = lambda v: [x["tokens_per_s"] for t in turns[v] for x in t["rows"]]
+  m = min(len(tps("before")), len(tps("after")))
+  speed = quartiles(paired_ratios(tps("after")[:m], tps("before")[:m]))
+  fixed = (stats["before"]["fixed_s_later_runs"]["median"],
+           stats["after"]["fixed_s_later_runs"]["median"])
+  results = REPO / "results" / "cpu"
+  out = {"benchmark": "bench_sweep", "machine": "2 CPU cores, shared", "versions":
+         {k: str(v) for k, v in versions.items()},
+         "sweep": {"experiment": args.experiment, "preset": "cpu", "steps": args.steps,
+                   "lrs": args.lrs, "seeds": args.seeds, "second_experiment":
+                   "the grid's middle lr, every seed"},
+         **stats,
+         "fixed_cost_ratio_later_runs": ratio,
+         "tokens_per_s_ratio": speed,
+         # the steps as measured, and as fast as before (the same step: read this one
+         # when the ratio above is contention, not code)
+         "projection": project(results, fixed_s=fixed, speed=speed["median"], reuses=reuses),
+         "projection_same_step_speed": {k: v for k, v in project(
+             results, fixed_s=fixed, reuses=reuses).items() if k != "experiments"}}
+  print(json.dumps(out, indent=1))
+  return out
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,156 @@
+"""The optimizer's numbers as arguments (`pergrad.optim.hparams`): every optimizer built
+from traced numbers gives the updates, learning rates and tracker states of the one built
+from Python numbers; runs that differ only in those numbers (lr, seed, steps, weight
+decay, ε, β's) lower to the same program, which the persistent compilation cache serves."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import compose
+from test_optim import B, T, _assert_close, _params, _run, _samples, _stats, _track
+from test_optim_build import _all_options
+
+from pergrad.config import build_plan
+from pergrad.optim import build_optimizer, optimizer_config
+from pergrad.optim.schedule import ScheduleConfig
+from pergrad.train import compile_cache
+from pergrad.train.loop import run
+from pergrad.train.mesh import make_mesh
+from pergrad.train.step import Steps
+
+SCHEDULES = (ScheduleConfig(), ScheduleConfig(name="constant", warmup_steps=0),
+             ScheduleConfig(name="step", warmup_steps=2, decay_steps=(2, 3)),
+             ScheduleConfig(name="step", warmup_steps=0))
+
+
+def _run_traced(opt, samples, req):
+  """`test_optim._run` with the optimizer built from its numbers as jit arguments at every
+  call, as the train step does."""
+  params, hp = _params(), opt.hparams.as_arrays()
+  state = jax.jit(lambda p, hp: opt.at(hp).tx.init(p))(params, hp)
+  update = jax.jit(lambda g, s, p, st, seen, hp: opt.at(hp).tx.update(
+      g, s, p, grad_stats=st, examples_seen=seen, batch_size=B))
+  out = []
+  for k, leaves in enumerate(samples):
+    stats = _stats(leaves, req.granularity, req.want)
+    updates, state = update(stats.mean, state, params, stats, jnp.int32(k * B), hp)
+    out.append([np.asarray(u) for u in jax.tree.leaves(updates)])
+  return out, state
+
+
+MAIN = (0, 3, 6, 12, 13)  # DP noise; adamw, sign batch, mix, micro_adam clipped: 4 schedules
+
+
+@pytest.mark.parametrize("i", [i if i in MAIN else pytest.param(i, marks=pytest.mark.extended)
+                               for i in range(len(_all_options()))])
+def test_traced_numbers_give_the_same_optimizer(i):
+  cfg = _all_options()[i]
+  if i == 0:  # DP-SGD's noise, seeded by a traced seed
+    cfg = optimizer_config(name="sgd", per_example_clip=1.0, noise_multiplier=0.5)
+  sched = SCHEDULES[i % len(SCHEDULES)]
+  opt = build_optimizer(cfg, sched, total_steps=5, batch_size=B, track_snr=True, seed=3)
+  req = opt.request
+  samples = _samples(seed=4, n=B * T if req.granularity == "token" else B, steps=4)
+  want, state_want = _run(opt.tx, samples, req.granularity, req.want)
+  got, state_got = _run_traced(opt, samples, req)
+  _assert_close(got, want, rtol=2e-6, atol=1e-7)
+  for a, b in zip(jax.tree.leaves(state_got), jax.tree.leaves(state_want), strict=True):
+    np.testing.assert_allclose(a, b, rtol=2e-6, atol=1e-7)
+  hp = opt.hparams.as_arrays()
+  lr = jax.jit(lambda hp, k: opt.at(hp).learning_rate(k))
+  tok = jax.jit(lambda hp, seen: opt.at(hp).token_lr(seen, B))
+  for k in range(5):
+    np.testing.assert_allclose(lr(hp, k), opt.learning_rate(k), rtol=1e-6)
+    np.testing.assert_allclose(tok(hp, jnp.int32(k * B)), opt.token_lr(jnp.int32(k * B), B),
+                               rtol=1e-6)
+  snr = jax.jit(lambda hp, s: opt.at(hp).snr.update(
+      s, _stats(samples[0], req.granularity, req.want)))
+  np.testing.assert_allclose(jax.tree.leaves(snr(hp, opt.snr.init(_params())))[0],
+                             jax.tree.leaves(_track(opt.snr, samples[:1], req.want))[0],
+                             rtol=1e-6)
+
+
+def test_bad_numbers_are_refused_where_built_not_where_traced():
+  with pytest.raises(ValueError, match="total_steps=0"):
+    build_optimizer(optimizer_config(), ScheduleConfig(), total_steps=0, batch_size=B)
+  opt = build_optimizer(optimizer_config("adamw"), ScheduleConfig(), total_steps=5,
+                        batch_size=B)
+  # Python numbers given to `at` are checked again (tracers are not: the build's).
+  with pytest.raises(ValueError, match="eps"):
+    opt.at(opt.hparams._replace(eps=-1.0))
+
+
+def _lowered(tiny, *overrides):
+  plan = build_plan(compose([*tiny, "train.steps=12", *overrides]))
+  steps = Steps(plan, make_mesh())
+  B_max = plan.batch.max_size
+  batch = {k: jax.ShapeDtypeStruct((B_max, plan.data.seq_len), jnp.int32,
+                                   sharding=steps.batch_sharding) for k in ("inputs", "targets")}
+  init = steps.init_jit.lower(jnp.int32(0), steps.hparams).as_text()
+  return steps.train_jit.lower(steps.abstract_sharded_state(), batch,
+                               steps.hparams).as_text(), init
+
+
+def test_runs_of_a_sweep_are_one_program(tiny_overrides):
+  """lr, seed, steps, weight decay, ε, β's, warmup are arguments: the same lowered train
+  step and init (so the same persistent-cache key)."""
+  base = ("optimizer=adam_family", "optimizer.variant=micro_adam", "schedule.name=step",
+          "optimizer.weight_decay=0.1")
+  other = ("optimizer.lr=0.3", "train.seed=7", "train.steps=40", "optimizer.weight_decay=0.01",
+           "optimizer.eps=1e-3", "optimizer.b1=0.5", "optimizer.b2=0.9",
+           "schedule.warmup_steps=7")
+  assert _lowered(tiny_overrides, *base) == _lowered(tiny_overrides, *base, *other)
+
+
+def test_second_run_of_a_grid_compiles_nothing(tiny_overrides, tmp_path):
+  """Two runs of an lr grid in one process with train.compile_cache set: the second reads
+  every program the first compiled from the cache (and JAX's settings come back after)."""
+  cache = tmp_path / "cache"
+  out = []
+  for lr, seed in ((1e-2, 0), (3e-2, 1)):
+    cfg = compose([*tiny_overrides, "train.steps=4", f"optimizer.lr={lr}", f"train.seed={seed}",
+                   f"train.compile_cache={cache}"])
+    plan = build_plan(cfg)
+    out.append(run(plan, tmp_path / f"lr{lr}", echo=lambda _: None))
+  assert jax.config.jax_compilation_cache_dir is None
+  first, second = out
+  assert first["compile_misses"] >= 2 and first["compile_cache_hits"] == 0, first
+  assert second["compile_misses"] == 0, second
+  assert second["compile_cache_hits"] == first["compile_misses"], (first, second)
+  assert second["final_train_loss"] != first["final_train_loss"]
+  assert json.loads((tmp_path / "lr0.03" / "summary.json").read_text())["compile_misses"] == 0
+
+
+def test_compile_cache_setting(tmp_path):
+  """null leaves JAX as it is; JAX's own directory wins over the run's; JAX's settings come
+  back after the block."""
+  with compile_cache.using(None) as d:
+    assert d is None and jax.config.jax_compilation_cache_dir is None
+  with compile_cache.using(str(tmp_path / "c")) as d:
+    assert d == tmp_path / "c" and jax.config.jax_compilation_cache_dir == str(d)
+    assert jax.config.jax_persistent_cache_min_compile_time_secs == compile_cache.MIN_COMPILE_S
+  assert jax.config.jax_compilation_cache_dir is None
+  jax.config.update("jax_compilation_cache_dir", str(tmp_path / "own"))
+  try:
+    with compile_cache.using(str(tmp_path / "c")) as d:
+      assert d == tmp_path / "own"
+  finally:
+    jax.config.update("jax_compilation_cache_dir", None)
+
+
+def test_hparams_arrays_are_scalars():
+  opt = build_optimizer(optimizer_config("adamw", clip_norm=1.0), ScheduleConfig(name="step"),
+                        total_steps=50, batch_size=B, seed=5)
+  hp = opt.hparams.as_arrays()
+  assert hp.halvings.dtype == np.float32 and hp.halvings.ndim == 1 and len(hp.halvings) > 0
+  assert hp.noise_seed.dtype == np.int32 and int(hp.noise_seed) == 5
+  assert all(np.asarray(x).shape == () for f, x in hp._asdict().items() if f != "halvings")
+  no_clip = dataclasses.replace(optimizer_config("adamw"))
+  assert build_optimizer(no_clip, ScheduleConfig(), total_steps=5,
+                         batch_size=B).hparams.as_arrays().clip_norm is None

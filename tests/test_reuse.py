@@ -1,0 +1,115 @@
+"""No run trained twice (`experiments.reuse`): a run another sweep of the sweeps root has
+finished is linked, not trained; the key is what the run computes and the code version.
+The sweeps use test_experiments' fake training entry (no JAX)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from test_experiments import FAKE_TRAIN, REPO, _fake_cmd
+
+sys.path.insert(0, str(REPO))
+
+from experiments import launch, runner  # noqa: E402
+from experiments.sweep import Block  # noqa: E402
+from pergrad.analysis import runs  # noqa: E402
+
+
+@pytest.fixture()
+def fake_train(tmp_path):
+  path = tmp_path / "fake_train.py"
+  path.write_text(FAKE_TRAIN)
+  return path
+
+
+
+def _fake_index(root: Path, code: str = "c0"):
+  from experiments.reuse import RunIndex
+
+  # The fake entry's keys are not pergrad's: the config is the overrides themselves.
+  return RunIndex(root / ".runs", code, resolve=lambda ov: dict(o.split("=", 1) for o in ov))
+
+
+def test_a_run_another_sweep_finished_is_linked_not_trained(tmp_path, fake_train):
+  from experiments.reuse import REUSED, is_reused
+
+  root, cmd = tmp_path / "root", _fake_cmd(fake_train)
+  quiet = dict(train_cmd=cmd, echo=lambda *_: None)
+  a = launch.launch_blocks(root / "a" / "ci", {"steps": 3}, (Block(
+      {"optimizer.placement": ["ema"], "optimizer.lr": [0.1, 0.3], "seed": [0]}),),
+      index=_fake_index(root), **quiet)
+  assert len(a.launched) == 2 and not a.reused
+  first = root / "a" / "ci" / "optimizer.lr=0.1,optimizer.placement=ema,seed=0"
+  hydra_a = (first / ".hydra" / "overrides.yaml").read_text()
+  blocks = (Block({"optimizer.placement": ["ema"], "optimizer.lr": [0.1], "seed": [0, 1]}),)
+  b = launch.launch_blocks(root / "b" / "ci", {"steps": 3}, blocks, index=_fake_index(root),
+                           **quiet)
+  assert b.reused == ["optimizer.lr=0.1,optimizer.placement=ema,seed=0"]
+  assert b.launched == ["optimizer.lr=0.1,optimizer.placement=ema,seed=1"]
+  linked = root / "b" / "ci" / b.reused[0]
+  assert is_reused(linked) and (linked / "metrics.jsonl").is_symlink()
+  assert (linked / "launches.txt").read_text() == "x\n"  # trained once, by sweep a
+  assert (first / ".hydra" / "overrides.yaml").read_text() == hydra_a  # a's record untouched
+  assert not (first / REUSED).exists()
+  table = runs.aggregate(root / "b" / "ci")
+  assert set(table["seed"]) == {0, 1}
+  # Again: the linked run counts as reused, not as skipped; nothing runs.
+  again = launch.launch_blocks(root / "b" / "ci", {"steps": 3}, blocks,
+                               index=_fake_index(root), **quiet)
+  assert again.reused == b.reused and again.skipped == b.launched and not again.launched
+  (tmp_path / "out").mkdir()
+  info = runner.run_info(tmp_path / "out", "b", "ci", root / "b" / "ci", b, 1.0, None, "basic",
+                         {"commit": "c0", "clean": True})
+  assert (info["reused"], info["launched"], info["n_runs_completed"]) == (1, 1, 2)
+  assert info["runs_compute_s"] == 0.1  # the reused run's compute is sweep a's
+  # Another code version, another seed or another step count: another run.
+  c = launch.launch_blocks(root / "c" / "ci", {"steps": 3}, blocks[:1],
+                           index=_fake_index(root, "c1"), **quiet)
+  assert not c.reused and len(c.launched) == 2
+  d = launch.launch_blocks(root / "d" / "ci", {"steps": 4}, blocks[:1],
+                           index=_fake_index(root), **quiet)
+  assert not d.reused
+
+
+def test_run_key_reads_what_the_run_computes():
+  from experiments.reuse import run_key
+
+  cfg = {"experiment": "a", "name": "a", "optimizer": {"lr": 0.1}, "train": {
+      "seed": 0, "steps": 400, "out_dir": "/x", "compile_cache": "/c"},
+         "data": {"tfds_dir": "/d", "seq_len": 64}, "logging": {"log_every": 10,
+                                                                 "wandb": {"mode": "offline"}}}
+  relabeled = json.loads(json.dumps(cfg))
+  relabeled.update(experiment="b", name="b")
+  relabeled["train"].update(out_dir="/y", compile_cache=None)
+  relabeled["data"]["tfds_dir"] = "/e"
+  relabeled["logging"]["wandb"]["mode"] = "disabled"
+  assert run_key(relabeled, "c") == run_key(cfg, "c")
+  for path, value in ((("train", "seed"), 1), (("train", "steps"), 401),
+                      (("logging", "log_every"), 5), (("data", "seq_len"), 32)):
+    other = json.loads(json.dumps(cfg))
+    other[path[0]][path[1]] = value
+    assert run_key(other, "c") != run_key(cfg, "c"), path
+  assert run_key(cfg, "c2") != run_key(cfg, "c")
+
+
+def test_code_version_follows_uncommitted_changes(tmp_path):
+  import subprocess
+
+  from experiments.reuse import code_version
+
+  assert code_version(tmp_path) is None  # not a git checkout: nothing reused
+  git = lambda *a: subprocess.run(["git", *a], cwd=tmp_path, check=True, capture_output=True)
+  git("init", "-q")
+  (tmp_path / "a.py").write_text("x = 1\n")
+  git("add", "a.py")
+  git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "a")
+  head = code_version(tmp_path)
+  assert len(head) == 40
+  (tmp_path / "a.py").write_text("x = 2\n")
+  dirty = code_version(tmp_path)
+  assert dirty.startswith(head + "+")
+  (tmp_path / "b.py").write_text("y = 1\n")
+  assert code_version(tmp_path) not in (head, dirty)
