@@ -27,7 +27,7 @@ def main(argv=None) -> dict:
   p.add_argument("--quick", action="store_true",
                  help="micro preset, B=4, 3 reps, 'all', 'sq+sign', 'norms', 'clip'")
   p.add_argument("--presets", "--preset", default="tiny,medium",
-                 help="comma-separated: micro, tiny, medium, small, paper")
+                 help="comma-separated: micro, tiny, medium, small, paper, 1b")
   p.add_argument("--peak-flops", type=float, default=None,
                  help="device peak FLOP/s for MFU (default: pergrad.bench.mfu's table)")
   p.add_argument("--batch-sizes", default="8,32", help="for tiny; medium uses --medium-batch-sizes")

@@ -13,6 +13,9 @@ mkdir -p "$out"
 echo "[gpu_suite] device: $device -> $out"
 $PY scripts/bench_stats.py --presets small,paper --batch-sizes 8,32 --reps 10 \
     --out "$out/bench_stats.json" > /dev/null
+# The paper's scale for claim 1 (vmap at ~1.2B parameters): the cheap statistics only.
+$PY scripts/bench_stats.py --presets 1b --batch-sizes 8 --reps 5 --stat-sets sq+sign \
+    --no-layout-first --out "$out/bench_stats_1b.json" > /dev/null
 for preset in small paper; do
   $PY scripts/bench_throughput.py --preset "$preset" --steps 20 > "$out/throughput_$preset.json"
   $PY scripts/bench_throughput.py --preset "$preset" --steps 20 stats=example \
