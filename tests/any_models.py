@@ -162,7 +162,7 @@ def statistics64(samples, want=("mean", "sq", "sign", "norms"), clip=None):
   return out
 
 
-def mismatches(stats, ref, want=("mean", "sq", "sign", "norms"), rtol=1e-4) -> list[str]:
+def mismatches(stats, ref, want=("mean", "sq", "sign", "norms"), rtol=3e-4) -> list[str]:
   """The (statistic, leaf) pairs where `stats` (a GradStats) differs from `reference64`'s
   `ref` by more than float32 round-off: ‖got − ref‖ > rtol·(‖ref‖ + 1e-3·the largest leaf's
   ‖ref‖) per leaf; signs only where no sample is near zero. [] when they all agree."""

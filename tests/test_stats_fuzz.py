@@ -78,8 +78,16 @@ def draw(seed: int) -> dict:
               hazard=hazard)
 
 
+def _has_params(block) -> bool:
+  kind, norm = block
+  return kind != "norm" or norm[1] or (norm[0] == "layer" and norm[2])
+
+
 def refused(m: dict) -> bool:
-  """Whether surgery must refuse the model."""
+  """Whether surgery must refuse the model (a vmapped or rematerialised body refused only
+  where a layer call in it owns parameters: a body of parameter-free norms is exact)."""
+  if m["hazard"] in ("vmapped", "remat"):
+    return any(_has_params(b) for b in m["blocks"]) or m["head"] in REFUSED
   return m["hazard"] in REFUSED or m["head"] in REFUSED
 
 
