@@ -37,13 +37,13 @@ the candidate whose program it duplicates.
   run(presets=("tiny", "medium"))   # -> the JSON document (baselines, rows, checks)
   run(quick=True)                    # smoke test (seconds)
 
-  .venv/bin/python scripts/bench_stats.py                    # CLI: prints the document
-  .venv/bin/python scripts/bench_stats.py --quick
+  .venv/bin/python scripts/bench_stats.py [--quick]          # CLI: prints the document
   .venv/bin/python scripts/reproduce.py overhead --preset cpu   # -> results/overhead/
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import os
@@ -69,13 +69,12 @@ PRESETS = {
                        seq_len=128), 128),
     "medium": (ModelSpec(n_layers=4, d_model=256, n_heads=4, d_ff=1024, vocab_size=1024,
                          seq_len=256), 256),
-    # configs/model/small.yaml and paper.yaml (for an accelerator; minutes on a CPU).
+    # configs/model/small.yaml and paper.yaml (for an accelerator; minutes on a CPU); 1b:
+    # ~1.24B parameters, the scale of the paper's vmap claim (its shape is our guess).
     "small": (ModelSpec(n_layers=4, d_model=256, n_heads=4, d_ff=1024, vocab_size=4096,
                         seq_len=256, positions="rope"), 256),
     "paper": (ModelSpec(n_layers=6, d_model=512, n_heads=8, d_ff=2048, vocab_size=32768,
                         seq_len=512, positions="rope", compute_dtype="bfloat16"), 512),
-    # ~1.24B parameters: the scale of the paper's vmap claim ("about +17 % time, no extra
-    # peak memory, at 1.2B parameters"); the shape is our guess (the paper's is not known).
     "1b": (ModelSpec(n_layers=22, d_model=2048, n_heads=16, d_ff=8192, vocab_size=32768,
                      seq_len=512, positions="rope", compute_dtype="bfloat16"), 512),
 }
@@ -151,13 +150,10 @@ def variants(loss_fn, stat_sets, with_layout_first: bool, scan_unroll: int | boo
 
 
 def rss_mb() -> float:
-  try:
-    with open("/proc/self/status") as f:
-      for line in f:
-        if line.startswith("VmRSS:"):
-          return int(line.split()[1]) / 1024
-  except OSError:
-    pass
+  with contextlib.suppress(OSError), open("/proc/self/status") as f:
+    for line in f:
+      if line.startswith("VmRSS:"):
+        return int(line.split()[1]) / 1024
   return float("nan")
 
 

@@ -40,7 +40,7 @@ from pathlib import Path
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from pergrad.config import composer as pconfig
 
@@ -104,7 +104,9 @@ def _main(cfg: DictConfig) -> float | None:
     sys.exit(1)
   finally:
     if accepted and distributed.is_main():
-      run_dir.record_invocation(out_dir, cfg, hc)
+      run_dir.record_invocation(out_dir, {
+          "config.yaml": OmegaConf.to_yaml(cfg), "hydra.yaml": OmegaConf.to_yaml({"hydra": hc}),
+          "overrides.yaml": OmegaConf.to_yaml(OmegaConf.create(list(hc.overrides.task)))})
     run_dir.remove_if_empty(out_dir, hydra_dir)
   if summary["status"] == "interrupted":
     sys.stdout.flush()

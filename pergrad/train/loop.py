@@ -46,7 +46,7 @@ import math
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import jax
 import numpy as np
@@ -63,7 +63,7 @@ from pergrad.train.divergence import TrainLossWatch, eval_diverged
 from pergrad.train.heldout import HeldOutData
 from pergrad.train.interrupt import Interrupts
 from pergrad.train.metrics import MetricsLogger, read_records
-from pergrad.train.progress import Clock, Progress
+from pergrad.train.progress import Clock, Progress, print_summary
 from pergrad.train.run_dir import write_failed_summary
 
 
@@ -217,7 +217,7 @@ def _run(plan: RunPlan, out_dir: str | Path, *, hydra_info: dict | None = None,
          f"checkpoint saved in {summary['checkpoints']}; re-run the same command to resume"
          + (" (this submitit job requeues itself)." if stop.requeues() else "."))
   else:
-    _print_summary(summary, echo)
+    print_summary(summary, echo)
   return summary
 
 
@@ -385,23 +385,3 @@ def _figure(out_dir: Path, echo) -> str | None:
   except Exception as e:  # noqa: BLE001 - a figure must never fail a finished run
     echo(f"[warning] could not draw the run's figure ({type(e).__name__}: {e}).")
     return None
-
-
-def _fmt(x: Any, spec: str = ".4f") -> str:
-  return "n/a" if x is None else format(x, spec)
-
-
-def _print_summary(s: dict, echo) -> None:
-  echo(f"[pergrad] done: {s['last_step']} updates, {s['tokens_seen'] or 0:,} tokens in "
-       f"{s['wall_time_s']:.1f} s"
-       + (f" (resumed from step {s['resumed_from']})" if s["resumed_from"] else ""))
-  echo(f"[pergrad]   eval loss {_fmt(s['initial_eval_loss'])} (step 0) -> "
-       f"{_fmt(s['final_eval_loss'])} (step {s['last_step']}); final train loss "
-       f"{_fmt(s['final_train_loss'])}; {_fmt(s['tokens_per_s'], ',.0f')} tokens/s")
-  echo(f"[pergrad]   metrics: {s['metrics']}")
-  if s.get("figure"):
-    echo(f"[pergrad]   figure: {s['figure']}")
-  echo(f"[pergrad]   checkpoints: {s['checkpoints']} (steps {s['checkpoint_steps']})")
-  if s["wandb"]:
-    echo(f"[pergrad]   W&B: {s['wandb']} (upload with `wandb sync {s['wandb']}`)")
-  echo(f"[pergrad]   config: {s['config']}; summary: {Path(s['run_dir']) / files.SUMMARY}")

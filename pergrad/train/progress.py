@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import time
+from pathlib import Path
+from typing import Any
+
+from pergrad import files
 
 
 class Clock:
@@ -98,3 +102,24 @@ class Progress:
 
   def close(self) -> None:
     self._bar.close()
+
+
+def fmt(x: Any, spec: str = ".4f") -> str:
+  return "n/a" if x is None else format(x, spec)
+
+
+def print_summary(s: dict, echo) -> None:
+  """The end of a run in a few lines: updates, losses, throughput, where its files are."""
+  echo(f"[pergrad] done: {s['last_step']} updates, {s['tokens_seen'] or 0:,} tokens in "
+       f"{s['wall_time_s']:.1f} s"
+       + (f" (resumed from step {s['resumed_from']})" if s["resumed_from"] else ""))
+  echo(f"[pergrad]   eval loss {fmt(s['initial_eval_loss'])} (step 0) -> "
+       f"{fmt(s['final_eval_loss'])} (step {s['last_step']}); final train loss "
+       f"{fmt(s['final_train_loss'])}; {fmt(s['tokens_per_s'], ',.0f')} tokens/s")
+  echo(f"[pergrad]   metrics: {s['metrics']}")
+  if s.get("figure"):
+    echo(f"[pergrad]   figure: {s['figure']}")
+  echo(f"[pergrad]   checkpoints: {s['checkpoints']} (steps {s['checkpoint_steps']})")
+  if s["wandb"]:
+    echo(f"[pergrad]   W&B: {s['wandb']} (upload with `wandb sync {s['wandb']}`)")
+  echo(f"[pergrad]   config: {s['config']}; summary: {Path(s['run_dir']) / files.SUMMARY}")

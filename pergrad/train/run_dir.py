@@ -1,7 +1,7 @@
 """What an invocation of the command line may write, and when: nothing before the run is
 accepted.
 
-    if accepts(plan, out_dir): ...run...; record_invocation(out_dir, cfg, HydraConfig.get())
+    if accepts(plan, out_dir): ...run...; record_invocation(out_dir, {name: yaml})
     remove_if_empty(out_dir, hydra_dir)
 
 `accepts` runs the checks that refuse a run directory (another run's config, a diverged run,
@@ -23,8 +23,6 @@ import contextlib
 import re
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
-
 from pergrad import files
 from pergrad.config.plan import CONFIG, RunPlan, resume_decision
 from pergrad.train.checkpoint import OutputError, check_progress_kept
@@ -42,18 +40,15 @@ def accepts(plan: RunPlan, out_dir: Path) -> bool:
   return True
 
 
-def record_invocation(out_dir: Path, cfg: DictConfig, hydra_cfg: DictConfig) -> None:
-  """Writes `.hydra/` (the composed config, Hydra's config, the command-line overrides), as
-  Hydra would, once the run has written its own config (it started); not where the disk
-  refuses it."""
+def record_invocation(out_dir: Path, record_yaml: dict[str, str]) -> None:
+  """Writes `.hydra/` ({file name: YAML text}: the composed config, Hydra's config, the
+  command-line overrides, rendered by the CLI), as Hydra would, once the run has written its
+  own config (it started); not where the disk refuses it."""
   if not (out_dir / CONFIG).exists():
     return
-  record = out_dir / RECORD
   with contextlib.suppress(OSError):  # a full disk: the run's own error is the one to report
-    files.write_text(record / "config.yaml", OmegaConf.to_yaml(cfg))
-    files.write_text(record / "hydra.yaml", OmegaConf.to_yaml({"hydra": hydra_cfg}))
-    files.write_text(record / "overrides.yaml",
-                     OmegaConf.to_yaml(OmegaConf.create(list(hydra_cfg.overrides.task))))
+    for name, text in record_yaml.items():
+      files.write_text(out_dir / RECORD / name, text)
 
 
 def remove_if_empty(out_dir: Path, hydra_dir: Path) -> None:

@@ -1,0 +1,364 @@
+"""The differential fuzzer's model generator and check (tests/test_stats_fuzz.py runs them).
+
+`draw(seed)` describes a small random model (frontend, token axis, blocks, head, hazard),
+`build(seed)` makes it, `check(seed)` compares every backend with a float64 per-example
+loop (`any_models.reference64`): see tests/test_stats_fuzz.py's docstring.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import sys
+import warnings
+from pathlib import Path
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+sys.path.insert(0, str(Path(__file__).parent))
+import any_models as am  # noqa: E402
+
+import pergrad.stats as ps  # noqa: E402
+from pergrad.loss import per_example_xent  # noqa: E402
+from pergrad.stats import taps  # noqa: E402
+from pergrad.stats.surgery import Unsupported  # noqa: E402
+
+B, T, D, F0, V = 3, 3, 4, 5, 7
+ALL = ("mean", "sq", "sign", "norms")
+# Hazards surgery cannot prove exact (refused) and those it must accept.
+REFUSED = ("penalty", "shared", "vmapped", "scan", "remat", "raw_tie")
+HAZARDS = ("none", "none", "penalty", "shared", "vmapped", "scan", "remat", "keyword")
+
+
+def draw(seed: int) -> dict:
+  """The random model's description (module docstring)."""
+  rng = np.random.default_rng(seed)
+  frontend = str(rng.choice(["plain", "nnx", "linen"]))
+  tokens = bool(rng.integers(2))
+  blocks = []
+  for _ in range(int(rng.integers(1, 4))):
+    kind = str(rng.choice(["dense", "general", "einsum", "norm"]))
+    if kind == "einsum" and frontend != "nnx":
+      kind = "dense"
+    norm = (str(rng.choice(["layer", "rms"])), bool(rng.integers(2)), bool(rng.integers(2)))
+    blocks.append((kind, norm if kind == "norm" else None))
+  head = str(rng.choice(["dense", "attend", "raw_tie"])) if tokens else "dense"
+  hazard = str(rng.choice(HAZARDS))
+  if (hazard == "scan" and frontend != "plain") or (hazard in ("vmapped", "remat")
+                                                      and frontend == "linen"):
+    hazard = "none"  # Linen's own lifted transforms are not fuzzed
+  if hazard == "keyword" and frontend == "plain":
+    hazard = "none"
+  return dict(seed=seed, frontend=frontend, tokens=tokens, blocks=blocks, head=head,
+              hazard=hazard)
+
+
+def _has_params(block) -> bool:
+  kind, norm = block
+  return kind != "norm" or norm[1] or (norm[0] == "layer" and norm[2])
+
+
+def refused(m: dict) -> bool:
+  """Whether surgery must refuse the model (a vmapped or rematerialised body refused only
+  where a layer call in it owns parameters: a body of parameter-free norms is exact)."""
+  if m["hazard"] in ("vmapped", "remat"):
+    return any(_has_params(b) for b in m["blocks"]) or m["head"] in REFUSED
+  return m["hazard"] in REFUSED or m["head"] in REFUSED
+
+
+def _body(m, ops, h):
+  """The blocks on h (…×D), through the frontend's `ops`."""
+  for i, (kind, _) in enumerate(m["blocks"]):
+    h = getattr(ops, kind)(i, h)
+    if kind != "norm":
+      h = jnp.tanh(h)
+  if m["hazard"] == "shared":
+    h = jnp.tanh(ops.dense("shared", jnp.tanh(ops.dense("shared", h))))
+  if m["hazard"] == "scan":
+    h = ops.scan(h)
+  return h
+
+
+def _forward(m, ops, x):
+  h = ops.embed(x) if m["tokens"] else ops.dense("in", x)
+  if m["hazard"] == "vmapped":
+    h = jax.vmap(lambda a: _body(m, ops, a))(h)
+  elif m["hazard"] == "remat":
+    h = jax.checkpoint(lambda a: _body(m, ops, a))(h)
+  else:
+    h = _body(m, ops, h)
+  if m["head"] == "attend":
+    return ops.attend(h)
+  if m["head"] == "raw_tie":
+    return h @ ops.table().T
+  return ops.dense("head", h)
+
+
+def _out(name):
+  return V if name == "head" else D
+
+
+def _in(name):
+  return F0 if name == "in" else D
+
+
+def _keyword(layer, h):
+  """layer(inputs=h), by the name of the layer's input argument (inputs, x)."""
+  call = type(layer).__call__
+  name = list(inspect.signature(getattr(call, "__wrapped__", call)).parameters)[1]
+  return layer(**{name: h})
+
+
+class _Plain:
+  """Plain JAX through `taps`: params {name: {...}}."""
+
+  def __init__(self, m, p):
+    self.m, self.p = m, p
+
+  def embed(self, ids):
+    return taps.embed(ids, self.p["wte"]["embedding"])
+
+  def table(self):
+    return self.p["wte"]["embedding"]
+
+  def attend(self, h):
+    return taps.attend(h, self.p["wte"]["embedding"])
+
+  def dense(self, i, h):
+    q = self.p[f"d{i}"]
+    return taps.dense(h, q["kernel"], q["bias"])
+
+  def general(self, i, h):
+    q = self.p[f"d{i}"]
+    return taps.dense(h.reshape(h.shape[:-1] + (2, D // 2)), q["kernel"], q["bias"], axes=2)
+
+  def norm(self, i, h):
+    q, (variant, _, _) = self.p[f"d{i}"], self.m["blocks"][i][1]
+    if variant == "rms":
+      return taps.rms_norm(h, q.get("scale"))
+    return taps.layer_norm(h, q.get("scale"), q.get("bias"))
+
+  def scan(self, h):
+    step = lambda c, q: (jnp.tanh(taps.dense(c, q["kernel"], q["bias"])), None)
+    return jax.lax.scan(step, h, self.p["stack"])[0]
+
+
+def _plain_params(m, rng):
+  w = lambda *s: np.zeros(s, np.float32)  # values: `build`
+  p = {"wte": {"embedding": w(V, D)}} if m["tokens"] or m["head"] != "dense" else {}
+  names = [("in", "dense")] * (not m["tokens"]) + [(i, k) for i, (k, _) in enumerate(m["blocks"])]
+  names += [("shared", "dense")] * (m["hazard"] == "shared") + [("head", "dense")] * (
+      m["head"] == "dense")
+  for name, kind in names:
+    key = f"d{name}"
+    if kind == "norm":
+      _, scale, bias = m["blocks"][name][1]
+      variant = m["blocks"][name][1][0]
+      p[key] = {**({"scale": w(D)} if scale else {}),
+                **({"bias": w(D)} if bias and variant == "layer" else {})}
+    elif kind == "general":
+      p[key] = {"kernel": w(2, D // 2, D), "bias": w(D)}
+    else:
+      p[key] = {"kernel": w(_in(name), _out(name)), "bias": w(_out(name))}
+  if m["hazard"] == "scan":
+    p["stack"] = {"kernel": w(2, D, D), "bias": w(2, D)}
+  return p
+
+
+class _NnxOps:
+  def __init__(self, mod):
+    self.mod = mod
+
+  def _call(self, layer, h):
+    return _keyword(layer, h) if self.mod.m["hazard"] == "keyword" else layer(h)
+
+  def embed(self, ids):
+    return self.mod.wte(ids)
+
+  def table(self):
+    return self.mod.wte.embedding[...]
+
+  def attend(self, h):
+    return self.mod.wte.attend(h)
+
+  def dense(self, i, h):
+    return self._call(getattr(self.mod, f"d{i}"), h)
+
+  def einsum(self, i, h):
+    return self._call(getattr(self.mod, f"d{i}"), h)
+
+  def general(self, i, h):
+    return self._call(getattr(self.mod, f"d{i}"), h.reshape(h.shape[:-1] + (2, D // 2)))
+
+  def norm(self, i, h):
+    return self._call(getattr(self.mod, f"d{i}"), h)
+
+
+class _NnxModel(nnx.Module):
+  def __init__(self, m, rngs):
+    self.m = m
+    if m["tokens"] or m["head"] != "dense":
+      self.wte = nnx.Embed(V, D, rngs=rngs)
+    names = ["in"] * (not m["tokens"]) + ["shared"] * (m["hazard"] == "shared") + [
+        "head"] * (m["head"] == "dense")
+    for name in names:
+      setattr(self, f"d{name}", nnx.Linear(_in(name), _out(name), rngs=rngs))
+    for i, (kind, norm) in enumerate(m["blocks"]):
+      if kind == "norm":
+        variant, scale, bias = norm
+        layer = (nnx.RMSNorm(D, use_scale=scale, rngs=rngs) if variant == "rms" else
+                 nnx.LayerNorm(D, use_scale=scale, use_bias=bias, rngs=rngs))
+      elif kind == "general":
+        layer = nnx.LinearGeneral((2, D // 2), D, axis=(-2, -1), rngs=rngs)
+      elif kind == "einsum":
+        layer = nnx.Einsum("...d,de->...e", (D, D), (D,), rngs=rngs)
+      else:
+        layer = nnx.Linear(D, D, rngs=rngs)
+      setattr(self, f"d{i}", layer)
+
+  def __call__(self, x):
+    return _forward(self.m, _NnxOps(self), x)
+
+
+class _LinenModel(nn.Module):
+  m: dict
+
+  @nn.compact
+  def __call__(self, x):
+    m, made = self.m, {}
+
+    class Ops:
+      def _layer(self, name, make):
+        if name not in made:
+          made[name] = make()
+        return made[name]
+
+      def _call(self, layer, h):
+        return _keyword(layer, h) if m["hazard"] == "keyword" else layer(h)
+
+      def embed(self, ids):
+        return self._layer("wte", lambda: nn.Embed(V, D, name="wte"))(ids)
+
+      def table(self):
+        return self._layer("wte", lambda: nn.Embed(V, D, name="wte")).embedding
+
+      def attend(self, h):
+        return self._layer("wte", lambda: nn.Embed(V, D, name="wte")).attend(h)
+
+      def dense(self, i, h):
+        return self._call(self._layer(i, lambda: nn.Dense(_out(i), name=f"d{i}")), h)
+
+      def general(self, i, h):
+        layer = self._layer(i, lambda: nn.DenseGeneral(D, axis=(-2, -1), name=f"d{i}"))
+        return self._call(layer, h.reshape(h.shape[:-1] + (2, D // 2)))
+
+      def norm(self, i, h):
+        variant, scale, bias = m["blocks"][i][1]
+        make = (lambda: nn.RMSNorm(use_scale=scale, name=f"d{i}")) if variant == "rms" else (
+            lambda: nn.LayerNorm(use_scale=scale, use_bias=bias, name=f"d{i}"))
+        return self._call(self._layer(i, make), h)
+
+    return _forward(m, Ops(), x)
+
+
+def _freeze(m):
+  return {**m, "blocks": tuple(m["blocks"])}
+
+
+@functools.lru_cache(maxsize=8)
+def build(seed: int):
+  """(model description, loss_fn, params, batch) of seed."""
+  m = draw(seed)
+  rng = np.random.default_rng(seed + 10_000)
+  if m["tokens"]:
+    x = jnp.asarray(rng.integers(0, V, (B, T)), jnp.int32)
+    y = jnp.asarray(rng.integers(0, V, (B, T)), jnp.int32)
+  else:
+    x = jnp.asarray(rng.standard_normal((B, F0)), jnp.float32)
+    y = jnp.asarray(rng.integers(0, V, (B,)), jnp.int32)
+  batch = {"inputs": x, "targets": y}
+
+  def xent(logits, targets):
+    if not m["tokens"]:
+      logits, targets = logits[:, None], targets[:, None]
+    return per_example_xent(logits, targets)
+
+  def penalty(p, first):
+    return 0.05 * jnp.sum(jnp.square(first(p))) if m["hazard"] == "penalty" else 0.0
+
+  if m["frontend"] == "plain":
+    params = _plain_params(m, rng)
+    first = lambda p: p["wte"]["embedding"] if "wte" in p else p["din"]["kernel"]
+    loss_fn = lambda p, b: xent(_forward(m, _Plain(m, p), b["inputs"]), b["targets"]) + \
+        penalty(p, first)
+  elif m["frontend"] == "nnx":
+    graphdef, params = nnx.split(nnx.eval_shape(lambda: _NnxModel(m, nnx.Rngs(seed))),
+                                 nnx.Param)
+    leaf0 = lambda p: jax.tree.leaves(p)[0]
+    loss_fn = lambda p, b: xent(nnx.merge(graphdef, p)(b["inputs"]), b["targets"]) + \
+        penalty(p, leaf0)
+  else:
+    model = _LinenModel(_freeze(m))
+    params = jax.eval_shape(model.init, jax.random.PRNGKey(seed), x)["params"]
+    leaf0 = lambda p: jax.tree.leaves(p)[0]
+    loss_fn = lambda p, b: xent(model.apply({"params": p}, b["inputs"]), b["targets"]) + \
+        penalty(p, leaf0)
+  # Random values drawn in NumPy (no eager JAX op, no compile): scales near 1, the rest small.
+  params = jax.tree.map(lambda a: jnp.asarray(
+      (1.0 if a.ndim == 1 and a.shape[0] == D else 0.0)
+      + 0.5 * rng.standard_normal(a.shape), np.float32), params)
+  return m, loss_fn, params, batch
+
+
+def check(seed: int) -> dict:
+  """The outcome of one model: {"model", "surgery": "exact" | "refused", "expected",
+  "mismatches": [...]} (module docstring); mismatches is empty unless something is wrong."""
+  m, loss_fn, params, batch = build(seed)
+  ref = am.reference64(loss_fn, params, batch)
+  norms = np.sqrt(sum(np.square(g).reshape(B, -1).sum(-1)
+                      for g in jax.tree.leaves(ref["_samples"])))
+  C = float(np.median(norms))
+  cref = am.statistics64(ref["_samples"], clip=C)
+  bad = []
+  try:
+    jax.eval_shape(lambda p, b: ps.compute(loss_fn, p, b, want=ALL, backend="surgery"),
+                   params, batch)
+    accepted = True
+  except Unsupported:
+    accepted = False
+  if accepted == refused(m):
+    bad.append(f"surgery {'accepted' if accepted else 'refused'} it")
+  # auto is surgery where surgery accepts (then vmap is checked beside it), vmap elsewhere.
+  runs = {f"{be}/{clip}": (be, clip) for be in ("auto",) + ("vmap",) * accepted
+          for clip in (None, C)}
+
+  def every(p, b):
+    out = {k: ps.compute(loss_fn, p, b, want=ALL, backend=be, per_example_clip=clip)[1]
+           for k, (be, clip) in runs.items()}
+    out["auto/mean"] = ps.compute(loss_fn, p, b)[1]
+    if accepted and m["tokens"]:
+      out["surgery/token"] = ps.compute(loss_fn, p, b, want=("mean", "sq"),
+                                        granularity="token", backend="surgery")[1]
+    return out
+
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    got = jax.jit(every).lower(params, batch).compile(FAST_COMPILE)(params, batch)
+  for k, stats in got.items():
+    if k == "surgery/token":  # the per-token samples' mean is ḡ: their sum is T·Σ_b g_b
+      mean = {"_samples": ref["_samples"], "mean": jax.tree.map(lambda s: s * T, ref["mean"])}
+      errs = am.mismatches(stats, mean, want=("mean",))
+    elif k == "auto/mean":
+      errs = am.mismatches(stats, ref, want=("mean",))
+    else:
+      errs = am.mismatches(stats, ref if k.endswith("None") else cref)
+    bad += [f"{k}: {e}" for e in errs]
+  return dict(model=m, surgery="exact" if accepted else "refused", mismatches=bad)
+
+
+# XLA:CPU options that compile ~the same program several times faster (its speed is moot).
+FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
