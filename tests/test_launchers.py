@@ -9,6 +9,7 @@ import shlex
 import subprocess
 import sys
 
+import pytest
 import yaml
 from conftest import REPO
 
@@ -34,6 +35,7 @@ def test_slurm_launcher_config_composes_with_overridable_fields():
   assert local["_target_"].endswith("LocalLauncher")
 
 
+@pytest.mark.extended  # --dry-run traces every point of the sweep at the paper's shapes (~40 s)
 def test_readme_slurm_command_is_what_reproduce_runs():
   readme = (REPO / "README.md").read_text()
   cmd = re.search(r"^(python scripts/reproduce\.py sign_placement .*--launcher submitit.*)$",
