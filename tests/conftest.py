@@ -141,8 +141,9 @@ class _CiSweeps:
   by every experiment test instead of each launching its own: two `reproduce.py` streams, one
   per core, started at the session's first test and running beside it; `result()` waits."""
 
-  streams = (("sign_placement", "preconditioner", "msq_eps", "snr", "gns_schedule"),
-             ("overhead", "norm_cost", "batch_scaling", "moments", "gns_layers"))
+  streams = (("sign_placement", "preconditioner", "msq_eps", "snr", "gns_schedule",
+              "lr_exponent"),
+             ("overhead", "norm_cost", "batch_scaling", "moments", "gns_layers", "gns_ramp"))
 
   def __init__(self, tmp_path_factory):
     sys.path.insert(0, str(REPO))
@@ -166,7 +167,7 @@ class _CiSweeps:
 
   def result(self) -> dict:
     for proc, log in zip(self.procs, self.logs, strict=True):
-      proc.wait(timeout=900)
+      proc.wait(timeout=1800)
       assert proc.returncode == 0, log.read_text()[-6000:]
     return {"root": self.root}
 
