@@ -17,7 +17,7 @@ import pandas as pd
 
 from experiments import lr_search
 from experiments.record import ROWS, Experiment, Inputs, register
-from experiments.sweep import SEEDS, Block, Sweep, base_for, experiment_value
+from experiments.sweep import SEEDS, Block, Sweep, base_for, experiment_value, family
 from experiments.verdict import (
   Report,
   declared,
@@ -58,7 +58,7 @@ RULE = (f"At the tracker's EMA decay α = {ALPHA:g}, the Pearson r between the s
 def sweep(preset: str, inputs: Inputs | None = None) -> Sweep:
   """Adam at its tuned lr (cpu, paper) with every step's GNS terms logged, seeds."""
   return Sweep(base_for(NAME, preset, **lr_search.adam_lr(inputs, preset)),
-               (Block({"train.seed": list(SEEDS[preset])}),),
+               (Block({"train.seed": list(SEEDS[family(preset)])}),),
                wall_estimate_min={"ci": 0.3, "cpu": 4}.get(preset))
 
 

@@ -20,7 +20,16 @@ import pandas as pd
 
 from experiments import lr_search
 from experiments.record import ROWS, Experiment, register
-from experiments.sweep import Block, LrSearch, Sweep, base_for, experiment_value, scale_value
+from experiments.sweep import (
+  Block,
+  LrSearch,
+  Sweep,
+  base_for,
+  experiment_value,
+  family,
+  is_rung,
+  scale_value,
+)
 from experiments.verdict import declared, declared_text, gated, listing, not_measured, sections
 from pergrad.analysis import calibrate, guards, rules
 from pergrad.analysis.plots import plt, savefig, style
@@ -59,23 +68,31 @@ def b_max(preset: str) -> int:
 
 def sweep(preset: str) -> Sweep:
   """The fixed B_max run's lr search (the ramp and the short arm come in `follow_up`)."""
-  b = b_max(preset)
+  b, ci = b_max(preset), family(preset) == "ci"
   examples = int(scale_value(preset, "data.batch_size")) * int(scale_value(preset, "train.steps"))
   steps = examples // b
   base = base_for(NAME, preset, **{
-      SIZE: b, "train.eval_every": max(steps // N_EVALS[preset], 1),
+      **rung_model(preset),
+      SIZE: b, "train.eval_every": max(steps // N_EVALS[family(preset)], 1),
       "schedule.warmup_steps": max(int(scale_value(preset, "schedule.warmup_steps")),
-                                   guards.MIN_WARMUP if preset != "ci" else 1),
+                                   guards.MIN_WARMUP if not ci else 1),
       "batch.start": b // 8,  # ci: powers of two (4 compiled sizes, not 8)
-      **({} if preset == "ci" else {"batch.sizes": list(range(b // 8, b + 1, b // 8))}),
-      "logging.log_every": 1 if preset == "ci" else 5})
-  lrs = ([float(experiment_value(NAME, "optimizer.lr"))] if preset == "ci"
-         else [5e-3, 1e-2, 2e-2, 4e-2])
+      **({} if ci else {"batch.sizes": list(range(b // 8, b + 1, b // 8))}),
+      "logging.log_every": 1 if ci else 5})
+  lrs = ([float(experiment_value(NAME, "optimizer.lr"))] if ci else [5e-3, 1e-2, 2e-2, 4e-2])
   block = Block({"batch.kind": ["fixed"], STEPS: [steps], "optimizer.lr": lrs,
                  "train.seed": [SELECT_SEED]})
-  search = LrSearch(GROUP, factor=2.0, max_extend=0 if preset == "ci" else 2,
-                    seeds=SEEDS[preset])
+  search = LrSearch(GROUP, factor=2.0, max_extend=0 if ci else 2, seeds=SEEDS[family(preset)])
   return Sweep(base, (block,), search, wall_estimate_min={"ci": 0.5, "cpu": 8}.get(preset))
+
+
+def rung_model(preset: str) -> dict:
+  """A ladder rung's model (the model.* its scale file sets: this experiment's config sets its
+  own, which the rung's replaces); {} at a base preset."""
+  if not is_rung(preset):
+    return {}
+  keys = ("n_layers", "d_model", "n_heads", "d_ff")
+  return {f"model.{k}": int(scale_value(preset, f"model.{k}")) for k in keys}
 
 
 def follow_up(preset: str, sweep_dir: Path) -> tuple[Block, ...]:
@@ -86,7 +103,7 @@ def follow_up(preset: str, sweep_dir: Path) -> tuple[Block, ...]:
   best = fixed_best(finals(table)) if not table.empty else None
   if best is None:
     return ()
-  lr, seeds, base = [float(best["optimizer.lr"])], list(SEEDS[preset]), sweep(preset).base
+  lr, seeds, base = [float(best["optimizer.lr"])], list(SEEDS[family(preset)]), sweep(preset).base
   steps = int(best[STEPS])
   tokens = steps * base[SIZE] * int(scale_value(preset, "data.seq_len"))
   return (Block({"batch.kind": ["linear"], "batch.ramp_tokens": [tokens], "optimizer.lr": lr,

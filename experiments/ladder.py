@@ -1,61 +1,150 @@
 """The scale ladder (issue 40): the claims whose verdict may depend on scale, each at three
-model sizes (the largest today's `tiny`) at the same tokens per parameter, one figure per claim
-with the trend and the paper's value marked, so that a "not reproduced" at tiny scale says
-which way it moves.
+model sizes at the same tokens per parameter, one figure per claim with the trend and the
+paper's value marked, so that a "not reproduced" at one size says which way it moves.
 
-  claim  experiment    quantity (from its committed CSVs)                     paper
-  C3c    moments       r = Σμ̂²/Σ(σ̂²/B), second half, the scale's B, no norm  > 1
-  C4     lr_exponent   α of lr*(B) ∝ B^α                                      0.5
-  G2     gns_layers    r(complement, norm) at the tracker's α                 high (0.95, ours)
-  G3     gns_ramp      token saving of the ramp to fixed B_max's final loss   0.18
+  claim  experiment    quantity (from the rung's CSVs)                          paper
+  C3c    moments       r = Σμ̂²/Σ(σ̂²/B), second half, the scale's B, no norm    > 1
+  C4     lr_exponent   α of lr*(B) ∝ B^α                                        0.5
+  G2     gns_layers    r(complement, norm) at the tracker's α                   high (0.95, ours)
+  G3     gns_ramp      token saving of the ramp to fixed B_max's final loss     0.18
 
-A rung is a model (`RUNGS`: overrides of model.*) and the number of the preset's steps that
-gives it `TOKENS_PER_PARAM` (`plan`). Launching a rung needs the experiments to take their
-budget from it: those that derive their steps from the scale (batch sizes × steps) read
-`configs/scale/<preset>.yaml`, so each rung becomes a scale preset of its own (`cpu_xs`, ...,
-written from `plan`) once `experiments.sweep.PRESETS` lists them; until then `plan` and the
-figures are what this module provides, and the clean run launches the `tiny` rung only.
+A rung is a scale preset `<family>_<rung>` (`configs/scale/`, written by `write_presets` from
+`plan`): the family's batch and sequence sizes, a smaller model (`RUNGS`), the steps that give
+it `TOKENS_PER_PARAM`. The four experiments run there as anywhere (`reproduce.py moments
+--preset cpu_xs`; results under results/<family>/ladder/<rung>/), and the `ladder` experiment
+(`reproduce.py ladder --preset cpu`, last in `all`) launches them rung by rung (resumable,
+finished runs skipped) and collects them. Each rung's value carries that experiment's verdict
+there, through its validity guards ("undetermined: <guard>" where one fails).
+
+At 20 tokens per parameter a run costs ∝ N², so on 2 cores the cpu ladder stops at 92k
+parameters (`cpu_s`, 904 steps): the `tiny` model (665k) would need 6,493 steps a run, about
+16× a cpu run (`plan`'s steps_vs_family), ~10 h for the four experiments.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import yaml
 
+from experiments.launch import LaunchLog
+from experiments.record import Experiment, register
+from experiments.sweep import LADDER_EXPERIMENTS, RUNG_PRESETS, family, scale_file, scale_value
+from experiments.verdict import Report, md_table, sections
 from pergrad.analysis.plots import plt, savefig, style
 from pergrad.analysis.runs import read_csv
 
-RUNGS = {  # model overrides over the scale's model; the last is the scale's own (`tiny`)
-    "xs": {"model.n_layers": 2, "model.d_model": 16, "model.n_heads": 2, "model.d_ff": 64},
-    "s": {"model.n_layers": 2, "model.d_model": 48, "model.n_heads": 4, "model.d_ff": 192},
-    "tiny": {},
+NAME = "ladder"
+RUNGS = {  # model overrides per family; each family's last rung is its own scale's model
+    "ci": {"xxs": {"model.d_model": 8, "model.n_heads": 2, "model.d_ff": 16},
+           "xs": {"model.d_model": 16, "model.n_heads": 2, "model.d_ff": 32},
+           "s": {}},
+    "cpu": {"xxs": {"model.n_layers": 2, "model.d_model": 8, "model.n_heads": 2, "model.d_ff": 32},
+            "xs": {"model.n_layers": 2, "model.d_model": 16, "model.n_heads": 2, "model.d_ff": 64},
+            "s": {"model.n_layers": 2, "model.d_model": 32, "model.n_heads": 4,
+                  "model.d_ff": 128}},
 }
-TOKENS_PER_PARAM = 20.0  # Chinchilla-proportioned at every rung (G3's regime)
+TOKENS_PER_PARAM = {"ci": 0.5, "cpu": 20.0}  # cpu: Chinchilla-proportioned (G3's regime)
 PAPER = {"moments": 1.0, "lr_exponent": 0.5, "gns_layers": 0.95, "gns_ramp": 0.18}
+CLAIM_ID = {"moments": "C3c", "lr_exponent": "C4", "gns_layers": "G2", "gns_ramp": "G3"}
 LABEL = {"moments": "C3c: r = Σμ̂²/Σ(σ̂²/B) (> 1: μ² dominates)",
          "lr_exponent": "C4: α of lr* ∝ B^α (√ scaling: 0.5)",
          "gns_layers": "G2: r(complement, norm layers)",
          "gns_ramp": "G3: token saving of the ramp (paper: 18 %)"}
+LADDER_CSV, LADDER_JSON = "ladder.csv", "ladder.json"
+TITLE = "the scale ladder: C3c, C4, G2, G3 at three model sizes, same tokens per parameter"
+CLAIM = ("Ours, beside the papers: whether each scale-dependent quantity moves toward the "
+         "paper's value as the model grows at a fixed tokens-per-parameter budget.")
+RULE = ("Per claim and rung, the quantity from that rung's run of the claim's experiment, with "
+        "that experiment's own verdict (its validity guards first); the trend is the sign of "
+        "the change in |value − paper| from the smallest to the largest rung whose verdict is "
+        "decided: 'toward' or 'away', 'undetermined: <guard> at <rung>' when fewer than two "
+        "rungs are decided. Descriptive: no claim is decided here.")
 
 
-def plan(preset: str = "cpu") -> pd.DataFrame:
-  """Per rung: its parameters, the steps at the preset's batch size and sequence length that
-  give it TOKENS_PER_PARAM, those tokens, and the cost relative to the preset's own run."""
-  from pergrad.analysis import n_params, scale_summary
+def presets(fam: str) -> list[str]:
+  """The rung presets of a family, smallest first."""
+  return [f"{fam}_{r}" for r in RUNGS[fam]]
 
-  s = scale_summary([f"scale={preset}"])
-  per_step = s["batch_size"] * s["seq_len"]
+
+def plan(fam: str = "cpu") -> pd.DataFrame:
+  """Per rung: its parameters, the steps at the family's batch size and sequence length that
+  give it TOKENS_PER_PARAM, those tokens, and the steps relative to the family's own run."""
+  from pergrad.analysis import n_params
+
+  per_step = int(scale_value(fam, "data.batch_size")) * int(scale_value(fam, "data.seq_len"))
   rows = []
-  for rung, over in RUNGS.items():
-    n = n_params([f"scale={preset}", *(f"{k}={v}" for k, v in over.items())])
-    steps = math.ceil(TOKENS_PER_PARAM * n / per_step)
-    rows.append({"rung": rung, "n_params": n, "train.steps": steps, "tokens": steps * per_step,
-                 "tokens_per_param": steps * per_step / n,
-                 "steps_vs_preset": steps / s["steps"]})
+  for rung, over in RUNGS[fam].items():
+    n = n_params([f"scale={fam}", *(f"{k}={v}" for k, v in over.items())])
+    steps = math.ceil(TOKENS_PER_PARAM[fam] * n / per_step)
+    rows.append({"rung": rung, "preset": f"{fam}_{rung}", "n_params": n, "train.steps": steps,
+                 "tokens": steps * per_step, "tokens_per_param": steps * per_step / n,
+                 "steps_vs_family": steps / int(scale_value(fam, "train.steps"))})
   return pd.DataFrame(rows)
+
+
+def preset_text(fam: str, row: dict) -> str:
+  """configs/scale/<family>_<rung>.yaml: the family's file with the rung's model and steps."""
+  doc = yaml.safe_load(scale_file(fam).read_text())
+  for key, v in {**RUNGS[fam][row["rung"]], "train.steps": int(row["train.steps"])}.items():
+    group, k = key.split(".")
+    doc[group][k] = v
+  head = (f"# @package _global_\n# Scale `{row['preset']}`: a rung of the scale ladder "
+          f"(experiments/ladder.py), the `{fam}` preset with a {row['n_params']:,}-parameter "
+          f"model and {int(row['train.steps'])} steps: {row['tokens_per_param']:.1f} tokens per "
+          "parameter, as every rung of its family.\n# Written by `python -m experiments.ladder "
+          "--write-presets`; do not edit by hand.\n")
+  return head + yaml.safe_dump(doc, sort_keys=False)
+
+
+def write_presets() -> list[Path]:
+  paths = []
+  for fam in RUNGS:
+    for row in plan(fam).to_dict("records"):
+      path = scale_file(row["preset"])
+      path.write_text(preset_text(fam, row))
+      paths.append(path)
+  return paths
+
+
+def rung_dirs(fam: str, sweeps_root: Path, extra: tuple = ()) -> dict[tuple[str, str], Path]:
+  """{(rung, experiment): where `runner.run_experiment` writes that rung's results}."""
+  from experiments import runner
+
+  return {(p.split("_", 1)[1], n): runner.default_results_dir(
+      n, p, runner.default_sweep_dir(n, p, sweeps_root, extra))
+      for p in presets(fam) for n in LADDER_EXPERIMENTS}
+
+
+def launch(preset: str, sweep_dir: Path, *, dry_run: bool = False, echo=print,
+           launcher: str = "basic", n_jobs: int = 2, extra: tuple = (),
+           sweeps_root: Path | None = None) -> LaunchLog:
+  """Runs (or resumes) `LADDER_EXPERIMENTS` at every rung of `preset`'s family, smallest first;
+  an experiment that fails at a rung is reported and the others go on."""
+  from experiments import runner
+
+  log, root = LaunchLog(), Path(sweeps_root or Path(sweep_dir).parents[1])
+  if not dry_run:  # what `analyze` reads back: the rungs' sweeps root and config extras
+    Path(sweep_dir).mkdir(parents=True, exist_ok=True)
+    Path(sweep_dir, LADDER_JSON).write_text(json.dumps(
+        {"preset": preset, "sweeps_root": str(root), "extra": list(extra)}))
+  for p in presets(family(preset)):
+    for n in LADDER_EXPERIMENTS:
+      try:
+        out = runner.run_experiment(n, p, launcher=launcher, n_jobs=n_jobs, dry_run=dry_run,
+                                    sweeps_root=root, extra=extra, echo=echo)
+      except (FileNotFoundError, RuntimeError, ValueError) as e:
+        echo(f"[ladder] {n} at {p}: {e}")
+        log.failed.append(f"{n}/{p}")
+        continue
+      for f in ("launched", "skipped", "reused", "failed", "commands"):
+        getattr(log, f).extend(getattr(out.log, f))
+      log.wall_s += out.log.wall_s
+  return log
 
 
 def quantity(name: str, out_dir: Path) -> float:
@@ -88,24 +177,112 @@ def quantity(name: str, out_dir: Path) -> float:
   raise ValueError(f"ladder: no quantity for {name!r}; give one of {sorted(PAPER)}")
 
 
-def collect(results: dict[str, Path], sizes: dict[str, int]) -> pd.DataFrame:
-  """{rung: its results folder (holding one folder per experiment)}, {rung: n_params} -> one
-  row per (claim, rung): the quantity and the paper's value."""
-  return pd.DataFrame([{"claim": name, "rung": rung, "n_params": sizes[rung],
-                        "value": quantity(name, Path(root) / name), "paper": PAPER[name]}
-                       for rung, root in results.items() for name in PAPER])
+def verdict_at(out_dir: Path) -> str:
+  """The verdict of the rung's report.json ("not yet run" without one)."""
+  f = Path(out_dir) / "report.json"
+  return json.loads(f.read_text()).get("verdict", "") if f.exists() else "not yet run"
 
 
-def figures(points: pd.DataFrame, out_dir: Path) -> list[Path]:
-  """ladder_<claim>.png: the quantity against the parameter count (log), the paper's value as a
-  dashed line, from `collect`'s table."""
-  paths = []
-  for name, g in points.groupby("claim", sort=False):
+def collect(dirs: dict[tuple[str, str], Path], sizes: pd.DataFrame) -> pd.DataFrame:
+  """One row per (claim, rung): the rung's size, the quantity, its verdict, the paper's value."""
+  by_rung = sizes.set_index("rung")
+  return pd.DataFrame([{
+      "claim": CLAIM_ID[n], "experiment": n, "rung": rung,
+      "n_params": int(by_rung.loc[rung, "n_params"]),
+      "tokens_per_param": float(by_rung.loc[rung, "tokens_per_param"]),
+      "value": quantity(n, d), "paper": PAPER[n], "verdict": verdict_at(d)}
+      for (rung, n), d in dirs.items()])
+
+
+def analyze(runs, out_dir: Path) -> None:
+  """ladder.csv from the rungs' results (`collect`), found where `launch` said."""
+  f = Path(runs.sweep_dir) / LADDER_JSON
+  if not f.exists():
+    raise FileNotFoundError(f"{f} is missing: the ladder was not launched there; run "
+                            "`python scripts/reproduce.py ladder --preset PRESET` first")
+  d = json.loads(f.read_text())
+  fam = family(d["preset"])
+  dirs = rung_dirs(fam, Path(d["sweeps_root"]), tuple(d["extra"]))
+  collect(dirs, plan(fam)).to_csv(Path(out_dir) / LADDER_CSV, index=False)
+
+
+def decided(verdict: str) -> bool:
+  return bool(verdict) and not verdict.startswith(("undetermined", "not yet run", "not measured"))
+
+
+def trend(g: pd.DataFrame) -> str:
+  """toward | away | flat (the paper's distance from the smallest to the largest decided rung
+  with a finite value), else "undetermined: <why>"."""
+  g = g.sort_values("n_params")
+  ok = g[g["verdict"].map(decided) & np.isfinite(g["value"].astype(float))]
+  if len(ok) < 2:
+    why = "; ".join(f"{v.removeprefix('undetermined: ')} at {r}"
+                    for r, v in zip(g["rung"], g["verdict"], strict=True) if not decided(v))
+    return f"undetermined: {why or 'fewer than two finite values'}"
+  first, last = (abs(float(ok[c].iloc[i]) - float(ok["paper"].iloc[0]))
+                 for i, c in ((0, "value"), (-1, "value")))
+  return "flat" if math.isclose(first, last) else "toward" if last < first else "away"
+
+
+def figures(out_dir: Path) -> list[Path]:
+  """ladder_<experiment>.png: the quantity against the parameter count (log), decided rungs
+  filled, undetermined ones hollow, the paper's value dashed."""
+  points, paths = read_csv(Path(out_dir) / LADDER_CSV), []
+  for name, g in (points.groupby("experiment", sort=False) if len(points) else ()):
     g = g.sort_values("n_params")
     fig, ax = plt().subplots(figsize=(5, 3.8))
-    ax.plot(g["n_params"], g["value"], "o-", label="ours")
+    ax.plot(g["n_params"], g["value"], "-", color="C0", lw=1)
+    ok = g["verdict"].map(decided)
+    ax.plot(g.loc[ok, "n_params"], g.loc[ok, "value"], "o", color="C0", label="ours: decided")
+    ax.plot(g.loc[~ok, "n_params"], g.loc[~ok, "value"], "o", mfc="none", color="C0",
+            label="ours: undetermined")
     ax.axhline(PAPER[name], color="k", ls="--", lw=0.8, label="paper")
     ax.set_xscale("log")
-    style(ax, xlabel="parameters", ylabel=LABEL[name], legend=8, grid=True)
+    style(ax, xlabel="parameters", ylabel=LABEL[name], title=f"{CLAIM_ID[name]}: {trend(g)}",
+          legend=8, grid=True)
     paths.append(savefig(fig, Path(out_dir) / f"ladder_{name}.png"))
   return paths
+
+
+def report(out_dir: Path) -> Report:
+  points = read_csv(Path(out_dir) / LADDER_CSV)
+  if points.empty:
+    return Report(verdict="not measured", rule=RULE, ours="no rung has results")
+  trends = {n: trend(g) for n, g in points.groupby("experiment", sort=False)}
+  fmt = lambda x: "—" if not math.isfinite(float(x)) else f"{float(x):.3g}"
+  cells = "; ".join(
+      f"{CLAIM_ID[n]} " + "→".join(fmt(v) for v in g.sort_values("n_params")["value"])
+      + f" ({trends[n].split(':')[0]})" for n, g in points.groupby("experiment", sort=False))
+  toward = sum(t == "toward" for t in trends.values())
+  table = points.assign(value=points["value"].map(fmt))
+  return Report(
+      verdict=f"{toward} of {len(trends)} toward the paper", rule=RULE, ours=cells,
+      paper="; ".join(f"{CLAIM_ID[n]} {v:g}" for n, v in PAPER.items()),
+      checks=tuple(f"{CLAIM_ID[n]}: {t}" for n, t in trends.items()),
+      numbers_md=sections("Per claim and rung (the rung's own verdict beside its value):",
+                          table, "Trend per claim:", md_table(pd.DataFrame(
+                              [{"claim": CLAIM_ID[n], "trend": t} for n, t in trends.items()]))))
+
+
+def describe_setup(preset: str) -> str:
+  fam = family(preset)
+  return sections(f"Rungs of `{fam}` (`configs/scale/{fam}_<rung>.yaml`, "
+                  f"{TOKENS_PER_PARAM[fam]:g} tokens per parameter each):", plan(fam),
+                  f"Experiments at every rung, in this order: {', '.join(LADDER_EXPERIMENTS)}.")
+
+
+EXPERIMENT = register(Experiment(
+    name=NAME, title=TITLE, claim=CLAIM, row="Scale ladder (ours): C3c, C4, G2, G3 by model size",
+    analyze=analyze, figures=figures, report=report, launch=launch,
+    describe_setup=describe_setup))
+
+assert set(RUNG_PRESETS) == {p for f in RUNGS for p in presets(f)}  # sweep.RUNG_PRESETS names them
+
+if __name__ == "__main__":
+  import sys
+
+  if sys.argv[1:] == ["--write-presets"]:
+    print("\n".join(str(p) for p in write_presets()))
+  else:
+    for fam in RUNGS:
+      print(plan(fam).to_string())

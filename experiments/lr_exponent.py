@@ -19,7 +19,7 @@ from scipy import stats as sps
 
 from experiments import lr_search
 from experiments.record import ROWS, Experiment, Inputs, register
-from experiments.sweep import Block, LrSearch, Sweep, base_for, scale_value
+from experiments.sweep import Block, LrSearch, Sweep, base_for, family, is_rung, scale_value
 from experiments.verdict import declared, declared_text, gated, md_table, not_measured
 from pergrad.analysis import calibrate, guards, rules
 from pergrad.analysis.plots import plt, savefig, style
@@ -46,19 +46,21 @@ RULE = (f"α is the least-squares slope of log lr* on log B over every (B, seed)
 
 def sweep(preset: str, inputs: Inputs | None = None) -> Sweep:
   ref = int(scale_value(preset, "data.batch_size"))
-  sizes = SIZES[preset]
+  ci, sizes = family(preset) == "ci", SIZES[family(preset)]
   examples = ref * int(scale_value(preset, "train.steps"))
   warm = max(ref * int(scale_value(preset, "schedule.warmup_steps")),
-             guards.MIN_WARMUP * max(sizes) if preset != "ci" else 0)
-  lr_ref = float(lr_search.adam_lr(inputs, preset).get(LR, 1e-2))
+             guards.MIN_WARMUP * max(sizes) if not ci else 0)
+  # a ladder rung has no preconditioner search: its grid is centred on the config's lr (and
+  # extended until bracketed); moments and gns_layers there take Adam's lr from this search
+  lr_ref = float(({} if is_rung(preset) else lr_search.adam_lr(inputs, preset)).get(LR, 1e-2))
   blocks = tuple(Block(
       {KEY: [b], LR: [float(f"{lr_ref * math.sqrt(b / ref) * 2 ** (i / 2):.3g}")
-                      for i in (range(-2, 3) if preset != "ci" else (0,))],  # √2 apart
-       SEED: list(SELECT if preset != "ci" else SELECT[:1])},
+                      for i in (range(-2, 3) if not ci else (0,))],  # √2 apart
+       SEED: list(SELECT if not ci else SELECT[:1])},
       fixed={"train.steps": examples // b, "train.eval_every": max(examples // b // 8, 1),
              "schedule.warmup_steps": max(warm // b, 1),
              "logging.log_every": max(examples // b // 50, 1)}) for b in sizes)
-  search = LrSearch((KEY,), factor=math.sqrt(2), max_extend=0 if preset == "ci" else 2)
+  search = LrSearch((KEY,), factor=math.sqrt(2), max_extend=0 if ci else 2)
   # cpu: 6 sizes × 5 lrs × 2 seeds = 60 runs of 12,800 examples (~40 min with the GNS)
   return Sweep(base_for(NAME, preset), blocks, search,
                wall_estimate_min={"ci": 0.5, "cpu": 40}.get(preset))

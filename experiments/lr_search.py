@@ -14,7 +14,7 @@ from typing import Callable, Sequence
 import numpy as np
 import pandas as pd
 
-from experiments.sweep import Block, Sweep, config_extras
+from experiments.sweep import Block, Sweep, config_extras, family, is_rung, scale_value
 from experiments.verdict import md_table
 from pergrad.analysis import guards, rules
 from pergrad.analysis import plots as F
@@ -252,8 +252,15 @@ def tuned_lr(inputs, experiment: str, where: dict) -> float:
 
 
 def adam_lr(inputs, preset: str) -> dict:
-  """{"optimizer.lr": Adam's (unclipped) lr the preconditioner search chose}; {} at ci."""
-  return {} if preset == "ci" else {"optimizer.lr": tuned_lr(
+  """{"optimizer.lr": Adam's (unclipped) lr the preconditioner search chose}; at a ladder
+  rung (no preconditioner search there) the lr lr_exponent's search chose at the scale's
+  batch size (Adam, weight decay 0 as well); {} at ci."""
+  if family(preset) == "ci":
+    return {}
+  if is_rung(preset):
+    ref = int(scale_value(preset, "data.batch_size"))
+    return {"optimizer.lr": tuned_lr(inputs, "lr_exponent", {"data.batch_size": ref})}
+  return {"optimizer.lr": tuned_lr(
       inputs, "preconditioner", {"optimizer.variant": "adam", "optimizer.clip_norm": None})}
 
 

@@ -15,7 +15,7 @@ import pandas as pd
 
 from experiments import lr_search
 from experiments.record import ROWS, Experiment, Inputs, register
-from experiments.sweep import SEEDS, Block, Sweep, base_for
+from experiments.sweep import SEEDS, Block, Sweep, base_for, family, scale_value
 from experiments.verdict import (
   declared,
   declared_text,
@@ -51,13 +51,15 @@ EFFECT = declared(NAME, "effect")  # r − 1, configs/experiment/moments.yaml
 
 def sweep(preset: str, inputs: Inputs | None = None) -> Sweep:
   """Adam at the lr the preconditioner search chose (ci: the config's), statistics logged."""
-  log_every = {"ci": 5, "cpu": 10, "paper": 100}[preset]
+  fam = family(preset)  # a ladder rung: its family's grid on its own model and steps
+  log_every = {"ci": 5, "cpu": 10, "paper": 100}[fam]
   base = base_for(NAME, preset, **{"stats.log_every": log_every},
                   **lr_search.adam_lr(inputs, preset))
-  sizes = [None] if preset == "ci" else [None, 128]  # the scale's B, and B = 128 (r grows with B)
-  blocks = tuple(Block({"optimizer.variant": ["adam"], "train.seed": list(SEEDS[preset]),
+  sizes = [None] if fam == "ci" else [None, 128]  # the scale's B, and B = 128 (r grows with B)
+  examples = int(scale_value(preset, "data.batch_size")) * int(scale_value(preset, "train.steps"))
+  blocks = tuple(Block({"optimizer.variant": ["adam"], "train.seed": list(SEEDS[fam]),
                         **({"data.batch_size": [b]} if b else {})},
-                       fixed={"train.steps": 100} if b else {}) for b in sizes)
+                       fixed={"train.steps": examples // b} if b else {}) for b in sizes)
   # cpu: 3 runs at B = 32 (400 steps) + 3 at B = 128 (100 steps: the same examples); ~6 min
   return Sweep(base, blocks, wall_estimate_min={"ci": 0.3, "cpu": 6}.get(preset))
 

@@ -88,7 +88,7 @@ _REGISTRY: Registry[Experiment] = Registry(
 
 BUILTIN = ("overhead", "sign_placement", "preconditioner", "msq_eps", "batch_scaling", "snr",
            "moments", "norm_cost", "gns_layers", "gns_ramp", "gns_schedule",
-           "lr_exponent")  # experiments.<name>, in order
+           "lr_exponent", "ladder")  # experiments.<name>, in order
 
 
 def register(exp: Experiment) -> Experiment:

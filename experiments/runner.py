@@ -14,7 +14,15 @@ from experiments import lr_search, report_md
 from experiments.launch import LAUNCHERS, LaunchLog, launch_blocks
 from experiments.record import BUILTIN, Inputs, Report, Runs, get, provenance
 from experiments.reuse import RunIndex, is_reused
-from experiments.sweep import PRESETS, REPO, config_extras, record_sweep, sweep_dir
+from experiments.sweep import (
+  REPO,
+  check_preset,
+  config_extras,
+  family,
+  is_rung,
+  record_sweep,
+  sweep_dir,
+)
 from pergrad.analysis.runs import aggregate, fmt
 from pergrad.files import METRICS, SUMMARY
 
@@ -28,6 +36,17 @@ load = get  # the registered experiment `name` (ValueError naming the known ones
 def default_sweep_dir(name: str, preset: str, root: Path | None = None,
                       extra: tuple = ()) -> Path:
   return sweep_dir(root or REPO / "runs" / "sweeps", name, preset, extra)
+
+
+def default_results_dir(name: str, preset: str, sdir: Path) -> Path:
+  """results/<preset>/<name>[-<hash>] for the real presets, results/<family>/ladder/<rung>/
+  <name>[-<hash>] for a ladder rung's; ci (and its rungs) report beside the sweep."""
+  tag = sdir.name.removeprefix(preset)
+  if family(preset) == "ci":
+    return sdir / "report"
+  if is_rung(preset):
+    return RESULTS / family(preset) / "ladder" / preset.split("_", 1)[1] / (name + tag)
+  return RESULTS / preset / (name + tag)
 
 
 @dataclasses.dataclass
@@ -45,8 +64,7 @@ def run_experiment(name: str, preset: str, *, launcher: str = "basic", n_jobs: i
                    results_dir: Path | None = None, extra: tuple = (), analyze_only: bool = False,
                    command: str | None = None, echo=print) -> Outcome:
   """Launches (or resumes) the sweep of `name` at `preset`, then writes its results."""
-  if preset not in PRESETS:
-    raise ValueError(f"unknown preset {preset!r}; choose one of {PRESETS}.")
+  check_preset(preset, name)
   if launcher not in LAUNCHERS:
     raise ValueError(f"unknown launcher {launcher!r}; choose one of {tuple(LAUNCHERS)}.")
   exp = load(name)
@@ -54,13 +72,12 @@ def run_experiment(name: str, preset: str, *, launcher: str = "basic", n_jobs: i
   training = exp.sweep is not None  # else a benchmark (overhead), not a training sweep
   root = sweeps_root or REPO / "runs" / "sweeps"
   sdir = default_sweep_dir(name, preset, root, tuple(extra) if training else ())
-  # results/<preset>/<name>[-<hash>] for the real presets; ci reports beside its sweep
-  out_dir = (Path(results_dir) if results_dir else sdir / "report" if preset == "ci"
-             else RESULTS / preset / (name + sdir.name.removeprefix(preset)))
+  out_dir = Path(results_dir) if results_dir else default_results_dir(name, preset, sdir)
   inputs = Inputs(Path(root), preset, tuple(extra), dry_run=dry_run)
   t0, log, rounds, table = time.time(), LaunchLog(), 0, None
   if not (training or analyze_only):
-    log = exp.launch(preset, sdir, dry_run=dry_run, echo=echo)
+    log = exp.launch(preset, sdir, dry_run=dry_run, echo=echo, **launch_options(
+        exp.launch, launcher=launcher, n_jobs=n_jobs, extra=tuple(extra), sweeps_root=root))
   if training:
     sweep = exp.sweep_at(preset, inputs)
     if not dry_run or (sdir / "sweep.json").exists():
@@ -91,7 +108,9 @@ def run_experiment(name: str, preset: str, *, launcher: str = "basic", n_jobs: i
     later = f", then up to {rounds} follow-up round(s) chosen from their results" if (
         training and rounds) else ""
     later += ", then a follow-up stage chosen from them" if exp.follow_up else ""
-    missing = [n for n in exp.needs if not any(inputs.sweep_dir(n).glob(f"*/{METRICS}"))]
+    needs = exp.needs if not is_rung(preset) else (  # a rung's Adam lr: lr_exponent's
+        ("lr_exponent",) if exp.needs and name != "lr_exponent" else ())
+    missing = [n for n in needs if not any(inputs.sweep_dir(n).glob(f"*/{METRICS}"))]
     later += (f"; {', '.join(missing)} not run yet: the lrs shown are placeholders for those "
               "its search will choose (run it first)" if missing else "")
     echo(f"[{name}/{preset}] dry run: would launch {len(log.launched)} run(s) "
@@ -118,6 +137,15 @@ def run_experiment(name: str, preset: str, *, launcher: str = "basic", n_jobs: i
   if out_dir.parent == RESULTS / preset:
     report_md.write_index(out_dir.parent, preset)
   return Outcome(name, preset, sdir, out_dir, log, report)
+
+
+def launch_options(launch, **options) -> dict:
+  """The launcher's options that a benchmark's `launch` takes (the ladder's launches sweeps of
+  its own: it takes them all; a benchmark none)."""
+  import inspect
+
+  params = inspect.signature(launch).parameters
+  return {k: v for k, v in options.items() if k in params}
 
 
 def clear_outputs(out_dir: Path) -> list[Path]:

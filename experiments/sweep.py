@@ -18,7 +18,31 @@ from pergrad.analysis.runs import fmt
 
 REPO = Path(__file__).resolve().parents[1]
 PRESETS = ("ci", "cpu", "paper")
+# The scale ladder's rungs (experiments/ladder.py writes their configs/scale/<preset>.yaml):
+# `<family>_<rung>`, a smaller model at its family's batch and sequence sizes, its steps giving
+# every rung of the family the same tokens per parameter. Only `LADDER_EXPERIMENTS` run there.
+RUNG_PRESETS = ("ci_xxs", "ci_xs", "ci_s", "cpu_xxs", "cpu_xs", "cpu_s")
+LADDER_EXPERIMENTS = ("lr_exponent", "gns_ramp", "moments", "gns_layers")  # in launch order
 SEEDS = {"ci": (0,), "cpu": (0, 1, 2), "paper": (0, 1, 2)}  # of moments, snr and gns_layers
+
+
+def family(preset: str) -> str:
+  """The base preset of a ladder rung (`cpu_xs` -> `cpu`); a base preset itself."""
+  return preset.split("_", 1)[0]
+
+
+def is_rung(preset: str) -> bool:
+  return preset in RUNG_PRESETS
+
+
+def check_preset(preset: str, name: str | None = None) -> None:
+  """One clear error for a preset that is not known, or a rung given an experiment that the
+  ladder does not run (its grids are set per base preset only)."""
+  if preset not in PRESETS + RUNG_PRESETS:
+    raise ValueError(f"unknown preset {preset!r}; choose one of {PRESETS + RUNG_PRESETS}.")
+  if is_rung(preset) and name is not None and name not in (*LADDER_EXPERIMENTS, "ladder"):
+    raise ValueError(f"preset {preset!r} is a rung of the scale ladder: it runs "
+                     f"{LADDER_EXPERIMENTS} only, not {name!r}; use --preset {family(preset)}.")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,6 +7,8 @@
     python scripts/reproduce.py preconditioner --preset cpu --launcher joblib --n-jobs 2
     python scripts/reproduce.py --render-readme     # README.md's claims from results/cpu/
     python scripts/reproduce.py mine --preset ci --plugin path/to/mine.py  # a plugin's
+    python scripts/reproduce.py ladder --preset cpu    # 4 experiments at 3 model sizes
+    python scripts/reproduce.py moments --preset cpu_xs  # one of them at one rung
 
 Launches a Hydra multirun of `python -m pergrad.train scale=PRESET ...` per grid block
 (deterministic run dirs under runs/sweeps/EXPERIMENT/PRESET/), skipping runs that
@@ -47,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from experiments import record as rec  # noqa: E402
 from experiments import report_md, runner  # noqa: E402
 from experiments.launch import LAUNCHERS  # noqa: E402
-from experiments.sweep import PRESETS  # noqa: E402
+from experiments.sweep import PRESETS, RUNG_PRESETS  # noqa: E402
 
 
 def _render(preset: str) -> None:
@@ -186,7 +188,9 @@ def main(argv=None) -> int:
                  "results/PRESET/README.md (alone: run nothing else)")
   p.add_argument("--plugin", action="append", default=[],
                  help="a module (dotted name or .py file) that registers experiments")
-  p.add_argument("--preset", default="cpu", choices=PRESETS)
+  p.add_argument("--preset", default="cpu", choices=PRESETS + RUNG_PRESETS,
+                 help="a scale (configs/scale/); <family>_<rung>: a rung of the scale ladder, "
+                 "for its four experiments (`ladder` runs every rung of a family)")
   p.add_argument("--launcher", default="basic", choices=LAUNCHERS)
   p.add_argument("--n-jobs", type=int, default=2, help="parallel jobs (joblib launcher)")
   p.add_argument("--dry-run", action="store_true",

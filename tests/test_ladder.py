@@ -1,6 +1,7 @@
-"""The scale ladder's design (`experiments.ladder`): rungs at the same tokens per parameter
-(the largest the scale's own model), each claim's quantity read from result CSVs, and one
-figure per claim with the paper's value."""
+"""The scale ladder (`experiments.ladder`): its rungs are scale presets written from `plan` at
+the same tokens per parameter, the four experiments take their budget and model from a rung,
+other experiments are refused there, each claim's quantity is read from result CSVs, and the
+figures, trend and README are rendered from a constructed ladder.csv."""
 
 from __future__ import annotations
 
@@ -14,19 +15,55 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from experiments import ladder  # noqa: E402
-from pergrad.analysis import n_params  # noqa: E402
+from experiments import ladder, record, report_md, runner  # noqa: E402
+from experiments.record import Inputs  # noqa: E402
+from experiments.sweep import (  # noqa: E402
+  LADDER_EXPERIMENTS,
+  RUNG_PRESETS,
+  check_preset,
+  scale_file,
+  scale_value,
+)
 
 CPU = REPO / "results" / "cpu"
 
 
-def test_rungs_share_tokens_per_parameter_and_end_at_tiny():
-  p = ladder.plan("cpu")
-  assert list(p["rung"]) == ["xs", "s", "tiny"] and p["n_params"].is_monotonic_increasing
-  assert p["n_params"].iloc[-1] == n_params(["scale=cpu"])  # the largest: today's tiny
-  tpp = ladder.TOKENS_PER_PARAM
-  assert p["tokens_per_param"].between(tpp, tpp * 1.01).all()
-  assert p["n_params"].iloc[-1] / p["n_params"].iloc[0] > 10  # a ladder, not a step
+@pytest.mark.parametrize("fam", sorted(ladder.RUNGS))
+def test_rung_presets_are_written_from_the_plan_at_equal_tokens_per_parameter(fam):
+  p = ladder.plan(fam)
+  n = p["n_params"]
+  assert n.is_monotonic_increasing and n.iloc[-1] / n.iloc[0] > 4  # a ladder, not a step
+  tpp = ladder.TOKENS_PER_PARAM[fam]
+  assert p["tokens_per_param"].between(tpp, tpp * 1.1).all()  # equal up to whole steps
+  for row in p.to_dict("records"):  # the committed file is the one `write_presets` writes
+    assert scale_file(row["preset"]).read_text() == ladder.preset_text(fam, row), row["preset"]
+    assert int(scale_value(row["preset"], "train.steps")) == row["train.steps"]
+  assert set(RUNG_PRESETS) >= set(p["preset"])
+
+
+def test_the_experiments_take_the_rung_budget_model_and_lr(tmp_path):
+  inputs = Inputs(tmp_path, "cpu_xs", dry_run=True)  # lr_exponent not run: planned lrs
+  mom = record.get("moments").sweep_at("cpu_xs", inputs)
+  assert mom.blocks[1].fixed == {"train.steps": 392 * 32 // 128}  # the rung's examples at B=128
+  ramp = record.get("gns_ramp").sweep_at("cpu_s")
+  assert ramp.base["model.d_model"] == 32 and ramp.base["scale"] == "cpu_s"
+  assert ramp.blocks[0].grid["train.steps"] == [904 * 32 // 64]
+  lrx = record.get("lr_exponent").sweep_at("cpu_xxs", inputs)  # no preconditioner at a rung
+  assert 0.01 in lrx.blocks[3].grid["optimizer.lr"]  # B = 32: centred on the config's lr
+  with pytest.raises(FileNotFoundError, match="lr_exponent"):  # Adam's lr: lr_exponent's
+    record.get("gns_layers").sweep_at("cpu_xs", Inputs(tmp_path, "cpu_xs"))
+
+
+def test_a_rung_refuses_other_experiments_and_unknown_presets():
+  with pytest.raises(ValueError, match="rung of the scale ladder.*--preset cpu"):
+    check_preset("cpu_xs", "snr")
+  with pytest.raises(ValueError, match="unknown preset"):
+    check_preset("cpu_xl", "moments")
+  for n in (*LADDER_EXPERIMENTS, "ladder"):
+    check_preset("cpu_s", n)
+  assert runner.default_results_dir("moments", "cpu_xs", Path("/s/moments/cpu_xs")) == \
+      runner.RESULTS / "cpu" / "ladder" / "xs" / "moments"
+  assert "ladder" in record.experiments() and list(record.experiments())[-1] == "ladder"
 
 
 def test_quantities_read_from_the_committed_csvs():
@@ -37,13 +74,35 @@ def test_quantities_read_from_the_committed_csvs():
     ladder.quantity("snr", CPU / "snr")
 
 
-def test_one_figure_per_claim(tmp_path):
-  points = pd.DataFrame([{"claim": c, "rung": r, "n_params": n, "value": v,
-                          "paper": ladder.PAPER[c]}
-                         for c in ladder.PAPER for r, n, v in (("xs", 4e4, 0.2), ("s", 1.6e5, 0.3),
-                                                               ("tiny", 6.6e5, 0.4))])
-  paths = ladder.figures(points, tmp_path)
+def _points() -> pd.DataFrame:
+  """C3c moves toward 1, C4 away from 0.5, G2 has one undetermined rung (trend from the other
+  two), G3 two (undetermined, naming the guards)."""
+  vals = {"moments": (0.3, 0.5, 0.8), "lr_exponent": (0.45, 0.3, 0.2),
+          "gns_layers": (0.7, 0.8, 0.9), "gns_ramp": (0.05, 0.1, 0.12)}
+  verdicts = {"gns_layers": ("partly reproduced", "undetermined: powered", "reproduced"),
+              "gns_ramp": ("undetermined: bracketed", "not yet run", "reproduced")}
+  return pd.DataFrame([{
+      "claim": ladder.CLAIM_ID[n], "experiment": n, "rung": r, "n_params": size,
+      "tokens_per_param": 20.0, "value": v, "paper": ladder.PAPER[n],
+      "verdict": verdicts.get(n, ("not reproduced",) * 3)[i]}
+      for n in ladder.PAPER for i, (r, size, v) in enumerate(zip(
+          ("xxs", "xs", "s"), (18_512, 40_096, 92_480), vals[n], strict=True))])
+
+
+def test_figures_trend_and_readme_rendered_from_a_constructed_ladder_csv(tmp_path):
+  _points().to_csv(tmp_path / ladder.LADDER_CSV, index=False)
+  paths = ladder.figures(tmp_path)
   assert sorted(p.name for p in paths) == sorted(f"ladder_{c}.png" for c in ladder.PAPER)
-  assert all(p.stat().st_size > 0 for p in paths)
-  got = ladder.collect({"tiny": CPU}, {"tiny": 664_832})
-  assert set(got["claim"]) == set(ladder.PAPER) and len(got) == 4
+  rep = ladder.report(tmp_path)
+  assert rep.verdict == "2 of 4 toward the paper"
+  assert "C3c: toward" in rep.checks and "C4: away" in rep.checks and "G2: toward" in rep.checks
+  assert "G3: undetermined: bracketed at xxs; not yet run at xs" in rep.checks
+  assert "C3c 0.3→0.5→0.8 (toward)" in rep.ours
+  info = {"command": "python scripts/reproduce.py ladder --preset cpu", "preset": "cpu",
+          "launcher": "basic", "sweep_dir": "runs/sweeps/ladder/cpu", "commit": "abc",
+          "clean": True, "wall_s": 1.0, "launch_wall_s": 60.0, "launched": 3, "skipped": 0,
+          "n_runs_completed": 3, "runs_compute_s": 60.0}
+  report_md.write_readme(record.get("ladder"), tmp_path, rep, info)
+  text = (tmp_path / "README.md").read_text()
+  assert "**Verdict: 2 of 4 toward the paper.**" in text and "ladder_moments.png" in text
+  assert "undetermined: powered" in text and "cpu_xxs" in text  # per-rung verdicts, the rungs
