@@ -87,6 +87,29 @@ def plan(fam: str = "cpu") -> pd.DataFrame:
   return pd.DataFrame(rows)
 
 
+RUNS = {"lr_exponent": 60, "gns_ramp": 13, "moments": 6, "gns_layers": 3}  # per rung, unextended
+FIXED_S = 3.6  # a later run's fixed cost (compiles from the cache, data, evals): bench_sweep
+
+
+def projected_min(fam: str = "cpu", results_root: Path | None = None) -> pd.DataFrame:
+  """Per rung, the projected wall minutes of its `RUNS` on 2 cores: gns_layers' measured wall
+  per run at the family's scale (its run_info.json: the same surgery + GNS step, joblib with
+  2 jobs), its part above `FIXED_S` scaled by parameters × tokens (the FLOPs of a run)."""
+  import json
+
+  from pergrad.analysis import n_params
+
+  root = Path(results_root or Path(__file__).resolve().parents[1] / "results" / fam)
+  info = json.loads((root / "gns_layers" / "run_info.json").read_text())
+  per_run = info["launch_wall_s"] / info["n_runs_completed"]
+  full = n_params([f"scale={fam}"]) * int(scale_value(fam, "data.batch_size")) * int(
+      scale_value(fam, "data.seq_len")) * int(scale_value(fam, "train.steps"))
+  p = plan(fam)
+  run_s = FIXED_S + (per_run - FIXED_S) * p["n_params"] * p["tokens"] / full
+  return p[["rung", "n_params", "tokens"]].assign(
+      run_s=run_s.round(1), minutes=(run_s * sum(RUNS.values()) / 60).round(1))
+
+
 def preset_text(fam: str, row: dict) -> str:
   """configs/scale/<family>_<rung>.yaml: the family's file with the rung's model and steps."""
   doc = yaml.safe_load(scale_file(fam).read_text())
@@ -266,9 +289,16 @@ def report(out_dir: Path) -> Report:
 
 def describe_setup(preset: str) -> str:
   fam = family(preset)
+  try:
+    cost = projected_min(fam)
+    spent = (f"Projected on 2 cores ({sum(RUNS.values())} runs a rung, `projected_min`): "
+             f"{cost['minutes'].sum():.0f} min.")
+  except (FileNotFoundError, KeyError, ZeroDivisionError):
+    spent = ""
   return sections(f"Rungs of `{fam}` (`configs/scale/{fam}_<rung>.yaml`, "
                   f"{TOKENS_PER_PARAM[fam]:g} tokens per parameter each):", plan(fam),
-                  f"Experiments at every rung, in this order: {', '.join(LADDER_EXPERIMENTS)}.")
+                  f"Experiments at every rung, in this order: {', '.join(LADDER_EXPERIMENTS)}. "
+                  + spent)
 
 
 EXPERIMENT = register(Experiment(

@@ -9,6 +9,7 @@ import re
 import sys
 from pathlib import Path
 
+from experiments.claims import LEGEND, OURS, PAPERS_TEST, claim_rows  # noqa: F401
 from experiments.record import Experiment, Inputs, Report, experiments
 from experiments.sweep import POLICY, REPO, scale_file
 from pergrad.analysis.calibrate import Calibration
@@ -105,14 +106,6 @@ def write_readme(exp: Experiment, out_dir: Path, report: Report, info: dict,
   (out_dir / "report.json").write_text(json.dumps(report.to_json(prov), indent=1))
 
 
-def claim_rows() -> dict[str, tuple]:
-  """{row of the claims table: the experiments in it}, both in registration order."""
-  rows: dict[str, tuple] = {}
-  for name, exp in experiments().items():
-    rows[exp.row] = (*rows.get(exp.row, ()), name)
-  return rows
-
-
 def _json(path: Path) -> dict | None:
   return json.loads(path.read_text()) if path.exists() else None
 
@@ -135,10 +128,10 @@ def launch_costs(results_root: Path) -> dict[str, float]:
 
 
 README_BEGIN, README_END = "<!-- claims:begin -->", "<!-- claims:end -->"
-STALE = " (written before reports recorded their commit: re-run with the current rules)"
+STALE = " (no commit recorded: re-run)"  # written before reports recorded their commit
 NO_RULE = " (no stated rule: re-run)"
-OLD_RULE = " (decided by an earlier rule than the code's: re-run)"
-NO_GUARDS = " (decided before the validity guards were checked: re-run)"
+OLD_RULE = " (earlier rule: re-run)"  # decided by another rule than the module's RULE now
+NO_GUARDS = " (before the guards: re-run)"  # decided before the validity guards were checked
 
 
 def stale_mark(doc: dict, name: str | None = None) -> str:
@@ -158,7 +151,7 @@ def stale_mark(doc: dict, name: str | None = None) -> str:
 
 ROW = ("| {claim} | [`{n}`]({link}{n}/README.md) | {paper} | {ours} | **{r.verdict}**{mark} "
        "| {fa} | {power} | {figs} |")
-CELL = 120  # characters of "Ours" in the claims table: one line; the whole in its README
+CELL = 60  # characters of a claims-table cell (paper, ours): one line; the whole in its README
 
 
 def one_line(text: str, limit: int = CELL) -> str:
@@ -185,7 +178,8 @@ def claims_table(results_root: Path, link_prefix: str = "") -> str:
       figs = " ".join(f"[{p.name}]({link_prefix}{n}/{p.name})"
                       for p in sorted((Path(results_root) / n).glob("*.png"))) or "—"
       rows.append(ROW.format(claim=claim, n=n, link=link_prefix, mark=stale_mark(doc, n),
-                             r=d, paper=d.paper or "—", figs=figs, ours=one_line(d.ours),
+                             r=d, paper=one_line(d.paper) or "—", figs=figs,
+                             ours=one_line(d.ours),
                              fa=rate(d.calibration, "false_alarm"),
                              power=rate(d.calibration, "power")))
   return "\n".join(rows)
@@ -208,7 +202,8 @@ SETUP = (
     "parameters) on `{m[data]}` with a {m[vocab_size]}-token {m[tokenizer]} vocabulary, B = "
     "{m[batch_size]} sequences of T = {m[seq_len]} tokens, {m[steps]} steps (`batch_scaling` "
     "sets its own steps per batch size, `gns_ramp` its own smaller model: ~20 tokens per "
-    "parameter), each experiment's own grids and learning rates (its "
+    "parameter, the `ladder` three smaller ones: `configs/scale/{p}_<rung>.yaml`), each "
+    "experiment's own grids and learning rates (its "
     "README). Seeds behind the reported numbers: {seeds}. The committed results took {wall:.0f} "
     "min of launches on 2 cores (per experiment: the cost table of `results/{p}/README.md`); "
     "`python scripts/reproduce.py all --preset {p}` regenerates them (resumable). The paper "
@@ -225,7 +220,7 @@ def claims_block(results_root: Path, link_prefix: str = "", preset: str = "cpu")
                        params=n_params([f"scale={preset}"]),
                        seeds=", ".join(f"{n} {s}" for n, s in seeds if s) or "none yet",
                        wall=sum(launch_costs(results_root).values()) / 60)
-  return setup + "\n\n" + claims_table(results_root, link_prefix)
+  return setup + "\n\n" + LEGEND + "\n\n" + claims_table(results_root, link_prefix)
 
 
 def render_readme(readme: Path = REPO / "README.md", results_root: Path = REPO / "results" / "cpu",

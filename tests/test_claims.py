@@ -53,6 +53,19 @@ def _report(root: Path, name: str, **doc) -> None:
   (root / name / "report.json").write_text(json.dumps(doc))
 
 
+def test_one_row_per_claim_then_ours_each_cell_one_line():
+  """The committed table: C1-G3 once each, in order, decided by the paper's own test, then our
+  comparisons (labelled "ours"); the claim, paper and ours cells fit one line."""
+  rows = report_md.claims_table(REPO / "results" / "cpu").splitlines()[2:]
+  claims = [r.split(" | ")[0].lstrip("| ") for r in rows]
+  assert [c.split(".")[0] for c in claims[:7]] == ["C1", "C2", "C3", "C4", "G1", "G2", "G3"]
+  assert all("ours" in c.lower() for c in claims[7:]) and len(claims) == len(set(claims))
+  assert set(report_md.PAPERS_TEST) | set(report_md.OURS) == set(runner.EXPERIMENTS)
+  for r in rows:
+    cells = r.split(" | ")
+    assert all(len(c) <= report_md.CELL + 2 for c in (cells[0], cells[2], cells[3])), cells
+
+
 def test_claims_table_renders_constructed_reports(tmp_path):
   root = tmp_path / "results"
   cal = {"kind": "pair", "noise": 0.01, "n": 3, "effect": 0.05, "false_alarm": 0.034,

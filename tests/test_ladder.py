@@ -106,3 +106,9 @@ def test_figures_trend_and_readme_rendered_from_a_constructed_ladder_csv(tmp_pat
   text = (tmp_path / "README.md").read_text()
   assert "**Verdict: 2 of 4 toward the paper.**" in text and "ladder_moments.png" in text
   assert "undetermined: powered" in text and "cpu_xxs" in text  # per-rung verdicts, the rungs
+
+
+def test_projected_cost_grows_with_the_rung_and_fits_the_budget():
+  cost = ladder.projected_min("cpu", CPU)
+  assert cost["minutes"].is_monotonic_increasing
+  assert (cost["run_s"] >= ladder.FIXED_S).all() and cost["minutes"].sum() < 90  # of ~4 h
