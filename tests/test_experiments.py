@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import kill_and_restart
+from conftest import ALONE, kill_and_restart
 from omegaconf import OmegaConf
 from test_record import needed_runs
 
@@ -249,7 +249,7 @@ def test_sweep_json_records_the_config_and_refuses_another(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.extended
-@pytest.mark.parametrize("name", runner.EXPERIMENTS)
+@pytest.mark.parametrize("name", [n for n in runner.EXPERIMENTS if n not in ALONE])
 def test_ci_preset_end_to_end(ci_sweeps, name):
   """`reproduce.py NAME --preset ci` through the real training entry or benchmark: its table,
   CSVs, figures, README and report.json."""
@@ -304,7 +304,7 @@ def test_notebooks_execute_on_ci_sweep(ci_sweeps, tmp_path):
   from nbclient import NotebookClient
   results = tmp_path / "results" / "ci"
   results.mkdir(parents=True)
-  for name in runner.EXPERIMENTS:
+  for name in (n for n in runner.EXPERIMENTS if n not in ALONE):
     (results / name).symlink_to(ci_sweeps["root"] / name / "ci" / "report")
   for nb_name, env in (("inspect_runs", {"PERGRAD_SWEEP_DIR": str(
       ci_sweeps["root"] / "sign_placement" / "ci")}), ("inspect_runs", {
