@@ -18,7 +18,8 @@ there, through its validity guards ("undetermined: <guard>" where one fails).
 
 At 20 tokens per parameter a run costs ∝ N², so on 2 cores the cpu ladder stops at 92k
 parameters (`cpu_s`, 904 steps): the `tiny` model (665k) would need 6,493 steps a run, about
-16× a cpu run (`plan`'s steps_vs_family), ~10 h for the four experiments.
+16× a cpu run (`plan`'s steps_vs_family), ~15 h for the four experiments by `projected_min`'s
+model. The paper family's rungs (GPU/TPU, our guess of its scale) end at its own model.
 """
 
 from __future__ import annotations
@@ -47,8 +48,11 @@ RUNGS = {  # model overrides per family; each family's last rung is its own scal
             "xs": {"model.n_layers": 2, "model.d_model": 16, "model.n_heads": 2, "model.d_ff": 64},
             "s": {"model.n_layers": 2, "model.d_model": 32, "model.n_heads": 4,
                   "model.d_ff": 128}},
+    "paper": {"xxs": {"model.d_model": 128, "model.n_heads": 2, "model.d_ff": 512},
+              "xs": {"model.d_model": 256, "model.n_heads": 4, "model.d_ff": 1024},
+              "s": {}},
 }
-TOKENS_PER_PARAM = {"ci": 0.5, "cpu": 20.0}  # cpu: Chinchilla-proportioned (G3's regime)
+TOKENS_PER_PARAM = {"ci": 0.5, "cpu": 20.0, "paper": 20.0}  # Chinchilla-proportioned (G3's)
 PAPER = {"moments": 1.0, "lr_exponent": 0.5, "gns_layers": 0.95, "gns_ramp": 0.18}
 CLAIM_ID = {"moments": "C3c", "lr_exponent": "C4", "gns_layers": "G2", "gns_ramp": "G3"}
 LABEL = {"moments": "C3c: r = Σμ̂²/Σ(σ̂²/B) (> 1: μ² dominates)",

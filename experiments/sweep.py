@@ -21,7 +21,8 @@ PRESETS = ("ci", "cpu", "paper")
 # The scale ladder's rungs (experiments/ladder.py writes their configs/scale/<preset>.yaml):
 # `<family>_<rung>`, a smaller model at its family's batch and sequence sizes, its steps giving
 # every rung of the family the same tokens per parameter. Only `LADDER_EXPERIMENTS` run there.
-RUNG_PRESETS = ("ci_xxs", "ci_xs", "ci_s", "cpu_xxs", "cpu_xs", "cpu_s")
+RUNG_PRESETS = ("ci_xxs", "ci_xs", "ci_s", "cpu_xxs", "cpu_xs", "cpu_s", "paper_xxs", "paper_xs",
+                "paper_s")
 LADDER_EXPERIMENTS = ("lr_exponent", "gns_ramp", "moments", "gns_layers")  # in launch order
 SEEDS = {"ci": (0,), "cpu": (0, 1, 2), "paper": (0, 1, 2)}  # of moments, snr and gns_layers
 
