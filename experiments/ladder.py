@@ -264,8 +264,9 @@ def figures(out_dir: Path) -> list[Path]:
     ax.plot(g.loc[~ok, "n_params"], g.loc[~ok, "value"], "o", mfc="none", color="C0",
             label="ours: undetermined")
     ax.axhline(PAPER[name], color="k", ls="--", lw=0.8, label="paper")
-    ax.set_xscale("log")
-    style(ax, xlabel="parameters", ylabel=LABEL[name], title=f"{CLAIM_ID[name]}: {trend(g)}",
+    ax.set_xscale("log")  # the rungs' span even where no value is finite (not yet measured)
+    ax.set_xlim(g["n_params"].min() / 1.5, g["n_params"].max() * 1.5)
+    style(ax, xlabel="parameters", ylabel=LABEL[name], title=f"{CLAIM_ID[name]}: {trend(g).split(':')[0]}",
           legend=8, grid=True)
     paths.append(savefig(fig, Path(out_dir) / f"ladder_{name}.png"))
   return paths
@@ -280,10 +281,12 @@ def report(out_dir: Path) -> Report:
   cells = "; ".join(
       f"{CLAIM_ID[n]} " + "→".join(fmt(v) for v in g.sort_values("n_params")["value"])
       + f" ({trends[n].split(':')[0]})" for n, g in points.groupby("experiment", sort=False))
-  toward = sum(t == "toward" for t in trends.values())
+  count = lambda word: sum(t.startswith(word) for t in trends.values())
+  verdict = (f"{count('toward')} toward, {count('away')} away, {count('flat')} flat, "
+             f"{count('undetermined')} undetermined (of {len(trends)})")
   table = points.assign(value=points["value"].map(fmt))
   return Report(
-      verdict=f"{toward} of {len(trends)} toward the paper", rule=RULE, ours=cells,
+      verdict=verdict, rule=RULE, ours=cells,
       paper="; ".join(f"{CLAIM_ID[n]} {v:g}" for n, v in PAPER.items()),
       checks=tuple(f"{CLAIM_ID[n]}: {t}" for n, t in trends.items()),
       numbers_md=sections("Per claim and rung (the rung's own verdict beside its value):",

@@ -94,7 +94,12 @@ def test_figures_trend_and_readme_rendered_from_a_constructed_ladder_csv(tmp_pat
   paths = ladder.figures(tmp_path)
   assert sorted(p.name for p in paths) == sorted(f"ladder_{c}.png" for c in ladder.PAPER)
   rep = ladder.report(tmp_path)
-  assert rep.verdict == "2 of 4 toward the paper"
+  assert rep.verdict == "2 toward, 1 away, 0 flat, 1 undetermined (of 4)"
+  nan_dir = tmp_path / "nan"  # nothing measured yet: still drawn, every trend undetermined
+  nan_dir.mkdir()
+  _points().assign(value=float("nan")).to_csv(nan_dir / ladder.LADDER_CSV, index=False)
+  assert len(ladder.figures(nan_dir)) == 4
+  assert ladder.report(nan_dir).verdict.startswith("0 toward, 0 away, 0 flat, 4 undetermined")
   assert "C3c: toward" in rep.checks and "C4: away" in rep.checks and "G2: toward" in rep.checks
   assert "G3: undetermined: bracketed at xxs; not yet run at xs" in rep.checks
   assert "C3c 0.3→0.5→0.8 (toward)" in rep.ours
@@ -104,7 +109,7 @@ def test_figures_trend_and_readme_rendered_from_a_constructed_ladder_csv(tmp_pat
           "n_runs_completed": 3, "runs_compute_s": 60.0}
   report_md.write_readme(record.get("ladder"), tmp_path, rep, info)
   text = (tmp_path / "README.md").read_text()
-  assert "**Verdict: 2 of 4 toward the paper.**" in text and "ladder_moments.png" in text
+  assert f"**Verdict: {rep.verdict}.**" in text and "ladder_moments.png" in text
   assert "undetermined: powered" in text and "cpu_xxs" in text  # per-rung verdicts, the rungs
 
 
