@@ -24,6 +24,7 @@ model. The paper family's rungs (GPU/TPU, our guess of its scale) end at its own
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from pathlib import Path
@@ -75,15 +76,21 @@ def presets(fam: str) -> list[str]:
   return [f"{fam}_{r}" for r in RUNGS[fam]]
 
 
+@functools.lru_cache(maxsize=None)
+def rung_size(fam: str, rung: str) -> int:
+  """The parameters of a rung's model (shapes only; composed once per process)."""
+  from pergrad.analysis import n_params
+
+  return n_params([f"scale={fam}", *(f"{k}={v}" for k, v in RUNGS[fam][rung].items())])
+
+
 def plan(fam: str = "cpu") -> pd.DataFrame:
   """Per rung: its parameters, the steps at the family's batch size and sequence length that
   give it TOKENS_PER_PARAM, those tokens, and the steps relative to the family's own run."""
-  from pergrad.analysis import n_params
-
   per_step = int(scale_value(fam, "data.batch_size")) * int(scale_value(fam, "data.seq_len"))
   rows = []
-  for rung, over in RUNGS[fam].items():
-    n = n_params([f"scale={fam}", *(f"{k}={v}" for k, v in over.items())])
+  for rung in RUNGS[fam]:
+    n = rung_size(fam, rung)
     steps = math.ceil(TOKENS_PER_PARAM[fam] * n / per_step)
     rows.append({"rung": rung, "preset": f"{fam}_{rung}", "n_params": n, "train.steps": steps,
                  "tokens": steps * per_step, "tokens_per_param": steps * per_step / n,
@@ -99,8 +106,6 @@ def projected_min(fam: str = "cpu", results_root: Path | None = None) -> pd.Data
   """Per rung, the projected wall minutes of its `RUNS` on 2 cores: gns_layers' measured wall
   per run at the family's scale (its run_info.json: the same surgery + GNS step, joblib with
   2 jobs), its part above `FIXED_S` scaled by parameters × tokens (the FLOPs of a run)."""
-  import json
-
   from pergrad.analysis import n_params
 
   root = Path(results_root or Path(__file__).resolve().parents[1] / "results" / fam)
@@ -266,8 +271,8 @@ def figures(out_dir: Path) -> list[Path]:
     ax.axhline(PAPER[name], color="k", ls="--", lw=0.8, label="paper")
     ax.set_xscale("log")  # the rungs' span even where no value is finite (not yet measured)
     ax.set_xlim(g["n_params"].min() / 1.5, g["n_params"].max() * 1.5)
-    style(ax, xlabel="parameters", ylabel=LABEL[name], title=f"{CLAIM_ID[name]}: {trend(g).split(':')[0]}",
-          legend=8, grid=True)
+    style(ax, xlabel="parameters", ylabel=LABEL[name], legend=8, grid=True,
+          title=f"{CLAIM_ID[name]}: {trend(g).split(':')[0]}")
     paths.append(savefig(fig, Path(out_dir) / f"ladder_{name}.png"))
   return paths
 
