@@ -41,7 +41,7 @@ def check_preset(preset: str, name: str | None = None) -> None:
   ladder does not run (its grids are set per base preset only)."""
   if preset not in PRESETS + RUNG_PRESETS:
     raise ValueError(f"unknown preset {preset!r}; choose one of {PRESETS + RUNG_PRESETS}.")
-  if is_rung(preset) and name is not None and name not in (*LADDER_EXPERIMENTS, "ladder"):
+  if is_rung(preset) and name is not None and name not in LADDER_EXPERIMENTS:
     raise ValueError(f"preset {preset!r} is a rung of the scale ladder: it runs "
                      f"{LADDER_EXPERIMENTS} only, not {name!r}; use --preset {family(preset)}.")
 

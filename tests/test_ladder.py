@@ -59,7 +59,9 @@ def test_a_rung_refuses_other_experiments_and_unknown_presets():
     check_preset("cpu_xs", "snr")
   with pytest.raises(ValueError, match="unknown preset"):
     check_preset("cpu_xl", "moments")
-  for n in (*LADDER_EXPERIMENTS, "ladder"):
+  with pytest.raises(ValueError, match="--preset cpu"):  # the ladder runs every rung itself
+    check_preset("cpu_xs", "ladder")
+  for n in LADDER_EXPERIMENTS:
     check_preset("cpu_s", n)
   assert runner.default_results_dir("moments", "cpu_xs", Path("/s/moments/cpu_xs")) == \
       runner.RESULTS / "cpu" / "ladder" / "xs" / "moments"
