@@ -18,7 +18,7 @@ there, through its validity guards ("undetermined: <guard>" where one fails).
 
 At 20 tokens per parameter a run costs ∝ N², so on 2 cores the cpu ladder stops at 92k
 parameters (`cpu_s`, 904 steps): the `tiny` model (665k) would need 6,493 steps a run, about
-16× a cpu run (`plan`'s steps_vs_family), ~15 h for the four experiments by `projected_min`'s
+16× a cpu run (`plan`'s steps_vs_family), ~16 h for the four experiments by `projected_min`'s
 model. The paper family's rungs (GPU/TPU, our guess of its scale) end at its own model.
 """
 
@@ -98,25 +98,47 @@ def plan(fam: str = "cpu") -> pd.DataFrame:
   return pd.DataFrame(rows)
 
 
-RUNS = {"lr_exponent": 60, "gns_ramp": 13, "moments": 6, "gns_layers": 3}  # per rung, unextended
 FIXED_S = 3.6  # a later run's fixed cost (compiles from the cache, data, evals): bench_sweep
+# Seconds per step ≈ a + c·N·B·T: fitted to gns_layers runs (surgery + GNS, B = 32) at cpu
+# (664,832 parameters: 0.39 s a step), cpu_s (92,480: 0.090 s) and cpu_xxs (18,512: 0.050 s;
+# the fit gives 0.052) on the shared 2-core machine; only ratios enter `projected_min`.
+STEP_S = (0.042, 2.555e-10)
+
+
+def rung_runs(fam: str, steps: int) -> list[tuple[int, int]]:
+  """(batch size, steps) of every run the four experiments launch at a rung of `steps` steps
+  at the family's B (first stage and follow-ups, no grid extension): lr_exponent 5 lrs × 2
+  seeds per B, gns_ramp 4 lrs + 6 ramps (mean B ≈ 9/16 B_max) + 3 short arms at B_max = 2B,
+  moments 3 at B and 3 at 128, gns_layers 3."""
+  from experiments import lr_exponent
+
+  b = int(scale_value(fam, "data.batch_size"))
+  ex = b * steps
+  runs = [(s, ex // s) for s in lr_exponent.SIZES[fam] for _ in range(10)]
+  runs += [(2 * b, ex // (2 * b))] * 4 + [(9 * b // 8, ex * 8 // (9 * b))] * 6
+  runs += [(2 * b, int(0.82 * ex) // (2 * b))] * 3
+  return runs + [(b, steps)] * 6 + [(128, ex // 128)] * 3
 
 
 def projected_min(fam: str = "cpu", results_root: Path | None = None) -> pd.DataFrame:
-  """Per rung, the projected wall minutes of its `RUNS` on 2 cores: gns_layers' measured wall
-  per run at the family's scale (its run_info.json: the same surgery + GNS step, joblib with
-  2 jobs), its part above `FIXED_S` scaled by parameters × tokens (the FLOPs of a run)."""
+  """Per rung, the projected wall minutes of `rung_runs` on 2 cores: `FIXED_S` plus steps ×
+  `STEP_S` per run, scaled so that a gns_layers run at the family's own scale costs what its
+  committed run_info.json measured (its wall per run, joblib with 2 jobs)."""
   from pergrad.analysis import n_params
 
   root = Path(results_root or Path(__file__).resolve().parents[1] / "results" / fam)
   info = json.loads((root / "gns_layers" / "run_info.json").read_text())
-  per_run = info["launch_wall_s"] / info["n_runs_completed"]
-  full = n_params([f"scale={fam}"]) * int(scale_value(fam, "data.batch_size")) * int(
-      scale_value(fam, "data.seq_len")) * int(scale_value(fam, "train.steps"))
+  a, c = STEP_S
+  b, t = int(scale_value(fam, "data.batch_size")), int(scale_value(fam, "data.seq_len"))
+  step = lambda n, size: a + c * n * size * t
+  load = (info["launch_wall_s"] / info["n_runs_completed"] - FIXED_S) / (
+      int(scale_value(fam, "train.steps")) * step(n_params([f"scale={fam}"]), b))
   p = plan(fam)
-  run_s = FIXED_S + (per_run - FIXED_S) * p["n_params"] * p["tokens"] / full
+  runs = [rung_runs(fam, int(n)) for n in p["train.steps"]]
+  wall = [sum(FIXED_S + k * step(n, size) * load for size, k in r)
+          for n, r in zip(p["n_params"], runs, strict=True)]
   return p[["rung", "n_params", "tokens"]].assign(
-      run_s=run_s.round(1), minutes=(run_s * sum(RUNS.values()) / 60).round(1))
+      runs=[len(r) for r in runs], minutes=[round(w / 60, 1) for w in wall])
 
 
 def preset_text(fam: str, row: dict) -> str:
@@ -303,7 +325,7 @@ def describe_setup(preset: str) -> str:
   fam = family(preset)
   try:
     cost = projected_min(fam)
-    spent = (f"Projected on 2 cores ({sum(RUNS.values())} runs a rung, `projected_min`): "
+    spent = (f"Projected on 2 cores ({cost['runs'].iloc[0]} runs a rung, `projected_min`): "
              f"{cost['minutes'].sum():.0f} min.")
   except (FileNotFoundError, KeyError, ZeroDivisionError):
     spent = ""
