@@ -47,6 +47,8 @@ RULE = ("Per seed and cell (window: the first and the second half of the logged 
         "reported beside.")
 PAPER = "v ≈ μ² + σ²/B dominated by μ² (qualitative)"
 EFFECT = declared(NAME, "effect")  # r − 1, configs/experiment/moments.yaml
+WINDOWS_D = declared(NAME, "windows")  # the halves, stated before the runs
+assert WINDOWS_D.value == len(WINDOWS), "configs/experiment/moments.yaml: declared.windows"
 
 
 def sweep(preset: str, inputs: Inputs | None = None) -> Sweep:
@@ -191,7 +193,7 @@ def report(out_dir: Path):
   return pairs_report(values, expected, rule=RULE, paper=PAPER, effect=EFFECT.value, cals=cals,
                       lower_is_better=False, checked=(warm,),
                       checks=(f"Second half at the scale's B, per leaf, mean over seeds: "
-                              f"{shares}", whole, declared_text(EFFECT)),
+                              f"{shares}", whole, declared_text(EFFECT, WINDOWS_D)),
                       numbers_md=sections("r per cell (ratio of sums, mean over seeds; the "
                                           "leaves' parameter-weighted median beside):",
                                           pd.DataFrame(rows), views, numbers))
