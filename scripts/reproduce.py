@@ -49,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from experiments import record as rec  # noqa: E402
 from experiments import report_md, runner  # noqa: E402
 from experiments.launch import LAUNCHERS  # noqa: E402
-from experiments.sweep import PRESETS, RUNG_PRESETS  # noqa: E402
+from experiments.sweep import PRESETS, RUNG_PRESETS, check_preset  # noqa: E402
 
 
 def _render(preset: str) -> None:
@@ -219,6 +219,11 @@ def main(argv=None) -> int:
     if n not in known:
       p.error(f"unknown experiment {n!r}; choose one of {known} or 'all' (or --plugin)")
   names = rec.in_order(names)
+  for n in names:  # a ladder rung runs the ladder's experiments only: one line, before any run
+    try:
+      check_preset(a.preset, n)
+    except ValueError as e:
+      p.error(str(e))
   if a.results_dir and len(names) > 1:
     p.error("--results-dir needs a single experiment")
   failed, errors = [], []

@@ -68,6 +68,16 @@ def test_a_rung_refuses_other_experiments_and_unknown_presets():
   assert "ladder" in record.experiments() and list(record.experiments())[-1] == "ladder"
 
 
+def test_reproduce_refuses_a_rung_for_other_experiments_in_one_line(tmp_path, capsys):
+  from test_record import _reproduce
+
+  with pytest.raises(SystemExit) as e:
+    _reproduce().main(["snr", "--preset", "cpu_xs", "--sweeps-root", str(tmp_path)])
+  assert e.value.code == 2 and not any(tmp_path.iterdir())  # before anything is written
+  err = capsys.readouterr().err.strip().splitlines()[-1]
+  assert "rung of the scale ladder" in err and "use --preset cpu" in err
+
+
 def test_quantities_read_from_the_committed_csvs():
   assert ladder.quantity("moments", CPU / "moments") == pytest.approx(0.331, abs=0.001)
   assert ladder.quantity("gns_layers", CPU / "gns_layers") == pytest.approx(0.888, abs=0.001)
