@@ -19,7 +19,10 @@ there, through its validity guards ("undetermined: <guard>" where one fails).
 At 20 tokens per parameter a run costs ∝ N², so on 2 cores the cpu ladder stops at 92k
 parameters (`cpu_s`, 904 steps): the `tiny` model (665k) would need 6,493 steps a run, about
 16× a cpu run (`plan`'s steps_vs_family), ~16 h for the four experiments by `projected_min`'s
-model. The paper family's rungs (GPU/TPU, our guess of its scale) end at its own model.
+model. Each figure marks the family's own model beside the rungs instead (a star: the
+family's committed experiment, at its fewer tokens per parameter; `family_points`), so the
+trend across rungs and the `tiny` verdict are read on one axis. The paper family's rungs
+(GPU/TPU, our guess of its scale) end at its own model.
 """
 
 from __future__ import annotations
@@ -244,8 +247,25 @@ def collect(dirs: dict[tuple[str, str], Path], sizes: pd.DataFrame) -> pd.DataFr
       "claim": CLAIM_ID[n], "experiment": n, "rung": rung,
       "n_params": int(by_rung.loc[rung, "n_params"]),
       "tokens_per_param": float(by_rung.loc[rung, "tokens_per_param"]),
-      "value": quantity(n, d), "paper": PAPER[n], "verdict": verdict_at(d)}
+      "value": quantity(n, d), "paper": PAPER[n], "verdict": verdict_at(d), "on_ladder": True}
       for (rung, n), d in dirs.items()])
+
+
+def family_points(fam: str, results_dir: Path) -> pd.DataFrame:
+  """Beside the ladder, not on it: each claim's value from the family's own experiment (its
+  own model, e.g. `tiny`, at the family's budget: fewer tokens per parameter than the rungs),
+  so a figure shows where the family's committed verdict sits against the rungs' trend.
+  gns_ramp is left out: at the family's preset it already runs its own rung-sized model."""
+  from pergrad.analysis import n_params
+
+  n_fam = n_params([f"scale={fam}"])
+  tokens = (int(scale_value(fam, "data.batch_size")) * int(scale_value(fam, "data.seq_len"))
+            * int(scale_value(fam, "train.steps")))
+  return pd.DataFrame([{
+      "claim": CLAIM_ID[n], "experiment": n, "rung": f"{fam} (own model)", "n_params": n_fam,
+      "tokens_per_param": tokens / n_fam, "value": quantity(n, Path(results_dir) / n),
+      "paper": PAPER[n], "verdict": verdict_at(Path(results_dir) / n), "on_ladder": False}
+      for n in LADDER_EXPERIMENTS if n != "gns_ramp"])
 
 
 def analyze(runs, out_dir: Path) -> None:
@@ -257,17 +277,23 @@ def analyze(runs, out_dir: Path) -> None:
   d = json.loads(f.read_text())
   fam = family(d["preset"])
   dirs = rung_dirs(fam, Path(d["sweeps_root"]), tuple(d["extra"]))
-  collect(dirs, plan(fam)).to_csv(Path(out_dir) / LADDER_CSV, index=False)
+  pd.concat([collect(dirs, plan(fam)), family_points(fam, Path(out_dir).parent)],
+            ignore_index=True).to_csv(Path(out_dir) / LADDER_CSV, index=False)
 
 
 def decided(verdict: str) -> bool:
   return bool(verdict) and not verdict.startswith(("undetermined", "not yet run", "not measured"))
 
 
+def on_ladder(g: pd.DataFrame) -> pd.DataFrame:
+  """The rungs' rows (a ladder.csv without the column predates the family's own points)."""
+  return g[g["on_ladder"].astype(bool)] if "on_ladder" in g else g
+
+
 def trend(g: pd.DataFrame) -> str:
   """toward | away | flat (the paper's distance from the smallest to the largest decided rung
   with a finite value), else "undetermined: <why>"."""
-  g = g.sort_values("n_params")
+  g = on_ladder(g).sort_values("n_params")
   ok = g[g["verdict"].map(decided) & np.isfinite(g["value"].astype(float))]
   if len(ok) < 2:
     why = "; ".join(f"{v.removeprefix('undetermined: ')} at {r}"
@@ -283,16 +309,20 @@ def figures(out_dir: Path) -> list[Path]:
   filled, undetermined ones hollow, the paper's value dashed."""
   points, paths = read_csv(Path(out_dir) / LADDER_CSV), []
   for name, g in (points.groupby("experiment", sort=False) if len(points) else ()):
-    g = g.sort_values("n_params")
+    g, own = on_ladder(g).sort_values("n_params"), g.drop(on_ladder(g).index)
     fig, ax = plt().subplots(figsize=(5, 3.8))
     ax.plot(g["n_params"], g["value"], "-", color="C0", lw=1)
     ok = g["verdict"].map(decided)
     ax.plot(g.loc[ok, "n_params"], g.loc[ok, "value"], "o", color="C0", label="ours: decided")
     ax.plot(g.loc[~ok, "n_params"], g.loc[~ok, "value"], "o", mfc="none", color="C0",
             label="ours: undetermined")
+    for _, r in own.iterrows():  # the family's own model, at fewer tokens per parameter
+      ax.plot(r["n_params"], r["value"], "*", ms=10, color="C3", mfc="C3" if decided(
+          r["verdict"]) else "none", label=f"{r['rung']}, {r['tokens_per_param']:.2g} tok/param")
     ax.axhline(PAPER[name], color="k", ls="--", lw=0.8, label="paper")
     ax.set_xscale("log")  # the rungs' span even where no value is finite (not yet measured)
-    ax.set_xlim(g["n_params"].min() / 1.5, g["n_params"].max() * 1.5)
+    span = pd.concat([g["n_params"], own["n_params"]])
+    ax.set_xlim(span.min() / 1.5, span.max() * 1.5)
     style(ax, xlabel="parameters", ylabel=LABEL[name], legend=8, grid=True,
           title=f"{CLAIM_ID[name]}: {trend(g).split(':')[0]}")
     paths.append(savefig(fig, Path(out_dir) / f"ladder_{name}.png"))
@@ -306,7 +336,7 @@ def report(out_dir: Path) -> Report:
   trends = {n: trend(g) for n, g in points.groupby("experiment", sort=False)}
   fmt = lambda x: "—" if not math.isfinite(float(x)) else f"{float(x):.3g}"
   cells = "; ".join(
-      f"{CLAIM_ID[n]} " + "→".join(fmt(v) for v in g.sort_values("n_params")["value"])
+      f"{CLAIM_ID[n]} " + "→".join(fmt(v) for v in on_ladder(g).sort_values("n_params")["value"])
       + f" ({trends[n].split(':')[0]})" for n, g in points.groupby("experiment", sort=False))
   count = lambda word: sum(t.startswith(word) for t in trends.values())
   verdict = (f"{count('toward')} toward, {count('away')} away, {count('flat')} flat, "

@@ -129,3 +129,21 @@ def test_projected_cost_grows_with_the_rung_and_fits_the_budget():
   cost = ladder.projected_min("cpu", CPU)
   assert cost["minutes"].is_monotonic_increasing
   assert (cost["runs"] == 82).all() and cost["minutes"].sum() < 90  # of ~4 h in all
+
+
+def test_the_family_model_is_drawn_beside_the_rungs_and_left_out_of_the_trend(tmp_path):
+  """A point off the ladder (the family's own model, fewer tokens per parameter; here far
+  from the paper) changes neither a trend nor the rungs' cells, and is read from the family's
+  committed experiment by family_points (NaN where that experiment has no results)."""
+  rungs = _points().assign(on_ladder=True)
+  own = rungs[rungs["rung"] == "s"].assign(rung="cpu (own model)", n_params=664_832,
+                                           tokens_per_param=1.2, value=-5.0, on_ladder=False)
+  pd.concat([rungs, own]).to_csv(tmp_path / ladder.LADDER_CSV, index=False)
+  assert len(ladder.figures(tmp_path)) == 4
+  rep = ladder.report(tmp_path)
+  assert rep.verdict == "2 toward, 1 away, 0 flat, 1 undetermined (of 4)"
+  assert "C3c 0.3→0.5→0.8 (toward)" in rep.ours
+  fam = ladder.family_points("cpu", tmp_path / "absent")
+  assert list(fam["experiment"]) == [n for n in ladder.LADDER_EXPERIMENTS if n != "gns_ramp"]
+  assert not fam["on_ladder"].any() and fam["value"].isna().all()
+  assert (fam["tokens_per_param"] < ladder.TOKENS_PER_PARAM["cpu"]).all()
