@@ -21,6 +21,7 @@ from pergrad.optim import (
   second_moment_statistic,
   track_snr,
 )
+from pergrad.optim.diagnostics import Moments
 from pergrad.stats.types import GradStats
 
 SHAPES = {"a": (3,), "blk": {"kernel": (4, 5)}, "c": (2, 3, 2)}
@@ -265,7 +266,7 @@ def test_diagnostics_match_numpy():
   _, state = _run(scale_by_adam_family("micro_adam", b1=beta, b2=b2), samples)
   snr = _track(track_snr(beta), samples)
   stats = _stats(samples[-1])
-  got = jax.jit(diagnostics)(stats, state, snr)
+  got = jax.jit(diagnostics)(stats, Moments(state, eps=1e-8, eps_root=0.0), snr)
   keys = ["a", "blk/kernel", "c"]
   m = [np.zeros(s) for s in _shape_leaves()]
   w = [np.zeros(s) for s in _shape_leaves()]
@@ -289,7 +290,7 @@ def test_diagnostics_match_numpy():
       "share_var_b": [(s / B, d) for s, d in zip(var, v_hat, strict=True)],
       "share_var": [(s, d) for s, d in zip(var, v_hat, strict=True)],
   }
-  assert len(got) == len(want) * (len(keys) + 1)
+  assert len(got) == (len(want) + 2) * (len(keys) + 1)  # and eps_share(_weighted)
   for name, per_leaf in want.items():
     for key, (a, b) in zip(keys, per_leaf, strict=True):
       np.testing.assert_allclose(got[f"opt/{key}/{name}"], a.sum() / b.sum(), rtol=1e-4,
@@ -304,4 +305,5 @@ def test_diagnostics_without_sq_reports_only_what_it_can():
   opt = build_optimizer(optimizer_config(name="sign", placement="ema"), ScheduleConfig(),
                         total_steps=STEPS, batch_size=B)
   _, state = _run(opt.tx, _samples(seed=15, n=B, steps=2), want=("mean",))
-  assert diagnostics(_stats(_samples(seed=16, n=B, steps=1)[0], want=("mean",)), state) == {}
+  assert opt.moments(state) is None
+  assert diagnostics(_stats(_samples(seed=16, n=B, steps=1)[0], want=("mean",))) == {}

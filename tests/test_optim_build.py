@@ -121,7 +121,7 @@ def test_build_optimizer_every_option(track):
       lrs = np.array([opt.learning_rate(k) for k in range(STEPS)])
       assert np.all(lrs > 0) and np.all(np.isfinite(lrs))
       stats = _stats(_samples(seed=12, n=n, steps=1)[0], req.granularity, req.want)
-      diag = jax.jit(diagnostics)(stats, state, snr)
+      diag = jax.jit(diagnostics)(stats, opt.moments(state), snr)
       assert ("opt/all/snr2_ema" in diag) == track
       assert all(np.isfinite(v) for v in diag.values())
 

@@ -24,8 +24,9 @@ The direction and the statistics it reads come from the optimizer's registry ent
 (`pergrad.optim.configs.REGISTRY`, builders below for the built-ins): sgd: ḡ; momentum:
 optax.trace(b1) (heavy ball); adam/adamw: `scale_by_adam_family("adam")` (=
 optax.scale_by_adam); sign: `scale_by_sign_placement`; adam_family:
-`scale_by_adam_family(variant)`, with its ε held in the chain (`diagnostics.hold_eps`)
-for the eps_share diagnostic. Weight decay is decoupled and multiplied by the
+`scale_by_adam_family(variant)`, whose state and ε the optimizer hands to the diagnostics
+(`Optimizer.moments`: the direction's place in the chain and the hparams' ε; nothing in
+the chain only for logging). Weight decay is decoupled and multiplied by the
 learning rate (optax.adamw's convention), on every parameter. adam and adamw differ
 only in their config defaults. A builder may return a direction that clips ḡ itself
 (`clips=True`), so that the statistics follow the clipping.
@@ -34,14 +35,18 @@ only in their config defaults. A builder may return a direction that clips ḡ i
 from __future__ import annotations
 
 import importlib
-from typing import NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import optax
 
 from pergrad.optim import configs
-from pergrad.optim.adam_family import request_for_variant, scale_by_adam_family
+from pergrad.optim.adam_family import (
+  ScaleByAdamFamilyState,
+  request_for_variant,
+  scale_by_adam_family,
+)
 from pergrad.optim.common import with_float32_state
-from pergrad.optim.diagnostics import OFF, Tracker, hold_eps
+from pergrad.optim.diagnostics import OFF, Moments, Tracker
 from pergrad.optim.diagnostics import track_snr as snr_tracker
 from pergrad.optim.dp_noise import add_clipped_noise
 from pergrad.optim.hparams import Hparams
@@ -55,7 +60,7 @@ from pergrad.optim.schedule import (
   token_lr,
 )
 from pergrad.optim.sign import request_for_placement, scale_by_sign_placement
-from pergrad.optim.types import Optimizer
+from pergrad.optim.types import Optimizer, no_moments
 from pergrad.stats.request import StatsRequest
 
 
@@ -65,6 +70,8 @@ class Direction(NamedTuple):
   tx: optax.GradientTransformation  # maps ḡ (and grad_stats) to the update direction
   request: StatsRequest = StatsRequest()  # the statistics tx reads from grad_stats
   clips: bool = False  # tx applies optimizer.clip_norm itself
+  # tx's state -> its Adam-family state (m, v), for the diagnostics; None: it has none
+  moments: Callable[[Any], ScaleByAdamFamilyState] | None = None
 
 
 def scaled_hparams(opt: configs.OptimizerConfig, batch_size: int) -> ScaledHparams:
@@ -139,14 +146,18 @@ def build_optimizer(opt: configs.OptimizerConfig, sched: ScheduleConfig, *, tota
                                      hp.noise_seed))
     if opt.clip_norm is not None and not direction.clips:
       parts.append(optax.clip_by_global_norm(hp.clip_norm))
+    at_direction = len(parts)  # the direction's state: opt_state[at_direction]
     parts.append(direction.tx)
     if opt.weight_decay > 0:
       parts.append(optax.add_decayed_weights(hp.weight_decay))
     parts.append(scale_by_token_schedule(lr, *by_tokens))
+    moments = (None if direction.moments is None else lambda opt_state: Moments(
+        direction.moments(opt_state[at_direction]), eps=hp.eps, eps_root=hp.eps_root))
     return Optimizer(tx=with_float32_state(optax.chain(*parts)), request=request,
                      learning_rate=lr, token_lr=token_lr(lr, *by_tokens),
                      snr=snr_tracker(hp.b1) if track_snr else OFF,
-                     gns=gns if gns is not None else OFF, hparams=hp, at=at)
+                     gns=gns if gns is not None else OFF, hparams=hp, at=at,
+                     moments=moments or no_moments)
 
   return at(hparams_of(opt, sched, total_steps=total_steps, batch_size=batch_size, seed=seed))
 
@@ -179,7 +190,7 @@ def momentum(cfg: configs.MomentumConfig, hp: Hparams) -> Direction:
 def adam(cfg: configs.AdamConfig, hp: Hparams) -> Direction:
   del cfg
   tx = scale_by_adam_family("adam", hp.b1, hp.b2, hp.eps, hp.eps_root, clip_norm=hp.clip_norm)
-  return Direction(optax.chain(tx, hold_eps(hp.eps, hp.eps_root)), clips=True)
+  return Direction(tx, clips=True, moments=_own_state)
 
 
 adamw = adam
@@ -194,5 +205,9 @@ def adam_family(cfg: configs.AdamFamilyConfig, hp: Hparams) -> Direction:
   variant = cfg.variant
   tx = scale_by_adam_family(variant, hp.b1, hp.b2, hp.eps, hp.eps_root, cfg.mix_a, cfg.mix_b,
                             clip_norm=hp.clip_norm)
-  return Direction(optax.chain(tx, hold_eps(hp.eps, hp.eps_root)), request_for_variant(variant),
-                   clips=True)
+  return Direction(tx, request_for_variant(variant), clips=True, moments=_own_state)
+
+
+def _own_state(state: ScaleByAdamFamilyState) -> ScaleByAdamFamilyState:
+  """`scale_by_adam_family`'s state is its moments."""
+  return state

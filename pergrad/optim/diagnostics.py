@@ -38,9 +38,10 @@ For the Adam family (states of `scale_by_adam_family`), the shares of the curren
 (statistics before any clipping). Adam's v estimates μ² + σ²/B (share_mu2 + share_var_b
 ≈ 1 for a stationary mean), MicroAdam's μ² + σ² (share_mu2 + share_var ≈ 1).
 
-Where the optimizer's chain also holds the direction's ε (`hold_eps`, put there by
-`build_optimizer` for the Adam family), the share of coordinates whose denominator
-√(v̂ + eps_root) + ε is dominated by ε, a coordinate count over a coordinate count:
+From the moments and the ε that the optimizer hands over (`Optimizer.moments(opt_state)`,
+a `Moments`; the Adam family's builders say where their state sits in the chain), the
+share of coordinates whose denominator √(v̂ + eps_root) + ε is dominated by ε, a
+coordinate count over a coordinate count:
 
     eps_share = #{j : ε > √(v̂_j + eps_root)} / #{j}
 
@@ -54,7 +55,7 @@ factor on every coordinate, which cancels in the ratio, so |m| stands for |m̂|.
 
 With a layer selection (`GradStats.layers`), only the selected leaves are reported and
 "all" sums over them. A quantity is left out when what it needs is absent (no 'sq'
-statistic, no tracker state, no Adam state), so `diagnostics` is jittable for a fixed
+statistic, no tracker state, no moments), so `diagnostics` is jittable for a fixed
 (stats, opt_state, snr) structure. `tests/test_estimators.py` checks each estimator against the
 known truth of `pergrad.stats.synthetic`.
 
@@ -77,7 +78,7 @@ import optax
 from pergrad.fields import check_decay
 from pergrad.layer_types import TYPE_RULES
 from pergrad.optim.adam_family import ScaleByAdamFamilyState
-from pergrad.optim.common import f32, find_state, require_stats
+from pergrad.optim.common import f32, require_stats
 from pergrad.optim.hparams import traced
 from pergrad.stats import noise
 from pergrad.stats.types import GradStats
@@ -93,29 +94,14 @@ class Tracker(NamedTuple):
 OFF = Tracker(init=lambda params: optax.EmptyState(), update=lambda state, stats: state)
 
 
-# --- ε of the Adam family ------------------------------------------------------------------
-class EpsState(NamedTuple):
-  """The ε and eps_root of the Adam-family direction in the same chain (float32 scalars)."""
+# --- the Adam family's moments --------------------------------------------------------------
+class Moments(NamedTuple):
+  """What an Adam-family optimizer hands the diagnostics (`Optimizer.moments(opt_state)`):
+  its direction's state and the ε, eps_root it divides by (the optimizer's hparams)."""
 
-  eps: jax.Array
-  eps_root: jax.Array
-
-
-def hold_eps(eps: float, eps_root: float = 0.0) -> optax.GradientTransformation:
-  """Identity on the updates; its state holds the direction's ε (and eps_root) so that
-  `diagnostics` can log eps_share (module docstring)."""
-  if not traced(eps, eps_root) and (eps < 0 or eps_root < 0):
-    raise ValueError(f"hold_eps: eps={eps} and eps_root={eps_root} must be >= 0")
-
-  def init_fn(params):
-    del params
-    return EpsState(eps=jnp.asarray(eps, jnp.float32), eps_root=jnp.asarray(eps_root, jnp.float32))
-
-  def update_fn(updates, state, params=None):
-    del params
-    return updates, state
-
-  return optax.GradientTransformation(init_fn, update_fn)
+  adam: ScaleByAdamFamilyState  # m, v and v's debiasing weight
+  eps: Any
+  eps_root: Any
 
 
 # --- SNR -------------------------------------------------------------------------------------
@@ -145,14 +131,14 @@ def track_snr(beta: float) -> Tracker:
   return Tracker(init, update)
 
 
-def diagnostics(stats: GradStats, opt_state: Any = None, snr: Any = None
+def diagnostics(stats: GradStats, moments: Moments | None = None, snr: Any = None
                 ) -> dict[str, jax.Array]:
   """Ratios of sums of the SNRs², second-moment shares, eps_share and eps_share_weighted
   (module docstring), keyed "opt/<leaf>/<name>" per parameter leaf and "opt/all/<name>"
   over all coordinates.
 
-  `opt_state`: the optimizer state, read for the Adam family's v and ε (`hold_eps`);
-  `snr`: the `track_snr` state (an empty state or None: no snr2_ema)."""
+  `moments`: the Adam family's m, v and ε (`Optimizer.moments(opt_state)`; None: no shares,
+  no eps_share); `snr`: the `track_snr` state (an empty state or None: no snr2_ema)."""
   require_stats(stats, "diagnostics")
   # name -> (numerator tree, denominator tree), both like params
   quantities: dict[str, tuple[Any, Any]] = {}
@@ -164,20 +150,19 @@ def diagnostics(stats: GradStats, opt_state: Any = None, snr: Any = None
   if isinstance(snr, SnrTrackerState):
     quantities["snr2_ema"] = (jax.tree.map(lambda m, w: jnp.square(m) - w, snr.mu, snr.var_mu),
                               snr.var_mu)
-  adam = find_state(opt_state, ScaleByAdamFamilyState)
+  adam = None if moments is None else moments.adam
   if adam is not None and has_sq:
     v_hat = jax.tree.map(lambda v: noise.debiased(v, adam.nu_weight), adam.nu)
     quantities["share_mu2"] = (mu2, v_hat)
     quantities["share_var_b"] = (var_b, v_hat)
     quantities["share_var"] = (var, v_hat)
-  held = find_state(opt_state, EpsState)
-  if adam is not None and held is not None:
+  if adam is not None:
     v_hat = jax.tree.map(lambda v: noise.debiased(v, adam.nu_weight), adam.nu)
-    root = jax.tree.map(lambda v: jnp.sqrt(v + held.eps_root), v_hat)
-    dominated = jax.tree.map(lambda r: (held.eps > r).astype(jnp.float32), root)
+    root = jax.tree.map(lambda v: jnp.sqrt(v + moments.eps_root), v_hat)
+    dominated = jax.tree.map(lambda r: (moments.eps > r).astype(jnp.float32), root)
     quantities["eps_share"] = (dominated,
                                jax.tree.map(lambda d: jnp.ones_like(d, jnp.float32), dominated))
-    size = jax.tree.map(lambda m, r: jnp.abs(m) / (r + held.eps), adam.mu, root)  # ∝ |u|
+    size = jax.tree.map(lambda m, r: jnp.abs(m) / (r + moments.eps), adam.mu, root)  # ∝ |u|
     quantities["eps_share_weighted"] = (jax.tree.map(jnp.multiply, size, dominated), size)
 
   out = {}

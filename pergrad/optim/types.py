@@ -7,8 +7,13 @@ from typing import Any, Callable, NamedTuple
 import jax
 import optax
 
-from pergrad.optim.diagnostics import OFF, Tracker
+from pergrad.optim.diagnostics import OFF, Moments, Tracker
 from pergrad.stats.request import StatsRequest
+
+
+def no_moments(opt_state: Any) -> None:
+  """`Optimizer.moments` of an optimizer without Adam-family moments."""
+  del opt_state
 
 
 class Optimizer(NamedTuple):
@@ -29,6 +34,8 @@ class Optimizer(NamedTuple):
       rate, β's, ε, weight decay, schedule, ...), as Python numbers.
     at: hparams -> the same optimizer built from other numbers of that structure (arrays
       or tracers: the compiled train step's argument, so that a sweep compiles once).
+    moments: opt_state -> what the diagnostics read of an Adam-family direction (its m, v
+      and ε: `pergrad.optim.diagnostics.Moments`), None for other optimizers.
   """
 
   tx: optax.GradientTransformationExtraArgs
@@ -39,3 +46,4 @@ class Optimizer(NamedTuple):
   gns: Tracker = OFF
   hparams: Any = None
   at: Callable[[Any], Optimizer] | None = None
+  moments: Callable[[Any], Moments | None] = no_moments

@@ -198,6 +198,11 @@ def _reason(e: BaseException, step_dir: Path) -> str:
   return f"{type(e).__name__}: {text[:200]}" if text else type(e).__name__
 
 
+class IncompatibleCheckpoint(ValueError):
+  """A checkpoint whose optimizer state this pergrad's optimizer cannot hold (another
+  version wrote it): refused in one line, never moved aside as corrupt."""
+
+
 class Checkpoints:
   """A `CheckpointManager` keeping the last `keep` steps of one run."""
 
@@ -289,6 +294,8 @@ class Checkpoints:
         if got != step:
           raise ValueError(f"it holds step {got}")
         return state
+      except IncompatibleCheckpoint:
+        raise  # intact, from another pergrad: left where it is
       except Exception as e:  # noqa: BLE001 - any failure means this step is unusable
         _quiet_failed_reads()
         moved = self._move_aside(step)
@@ -306,14 +313,22 @@ class Checkpoints:
 
   def _target(self, step: int, abstract_state: Any, fresh: dict) -> tuple[Any, list[str]]:
     """The restore target of `step` and the `fresh` fields to set after it: those whose
-    saved leaves differ in number from the target's (a dict target holding them as saved)."""
-    if not fresh:
-      return abstract_state, []
+    saved leaves differ in number from the target's (a dict target holding them as saved).
+    IncompatibleCheckpoint when its optimizer state has another number of arrays."""
     with ocp.StandardCheckpointer() as reader:  # the manager knows no handler before a restore
       saved = reader.metadata(self.directory / str(step) / "default").item_metadata
     if saved is None:  # unreadable: the restore then fails, saying why
       return abstract_state, []
     n = lambda tree: len(jax.tree.leaves(tree))
+    mine = getattr(abstract_state, "opt_state", None)
+    if "opt_state" in saved.keys() and n(saved["opt_state"]) != n(mine):
+      raise IncompatibleCheckpoint(
+          f"the checkpoint of step {step} in {self.directory} holds an optimizer state of "
+          f"{n(saved['opt_state'])} arrays where this pergrad's optimizer has {n(mine)} (written "
+          "by another version: before issue 38 the Adam family's chain also held its eps, 2 "
+          "more); resume it with the pergrad that wrote it, or set another train.out_dir.")
+    if not fresh:
+      return abstract_state, []
     redo = [f for f in fresh
             if f not in saved.keys() or n(saved[f]) != n(getattr(abstract_state, f))]
     if not redo:

@@ -116,7 +116,7 @@ def train_step(state: TrainState, batch: dict, heldout: GradStats | None = None,
       stats = pstats.compute(loss_fn, params_k, batch_k, log_request,
                              plain.chunked(options, B, log_backend), backend=log_backend)[1]
     metrics.update(pstats.summaries.layer_summaries(stats))
-    metrics.update(diagnostics(stats, opt_state, snr))
+    metrics.update(diagnostics(stats, opt.moments(opt_state), snr))
   if heldout is not None:
     if not isinstance(state.lag, sign_agreement.LagState):
       raise ValueError("held-out statistics need the lag state: make_init_fn(lag=True)")
