@@ -12,7 +12,7 @@ import pytest
 
 from pergrad.optim import ScheduleConfig, build_optimizer, diagnostics, optimizer_config
 from pergrad.optim.adam_family import ScaleByAdamFamilyState
-from pergrad.optim.diagnostics import Moments
+from pergrad.optim.moments import Moments
 from pergrad.stats.types import GradStats
 
 

@@ -22,7 +22,7 @@ import pytest
 from scipy import stats as sps
 
 from pergrad.optim import diagnostics, scale_by_adam_family, track_snr
-from pergrad.optim.diagnostics import Moments
+from pergrad.optim.moments import Moments
 from pergrad.stats import compute, noise, synthetic
 from pergrad.stats.summaries import layer_summaries
 

@@ -21,7 +21,7 @@ from pergrad.optim import (
   second_moment_statistic,
   track_snr,
 )
-from pergrad.optim.diagnostics import Moments
+from pergrad.optim.moments import Moments
 from pergrad.stats.types import GradStats
 
 SHAPES = {"a": (3,), "blk": {"kernel": (4, 5)}, "c": (2, 3, 2)}
@@ -75,7 +75,7 @@ def _run(tx, samples, granularity="example", want=("mean", "sq", "sign"), params
 
 
 def _track(tracker, samples, want=("mean", "sq", "sign")):
-  """The state of `tracker` (`pergrad.optim.diagnostics.Tracker`) after len(samples) steps."""
+  """The state of `tracker` (`pergrad.optim.tracker.Tracker`) after len(samples) steps."""
   state = tracker.init(_params())
   update = jax.jit(tracker.update)
   for leaves in samples:

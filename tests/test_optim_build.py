@@ -30,9 +30,10 @@ from pergrad.config import composer as config_lib
 from pergrad.optim import build_optimizer, optimizer_config, scaled_hparams
 from pergrad.optim.adam_family import VARIANTS, scale_by_adam_family
 from pergrad.optim.configs import REGISTRY as OPTIMIZERS
-from pergrad.optim.diagnostics import diagnostics, track_snr
+from pergrad.optim.diagnostics import diagnostics
 from pergrad.optim.schedule import ScheduleConfig
 from pergrad.optim.sign import PLACEMENTS, scale_by_sign_placement
+from pergrad.optim.snr import track_snr
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
 

@@ -37,9 +37,8 @@ from pergrad.fields import RESUMABLE
 from pergrad.files import SUMMARY
 from pergrad.layer_types import LAYER_TYPES
 from pergrad.model import TIED_EMBEDDING, ModelSpec
-from pergrad.optim import Optimizer, build_optimizer
+from pergrad.optim import Optimizer, build_optimizer, track_gns
 from pergrad.optim.configs import REGISTRY as OPTIMIZERS
-from pergrad.optim.diagnostics import track_gns
 from pergrad.optim.schedule import decay_steps
 from pergrad.stats import StatsOptions, StatsRequest, check_microbatch, resolve_backend
 from pergrad.stats import backends as backends_lib

@@ -134,7 +134,7 @@ class StatsSpec:
   # opt/<leaf>/snr2_ema. It needs 'sq' at EVERY step (per-example statistics in the train
   # step), so it is off unless an experiment asks for it.
   track_snr: bool = False
-  # Track the gradient noise scale every step (pergrad.optim.diagnostics.track_gns):
+  # Track the gradient noise scale every step (pergrad.optim.noise_scale.track_gns):
   # per-example norms in every train step, raw terms gns/<group>/{G2,S} and EMA-smoothed
   # B_simple per layer type and total in metrics.jsonl.
   gns: bool = False

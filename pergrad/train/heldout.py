@@ -65,7 +65,7 @@ import jax.numpy as jnp
 
 import pergrad.stats as pstats
 from pergrad.config.plan import HELDOUT_REQUEST
-from pergrad.optim.diagnostics import SnrTrackerState
+from pergrad.optim import SnrTrackerState
 from pergrad.stats import sign_agreement
 from pergrad.stats.types import GradStats
 from pergrad.train import mesh as mesh_lib

@@ -57,7 +57,7 @@ import yaml
 from pergrad import files
 from pergrad.config.plan import CONFIG, RunPlan, resume_decision
 from pergrad.model import count_params
-from pergrad.optim.diagnostics import gns_metrics
+from pergrad.optim import gns_metrics
 from pergrad.train import compile_cache, distributed
 from pergrad.train.batch_schedule import next_size
 from pergrad.train.checkpoint import Checkpoints, OutputError, check_progress_kept

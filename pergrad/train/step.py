@@ -50,8 +50,7 @@ import pergrad.stats as pstats
 from pergrad.config.plan import RunPlan
 from pergrad.loss import make_loss_fn
 from pergrad.model import Transformer
-from pergrad.optim import Optimizer, diagnostics
-from pergrad.optim.diagnostics import gns_metrics
+from pergrad.optim import Optimizer, diagnostics, gns_metrics
 from pergrad.stats import sign_agreement
 from pergrad.stats.sign_agreement import lag_init
 from pergrad.stats.types import GradStats
