@@ -59,17 +59,17 @@ def _stats(leaves, granularity="example", want=("mean", "sq", "sign")):
 
 
 def _run(tx, samples, granularity="example", want=("mean", "sq", "sign"), params=None,
-         max_batch=B):
-  """Runs tx for len(samples) steps (update k after k·max_batch examples, as the train step
+         max_batch_size=B):
+  """Runs tx for len(samples) steps (update k after k·max_batch_size examples, as the train step
   passes them); returns per-step updates as lists of leaves."""
   params = _params() if params is None else params
   state = tx.init(params)
-  update = jax.jit(lambda g, s, p, st, seen: tx.update(g, s, p, grad_stats=st,
-                                                      examples_seen=seen, batch_size=max_batch))
+  update = jax.jit(lambda g, s, p, st, seen: tx.update(
+      g, s, p, grad_stats=st, examples_seen=seen, batch_size=max_batch_size))
   out = []
   for k, leaves in enumerate(samples):
     stats = _stats(leaves, granularity, want)
-    updates, state = update(stats.mean, state, params, stats, jnp.int32(k * max_batch))
+    updates, state = update(stats.mean, state, params, stats, jnp.int32(k * max_batch_size))
     out.append([np.asarray(u) for u in jax.tree.leaves(updates)])
   return out, state
 

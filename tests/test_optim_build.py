@@ -58,8 +58,8 @@ def test_lr_scaling_ratio_at_every_step(scaling, ratio):
   assert np.all(np.diff(lr_small[5:]) < 0) and lr_small[-1] >= 0.1 * peak
   # The transformation applies the same schedule: SGD steps are -lr(k) * ḡ.
   samples = _samples(seed=9, n=B, steps=7)
-  for opt, lrs, max_batch in ((small, lr_small, 8), (large, lr_large, 32)):
-    got, _ = _run(opt.tx, samples, want=("mean",), max_batch=max_batch)
+  for opt, lrs, max_batch_size in ((small, lr_small, 8), (large, lr_large, 32)):
+    got, _ = _run(opt.tx, samples, want=("mean",), max_batch_size=max_batch_size)
     want = [[-lrs[k] * g.astype(np.float64).mean(0) for g in leaves]
             for k, leaves in enumerate(samples)]
     _assert_close(got, want)
