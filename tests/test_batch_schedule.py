@@ -92,17 +92,18 @@ def test_token_schedule_follows_examples_seen_with_lr_scaling(scaling, kappa):
 
 def test_evaluations_fall_at_the_same_examples_whatever_the_batch():
   spec = TrainSpec(steps=10, eval_every=4, checkpoint_every=5)
-  unit = 8
-  fixed = [k for k in range(1, 11) if spec.evals_at((k - 1) * unit, k * unit, unit)]
+  max_batch_size = 8
+  fixed = [k for k in range(1, 11)
+           if spec.evals_at((k - 1) * max_batch_size, k * max_batch_size, max_batch_size)]
   assert fixed == [4, 8, 10]  # a fixed run: every 4 steps and the last
   seen, marks = 0, []
   for B in [2] * 8 + [4] * 6 + [8] * 8:  # 80 examples in total
-    if spec.done(seen, unit):
+    if spec.done(seen, max_batch_size):
       break
-    if spec.evals_at(seen, seen + B, unit):
+    if spec.evals_at(seen, seen + B, max_batch_size):
       marks.append(seen + B)
     seen += B
-  assert marks == [32, 64, 80] and spec.done(seen, unit)
+  assert marks == [32, 64, 80] and spec.done(seen, max_batch_size)
 
 
 def test_example_stream_is_a_pure_function_of_the_example_index(tiny_overrides):
@@ -223,7 +224,7 @@ def test_step_schedule_points_default_to_the_cosines_halvings():
 def test_seesaw_doubles_b_and_scales_the_lr_by_one_over_sqrt2():
   """Points at 3, 5, 7 full steps of B_max = 8: B = 2 -> 4 at 24 examples -> 8 at 40, the
   lr x 1/√2 at each; at 56 B is capped, and the lr halves (the plain step decay)."""
-  sched = resolve(BatchConfig(kind="seesaw", start=2), max_size=8, seq_len=4, n_devices=1,
+  sched = resolve(BatchConfig(kind="seesaw", start=2), max_batch_size=8, seq_len=4, n_devices=1,
                   microbatch=None, gns_groups=None, decay_steps=(3, 5, 7))
   assert sched.sizes == (2, 4, 8) and sched.decay_examples == (24, 40, 56)
   assert sched.lr_scaling == "sqrt" and sched.lr_ref == 2

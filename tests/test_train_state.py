@@ -79,7 +79,7 @@ def test_checkpointed_optimizer_subtree_is_the_same_with_gns_on_and_off(tiny_ove
 @pytest.mark.parametrize("name", list(SETTINGS))
 def test_train_step_returns_state_and_metrics_in_every_variant(tiny_overrides, name):
   plan = _plan(tiny_overrides, name)
-  sp, B, T = plan.stats, plan.batch.max_size, plan.data.seq_len
+  sp, B, T = plan.stats, plan.batch.max_batch_size, plan.data.seq_len
   loss_fn = make_loss_fn(Transformer(plan.model))
   state = _abstract_state(plan)
   batch = {k: jax.ShapeDtypeStruct((B, T), jnp.int32) for k in ("inputs", "targets")}

@@ -41,10 +41,10 @@ def next_size(sched: BatchSchedule, k: int, seen: int, current: int,
   """B of update k + 1, after k updates that saw `seen` examples, the last of size
   `current` (0 before the first); `b_simple()` reads the tracker (gns decisions only)."""
   if sched.kind == "fixed":
-    return sched.max_size
+    return sched.max_batch_size
   if sched.kind == "linear":
     frac = min(seen / sched.ramp_examples, 1.0)
-    return sched.floor(sched.start + (sched.max_size - sched.start) * frac)
+    return sched.floor(sched.start + (sched.max_batch_size - sched.start) * frac)
   if sched.kind == "seesaw":
     return sched.floor(sched.start * 2 ** sum(seen >= p for p in sched.decay_examples))
   if current == 0:

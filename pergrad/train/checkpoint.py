@@ -16,9 +16,9 @@ A save that cannot write (disk full, read-only or missing folder; an OSError, or
 status for one such as RESOURCE_EXHAUSTED) raises `OutputError` naming the path; its
 temporary folder is removed and the earlier checkpoints are intact.
 
-`check_progress_kept(run_dir, train, unit)`, before anything is written: a run directory
-whose metrics or summary record progress that a checkpoint should hold, but which holds no
-checkpoint at all (deleted, or lost with a disk), is not silently trained again from step 0
+`check_progress_kept(run_dir, train, max_batch_size)`, before anything is written: a run
+directory whose metrics or summary record progress that a checkpoint should hold, but which
+holds no checkpoint at all (deleted, or lost with a disk), is not silently trained again from step 0
 (its metrics.jsonl rewritten); one line says what it found, unless `train.restart=true`.
 """
 
@@ -158,11 +158,11 @@ def _quiet():
       lg.setLevel(level)
 
 
-def check_progress_kept(run_dir: Path, train, unit: int) -> None:
+def check_progress_kept(run_dir: Path, train, max_batch_size: int) -> None:
   """OutputError (one line) when `run_dir` records progress (a summary.json, or metrics
-  past the run's first checkpoint: `train.checkpoints_at`, `unit` examples per full-batch
-  step) but holds no checkpoint, readable or not, unless `train.restart`. A run killed before
-  its first checkpoint starts again from step 0, as it must."""
+  past the run's first checkpoint: `train.checkpoints_at`, `max_batch_size` examples per
+  full-batch step) but holds no checkpoint, readable or not, unless `train.restart`. A run
+  killed before its first checkpoint starts again from step 0, as it must."""
   directory = Path(run_dir) / CHECKPOINTS
   if train.restart or (directory.is_dir() and any(
       p.name.split(".")[0].isdigit() and TMP_SUFFIX not in p.name for p in directory.iterdir())):
@@ -171,7 +171,7 @@ def check_progress_kept(run_dir: Path, train, unit: int) -> None:
   seen = max((r.get("examples_seen", 0) for r in records), default=0)
   summary = Path(run_dir) / SUMMARY
   status = read_json(summary).get("status") if summary.exists() else None
-  if status is None and not train.checkpoints_at(0, seen, unit):
+  if status is None and not train.checkpoints_at(0, seen, max_batch_size):
     return
   train = [r["step"] for r in records if r.get("split") == "train"]
   found = [f"{METRICS} logs {len(train):,} training records up to step "

@@ -142,7 +142,7 @@ class SignLog:
 
   def __init__(self, plan, loss_fn, mesh, abstract_params: PyTree):
     sp = plan.stats
-    B, T = plan.batch.max_size, plan.data.seq_len
+    B, T = plan.batch.max_batch_size, plan.data.seq_len
     self.n_h = sp.sign_agreement
     repl = mesh_lib.replicated(mesh)
     batch_sharding = mesh_lib.batch_sharding(mesh)

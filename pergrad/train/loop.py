@@ -91,7 +91,7 @@ def _run(plan: RunPlan, out_dir: str | Path, *, hydra_info: dict | None = None,
   if resume_decision(out_dir, plan) == "completed":
     echo(f"already completed: {out_dir}")
     return files.read_json(out_dir / files.SUMMARY)
-  check_progress_kept(out_dir, plan.train, plan.batch.max_size)
+  check_progress_kept(out_dir, plan.train, plan.batch.max_batch_size)
   s = _setup(plan, out_dir, hydra_info, echo, t_begin)
   s.stop = (stop or Interrupts()).install(every=plan.logging.log_every)
   gc.collect()
@@ -172,28 +172,28 @@ def _setup(plan: RunPlan, out_dir: Path, hydra_info: dict | None, echo, t_begin:
     state = steps.init(np.int32(plan.train.seed))
   else:
     echo(f"[pergrad] resuming {out_dir} from the checkpoint of step {start}.")
-  seen, size = map(int, jax.device_get((state.examples_seen, state.batch_size)))  # last B
+  seen, batch_size = map(int, jax.device_get((state.examples_seen, state.batch_size)))  # last
   config = {**plan.config, **({"hydra": hydra_info} if hydra_info else {})}
   logger = MetricsLogger(out_dir, resume_step=start or None, wandb=plan.logging.wandb,
                          config=config, name=plan.name, enabled=main)
   history = History.of(read_records(logger.path) if main else [])
-  sched, T, unit = plan.batch, plan.data.seq_len, plan.batch.max_size
-  B = (f"B={unit}" if sched.kind == "fixed" else
-       f"B {sched.kind} schedule over {list(sched.sizes)}")
+  sched, T, max_batch_size = plan.batch, plan.data.seq_len, plan.batch.max_batch_size
+  batch_label = (f"B={max_batch_size}" if sched.kind == "fixed" else
+                 f"B {sched.kind} schedule over {list(sched.sizes)}")
   echo(f"[pergrad] {count_params(state.params):,} parameters, {mesh.devices.size} device(s) "
-       f"({jax.devices()[0].platform}), {B}, T={T}, {plan.train.steps} steps of {unit} "
-       f"examples; data: {data.describe()}")
+       f"({jax.devices()[0].platform}), {batch_label}, T={T}, {plan.train.steps} steps of "
+       f"{max_batch_size} examples; data: {data.describe()}")
   echo(f"[pergrad] run directory: {out_dir}")
 
   part = distributed.part()  # this process loads its rows of every batch
-  heldout = (HeldOutData(data, plan.stats.sign_agreement, unit, part)
+  heldout = (HeldOutData(data, plan.stats.sign_agreement, max_batch_size, part)
              if steps.sign is not None else None)
   evaluate = Evaluator(steps, data.eval_batches(plan.train.eval_batches, part))
   clock = Clock(tokens_per_example=T, elapsed_before=ckpt.train_time_s(start) if start else 0.0)
   recorder = Recorder(plan, logger, history, clock, start, seen, data.vocab_size, ckpt)
-  progress = Progress(plan.train.steps, seen // unit, plan.logging, plan.name)
+  progress = Progress(plan.train.steps, seen // max_batch_size, plan.logging, plan.name)
   return Session(plan, out_dir, echo, steps, data, part, heldout, evaluate, ckpt, logger,
-                 recorder, clock, progress, state, start, seen, size, mesh.devices.size,
+                 recorder, clock, progress, state, start, seen, batch_size, mesh.devices.size,
                  t_begin, time.time() - t_begin, compiles, k=start)
 
 
@@ -202,7 +202,7 @@ def _loop(s: Session) -> None:
   run between two updates (status "interrupted", with a checkpoint). Metrics are pulled one
   step late, all of them before an evaluation or a checkpoint; NonFiniteLossError when the
   run diverged."""
-  plan, steps, sched, unit = s.plan, s.steps, s.plan.batch, s.plan.batch.max_size
+  plan, steps, sched, max_batch_size = s.plan, s.steps, s.plan.batch, s.plan.batch.max_batch_size
 
   def b_simple() -> float:  # the GNS schedule's decisions read the state after update k
     key = f"gns/{sched.gns_group}/b_simple"
@@ -211,7 +211,7 @@ def _loop(s: Session) -> None:
   if s.start == 0:
     s.recorder.eval(0, 0, s.evaluate(s.state.params))
   pending = []  # (k, examples seen, B, metrics on the device), pulled one step late
-  while not plan.train.done(s.seen, unit):
+  while not plan.train.done(s.seen, max_batch_size):
     if s.stop.requested(s.k):
       s.status = "interrupted"
       break
@@ -223,8 +223,8 @@ def _loop(s: Session) -> None:
     before = s.seen
     s.k, s.seen = s.k + 1, s.seen + s.batch_size
     pending.append((s.k, s.seen, s.batch_size, metrics))
-    evals = plan.train.evals_at(before, s.seen, unit)
-    ckpts = plan.train.checkpoints_at(before, s.seen, unit)
+    evals = plan.train.evals_at(before, s.seen, max_batch_size)
+    ckpts = plan.train.checkpoints_at(before, s.seen, max_batch_size)
     if evals or ckpts:
       pending = _pull(pending, 0, s.recorder, s.progress)
       _checkpoint(s, evals, ckpts)
@@ -287,8 +287,8 @@ def _pull(pending: list, keep: int, recorder: Recorder, progress: Progress) -> l
   host = jax.device_get([m for *_, m in done])
   if done:
     recorder.clock.tick(done[-1][1])
-  for (k, seen, size, _), m in zip(done, host, strict=True):
-    progress.show(recorder.train(k, seen, size, m))
+  for (k, seen, batch_size, _), m in zip(done, host, strict=True):
+    progress.show(recorder.train(k, seen, batch_size, m))
   return kept
 
 

@@ -42,8 +42,8 @@ class Recorder:
     self.logger, self.history, self.clock, self.ckpt = logger, history, clock, ckpt
     self.ln_v = math.log(vocab_size)
     self.first, self.every = start + 1, plan.logging.log_every
-    self.T, self.unit, self.budget = (plan.data.seq_len, plan.batch.max_size,
-                                      plan.train.steps * plan.batch.max_size)
+    self.T, self.max_batch_size = plan.data.seq_len, plan.batch.max_batch_size
+    self.budget = plan.train.steps * self.max_batch_size
     self.last_step, self.last_seen = start, seen
     self.diverged_step = None
     self.watch = TrainLossWatch(self.ln_v, active=plan.train.eval_batches == 0)
@@ -76,13 +76,13 @@ class Recorder:
     return ("no checkpoint was saved before it" if good is None else
             f"the last good checkpoint is step {good} in {self.ckpt.directory}")
 
-  def train(self, k: int, seen: int, size: int, metrics: dict) -> tuple[int, dict]:
+  def train(self, k: int, seen: int, batch_size: int, metrics: dict) -> tuple[int, dict]:
     """Checks and records update k's metrics (on the host; `seen` examples after it, of
-    which `size` in this update); returns (progress in full-batch steps, what the
+    which `batch_size` in this update); returns (progress in full-batch steps, what the
     progress bar shows). NonFiniteLossError on a NaN/inf loss, gradient or parameter norm."""
     m = {key: float(v) for key, v in metrics.items()}
     scalars = {key: v for key, v in m.items() if "/" not in key}
-    rec = {"step": k, "split": "train", **scalars, "batch_size": size, "examples_seen": seen,
+    rec = {"step": k, "split": "train", **scalars, "batch_size": batch_size, "examples_seen": seen,
            "tokens_seen": seen * self.T}
     if not all(math.isfinite(m[key]) for key in ("loss", "grad_norm", "param_norm")):
       self.logger.write(rec)
@@ -109,4 +109,4 @@ class Recorder:
     stats = {key: v for key, v in m.items() if "/" in key}
     if stats:
       self.logger.write({"step": k, "split": "stats", **stats})
-    return seen // self.unit, shown
+    return seen // self.max_batch_size, shown

@@ -188,7 +188,7 @@ class Steps:
     logged_jit = (jit_step(sp.log_request, sp.log_backend, self.sign is not None)
                   if sp.log_request is not None else None)
     heldout = (self.sign.abstract_stats,) if self.sign is not None else ()
-    sizes = plan.batch.sizes if plan.batch.kind != "fixed" else (plan.batch.max_size,)
+    sizes = plan.batch.sizes if plan.batch.kind != "fixed" else (plan.batch.max_batch_size,)
     # One compiled pair per allowed batch size (buckets), so a batch schedule never
     # compiles in the loop.
     self.train = {B: compiled(self.train_jit, B) for B in sizes}
