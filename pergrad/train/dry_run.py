@@ -151,8 +151,8 @@ def _trace(plan: RunPlan) -> list[str]:
                              request=sp.request, backend=sp.backend, options=sp.options,
                              log_request=log_request, log_backend=log_backend,
                              sign_lag=sp.sign_lag)
-    for B in sizes:
-      batch = {k: jax.ShapeDtypeStruct((B, plan.data.seq_len), jnp.int32)
+    for batch_size in sizes:
+      batch = {k: jax.ShapeDtypeStruct((batch_size, plan.data.seq_len), jnp.int32)
                for k in ("inputs", "targets")}
       _, m = jax.eval_shape(step, state, batch)
       metrics.update(m)
