@@ -38,8 +38,8 @@ def _records(name: str, out_dir: Path, tfds_dir: Path) -> list[dict]:
           for r in read_records(out_dir / "metrics.jsonl") if r.get("split") != "eval"]
 
 
-@pytest.mark.parametrize("name", ["micro_adam_msq",
-                                  pytest.param("adamw", marks=pytest.mark.extended)])
+@pytest.mark.extended  # ~40 s a run on 2 cores, mostly compiling; in the main suite
+@pytest.mark.parametrize("name", list(RUNS))  # test_eps_share checks the values to NumPy
 def test_logged_metrics_keep_their_names_and_values(name, tfds_dir, tmp_path, compilation_cache):
   want = json.loads(GOLDEN.read_text())[name]
   got = _records(name, tmp_path / name, tfds_dir)
