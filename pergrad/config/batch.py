@@ -7,7 +7,7 @@
 The run's length is train.steps x B_max examples (B_max = data.batch_size, the largest
 allowed size); a schedule spends them in more, smaller updates. Each allowed size has
 its own compiled train step. Which size each update takes is decided during the run by
-`pergrad.train.batch_schedule.next_size(sched, ...)`.
+`pergrad.train.batch_schedule.next_batch_size(sched, ...)`.
 
 Seesaw (Meterez et al. 2025, arXiv 2510.14717): "whenever a standard scheduler would halve
 the learning rate, multiply it by 1/√2 and double the batch size instead". Our reading,

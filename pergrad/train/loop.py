@@ -59,7 +59,7 @@ from pergrad.config.plan import CONFIG, RunPlan, resume_decision
 from pergrad.model import count_params
 from pergrad.optim import gns_metrics
 from pergrad.train import compile_cache, distributed
-from pergrad.train.batch_schedule import next_size
+from pergrad.train.batch_schedule import next_batch_size
 from pergrad.train.checkpoint import Checkpoints, OutputError, check_progress_kept
 from pergrad.train.heldout import HeldOutData
 from pergrad.train.interrupt import Interrupts
@@ -215,7 +215,7 @@ def _loop(s: Session) -> None:
     if s.stop.requested(s.k):
       s.status = "interrupted"
       break
-    s.batch_size = next_size(sched, s.k, s.seen, s.batch_size, b_simple)
+    s.batch_size = next_batch_size(sched, s.k, s.seen, s.batch_size, b_simple)
     batch = steps.put_batch(s.data.train_examples(s.seen, s.batch_size, s.part))
     extra = (steps.put_batch(s.heldout.batch(s.seen))
              if s.heldout is not None and steps.logs_at(s.k + 1) else None)
