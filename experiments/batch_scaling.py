@@ -61,8 +61,8 @@ def budget(preset: str) -> tuple[int, int, int, tuple]:
   ref = int(scale_value(preset, "data.batch_size"))
   sizes = tuple(sorted(set(SIZES[preset]) | {ref}))
   ex = max(ref * int(scale_value(preset, "train.steps")), MIN_STEPS[preset] * max(sizes))
-  unit = N_EVALS[preset] * max(sizes)
-  ex = math.ceil(ex / unit) * unit
+  multiple = N_EVALS[preset] * max(sizes)  # whole evaluation intervals of the largest B
+  ex = math.ceil(ex / multiple) * multiple
   return ref, ex, ex // N_EVALS[preset], sizes
 
 

@@ -97,15 +97,15 @@ def lr_grid(preset: str, b: int) -> list[float]:
 
 def sweep(preset: str) -> Sweep:
   """The fixed arms' lr search (the schedules come in `follow_up`)."""
-  ref, b_max, fixed = sizes(preset)
+  ref, max_batch_size, fixed = sizes(preset)
   examples, n = ref * int(scale_value(preset, "train.steps")), N_EVALS[preset]
   warmup = max(ref * int(scale_value(preset, "schedule.warmup_steps")),  # examples: ≥ 20
-               guards.MIN_WARMUP * b_max if preset != "ci" else 0)  # steps at every B
+               guards.MIN_WARMUP * max_batch_size if preset != "ci" else 0)  # steps at every B
   per_size = lambda b: dict(zip(PER_SIZE, (examples // b, max(examples // b // n, 1),
                                            max(warmup // b, 1)), strict=True))
   base = base_for(NAME, preset, **{  # ci logs every step: enough points for the ramp's fit
-      "data.batch_size": b_max, "batch.start": b_max // 8,
-      "logging.log_every": 1 if preset == "ci" else 5, **per_size(b_max)})
+      "data.batch_size": max_batch_size, "batch.start": max_batch_size // 8,
+      "logging.log_every": 1 if preset == "ci" else 5, **per_size(max_batch_size)})
   blocks = tuple(Block({"batch.kind": ["fixed"], SIZE: [b], **{k: [v] for k, v in per_size(
       b).items()}, "optimizer.lr": lr_grid(preset, b), "train.seed": [SELECT_SEED]})
       for b in fixed)
@@ -134,11 +134,11 @@ def full_fixed(df: pd.DataFrame) -> pd.DataFrame:
   return df[(df["batch.kind"] == "fixed") & ~is_short(df)]
 
 
-def fit_ramp(table: pd.DataFrame, best: dict, b_max: int) -> dict | None:
+def fit_ramp(table: pd.DataFrame, best: dict, max_batch_size: int) -> dict | None:
   """B_simple ≈ a + b·tokens by least squares on the seed-mean total B_simple of the best fixed
   arm's fresh-seed runs past WARMUP steps (or a short run's first quarter); the ramp starts at
-  the largest power-of-two size ≤ a in [b_max/8, b_max] and reaches b_max after
-  (b_max − start)/b tokens (b ≤ 0: 100 budgets). None without 3 points."""
+  the largest power-of-two size ≤ a in [B_max/8, B_max] (B_max = max_batch_size) and reaches
+  B_max after (B_max − start)/b tokens (b ≤ 0: 100 budgets). None without 3 points."""
   t = full_fixed(table)
   rows = t[np.isclose(t[SIZE].astype(float), float(best[SIZE]))
            & np.isclose(t["optimizer.lr"].astype(float), float(best["optimizer.lr"]))
@@ -153,8 +153,9 @@ def fit_ramp(table: pd.DataFrame, best: dict, b_max: int) -> dict | None:
   if len(x) < 3 or not np.isfinite(y).all():
     return None
   b, a = np.polyfit(x, y, 1)
-  start = max([s for s in (b_max >> i for i in range(4)) if s <= a] or [b_max >> 3])
-  ramp = min((b_max - start) / b if b > 0 else math.inf, 100 * float(x.max()))
+  start = max([s for s in (max_batch_size >> i for i in range(4)) if s <= a]
+              or [max_batch_size >> 3])
+  ramp = min((max_batch_size - start) / b if b > 0 else math.inf, 100 * float(x.max()))
   return {"batch.start": int(start), "batch.ramp_tokens": int(round(ramp)),
           "a": float(a), "b_per_token": float(b)}
 
@@ -167,7 +168,7 @@ def follow_up(preset: str, sweep_dir: Path) -> tuple[Block, ...]:
   if best is None:
     return ()
   lr, seeds = [float(best["optimizer.lr"])], list(SEEDS[preset])
-  ref, b_max, _ = sizes(preset)  # every arm spends train.steps × B_ref sequences of T tokens
+  ref, max_batch_size, _ = sizes(preset)  # each arm: train.steps × B_ref sequences of T tokens
   tokens = ref * int(scale_value(preset, "train.steps")) * int(scale_value(preset, "data.seq_len"))
   ramp = lambda start, tok, seeds=seeds, **kw: Block(
       {"batch.kind": ["linear"], "batch.ramp_tokens": [int(tok)], **kw, "optimizer.lr": lr,
@@ -180,29 +181,31 @@ def follow_up(preset: str, sweep_dir: Path) -> tuple[Block, ...]:
             Block({"batch.kind": ["fixed"], SIZE: [int(best[SIZE])], **per_size,
                    "train.steps": [int(round(SHORT * int(best["train.steps"])))],
                    "optimizer.lr": lr, "train.seed": seeds[:N_OTHER]}),  # Δ18 is a mean
-            ramp(b_max // 8, tokens),  # the paper's: over the whole budget
-            ramp(b_max // 8, WARMUP_SHARE * tokens, seeds[:2],  # warmup: beside
+            ramp(max_batch_size // 8, tokens),  # the paper's: over the whole budget
+            ramp(max_batch_size // 8, WARMUP_SHARE * tokens, seeds[:2],  # warmup: beside
                  **{"batch.lr_scaling": ["sqrt"]}),
             Block({"batch.kind": ["seesaw"], "schedule.name": ["step"], "optimizer.lr": lr,
                    "train.seed": seeds[:2]}, fixed={"batch.start": int(best[SIZE])})]  # beside
   if preset == "ci":  # the pipeline only: the fixed arm, gns_norm and the short arm
     return tuple(blocks[:3])
-  fit = fit_ramp(table, best, b_max)
-  if (tok := fitted_arm(fit, tokens, b_max)[0]) is not None:  # the fit's own ramp
+  fit = fit_ramp(table, best, max_batch_size)
+  if (tok := fitted_arm(fit, tokens, max_batch_size)[0]) is not None:  # the fit's own ramp
     blocks.append(ramp(fit["batch.start"], tok))
   return tuple(blocks)
 
 
-def fitted_arm(fit: dict | None, tokens: float, b_max: int) -> tuple[int | None, str]:
+def fitted_arm(fit: dict | None, tokens: float, max_batch_size: int) -> tuple[int | None, str]:
   """(ramp tokens, "launched") of the fit, run as fitted over the budget `tokens` (ending below
-  b_max if longer), or (None, why not): no fit, the paper's ramp, or a B that never grows."""
+  max_batch_size if longer), or (None, why not): no fit, the paper's ramp, or a B that never
+  grows."""
   if fit is None:
     return None, "no fit (fewer than 3 points of B_simple)"
   start, tok = int(fit["batch.start"]), int(fit["batch.ramp_tokens"])
   said = f"the fit's ramp ({tok:,} tokens from B = {start}, budget {int(tokens):,})"
-  if start == b_max // 8 and abs(tok / tokens - 1) <= RAMP_TOL:
+  if start == max_batch_size // 8 and abs(tok / tokens - 1) <= RAMP_TOL:
     return None, f"{said} is linear_paper's"
-  if start >= b_max or start + (b_max - start) * tokens / tok < min(2 * start, b_max):
+  if (start >= max_batch_size
+      or start + (max_batch_size - start) * tokens / tok < min(2 * start, max_batch_size)):
     return None, f"{said} stays at B = {start} within the budget: fixed_{start}"
   return tok, "launched"
 
@@ -230,9 +233,9 @@ def compared(table: pd.DataFrame, search: pd.DataFrame, best: dict | None) -> pd
   if best is None:
     return table[:0].assign(short=False)
   chosen = {float(r[SIZE]): float(r["optimizer.lr"]) for _, r in search.iterrows()}
-  lr, size = table["optimizer.lr"].astype(float), table["data.batch_size"].astype(float)
+  lr, batch_size = table["optimizer.lr"].astype(float), table["data.batch_size"].astype(float)
   fixed = (table["batch.kind"] == "fixed") & (table["train.seed"] != SELECT_SEED) & np.isclose(
-      lr, size.map(chosen).fillna(-1.0))
+      lr, batch_size.map(chosen).fillna(-1.0))
   sched = (table["batch.kind"] != "fixed") & np.isclose(lr, float(best["optimizer.lr"]))
   return table[fixed | sched].assign(short=is_short(table)[fixed | sched])
 
@@ -266,10 +269,10 @@ def analyze(runs, out_dir: Path) -> None:
                   "train.seed": t["train.seed"], "step": t["step"],
                   "tokens": t["train/tokens_seen"], **{k.split("/")[1]: t[k] for k in keys}}
                  ).to_csv(out_dir / "gns.csv", index=False)
-  b_max = int(table["train/batch_size"].max())
-  fit = fit_ramp(table, best, b_max) if best is not None else None
+  max_batch_size = int(table["train/batch_size"].max())
+  fit = fit_ramp(table, best, max_batch_size) if best is not None else None
   budget = float(full_fixed(table)["train/tokens_seen"].max())
-  why = fitted_arm(fit, budget, b_max)[1]
+  why = fitted_arm(fit, budget, max_batch_size)[1]
   pd.DataFrame([{**(fit or {}), "linear_fit": why}]).to_csv(out_dir / "ramp_fit.csv", index=False)
 
 

@@ -23,7 +23,7 @@ from pergrad.optim.schedule import (
   scale_by_token_schedule,
   token_lr,
 )
-from pergrad.train.batch_schedule import next_size
+from pergrad.train.batch_schedule import next_batch_size
 from pergrad.train.loop import run
 from pergrad.train.metrics import read_records
 
@@ -34,23 +34,23 @@ def _never():
 
 def test_fixed_and_linear_sizes():
   fixed = BatchSchedule(sizes=(32,), start=32)
-  assert [next_size(fixed, k, 32 * k, 32, _never) for k in range(3)] == [32, 32, 32]
+  assert [next_batch_size(fixed, k, 32 * k, 32, _never) for k in range(3)] == [32, 32, 32]
   lin = BatchSchedule(kind="linear", sizes=(4, 8, 16, 32), start=4, ramp_examples=280)
   # target = 4 + 28 * min(seen / 280, 1), rounded down to an allowed size
   for seen, want in [(0, 4), (39, 4), (40, 8), (119, 8), (120, 16), (279, 16), (280, 32),
                      (10_000, 32)]:
-    assert next_size(lin, 0, seen, 0, _never) == want, seen
+    assert next_batch_size(lin, 0, seen, 0, _never) == want, seen
   assert default_sizes(8, 64) == (8, 16, 32, 64) and default_sizes(8, 48) == (8, 16, 32, 48)
 
 
 def test_gns_sizes_follow_b_simple_rounded_down_never_decreasing():
   s = BatchSchedule(kind="gns", sizes=(8, 16, 32, 64), start=8, gns_factor=2.0, every=10)
   read = iter([3.0, 9.0, 5.0, float("nan"), -4.0, 100.0]).__next__
-  assert next_size(s, 0, 0, 0, _never) == 8  # the first update
-  assert next_size(s, 7, 56, 8, _never) == 8  # between decisions: no read
+  assert next_batch_size(s, 0, 0, 0, _never) == 8  # the first update
+  assert next_batch_size(s, 7, 56, 8, _never) == 8  # between decisions: no read
   got, current = [], 8
   for k in (10, 20, 30, 40, 50, 60):
-    current = next_size(s, k, 0, current, read)
+    current = next_batch_size(s, k, 0, current, read)
     got.append(current)
   # 2·3 = 6 -> 8 (the smallest); 18 -> 16; 10 -> 8 but never decreases; nan and < 0 keep B;
   # 200 -> 64 (the largest)
@@ -92,17 +92,18 @@ def test_token_schedule_follows_examples_seen_with_lr_scaling(scaling, kappa):
 
 def test_evaluations_fall_at_the_same_examples_whatever_the_batch():
   spec = TrainSpec(steps=10, eval_every=4, checkpoint_every=5)
-  unit = 8
-  fixed = [k for k in range(1, 11) if spec.evals_at((k - 1) * unit, k * unit, unit)]
+  max_batch_size = 8
+  fixed = [k for k in range(1, 11)
+           if spec.evals_at((k - 1) * max_batch_size, k * max_batch_size, max_batch_size)]
   assert fixed == [4, 8, 10]  # a fixed run: every 4 steps and the last
   seen, marks = 0, []
   for B in [2] * 8 + [4] * 6 + [8] * 8:  # 80 examples in total
-    if spec.done(seen, unit):
+    if spec.done(seen, max_batch_size):
       break
-    if spec.evals_at(seen, seen + B, unit):
+    if spec.evals_at(seen, seen + B, max_batch_size):
       marks.append(seen + B)
     seen += B
-  assert marks == [32, 64, 80] and spec.done(seen, unit)
+  assert marks == [32, 64, 80] and spec.done(seen, max_batch_size)
 
 
 def test_example_stream_is_a_pure_function_of_the_example_index(tiny_overrides):
@@ -223,7 +224,7 @@ def test_step_schedule_points_default_to_the_cosines_halvings():
 def test_seesaw_doubles_b_and_scales_the_lr_by_one_over_sqrt2():
   """Points at 3, 5, 7 full steps of B_max = 8: B = 2 -> 4 at 24 examples -> 8 at 40, the
   lr x 1/√2 at each; at 56 B is capped, and the lr halves (the plain step decay)."""
-  sched = resolve(BatchConfig(kind="seesaw", start=2), max_size=8, seq_len=4, n_devices=1,
+  sched = resolve(BatchConfig(kind="seesaw", start=2), max_batch_size=8, seq_len=4, n_devices=1,
                   microbatch=None, gns_groups=None, decay_steps=(3, 5, 7))
   assert sched.sizes == (2, 4, 8) and sched.decay_examples == (24, 40, 56)
   assert sched.lr_scaling == "sqrt" and sched.lr_ref == 2
@@ -232,7 +233,7 @@ def test_seesaw_doubles_b_and_scales_the_lr_by_one_over_sqrt2():
   lr_of = token_lr(step, 8, sched.lr_scaling, sched.lr_ref, exact_floor=True)
   seen, k, B, rows = 0, 0, 0, []
   while seen < 80:
-    B = next_size(sched, k, seen, B, _never)
+    B = next_batch_size(sched, k, seen, B, _never)
     rows.append((seen, B, float(lr_of(jnp.int32(seen), B))))
     seen, k = seen + B, k + 1
   changes = [(s, B, lr) for i, (s, B, lr) in enumerate(rows) if i and B != rows[i - 1][1]]

@@ -1,17 +1,18 @@
 """The eps_share diagnostic (`pergrad.optim.diagnostics`): the share of coordinates whose
 Adam denominator √(v̂ + eps_root) + ε is dominated by ε, against NumPy on a constructed
-state, and through `build_optimizer`'s chain."""
+state, and through `build_optimizer`'s chain, which hands its moments and ε over
+(`Optimizer.moments`) and holds nothing for logging."""
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 
 from pergrad.optim import ScheduleConfig, build_optimizer, diagnostics, optimizer_config
 from pergrad.optim.adam_family import ScaleByAdamFamilyState
-from pergrad.optim.diagnostics import EpsState, hold_eps
+from pergrad.optim.moments import Moments
 from pergrad.stats.types import GradStats
 
 
@@ -25,12 +26,12 @@ def test_eps_share_matches_numpy_on_a_constructed_state():
   nu = {"a": 10.0 ** rng.uniform(-12, -4, size=(5,)), "b": {"k": 10.0 ** rng.uniform(-12, -4,
                                                                                       (3, 4))}}
   weight, eps, eps_root = 0.3, 1e-4, 1e-10
-  state = (ScaleByAdamFamilyState(count=jnp.int32(7), mu={"a": jnp.zeros(5),
-                                                           "b": {"k": jnp.zeros((3, 4))}},
-                                  nu={"a": jnp.float32(nu["a"]),
-                                      "b": {"k": jnp.float32(nu["b"]["k"])}},
-                                  nu_weight=jnp.float32(weight)),
-           EpsState(eps=jnp.float32(eps), eps_root=jnp.float32(eps_root)))
+  state = Moments(ScaleByAdamFamilyState(count=jnp.int32(7), mu={"a": jnp.zeros(5),
+                                                                  "b": {"k": jnp.zeros((3, 4))}},
+                                         nu={"a": jnp.float32(nu["a"]),
+                                             "b": {"k": jnp.float32(nu["b"]["k"])}},
+                                         nu_weight=jnp.float32(weight)),
+                  eps=jnp.float32(eps), eps_root=jnp.float32(eps_root))
   got = diagnostics(_stats({"a": jnp.zeros(5), "b": {"k": jnp.zeros((3, 4))}}), state)
   dominated = {k: eps > np.sqrt(v / weight + eps_root) for k, v in
                (("a", nu["a"]), ("b/k", nu["b"]["k"]))}
@@ -43,11 +44,12 @@ def test_eps_share_matches_numpy_on_a_constructed_state():
   assert not any("share_mu2" in k for k in got)
 
 
-def test_eps_share_needs_the_held_eps_and_an_adam_state():
+def test_eps_share_needs_the_adam_familys_moments():
   stats = _stats({"a": jnp.zeros(3)})
-  assert diagnostics(stats, EpsState(jnp.float32(1.0), jnp.float32(0.0))) == {}
-  with pytest.raises(ValueError, match="eps=-1"):
-    hold_eps(-1.0)
+  assert diagnostics(stats) == {}
+  opt = build_optimizer(optimizer_config("sign", placement="ema"), ScheduleConfig(),
+                        total_steps=4, batch_size=4)
+  assert opt.moments(opt.tx.init({"a": jnp.zeros(3)})) is None
 
 
 @pytest.mark.parametrize("eps, want", [(1e-8, 0.0), (1e3, 1.0)])
@@ -61,7 +63,9 @@ def test_build_optimizer_holds_eps_for_the_adam_family(eps, want):
                     sum_sq={"w": 4 * g["w"] ** 2}, sum_sign=None, granularity="example")
   _, state = opt.tx.update(g, state, params, grad_stats=stats, examples_seen=jnp.int32(0),
                            batch_size=4)
-  got = diagnostics(stats, state)
+  assert opt.moments(state).eps == eps  # the hparams' ε, not a copy held in the chain
+  assert len(jax.tree.leaves(state)) == 4  # count, m, v, v's weight: no ε held in the chain
+  got = diagnostics(stats, opt.moments(state))
   assert float(got["opt/all/eps_share"]) == want and float(got["opt/w/eps_share"]) == want
 
 
@@ -78,9 +82,9 @@ def test_eps_share_weighted_matches_numpy_on_a_constructed_state():
   nu = {k: 10.0 ** rng.uniform(-12, -4, s) for k, s in shapes.items()}
   weight, eps, eps_root, b1, t = 0.3, 1e-4, 1e-10, 0.9, 7
   tree = lambda d, f=jnp.float32: {"a": f(d["a"]), "b": {"k": f(d["b/k"])}}
-  state = (ScaleByAdamFamilyState(count=jnp.int32(t), mu=tree(mu), nu=tree(nu),
-                                  nu_weight=jnp.float32(weight)),
-           EpsState(eps=jnp.float32(eps), eps_root=jnp.float32(eps_root)))
+  state = Moments(ScaleByAdamFamilyState(count=jnp.int32(t), mu=tree(mu), nu=tree(nu),
+                                         nu_weight=jnp.float32(weight)),
+                  eps=jnp.float32(eps), eps_root=jnp.float32(eps_root))
   got = diagnostics(_stats(tree({k: np.zeros(s) for k, s in shapes.items()})), state)
   u, dom = {}, {}
   for k in shapes:
@@ -103,7 +107,7 @@ def test_eps_share_weighted_reads_the_directions_own_update():
   from pergrad.optim.adam_family import scale_by_adam_family
 
   eps = 3e-3
-  tx = optax.chain(scale_by_adam_family("micro_adam_msq", eps=eps), hold_eps(eps))
+  tx = scale_by_adam_family("micro_adam_msq", eps=eps)
   rng = np.random.default_rng(2)
   params = {"w": jnp.zeros((8, 6)), "b": jnp.zeros(6)}
   state = tx.init(params)
@@ -114,8 +118,8 @@ def test_eps_share_weighted_reads_the_directions_own_update():
                       sum_sq={k: jnp.sum(x**2, 0) for k, x in g.items()}, sum_sign=None,
                       granularity="example")
     u, state = tx.update(stats.mean, state, params, grad_stats=stats)
-  got = diagnostics(stats, state)
-  adam = state[0]
+  got = diagnostics(stats, Moments(state, eps=eps, eps_root=0.0))
+  adam = state
   root = {k: np.sqrt(np.asarray(v) / float(adam.nu_weight)) for k, v in adam.nu.items()}
   dom = {k: eps > r for k, r in root.items()}
   uu = {k: np.asarray(x) for k, x in u.items()}

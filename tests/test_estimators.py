@@ -22,6 +22,7 @@ import pytest
 from scipy import stats as sps
 
 from pergrad.optim import diagnostics, scale_by_adam_family, track_snr
+from pergrad.optim.moments import Moments
 from pergrad.stats import compute, noise, synthetic
 from pergrad.stats.summaries import layer_summaries
 
@@ -205,7 +206,8 @@ def _run_tracker(src, beta, steps, checkpoints, adam=None):
     for k in KEYS:
       truth[k].update(mu[k], var[k], B)
     if t in checkpoints:
-      out[t] = (_diag(stats, state, snr), {k: (v.M, v.W, v.U) for k, v in truth.items()}, mu,
+      moments = None if adam is None else Moments(state, eps=0.0, eps_root=0.0)
+      out[t] = (_diag(stats, moments, snr), {k: (v.M, v.W, v.U) for k, v in truth.items()}, mu,
                 var)
   return out
 

@@ -27,7 +27,8 @@ from pergrad.config import build_plan
 from pergrad.data import DataError, DataSpec, make_data
 from pergrad.data.corpus import not_text
 from pergrad.train.checkpoint import Checkpoints, OutputError
-from pergrad.train.loop import NonFiniteLossError, eval_diverged, run
+from pergrad.train.divergence import eval_diverged
+from pergrad.train.loop import NonFiniteLossError, run
 from pergrad.train.metrics import read_records
 from pergrad.train.progress import Clock
 

@@ -18,7 +18,7 @@ from pergrad.analysis import resmooth
 from pergrad.layer_types import layer_type
 from pergrad.loss import make_loss_fn
 from pergrad.model import TIED_EMBEDDING, ModelSpec, Transformer, init_params
-from pergrad.optim.diagnostics import GnsTrackerState, gns_metrics, track_gns
+from pergrad.optim.noise_scale import GnsTrackerState, gns_metrics, track_gns
 from pergrad.stats import StatsRequest, compute, noise, synthetic
 
 K = 4.0  # z-score bound of the synthetic tests (each has a handful of comparisons)

@@ -223,7 +223,7 @@ def test_gns_schedule_follow_up_runs_every_arm_and_each_composes(monkeypatch):
   base = gs.sweep("cpu").base
   for p in {arm(p): p for p in points}.values():
     plan = build_plan(compose([f"{k}={v}" for k, v in {**base, **p}.items()]))
-    assert plan.batch.max_size == (64 if p["batch.kind"] != "fixed" else p["data.batch_size"])
+    assert plan.batch.max_batch_size == (64 if p["batch.kind"] != "fixed" else p["data.batch_size"])
     if p["batch.kind"] == "seesaw":  # doubling from 16 where the step schedule halves the lr
       assert plan.batch.sizes == (16, 32, 64) and len(plan.batch.decay_examples) >= 2
 

@@ -89,8 +89,8 @@ def test_bad_numbers_are_refused_where_built_not_where_traced():
 def _lowered(tiny, *overrides):
   plan = build_plan(compose([*tiny, "train.steps=12", *overrides]))
   steps = Steps(plan, make_mesh())
-  B_max = plan.batch.max_size
-  batch = {k: jax.ShapeDtypeStruct((B_max, plan.data.seq_len), jnp.int32,
+  max_batch_size = plan.batch.max_batch_size
+  batch = {k: jax.ShapeDtypeStruct((max_batch_size, plan.data.seq_len), jnp.int32,
                                    sharding=steps.batch_sharding) for k in ("inputs", "targets")}
   init = steps.init_jit.lower(jnp.int32(0), steps.hparams).as_text()
   return steps.train_jit.lower(steps.abstract_sharded_state(), batch,

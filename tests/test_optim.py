@@ -21,6 +21,7 @@ from pergrad.optim import (
   second_moment_statistic,
   track_snr,
 )
+from pergrad.optim.moments import Moments
 from pergrad.stats.types import GradStats
 
 SHAPES = {"a": (3,), "blk": {"kernel": (4, 5)}, "c": (2, 3, 2)}
@@ -58,23 +59,23 @@ def _stats(leaves, granularity="example", want=("mean", "sq", "sign")):
 
 
 def _run(tx, samples, granularity="example", want=("mean", "sq", "sign"), params=None,
-         max_batch=B):
-  """Runs tx for len(samples) steps (update k after k·max_batch examples, as the train step
+         max_batch_size=B):
+  """Runs tx for len(samples) steps (update k after k·max_batch_size examples, as the train step
   passes them); returns per-step updates as lists of leaves."""
   params = _params() if params is None else params
   state = tx.init(params)
-  update = jax.jit(lambda g, s, p, st, seen: tx.update(g, s, p, grad_stats=st,
-                                                      examples_seen=seen, batch_size=max_batch))
+  update = jax.jit(lambda g, s, p, st, seen: tx.update(
+      g, s, p, grad_stats=st, examples_seen=seen, batch_size=max_batch_size))
   out = []
   for k, leaves in enumerate(samples):
     stats = _stats(leaves, granularity, want)
-    updates, state = update(stats.mean, state, params, stats, jnp.int32(k * max_batch))
+    updates, state = update(stats.mean, state, params, stats, jnp.int32(k * max_batch_size))
     out.append([np.asarray(u) for u in jax.tree.leaves(updates)])
   return out, state
 
 
 def _track(tracker, samples, want=("mean", "sq", "sign")):
-  """The state of `tracker` (`pergrad.optim.diagnostics.Tracker`) after len(samples) steps."""
+  """The state of `tracker` (`pergrad.optim.tracker.Tracker`) after len(samples) steps."""
   state = tracker.init(_params())
   update = jax.jit(tracker.update)
   for leaves in samples:
@@ -265,7 +266,7 @@ def test_diagnostics_match_numpy():
   _, state = _run(scale_by_adam_family("micro_adam", b1=beta, b2=b2), samples)
   snr = _track(track_snr(beta), samples)
   stats = _stats(samples[-1])
-  got = jax.jit(diagnostics)(stats, state, snr)
+  got = jax.jit(diagnostics)(stats, Moments(state, eps=1e-8, eps_root=0.0), snr)
   keys = ["a", "blk/kernel", "c"]
   m = [np.zeros(s) for s in _shape_leaves()]
   w = [np.zeros(s) for s in _shape_leaves()]
@@ -289,7 +290,7 @@ def test_diagnostics_match_numpy():
       "share_var_b": [(s / B, d) for s, d in zip(var, v_hat, strict=True)],
       "share_var": [(s, d) for s, d in zip(var, v_hat, strict=True)],
   }
-  assert len(got) == len(want) * (len(keys) + 1)
+  assert len(got) == (len(want) + 2) * (len(keys) + 1)  # and eps_share(_weighted)
   for name, per_leaf in want.items():
     for key, (a, b) in zip(keys, per_leaf, strict=True):
       np.testing.assert_allclose(got[f"opt/{key}/{name}"], a.sum() / b.sum(), rtol=1e-4,
@@ -304,4 +305,5 @@ def test_diagnostics_without_sq_reports_only_what_it_can():
   opt = build_optimizer(optimizer_config(name="sign", placement="ema"), ScheduleConfig(),
                         total_steps=STEPS, batch_size=B)
   _, state = _run(opt.tx, _samples(seed=15, n=B, steps=2), want=("mean",))
-  assert diagnostics(_stats(_samples(seed=16, n=B, steps=1)[0], want=("mean",)), state) == {}
+  assert opt.moments(state) is None
+  assert diagnostics(_stats(_samples(seed=16, n=B, steps=1)[0], want=("mean",))) == {}

@@ -30,9 +30,10 @@ from pergrad.config import composer as config_lib
 from pergrad.optim import build_optimizer, optimizer_config, scaled_hparams
 from pergrad.optim.adam_family import VARIANTS, scale_by_adam_family
 from pergrad.optim.configs import REGISTRY as OPTIMIZERS
-from pergrad.optim.diagnostics import diagnostics, track_snr
+from pergrad.optim.diagnostics import diagnostics
 from pergrad.optim.schedule import ScheduleConfig
 from pergrad.optim.sign import PLACEMENTS, scale_by_sign_placement
+from pergrad.optim.snr import track_snr
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
 
@@ -57,8 +58,8 @@ def test_lr_scaling_ratio_at_every_step(scaling, ratio):
   assert np.all(np.diff(lr_small[5:]) < 0) and lr_small[-1] >= 0.1 * peak
   # The transformation applies the same schedule: SGD steps are -lr(k) * ḡ.
   samples = _samples(seed=9, n=B, steps=7)
-  for opt, lrs, max_batch in ((small, lr_small, 8), (large, lr_large, 32)):
-    got, _ = _run(opt.tx, samples, want=("mean",), max_batch=max_batch)
+  for opt, lrs, max_batch_size in ((small, lr_small, 8), (large, lr_large, 32)):
+    got, _ = _run(opt.tx, samples, want=("mean",), max_batch_size=max_batch_size)
     want = [[-lrs[k] * g.astype(np.float64).mean(0) for g in leaves]
             for k, leaves in enumerate(samples)]
     _assert_close(got, want)
@@ -121,7 +122,7 @@ def test_build_optimizer_every_option(track):
       lrs = np.array([opt.learning_rate(k) for k in range(STEPS)])
       assert np.all(lrs > 0) and np.all(np.isfinite(lrs))
       stats = _stats(_samples(seed=12, n=n, steps=1)[0], req.granularity, req.want)
-      diag = jax.jit(diagnostics)(stats, state, snr)
+      diag = jax.jit(diagnostics)(stats, opt.moments(state), snr)
       assert ("opt/all/snr2_ema" in diag) == track
       assert all(np.isfinite(v) for v in diag.values())
 

@@ -191,7 +191,7 @@ def test_logged_counts_equal_numpy_from_the_update_and_heldout_stats(runs, tiny_
   from pergrad.train.step import Steps
 
   plan = build_plan(compose(_overrides(tiny_overrides, N_H)))
-  data, B = make_data(plan.data), plan.batch.max_size
+  data, B = make_data(plan.data), plan.batch.max_batch_size
   steps = Steps(plan, make_mesh())
   held = HeldOutData(data, N_H, B)
   host = held.batch(0)

@@ -17,8 +17,8 @@ from conftest import compose
 from pergrad.config import build_plan
 from pergrad.loss import make_loss_fn
 from pergrad.model import Transformer
-from pergrad.optim import GnsTrackerState, SnrTrackerState
-from pergrad.train.checkpoint import Checkpoints
+from pergrad.optim import GnsTrackerState, ScaleByAdamFamilyState, SnrTrackerState
+from pergrad.train.checkpoint import Checkpoints, IncompatibleCheckpoint
 from pergrad.train.heldout import heldout_stats
 from pergrad.train.state import TrainState, make_init_fn
 from pergrad.train.step import train_step
@@ -79,7 +79,7 @@ def test_checkpointed_optimizer_subtree_is_the_same_with_gns_on_and_off(tiny_ove
 @pytest.mark.parametrize("name", list(SETTINGS))
 def test_train_step_returns_state_and_metrics_in_every_variant(tiny_overrides, name):
   plan = _plan(tiny_overrides, name)
-  sp, B, T = plan.stats, plan.batch.max_size, plan.data.seq_len
+  sp, B, T = plan.stats, plan.batch.max_batch_size, plan.data.seq_len
   loss_fn = make_loss_fn(Transformer(plan.model))
   state = _abstract_state(plan)
   batch = {k: jax.ShapeDtypeStruct((B, T), jnp.int32) for k in ("inputs", "targets")}
@@ -112,3 +112,24 @@ def test_train_step_returns_state_and_metrics_in_every_variant(tiny_overrides, n
   assert all(k.split("/")[0].startswith("sign") for k in keys["logged+sign"] - keys["logged"])
   assert {"sign/total/agree", "sign_lag/total/agree"} <= keys["logged+sign"]
   assert ("opt/all/snr2_ema" in keys["logged"]) == (name in ("snr", "both"))
+
+
+def test_a_checkpoint_whose_chain_held_eps_is_refused_in_one_line(tiny_overrides, tmp_path):
+  """Before issue 38 the Adam family's chain held its ε (2 more arrays in the optimizer
+  state): such a checkpoint is refused with one line, and left where it is."""
+  plan = _plan(tiny_overrides, "off")
+  init = make_init_fn(plan.model, plan.optimizer, plan.data.seq_len)
+  state = jax.jit(init)(jnp.int32(plan.train.seed))
+  parts = list(state.opt_state)
+  i = next(i for i, p in enumerate(parts) if isinstance(p, ScaleByAdamFamilyState))
+  parts[i] = (parts[i], (jnp.float32(1e-8), jnp.float32(0.0)))  # the old chain: (adam, ε)
+  ckpt = Checkpoints(tmp_path / "checkpoints", keep=1)
+  ckpt.save(4, state.replace(opt_state=tuple(parts)))
+  ckpt.wait()
+  with pytest.raises(IncompatibleCheckpoint) as e:
+    ckpt.restore_latest(jax.eval_shape(init, jnp.int32(0)), fresh={})
+  ckpt.close()
+  message = str(e.value)
+  assert "\n" not in message and "step 4" in message and "eps" in message
+  assert "another train.out_dir" in message
+  assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["4"]  # not moved aside

@@ -1,13 +1,13 @@
 """Batch-size schedule settings (the `batch` node) and the run's frozen `BatchSchedule`.
 
-    sched = resolve(BatchConfig(kind="linear", start=8, ramp_tokens=2**17),
-                    max_size=32, seq_len=128, n_devices=1, microbatch=None, gns_groups=None)
+    sched = resolve(BatchConfig(kind="linear", start=8, ramp_tokens=2**17), max_batch_size=32,
+                    seq_len=128, n_devices=1, microbatch=None, gns_groups=None)
     sched.sizes == (8, 16, 32); sched.ramp_examples == 1024
 
 The run's length is train.steps x B_max examples (B_max = data.batch_size, the largest
 allowed size); a schedule spends them in more, smaller updates. Each allowed size has
 its own compiled train step. Which size each update takes is decided during the run by
-`pergrad.train.batch_schedule.next_size(sched, ...)`.
+`pergrad.train.batch_schedule.next_batch_size(sched, ...)`.
 
 Seesaw (Meterez et al. 2025, arXiv 2510.14717): "whenever a standard scheduler would halve
 the learning rate, multiply it by 1/√2 and double the batch size instead". Our reading,
@@ -23,6 +23,13 @@ B_max (the cap) by the schedule's own 1/2 (the plain decay: no batch growth left
 for it). optimizer.lr is the lr of the first updates, at B = batch.start (the paper starts
 Seesaw at the tuned lr and batch size of its cosine baseline). The sizes are the powers of
 two from batch.start (then B_max).
+
+Names (here and wherever a batch size is handled): `batch_size` is the number of
+examples of one batch, one update; `max_batch_size` a schedule's largest (B_max =
+data.batch_size), which is also the examples of one full-batch step, the unit of
+train.steps, eval_every and checkpoint_every; `sizes` the allowed batch sizes. `B`
+stays for formulas in docstrings and comments and for the batch axis in shape names
+(`x_BxT`).
 """
 
 from __future__ import annotations
@@ -92,7 +99,7 @@ class BatchSchedule:
   lr_ref: int | None = None  # seesaw: batch.start
 
   @property
-  def max_size(self) -> int:
+  def max_batch_size(self) -> int:
     return self.sizes[-1]
 
   def floor(self, x: float) -> int:
@@ -101,16 +108,16 @@ class BatchSchedule:
     return fits[-1] if fits else self.sizes[0]
 
 
-def default_sizes(start: int, max_size: int) -> tuple[int, ...]:
-  """start, 2·start, 4·start, ... below max_size, then max_size."""
+def default_sizes(start: int, max_batch_size: int) -> tuple[int, ...]:
+  """start, 2·start, 4·start, ... below max_batch_size, then max_batch_size."""
   sizes, b = [], start
-  while b < max_size:
+  while b < max_batch_size:
     sizes.append(b)
     b *= 2
-  return (*sizes, max_size)
+  return (*sizes, max_batch_size)
 
 
-def resolve(b: BatchConfig, *, max_size: int, seq_len: int, n_devices: int,
+def resolve(b: BatchConfig, *, max_batch_size: int, seq_len: int, n_devices: int,
             microbatch: int | None, gns_groups: tuple[str, ...] | None,
             decay_steps: tuple[int, ...] | None = None) -> BatchSchedule:
   """The schedule of `b` for a run; one ValueError line naming the key and the fix for
@@ -119,25 +126,25 @@ def resolve(b: BatchConfig, *, max_size: int, seq_len: int, n_devices: int,
   common = dict(kind=b.kind, gns_factor=b.gns_factor, gns_group=b.gns_group, every=b.every,
                 lr_scaling=b.lr_scaling)
   if b.kind == "fixed":
-    return BatchSchedule(sizes=(max_size,), start=max_size, **common)
-  if b.start > max_size:
-    raise ValueError(f"batch.start={b.start} exceeds data.batch_size={max_size} (the "
+    return BatchSchedule(sizes=(max_batch_size,), start=max_batch_size, **common)
+  if b.start > max_batch_size:
+    raise ValueError(f"batch.start={b.start} exceeds data.batch_size={max_batch_size} (the "
                      "largest size); lower batch.start.")
-  sizes = b.sizes or default_sizes(b.start, max_size)
+  sizes = b.sizes or default_sizes(b.start, max_batch_size)
   if b.kind == "seesaw":
-    common.update(_seesaw(b, sizes, max_size, decay_steps))
-  if sizes[-1] != max_size:
-    raise ValueError(f"batch.sizes={list(sizes)} must end at data.batch_size={max_size} (the "
+    common.update(_seesaw(b, sizes, max_batch_size, decay_steps))
+  if sizes[-1] != max_batch_size:
+    raise ValueError(f"batch.sizes={list(sizes)} must end at data.batch_size={max_batch_size} (the "
                      "size the schedule grows to); add it or change data.batch_size.")
   if b.start not in sizes:
     raise ValueError(f"batch.start={b.start} is not one of batch.sizes={list(sizes)}; "
                      "add it there or change batch.start.")
-  for size in sizes:
-    if size % n_devices:
-      raise ValueError(f"batch.sizes holds {size}, not divisible by the {n_devices} devices; "
-                       f"use multiples of {n_devices}.")
-    if microbatch and size % microbatch:
-      raise ValueError(f"batch.sizes holds {size}, not divisible by stats.microbatch_size="
+  for batch_size in sizes:
+    if batch_size % n_devices:
+      raise ValueError(f"batch.sizes holds {batch_size}, not divisible by the {n_devices} "
+                       f"devices; use multiples of {n_devices}.")
+    if microbatch and batch_size % microbatch:
+      raise ValueError(f"batch.sizes holds {batch_size}, not divisible by stats.microbatch_size="
                        f"{microbatch}; use multiples of it or another microbatch size.")
   sched = BatchSchedule(sizes=sizes, start=b.start, ramp_examples=-(-b.ramp_tokens // seq_len),
                         **common)
@@ -154,13 +161,13 @@ def resolve(b: BatchConfig, *, max_size: int, seq_len: int, n_devices: int,
   return sched
 
 
-def _seesaw(b: BatchConfig, sizes: tuple[int, ...], max_size: int,
+def _seesaw(b: BatchConfig, sizes: tuple[int, ...], max_batch_size: int,
             decay_steps: tuple[int, ...] | None) -> dict:
   """Seesaw's settings (module docstring), checked."""
   if decay_steps is None:
     raise ValueError("batch.kind=seesaw doubles B where a step schedule halves the lr; set "
                      "schedule=step (its halving points: schedule.decay_steps).")
-  if sizes != default_sizes(b.start, max_size):
+  if sizes != default_sizes(b.start, max_batch_size):
     raise ValueError(f"batch.kind=seesaw doubles B from batch.start={b.start}; leave "
                      f"batch.sizes empty (the powers of two from batch.start), not "
                      f"{list(sizes)}.")
@@ -168,4 +175,4 @@ def _seesaw(b: BatchConfig, sizes: tuple[int, ...], max_size: int,
     raise ValueError("batch.kind=seesaw scales the lr by √(B / batch.start) (lr x 1/√2 per "
                      "doubling); batch.lr_scaling=linear contradicts it: set it to sqrt.")
   return dict(lr_scaling="sqrt", lr_ref=b.start,
-              decay_examples=tuple(d * max_size for d in decay_steps))
+              decay_examples=tuple(d * max_batch_size for d in decay_steps))

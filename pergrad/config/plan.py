@@ -37,9 +37,8 @@ from pergrad.fields import RESUMABLE
 from pergrad.files import SUMMARY
 from pergrad.layer_types import LAYER_TYPES
 from pergrad.model import TIED_EMBEDDING, ModelSpec
-from pergrad.optim import Optimizer, build_optimizer
+from pergrad.optim import Optimizer, build_optimizer, track_gns
 from pergrad.optim.configs import REGISTRY as OPTIMIZERS
-from pergrad.optim.diagnostics import track_gns
 from pergrad.optim.schedule import decay_steps
 from pergrad.stats import StatsOptions, StatsRequest, check_microbatch, resolve_backend
 from pergrad.stats import backends as backends_lib
@@ -133,7 +132,7 @@ def build_plan(cfg: Any, n_devices: int = 1) -> RunPlan:
         "pergrad.stats.register_backend, listed in plugins=[module]).")
 
   halvings = (decay_steps(c.schedule, c.train.steps) if c.schedule.name == "step" else None)
-  batch = batch_lib.resolve(c.batch, max_size=data.batch_size, seq_len=data.seq_len,
+  batch = batch_lib.resolve(c.batch, max_batch_size=data.batch_size, seq_len=data.seq_len,
                             n_devices=n_devices, microbatch=s.microbatch_size,
                             gns_groups=(*LAYER_TYPES, TOTAL) if s.gns else None,
                             decay_steps=halvings)

@@ -62,25 +62,25 @@ class TrainSpec:
     if self.keep_checkpoints < 1:
       raise ValueError(f"train.keep_checkpoints={self.keep_checkpoints} must be >= 1.")
 
-  def evals_at(self, before: int, after: int, unit: int) -> bool:
+  def evals_at(self, before: int, after: int, max_batch_size: int) -> bool:
     """Whether the update that took the examples seen from `before` to `after` evaluates
-    (unit = B_max examples per full-batch step)."""
-    return self.eval_batches > 0 and _crosses(before, after, unit, self.eval_every,
+    (max_batch_size examples per full-batch step)."""
+    return self.eval_batches > 0 and _crosses(before, after, max_batch_size, self.eval_every,
                                               self.steps)
 
-  def checkpoints_at(self, before: int, after: int, unit: int) -> bool:
-    return _crosses(before, after, unit, self.checkpoint_every, self.steps)
+  def checkpoints_at(self, before: int, after: int, max_batch_size: int) -> bool:
+    return _crosses(before, after, max_batch_size, self.checkpoint_every, self.steps)
 
-  def done(self, seen: int, unit: int) -> bool:
-    return seen >= self.steps * unit
+  def done(self, seen: int, max_batch_size: int) -> bool:
+    return seen >= self.steps * max_batch_size
 
 
-def _crosses(before: int, after: int, unit: int, every: int, steps: int) -> bool:
-  """The end of the run (steps x unit examples), or a multiple of every x unit, lies in
-  (before, after]."""
-  if after >= steps * unit:
+def _crosses(before: int, after: int, max_batch_size: int, every: int, steps: int) -> bool:
+  """The end of the run (steps x max_batch_size examples), or a multiple of every x
+  max_batch_size, lies in (before, after]."""
+  if after >= steps * max_batch_size:
     return True
-  return every > 0 and after // (every * unit) > before // (every * unit)
+  return every > 0 and after // (every * max_batch_size) > before // (every * max_batch_size)
 
 
 class WandbMode(Choice):
@@ -134,7 +134,7 @@ class StatsSpec:
   # opt/<leaf>/snr2_ema. It needs 'sq' at EVERY step (per-example statistics in the train
   # step), so it is off unless an experiment asks for it.
   track_snr: bool = False
-  # Track the gradient noise scale every step (pergrad.optim.diagnostics.track_gns):
+  # Track the gradient noise scale every step (pergrad.optim.noise_scale.track_gns):
   # per-example norms in every train step, raw terms gns/<group>/{G2,S} and EMA-smoothed
   # B_simple per layer type and total in metrics.jsonl.
   gns: bool = False

@@ -1,5 +1,5 @@
-"""`build_optimizer`: optimizer config -> (transformation, statistics request, schedule,
-trackers).
+"""`build_optimizer`: optimizer config -> Optimizer (transformation, statistics request,
+schedule, trackers, and what the diagnostics read of it).
 
 Every optimizer is one optax chain
 
@@ -16,35 +16,31 @@ schedule by the examples seen, an extra argument from the train state
 B = data.batch_size every update it is `optax.scale_by_learning_rate(schedule)`.
 
 Beside the chain, not in it, sit the trackers of the diagnostics (`Optimizer.snr`,
-`Optimizer.gns`: `pergrad.optim.diagnostics.track_snr(b1)`, `track_gns`), whose states the
-train state holds: the optimizer state is the same with or without them. They add to the
-request the statistics they read ('sq'; per-example 'norms').
+`Optimizer.gns`: `pergrad.optim.snr.track_snr(b1)`, `pergrad.optim.noise_scale.track_gns`),
+whose states the train state holds: the optimizer state is the same with or without them.
+They add to the request the statistics they read ('sq'; per-example 'norms'). Nothing sits
+in the chain only for logging: an Adam-family direction says where its state is
+(`Direction.moments`), and `Optimizer.moments(opt_state)` hands it to the diagnostics
+with the hparams' ε (`pergrad.optim.moments.Moments`).
 
 The direction and the statistics it reads come from the optimizer's registry entry
-(`pergrad.optim.configs.REGISTRY`, builders below for the built-ins): sgd: ḡ; momentum:
-optax.trace(b1) (heavy ball); adam/adamw: `scale_by_adam_family("adam")` (=
-optax.scale_by_adam); sign: `scale_by_sign_placement`; adam_family:
-`scale_by_adam_family(variant)`, with its ε held in the chain (`diagnostics.hold_eps`)
-for the eps_share diagnostic. Weight decay is decoupled and multiplied by the
-learning rate (optax.adamw's convention), on every parameter. adam and adamw differ
-only in their config defaults. A builder may return a direction that clips ḡ itself
-(`clips=True`), so that the statistics follow the clipping.
+(`pergrad.optim.configs.REGISTRY`; the built-ins' builders: `pergrad.optim.builders`).
+Weight decay is decoupled and multiplied by the learning rate (optax.adamw's convention),
+on every parameter. A builder may return a direction that clips ḡ itself (`clips=True`),
+so that the statistics follow the clipping.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import NamedTuple
 
 import optax
 
 from pergrad.optim import configs
-from pergrad.optim.adam_family import request_for_variant, scale_by_adam_family
 from pergrad.optim.common import with_float32_state
-from pergrad.optim.diagnostics import OFF, Tracker, hold_eps
-from pergrad.optim.diagnostics import track_snr as snr_tracker
 from pergrad.optim.dp_noise import add_clipped_noise
 from pergrad.optim.hparams import Hparams
+from pergrad.optim.moments import Moments
 from pergrad.optim.schedule import (
   ScaledHparams,
   ScheduleConfig,
@@ -54,17 +50,10 @@ from pergrad.optim.schedule import (
   schedule_of,
   token_lr,
 )
-from pergrad.optim.sign import request_for_placement, scale_by_sign_placement
-from pergrad.optim.types import Optimizer
+from pergrad.optim.snr import track_snr as snr_tracker
+from pergrad.optim.tracker import OFF, Tracker
+from pergrad.optim.types import Optimizer, no_moments
 from pergrad.stats.request import StatsRequest
-
-
-class Direction(NamedTuple):
-  """What an optimizer's builder returns."""
-
-  tx: optax.GradientTransformation  # maps ḡ (and grad_stats) to the update direction
-  request: StatsRequest = StatsRequest()  # the statistics tx reads from grad_stats
-  clips: bool = False  # tx applies optimizer.clip_norm itself
 
 
 def scaled_hparams(opt: configs.OptimizerConfig, batch_size: int) -> ScaledHparams:
@@ -101,7 +90,7 @@ def build_optimizer(opt: configs.OptimizerConfig, sched: ScheduleConfig, *, tota
       largest size, B_max (the schedule is indexed by examples seen / B_max).
     track_snr: the tracker `track_snr(b1)` beside the chain (Optimizer.snr), so that
       `pergrad.optim.diagnostics` can report the EMA SNR; it adds 'sq' to the request.
-    gns: a GNS tracker (`pergrad.optim.diagnostics.track_gns`) beside the chain
+    gns: a GNS tracker (`pergrad.optim.noise_scale.track_gns`) beside the chain
       (Optimizer.gns); it adds 'norms' (per-example squared norms, every step) of the
       leaves `gns_layers` (layer types or path patterns; (): all) to the request.
     batch_lr_scaling: lr x (B / B_ref)^κ' for an update of B examples (none, sqrt,
@@ -109,7 +98,7 @@ def build_optimizer(opt: configs.OptimizerConfig, sched: ScheduleConfig, *, tota
     seed: seeds the DP-SGD noise (`add_clipped_noise`) when optimizer.noise_multiplier > 0.
 
   Returns:
-    Optimizer(tx, request, learning_rate, token_lr, snr, gns, hparams, at); raises
+    Optimizer(tx, request, learning_rate, token_lr, snr, gns, hparams, at, moments); raises
     ValueError on a bad setting, before any compute.
   """
   build = _builder(opt.name)
@@ -139,14 +128,18 @@ def build_optimizer(opt: configs.OptimizerConfig, sched: ScheduleConfig, *, tota
                                      hp.noise_seed))
     if opt.clip_norm is not None and not direction.clips:
       parts.append(optax.clip_by_global_norm(hp.clip_norm))
+    at_direction = len(parts)  # the direction's state: opt_state[at_direction]
     parts.append(direction.tx)
     if opt.weight_decay > 0:
       parts.append(optax.add_decayed_weights(hp.weight_decay))
     parts.append(scale_by_token_schedule(lr, *by_tokens))
+    moments = (None if direction.moments is None else lambda opt_state: Moments(
+        direction.moments(opt_state[at_direction]), eps=hp.eps, eps_root=hp.eps_root))
     return Optimizer(tx=with_float32_state(optax.chain(*parts)), request=request,
                      learning_rate=lr, token_lr=token_lr(lr, *by_tokens),
                      snr=snr_tracker(hp.b1) if track_snr else OFF,
-                     gns=gns if gns is not None else OFF, hparams=hp, at=at)
+                     gns=gns if gns is not None else OFF, hparams=hp, at=at,
+                     moments=moments or no_moments)
 
   return at(hparams_of(opt, sched, total_steps=total_steps, batch_size=batch_size, seed=seed))
 
@@ -163,36 +156,3 @@ def hparams_of(opt: configs.OptimizerConfig, sched: ScheduleConfig, *, total_ste
                  halvings=(decay_steps(sched, total_steps, cut=False) if sched.name == "step"
                            else ()),
                  noise_seed=seed)
-
-
-# --- the built-in optimizers' builders (registered in configs.py) ----------------------
-def sgd(cfg, hp: Hparams) -> Direction:
-  del cfg, hp
-  return Direction(optax.identity())
-
-
-def momentum(cfg: configs.MomentumConfig, hp: Hparams) -> Direction:
-  del cfg
-  return Direction(optax.trace(decay=hp.b1))
-
-
-def adam(cfg: configs.AdamConfig, hp: Hparams) -> Direction:
-  del cfg
-  tx = scale_by_adam_family("adam", hp.b1, hp.b2, hp.eps, hp.eps_root, clip_norm=hp.clip_norm)
-  return Direction(optax.chain(tx, hold_eps(hp.eps, hp.eps_root)), clips=True)
-
-
-adamw = adam
-
-
-def sign(cfg: configs.SignConfig, hp: Hparams) -> Direction:
-  placement = cfg.placement
-  return Direction(scale_by_sign_placement(placement, hp.b1), request_for_placement(placement))
-
-
-def adam_family(cfg: configs.AdamFamilyConfig, hp: Hparams) -> Direction:
-  variant = cfg.variant
-  tx = scale_by_adam_family(variant, hp.b1, hp.b2, hp.eps, hp.eps_root, cfg.mix_a, cfg.mix_b,
-                            clip_norm=hp.clip_norm)
-  return Direction(optax.chain(tx, hold_eps(hp.eps, hp.eps_root)), request_for_variant(variant),
-                   clips=True)

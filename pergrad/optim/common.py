@@ -33,13 +33,6 @@ def require_stats(grad_stats: GradStats | None, who: str, *, need: tuple[str, ..
   return grad_stats
 
 
-def find_state(opt_state: Any, cls: type) -> Any:
-  """The first sub-state of type `cls` in `opt_state` (None if there is none)."""
-  found = [s for s in jax.tree.leaves(opt_state, is_leaf=lambda x: isinstance(x, cls))
-           if isinstance(s, cls)]
-  return found[0] if found else None
-
-
 def f32(tree: Any) -> Any:
   """Casts every leaf to float32 (statistics and optimizer math run in float32)."""
   return jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), tree)

@@ -16,7 +16,7 @@ How to add an optimizer (from a plugin module, no edit of the package):
   1. its config dataclass: subclass `OptimizerConfig` (or `MomentumConfig`,
      `AdamConfig`: the fields the direction reads live on its own config) with
      `name = "<name>"` and its fields, checked in `__post_init__`;
-  2. `def build(cfg, hp) -> Direction` (`pergrad.optim.build.Direction`);
+  2. `def build(cfg, hp) -> Direction` (`pergrad.optim.types.Direction`);
   3. `register("<name>", NameConfig, build)`; list the module in `plugins=[module]`, then
      `optimizer=<name>` selects it (`pergrad.config.composer` stores its schema)
      and `optimizer.<field>=...` sets its fields.
@@ -165,10 +165,10 @@ def optimizer_config(name: str = "adamw", **fields) -> OptimizerConfig:
   return REGISTRY.get(name).config(name=name, **fields)
 
 
-register("sgd", OptimizerConfig, "pergrad.optim.build:sgd")
-register("momentum", MomentumConfig, "pergrad.optim.build:momentum")
+register("sgd", OptimizerConfig, "pergrad.optim.builders:sgd")
+register("momentum", MomentumConfig, "pergrad.optim.builders:momentum")
 for _name in ("adam", "adamw"):
-  register(_name, AdamConfig, f"pergrad.optim.build:{_name}")
-register("sign", SignConfig, "pergrad.optim.build:sign")
-register("adam_family", AdamFamilyConfig, "pergrad.optim.build:adam_family")
+  register(_name, AdamConfig, f"pergrad.optim.builders:{_name}")
+register("sign", SignConfig, "pergrad.optim.builders:sign")
+register("adam_family", AdamFamilyConfig, "pergrad.optim.builders:adam_family")
 REGISTRY.seal()

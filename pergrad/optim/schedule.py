@@ -176,21 +176,22 @@ def schedule_of(name: str, peak_lr, *, total_steps, warmup_steps, final_lr_frac,
   return schedule
 
 
-def token_lr(schedule: optax.Schedule, max_batch: int, lr_scaling: str = "none",
+def token_lr(schedule: optax.Schedule, max_batch_size: int, lr_scaling: str = "none",
              ref_batch: int | None = None, exact_floor: bool = False
              ) -> Callable[[jax.Array, int], jax.Array]:
-  """(seen, B) -> lr = schedule(seen / max_batch) · (B / B_ref)^κ' (module docstring),
+  """(seen, B) -> lr = schedule(seen / max_batch_size) · (B / B_ref)^κ' (module docstring),
   float32; `seen` an int32 count of examples, B a Python int; B_ref = `ref_batch`
-  (None: max_batch); `exact_floor`: τ kept below seen // max_batch + 1 (step schedules)."""
+  (None: max_batch_size); `exact_floor`: τ kept below seen // max_batch_size + 1 (step
+  schedules)."""
   if lr_scaling not in LrScaling.values():
     raise ValueError(f"batch.lr_scaling={lr_scaling!r}; choose one of {LrScaling.values()}")
   kappa = LrScaling(lr_scaling).exponent
-  ref = ref_batch or max_batch
+  ref = ref_batch or max_batch_size
 
   def lr(seen: jax.Array, batch_size: int) -> jax.Array:
     # τ in integer arithmetic first: exactly k for a fixed-batch run.
-    k = (seen // max_batch).astype(jnp.float32)
-    tau = k + (seen % max_batch) / max_batch
+    k = (seen // max_batch_size).astype(jnp.float32)
+    tau = k + (seen % max_batch_size) / max_batch_size
     if exact_floor:
       tau = jnp.minimum(tau, jnp.nextafter(k + 1.0, k))
     return jnp.asarray(schedule(tau) * (batch_size / ref) ** kappa, jnp.float32)
@@ -198,33 +199,33 @@ def token_lr(schedule: optax.Schedule, max_batch: int, lr_scaling: str = "none",
   return lr
 
 
-def step_args(name: str, max_batch: int, *, examples_seen=None, batch_size: int | None = None,
+def step_args(name: str, max_batch_size: int, *, examples_seen=None, batch_size: int | None = None,
               **extra_args) -> tuple[jax.Array, int]:
   """(examples seen before the update as int32, the update's B) from the extra arguments
-  the train step passes to every update (B: a static int; None: max_batch)."""
+  the train step passes to every update (B: a static int; None: max_batch_size)."""
   del extra_args
   if examples_seen is None:
     raise ValueError(f"{name} needs the extra argument examples_seen (the examples seen "
                      "before this update).")
-  return jnp.asarray(examples_seen, jnp.int32), max_batch if batch_size is None else batch_size
+  return jnp.asarray(examples_seen, jnp.int32), max_batch_size if batch_size is None else batch_size
 
 
-def scale_by_token_schedule(schedule: optax.Schedule, max_batch: int,
+def scale_by_token_schedule(schedule: optax.Schedule, max_batch_size: int,
                             lr_scaling: str = "none", ref_batch: int | None = None,
                             exact_floor: bool = False
                             ) -> optax.GradientTransformationExtraArgs:
-  """u -> −lr · u with lr = `token_lr(schedule, max_batch, ...)(seen, B)`.
+  """u -> −lr · u with lr = `token_lr(schedule, max_batch_size, ...)(seen, B)`.
 
   Stateless; `update` takes the extra arguments `examples_seen` (int32: examples seen
   before this update) and `batch_size` (a Python int: the compiled step's static batch
-  dimension; None: max_batch). With a constant B = max_batch and examples_seen = k · B
-  it equals `optax.scale_by_learning_rate(schedule)` at update k.
+  dimension; None: max_batch_size). With a constant B = max_batch_size and examples_seen =
+  k · B it equals `optax.scale_by_learning_rate(schedule)` at update k.
   """
-  lr_of = token_lr(schedule, max_batch, lr_scaling, ref_batch, exact_floor)
+  lr_of = token_lr(schedule, max_batch_size, lr_scaling, ref_batch, exact_floor)
 
   def update_fn(updates, state, params=None, **extra_args):
     del params
-    lr = lr_of(*step_args("scale_by_token_schedule", max_batch, **extra_args))
+    lr = lr_of(*step_args("scale_by_token_schedule", max_batch_size, **extra_args))
     return jax.tree.map(lambda u: jnp.asarray(-lr, u.dtype) * u, updates), state
 
   return optax.GradientTransformationExtraArgs(optax.init_empty_state, update_fn)

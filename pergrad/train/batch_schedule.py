@@ -1,7 +1,7 @@
 """Batch-size schedules: which batch size B each update uses.
 
     sched = plan.batch                  # pergrad.config.batch.BatchSchedule
-    B = next_size(sched, k, seen, current, b_simple)   # before update k + 1
+    batch_size = next_batch_size(sched, k, seen, batch_size, b_simple)  # before update k + 1
 
 The run's length is a number of examples, E = train.steps x B_max (B_max =
 data.batch_size, the largest allowed size): a fixed run makes train.steps updates of
@@ -23,8 +23,8 @@ the batch schedule. Kinds:
 
 floor_sizes(x) is the largest allowed size ≤ x (at least the smallest). Each allowed
 size has its own compiled train step (buckets, compiled before the loop), so changing B
-never compiles. A decision depends only on (k, seen, the current B, the state after
-update k), all of which a checkpoint holds (the current B is the last update's,
+never compiles. A decision depends only on (k, seen, the last_batch_size B, the state after
+update k), all of which a checkpoint holds (the last_batch_size B is the last update's,
 `TrainState.batch_size`), so a resumed run makes the same decisions.
 """
 
@@ -36,22 +36,23 @@ from typing import Callable
 from pergrad.config.batch import BatchSchedule
 
 
-def next_size(sched: BatchSchedule, k: int, seen: int, current: int,
-              b_simple: Callable[[], float]) -> int:
+def next_batch_size(sched: BatchSchedule, k: int, seen: int, last_batch_size: int,
+                    b_simple: Callable[[], float]) -> int:
   """B of update k + 1, after k updates that saw `seen` examples, the last of size
-  `current` (0 before the first); `b_simple()` reads the tracker (gns decisions only)."""
+  `last_batch_size` (0 before the first); `b_simple()` reads the tracker (gns decisions
+  only)."""
   if sched.kind == "fixed":
-    return sched.max_size
+    return sched.max_batch_size
   if sched.kind == "linear":
     frac = min(seen / sched.ramp_examples, 1.0)
-    return sched.floor(sched.start + (sched.max_size - sched.start) * frac)
+    return sched.floor(sched.start + (sched.max_batch_size - sched.start) * frac)
   if sched.kind == "seesaw":
     return sched.floor(sched.start * 2 ** sum(seen >= p for p in sched.decay_examples))
-  if current == 0:
+  if last_batch_size == 0:
     return sched.start
   if k % sched.every:
-    return current
+    return last_batch_size
   b = b_simple()
   if not (math.isfinite(b) and b > 0):
-    return current
-  return max(current, sched.floor(sched.gns_factor * b))
+    return last_batch_size
+  return max(last_batch_size, sched.floor(sched.gns_factor * b))

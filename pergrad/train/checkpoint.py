@@ -16,9 +16,9 @@ A save that cannot write (disk full, read-only or missing folder; an OSError, or
 status for one such as RESOURCE_EXHAUSTED) raises `OutputError` naming the path; its
 temporary folder is removed and the earlier checkpoints are intact.
 
-`check_progress_kept(run_dir, train, unit)`, before anything is written: a run directory
-whose metrics or summary record progress that a checkpoint should hold, but which holds no
-checkpoint at all (deleted, or lost with a disk), is not silently trained again from step 0
+`check_progress_kept(run_dir, train, max_batch_size)`, before anything is written: a run
+directory whose metrics or summary record progress that a checkpoint should hold, but which
+holds no checkpoint at all (deleted, or lost with a disk), is not silently trained again from step 0
 (its metrics.jsonl rewritten); one line says what it found, unless `train.restart=true`.
 """
 
@@ -158,11 +158,11 @@ def _quiet():
       lg.setLevel(level)
 
 
-def check_progress_kept(run_dir: Path, train, unit: int) -> None:
+def check_progress_kept(run_dir: Path, train, max_batch_size: int) -> None:
   """OutputError (one line) when `run_dir` records progress (a summary.json, or metrics
-  past the run's first checkpoint: `train.checkpoints_at`, `unit` examples per full-batch
-  step) but holds no checkpoint, readable or not, unless `train.restart`. A run killed before
-  its first checkpoint starts again from step 0, as it must."""
+  past the run's first checkpoint: `train.checkpoints_at`, `max_batch_size` examples per
+  full-batch step) but holds no checkpoint, readable or not, unless `train.restart`. A run
+  killed before its first checkpoint starts again from step 0, as it must."""
   directory = Path(run_dir) / CHECKPOINTS
   if train.restart or (directory.is_dir() and any(
       p.name.split(".")[0].isdigit() and TMP_SUFFIX not in p.name for p in directory.iterdir())):
@@ -171,7 +171,7 @@ def check_progress_kept(run_dir: Path, train, unit: int) -> None:
   seen = max((r.get("examples_seen", 0) for r in records), default=0)
   summary = Path(run_dir) / SUMMARY
   status = read_json(summary).get("status") if summary.exists() else None
-  if status is None and not train.checkpoints_at(0, seen, unit):
+  if status is None and not train.checkpoints_at(0, seen, max_batch_size):
     return
   train = [r["step"] for r in records if r.get("split") == "train"]
   found = [f"{METRICS} logs {len(train):,} training records up to step "
@@ -196,6 +196,11 @@ def _reason(e: BaseException, step_dir: Path) -> str:
     where = f" reading {os.path.relpath(read[-1], step_dir)}" if read else ""
     text = f"{status.group(1)}{where}: {status.group(2).rsplit(': ', 1)[-1]}"
   return f"{type(e).__name__}: {text[:200]}" if text else type(e).__name__
+
+
+class IncompatibleCheckpoint(ValueError):
+  """A checkpoint whose optimizer state this pergrad's optimizer cannot hold (another
+  version wrote it): refused in one line, never moved aside as corrupt."""
 
 
 class Checkpoints:
@@ -289,6 +294,8 @@ class Checkpoints:
         if got != step:
           raise ValueError(f"it holds step {got}")
         return state
+      except IncompatibleCheckpoint:
+        raise  # intact, from another pergrad: left where it is
       except Exception as e:  # noqa: BLE001 - any failure means this step is unusable
         _quiet_failed_reads()
         moved = self._move_aside(step)
@@ -306,14 +313,22 @@ class Checkpoints:
 
   def _target(self, step: int, abstract_state: Any, fresh: dict) -> tuple[Any, list[str]]:
     """The restore target of `step` and the `fresh` fields to set after it: those whose
-    saved leaves differ in number from the target's (a dict target holding them as saved)."""
-    if not fresh:
-      return abstract_state, []
+    saved leaves differ in number from the target's (a dict target holding them as saved).
+    IncompatibleCheckpoint when its optimizer state has another number of arrays."""
     with ocp.StandardCheckpointer() as reader:  # the manager knows no handler before a restore
       saved = reader.metadata(self.directory / str(step) / "default").item_metadata
     if saved is None:  # unreadable: the restore then fails, saying why
       return abstract_state, []
     n = lambda tree: len(jax.tree.leaves(tree))
+    mine = getattr(abstract_state, "opt_state", None)
+    if "opt_state" in saved.keys() and n(saved["opt_state"]) != n(mine):
+      raise IncompatibleCheckpoint(
+          f"the checkpoint of step {step} in {self.directory} holds an optimizer state of "
+          f"{n(saved['opt_state'])} arrays where this pergrad's optimizer has {n(mine)} (written "
+          "by another version: before issue 38 the Adam family's chain also held its eps, 2 "
+          "more); resume it with the pergrad that wrote it, or set another train.out_dir.")
+    if not fresh:
+      return abstract_state, []
     redo = [f for f in fresh
             if f not in saved.keys() or n(saved[f]) != n(getattr(abstract_state, f))]
     if not redo:

@@ -55,7 +55,7 @@ def _decision(plan: RunPlan, out_dir: Path) -> str:
   decision = resume_decision(out_dir, plan)
   if decision == "completed":
     return "completed: a run would skip it"
-  check_progress_kept(out_dir, plan.train, plan.batch.max_size)
+  check_progress_kept(out_dir, plan.train, plan.batch.max_batch_size)
   steps = sorted(int(p.name) for p in (out_dir / CHECKPOINTS).glob("*") if p.name.isdigit())
   if decision == "resume" and steps:
     return f"a run would resume it from the checkpoint of step {steps[-1]}"
@@ -144,15 +144,15 @@ def _trace(plan: RunPlan) -> list[str]:
   variants = {"plain": (None, None)}
   if sp.log_request is not None:
     variants["statistics-logging"] = (sp.log_request, sp.log_backend)
-  sizes = plan.batch.sizes if plan.batch.kind != "fixed" else (plan.batch.max_size,)
+  sizes = plan.batch.sizes if plan.batch.kind != "fixed" else (plan.batch.max_batch_size,)
   metrics = {}
   for log_request, log_backend in variants.values():
     step = functools.partial(train_step, loss_fn=loss_fn, opt=plan.optimizer,
                              request=sp.request, backend=sp.backend, options=sp.options,
                              log_request=log_request, log_backend=log_backend,
                              sign_lag=sp.sign_lag)
-    for B in sizes:
-      batch = {k: jax.ShapeDtypeStruct((B, plan.data.seq_len), jnp.int32)
+    for batch_size in sizes:
+      batch = {k: jax.ShapeDtypeStruct((batch_size, plan.data.seq_len), jnp.int32)
                for k in ("inputs", "targets")}
       _, m = jax.eval_shape(step, state, batch)
       metrics.update(m)

@@ -65,7 +65,7 @@ import jax.numpy as jnp
 
 import pergrad.stats as pstats
 from pergrad.config.plan import HELDOUT_REQUEST
-from pergrad.optim.diagnostics import SnrTrackerState
+from pergrad.optim import SnrTrackerState
 from pergrad.stats import sign_agreement
 from pergrad.stats.types import GradStats
 from pergrad.train import mesh as mesh_lib
@@ -92,12 +92,12 @@ class HeldOutData:
   def __init__(self, data, n_h: int, batch_size: int, part: tuple[int, int] = (0, 1)):
     self._stream = copy.copy(data)  # the same windows and tokenizer, another seed
     self._stream.seed = heldout_seed(data.seed)
-    self.n_h, self.size, self.part = n_h, n_h * batch_size, part
+    self.n_h, self.batch_size, self.part = n_h, n_h * batch_size, part
 
   def batch(self, seen: int) -> dict:
     """Examples n_h·seen .. n_h·seen + n_h·B − 1 of the held-out stream (this
     process's rows)."""
-    return self._stream.train_examples(self.n_h * seen, self.size, self.part)
+    return self._stream.train_examples(self.n_h * seen, self.batch_size, self.part)
 
 
 def heldout_stats(params: PyTree, batch: dict, *, loss_fn, backend: str,
@@ -142,18 +142,18 @@ class SignLog:
 
   def __init__(self, plan, loss_fn, mesh, abstract_params: PyTree):
     sp = plan.stats
-    B, T = plan.batch.max_size, plan.data.seq_len
+    batch_size, T = plan.batch.max_batch_size, plan.data.seq_len
     self.n_h = sp.sign_agreement
     repl = mesh_lib.replicated(mesh)
     batch_sharding = mesh_lib.batch_sharding(mesh)
     options = dataclasses.replace(sp.options,
-                                  microbatch_size=sp.options.microbatch_size or B)
+                                  microbatch_size=sp.options.microbatch_size or batch_size)
     stats_fn = jax.jit(
         functools.partial(heldout_stats, loss_fn=loss_fn, backend=sp.sign_backend,
                           options=options),
         in_shardings=(jax.tree.map(lambda s: s.sharding, abstract_params), batch_sharding),
         out_shardings=repl)
-    batch = {k: jax.ShapeDtypeStruct((self.n_h * B, T), jnp.int32, sharding=batch_sharding)
+    batch = {k: jax.ShapeDtypeStruct((self.n_h * batch_size, T), jnp.int32, sharding=batch_sharding)
              for k in ("inputs", "targets")}
     self.stats = stats_fn.lower(abstract_params, batch).compile()
     self.abstract_stats = jax.tree.map(

@@ -3,16 +3,18 @@
     plan = pergrad.config.build_plan(cfg, jax.device_count())
     summary = run(plan, "outputs/my_run")
 
-Order of work: decide from the plan's fingerprint whether `out_dir` is new, to resume
-or already completed (a different run there is a one-line error), prepare the data,
-build the jitted steps, restore the latest good checkpoint, then train. Metrics stay on
-the device until about `logging.log_every` steps are pending, then all but the newest
-are pulled in one transfer (one step late, as in nanodo), so the device never waits for
-logging and the host syncs once per log interval, not once per step (on CPU, where host
-and XLA share the cores, syncing every step cost ~6% of the cpu preset's tokens/s); before an
-evaluation or a checkpoint every pending step is pulled and checked, so a checkpoint
-never holds a state whose loss or parameters are non-finite. At the end the run draws
-`curves.png` beside `metrics.jsonl`.
+Three steps, with a `Session` between them: `_setup` decides from the plan's fingerprint
+whether `out_dir` is new, to resume or already completed (a different run there is a
+one-line error), prepares the data, builds the jitted steps and restores the latest good
+checkpoint; `_loop` trains; `_finish` closes the checkpoints and the log and writes the
+summary, whatever stopped the loop. Metrics stay on the device until about
+`logging.log_every` steps are pending, then all but the newest are pulled in one transfer
+(one step late, as in nanodo), so the device never waits for logging and the host syncs
+once per log interval, not once per step (on CPU, where host and XLA share the cores,
+syncing every step cost ~6% of the cpu preset's tokens/s); before an evaluation or a
+checkpoint every pending step is pulled and checked (`pergrad.train.recorder`), so a
+checkpoint never holds a state whose loss or parameters are non-finite. At the end the run
+draws `curves.png` beside `metrics.jsonl`.
 
 Divergence stops the run (status "diverged" in summary.json, a one-line error naming the
 step and the last good checkpoint): a non-finite training loss, gradient or parameter
@@ -40,13 +42,13 @@ same examples seen whatever the schedule (`pergrad.config.schema.TrainSpec`).
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import logging
-import math
 import sys
 import time
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import jax
 import numpy as np
@@ -55,21 +57,19 @@ import yaml
 from pergrad import files
 from pergrad.config.plan import CONFIG, RunPlan, resume_decision
 from pergrad.model import count_params
-from pergrad.optim.diagnostics import gns_metrics
+from pergrad.optim import gns_metrics
 from pergrad.train import compile_cache, distributed
-from pergrad.train.batch_schedule import next_size
+from pergrad.train.batch_schedule import next_batch_size
 from pergrad.train.checkpoint import Checkpoints, OutputError, check_progress_kept
-from pergrad.train.divergence import TrainLossWatch, eval_diverged
 from pergrad.train.heldout import HeldOutData
 from pergrad.train.interrupt import Interrupts
 from pergrad.train.metrics import MetricsLogger, read_records
 from pergrad.train.progress import Clock, Progress, print_summary
+from pergrad.train.recorder import History, NonFiniteLossError, Recorder
 from pergrad.train.run_dir import write_failed_summary
 
-
-class NonFiniteLossError(RuntimeError):
-  """The run diverged (module docstring); the message names the step and the last good
-  checkpoint."""
+if TYPE_CHECKING:
+  from pergrad.train.step import Steps
 
 
 def run(plan: RunPlan, out_dir: str | Path, **kwargs) -> dict:
@@ -82,17 +82,72 @@ def run(plan: RunPlan, out_dir: str | Path, **kwargs) -> dict:
 
 def _run(plan: RunPlan, out_dir: str | Path, *, hydra_info: dict | None = None,
          echo: Callable[[str], None] = print, stop: Interrupts | None = None) -> dict:
+  """`_setup`, `_loop`, `_finish`; then the run's last line (interrupted, or its summary)."""
   t_begin = time.time()
   for name in ("absl", "jax"):  # Orbax logs every file at INFO; JAX its backend search
     logging.getLogger(name).setLevel(logging.WARNING)
   out_dir = Path(out_dir)
-  main = distributed.is_main()
-  echo = echo if main else (lambda _: None)
+  echo = echo if distributed.is_main() else (lambda _: None)
   if resume_decision(out_dir, plan) == "completed":
     echo(f"already completed: {out_dir}")
     return files.read_json(out_dir / files.SUMMARY)
-  check_progress_kept(out_dir, plan.train, plan.batch.max_size)
+  check_progress_kept(out_dir, plan.train, plan.batch.max_batch_size)
+  s = _setup(plan, out_dir, hydra_info, echo, t_begin)
+  s.stop = (stop or Interrupts()).install(every=plan.logging.log_every)
+  gc.collect()
+  gc.freeze()  # setup's objects leave the collector's generations: cheaper collections
+  try:
+    _loop(s)
+  except NonFiniteLossError as e:
+    s.status, s.error = "diverged", str(e)
+    raise
+  finally:
+    summary = _finish(s)
+  if s.status == "interrupted":
+    echo(f"[pergrad] interrupted by {s.stop.name} after step {summary['last_step']}: "
+         f"checkpoint saved in {summary['checkpoints']}; re-run the same command to resume"
+         + (" (this submitit job requeues itself)." if s.stop.requeues() else "."))
+  else:
+    print_summary(summary, echo)
+  return summary
 
+
+@dataclasses.dataclass
+class Session:
+  """What `_setup` hands `_loop` and `_loop` hands `_finish`. The loop advances `state` (θ_k
+  and the optimizer's state after update k), `k`, `seen` (examples after update k) and
+  `batch_size` (update k's), and sets `status`; `start` is the step the run began from."""
+  plan: RunPlan
+  out_dir: Path
+  echo: Callable[[str], None]
+  steps: Steps
+  data: Any
+  part: tuple[int, int]  # (this process, processes): the rows of each batch it loads
+  heldout: HeldOutData | None
+  evaluate: Evaluator
+  ckpt: Checkpoints
+  logger: MetricsLogger
+  recorder: Recorder
+  clock: Clock
+  progress: Progress
+  state: Any
+  start: int
+  seen: int
+  batch_size: int
+  n_devices: int
+  t_begin: float
+  setup_s: float  # the fixed cost: imports aside, data, compiles, restore
+  compiles: Any  # compile_cache.counts() before setup's compiles
+  k: int = 0
+  stop: Interrupts | None = None
+  status: str = "failed"
+  error: str | None = None
+
+
+def _setup(plan: RunPlan, out_dir: Path, hydra_info: dict | None, echo, t_begin: float
+           ) -> Session:
+  """Prepares the data, builds the jitted steps, restores the latest good checkpoint (or
+  initialises), opens the metrics log and prints the run's first lines."""
   from pergrad.data import make_data
   from pergrad.train.mesh import make_mesh
   from pergrad.train.step import Steps
@@ -102,6 +157,7 @@ def _run(plan: RunPlan, out_dir: str | Path, *, hydra_info: dict | None = None,
     out_dir.mkdir(parents=True, exist_ok=True)
   except OSError as e:
     raise OutputError.of(e, out_dir) from None
+  main = distributed.is_main()
   data = make_data(plan.data)
   _check_vocab(data.vocab_size, plan.model.vocab_size, plan.data, echo)
   if main:
@@ -116,108 +172,112 @@ def _run(plan: RunPlan, out_dir: str | Path, *, hydra_info: dict | None = None,
     state = steps.init(np.int32(plan.train.seed))
   else:
     echo(f"[pergrad] resuming {out_dir} from the checkpoint of step {start}.")
-  seen, size = map(int, jax.device_get((state.examples_seen, state.batch_size)))  # last B
+  seen, batch_size = map(int, jax.device_get((state.examples_seen, state.batch_size)))  # last
   config = {**plan.config, **({"hydra": hydra_info} if hydra_info else {})}
   logger = MetricsLogger(out_dir, resume_step=start or None, wandb=plan.logging.wandb,
                          config=config, name=plan.name, enabled=main)
   history = History.of(read_records(logger.path) if main else [])
-  sched, T, unit = plan.batch, plan.data.seq_len, plan.batch.max_size
-  B = (f"B={unit}" if sched.kind == "fixed" else
-       f"B {sched.kind} schedule over {list(sched.sizes)}")
+  sched, T, max_batch_size = plan.batch, plan.data.seq_len, plan.batch.max_batch_size
+  batch_label = (f"B={max_batch_size}" if sched.kind == "fixed" else
+                 f"B {sched.kind} schedule over {list(sched.sizes)}")
   echo(f"[pergrad] {count_params(state.params):,} parameters, {mesh.devices.size} device(s) "
-       f"({jax.devices()[0].platform}), {B}, T={T}, {plan.train.steps} steps of {unit} "
-       f"examples; data: {data.describe()}")
+       f"({jax.devices()[0].platform}), {batch_label}, T={T}, {plan.train.steps} steps of "
+       f"{max_batch_size} examples; data: {data.describe()}")
   echo(f"[pergrad] run directory: {out_dir}")
 
   part = distributed.part()  # this process loads its rows of every batch
-  heldout = (HeldOutData(data, plan.stats.sign_agreement, unit, part)
+  heldout = (HeldOutData(data, plan.stats.sign_agreement, max_batch_size, part)
              if steps.sign is not None else None)
   evaluate = Evaluator(steps, data.eval_batches(plan.train.eval_batches, part))
   clock = Clock(tokens_per_example=T, elapsed_before=ckpt.train_time_s(start) if start else 0.0)
   recorder = Recorder(plan, logger, history, clock, start, seen, data.vocab_size, ckpt)
-  progress = Progress(plan.train.steps, seen // unit, plan.logging, plan.name)
+  progress = Progress(plan.train.steps, seen // max_batch_size, plan.logging, plan.name)
+  return Session(plan, out_dir, echo, steps, data, part, heldout, evaluate, ckpt, logger,
+                 recorder, clock, progress, state, start, seen, batch_size, mesh.devices.size,
+                 t_begin, time.time() - t_begin, compiles, k=start)
+
+
+def _loop(s: Session) -> None:
+  """Updates until the plan's examples are seen (status "completed") or a signal stops the
+  run between two updates (status "interrupted", with a checkpoint). Metrics are pulled one
+  step late, all of them before an evaluation or a checkpoint; NonFiniteLossError when the
+  run diverged."""
+  plan, steps, sched, max_batch_size = s.plan, s.steps, s.plan.batch, s.plan.batch.max_batch_size
 
   def b_simple() -> float:  # the GNS schedule's decisions read the state after update k
     key = f"gns/{sched.gns_group}/b_simple"
-    return float(jax.device_get(gns_metrics(state.gns)[key]))
+    return float(jax.device_get(gns_metrics(s.state.gns)[key]))
 
-  def checkpoint(k: int, seen: int, log_eval: bool, save: bool) -> None:
-    """Evaluates θ_k (logged if `log_eval`), stops on divergence, then saves if `save`
-    (with the seconds of training so far, which a resumed run's clock starts from)."""
-    trained = clock.elapsed()
-    with clock.paused():
-      if log_eval or (save and k not in ckpt.steps()):
-        recorder.eval(k, seen, evaluate(state.params), log=log_eval)
-        progress.show_eval(recorder.history.evals)
-      if save and k not in ckpt.steps():
-        ckpt.save(k, state, train_time_s=trained)
-
-  status, error = "failed", None
-  setup_s = time.time() - t_begin  # the fixed cost: imports aside, data, compiles, restore
-  stop = (stop or Interrupts()).install(every=plan.logging.log_every)
-  gc.collect()
-  gc.freeze()  # setup's objects leave the collector's generations: cheaper collections
-  try:
-    if start == 0:
-      recorder.eval(0, 0, evaluate(state.params))
-    pending = []  # (k, examples seen, B, metrics on the device), pulled one step late
-    k = start
-    while not plan.train.done(seen, unit):
-      if stop.requested(k):
-        status = "interrupted"
-        break
-      size = next_size(sched, k, seen, size, b_simple)
-      batch = steps.put_batch(data.train_examples(seen, size, part))
-      extra = (steps.put_batch(heldout.batch(seen))
-               if heldout is not None and steps.logs_at(k + 1) else None)
-      state, metrics = steps.step(state, batch, k + 1, extra)
-      k, before, seen = k + 1, seen, seen + size
-      pending.append((k, seen, size, metrics))
-      evals = plan.train.evals_at(before, seen, unit)
-      ckpts = plan.train.checkpoints_at(before, seen, unit)
-      if evals or ckpts:
-        pending = _pull(pending, 0, recorder, progress)
-        checkpoint(k, seen, evals, ckpts)
-      elif len(pending) > plan.logging.log_every:
-        pending = _pull(pending, 1, recorder, progress)
-    _pull(pending, 0, recorder, progress)
-    if status == "interrupted":
-      checkpoint(k, seen, False, True)
-    else:
-      status = "completed"
-  except NonFiniteLossError as e:
-    status, error = "diverged", str(e)
-    raise
-  finally:
-    stop.restore()
-    gc.unfreeze()
-    progress.close()
-    failure = ckpt.finish()  # a save that could not write (OutputError)
-    status = "failed" if failure else status
-    summary = _summary(plan, out_dir, status, error, recorder, clock, start, ckpt, logger,
-                       time.time() - t_begin, count_params(state.params), mesh.devices.size)
-    compiles = compile_cache.counts() - compiles
-    summary.update(setup_s=round(setup_s, 2), compile_s=round(compiles.seconds, 2),
-                   compile_cache_hits=compiles.hits, compile_misses=compiles.misses)
-    if status == "interrupted":
-      summary["signal"] = stop.name
-    ckpt.close()
-    if status == "completed" and main and plan.logging.figure:
-      summary["figure"] = _figure(out_dir, echo)
-    if status == "failed" and main:
-      write_failed_summary(out_dir, summary, failure or sys.exc_info()[1])
-    elif main:
-      logger.summary({k: v for k, v in summary.items() if isinstance(v, (int, float))})
-      files.write_json(out_dir / files.SUMMARY, summary)
-    logger.close(exit_code=0 if status == "completed" else 1)
-    if failure:
-      raise failure
-  if status == "interrupted":
-    echo(f"[pergrad] interrupted by {stop.name} after step {summary['last_step']}: "
-         f"checkpoint saved in {summary['checkpoints']}; re-run the same command to resume"
-         + (" (this submitit job requeues itself)." if stop.requeues() else "."))
+  if s.start == 0:
+    s.recorder.eval(0, 0, s.evaluate(s.state.params))
+  pending = []  # (k, examples seen, B, metrics on the device), pulled one step late
+  while not plan.train.done(s.seen, max_batch_size):
+    if s.stop.requested(s.k):
+      s.status = "interrupted"
+      break
+    s.batch_size = next_batch_size(sched, s.k, s.seen, s.batch_size, b_simple)
+    batch = steps.put_batch(s.data.train_examples(s.seen, s.batch_size, s.part))
+    extra = (steps.put_batch(s.heldout.batch(s.seen))
+             if s.heldout is not None and steps.logs_at(s.k + 1) else None)
+    s.state, metrics = steps.step(s.state, batch, s.k + 1, extra)
+    before = s.seen
+    s.k, s.seen = s.k + 1, s.seen + s.batch_size
+    pending.append((s.k, s.seen, s.batch_size, metrics))
+    evals = plan.train.evals_at(before, s.seen, max_batch_size)
+    ckpts = plan.train.checkpoints_at(before, s.seen, max_batch_size)
+    if evals or ckpts:
+      pending = _pull(pending, 0, s.recorder, s.progress)
+      _checkpoint(s, evals, ckpts)
+    elif len(pending) > plan.logging.log_every:
+      pending = _pull(pending, 1, s.recorder, s.progress)
+  _pull(pending, 0, s.recorder, s.progress)
+  if s.status == "interrupted":
+    _checkpoint(s, False, True)
   else:
-    print_summary(summary, echo)
+    s.status = "completed"
+
+
+def _checkpoint(s: Session, log_eval: bool, save: bool) -> None:
+  """Evaluates θ_k (logged if `log_eval`), stops on divergence, then saves if `save` (with
+  the seconds of training so far, which a resumed run's clock starts from)."""
+  trained = s.clock.elapsed()
+  with s.clock.paused():
+    if log_eval or (save and s.k not in s.ckpt.steps()):
+      s.recorder.eval(s.k, s.seen, s.evaluate(s.state.params), log=log_eval)
+      s.progress.show_eval(s.recorder.history.evals)
+    if save and s.k not in s.ckpt.steps():
+      s.ckpt.save(s.k, s.state, train_time_s=trained)
+
+
+def _finish(s: Session) -> dict:
+  """Restores the signal handlers, closes the progress bar, checkpoints and logger, and
+  writes summary.json (a failed run's only when its storage failed) and the figure; returns
+  the summary. Raises the OutputError of a checkpoint save that could not write."""
+  s.stop.restore()
+  gc.unfreeze()
+  s.progress.close()
+  failure = s.ckpt.finish()  # a save that could not write (OutputError)
+  status = "failed" if failure else s.status
+  summary = _summary(s.plan, s.out_dir, status, s.error, s.recorder, s.clock, s.start, s.ckpt,
+                     s.logger, time.time() - s.t_begin, count_params(s.state.params),
+                     s.n_devices)
+  compiles = compile_cache.counts() - s.compiles
+  summary.update(setup_s=round(s.setup_s, 2), compile_s=round(compiles.seconds, 2),
+                 compile_cache_hits=compiles.hits, compile_misses=compiles.misses)
+  if status == "interrupted":
+    summary["signal"] = s.stop.name
+  s.ckpt.close()
+  main = distributed.is_main()
+  if status == "completed" and main and s.plan.logging.figure:
+    summary["figure"] = _figure(s.out_dir, s.echo)
+  if status == "failed" and main:
+    write_failed_summary(s.out_dir, summary, failure or sys.exc_info()[1])
+  elif main:
+    s.logger.summary({k: v for k, v in summary.items() if isinstance(v, (int, float))})
+    files.write_json(s.out_dir / files.SUMMARY, summary)
+  s.logger.close(exit_code=0 if status == "completed" else 1)
+  if failure:
+    raise failure
   return summary
 
 
@@ -227,8 +287,8 @@ def _pull(pending: list, keep: int, recorder: Recorder, progress: Progress) -> l
   host = jax.device_get([m for *_, m in done])
   if done:
     recorder.clock.tick(done[-1][1])
-  for (k, seen, size, _), m in zip(done, host, strict=True):
-    progress.show(recorder.train(k, seen, size, m))
+  for (k, seen, batch_size, _), m in zip(done, host, strict=True):
+    progress.show(recorder.train(k, seen, batch_size, m))
   return kept
 
 
@@ -254,97 +314,6 @@ class Evaluator:
     if not self._batches:
       return None
     return float(np.mean(jax.device_get([self._eval(params, b) for b in self._batches])))
-
-
-class History:
-  """What a resumed run already logged: eval losses by step and the last train loss."""
-
-  def __init__(self, evals: dict[int, float], train_loss: float | None):
-    self.evals, self.train_loss = evals, train_loss
-
-  @classmethod
-  def of(cls, records: list[dict]) -> History:
-    train = [r for r in records if r.get("split") == "train"]
-    return cls({r["step"]: r["loss"] for r in records if r.get("split") == "eval"},
-               train[-1]["loss"] if train else None)
-
-
-class Recorder:
-  """Pulls a step's metrics to the host, checks them and writes the records."""
-
-  def __init__(self, plan: RunPlan, logger: MetricsLogger, history: History, clock: Clock,
-               start: int, seen: int, vocab_size: int, ckpt: Checkpoints):
-    self.logger, self.history, self.clock, self.ckpt = logger, history, clock, ckpt
-    self.ln_v = math.log(vocab_size)
-    self.first, self.every = start + 1, plan.logging.log_every
-    self.T, self.unit, self.budget = (plan.data.seq_len, plan.batch.max_size,
-                                      plan.train.steps * plan.batch.max_size)
-    self.last_step, self.last_seen = start, seen
-    self.diverged_step = None
-    self.watch = TrainLossWatch(self.ln_v, active=plan.train.eval_batches == 0)
-
-  def eval(self, k: int, seen: int, loss: float | None, log: bool = True) -> None:
-    """Records (if `log`) and checks the eval loss of θ_k; NonFiniteLossError when it
-    diverged (`eval_diverged`; without eval batches, the training loss: `_check_train`)."""
-    if loss is None:
-      self._check_train(k)
-      return
-    earlier = dict(self.history.evals)
-    if log:
-      self.history.evals[k] = loss
-      self.logger.write({"step": k, "split": "eval", "loss": loss, "examples_seen": seen,
-                         "tokens_seen": seen * self.T})
-    if k > 0 and eval_diverged(loss, earlier, self.ln_v):
-      self.diverged_step = k
-      raise NonFiniteLossError(
-          f"the eval loss diverged at step {k} (loss={loss:.4g}, ln V={self.ln_v:.4g}); "
-          f"stopped, {self._kept()}. Lower optimizer.lr or set optimizer.clip_norm.")
-
-  def _check_train(self, k: int) -> None:
-    if why := self.watch.check(k):
-      self.diverged_step = k
-      raise NonFiniteLossError(f"{why}; stopped, {self._kept()}. Lower optimizer.lr or set "
-                               "optimizer.clip_norm.")
-
-  def _kept(self) -> str:
-    good = self.ckpt.latest()
-    return ("no checkpoint was saved before it" if good is None else
-            f"the last good checkpoint is step {good} in {self.ckpt.directory}")
-
-  def train(self, k: int, seen: int, size: int, metrics: dict) -> tuple[int, dict]:
-    """Checks and records update k's metrics (on the host; `seen` examples after it, of
-    which `size` in this update); returns (progress in full-batch steps, what the
-    progress bar shows). NonFiniteLossError on a NaN/inf loss, gradient or parameter norm."""
-    m = {key: float(v) for key, v in metrics.items()}
-    scalars = {key: v for key, v in m.items() if "/" not in key}
-    rec = {"step": k, "split": "train", **scalars, "batch_size": size, "examples_seen": seen,
-           "tokens_seen": seen * self.T}
-    if not all(math.isfinite(m[key]) for key in ("loss", "grad_norm", "param_norm")):
-      self.logger.write(rec)
-      self.diverged_step = k
-      raise NonFiniteLossError(
-          f"non-finite training loss at step {k} (loss={m['loss']}, grad_norm="
-          f"{m['grad_norm']}, param_norm={m['param_norm']}); stopped, {self._kept()}. "
-          "Lower optimizer.lr or set optimizer.clip_norm.")
-    self.history.train_loss, self.last_step, self.last_seen = m["loss"], k, seen
-    self.watch.add(k, m["loss"])
-    shown = {}
-    if k == self.first or seen >= self.budget or k % self.every == 0:
-      tps = self.clock.rate_since_last_log()
-      if tps is not None:
-        rec["tokens_per_s"] = tps
-        rec["train_time_s"] = self.clock.elapsed()  # a resumed run's includes its earlier time
-      self.logger.write(rec)
-      self._check_train(k)
-      shown = {"loss": f"{m['loss']:.3f}"}
-      if tps is not None:
-        shown["tok/s"] = f"{tps:,.0f}"
-      if self.history.evals:
-        shown["eval"] = f"{self.history.evals[max(self.history.evals)]:.3f}"
-    stats = {key: v for key, v in m.items() if "/" in key}
-    if stats:
-      self.logger.write({"step": k, "split": "stats", **stats})
-    return seen // self.unit, shown
 
 
 def _summary(plan, out_dir, status, error, recorder, clock, start, ckpt, logger, wall,

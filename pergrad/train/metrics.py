@@ -6,7 +6,7 @@ Records:
     {"step": k, "split": "stats", "stats/<leaf>/<name>": v, "opt/<leaf>/<name>": v, ...}
 
 and, every step of a run that tracks the gradient noise scale, "gns/<group>/<name>" in
-the stats record (`pergrad.optim.diagnostics.gns_metrics`); `pergrad.analysis.resmooth`
+the stats record (`pergrad.optim.noise_scale.gns_metrics`); `pergrad.analysis.resmooth`
 recomputes its B_simple offline from the logged raw terms with any EMA decay.
 
 The local file is always written, so analysis never depends on W&B. W&B runs in

@@ -36,7 +36,7 @@ def accepts(plan: RunPlan, out_dir: Path) -> bool:
   run (skipped, nothing written); ValueError / OutputError (one line) when it is refused."""
   if resume_decision(out_dir, plan) == "completed":
     return False
-  check_progress_kept(out_dir, plan.train, plan.batch.max_size)
+  check_progress_kept(out_dir, plan.train, plan.batch.max_batch_size)
   return True
 
 

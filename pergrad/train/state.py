@@ -7,7 +7,7 @@
                    schedule is indexed by it, `pergrad.optim.schedule`)
     batch_size     int32: B of the last update (0 before the first)
     lr             float32: the last update's learning rate (0 before the first)
-    snr, gns       the trackers' states beside the optimizer (`pergrad.optim.diagnostics`;
+    snr, gns       the trackers' states beside the optimizer (`pergrad.optim.tracker`;
                    `optax.EmptyState()` when off); gns holds the controller's B_simple
     lag            the trailing mean of the held-out means of the sign-agreement log
                    (`pergrad.stats.sign_agreement.LagState`, updated on its logging steps;

@@ -50,8 +50,7 @@ import pergrad.stats as pstats
 from pergrad.config.plan import RunPlan
 from pergrad.loss import make_loss_fn
 from pergrad.model import Transformer
-from pergrad.optim import Optimizer, diagnostics
-from pergrad.optim.diagnostics import gns_metrics
+from pergrad.optim import Optimizer, diagnostics, gns_metrics
 from pergrad.stats import sign_agreement
 from pergrad.stats.sign_agreement import lag_init
 from pergrad.stats.types import GradStats
@@ -116,7 +115,7 @@ def train_step(state: TrainState, batch: dict, heldout: GradStats | None = None,
       stats = pstats.compute(loss_fn, params_k, batch_k, log_request,
                              plain.chunked(options, B, log_backend), backend=log_backend)[1]
     metrics.update(pstats.summaries.layer_summaries(stats))
-    metrics.update(diagnostics(stats, opt_state, snr))
+    metrics.update(diagnostics(stats, opt.moments(opt_state), snr))
   if heldout is not None:
     if not isinstance(state.lag, sign_agreement.LagState):
       raise ValueError("held-out statistics need the lag state: make_init_fn(lag=True)")
@@ -189,7 +188,7 @@ class Steps:
     logged_jit = (jit_step(sp.log_request, sp.log_backend, self.sign is not None)
                   if sp.log_request is not None else None)
     heldout = (self.sign.abstract_stats,) if self.sign is not None else ()
-    sizes = plan.batch.sizes if plan.batch.kind != "fixed" else (plan.batch.max_size,)
+    sizes = plan.batch.sizes if plan.batch.kind != "fixed" else (plan.batch.max_batch_size,)
     # One compiled pair per allowed batch size (buckets), so a batch schedule never
     # compiles in the loop.
     self.train = {B: compiled(self.train_jit, B) for B in sizes}
