@@ -62,13 +62,13 @@ RULE = (f"The ramp (B_max/8 to B_max linear in tokens over the budget) vs the fi
         "parameter.")
 
 
-def b_max(preset: str) -> int:
+def max_batch_size(preset: str) -> int:
   return 2 * int(scale_value(preset, "data.batch_size"))
 
 
 def sweep(preset: str) -> Sweep:
   """The fixed B_max run's lr search (the ramp and the short arm come in `follow_up`)."""
-  b, ci = b_max(preset), family(preset) == "ci"
+  b, ci = max_batch_size(preset), family(preset) == "ci"
   examples = int(scale_value(preset, "data.batch_size")) * int(scale_value(preset, "train.steps"))
   steps = examples // b
   base = base_for(NAME, preset, **{

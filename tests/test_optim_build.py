@@ -193,20 +193,20 @@ def test_clipped_noise_scale_seed_and_resume():
   """DP-SGD noise: std σ·C/B at the update's own B (a batch schedule's, not B_max),
   stateless, keyed by (seed, examples_seen): the same after a resume, new per update."""
   from pergrad.optim.dp_noise import add_clipped_noise
-  sigma, clip, b_max = 0.7, 2.0, 32
+  sigma, clip, max_batch_size = 0.7, 2.0, 32
   zeros = {"w": jnp.zeros((256, 256)), "b": jnp.zeros((256,))}
-  tx = add_clipped_noise(sigma, clip, b_max, seed=3)
+  tx = add_clipped_noise(sigma, clip, max_batch_size, seed=3)
   state = tx.init(zeros)
   assert state == optax.EmptyState()
   noise = lambda seen, bs, t=tx: t.update(zeros, state, examples_seen=seen, batch_size=bs)[0]
   for bs in (8, 32, None):
     std = float(np.std(np.asarray(noise(64, bs)["w"])))
-    want = sigma * clip / (b_max if bs is None else bs)
+    want = sigma * clip / (max_batch_size if bs is None else bs)
     assert abs(std / want - 1) < 0.02, (bs, std, want)
   first = noise(64, 8)
   np.testing.assert_array_equal(first["w"], noise(64, 8)["w"])  # resume: same draw
   assert not np.allclose(first["w"], noise(72, 8)["w"])  # next update: new draw
-  other = add_clipped_noise(sigma, clip, b_max, seed=4)
+  other = add_clipped_noise(sigma, clip, max_batch_size, seed=4)
   assert not np.allclose(first["w"], noise(64, 8, other)["w"])  # seed: new draw
   assert not np.allclose(first["w"][0], first["b"])  # leaves draw apart
 
