@@ -47,7 +47,7 @@ from typing import Any
 import jax
 from optax import microbatching
 
-from pergrad.stats import backends, registry
+from pergrad.stats import backends, registry, separable
 from pergrad.stats.options import StatsOptions
 from pergrad.stats.request import StatsRequest
 from pergrad.stats.surgery.sites import Unsupported, leaf_rules, make_plan
@@ -221,6 +221,8 @@ def compute(
     raise ValueError(
         f"loss_fn must return per-example losses of shape ({B},), got "
         f"{getattr(out, 'shape', out)}; use pergrad.loss.make_loss_fn (no mean over the batch).")
+  if not request.mean_only:  # every backend's per-example statistics need separable losses
+    separable.check(loss_fn, params, batch)
   if backend == "auto" and which == "surgery":
     which = surgery_or_vmap(loss_fn, params, batch, request)
   entry = backends.get(which)
