@@ -8,7 +8,7 @@ surgery reads layer inputs and cotangents that carry cross-example terms. `check
 such a model, on every backend, before any statistic is computed.
 
 What `check` shows, once per loss_fn and shapes (`sites.memo`), at B' = min(B, 4)
-examples (the first B' of the batch and the params where concrete, seeded random
+examples (the first B' of the batch and the params where concrete, pseudo-random
 stand-ins of their shapes where traced): for every j, ℓ_j is bit for bit the same when
 every OTHER example changes, in two rounds (float leaves: fresh random values; integer
 leaves: to the other end of their range [min(0, least id in the batch), greatest], then
@@ -25,9 +25,9 @@ scatter-adds may not be: a false refusal, never a silent acceptance); an integer
 that holds only zeros has no range to vary within and is not varied; a model whose
 mixing needs more than 4 examples to show is not seen at B' = 4.
 
-On a refusal, `culprit` replays the jaxpr eagerly on the batch and the failing variant
-and names the first operation whose inputs agree on example j and whose output does not
-(its primitive, user line and name stack: where the mixing is).
+On a refusal, `culprit` replays the jaxpr on the batch and the failing variant (one
+compiled program) and names the first operation whose inputs agree on example j and
+whose output does not (its primitive, user line and name stack: where the mixing is).
 """
 
 from __future__ import annotations
@@ -45,6 +45,8 @@ from pergrad.stats.surgery.proof import JIT, Unsupported
 from pergrad.stats.surgery.sites import memo
 
 N_EXAMPLES = 4  # B': the examples the check uses
+# XLA:CPU options that compile the culprit's program faster (only a refusal runs it).
+FAST_CPU = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
 FIX = ("compute batch statistics outside the per-example loss (e.g. the mean over the batch "
        "in the aggregated loss), or use per-example normalization (LayerNorm, RMSNorm, or "
        "BatchNorm with use_running_average=True)")
@@ -66,31 +68,40 @@ def check(loss_fn, params, batch) -> None:
   B = next(x.shape[0] for x in jax.tree.leaves(batch) if np.ndim(x))
   if B == 1:
     return
-  with jax.ensure_compile_time_eval():
-    try:
-      _check_at(loss_fn, params, batch, min(B, N_EXAMPLES))
-    except Unsupported:
+  try:
+    _check_at(loss_fn, params, batch, min(B, N_EXAMPLES))
+  except Unsupported:
+    raise
+  except Exception:  # noqa: BLE001 - a model bound to its batch size: check at B
+    if B <= N_EXAMPLES:
       raise
-    except Exception:  # noqa: BLE001 - a model bound to its batch size: check at B
-      if B <= N_EXAMPLES:
-        raise
-      _check_at(loss_fn, params, batch, B)
+    _check_at(loss_fn, params, batch, B)
 
 
 def _check_at(loss_fn, params, batch, n: int) -> None:
-  key = jax.random.PRNGKey(0)
-  p = _stand_in(params, None, key)
-  b = _stand_in(batch, n, jax.random.fold_in(key, 1))
-  ranges = [(min(int(x.min()), 0), int(x.max())) if _concrete(x) and x.size else (0, 1)
-            for x in jax.tree.leaves(batch)]
-  changed = [(j, _others_changed(b, ranges, j, n, r, jax.random.fold_in(key, 2 + r * n + j)))
-             for r in (0, 1) for j in range(n)]
-  stacked = jax.tree.map(lambda *xs: jnp.stack(xs), b, *(v for _, v in changed))
-  losses = np.asarray(jax.jit(lambda p, bs: jax.lax.map(lambda x: loss_fn(p, x), bs))(
-      p, stacked))
-  for i, (j, variant) in enumerate(changed):
-    if losses[0, j].tobytes() != losses[1 + i, j].tobytes():
-      where = culprit(loss_fn, p, b, variant, j, n)
+  p_leaves, b_leaves = jax.tree.leaves(params), jax.tree.leaves(batch)
+  given = ([x for x in p_leaves if _concrete(x)],
+           [np.asarray(x)[:n] for x in b_leaves if _concrete(x)])
+  ranges = [(min(int(np.min(x)), 0), int(np.max(x))) if _concrete(x) and np.size(x)
+            else (0, 1) for x in b_leaves]
+  order = [(r, j) for r in (0, 1) for j in range(n)]
+
+  def points(p_given, b_given):  # (params, the batch and its 2n variants stacked)
+    p = _stand_in(params, p_given, None, seed=0)
+    b = _stand_in(batch, b_given, n, seed=1 << 20)
+    changed = [_others_changed(b, ranges, j, n, r, seed=(2 + r * n + j) << 20)
+               for r, j in order]
+    return p, jax.tree.map(lambda *xs: jnp.stack(xs), b, *changed)
+
+  def losses(p_given, b_given):
+    p, stacked = points(p_given, b_given)
+    return jax.lax.map(lambda x: loss_fn(p, x), stacked)
+
+  # lowered and run apart from any enclosing trace (compute may be called inside jax.jit)
+  got = np.asarray(jax.jit(losses).lower(*given).compile()(*given))
+  for i, (_, j) in enumerate(order):
+    if got[0, j].tobytes() != got[1 + i, j].tobytes():
+      where = culprit(loss_fn, points, given, 1 + i, j, n)
       raise mixes(f"example {j}'s loss changes when the other examples change"
                   + (f": first at {where}" if where else ""))
 
@@ -99,30 +110,42 @@ def _concrete(x) -> bool:
   return not isinstance(x, jax.core.Tracer)
 
 
-def _stand_in(tree, n, key):
-  """tree's leaves as concrete arrays (the first n examples where n is given): the values
-  where concrete, else random ones of the same shape and dtype (floats N(0, 1/fan-in),
-  integers in {0, 1}, bools random)."""
+def noise(shape, seed: int) -> jax.Array:
+  """float32 values in [-1, 1) of `shape`: a hash of (index, seed) (a cheap pseudo-random
+  stream that compiles in no time, unlike threefry on XLA:CPU)."""
+  size = int(np.prod(shape))
+  x = jax.lax.iota(jnp.uint32, size) * jnp.uint32(0x9E3779B9) + jnp.uint32(seed * 0x85EBCA6B
+                                                                        % (1 << 32))
+  for shift, mul in ((16, 0x7FEB352D), (15, 0x846CA68B), (16, None)):
+    x = x ^ (x >> shift)
+    if mul is not None:
+      x = x * jnp.uint32(mul)
+  return ((x >> 8).astype(jnp.float32) * 2.0 ** -23 - 1.0).reshape(shape)
+
+
+def _stand_in(tree, given, n, seed: int):
+  """tree with its concrete leaves taken from `given` (in order; the first n examples of
+  the batch) and its traced ones drawn at random, same shape and dtype (floats
+  uniform with variance ~1/fan-in, integers in {0, 1}, bools random; `noise`)."""
   leaves, treedef = jax.tree.flatten(tree)
-  out = []
+  given, out = iter(given), []
   for i, x in enumerate(leaves):
-    shape = tuple(np.shape(x)) if n is None else (n,) + tuple(np.shape(x))[1:]
     if _concrete(x):
-      out.append(jnp.asarray(x) if n is None else jnp.asarray(x)[:n])
+      out.append(next(given))
       continue
-    k = jax.random.fold_in(key, i)
-    dtype = jnp.dtype(x.dtype)
+    shape = tuple(x.shape) if n is None else (n,) + tuple(x.shape)[1:]
+    u, dtype = noise(shape, seed + i), jnp.dtype(x.dtype)
     if jnp.issubdtype(dtype, jnp.floating):
       fan_in = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
-      out.append((jax.random.normal(k, shape) / np.sqrt(fan_in)).astype(dtype))
+      out.append((u * np.sqrt(3.0 / fan_in)).astype(dtype))
     elif jnp.issubdtype(dtype, jnp.integer) or dtype == jnp.bool_:
-      out.append(jax.random.bernoulli(k, 0.5, shape).astype(dtype))
+      out.append((u > 0).astype(dtype))
     else:
       out.append(jnp.zeros(shape, dtype))
   return jax.tree.unflatten(treedef, out)
 
 
-def _others_changed(batch, ranges, j: int, n: int, round_: int, key):
+def _others_changed(batch, ranges, j: int, n: int, round_: int, seed: int):
   """batch with every example but j changed (module docstring): round 0 takes float leaves
   to fresh values, integer leaves to the other end of their range (lo <-> hi, the rest to
   lo), bools negated; round 1 takes floats to other fresh values, integers up by a random
@@ -132,11 +155,11 @@ def _others_changed(batch, ranges, j: int, n: int, round_: int, key):
   keep = (jnp.arange(n) == j)
   out = []
   for i, (x, (lo, hi)) in enumerate(zip(leaves, ranges, strict=True)):
-    k = jax.random.fold_in(key, i)
+    u = noise(x.shape, seed + i)
     if jnp.issubdtype(x.dtype, jnp.floating):
-      new = jax.random.normal(k, x.shape).astype(x.dtype)
+      new = (2.0 * u).astype(x.dtype)
     elif jnp.issubdtype(x.dtype, jnp.integer):
-      step = jax.random.randint(k, x.shape, 1, jnp.maximum(hi - lo, 1) + 1).astype(x.dtype)
+      step = (1 + ((u + 1) / 2 * max(hi - lo, 1)).astype(jnp.int32)).astype(x.dtype)
       new = (jnp.where(x == lo, hi, lo) if round_ == 0 else
              lo + (x - lo + step) % jnp.maximum(hi - lo + 1, 1))
     elif x.dtype == jnp.bool_:
@@ -147,27 +170,51 @@ def _others_changed(batch, ranges, j: int, n: int, round_: int, key):
   return jax.tree.unflatten(treedef, out)
 
 
-def culprit(loss_fn, params, base, variant, j: int, n: int) -> str:
-  """The first operation of loss_fn whose inputs agree on example j between `base` and
-  `variant` and whose output does not ("" if none is found), in words."""
+def culprit(loss_fn, points, given, i: int, j: int, n: int) -> str:
+  """The first operation of loss_fn whose inputs agree on example j between the batch and
+  its variant i (`points`) and whose output does not ("" if none is found), in words.
+  One compiled program runs both and returns two flags per operation (jit-nested ones
+  inlined)."""
   try:
-    closed = jax.make_jaxpr(loss_fn)(params, base)
-    flat = lambda b: jax.tree.leaves((params, b))
-    return _first_mixing(closed.jaxpr, closed.consts, flat(base), flat(variant), j, n) or ""
+    p, stacked = jax.eval_shape(points, *given)
+    base = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape[1:], s.dtype), stacked)
+    closed = jax.make_jaxpr(loss_fn)(p, base)
+    eqns: list = []
+
+    def flags(p_given, b_given):
+      p, stacked = points(p_given, b_given)
+      flat = lambda k: jax.tree.leaves((p, jax.tree.map(lambda x: x[k], stacked)))
+      eqns.clear()
+      out: list = []
+      _replay(closed.jaxpr, closed.consts, flat(0), flat(i), j, n, eqns, out)
+      return out
+
+    fast = FAST_CPU if jax.default_backend() == "cpu" else None
+    got = jax.jit(flags).lower(*given).compile(fast)(*given)
+    return next((_words(e) for e, (same_in, same_out) in zip(eqns, got, strict=True)
+                 if bool(same_in) and not bool(same_out)), "")
   except Exception:  # noqa: BLE001 - the location is a hint; the refusal stands without it
     return ""
 
 
-def _same(a, b, j: int, n: int) -> bool:
-  """a and b agree on example j (along their first axis of size n; else everywhere)."""
-  a, b = np.asarray(a), np.asarray(b)
+def _same(a, b, j: int, n: int):
+  """Whether a and b agree bit for bit on example j (along their first axis of size n;
+  else everywhere), as a traced bool."""
+  a, b = jnp.asarray(a), jnp.asarray(b)
   ax = next((i for i, d in enumerate(a.shape) if d == n), None)
   if ax is not None:
-    a, b = np.take(a, j, ax), np.take(b, j, ax)
-  return a.tobytes() == b.tobytes()
+    a, b = jnp.take(a, j, ax), jnp.take(b, j, ax)
+  if jnp.issubdtype(a.dtype, jnp.floating):
+    bits = jnp.dtype(f"uint{a.dtype.itemsize * 8}")
+    a, b = jax.lax.bitcast_convert_type(a, bits), jax.lax.bitcast_convert_type(b, bits)
+  elif not (jnp.issubdtype(a.dtype, jnp.integer) or a.dtype == jnp.bool_):
+    return jnp.bool_(True)  # keys and other opaque types: not compared
+  return jnp.all(a == b)
 
 
-def _first_mixing(jaxpr, consts, ins_base, ins_var, j: int, n: int) -> str | None:
+def _replay(jaxpr, consts, ins_base, ins_var, j, n, eqns: list, flags: list) -> list:
+  """Evaluates jaxpr on both inputs (into jit sub-jaxprs), appending each operation and
+  its flags (inputs agree on example j, outputs agree on example j); returns the outputs."""
   env: dict = {}
   read = lambda v, k: v.val if isinstance(v, jcore.Literal) else env[v][k]
   for v, c in zip(jaxpr.constvars, consts, strict=True):
@@ -175,22 +222,22 @@ def _first_mixing(jaxpr, consts, ins_base, ins_var, j: int, n: int) -> str | Non
   for v, xb, xv in zip(jaxpr.invars, ins_base, ins_var, strict=True):
     env[v] = (xb, xv)
   for eqn in jaxpr.eqns:
-    params = eqn.primitive.get_bind_params(eqn.params)
     ins = [[read(v, k) for v in eqn.invars] for k in (0, 1)]
-    outs = [eqn.primitive.bind(*xs, **params) for xs in ins]
-    if not eqn.primitive.multiple_results:
-      outs = [[o] for o in outs]
-    if (all(_same(a, b, j, n) for a, b in zip(*ins, strict=True))
-        and not all(_same(a, b, j, n) for a, b in zip(*outs, strict=True))):
-      if eqn.primitive.name in JIT:
-        inner = eqn.params["jaxpr"]
-        found = _first_mixing(inner.jaxpr, inner.consts, *ins, j, n)
-        if found:
-          return found
-      return _words(eqn)
+    if eqn.primitive.name in JIT:
+      inner = eqn.params["jaxpr"]
+      outs = [_replay(inner.jaxpr, inner.consts, *ins, j, n, eqns, flags)[k] for k in (0, 1)]
+    else:
+      params = eqn.primitive.get_bind_params(eqn.params)
+      outs = [eqn.primitive.bind(*xs, **params) for xs in ins]
+      if not eqn.primitive.multiple_results:
+        outs = [[o] for o in outs]
+      agree = lambda xs, ys: jnp.all(jnp.stack([jnp.bool_(True)] + [
+          _same(a, b, j, n) for a, b in zip(xs, ys, strict=True)]))
+      eqns.append(eqn)
+      flags.append((agree(*ins), agree(*outs)))
     for v, ob, ov in zip(eqn.outvars, *outs, strict=True):
       env[v] = (ob, ov)
-  return None
+  return [[read(v, k) for v in jaxpr.outvars] for k in (0, 1)]
 
 
 _LIBS = tuple(os.path.dirname(m.__file__) + os.sep for m in (jax, flax))
