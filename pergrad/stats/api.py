@@ -25,7 +25,9 @@ unrolling, vmap's layout); which backend, a name of the table `backends.REGISTRY
 A request for "mean" alone (example granularity, no clipping) takes a plain step whatever
 the backend asked, since the mean needs nothing more: "contraction" on CPU (the fast
 weight-gradient path), "value_and_grad" elsewhere, or whichever of the two is asked.
-Everything is validated here, once, before the backend runs.
+Everything is validated here, once, before the backend runs, including, for any request
+beyond the mean, that loss_fn's per-example losses are separable (`separable.check`: a
+model that mixes examples is refused on every backend, "auto" included).
 
 `options.microbatch_size` splits the batch into chunks processed one after the other
 (`optax.microbatching.microbatch`, a `fori_loop`), bounding the memory of per-example
