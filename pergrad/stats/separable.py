@@ -45,8 +45,13 @@ from pergrad.stats.surgery.proof import JIT, Unsupported
 from pergrad.stats.surgery.sites import memo
 
 N_EXAMPLES = 4  # B': the examples the check uses
-# XLA:CPU options that compile the culprit's program faster (only a refusal runs it).
+# XLA:CPU options that compile the check's programs several times faster (they run a few
+# forward passes of B' examples, once: their speed is moot).
 FAST_CPU = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
+
+
+def _fast() -> dict | None:
+  return FAST_CPU if jax.default_backend() == "cpu" else None
 FIX = ("compute batch statistics outside the per-example loss (e.g. the mean over the batch "
        "in the aggregated loss), or use per-example normalization (LayerNorm, RMSNorm, or "
        "BatchNorm with use_running_average=True)")
@@ -98,7 +103,7 @@ def _check_at(loss_fn, params, batch, n: int) -> None:
     return jax.lax.map(lambda x: loss_fn(p, x), stacked)
 
   # lowered and run apart from any enclosing trace (compute may be called inside jax.jit)
-  got = np.asarray(jax.jit(losses).lower(*given).compile()(*given))
+  got = np.asarray(jax.jit(losses).lower(*given).compile(_fast())(*given))
   for i, (_, j) in enumerate(order):
     if got[0, j].tobytes() != got[1 + i, j].tobytes():
       where = culprit(loss_fn, points, given, 1 + i, j, n)
@@ -189,8 +194,7 @@ def culprit(loss_fn, points, given, i: int, j: int, n: int) -> str:
       _replay(closed.jaxpr, closed.consts, flat(0), flat(i), j, n, eqns, out)
       return out
 
-    fast = FAST_CPU if jax.default_backend() == "cpu" else None
-    got = jax.jit(flags).lower(*given).compile(fast)(*given)
+    got = jax.jit(flags).lower(*given).compile(_fast())(*given)
     return next((_words(e) for e, (same_in, same_out) in zip(eqns, got, strict=True)
                  if bool(same_in) and not bool(same_out)), "")
   except Exception:  # noqa: BLE001 - the location is a hint; the refusal stands without it
