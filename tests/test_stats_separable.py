@@ -180,3 +180,11 @@ def test_per_example_layer_norm_model_is_exact_on_every_backend():
   """(sign left out: the key bias's gradient is zero, softmax being shift-invariant)"""
   loss_fn, params, _ = am.models(True)["nnx"]
   _exact_everywhere(loss_fn, params, am.batch(4), want=("mean", "sq", "norms"))
+
+
+def test_a_loss_that_cannot_run_alone_is_undetermined_not_accepted():
+  def loss_fn(p, b):  # a collective over a named axis: runs only inside its shard_map/pmap
+    return jax.lax.psum(_plain("masked")[0](p, b), "data")
+  with pytest.raises(Unsupported, match="undetermined whether the per-example losses are "
+                     "separable: loss_fn did not run on its own at 4 examples"):
+    separable.check(loss_fn, _plain_params(), am.batch(4))

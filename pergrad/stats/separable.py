@@ -69,18 +69,23 @@ def mixes(reason: str) -> Unsupported:
 def check(loss_fn, params, batch) -> None:
   """Raises `mixes(...)` unless loss_fn's per-example losses are separable (module
   docstring). B = 1 passes: one example cannot be mixed with another. A loss_fn that
-  cannot run on B' < B examples is checked at B."""
+  cannot run on B' < B examples is checked at B; one that cannot run alone (under
+  jax.jit, outside the caller's transforms) is refused as undetermined."""
   B = next(x.shape[0] for x in jax.tree.leaves(batch) if np.ndim(x))
   if B == 1:
     return
-  try:
-    _check_at(loss_fn, params, batch, min(B, N_EXAMPLES))
-  except Unsupported:
-    raise
-  except Exception:  # noqa: BLE001 - a model bound to its batch size: check at B
-    if B <= N_EXAMPLES:
+  for n in sorted({min(B, N_EXAMPLES), B}):  # B: a model bound to its batch size
+    try:
+      return _check_at(loss_fn, params, batch, n)
+    except Unsupported:
       raise
-    _check_at(loss_fn, params, batch, B)
+    except Exception as e:  # noqa: BLE001 - undetermined, refused below
+      error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+  err = Unsupported(f"pergrad.stats: undetermined whether the per-example losses are separable: "
+                    f"loss_fn did not run on its own at {B} examples ({error}); per-example "
+                    "statistics need a loss_fn that jax.jit can run alone on a batch.")
+  err.reason = "undetermined"
+  raise err
 
 
 def _check_at(loss_fn, params, batch, n: int) -> None:
