@@ -50,11 +50,13 @@ N_EXAMPLES = 4  # B': the examples the check uses
 FAST_CPU = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
 
 
-def _fast() -> dict | None:
-  return FAST_CPU if jax.default_backend() == "cpu" else None
 FIX = ("compute batch statistics outside the per-example loss (e.g. the mean over the batch "
        "in the aggregated loss), or use per-example normalization (LayerNorm, RMSNorm, or "
        "BatchNorm with use_running_average=True)")
+
+
+def _fast() -> dict | None:
+  return FAST_CPU if jax.default_backend() == "cpu" else None
 
 
 def mixes(reason: str) -> Unsupported:
