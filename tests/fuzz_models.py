@@ -1,8 +1,8 @@
 """The differential fuzzer's model generator and check (tests/test_stats_fuzz.py runs them).
 
-`draw(seed)` describes a small random model (frontend, token axis, blocks, head, hazard),
-`build(seed)` makes it, `check(seed)` compares every backend with a float64 per-example
-loop (`any_models.reference64`): see tests/test_stats_fuzz.py's docstring.
+`draw(seed)` describes a small random model (frontend, token axis, blocks, head, hazard,
+mixing), `build(seed)` makes it, `check(seed)` compares every backend with a float64
+per-example loop (`any_models.reference64`): see tests/test_stats_fuzz.py's docstring.
 """
 
 from __future__ import annotations
@@ -32,6 +32,9 @@ ALL = ("mean", "sq", "sign", "norms")
 # Hazards surgery cannot prove exact (refused) and those it must accept.
 REFUSED = ("penalty", "shared", "vmapped", "scan", "remat", "raw_tie")
 HAZARDS = ("none", "none", "penalty", "shared", "vmapped", "scan", "remat", "keyword")
+# Ways to mix examples (refused by every backend as not separable), drawn apart from the
+# hazards (their own stream, 1 model in 6): the earlier seeds keep their models otherwise.
+MIXING = ("center", "sort", "cumsum", "loss_mean", "token_count")
 
 
 def draw(seed: int) -> dict:
@@ -53,8 +56,10 @@ def draw(seed: int) -> dict:
     hazard = "none"  # Linen's own lifted transforms are not fuzzed
   if hazard == "keyword" and frontend == "plain":
     hazard = "none"
+  mix = np.random.default_rng(seed + 20_000)
+  mixing = str(mix.choice(MIXING)) if mix.random() < 1 / 6 else None
   return dict(seed=seed, frontend=frontend, tokens=tokens, blocks=blocks, head=head,
-              hazard=hazard)
+              hazard=hazard, mixing=mixing)
 
 
 def _has_params(block) -> bool:
@@ -65,6 +70,8 @@ def _has_params(block) -> bool:
 def refused(m: dict) -> bool:
   """Whether surgery must refuse the model (a vmapped or rematerialised body refused only
   where a layer call in it owns parameters: a body of parameter-free norms is exact)."""
+  if m.get("mixing"):
+    return True
   if m["hazard"] in ("vmapped", "remat"):
     return any(_has_params(b) for b in m["blocks"]) or m["head"] in REFUSED
   return m["hazard"] in REFUSED or m["head"] in REFUSED
@@ -85,6 +92,9 @@ def _body(m, ops, h):
 
 def _forward(m, ops, x):
   h = ops.embed(x) if m["tokens"] else ops.dense("in", x)
+  mixed = {"center": lambda a: a - a.mean(0), "sort": lambda a: jnp.sort(a, axis=0),
+           "cumsum": lambda a: jnp.cumsum(a, axis=0)}.get(m.get("mixing"), lambda a: a)
+  h = mixed(h)  # over the example axis, outside any per-example vmap
   if m["hazard"] == "vmapped":
     h = jax.vmap(lambda a: _body(m, ops, a))(h)
   elif m["hazard"] == "remat":
@@ -268,7 +278,6 @@ class _LinenModel(nn.Module):
 def _freeze(m):
   return {**m, "blocks": tuple(m["blocks"])}
 
-
 @functools.lru_cache(maxsize=8)
 def build(seed: int):
   """(model description, loss_fn, params, batch) of seed."""
@@ -285,7 +294,12 @@ def build(seed: int):
   def xent(logits, targets):
     if not m["tokens"]:
       logits, targets = logits[:, None], targets[:, None]
-    return per_example_xent(logits, targets)
+    loss = per_example_xent(logits, targets)
+    if m["mixing"] == "loss_mean":  # normalised by a batch statistic: mixes examples
+      return loss / loss.mean()
+    if m["mixing"] == "token_count":
+      return loss / jnp.maximum((targets > 0).sum(), 1)
+    return loss
 
   def penalty(p, first):
     return 0.05 * jnp.sum(jnp.square(first(p))) if m["hazard"] == "penalty" else 0.0
@@ -318,6 +332,8 @@ def check(seed: int) -> dict:
   """The outcome of one model: {"model", "surgery": "exact" | "refused", "expected",
   "mismatches": [...]} (module docstring); mismatches is empty unless something is wrong."""
   m, loss_fn, params, batch = build(seed)
+  if m["mixing"]:
+    return dict(model=m, surgery="refused", mismatches=_refused_everywhere(loss_fn, params, batch))
   ref = am.reference64(loss_fn, params, batch)
   norms = np.sqrt(sum(np.square(g).reshape(B, -1).sum(-1)
                       for g in jax.tree.leaves(ref["_samples"])))
@@ -358,6 +374,26 @@ def check(seed: int) -> dict:
       errs = am.mismatches(stats, ref if k.endswith("None") else cref)
     bad += [f"{k}: {e}" for e in errs]
   return dict(model=m, surgery="exact" if accepted else "refused", mismatches=bad)
+
+
+def _refused_everywhere(loss_fn, params, batch) -> list[str]:
+  """A model that mixes examples: every backend refuses it as not separable (traced, as in
+  a training step), and its mean gradient alone is the float64 gradient of the mean loss."""
+  bad = []
+  for be in ("surgery", "vmap", "auto", "loop"):
+    try:
+      jax.eval_shape(lambda p, b, be=be: ps.compute(loss_fn, p, b, want=ALL, backend=be),
+                     params, batch)
+      bad.append(f"{be} accepted a model that mixes examples")
+    except Unsupported as e:
+      if "not separable" not in str(e):
+        bad.append(f"{be} refused it for another reason: {e}")
+  got = jax.jit(lambda p, b: ps.compute(loss_fn, p, b)[1])(params, batch)
+  with jax.enable_x64(True):  # Σ_b g_b = B ∇ mean loss, in float64
+    ref = jax.tree.map(lambda g: B * np.asarray(g), jax.grad(lambda p: loss_fn(p, batch).astype(
+        jnp.float64).mean())(jax.tree.map(lambda a: np.asarray(a, np.float64), params)))
+  ref = {"_samples": jax.tree.map(lambda g: g[None], ref), "mean": ref}
+  return bad + [f"auto/mean: {e}" for e in am.mismatches(got, ref, want=("mean",))]
 
 
 # XLA:CPU options that compile ~the same program several times faster (its speed is moot).

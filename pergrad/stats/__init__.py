@@ -11,6 +11,22 @@ What: a `StatsRequest`; how: a `StatsOptions`; by which backend: a name of the t
 The surgery backend takes Flax Linen and Flax NNX models as they are, and plain-JAX
 models that call `pergrad.stats.taps` (dense, embed, attend, layer_norm, rms_norm).
 
+Every backend's per-example statistics need separable per-example losses (loss_b depends
+on example b alone); `compute` checks it once per model and shape, before any statistic
+(`separable.py`: each loss_b bit for bit unchanged when every other example changes, at 4
+examples; a dependence inactive at the point checked is not seen), and refuses a model that
+mixes examples (h - h.mean(0), BatchNorm in training mode, pooling, sort or cumsum over the
+batch, a loss normalised by a batch statistic) on every backend, auto included (vmap is
+wrong there too), in one line naming the operation and the user's line:
+
+    ps.compute(loss_fn_with_batchnorm, params, batch, want=("sq",))
+    # Unsupported: pergrad.stats: the per-example losses are not separable (example 0's
+    # loss changes when the other examples change: first at reduce_sum at model.py:40 ...),
+    # so no backend computes their per-example gradients; compute batch statistics outside
+    # the per-example loss (...), or use per-example normalization (...).
+
+The mean alone (`want=("mean",)`) is the batch loss's gradient, exact for any model.
+
 Surgery is exact or refused, proved once per model from its jaxpr at trace time
 (`surgery/proof.py`):
   supports: Dense / DenseGeneral / LinearGeneral (no batch axes), nnx.Einsum of a dense

@@ -25,7 +25,9 @@ unrolling, vmap's layout); which backend, a name of the table `backends.REGISTRY
 A request for "mean" alone (example granularity, no clipping) takes a plain step whatever
 the backend asked, since the mean needs nothing more: "contraction" on CPU (the fast
 weight-gradient path), "value_and_grad" elsewhere, or whichever of the two is asked.
-Everything is validated here, once, before the backend runs.
+Everything is validated here, once, before the backend runs, including, for any request
+beyond the mean, that loss_fn's per-example losses are separable (`separable.check`: a
+model that mixes examples is refused on every backend, "auto" included).
 
 `options.microbatch_size` splits the batch into chunks processed one after the other
 (`optax.microbatching.microbatch`, a `fori_loop`), bounding the memory of per-example
@@ -47,7 +49,7 @@ from typing import Any
 import jax
 from optax import microbatching
 
-from pergrad.stats import backends, registry
+from pergrad.stats import backends, registry, separable
 from pergrad.stats.options import StatsOptions
 from pergrad.stats.request import StatsRequest
 from pergrad.stats.surgery.sites import Unsupported, leaf_rules, make_plan
@@ -221,6 +223,8 @@ def compute(
     raise ValueError(
         f"loss_fn must return per-example losses of shape ({B},), got "
         f"{getattr(out, 'shape', out)}; use pergrad.loss.make_loss_fn (no mean over the batch).")
+  if not request.mean_only:  # every backend's per-example statistics need separable losses
+    separable.check(loss_fn, params, batch)
   if backend == "auto" and which == "surgery":
     which = surgery_or_vmap(loss_fn, params, batch, request)
   entry = backends.get(which)

@@ -131,28 +131,28 @@ def site_router(plan: Plan, p, handler, every: bool = False):
 
 
 
-# (what, loss_fn, params' and batch's shapes, request) -> a plan, rules or refusal: the
-# traces run once per model and shape, not once per backend or per call of `compute`.
+# (what, loss_fn, params' and batch's shapes, request) -> a plan, rules, separability or
+# refusal: the traces run once per model and shape, not once per backend or `compute` call.
 _MEMO: collections.OrderedDict = collections.OrderedDict()
 MEMO_SIZE = 32
 
 
-def _memo(fn):
-  """fn(loss_fn, params, batch, request), remembered (its result or its `Unsupported`) by
-  `loss_fn` (the object), the shapes and dtypes of params and batch, and the request."""
+def memo(fn):
+  """fn(loss_fn, params, batch, *rest), remembered (its result or its `Unsupported`) by
+  `loss_fn` (the object), the shapes and dtypes of params and batch, and rest (the request)."""
   @functools.wraps(fn)
-  def memoized(loss_fn, params, batch, request):
+  def memoized(loss_fn, params, batch, *rest):
     shapes = lambda t: (jax.tree.structure(t), tuple(
         (tuple(getattr(x, "shape", ())), str(getattr(x, "dtype", type(x))))
         for x in jax.tree.leaves(t)))
     try:
-      key = (fn.__name__, loss_fn, shapes(params), shapes(batch), request)
+      key = (fn.__name__, loss_fn, shapes(params), shapes(batch), *rest)
       hash(key)
     except TypeError:  # an unhashable loss_fn or tree: no memo
-      return fn(loss_fn, params, batch, request)
+      return fn(loss_fn, params, batch, *rest)
     if key not in _MEMO:
       try:
-        _MEMO[key] = fn(loss_fn, params, batch, request)
+        _MEMO[key] = fn(loss_fn, params, batch, *rest)
       except Unsupported as e:
         _MEMO[key] = e
       while len(_MEMO) > MEMO_SIZE:
@@ -164,7 +164,7 @@ def _memo(fn):
   return memoized
 
 
-@_memo
+@memo
 def leaf_rules(loss_fn, params, batch, request: StatsRequest) -> tuple[tuple[str, str], ...]:
   """The layer-type rules of loss_fn's leaves, whatever the backend (`layer_types.call_rules`
   from one abstract trace of its layer calls); the user's rules and the names alone where
@@ -184,7 +184,7 @@ def leaf_rules(loss_fn, params, batch, request: StatsRequest) -> tuple[tuple[str
   return rules
 
 
-@_memo
+@memo
 def make_plan(loss_fn, params, batch, request: StatsRequest) -> Plan:
   """The plan of `loss_fn` on a batch shaped like `batch` (module docstring); the proof
   that surgery is exact for it (`proof.prove`) or its `Unsupported`."""
