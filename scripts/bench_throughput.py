@@ -122,7 +122,7 @@ def microbatch_table(overrides: list[str], chunk: int, sizes: list[int], reps: i
   return out
 
 
-def nanodo_table(overrides: list[str], sizes: list[int], reps: int) -> dict:
+def nanodo_table(overrides: list[str], sizes: list[int], reps: int, steps: int) -> dict:
   """`pergrad.bench.nanodo.versus_nanodo` at each batch size, both plain backends."""
   import jax
 
@@ -135,7 +135,7 @@ def nanodo_table(overrides: list[str], sizes: list[int], reps: int) -> dict:
       plan = build_plan(compose(["optimizer=adamw", *overrides, f"data.batch_size={B}",
                                  f"stats.backend={backend}", "stats.log_every=0"]),
                         jax.device_count())
-      rows.append({"batch_size": B, **versus_nanodo(plan, reps)})
+      rows.append({"batch_size": B, **versus_nanodo(plan, reps, steps)})
   out = {"benchmark": "plain train step / nanodo-style step",
          "device": jax.devices()[0].device_kind, "overrides": overrides, "reps": reps,
          "rows": rows}
@@ -167,7 +167,9 @@ def main(argv=None) -> dict:
                       "at --batch-sizes, both plain backends (paired ratios, parity)")
   p.add_argument("--nanodo", action="store_true",
                  help="the loop's plain step vs a nanodo-style step (optax.adamw + "
-                      "value_and_grad) at --batch-sizes, both plain backends (paired ratios)")
+                      "value_and_grad) at --batch-sizes, both plain backends (paired ratios "
+                      "of --steps steps per rep, with the baseline against itself and the "
+                      "gradient alone: pergrad.bench.nanodo)")
   p.add_argument("--batch-sizes", type=lambda s: [int(x) for x in s.split(",")],
                  default=[8, 32, 128])
   args, overrides = p.parse_known_args(argv)
@@ -175,7 +177,7 @@ def main(argv=None) -> dict:
   if args.microbatch:
     return microbatch_table(overrides, args.microbatch, args.batch_sizes, max(args.reps, 8))
   if args.nanodo:
-    return nanodo_table(overrides, args.batch_sizes, max(args.reps, 8))
+    return nanodo_table(overrides, args.batch_sizes, max(args.reps, 8), args.steps)
 
   import jax
 

@@ -28,6 +28,11 @@ SLURM cluster, configs/hydra/launcher/slurm_gpu.yaml; needs `pip install -e '.[g
 set partition/account/time with `--hydra-arg hydra.launcher.partition=...
 --hydra-arg hydra.launcher.account=... --hydra-arg hydra.launcher.timeout_min=...`),
 submitit_local (the same path on this machine, configs/hydra/launcher/local.yaml).
+On a CPU machine use joblib with --n-jobs = its cores (the default), each job with XLA's
+own threads: 4 runs of the cpu preset (60 steps) on 2 cores took 0.77-0.86 of the
+sequential (basic, 1 job x 2 threads) wall time with 2 jobs x 2 threads and 0.81-0.82 with
+2 jobs x 1 thread (2 rounds each; `scripts/bench_cores.py`, results/bench_cores.json): 2
+jobs pay, and one thread per job does not beat XLA's default measurably.
 """
 
 from __future__ import annotations
@@ -192,7 +197,8 @@ def main(argv=None) -> int:
                  help="a scale (configs/scale/); <family>_<rung>: a rung of the scale ladder, "
                  "for its four experiments (`ladder` runs every rung of a family)")
   p.add_argument("--launcher", default="basic", choices=LAUNCHERS)
-  p.add_argument("--n-jobs", type=int, default=2, help="parallel jobs (joblib launcher)")
+  p.add_argument("--n-jobs", type=int, default=os.cpu_count() or 1,
+                 help="parallel jobs (joblib launcher; default: the machine's cores)")
   p.add_argument("--dry-run", action="store_true",
                  help="print the commands and check every run they would launch (train.py "
                  "--dry-run: config, plan, data, shapes); train nothing; exit 1 if any is refused")

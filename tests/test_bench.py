@@ -143,3 +143,20 @@ def test_sweep_projection_from_a_record(tmp_path):
   assert p["experiments"]["b"]["projected_s"] == 100.0 * 0.225
   assert p["experiments"]["bench"]["projected_s"] == 100.0
   assert p["repeated_runs"] == 1 and p["reuse_counted"]
+
+
+def test_versus_nanodo_reports_ours_and_its_controls():
+  """`pergrad.bench.nanodo`: ours, the baseline against itself and the gradient alone,
+  each as wall and CPU-time quartiles of paired ratios (two reps of one step: the shape of
+  the report, not a time bound)."""
+  from conftest import TINY, compose
+
+  from pergrad.bench.nanodo import versus_nanodo
+  from pergrad.config import build_plan
+
+  plan = build_plan(compose(["optimizer=adamw", *TINY, "stats.backend=value_and_grad",
+                             "stats.log_every=0"]))
+  out = versus_nanodo(plan, reps=2, steps_per_rep=1)
+  assert out["backend"] == "value_and_grad" and out["nanodo_s"] > 0
+  for q in (out["ratio"], out["cpu_ratio"], *out["self"].values(), *out["grad"].values()):
+    assert 0 < q["q25"] <= q["median"] <= q["q75"]

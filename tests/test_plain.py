@@ -22,6 +22,11 @@ def test_chunk_rule():
   assert plain.chunk_for(12, "cpu") is None  # 8 does not divide 12
   assert plain.chunk_for(32, "gpu") is None and plain.chunk_for(32, "tpu") is None
   assert plain.chunk_for(32, "gpu", asked=4) == 4  # stats.microbatch_size wins
+  vag = "value_and_grad"  # its own chunk on CPU: 4 (pergrad.train.plain's docstring)
+  assert plain.chunk_for(8, "cpu", backend=vag) == 4 == plain.chunk_for(32, "cpu", None, vag)
+  assert plain.chunk_for(6, "cpu", backend=vag) is None
+  assert plain.chunk_for(8, "gpu", backend=vag) is None
+  assert plain.chunk_for(32, "cpu", backend="contraction") == 8
 
 
 @pytest.mark.parametrize("backend,asked", [("value_and_grad", None), ("contraction", 4)])
@@ -38,7 +43,7 @@ def test_microbatched_mean_gradient_equals_the_whole_batch(backend, asked):
   loss, got = jax.jit(lambda p, b: plain.mean_gradient(loss_fn, p, b, request, options,
                                                        backend))(params, batch)
   if jax.default_backend() == "cpu" or asked:
-    assert plain.chunk_for(16, jax.default_backend(), asked) in (4, 8)  # it did split
+    assert plain.chunk_for(16, jax.default_backend(), asked, backend) in (4, 8)  # it split
   np.testing.assert_allclose(loss, want_loss, rtol=1e-6)
   assert float(got.count) == 16
   leaves = jax.tree_util.tree_leaves_with_path(want.mean)

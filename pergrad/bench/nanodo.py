@@ -5,8 +5,16 @@ nanodo-style: `optax.adamw` with the plan's learning-rate schedule, β's, ε and
 decay, updated by `jax.value_and_grad` of the mean loss of the same model, jitted with
 its params and optimizer state donated. Ours: the compiled plain step the training loop
 runs (`pergrad.train.step.Steps.train[B]`: its plain backend, microbatching, metrics and
-state). Both on the same random tokens, timed in the bracketed order of
-`pergrad.bench.paired` (nanodo's the baseline): ratio ours / nanodo per rep, quartiles.
+state). Beside them, two controls that bound what a ratio can show:
+  self   nanodo's step timed against a second copy of itself: the noise floor (no bound
+         on ours is tighter than its quartiles);
+  grad   nanodo's gradient alone (`jax.value_and_grad`, then θ − 1e-9 ḡ): the floor of any
+         exact step of nanodo's FLOPs on the whole batch (the optimizer removed).
+One rep times `steps_per_rep` consecutive steps of each program (one step of the tiny model
+is tens of ms, too short against the machine's jitter), in rounds whose order alternates
+(nanodo, ours, self, grad; then reversed), so drift hits all alike; rep i gives
+ratio_i = t_i / t_nanodo,i, by wall clock and by the process's CPU time (`time.
+process_time`, all threads: steadier when other processes share the cores); quartiles.
 """
 
 from __future__ import annotations
@@ -18,11 +26,19 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from pergrad.bench.paired import bracketed, paired_ratios, quartiles
+from pergrad.bench.paired import paired_ratios, quartiles
 
 
-def versus_nanodo(plan, reps: int = 8) -> dict:
-  """{"ratio": quartiles of ours / nanodo-style, "nanodo_s": median seconds, "backend"}."""
+def _timed(step, steps: int) -> tuple[float, float]:
+  """(wall, CPU) seconds per step of `steps` calls of `step`, synchronised at the end."""
+  c0, t0 = time.process_time(), time.perf_counter()
+  jax.block_until_ready([step() for _ in range(steps)][-1])
+  return (time.perf_counter() - t0) / steps, (time.process_time() - c0) / steps
+
+
+def versus_nanodo(plan, reps: int = 8, steps_per_rep: int = 5) -> dict:
+  """{"ratio", "cpu_ratio": quartiles of ours / nanodo-style; "self", "grad": those of the
+  controls (module docstring), "nanodo_s": median seconds per step, "backend"}."""
   from pergrad.loss import make_loss_fn
   from pergrad.model import Transformer
   from pergrad.train.mesh import make_mesh
@@ -43,30 +59,41 @@ def versus_nanodo(plan, reps: int = 8) -> dict:
     updates, opt_state = tx.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, loss
 
-  nano = jax.jit(nanodo_step, donate_argnums=(0, 1))
+  def grad_step(params, opt_state, batch):
+    loss, grads = jax.value_and_grad(lambda p: loss_fn(p, batch).mean())(params)
+    return jax.tree.map(lambda p, g: p - 1e-9 * g, params, grads), opt_state, loss
+
   state = steps.init(np.int32(0))
-  theirs = [jax.tree.map(jnp.copy, state.params)]
-  theirs.append(tx.init(theirs[0]))
   nano_batch = {k: jnp.asarray(v) for k, v in host.items()}
+
+  def theirs(fn):  # a donated (params, opt_state) pair of its own per program
+    jitted = jax.jit(fn, donate_argnums=(0, 1))
+    carry = [jax.tree.map(jnp.copy, state.params)]
+    carry.append(tx.init(carry[0]))
+
+    def step():
+      *carry[:], loss = jitted(*carry, nano_batch)
+      return loss
+    return step
 
   def ours():
     nonlocal state
-    t0 = time.perf_counter()
     state, m = steps.train[B](state, batch, steps.hparams)
-    jax.block_until_ready(m)
-    return time.perf_counter() - t0
+    return m
 
-  def nanodo():
-    t0 = time.perf_counter()
-    params, opt_state, loss = nano(*theirs, nano_batch)
-    theirs[:] = [params, opt_state]
-    jax.block_until_ready(loss)
-    return time.perf_counter() - t0
-
-  ours(), nanodo()  # compiles
-  base, var = [nanodo()], []
-  for _ in range(reps):
-    var.append(ours())
-    base.append(nanodo())
-  return {"ratio": quartiles(paired_ratios(var, bracketed(base))),
-          "nanodo_s": float(np.median(base)), "backend": plan.stats.backend}
+  programs = {"nanodo": theirs(nanodo_step), "ours": ours, "self": theirs(nanodo_step),
+              "grad": theirs(grad_step)}
+  for step in programs.values():
+    _timed(step, 2)  # compiles, warms
+  wall, cpu = {k: [] for k in programs}, {k: [] for k in programs}
+  for i in range(reps):
+    for name in list(programs)[::1 if i % 2 == 0 else -1]:
+      w, c = _timed(programs[name], steps_per_rep)
+      wall[name].append(w)
+      cpu[name].append(c)
+  ratio = lambda t, k: quartiles(paired_ratios(t[k], t["nanodo"]))
+  return {"ratio": ratio(wall, "ours"), "cpu_ratio": ratio(cpu, "ours"),
+          "self": {"ratio": ratio(wall, "self"), "cpu_ratio": ratio(cpu, "self")},
+          "grad": {"ratio": ratio(wall, "grad"), "cpu_ratio": ratio(cpu, "grad")},
+          "nanodo_s": float(np.median(wall["nanodo"])), "steps_per_rep": steps_per_rep,
+          "backend": plan.stats.backend}

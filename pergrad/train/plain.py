@@ -7,8 +7,11 @@ pass, or sums over microbatches of `chunk` examples in a loop.
 Both give ḡ = (1/B) Σ_b ∇loss_b (the same sum in another order: equal to float32
 rounding, tested on every leaf). Which is faster depends on the device: on CPU, XLA runs
 the tiny model's matmuls of 8 sequences from cache where those of 32 or 128 spill, so
-`chunk_for` splits a batch into chunks of `AUTO_CHUNK[platform]` examples where that
-divides it; elsewhere (accelerators: one large matmul is best) it does not. The chunks are
+`chunk_for` splits a batch into chunks of `AUTO_CHUNK[platform, backend]` examples where
+that divides it (8; 4 for value_and_grad: the loop's step in chunks of 4 took 0.91 of its
+whole-batch CPU time at B = 8 and 0.92 of its time in chunks of 8 at B = 32, paired, 12
+reps, on the shared 2-core machine; `scripts/bench_throughput.py --nanodo`); elsewhere
+(accelerators: one large matmul is best) it does not. The chunks are
 strided slices (`optax.microbatching.microbatch`), so a batch sharded over devices stays
 sharded. stats.microbatch_size, when set, is the chunk (what the statistics backends use
 to bound memory). Measured by `scripts/bench_throughput.py --microbatch`: paired step-time
@@ -29,14 +32,17 @@ from optax import microbatching
 import pergrad.stats as pstats
 from pergrad.stats.types import GradStats
 
-AUTO_CHUNK = {"cpu": 8}  # examples per chunk where splitting is faster (module docstring)
+# Examples per chunk where splitting is faster, by (platform, backend); backend None: any
+# other backend (module docstring).
+AUTO_CHUNK = {("cpu", None): 8, ("cpu", "value_and_grad"): 4}
 
 
-def chunk_for(batch_size: int, platform: str, asked: int | None = None) -> int | None:
-  """The chunk of a plain step of `batch_size` examples: `asked` (stats.microbatch_size)
-  if set, else AUTO_CHUNK[platform] when it is smaller than the batch and divides it;
-  None: the whole batch at once."""
-  chunk = asked or AUTO_CHUNK.get(platform)
+def chunk_for(batch_size: int, platform: str, asked: int | None = None,
+              backend: str | None = None) -> int | None:
+  """The chunk of a step of `batch_size` examples on `backend`: `asked`
+  (stats.microbatch_size) if set, else AUTO_CHUNK's (platform, backend) when it is smaller
+  than the batch and divides it; None: the whole batch at once."""
+  chunk = asked or AUTO_CHUNK.get((platform, backend), AUTO_CHUNK.get((platform, None)))
   return chunk if chunk and chunk < batch_size and batch_size % chunk == 0 else None
 
 
@@ -45,7 +51,7 @@ def mean_gradient(loss_fn, params, batch: dict, request: pstats.StatsRequest,
   """(mean loss, GradStats of ḡ alone) of a plain backend (value_and_grad, contraction),
   over chunks where `chunk_for` splits the batch (module docstring)."""
   B = jax.tree.leaves(batch)[0].shape[0]
-  chunk = chunk_for(B, jax.default_backend(), options.microbatch_size)
+  chunk = chunk_for(B, jax.default_backend(), options.microbatch_size, backend)
   if chunk is None:
     return pstats.compute(loss_fn, params, batch, request, options, backend=backend)
 
@@ -67,4 +73,4 @@ def chunked(options: pstats.StatsOptions, batch_size: int, backend: str
   if options.microbatch_size or not (entry.statistics and entry.microbatch):
     return options
   return dataclasses.replace(
-      options, microbatch_size=chunk_for(batch_size, jax.default_backend()))
+      options, microbatch_size=chunk_for(batch_size, jax.default_backend(), None, backend))

@@ -235,7 +235,8 @@ def _weighted(p: dict, w_B, shape, want, unroll):
   if "sparse" in p:
     ids, rows_ = p["sparse"]
     V, D = shape
-    total = total + jnp.zeros((V, D), F32).at[ids.reshape(-1)].add((rows_ * w).reshape(-1, D))
+    zeros = jnp.zeros((V, D), F32) + sm.zero_after(w_B)  # formed when w is, not early
+    total = total + zeros.at[ids.reshape(-1)].add((rows_ * w).reshape(-1, D))
     if stats and "factors" in p:
       out = sm.tied_example_stats(ids, rows_ * w, left, right, stats, unroll=unroll)
     elif stats:
