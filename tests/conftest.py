@@ -6,11 +6,16 @@ import logging
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("WANDB_MODE", "disabled")
+# Runs' default compilation cache (train.compile_cache) in a temp dir, never the user's
+# ~/.cache (subprocesses and xdist workers inherit it; every process sets the same path).
+os.environ.setdefault("PERGRAD_COMPILE_CACHE",
+                      str(Path(tempfile.gettempdir()) / f"pergrad-tests-jax-{os.getuid()}"))
 # The corrupt-checkpoint tests make Orbax's restore fail on purpose; the asyncio futures of
 # that failed read are garbage-collected later and would log "Future exception was never
 # retrieved" with a page-long tensorstore spec at interpreter exit.

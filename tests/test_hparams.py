@@ -144,6 +144,19 @@ def test_compile_cache_setting(tmp_path):
     jax.config.update("jax_compilation_cache_dir", None)
 
 
+def test_the_default_cache_gives_way_to_the_environment(tmp_path, monkeypatch):
+  """PERGRAD_COMPILE_CACHE replaces the default directory (this suite sets it: no test
+  writes to ~/.cache), never a directory the config sets."""
+  from pergrad.config.schema import DEFAULT_COMPILE_CACHE, TrainSpec
+
+  assert TrainSpec.__dataclass_fields__["compile_cache"].default == DEFAULT_COMPILE_CACHE
+  monkeypatch.setenv("PERGRAD_COMPILE_CACHE", str(tmp_path / "env"))
+  with compile_cache.using(DEFAULT_COMPILE_CACHE) as d:
+    assert d == tmp_path / "env"
+  with compile_cache.using(str(tmp_path / "set")) as d:
+    assert d == tmp_path / "set"
+
+
 def test_hparams_arrays_are_scalars():
   opt = build_optimizer(optimizer_config("adamw", clip_norm=1.0), ScheduleConfig(name="step"),
                         total_steps=50, batch_size=B, seed=5)

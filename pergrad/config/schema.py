@@ -31,6 +31,9 @@ from pergrad.stats.request import Granularity
 PATTERN_CHARS = "/*?["  # a stats.layers entry with one of these is a path pattern
 
 
+DEFAULT_COMPILE_CACHE = "~/.cache/pergrad/jax"  # train.compile_cache's default
+
+
 @dataclasses.dataclass
 class TrainSpec:
   """Length and cadences, in full-batch steps: units of data.batch_size examples.
@@ -50,8 +53,9 @@ class TrainSpec:
   out_dir: str | None = resumable(None)  # run directory; null: Hydra's run directory
   # every checkpoint unreadable: start again from step 0 (true) or stop with an error
   restart: bool = resumable(False)
-  # JAX's persistent compilation cache (pergrad.train.compile_cache); null: off
-  compile_cache: str | None = resumable("~/.cache/pergrad/jax")
+  # JAX's persistent compilation cache (pergrad.train.compile_cache); null: off; the
+  # default directory gives way to the environment's PERGRAD_COMPILE_CACHE (tests: a temp dir)
+  compile_cache: str | None = resumable(DEFAULT_COMPILE_CACHE)
 
   def __post_init__(self):
     if self.steps < 1:

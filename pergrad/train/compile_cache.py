@@ -10,6 +10,9 @@ the numbers) serves it to every run after the first, in any process, and so do t
 and the eval step. Programs that compile in under `MIN_COMPILE_S` are not written.
 `train.compile_cache=null` turns it off; JAX's own setting wins (the environment's
 JAX_COMPILATION_CACHE_DIR, `jax.config`), and JAX's settings are restored after the run.
+The default directory (`~/.cache/pergrad/jax`) gives way to the environment's
+PERGRAD_COMPILE_CACHE (the test suite points it at a temporary directory); a directory set
+in the config is used as set.
 The cache is trusted code: keep its directory your own (JAX's warning). The run's summary
 counts the programs the cache served (`compile_cache_hits`), those compiled that the cache
 keeps (`compile_misses`: at least MIN_COMPILE_S) and the seconds compiling or reading
@@ -19,12 +22,15 @@ them (`compile_s`).
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from pathlib import Path
 from typing import NamedTuple
 
 import jax
 from jax.experimental.compilation_cache import compilation_cache
+
+from pergrad.config.schema import DEFAULT_COMPILE_CACHE
 
 MIN_COMPILE_S = 0.1  # JAX's default, 1 s, would leave out the eval step (~0.35 s on CPU)
 _lock = threading.Lock()
@@ -86,6 +92,8 @@ def using(directory: str | None):
   if own or not directory:
     yield Path(own) if own else None
     return
+  if directory == DEFAULT_COMPILE_CACHE:
+    directory = os.environ.get("PERGRAD_COMPILE_CACHE") or directory
   path = Path(directory).expanduser().resolve()
   path.mkdir(parents=True, exist_ok=True)
   old = {k: getattr(jax.config, k) for k in ("jax_persistent_cache_min_compile_time_secs",
