@@ -93,6 +93,7 @@ def test_checks_flops_exact_time_on_quartiles():
   assert got[("surgery per-token peak_ratio <= 1.1", "surgery/token/sq+sign")]["ok"] is True
 
 
+@pytest.mark.extended  # kept out of the 10-minute main suite (~15-30 s)
 def test_plain_candidates_compute_one_gradient():
   spec, T = stats.PRESETS["micro"]
   params = init_params(spec, jax.random.key(0))
@@ -145,6 +146,7 @@ def test_sweep_projection_from_a_record(tmp_path):
   assert p["repeated_runs"] == 1 and p["reuse_counted"]
 
 
+@pytest.mark.extended  # kept out of the 10-minute main suite (~15-30 s)
 def test_versus_nanodo_reports_ours_and_its_controls():
   """`pergrad.bench.nanodo`: ours, the baseline against itself and the gradient alone,
   each as wall and CPU-time quartiles of paired ratios (two reps of one step: the shape of

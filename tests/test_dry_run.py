@@ -72,6 +72,7 @@ def test_dry_run_cli_exits_non_zero_on_a_bad_config_and_writes_nothing(tmp_path,
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # kept out of the 10-minute main suite (~15-30 s)
 def test_reproduce_dry_run_checks_every_run_of_the_sweep(tmp_path):
   """`reproduce.py ... --dry-run --hydra-arg train.stepz=3` exited 0 without checking it."""
   args = [str(REPO / "scripts" / "reproduce.py"), "sign_placement", "--preset", "ci",

@@ -97,6 +97,7 @@ def _lowered(tiny, *overrides):
                                steps.hparams).as_text(), init
 
 
+@pytest.mark.extended  # kept out of the 10-minute main suite (~15-30 s)
 def test_runs_of_a_sweep_are_one_program(tiny_overrides):
   """lr, seed, steps, weight decay, ε, β's, warmup are arguments: the same lowered train
   step and init (so the same persistent-cache key)."""

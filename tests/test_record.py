@@ -77,6 +77,7 @@ def _reproduce():
   return mod
 
 
+@pytest.mark.extended  # kept out of the 10-minute main suite (~15-30 s)
 def test_plugin_experiment_runs_through_reproduce(tmp_path, registry, compilation_cache,
                                                   monkeypatch):
   for k, v in compilation_cache.items():

@@ -47,6 +47,7 @@ def test_a_run_failing_at_start_leaves_no_folder(tmp_path, tiny_overrides):
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # kept out of the 10-minute main suite (~15-30 s)
 def test_an_accepted_run_records_its_invocation_and_a_refused_one_touches_nothing(
     tmp_path, tiny_overrides, cache_env):
   """With train.out_dir given, Hydra's record goes under the run directory, written by the

@@ -19,7 +19,7 @@ mean too) against a float64 per-example loop (`any_models.reference64`):
   - a model that mixes examples is refused as not separable by surgery, vmap, auto and
     the loop alike, and its mean gradient alone matches float64 autodiff of the mean loss.
 
-A fixed seed set runs in the main suite; 500 seeds in the extended one. As a script it
+A fixed seed set runs in the main suite; 250 seeds in the extended one (CI's budget). As a script it
 writes the record README.md cites:
 
     python tests/test_stats_fuzz.py --models 500 --out results/stats_fuzz.json
@@ -60,9 +60,13 @@ def test_the_main_seeds_cover_every_frontend_hazard_and_head():
   assert {m["mixing"] for m in models} > {None}  # a model that mixes examples
 
 
+EXTENDED_MODELS = 250  # CI's share (~3.5 s a model in one process, within CI's 90 minutes);
+# the committed record runs more (`--models 500`, sharded: README's sentence below)
+
+
 @pytest.mark.extended
-def test_500_models_none_silently_wrong():
-  outs = [check(s) for s in range(500)]
+def test_models_none_silently_wrong():
+  outs = [check(s) for s in range(EXTENDED_MODELS)]
   bad = [(o["model"], o["mismatches"]) for o in outs if o["mismatches"]]
   assert bad == []
 

@@ -105,6 +105,7 @@ def test_clipping_by_surgery_matches_vmap_on_every_model_kind(tied, backends):
       _check(stats, samples, ALL, weights=w)
 
 
+@pytest.mark.extended  # kept out of the 10-minute main suite (~15-30 s)
 def test_layer_kind_comes_from_the_class_names_are_the_fallback():
   """ln1/ln2 are not "norm" by name, but are norm layers: surgery selects them (and
   ln_f) with layers=("norm",) on all three model kinds, and nothing else."""
