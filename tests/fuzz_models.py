@@ -389,10 +389,9 @@ def _refused_everywhere(loss_fn, params, batch) -> list[str]:
       if "not separable" not in str(e):
         bad.append(f"{be} refused it for another reason: {e}")
   got = jax.jit(lambda p, b: ps.compute(loss_fn, p, b)[1])(params, batch)
-  with jax.enable_x64(True):  # ∂ℓ_b/∂θ (each term of the whole batch's losses), in float64
-    per = jax.jacrev(lambda p: loss_fn(p, batch).astype(jnp.float64))(
-        jax.tree.map(lambda a: np.asarray(a, np.float64), params))
-  per = jax.tree.map(np.asarray, per)  # Σ_b of them = B ∇ mean loss (0 for ℓ_b / mean ℓ)
+  with jax.enable_x64(True):  # ∂ℓ_b/∂θ in float64; Σ_b = B ∇ mean loss (0 for ℓ_b / mean ℓ)
+    per = jax.tree.map(np.asarray, jax.jacrev(lambda p: loss_fn(p, batch).astype(
+        jnp.float64))(jax.tree.map(lambda a: np.asarray(a, np.float64), params)))
   ref = {"_samples": per, "mean": jax.tree.map(lambda g: g.sum(0), per)}
   return bad + [f"auto/mean: {e}" for e in am.mismatches(got, ref, want=("mean",))]
 

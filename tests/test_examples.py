@@ -12,7 +12,8 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
 @pytest.mark.parametrize("name", [
-    pytest.param("linen", marks=pytest.mark.extended), "nnx", "plain_jax"])
+    pytest.param("linen", marks=pytest.mark.extended),
+    pytest.param("nnx", marks=pytest.mark.extended), "plain_jax"])
 def test_example_runs_and_clips(name):
   spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
   module = importlib.util.module_from_spec(spec)

@@ -38,6 +38,7 @@ def test_causality(positions, norm, tie):
     assert not np.allclose(out[:, t], base[:, t])
 
 
+@pytest.mark.extended  # kept out of the 10-minute main suite (~15-30 s)
 def test_vmap_grad_over_single_examples_matches_loop():
   """jax.vmap(jax.grad) of the single-example loss = a Python loop, on every leaf."""
   spec = ModelSpec(**{**SPEC, "n_layers": 1})

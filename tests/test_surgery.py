@@ -357,6 +357,7 @@ def test_both_dense_methods_match_loop(method, want):
     np.testing.assert_allclose(loss, batch_loss, rtol=1e-6)
 
 
+@pytest.mark.extended  # kept out of the 10-minute main suite (~15-30 s)
 def test_auto_takes_simultaneous_for_norms_at_long_sequences_and_counts_its_flops():
   """At T² > KL/(K+L) the rule picks the simultaneous method for every dense layer, and
   the step with all-layer per-example norms then costs ≤ 1.05x the FLOPs of the plain

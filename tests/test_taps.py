@@ -135,6 +135,7 @@ class _DefaultNames(nn.Module):
     return nn.Dense(am.V)(nn.RMSNorm()(x))
 
 
+@pytest.mark.extended  # kept out of the 10-minute main suite (~15-30 s)
 def test_default_flax_names_select_exactly_the_norm_layers():
   model = _DefaultNames()
   params = model.init(jax.random.PRNGKey(0), jnp.zeros((1, am.T), jnp.int32))["params"]
@@ -239,7 +240,7 @@ def test_nnx_einsum_layers_match_the_loop_with_and_without_clipping():
     ps.compute(loss_fn, params, batch, want=("sq",), backend="surgery")
 
 
-@pytest.mark.parametrize("tied", [False, True])
+@pytest.mark.parametrize("tied", [pytest.param(False, marks=pytest.mark.extended), True])
 def test_the_contraction_plain_step_equals_autodiff_on_every_model_kind(tied):
   """ḡ by the fast weight-gradient path (the plain step "auto" takes on CPU) equals
   `jax.value_and_grad`'s on every leaf, for Linen, NNX and plain JAX, and for a model with a
