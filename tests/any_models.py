@@ -165,11 +165,13 @@ def statistics64(samples, want=("mean", "sq", "sign", "norms"), clip=None):
 def mismatches(stats, ref, want=("mean", "sq", "sign", "norms"), rtol=3e-4) -> list[str]:
   """The (statistic, leaf) pairs where `stats` (a GradStats) differs from `reference64`'s
   `ref` by more than float32 round-off: ‖got − ref‖ > rtol·(‖ref‖ + 1e-3·the largest leaf's
-  ‖ref‖, or of Σ_b ‖g_b‖ when the mean cancels: a loss normalised by the batch's mean loss
-  has ḡ = 0 exactly, and a sum's float32 round-off scales with its summands) per leaf; signs
-  only where no sample is near zero. [] when they all agree."""
+  ‖ref‖, and for the mean at least the largest leaf's Σ_b ‖g_b‖: a loss normalised by the
+  batch's mean loss has ḡ = 0 exactly, and a sum's float32 round-off scales with its
+  summands) per leaf; signs only where no sample is near zero. [] when they all agree."""
   bad = []
   samples = ref["_samples"]
+  summands = max(float(np.linalg.norm(np.reshape(x, (len(x), -1)), axis=1).sum())
+                 for x in jax.tree.leaves(samples))  # the largest leaf's Σ_b ‖g_b‖
   paths = [jax.tree_util.keystr(k, simple=True, separator="/")
            for k, _ in jax.tree_util.tree_flatten_with_path(samples)[0]]
   for name in want:
@@ -177,9 +179,9 @@ def mismatches(stats, ref, want=("mean", "sq", "sign", "norms"), rtol=3e-4) -> l
     exp = jax.tree.leaves(ref[name])
     if len(got) != len(exp):
       return [f"{name}: {len(got)} leaves, expected {len(exp)}"]
-    top = max(max(float(np.linalg.norm(e)) for e in exp),  # ..., or Σ_b ‖g_b‖ (a sum's
-              max(float(np.linalg.norm(np.reshape(x, (len(x), -1)), axis=1).sum())  # round-off)
-                  for x in jax.tree.leaves(samples)))
+    top = max(float(np.linalg.norm(e)) for e in exp)
+    if name == "mean":  # a sum of g_b: its round-off scales with Σ_b ‖g_b‖, not with ‖ḡ‖
+      top = max(top, summands)
     for path, g, e, s in zip(paths, got, exp, jax.tree.leaves(samples), strict=True):
       if name == "sign":
         a = np.abs(s)
