@@ -37,8 +37,9 @@ from pathlib import Path
 import jax
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).parents[1])]
 from fuzz_models import build, check, draw, refused  # noqa: E402
+from experiments.record import provenance  # noqa: E402
 
 # A fixed set covering every frontend, hazard and head (found by `draw`), for the main suite.
 MAIN_SEEDS = (5, 14, 24, 29, 36, 38, 43, 44)
@@ -110,7 +111,8 @@ def summary(outs, seconds: float) -> dict:
              o["model"]["head"], o["model"]["hazard"], o["surgery"], len(o["mismatches"]),
              o["model"].get("mixing")]
             for o in outs],
-      command="python tests/test_stats_fuzz.py --models N --out results/stats_fuzz.json")
+      command="python tests/test_stats_fuzz.py --models N --out results/stats_fuzz.json",
+      **provenance())  # the commit the record was run at, and whether the tree was clean
 
 
 def merged(records: list[dict]) -> dict:
@@ -121,6 +123,8 @@ def merged(records: list[dict]) -> dict:
   rec = summary(sorted(outs, key=lambda o: o["model"]["seed"]),
                 sum(r["seconds"] for r in records))
   rec["failures"] = [f for r in records for f in r["failures"]]
+  commits = {(r.get("commit"), r.get("clean")) for r in records}
+  rec["commit"], rec["clean"] = commits.pop() if len(commits) == 1 else ("mixed", False)
   return rec
 
 
@@ -131,7 +135,7 @@ def _crashed(seed: int, e: Exception) -> dict:
 if __name__ == "__main__":
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--models", type=int, default=500)
-  ap.add_argument("--shard", default="0/1", help="K/N: the seeds s < models with s % N == K")
+  ap.add_argument("--shard", default="0/1", help="K/N: the seeds s < models with s %% N == K")
   ap.add_argument("--merge", type=Path, nargs="*", help="merge these shards' records into --out")
   ap.add_argument("--out", type=Path, default=None)
   a = ap.parse_args()
