@@ -128,15 +128,17 @@ class Record:
     self._write()
 
   def experiment(self, name: str, entry: dict) -> None:
-    """Records one experiment; an earlier invocation's costs for it are added (the runs an
-    earlier invocation of a fresh reproduction finished count as launched, not skipped)."""
+    """Records one experiment; an earlier invocation's wall time for it is added. Its launches
+    are added only where it was stopped (it wrote no run_info.json): otherwise `entry` holds
+    them already, as run_info.json sums the invocations at its commit and sweep. The runs a
+    stopped invocation of a fresh reproduction finished count as launched, not skipped."""
     old = self.done.get(name)
     if old and old.get("partial") and self.d["fresh"]:
       entry = {**entry, "launched": entry["launched"] + entry["skipped"], "skipped": 0}
     if old:
+      summed = ("wall_s", "launch_wall_s", "launched") if old.get("partial") else ("wall_s",)
       entry = {**entry, **{k: round(old.get(k, 0) + entry[k], 1) if k != "launched"
-                           else old.get(k, 0) + entry[k]
-                           for k in ("wall_s", "launch_wall_s", "launched")},
+                           else old.get(k, 0) + entry[k] for k in summed},
                "skipped": entry["skipped"] if old.get("partial") else old.get("skipped", 0)}
     with self._lock:
       self.d["experiments"][name] = entry

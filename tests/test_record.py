@@ -227,13 +227,6 @@ def test_run_info_and_report_count_this_invocation_only(tmp_path):
   (results / report_md.REPRODUCTION).write_text(json.dumps(
       {"commit": "zzz", "experiments": {"snr": {"launch_wall_s": 120.0}}}))
   assert report_md.launch_costs(results)["snr"] == 0.0  # another commit's record
-  # A resumed run_info (2 invocations) sums its launches already; the record, which adds the
-  # stopped invocation's to it, would count them twice (msq_eps: 42.0 vs 21.1 min)
-  (results / "snr" / "run_info.json").write_text(json.dumps(
-      {**info, "launch_wall_s": 60.0, "invocations": 2}))
-  (results / report_md.REPRODUCTION).write_text(json.dumps(
-      {"commit": "abc", "experiments": {"snr": {"launch_wall_s": 120.0}}}))
-  assert report_md.launch_costs(results)["snr"] == 60.0
 
 
 def test_results_name_no_machine_path(tmp_path):
@@ -329,7 +322,22 @@ def test_reproduction_record_survives_a_stop_and_is_continued(tmp_path, monkeypa
   text = "\n".join(report_md.reproduction_lines(tmp_path))
   assert "in 2 invocations" in text and "finished " in text
 
+  # an experiment re-run after failed runs: its run_info.json (same commit and sweep) already
+  # sums both invocations' launches, and the record adds only the wall time (it added both,
+  # so msq_eps read 42.0 min of launches against run_info's 21.1)
+  third = mod.Record(path.with_name("r2.json"), "python scripts/reproduce.py all", fresh=True)
+  third.experiment("c", {"wall_s": 8.0, "launch_wall_s": 6.0, "launched": 2, "skipped": 0,
+                         "status": "1 run(s) failed"})
+  third._stop.set()  # stopped after c, before the next experiment
+  fourth = mod.Record(path.with_name("r2.json"), "python scripts/reproduce.py all", fresh=True)
+  assert not fourth.finished_before("c")  # its runs failed: c runs again
+  fourth.experiment("c", {"wall_s": 3.0, "launch_wall_s": 6.0 + 2.0, "launched": 2 + 1,
+                          "skipped": 0, "status": "completed"})
+  fourth._stop.set()
+  c = fourth.d["experiments"]["c"]
+  assert (c["wall_s"], c["launch_wall_s"], c["launched"]) == (11.0, 8.0, 3)
+
   monkeypatch.setattr(mod.rec, "provenance", lambda: {"commit": "def", "clean": True})
-  third = mod.Record(path, "python scripts/reproduce.py all --preset cpu", fresh=True)
-  third._stop.set()
-  assert len(third.d["invocations"]) == 1 and third.d["commit"] == "def"  # a new commit
+  fifth = mod.Record(path, "python scripts/reproduce.py all --preset cpu", fresh=True)
+  fifth._stop.set()
+  assert len(fifth.d["invocations"]) == 1 and fifth.d["commit"] == "def"  # a new commit
