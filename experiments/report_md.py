@@ -111,17 +111,19 @@ def _json(path: Path) -> dict | None:
 
 
 def launch_costs(results_root: Path) -> dict[str, float]:
-  """{experiment: seconds of launches that made its committed results}: the end-to-end
-  record's (reproduction.json, which adds an invocation stopped before run_info.json was
-  written) where it is at run_info.json's commit, else run_info.json's `launch_wall_s` (the
-  invocations at its commit and sweep, summed)."""
+  """{experiment: seconds of launches that made its committed results}: run_info.json's
+  `launch_wall_s`, which sums the invocations at its commit and sweep it counts
+  (`invocations`); for one invocation at the end-to-end record's commit, the record's
+  (reproduction.json: it adds the launches of an invocation stopped before run_info.json was
+  written). Never both: a resumed run_info already holds the earlier launches."""
   record = _json(Path(results_root) / REPRODUCTION) or {}
   out = {}
   for n in experiments():
     if (info := _json(Path(results_root) / n / "run_info.json")) is not None:
       entry = record.get("experiments", {}).get(n)
       same = entry and info.get("commit") == record.get("commit")
-      out[n] = float((entry if same else info)["launch_wall_s"])
+      alone = int(info.get("invocations", 1)) <= 1
+      out[n] = float((entry if same and alone else info)["launch_wall_s"])
   return out
 
 

@@ -227,6 +227,14 @@ def test_run_info_and_report_count_this_invocation_only(tmp_path):
   (results / report_md.REPRODUCTION).write_text(json.dumps(
       {"commit": "zzz", "experiments": {"snr": {"launch_wall_s": 120.0}}}))
   assert report_md.launch_costs(results)["snr"] == 0.0  # another commit's record
+  # A resumed run_info (2 invocations) sums its launches already; a record written before
+  # `Record.experiment` stopped adding them again reads twice as much (msq_eps: 42.0 vs
+  # 21.1 min): run_info.json's counts
+  (results / "snr" / "run_info.json").write_text(json.dumps(
+      {**info, "launch_wall_s": 60.0, "invocations": 2}))
+  (results / report_md.REPRODUCTION).write_text(json.dumps(
+      {"commit": "abc", "experiments": {"snr": {"launch_wall_s": 120.0}}}))
+  assert report_md.launch_costs(results)["snr"] == 60.0
 
 
 def test_results_name_no_machine_path(tmp_path):
