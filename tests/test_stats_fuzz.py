@@ -77,8 +77,11 @@ RECORD = Path(__file__).resolve().parents[1] / "results" / "stats_fuzz.json"
 
 def readme_sentence(rec: dict) -> str:
   """README.md's statement of the fuzzer's record (checked against the record below)."""
+  at = (f" at commit `{rec['commit'][:7]}`" + ("" if rec.get("clean") else " (modified)")
+        if "commit" in rec else "")
   return (f"Its record (`results/stats_fuzz.json`, written by `python tests/test_stats_fuzz.py "
-          f"--models {rec['models']} --out results/stats_fuzz.json`): {rec['models']} models, "
+          f"--models {rec['models']} --out results/stats_fuzz.json`, or in shards `--shard K/N` "
+          f"joined by `--merge`){at}: {rec['models']} models, "
           f"{rec['surgery_exact']} proved exact and {rec['surgery_refused']} refused by surgery, "
           f"{rec['silent_mismatches']} silent mismatches"
           + ("." if "mixing" in rec else " (a run from before the fuzzer drew models that mix "
