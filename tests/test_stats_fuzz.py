@@ -95,7 +95,7 @@ def test_the_readme_states_the_committed_record():
   assert readme_sentence(rec) in readme
 
 
-def summary(outs, seconds: float) -> dict:
+def summary(outs, seconds: float, prov: dict) -> dict:
   """The record of a run: counts, failures, and one row per model (seed, frontend, tokens,
   head, hazard, surgery's outcome, mismatches)."""
   count = collections.Counter
@@ -115,7 +115,7 @@ def summary(outs, seconds: float) -> dict:
              o["model"].get("mixing")]
             for o in outs],
       command="python tests/test_stats_fuzz.py --models N --out results/stats_fuzz.json",
-      **provenance())  # the commit the record was run at, and whether the tree was clean
+      **prov)  # the commit the record was run at, and whether the tree was clean
 
 
 def merged(records: list[dict]) -> dict:
@@ -123,11 +123,11 @@ def merged(records: list[dict]) -> dict:
   outs = [dict(model=dict(seed=r[0], frontend=r[1], tokens=r[2], head=r[3], hazard=r[4],
                           mixing=r[7] if len(r) > 7 else None),
                surgery=r[5], mismatches=["?"] * r[6]) for rec in records for r in rec["rows"]]
-  rec = summary(sorted(outs, key=lambda o: o["model"]["seed"]),
-                sum(r["seconds"] for r in records))
-  rec["failures"] = [f for r in records for f in r["failures"]]
   commits = {(r.get("commit"), r.get("clean")) for r in records}
-  rec["commit"], rec["clean"] = commits.pop() if len(commits) == 1 else ("mixed", False)
+  commit, clean = commits.pop() if len(commits) == 1 else ("mixed", False)
+  rec = summary(sorted(outs, key=lambda o: o["model"]["seed"]),
+                sum(r["seconds"] for r in records), {"commit": commit, "clean": clean})
+  rec["failures"] = [f for r in records for f in r["failures"]]
   return rec
 
 
@@ -147,7 +147,7 @@ if __name__ == "__main__":
     a.out.write_text(json.dumps(rec, indent=1) + "\n")
     sys.exit(print({k: v for k, v in rec.items() if k != "rows"}))
   k, n = map(int, a.shard.split("/"))
-  t0, outs = time.time(), []
+  t0, outs, prov = time.time(), [], provenance()  # the commit at the start of the run
   for s in range(k, a.models, n):
     try:
       outs.append(check(s))
@@ -156,10 +156,10 @@ if __name__ == "__main__":
     build.cache_clear()
     jax.clear_caches()
     if a.out and len(outs) % 10 == 0:  # the record so far: a stopped run keeps its count
-      a.out.write_text(json.dumps(summary(outs, time.time() - t0), indent=1) + "\n")
+      a.out.write_text(json.dumps(summary(outs, time.time() - t0, prov), indent=1) + "\n")
       print(len(outs), sum(bool(o["mismatches"]) for o in outs), f"{time.time() - t0:.0f}s",
             flush=True)
-  rec = summary(outs, time.time() - t0)
+  rec = summary(outs, time.time() - t0, prov)
   print(json.dumps(rec, indent=1))
   if a.out:
     a.out.write_text(json.dumps(rec, indent=1) + "\n")
