@@ -95,6 +95,16 @@ def test_the_readme_states_the_committed_record():
   assert readme_sentence(rec) in readme
 
 
+def test_a_merge_keeps_the_shards_provenance_and_names_a_mix():
+  rec = json.loads(RECORD.read_text())
+  halves = [dict(rec, rows=rec["rows"][k::2], failures=[], seconds=1.0) for k in (0, 1)]
+  joined = merged(halves)
+  assert {k: joined[k] for k in ("models", "surgery_exact", "surgery_refused", "commit", "clean")} \
+      == {k: rec[k] for k in ("models", "surgery_exact", "surgery_refused", "commit", "clean")}
+  mix = merged([halves[0], dict(halves[1], commit="0" * 40)])
+  assert (mix["commit"], mix["clean"]) == ("mixed", False)
+
+
 def summary(outs, seconds: float, prov: dict) -> dict:
   """The record of a run: counts, failures, and one row per model (seed, frontend, tokens,
   head, hazard, surgery's outcome, mismatches)."""
