@@ -182,9 +182,8 @@ def report(out_dir: Path):
   cals = {"ramp vs fixed": calibrate.of_arms(losses.get("ramp", []), losses.get("fixed", []),
                                              EFFECT.value)}
   best = lr_search.load_best(out_dir)
-  bracket, stable, warm = lr_search.guards_of(best, lambda r: "fixed")
-  fin = read_csv(out_dir / "finals.csv")
-  ramp_warm = lr_search.warm_of(fin, arm, {"ramp"})
+  bracket, stable, _ = lr_search.guards_of(best, lambda r: "fixed")
+  warm = lr_search.warm_of(read_csv(out_dir / "finals.csv"), arm, {"ramp", "fixed"})  # every run
   regime = read_csv(out_dir / "regime.csv")
   tpp = float(regime["tokens_per_param"].iloc[0]) if len(regime) else math.nan
   in_regime = guards.in_regime({"tokens per parameter": tpp}, [guards.Regime(
@@ -196,7 +195,7 @@ def report(out_dir: Path):
                  lambda x: f"{100 * x:.1f}%" if math.isfinite(x) else "not reached")
   short, full = losses.get("short", []), losses.get("fixed", [])
   delta = float(np.mean(short) - np.mean(full)) if short and full else math.nan
-  return gated(verdict, cals, (bracket, stable, warm, ramp_warm, in_regime), rule=RULE,
+  return gated(verdict, cals, (bracket, stable, warm, in_regime), rule=RULE,
                paper=PAPER, ours=f"token saving to fixed B_max's final loss: {save or 'n/a'}; "
                f"ramp vs fixed: {pair.outcome}",
                checks=(pair.sentence(), f"fixed B_max at lr {best['optimizer.lr'].iloc[0]:g}",

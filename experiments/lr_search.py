@@ -160,10 +160,12 @@ def stable_of(fin: pd.DataFrame, labeler: Callable[[dict], str], labels) -> guar
   return guards.stable(arms, 1.0)
 
 
-def follow_up_blocks(sweep: Sweep, fin: pd.DataFrame, round_: int) -> tuple[list[Block], str]:
-  """(blocks, kind) of follow-up round `round_`: per group the next lr past its edge (while
-  `round_ < max_extend`) or below an all-diverged grid (down to `diverged_floor`), else its fresh
-  seeds. kind: "extend" (the settled groups' seeds come along), "seeds" or "none"."""
+def follow_up_blocks(sweep: Sweep, fin: pd.DataFrame) -> tuple[list[Block], str]:
+  """(blocks, kind) of the next follow-up round: per group the next lr past its edge (while the
+  grid holds fewer than `max_extend` lrs past its first-stage grid on that side) or below an
+  all-diverged grid (down to `diverged_floor`), else its fresh seeds. kind: "extend" (the
+  settled groups' seeds come along), "seeds" or "none". A function of the finished runs alone:
+  a search stopped and resumed any number of times reaches the grid of one run through."""
   ls = sweep.lr_search
   if ls is None or fin.empty:
     return [], "none"
@@ -174,13 +176,11 @@ def follow_up_blocks(sweep: Sweep, fin: pd.DataFrame, round_: int) -> tuple[list
     group = {k: from_table(b[k]) for k in ls.group_keys}
     one = {k: [v] for k, v in group.items()}
     grid, lr = [float(x) for x in b["grid"].split()], None
+    first = first_stage_lrs(sweep, group)  # none: a group no first-stage block made, not extended
     if b["all_diverged"]:  # the floor: below the lowest lr of the first-stage blocks
-      lows = [min(float(x) for x in bl.grid[ls.lr_key]) for bl in sweep.blocks
-              if ls.lr_key in bl.grid and all(k not in bl.grid or any(
-                  _same(v, x) for x in bl.grid[k]) for k, v in group.items())]
-      if grid[0] > min(lows, default=grid[-1]) / ls.diverged_floor * (1 + 1e-6):
+      if grid[0] > min(first, default=grid[-1]) / ls.diverged_floor * (1 + 1e-6):
         lr = grid[0] / ls.factor
-    elif b["at_edge"] and round_ < ls.max_extend:
+    elif b["at_edge"] and first and extensions(grid, first, b["edge"]) < ls.max_extend:
       lr = grid[0] / ls.factor if b["edge"] == "low" else grid[-1] * ls.factor
     elif ls.seeds and np.isfinite(b["select_loss"]):
       seeds.append(Block({**one, ls.lr_key: [float(b[ls.lr_key])],
@@ -188,6 +188,22 @@ def follow_up_blocks(sweep: Sweep, fin: pd.DataFrame, round_: int) -> tuple[list
     if lr is not None:
       extend.append(Block({**one, ls.lr_key: [float(f"{lr:.3g}")], ls.seed_key: seed0}))
   return (extend + seeds, "extend") if extend else (seeds, "seeds" if seeds else "none")
+
+
+def first_stage_lrs(sweep: Sweep, group: dict) -> list[float]:
+  """The lrs the first-stage blocks give `group` (a block without a group key matches any)."""
+  ls = sweep.lr_search
+  value = lambda bl, k: bl.grid.get(k, [bl.fixed[k]] if k in bl.fixed else None)
+  return sorted(float(x) for bl in sweep.blocks if ls.lr_key in bl.grid
+                and all(value(bl, k) is None or any(_same(v, x) for x in value(bl, k))
+                        for k, v in group.items())
+                for x in bl.grid[ls.lr_key])
+
+
+def extensions(grid: Sequence[float], first: Sequence[float], edge: str) -> int:
+  """How many lrs of `grid` lie past the first-stage grid `first` on side `edge` (low|high)."""
+  tol = 1 + 1e-6
+  return sum(x * tol < min(first) if edge == "low" else x > max(first) * tol for x in grid)
 
 
 def select_seeds(sweep: Sweep) -> tuple:

@@ -12,6 +12,7 @@ from pathlib import Path
 from experiments.claims import LEGEND, OURS, PAPERS_TEST, claim_rows  # noqa: F401
 from experiments.record import Experiment, Inputs, Report, experiments
 from experiments.sweep import POLICY, REPO, scale_file
+from experiments.verdict import finding
 from pergrad.analysis.calibrate import Calibration
 from pergrad.analysis.runs import fmt, read_csv
 
@@ -59,7 +60,7 @@ README = """# {exp.name}: {exp.title}
 
 **Claim tested.** {exp.claim}
 
-**Verdict: {r.verdict}.** {r.finding}
+**Verdict: {r.headline}.** {body}
 
 {stated}## Numbers
 
@@ -96,7 +97,8 @@ def write_readme(exp: Experiment, out_dir: Path, report: Report, info: dict,
       ("Rule", report.rule), ("Paper", report.paper), ("Error rates of the rule", cal),
       ("Validity guards, checked before the verdict", report.guards_text())) if v)
   (out_dir / "README.md").write_text(README.format(
-      exp=exp, r=report, i=info, stated=stated, dirty="" if info["clean"] else
+      exp=exp, r=report, body=finding("", report.ours, report.checks), i=info, stated=stated,
+      dirty="" if info["clean"] else
       " with uncommitted changes", setup=report.setup_md or describe_setup(
           exp, info["preset"], inputs), launch_min=info["launch_wall_s"] / 60,
       figures="".join(f"![{p.name}]({p.name})\n" for p in sorted(out_dir.glob("*.png"))),

@@ -89,7 +89,7 @@ def run_experiment(name: str, preset: str, *, launcher: str = "basic", n_jobs: i
     rounds = sweep.lr_search.rounds if sweep.lr_search else 0
     for r in range(0 if dry_run or analyze_only else rounds):  # extend lr grids, then seeds
       fin = lr_search.marked_finals(aggregate(sdir), sweep.base, extra)
-      blocks, kind = lr_search.follow_up_blocks(sweep, fin, r)
+      blocks, kind = lr_search.follow_up_blocks(sweep, fin)
       if blocks:
         echo(f"[{name}/{preset}] follow-up round {r}: {kind}")
         launch_blocks(sdir, sweep.base, blocks, **kw)

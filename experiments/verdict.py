@@ -14,7 +14,7 @@ from pergrad.analysis import calibrate, guards, rules
 
 def finding(verdict: str, ours: str, checks=(), cal=None) -> str:
   """The one finding template: the verdict, what we measured, the rule's checks, its error rates."""
-  parts = [f"{verdict}: {ours}", *checks]
+  parts = [f"{verdict}: {ours}" if verdict else ours, *checks]
   if cal is not None:
     parts.append(f"Rule's error rates ({cal.text()})")
   return ". ".join(p.rstrip(".") for p in parts if p) + "."
@@ -35,10 +35,17 @@ class Report:
   setup_md: str = ""
   guards: tuple = ()  # `guards.Guard.row()`s, checked before the verdict
   calibrations: dict | None = None  # {comparison: its `Calibration.row()`}
+  rule_verdict: str = ""  # the rule's verdict before the guards, where a guard changed it
 
   @property
   def finding(self) -> str:
-    return finding(self.verdict, self.ours, self.checks)
+    return finding(self.headline, self.ours, self.checks)
+
+  @property
+  def headline(self) -> str:
+    """The verdict, with the rule's own where a guard overrode it."""
+    return (f"{self.verdict} (the rule alone: {self.rule_verdict})" if self.rule_verdict
+            else self.verdict)
 
   def guards_text(self) -> str:
     """"Guards: bracketed: passes (...); ..." ('' when none was checked)."""
@@ -49,14 +56,16 @@ class Report:
     provenance."""
     return {"verdict": self.verdict, "rule": self.rule, "paper": self.paper, "ours": self.ours,
             "checks": list(self.checks), "guards": list(self.guards),
-            "calibration": self.calibration, "calibrations": self.calibrations, **provenance}
+            "calibration": self.calibration, "calibrations": self.calibrations,
+            **({"rule_verdict": self.rule_verdict} if self.rule_verdict else {}), **provenance}
 
   @classmethod
   def from_json(cls, doc: dict) -> Report:
     return cls(verdict=doc.get("verdict", ""), rule=doc.get("rule", ""), paper=doc.get("paper", ""),
                ours=doc.get("ours") or doc.get("claim_row") or doc.get("finding", ""),
                checks=tuple(doc.get("checks") or ()), calibration=doc.get("calibration"),
-               guards=tuple(doc.get("guards") or ()), calibrations=doc.get("calibrations"))
+               guards=tuple(doc.get("guards") or ()), calibrations=doc.get("calibrations"),
+               rule_verdict=doc.get("rule_verdict", ""))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,7 +135,10 @@ def gated(verdict: str, cals, checked=(), **kw) -> Report:
   cals = cals if isinstance(cals, dict) else {"rule": cals}
   every = (*checked, guards.powered(cals))
   weakest = calibrate.weakest(cals.values())
-  return Report(verdict=guards.apply(verdict, every), guards=tuple(g.row() for g in every),
+  shown = guards.apply(verdict, every)
+  overridden = shown != verdict and not verdict.startswith(guards.UNDETERMINED)
+  return Report(verdict=shown, rule_verdict=verdict if overridden else "",
+                guards=tuple(g.row() for g in every),
                 calibration=weakest.row() if weakest else None,
                 calibrations={k: c.row() for k, c in cals.items()}, **kw)
 

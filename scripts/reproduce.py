@@ -282,7 +282,7 @@ def main(argv=None) -> int:
           "status": (f"{len(out.log.failed)} run(s) failed" if out.log.failed else "completed")
           + (f", verdict: {out.report.verdict}" if out.report else "")})
     if out.report:
-      print(f"[{n}] verdict: {out.report.verdict}. {out.report.finding}")
+      print(f"[{n}] {out.report.finding}")  # the verdict first
       print(f"[{n}] results in {out.results_dir}")
     failed += out.log.failed
     wrote_results |= out.report is not None and out.results_dir.parent == runner.RESULTS / a.preset

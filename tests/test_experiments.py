@@ -121,7 +121,7 @@ def test_run_dirname_matches_hydra_and_aggregate(tmp_path, fake_train):
                               train_cmd=_fake_cmd(fake_train), echo=lambda *_: None)
   assert sorted(log2.skipped) == expect and not log2.launched
   # Follow-up stage: best lr not at an edge -> seeds at the best lr.
-  blocks, kind = lr_search.follow_up_blocks(sweep, fin, 0)
+  blocks, kind = lr_search.follow_up_blocks(sweep, fin)
   assert kind == "seeds"
   assert sorted(run_dirname(p) for b in blocks for p in b.points()) == sorted(
       f"optimizer.lr=0.1,optimizer.placement={p},seed=1" for p in ("ema", "example"))
@@ -137,7 +137,7 @@ def test_follow_up_extends_grid_past_edge_and_flags_divergence(tmp_path, fake_tr
                        echo=lambda *_: None)
   fin = runs.finals(runs.aggregate(d))
   assert fin.loc[fin["optimizer.lr"] == 3.0, "diverged"].all()
-  new, kind = lr_search.follow_up_blocks(sweep, fin, 0)
+  new, kind = lr_search.follow_up_blocks(sweep, fin)
   assert kind == "extend"
   pts = [p for b in new for p in b.points()]
   assert pts == [{"optimizer.placement": "ema", "optimizer.lr": 0.09, "seed": 0},

@@ -176,7 +176,7 @@ def test_gns_schedule_short_arm_resolves_a_tie(tmp_path):
   from pergrad.analysis import runs
 
   fin = runs.finals(table)
-  blocks, kind = lr_search.follow_up_blocks(gs.sweep("cpu"), fin, 1)
+  blocks, kind = lr_search.follow_up_blocks(gs.sweep("cpu"), fin)
   assert all(p["train.steps"] in (200, 400, 800, 1600) for b in blocks for p in b.points())
 
 

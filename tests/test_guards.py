@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from experiments import lr_search
-from experiments.verdict import gated, pairs_report
+from experiments.verdict import Report, gated, pairs_report
 from pergrad.analysis import calibrate, guards, rules
 
 R = rules.REPRODUCED
@@ -103,3 +103,10 @@ def test_a_report_shows_the_failed_guard_as_its_verdict():
   assert doc["guards"][0]["name"] == "warm" and "a vs b" in doc["calibrations"]
   weak = gated(R, _cal(0.3))
   assert weak.verdict == "undetermined: powered"
+  # The rule's own verdict stays beside the guards' (report.json, the finding), said once.
+  assert weak.rule_verdict == R and rep.rule_verdict == R and doc["rule_verdict"] == R
+  assert weak.finding.startswith(f"undetermined: powered (the rule alone: {R}): ")
+  assert rep.finding.count("undetermined") == 1
+  assert Report.from_json(doc).headline == f"undetermined: warm (the rule alone: {R})"
+  assert gated(R, _cal(0.99)).rule_verdict == "" and "rule_verdict" not in pairs_report(
+      vals, [("a", "b")], rule="r", paper="p", effect=0.05).to_json({})

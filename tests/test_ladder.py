@@ -121,7 +121,7 @@ def test_figures_trend_and_readme_rendered_from_a_constructed_ladder_csv(tmp_pat
           "n_runs_completed": 3, "runs_compute_s": 60.0}
   report_md.write_readme(record.get("ladder"), tmp_path, rep, info)
   text = (tmp_path / "README.md").read_text()
-  assert f"**Verdict: {rep.verdict}.**" in text and "ladder_moments.png" in text
+  assert f"**Verdict: {rep.headline}.**" in text and "ladder_moments.png" in text
   assert "undetermined: powered" in text and "cpu_xxs" in text  # per-rung verdicts, the rungs
 
 

@@ -113,7 +113,7 @@ def test_lr_is_chosen_on_the_mean_of_two_selection_seeds():
                          "train.seed": [0, 1]}),),
              LrSearch(("optimizer.placement",), max_extend=1, seeds=(2, 3)))
   assert lr_search.select_seeds(sw) == (0, 1)
-  blocks, kind = lr_search.follow_up_blocks(sw, fin[fin["optimizer.lr"] < 5e-3], 0)
+  blocks, kind = lr_search.follow_up_blocks(sw, fin[fin["optimizer.lr"] < 5e-3])
   assert kind == "extend" and blocks[0].grid["train.seed"] == [0, 1]
   assert blocks[0].grid["optimizer.lr"] == [0.009]
 

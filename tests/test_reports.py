@@ -1,5 +1,5 @@
-"""Every `report()` of sign_placement, preconditioner and overhead, and the lr policy
-of experiments.lr_search, on constructed CSVs in tmp dirs (no training runs).
+"""Every `report()` of sign_placement, preconditioner and overhead, on constructed CSVs in tmp
+dirs (no training runs); the lr policy's tests are in test_lr_search.py.
 
 The finals table of a constructed sweep holds, per group, seed 0 over an lr grid (the
 selection seed) and fresh seeds at the lr seed 0 picks; best.csv is derived from it exactly
@@ -19,7 +19,6 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from experiments import lr_search, overhead, preconditioner, sign_placement  # noqa: E402
-from experiments.sweep import Block, LrSearch, Sweep  # noqa: E402
 from pergrad.analysis.rules import bound  # noqa: E402
 from pergrad.analysis.runs import run_dirname  # noqa: E402
 
@@ -300,71 +299,3 @@ def test_overhead_bounds_and_rule_outcomes():
 def test_overhead_without_paired_ratios_is_not_measured(tmp_path):
   (tmp_path / "overhead.csv").write_text("backend,time_ratio\nvmap,1.0\n")
   assert overhead.report(tmp_path).verdict == "not measured"
-
-
-# --------------------------------------------------------------------------- lr policy
-
-
-def _sweep(seeds=(1, 2, 3), max_extend=1) -> Sweep:
-  return Sweep({"steps": 3}, (
-      Block({"optimizer.placement": ["ema"], "optimizer.lr": list(GRID), "train.seed": [0]}),
-      Block({"optimizer.placement": ["example"], "optimizer.lr": list(GRID),
-             "train.seed": [0]})),
-      LrSearch(sign_placement.GROUP, max_extend=max_extend, seeds=seeds))
-
-
-def test_all_diverged_group_extends_downward_then_stops_at_100x(tmp_path):
-  sweep = _sweep()
-  fin = pd.DataFrame(group_runs({"optimizer.placement": "ema"}, best=3e-3)
-                     + group_runs({"optimizer.placement": "example"}, diverged_all=True))
-  lows = []
-  for r in range(sweep.lr_search.rounds):  # what the runner does with `LrSearch.rounds`
-    blocks, kind = lr_search.follow_up_blocks(sweep, fin, r)
-    pts = [p for b in blocks for p in b.points()]
-    down = [p for p in pts if p["optimizer.placement"] == "example"]
-    if r == 0:  # the trained group gets its fresh seeds beside the downward extension
-      assert kind == "extend"
-      assert sorted(p["train.seed"] for p in pts if p["optimizer.placement"] == "ema") == [1, 2, 3]
-      assert all(p["optimizer.lr"] == 3e-3 for p in pts if p["optimizer.placement"] == "ema")
-    if kind != "extend":
-      break
-    assert len(down) == 1 and down[0]["train.seed"] == 0
-    lows.append(down[0]["optimizer.lr"])
-    fin = pd.concat([fin, pd.DataFrame([_row({"optimizer.placement": "example"},
-                                             down[0]["optimizer.lr"], 0, INF)])])
-  # by the search factor, until the lowest lr is 100x below the first grid's 1e-3
-  assert lows == [0.000333, 0.000111, 3.7e-05, 1.23e-05, 4.1e-06]
-  assert kind == "seeds" and not down  # an all-diverged group gets no seeds
-  assert len(lows) < sweep.lr_search.rounds
-  out = write(tmp_path / "sp", fin.to_dict("records"), sign_placement.GROUP)
-  rep = sign_placement.report(out)
-  assert "Diverged at every lr: ['example (lr 0.01 down to 4.1e-06)']" in rep.finding
-
-
-def test_downward_search_stops_when_a_run_trains(tmp_path):
-  sweep = _sweep(seeds=(1, 2, 3), max_extend=0)
-  fin = pd.DataFrame(group_runs({"optimizer.placement": "ema"}, [4.0, 4.1, 4.2])
-                     + group_runs({"optimizer.placement": "example"}, diverged_all=True)
-                     + [_row({"optimizer.placement": "example"}, 3.33e-4, 0, INF),
-                        _row({"optimizer.placement": "example"}, 1.11e-4, 0, 5.0)])
-  blocks, kind = lr_search.follow_up_blocks(sweep, fin, 2)
-  pts = [p for b in blocks for p in b.points()]
-  assert kind == "seeds"
-  assert [(p["optimizer.lr"], p["train.seed"]) for p in pts
-          if p["optimizer.placement"] == "example"] == [(1.11e-4, 1), (1.11e-4, 2), (1.11e-4, 3)]
-  best = lr_search.best_lr(fin, sign_placement.GROUP, "optimizer.lr").set_index(
-      "optimizer.placement")
-  assert not best.loc["example", "all_diverged"] and best.loc["example", "n_diverged"] == 4
-
-
-def test_edge_extension_and_rounds_budget():
-  sweep = _sweep(seeds=(1, 2, 3), max_extend=1)
-  fin = pd.DataFrame(group_runs({"optimizer.placement": "ema"}, best=1e-2)  # high edge
-                     + group_runs({"optimizer.placement": "example"}, best=3e-3))
-  blocks, kind = lr_search.follow_up_blocks(sweep, fin, 0)
-  pts = [p for b in blocks for p in b.points()]
-  assert kind == "extend"
-  assert {"optimizer.placement": "ema", "optimizer.lr": 0.03, "train.seed": 0} in pts
-  blocks, kind = lr_search.follow_up_blocks(sweep, fin, 1)  # edge budget spent
-  assert kind == "seeds" and len([p for b in blocks for p in b.points()]) == 6
-  assert LrSearch(("a",)).rounds == 6 and LrSearch(("a",), max_extend=7).rounds == 8
