@@ -91,8 +91,7 @@ def _searched(sweep: Sweep, loss, stops: tuple = ()) -> list[tuple]:
     return True
 
   while True:
-    if launch(sweep.blocks) and all(
-        launch(b) or False for b in _rounds(sweep, done)):
+    if launch(sweep.blocks) and all(launch(b) for b in _rounds(sweep, done)):
       return sorted((r["optimizer.placement"], r["optimizer.lr"], r["train.seed"])
                     for r in done.values())
 
