@@ -39,6 +39,7 @@ import pytest
 
 sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).parents[1])]
 from fuzz_models import build, check, draw, refused  # noqa: E402
+
 from experiments.record import provenance  # noqa: E402
 
 # A fixed set covering every frontend, hazard and head (found by `draw`), for the main suite.
