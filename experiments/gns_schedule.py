@@ -115,11 +115,26 @@ def sweep(preset: str) -> Sweep:
 
 
 def fixed_search(fin: pd.DataFrame) -> tuple[pd.DataFrame, dict | None]:
-  """`lr_search.best_lr` of the fixed arms (the short arm left out) and its row with the
-  lowest fresh-seed mean final eval loss (None: no arm has fresh seeds)."""
-  search = lr_search.best_lr(full_fixed(fin), GROUP, "optimizer.lr", select_seed=SELECT_SEED)
+  """`lr_search.best_lr` of the fixed arms (the short arm left out) on their common seeds
+  (`common_seeds`) and its row with the lowest fresh-seed mean final eval loss (None: no arm
+  has fresh seeds). The best arm's follow-up seeds, which no other arm has, are left out: the
+  choice `follow_up` made before they existed is the one `analyze` reports, and a follow-up
+  resumed after some of them finished chooses as the first did."""
+  full = full_fixed(fin)
+  search = lr_search.best_lr(full, GROUP, "optimizer.lr", select_seed=SELECT_SEED)
+  if len(common := common_seeds(search)):
+    search = lr_search.best_lr(full[full["train.seed"].isin([SELECT_SEED, *common])], GROUP,
+                               "optimizer.lr", select_seed=SELECT_SEED)
   best = search[search["n_seeds"] > 0] if len(search) else search
   return search, None if best.empty else lr_search.ranked(best).iloc[0].to_dict()
+
+
+def common_seeds(search: pd.DataFrame) -> list:
+  """The fresh seeds every fixed arm with fresh seeds ran at its chosen lr (the search's
+  seeds round gives each arm the same ones; `follow_up` adds more to the best arm only)."""
+  sets = [set(str(s).split()) for s, n in zip(search["fresh_seeds"], search["n_seeds"],
+                                              strict=True) if n > 0] if len(search) else []
+  return sorted(int(float(s)) for s in set.intersection(*sets)) if sets else []
 
 
 def is_short(df: pd.DataFrame) -> pd.Series:
@@ -136,13 +151,14 @@ def full_fixed(df: pd.DataFrame) -> pd.DataFrame:
 
 def fit_ramp(table: pd.DataFrame, best: dict, max_batch_size: int) -> dict | None:
   """B_simple ≈ a + b·tokens by least squares on the seed-mean total B_simple of the best fixed
-  arm's fresh-seed runs past WARMUP steps (or a short run's first quarter); the ramp starts at
-  the largest power-of-two size ≤ a in [B_max/8, B_max] (B_max = max_batch_size) and reaches
-  B_max after (B_max − start)/b tokens (b ≤ 0: 100 budgets). None without 3 points."""
+  arm's runs on its `fresh_seeds` (the common seeds, `fixed_search`) past WARMUP steps (or a
+  short run's first quarter); the ramp starts at the largest power-of-two size ≤ a in
+  [B_max/8, B_max] (B_max = max_batch_size) and reaches B_max after (B_max − start)/b tokens
+  (b ≤ 0: 100 budgets). None without 3 points."""
   t = full_fixed(table)
   rows = t[np.isclose(t[SIZE].astype(float), float(best[SIZE]))
            & np.isclose(t["optimizer.lr"].astype(float), float(best["optimizer.lr"]))
-           & (t["train.seed"] != SELECT_SEED)]
+           & t["train.seed"].isin([int(float(s)) for s in str(best["fresh_seeds"]).split()])]
   key = "gns/total/b_simple"
   if key not in rows or rows[key].notna().sum() < 3:
     return None

@@ -265,3 +265,37 @@ def test_gns_schedule_judges_a_fitted_ramp_not_run_by_the_arms_run(tmp_path, mon
   rep, _ = _schedule_report(tmp_path, "fit_missing", _schedule_table(arms))
   assert rep.verdict == "undetermined: powered", rep.finding  # no runs: no power
   assert not any(c.startswith("linear_fit not run") for c in rep.checks)
+
+
+def test_gns_schedule_choice_and_fit_ignore_the_best_arms_follow_up_seeds(tmp_path, monkeypatch):
+  # The clean run at 383ce76: follow_up chose the best fixed arm and fitted the ramp on the
+  # search's 3 fresh seeds; analyze then chose and fitted again on the best arm's 6 (its
+  # follow-up seeds added), so the README's fitted ramp (574,083 tokens) was not the one
+  # launched (534,844), and a follow-up resumed after those seeds finished could pick another
+  # arm. Both now use the seeds every fixed arm has.
+  from experiments import gns_schedule as gs
+  from experiments import lr_search
+  from pergrad.analysis import runs
+
+  table = _schedule_table({})  # B = 16 best on seeds 1-3; its follow-up seeds 4-6 below
+  more = _schedule_table({}, seeds=(4, 5, 6), fixed={**FIXED, 16: 0.5})
+  more = more[(more["data.batch_size"] == 16) & (more["train.seed"] >= 4)].assign(
+      **{"gns/total/b_simple": lambda d: 3 * d["gns/total/b_simple"]})
+  after = pd.concat([table, more], ignore_index=True)
+  every_seed = lr_search.ranked(lr_search.best_lr(gs.full_fixed(runs.finals(after)), gs.GROUP,
+                                                  "optimizer.lr", select_seed=gs.SELECT_SEED))
+  assert int(every_seed.iloc[0]["data.batch_size"]) == 32  # what choosing on all seeds did
+
+  def blocks(t):
+    monkeypatch.setattr(gs, "aggregate", lambda _: t)
+    return [(b.grid, b.fixed) for b in gs.follow_up("cpu", None)]
+  first = blocks(table)
+  assert blocks(after) == first  # resumed after the best arm's follow-up seeds: the same runs
+  fitted = [g["batch.ramp_tokens"][0] for g, f in first
+            if g.get("batch.kind") == ["linear"] and "batch.lr_scaling" not in g
+            and f.get("batch.start") == 8 and g["batch.ramp_tokens"][0] != 12_800 * 64]
+  assert len(fitted) == 1
+  _schedule_report(tmp_path, "after", after)
+  best = pd.read_csv(tmp_path / "after" / "best.csv")
+  assert best.loc[best["best_arm"], "data.batch_size"].tolist() == [16]
+  assert pd.read_csv(tmp_path / "after" / "ramp_fit.csv")["batch.ramp_tokens"].tolist() == fitted
