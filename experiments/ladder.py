@@ -198,7 +198,7 @@ def launch(preset: str, sweep_dir: Path, *, dry_run: bool = False, echo=print,
         echo(f"[ladder] {n} at {p}: {e}")
         log.failed.append(f"{n}/{p}")
         continue
-      for f in ("launched", "skipped", "reused", "failed", "commands"):
+      for f in ("launched", "skipped", "reused", "failed", "diverged", "commands"):
         getattr(log, f).extend(getattr(out.log, f))
       log.wall_s += out.log.wall_s
   return log

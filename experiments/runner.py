@@ -117,7 +117,8 @@ def run_experiment(name: str, preset: str, *, launcher: str = "basic", n_jobs: i
          f"({len(log.skipped)} already finished){later}")
     return Outcome(name, preset, sdir, out_dir, log, None)
   echo(f"[{name}/{preset}] launched {len(log.launched)} run(s), reused {len(log.reused)} "
-       f"another sweep's, skipped {len(log.skipped)} finished, failed {len(log.failed)}; "
+       f"another sweep's, skipped {len(log.skipped)} finished, failed {len(log.failed)}, "
+       f"diverged {len(log.diverged)}; "
        f"{wall:.0f} s")
 
   out_dir.mkdir(parents=True, exist_ok=True)
@@ -187,7 +188,7 @@ def run_info(out_dir, name, preset, sdir, log, wall, command, launcher, prov) ->
               launched=len(log.launched), launched_runs=list(log.launched),
               reused=len(log.reused), reused_runs=list(log.reused),
               invocations=int(old.get("invocations", 1)) + 1 if same else 1,
-              skipped=len(log.skipped), failed=log.failed,
+              skipped=len(log.skipped), failed=log.failed, diverged=len(log.diverged),
               date=datetime.datetime.now().isoformat(timespec="seconds"))
   Path(out_dir, "run_info.json").write_text(json.dumps(info, indent=1))
   return info

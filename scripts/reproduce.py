@@ -280,6 +280,7 @@ def main(argv=None) -> int:
           "launch_wall_s": round(out.log.wall_s, 1), "launched": len(out.log.launched),
           "skipped": len(out.log.skipped), "reused": len(out.log.reused),
           "status": (f"{len(out.log.failed)} run(s) failed" if out.log.failed else "completed")
+          + (f" ({len(out.log.diverged)} diverged)" if out.log.diverged else "")
           + (f", verdict: {out.report.verdict}" if out.report else "")})
     if out.report:
       print(f"[{n}] {out.report.finding}")  # the verdict first

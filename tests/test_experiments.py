@@ -76,7 +76,8 @@ FAKE_TRAIN = textwrap.dedent('''
           f.write(json.dumps({"step": step, "split": "stats",
                               "stats/dense/kernel/snr_median": 0.1 * step}) + "\\n")
           f.flush()
-      summ.write_text(json.dumps({"status": "completed", "wall_time_s": 0.1}))
+      summ.write_text(json.dumps({"status": "diverged" if lr > 1.0 else "completed",
+                                  "wall_time_s": 0.1}))
 
     if __name__ == "__main__":
       main()
@@ -133,10 +134,15 @@ def test_follow_up_extends_grid_past_edge_and_flags_divergence(tmp_path, fake_tr
   sweep = Sweep({"steps": 2}, blocks, LrSearch(
       ("optimizer.placement",), seed_key="seed", max_extend=1))
   d = tmp_path / "s"
-  launch.launch_blocks(d, sweep.base, sweep.blocks, train_cmd=_fake_cmd(fake_train),
-                       echo=lambda *_: None)
+  log = launch.launch_blocks(d, sweep.base, sweep.blocks, train_cmd=_fake_cmd(fake_train),
+                             echo=lambda *_: None)
   fin = runs.finals(runs.aggregate(d))
   assert fin.loc[fin["optimizer.lr"] == 3.0, "diverged"].all()
+  gone = ["optimizer.lr=3,optimizer.placement=example,seed=0"]
+  assert (log.diverged, log.failed) == (gone, [])  # a finished outcome, not a failure
+  again = launch.launch_blocks(d, sweep.base, sweep.blocks, train_cmd=_fake_cmd(fake_train),
+                               echo=lambda *_: None)  # resumed: the same account, nothing run
+  assert (again.diverged, again.failed, again.launched) == (gone, [], [])
   new, kind = lr_search.follow_up_blocks(sweep, fin)
   assert kind == "extend"
   pts = [p for b in new for p in b.points()]

@@ -344,6 +344,14 @@ def test_reproduction_record_survives_a_stop_and_is_continued(tmp_path, monkeypa
   fourth._stop.set()
   c = fourth.d["experiments"]["c"]
   assert (c["wall_s"], c["launch_wall_s"], c["launched"]) == (11.0, 8.0, 3)
+  # diverged runs are a finished outcome: not re-run on resume (the clean run at bf717d4
+  # re-ran preconditioner and msq_eps and its record read "5 run(s) failed" before, then not)
+  fourth.experiment("d", {"wall_s": 5.0, "launch_wall_s": 4.0, "launched": 3, "skipped": 0,
+                          "status": "completed (2 diverged), verdict: reproduced"})
+  fourth._stop.set()
+  resumed = mod.Record(path.with_name("r2.json"), "python scripts/reproduce.py all", fresh=True)
+  resumed._stop.set()
+  assert resumed.finished_before("d")
 
   monkeypatch.setattr(mod.rec, "provenance", lambda: {"commit": "def", "clean": True})
   fifth = mod.Record(path, "python scripts/reproduce.py all --preset cpu", fresh=True)
