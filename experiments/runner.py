@@ -13,9 +13,10 @@ from pathlib import Path
 from experiments import lr_search, report_md
 from experiments.launch import LAUNCHERS, LaunchLog, launch_blocks
 from experiments.record import BUILTIN, Inputs, Report, Runs, get, provenance
-from experiments.reuse import RunIndex, is_reused
+from experiments.reuse import INDEX, RunIndex, is_reused, training_version
 from experiments.sweep import (
   REPO,
+  SWEEP_JSON,
   check_preset,
   config_extras,
   family,
@@ -75,15 +76,18 @@ def run_experiment(name: str, preset: str, *, launcher: str = "basic", n_jobs: i
   out_dir = Path(results_dir) if results_dir else default_results_dir(name, preset, sdir)
   inputs = Inputs(Path(root), preset, tuple(extra), dry_run=dry_run)
   t0, log, rounds, table = time.time(), LaunchLog(), 0, None
+  version = training_version(REPO)  # the sweep's runs must be this code's (record_sweep)
+  if not training and (not dry_run or (sdir / SWEEP_JSON).exists()):
+    record_sweep(sdir, preset, {}, (), version)
   if not (training or analyze_only):
     log = exp.launch(preset, sdir, dry_run=dry_run, echo=echo, **launch_options(
         exp.launch, launcher=launcher, n_jobs=n_jobs, extra=tuple(extra), sweeps_root=root))
   if training:
     sweep = exp.sweep_at(preset, inputs)
-    if not dry_run or (sdir / "sweep.json").exists():
-      record_sweep(sdir, preset, sweep.base, extra)
+    if not dry_run or (sdir / SWEEP_JSON).exists():
+      record_sweep(sdir, preset, sweep.base, extra, version)
     kw = dict(launcher=launcher, n_jobs=n_jobs, extra=extra, dry_run=dry_run, log=log, echo=echo,
-              index=RunIndex.at(root))  # runs of the other experiments of this root reused
+              index=RunIndex(Path(root) / INDEX, version))  # other experiments' runs reused
     if not analyze_only:
       launch_blocks(sdir, sweep.base, sweep.blocks, **kw)
     rounds = sweep.lr_search.rounds if sweep.lr_search else 0

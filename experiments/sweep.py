@@ -149,15 +149,31 @@ def sweep_dir(root: Path, name: str, preset: str, extra: Sequence[str] = ()) -> 
   return Path(root) / name / (preset + tag)
 
 
-def record_sweep(path: Path, preset: str, base: dict, extra: Sequence[str]) -> None:
-  """Writes `<sweep dir>/sweep.json`; one clear error if the dir holds another config's runs."""
+def record_sweep(path: Path, preset: str, base: dict, extra: Sequence[str],
+                 version: str | None = None) -> None:
+  """Writes `<sweep dir>/sweep.json` with the training version its runs are trained at
+  (`experiments.reuse.training_version`); one clear error if the dir holds another config's
+  runs, or runs (or a benchmark's output) trained at another version or at an unrecorded
+  one: their numbers would not be this code's."""
   doc = {"preset": preset, "base": {k: fmt(v) for k, v in base.items()},
-         "extra": config_extras(extra)}
+         "extra": config_extras(extra), "train_version": version}
   f = Path(path) / SWEEP_JSON
   old = json.loads(f.read_text()) if f.exists() else doc
   if (old.get("preset"), old.get("extra")) != (doc["preset"], doc["extra"]):
     raise ValueError(f"{path} holds runs of preset {old.get('preset')!r} with extra "
                      f"overrides {old.get('extra')}, not {preset!r} with {doc['extra']}; "
                      "pass another --sweeps-root.")
+  made = old.get("train_version") if f.exists() else (
+      "unrecorded" if _holds_output(Path(path)) else version)
+  if made != version:
+    raise ValueError(f"{path} holds runs trained at training version {made}, not this "
+                     f"checkout's {version} (pergrad/, configs/ or the installed dependencies "
+                     "differ): they are not this code's runs; pass another --sweeps-root.")
   Path(path).mkdir(parents=True, exist_ok=True)
   f.write_text(json.dumps(doc, indent=1))
+
+
+def _holds_output(path: Path) -> bool:
+  """Whether a sweep directory without sweep.json already holds a run or a benchmark's JSON."""
+  return path.is_dir() and any((p / "metrics.jsonl").exists() or p.suffix == ".json"
+                               for p in path.iterdir())

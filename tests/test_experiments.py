@@ -243,11 +243,27 @@ def test_sweep_json_records_the_config_and_refuses_another(tmp_path):
   doc = json.loads((d / SWEEP_JSON).read_text())
   assert doc == {"preset": "ci",
                  "base": {"experiment": "snr", "scale": "ci", "stats.log_every": "5"},
-                 "extra": ["data.path=/corpus", "data=txt_folder"]}
+                 "extra": ["data.path=/corpus", "data=txt_folder"], "train_version": None}
   record_sweep(d, "ci", {"experiment": "snr", "scale": "ci"}, extra[::-1])  # same config
   with pytest.raises(ValueError, match="holds runs of preset 'ci' with extra") as e:
     record_sweep(d, "ci", {"experiment": "snr", "scale": "ci"}, ("data=lm1b",))
   assert "\n" not in str(e.value)
+  # Runs trained by other training code, or by unrecorded code, are not this code's runs.
+  v = tmp_path / "v"
+  record_sweep(v, "ci", {}, (), "aaa")
+  record_sweep(v, "ci", {}, (), "aaa")  # resumed at the same version
+  with pytest.raises(ValueError, match="trained at training version aaa, not this checkout's bbb"):
+    record_sweep(v, "ci", {}, (), "bbb")
+  legacy = tmp_path / "legacy"
+  (legacy / "optimizer.lr=0.1").mkdir(parents=True)
+  (legacy / "optimizer.lr=0.1" / "metrics.jsonl").write_text("")
+  with pytest.raises(ValueError, match="training version unrecorded, not this checkout's bbb"):
+    record_sweep(legacy, "ci", {}, (), "bbb")
+  (tmp_path / "bench").mkdir()
+  (tmp_path / "bench" / "bench.json").write_text("{}")  # a benchmark's output, likewise
+  with pytest.raises(ValueError, match="unrecorded"):
+    record_sweep(tmp_path / "bench", "ci", {}, (), "bbb")
+  assert not (legacy / SWEEP_JSON).exists()  # refused before writing anything
 
 
 # --------------------------------------------------------------------------- real sweeps

@@ -1,5 +1,5 @@
 """No run trained twice (`experiments.reuse`): a run another sweep of the sweeps root has
-finished is linked, not trained; the key is what the run computes and the code version.
+finished is linked, not trained; the key is what the run computes and the training version.
 The sweeps use test_experiments' fake training entry (no JAX)."""
 
 from __future__ import annotations
@@ -95,21 +95,65 @@ def test_run_key_reads_what_the_run_computes():
   assert run_key(cfg, "c2") != run_key(cfg, "c")
 
 
-def test_code_version_follows_uncommitted_changes(tmp_path):
+def test_training_version_follows_the_training_code_only(tmp_path):
   import subprocess
 
-  from experiments.reuse import code_version
+  from experiments.reuse import training_version
 
-  assert code_version(tmp_path) is None  # not a git checkout: nothing reused
+  assert training_version(tmp_path) is None  # not a git checkout: nothing reused
   git = lambda *a: subprocess.run(["git", *a], cwd=tmp_path, check=True, capture_output=True)
   git("init", "-q")
-  (tmp_path / "a.py").write_text("x = 1\n")
-  git("add", "a.py")
+  files = {"pergrad/model.py": "x = 1\n", "pergrad/analysis/rules.py": "r = 1\n",
+           "configs/config.yaml": "a: 1\n", "experiments/snr.py": "s = 1\n",
+           "tests/test_a.py": "t = 1\n", "README.md": "# r\n"}
+  for path, text in files.items():
+    (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / path).write_text(text)
+  git("add", ".")
   git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "a")
-  head = code_version(tmp_path)
-  assert len(head) == 40
-  (tmp_path / "a.py").write_text("x = 2\n")
-  dirty = code_version(tmp_path)
-  assert dirty.startswith(head + "+")
-  (tmp_path / "b.py").write_text("y = 1\n")
-  assert code_version(tmp_path) not in (head, dirty)
+  v0 = training_version(tmp_path)
+  assert len(v0) == 24 and training_version(tmp_path, "HEAD") == v0
+  for path in ("pergrad/analysis/rules.py", "experiments/snr.py", "tests/test_a.py",
+               "README.md"):  # the reports, experiments, tests, docs: the same runs
+    (tmp_path / path).write_text("changed = 2\n")
+  (tmp_path / "experiments/new.py").write_text("n = 1\n")
+  assert training_version(tmp_path) == v0
+  seen = {v0}
+  for path, text in (("pergrad/model.py", "x = 2\n"), ("configs/config.yaml", "a: 2\n"),
+                     ("pergrad/new.py", "n = 1\n")):  # changed, changed, untracked
+    (tmp_path / path).write_text(text)
+    assert (v := training_version(tmp_path)) not in seen
+    seen.add(v)
+  git("add", ".")
+  git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "b")
+  assert training_version(tmp_path) == v == training_version(tmp_path, "HEAD")
+  assert training_version(tmp_path, "HEAD~1") == v0  # a commit's version, read from git
+
+
+def test_training_imports_nothing_the_version_leaves_out():
+  # training_version skips NOT_TRAINING (the reports' code): valid only while the trainer
+  # never imports it.
+  import subprocess
+
+  from experiments.reuse import NOT_TRAINING
+
+  mods = [p.replace("/", ".") for p in NOT_TRAINING]
+  code = ("import sys, pergrad.train.cli, pergrad.train.loop; "
+          f"print([m for m in sys.modules if m.startswith({tuple(mods)!r})])")
+  out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                       check=True).stdout
+  assert out.strip() == "[]"
+
+
+
+def test_a_sweep_of_other_training_code_is_refused_before_any_run(tmp_path):
+  # A sweeps root resumed (or analysed) by a checkout whose training code differs from the one
+  # its runs were trained with: one line, nothing launched or written.
+  from experiments.sweep import SWEEP_JSON, record_sweep
+
+  sdir = runner.default_sweep_dir("snr", "ci", tmp_path)
+  record_sweep(sdir, "ci", runner.load("snr").sweep_at("ci", None).base, (), "another")
+  before = sorted(p.name for p in sdir.iterdir())
+  with pytest.raises(ValueError, match="trained at training version another, not this"):
+    runner.run_experiment("snr", "ci", sweeps_root=tmp_path, echo=lambda *_: None)
+  assert sorted(p.name for p in sdir.iterdir()) == before == [SWEEP_JSON]
