@@ -305,6 +305,13 @@ def reproduction_lines(results_root: Path) -> list[str]:
              "skipping its finished runs; wall times "
              + " + ".join(f"{i['wall_s'] / 60:.0f}" for i in inv) + " min)"
              if len(inv) > 1 else "")
+  commits = {}  # the invocations' commits, in order (records before them: the record's own)
+  for i in inv:
+    commits[i.get("commit", d["commit"])] = commits.get(i.get("commit", d["commit"]), 0) + 1
+  if len(commits) > 1:
+    resumed += (f"; at commits {', '.join(f'`{c[:7]}` ×{k}' for c, k in commits.items())}, "
+                f"whose training code is the same (training version `{d.get('train_version')}`"
+                ": the same runs), every report analysed at the last")
   end = (f"finished {d['finished']}" if d.get("finished")
          else "NOT finished (stopped" + (f" during `{d['running']['name']}`"
                                          if d.get("running") else "") + ")")

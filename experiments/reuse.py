@@ -90,6 +90,15 @@ def training_version(repo: Path, rev: str | None = None) -> str | None:
   return hashlib.sha256(doc.encode()).hexdigest()[:24]
 
 
+def recorded_version(doc: dict, repo: Path) -> str | None:
+  """The training version a record (run_info.json, reproduction.json) was made at: its own
+  `train_version`, else that of its `commit` (records written before the version was)."""
+  if doc.get("train_version"):
+    return doc["train_version"]
+  commit = doc.get("commit")
+  return training_version(repo, commit) if commit and commit != "unknown" else None
+
+
 def _requires(name: str) -> list[str]:
   try:
     return importlib.metadata.requires(name) or []

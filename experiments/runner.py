@@ -13,7 +13,7 @@ from pathlib import Path
 from experiments import lr_search, report_md
 from experiments.launch import LAUNCHERS, LaunchLog, launch_blocks
 from experiments.record import BUILTIN, Inputs, Report, Runs, get, provenance
-from experiments.reuse import INDEX, RunIndex, is_reused, training_version
+from experiments.reuse import INDEX, RunIndex, is_reused, recorded_version, training_version
 from experiments.sweep import (
   REPO,
   SWEEP_JSON,
@@ -137,7 +137,7 @@ def run_experiment(name: str, preset: str, *, launcher: str = "basic", n_jobs: i
     exp.analyze(Runs(sdir), out_dir)
   exp.figures(out_dir)
   report = exp.report(out_dir)
-  info = run_info(out_dir, name, preset, sdir, log, wall, command, launcher, prov)
+  info = run_info(out_dir, name, preset, sdir, log, wall, command, launcher, prov, version)
   report_md.write_readme(exp, out_dir, report, info, inputs)
   if out_dir.parent == RESULTS / preset:
     report_md.write_index(out_dir.parent, preset)
@@ -165,9 +165,11 @@ def clear_outputs(out_dir: Path) -> list[Path]:
   return old
 
 
-def run_info(out_dir, name, preset, sdir, log, wall, command, launcher, prov) -> dict:
+def run_info(out_dir, name, preset, sdir, log, wall, command, launcher, prov,
+             version=None) -> dict:
   """run_info.json: the provenance at the start, the launches that made the results (with an
-  earlier invocation's at the same commit and sweep), the runs' compute from their summaries."""
+  earlier invocation's of the same sweep at the same training version, whatever its commit),
+  the runs' compute from their summaries."""
   compute_s, n_done = 0.0, 0
   for s in Path(sdir).glob(f"*/{SUMMARY}"):
     try:
@@ -181,12 +183,13 @@ def run_info(out_dir, name, preset, sdir, log, wall, command, launcher, prov) ->
   old = json.loads(old_path.read_text()) if old_path.exists() else {}
   rel = report_md.portable_sweep_dir(sdir)  # no machine's path in results/ (issue 40)
   command = command and report_md.portable_command(command)
-  same = old.get("commit") == prov.get("commit") and old.get("sweep_dir") in (str(sdir), rel)
+  same = old.get("sweep_dir") in (str(sdir), rel) and recorded_version(old, REPO) == version
   if same:  # a resumed invocation adds its launches to those that made the results
     log.wall_s += float(old.get("launch_wall_s", 0.0))
     log.launched = list(dict.fromkeys([*old.get("launched_runs", []), *log.launched]))
   info = dict(experiment=name, preset=preset, command=command or
               f"python scripts/reproduce.py {name} --preset {preset}", launcher=launcher, **prov,
+              train_version=version,
               sweep_dir=rel, n_runs_completed=n_done, runs_compute_s=round(compute_s, 1),
               wall_s=round(wall, 1), launch_wall_s=round(log.wall_s, 1),
               launched=len(log.launched), launched_runs=list(log.launched),

@@ -54,6 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from experiments import record as rec  # noqa: E402
 from experiments import report_md, runner  # noqa: E402
 from experiments.launch import LAUNCHERS  # noqa: E402
+from experiments.reuse import recorded_version, training_version  # noqa: E402
 from experiments.sweep import PRESETS, RUNG_PRESETS, check_preset  # noqa: E402
 
 
@@ -68,20 +69,25 @@ def _render(preset: str) -> None:
 
 class Record:
   """results/PRESET/reproduction.json of `all`, rewritten after each experiment and every
-  minute, so an invocation that is stopped leaves its record. An unfinished record at the
-  same commit is continued (its invocations listed, their wall times summed): a stopped
-  reproduction resumes where it was, skipping the runs that finished."""
+  minute, so an invocation that is stopped leaves its record. An unfinished record of the
+  same command at the same training version (`experiments.reuse.training_version`: the runs
+  are the same runs) is continued, whatever its commit: its invocations listed with their
+  commits, their wall times summed; a stopped reproduction resumes where it was, skipping
+  the runs that finished, and an experiment completed at an older commit is analysed again
+  at this one (its runs skipped), so every report is the last commit's."""
 
   def __init__(self, path: Path, command: str, fresh: bool, heartbeat_s: float = 60.0):
     self.path, self.t0 = Path(path), time.time()
     command = report_md.portable_command(command)  # no machine's path in results/
-    prov = rec.provenance()
+    prov = {**rec.provenance(), "train_version": training_version(runner.REPO)}
     old = json.loads(self.path.read_text()) if self.path.exists() else {}
     now = datetime.datetime.now().isoformat(timespec="seconds")
-    if old.get("commit") == prov["commit"] and not old.get("finished") \
-        and old.get("command") == command:
+    if prov["train_version"] and not old.get("finished") and old.get("command") == command \
+        and recorded_version(old, runner.REPO) == prov["train_version"]:
       self.d = old
-      self.d["clean"] = bool(old.get("clean")) and prov["clean"]
+      for e in [*old["experiments"].values(), *old["invocations"]]:
+        e.setdefault("commit", old["commit"])  # written before entries named their commit
+      self.d.update(prov, clean=bool(old.get("clean")) and prov["clean"])
     else:
       self.d = {"command": command, **prov, "fresh": fresh, "started": now,
                 "experiments": {}, "invocations": []}
@@ -92,7 +98,7 @@ class Record:
                                     "launch_wall_s": stopped["wall_s"], "launched": 0,
                                     "skipped": 0, "partial": True}
     self._running = None
-    self.d["invocations"].append({"started": now, "wall_s": 0.0})
+    self.d["invocations"].append({"started": now, "wall_s": 0.0, "commit": prov["commit"]})
     self._lock = threading.Lock()
     self._stop = threading.Event()
     self._write()
@@ -117,10 +123,12 @@ class Record:
       tmp.replace(self.path)
 
   def finished_before(self, name: str) -> bool:
-    """Whether an earlier invocation of this record completed experiment `name` (it is not
-    run again: its results and run_info.json stay those of the launches that made them)."""
+    """Whether an earlier invocation of this record at this commit completed experiment `name`
+    (it is not run again: its results and run_info.json stay those of the launches that made
+    them)."""
     e = self.done.get(name)
-    return bool(e) and not e.get("partial") and str(e.get("status", "")).startswith("completed")
+    return (bool(e) and not e.get("partial") and str(e.get("status", "")).startswith("completed")
+            and e.get("commit") == self.d["commit"])
 
   def begin(self, name: str) -> None:
     with self._lock:
@@ -141,7 +149,7 @@ class Record:
                            else old.get(k, 0) + entry[k] for k in summed},
                "skipped": entry["skipped"] if old.get("partial") else old.get("skipped", 0)}
     with self._lock:
-      self.d["experiments"][name] = entry
+      self.d["experiments"][name] = {**entry, "commit": self.d["commit"]}
       self._running = None
     self._write()
 

@@ -10,10 +10,12 @@ from pathlib import Path
 
 import pytest
 from test_experiments import FAKE_TRAIN, REPO, _fake_cmd
+from test_record import _reproduce_module
 
 sys.path.insert(0, str(REPO))
 
-from experiments import launch, runner  # noqa: E402
+from experiments import launch, report_md, runner  # noqa: E402
+from experiments.launch import LaunchLog  # noqa: E402
 from experiments.sweep import Block  # noqa: E402
 from pergrad.analysis import runs  # noqa: E402
 
@@ -157,3 +159,54 @@ def test_a_sweep_of_other_training_code_is_refused_before_any_run(tmp_path):
   with pytest.raises(ValueError, match="trained at training version another, not this"):
     runner.run_experiment("snr", "ci", sweeps_root=tmp_path, echo=lambda *_: None)
   assert sorted(p.name for p in sdir.iterdir()) == before == [SWEEP_JSON]
+
+
+def test_reproduction_record_continues_across_commits_of_one_training_version(tmp_path,
+                                                                               monkeypatch):
+  """A stopped `all` resumed at a later commit whose training code is the same continues the
+  record (the runs are the same runs) and analyses again what an older commit completed; at
+  another training version it starts a new record."""
+  mod = _reproduce_module()
+  monkeypatch.setattr(mod.rec, "provenance", lambda: {"commit": "abc1234", "clean": True})
+  monkeypatch.setattr(mod, "training_version", lambda repo, rev=None: "v1")
+  path, cmd = tmp_path / "reproduction.json", "python scripts/reproduce.py all --preset cpu"
+  first = mod.Record(path, cmd, fresh=True)
+  first.experiment("a", {"wall_s": 10.0, "launch_wall_s": 9.0, "launched": 3, "skipped": 0,
+                         "status": "completed"})
+  first.begin("b")
+  first._stop.set()
+  monkeypatch.setattr(mod.rec, "provenance", lambda: {"commit": "def5678", "clean": True})
+  second = mod.Record(path, cmd, fresh=False)
+  second._stop.set()
+  assert second.d["fresh"] is True and second.d["commit"] == "def5678"
+  assert [i["commit"] for i in second.d["invocations"]] == ["abc1234", "def5678"]
+  assert not second.finished_before("a")  # completed at abc1234: analysed again here
+  second.experiment("a", {"wall_s": 1.0, "launch_wall_s": 9.0, "launched": 3, "skipped": 0,
+                          "status": "completed"})  # run_info.json sums the launches
+  assert second.d["experiments"]["a"] | {"wall_s": 0} == {
+      "wall_s": 0, "launch_wall_s": 9.0, "launched": 3, "skipped": 0, "status": "completed",
+      "commit": "def5678"}
+  second._stop.set()
+  third = mod.Record(path, cmd, fresh=False)
+  third._stop.set()
+  assert third.finished_before("a")
+  text = "\n".join(report_md.reproduction_lines(tmp_path))
+  assert "at commit `def5678`" in text and "at commits `abc1234` ×1, `def5678` ×2" in text
+  monkeypatch.setattr(mod, "training_version", lambda repo, rev=None: "v2")
+  other = mod.Record(path, cmd, fresh=False)
+  other._stop.set()
+  assert len(other.d["invocations"]) == 1 and other.d["train_version"] == "v2"
+
+
+def test_run_info_sums_the_launches_of_one_training_version_across_commits(tmp_path):
+  out, sdir = tmp_path / "out", tmp_path / "sweep"
+  out.mkdir()
+  sdir.mkdir()
+  info = lambda log, commit, version: runner.run_info(
+      out, "toy", "ci", sdir, log, 1.0, None, "basic", {"commit": commit, "clean": True}, version)
+  info(LaunchLog(launched=["r0", "r1"], wall_s=10.0), "abc", "v1")
+  again = info(LaunchLog(skipped=["r0", "r1"]), "def", "v1")  # analysed again at a new commit
+  assert (again["launched"], again["launch_wall_s"], again["invocations"]) == (2, 10.0, 2)
+  assert (again["commit"], again["train_version"]) == ("def", "v1")
+  other = info(LaunchLog(launched=["r0"], wall_s=3.0), "def", "v2")  # other training code
+  assert (other["launched"], other["launch_wall_s"], other["invocations"]) == (1, 3.0, 1)
