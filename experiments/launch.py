@@ -46,8 +46,8 @@ def run_overrides(base: dict, block: Block, point: dict, extra: Sequence[str]) -
 @dataclasses.dataclass
 class LaunchLog:
   """What one `launch` call did: points already done, points run, failures (a run that did
-  not finish), and the runs among them all that finished diverged (a finished outcome: an lr
-  search steps past them, nothing runs them again)."""
+  not finish); `diverged`: the sweep's runs that finished diverged (a finished outcome: an lr
+  search steps past them, nothing runs them again), set by the runner from the sweep dir."""
 
   skipped: list = dataclasses.field(default_factory=list)
   launched: list = dataclasses.field(default_factory=list)
@@ -87,7 +87,6 @@ def launch_blocks(sweep_dir: Path, base: dict, blocks: Iterable[Block], *,
         continue
       (log.reused if is_reused(sweep_dir / name) else log.skipped).append(name)
       echo(f"[skip] {name} ({run_status(sweep_dir / name)})")
-      _diverged(log, sweep_dir, name)
     if not todo:
       continue
     cmd = multirun_command(sweep_dir, base, block, train_cmd=train_cmd, launcher=launcher,
@@ -102,8 +101,6 @@ def launch_blocks(sweep_dir: Path, base: dict, blocks: Iterable[Block], *,
     proc = subprocess.run(cmd, cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     log.wall_s += time.time() - t0
     log.failed += [n for n in todo if run_status(sweep_dir / n) not in DONE]
-    for name in todo:
-      _diverged(log, sweep_dir, name)
     for p in block.points() if index is not None else ():
       if (name := run_dirname(p)) in todo:
         index.add(keys.get(name) or index.key(run_overrides(base, block, p, extra)),
@@ -113,8 +110,3 @@ def launch_blocks(sweep_dir: Path, base: dict, blocks: Iterable[Block], *,
            f"{[n for n in todo if n in log.failed]}")
   return log
 
-
-def _diverged(log: LaunchLog, sweep_dir: Path, name: str) -> None:
-  """Lists a finished run that diverged once, whether this call ran it or found it done."""
-  if name not in log.diverged and run_status(sweep_dir / name) == "diverged":
-    log.diverged.append(name)

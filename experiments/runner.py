@@ -24,7 +24,7 @@ from experiments.sweep import (
   record_sweep,
   sweep_dir,
 )
-from pergrad.analysis.runs import aggregate, fmt
+from pergrad.analysis.runs import aggregate, fmt, run_status
 from pergrad.files import METRICS, SUMMARY
 
 EXPERIMENTS = BUILTIN  # the built-in experiments' names; `record.experiments()` has plugins'
@@ -104,6 +104,7 @@ def run_experiment(name: str, preset: str, *, launcher: str = "basic", n_jobs: i
         echo(f"[{name}/{preset}] follow-up stage: {len(blocks)} block(s)")
         launch_blocks(sdir, sweep.base, blocks, **kw)
     table = aggregate(sdir)
+    log.diverged = diverged_runs(sdir)
     if not dry_run:
       table.to_csv(sdir / "table.csv", index=False)
 
@@ -163,6 +164,13 @@ def clear_outputs(out_dir: Path) -> list[Path]:
   for p in old:
     p.unlink()
   return old
+
+
+def diverged_runs(sdir: Path) -> list[str]:
+  """The sweep's runs that finished diverged, all of them: not only those this invocation
+  launched or skipped (a resumed lr search does not visit its earlier extension rounds)."""
+  return sorted(d.name for d in Path(sdir).iterdir() if d.is_dir() and
+                run_status(d) == "diverged") if Path(sdir).is_dir() else []
 
 
 def run_info(out_dir, name, preset, sdir, log, wall, command, launcher, prov,
