@@ -131,8 +131,11 @@ class Record:
             and e.get("commit") == self.d["commit"])
 
   def begin(self, name: str) -> None:
+    """Marks `name` running; its clock starts at the wall time earlier stopped invocations
+    spent on it, so a record stopped in it again keeps them all."""
+    earlier = self.done.get(name, {})
     with self._lock:
-      self._running = (name, time.time())
+      self._running = (name, time.time() - (earlier["wall_s"] if earlier.get("partial") else 0))
     self._write()
 
   def experiment(self, name: str, entry: dict) -> None:

@@ -329,6 +329,21 @@ def test_reproduction_record_survives_a_stop_and_is_continued(tmp_path, monkeypa
   assert d["wall_s"] == pytest.approx(sum(i["wall_s"] for i in d["invocations"]))
   text = "\n".join(report_md.reproduction_lines(tmp_path))
   assert "in 2 invocations" in text and "finished " in text
+  # stopped twice in one experiment: both stops' wall times kept (batch_scaling's record at
+  # bae3e8a had lost the first two of its three stops, 962 s and ~1960 s)
+  twice = path.with_name("r3.json")
+  for spent in (30.0, 20.0):
+    r = mod.Record(twice, "python scripts/reproduce.py all --preset cpu", fresh=True)
+    r.begin("b")
+    r._running = ("b", r._running[1] - spent)
+    r._write()
+    r._stop.set()
+  r = mod.Record(twice, "python scripts/reproduce.py all --preset cpu", fresh=True)
+  r.begin("b")
+  r.experiment("b", {"wall_s": 5.0, "launch_wall_s": 4.0, "launched": 1, "skipped": 2,
+                     "status": "completed"})
+  r._stop.set()
+  assert r.d["experiments"]["b"]["wall_s"] == pytest.approx(55.0, abs=0.5)
 
   # an experiment re-run after failed runs: its run_info.json (same commit and sweep) already
   # sums both invocations' launches, and the record adds only the wall time (it added both,
