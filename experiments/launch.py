@@ -109,4 +109,3 @@ def launch_blocks(sweep_dir: Path, base: dict, blocks: Iterable[Block], *,
       echo(f"[warn] multirun exited with code {proc.returncode}; failed: "
            f"{[n for n in todo if n in log.failed]}")
   return log
-

@@ -3,6 +3,7 @@ results index."""
 
 from __future__ import annotations
 
+import collections
 import json
 import math
 import re
@@ -305,9 +306,8 @@ def reproduction_lines(results_root: Path) -> list[str]:
              "skipping its finished runs; wall times "
              + " + ".join(f"{i['wall_s'] / 60:.0f}" for i in inv) + " min)"
              if len(inv) > 1 else "")
-  commits = {}  # the invocations' commits, in order (records before them: the record's own)
-  for i in inv:
-    commits[i.get("commit", d["commit"])] = commits.get(i.get("commit", d["commit"]), 0) + 1
+  # the invocations' commits, in order (records written before them: the record's own)
+  commits = collections.Counter(i.get("commit", d["commit"]) for i in inv)
   if len(commits) > 1:
     resumed += (f"; at commits {', '.join(f'`{c[:7]}` ×{k}' for c, k in commits.items())}, "
                 f"whose training code is the same (training version `{d.get('train_version')}`"

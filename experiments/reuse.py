@@ -72,18 +72,19 @@ def training_version(repo: Path, rev: str | None = None) -> str | None:
   try:
     if rev is not None:
       rows = (x.split("\t", 1) for x in git("ls-tree", "-r", rev, "--", *TRAINING).splitlines())
-      blobs = sorted((path, meta.split()[2]) for meta, path in rows)  # "mode type blob\tpath"
+      blobs = sorted((path, meta.split()[2]) for meta, path in rows  # "mode type blob\tpath"
+                     if kept(path))
     else:
       files = sorted(p for p in git("ls-files", "--cached", "--others", "--exclude-standard",
                                     "--", *TRAINING).splitlines()
-                     if (Path(repo) / p).is_file())
+                     if kept(p) and (Path(repo) / p).is_file())
       blobs = list(zip(files, git("hash-object", "--", *files).split(), strict=True)
                    ) if files else []
   except (OSError, subprocess.CalledProcessError):
     return None
   names = [re.match(r"[A-Za-z0-9_.\-]+", r).group(0) for r in _requires("pergrad")
            if "extra ==" not in r]
-  doc = json.dumps({"files": [[p, b] for p, b in blobs if kept(p)],
+  doc = json.dumps({"files": [list(x) for x in blobs],
                     "python": list(sys.version_info[:3]),
                     "installed": {n: _installed(n) for n in sorted({*names, *MORE_DISTRIBUTIONS})}},
                    sort_keys=True)
