@@ -1,8 +1,9 @@
 """G3 (Gray et al. 2024): a GNS-guided batch-size schedule saves tokens against a fixed batch.
 
 Every arm spends the same examples, tracks every layer type's GNS every step, warmup and
-evaluations at the same examples. Arms: fixed B = 8 ... 64, each at its own lr (factor-2 grid
-on seed 0, extended once), the best one the baseline; gns_norm (B follows the norm layers'
+evaluations at the same examples. Arms: fixed B = 8 ... 64 (extended ×2 past the best one at an
+edge, `B_LIMITS`), each at its own lr (factor-2 grid on seed 0, extended once), the best one
+the baseline; gns_norm (B follows the norm layers'
 B_simple); linear_paper (a ramp over the budget from B_max/8); linear_fit (the ramp fitted to
 the best fixed arm's B_simple, run as fitted, `fitted_arm`); warmup (Merrill et al. 2025, our
 reading: a ramp from B_max/8 over the first quarter, lr × √ratio; beside); seesaw (arXiv
@@ -19,19 +20,16 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from experiments import lr_search
+from experiments import lr_search, verdict
 from experiments.record import ROWS, Experiment, register
-from experiments.sweep import Block, LrSearch, Sweep, base_for, experiment_value, scale_value
-from experiments.verdict import (
-  Report,
-  declared,
-  declared_text,
-  gated,
-  listing,
-  not_measured,
-  outcomes,
-  pairs_md,
-  sections,
+from experiments.sweep import (
+  Block,
+  LrSearch,
+  Sweep,
+  Tuned,
+  base_for,
+  experiment_value,
+  scale_value,
 )
 from pergrad.analysis import calibrate, guards, rules
 from pergrad.analysis.plots import plt, savefig, style
@@ -61,11 +59,14 @@ SELECT_SEED = 0
 SEEDS = {"ci": (1,), "cpu": (1, 2, 3, 4, 5, 6), "paper": (1, 2, 3, 4, 5, 6)}  # fresh: judged on
 N_OTHER = 3  # fresh seeds of the fixed arms other than the best, and of the warmup baseline
 N_EVALS = {"ci": 5, "cpu": 25, "paper": 25}
+# The fixed sizes extend ×2 past the best one at an edge (ranked as `fixed_search` ranks), at
+# most twice a side, within B = 2 ... 2·B_max (smallest B, largest as a multiple of B_max).
+B_LIMITS = (2, 2)
 PAPER_SAVING = 0.18
 SHORT = 1 - PAPER_SAVING  # the short arm's share of the examples
 WARMUP = 20  # steps of the α = 0.95 EMA left out of the fit (1 / (1 − α))
 PAPER = "18% fewer tokens to the fixed batch's final loss"
-EFFECT = declared(NAME, "effect")  # nats, configs/experiment/gns_schedule.yaml
+EFFECT = verdict.declared(NAME, "effect")  # nats, configs/experiment/gns_schedule.yaml
 RULE = (f"Each GNS-guided schedule ({', '.join(GUIDED)}) at the best fixed arm's lr and seeds vs "
         f"the best fixed arm (lowest fresh-seed mean final eval loss) in final eval loss at equal "
         f"tokens: {rules.PAIR_WIN}. The effect each pair must detect is declared before the run "
@@ -101,25 +102,26 @@ def sweep(preset: str) -> Sweep:
   examples, n = ref * int(scale_value(preset, "train.steps")), N_EVALS[preset]
   warmup = max(ref * int(scale_value(preset, "schedule.warmup_steps")),  # examples: ≥ 20
                guards.MIN_WARMUP * max_batch_size if preset != "ci" else 0)  # steps at every B
+  least = guards.MIN_WARMUP if preset != "ci" else 1  # an added B > B_max: still ≥ 20 steps
   per_size = lambda b: dict(zip(PER_SIZE, (examples // b, max(examples // b // n, 1),
-                                           max(warmup // b, 1)), strict=True))
+                                           max(warmup // b, least)), strict=True))
   base = base_for(NAME, preset, **{  # ci logs every step: enough points for the ramp's fit
       "data.batch_size": max_batch_size, "batch.start": max_batch_size // 8,
       "logging.log_every": 1 if preset == "ci" else 5, **per_size(max_batch_size)})
   blocks = tuple(Block({"batch.kind": ["fixed"], SIZE: [b], **{k: [v] for k, v in per_size(
       b).items()}, "optimizer.lr": lr_grid(preset, b), "train.seed": [SELECT_SEED]})
       for b in fixed)
+  sizes_b = Tuned(SIZE, ("batch.kind",), 2.0, B_LIMITS[0], B_LIMITS[1] * max_batch_size,
+                  metric="loss_mean", extra=lambda b: per_size(int(b)))
   search = LrSearch(GROUP, factor=2.0, max_extend=0 if preset == "ci" else 1,
-                    seeds=SEEDS[preset][:N_OTHER])
+                    seeds=SEEDS[preset][:N_OTHER], tuned=sizes_b)
   return Sweep(base, blocks, search, wall_estimate_min={"ci": 1.0, "cpu": 43}.get(preset))
 
 
 def fixed_search(fin: pd.DataFrame) -> tuple[pd.DataFrame, dict | None]:
-  """`lr_search.best_lr` of the fixed arms (the short arm left out) on their common seeds
-  (`common_seeds`) and its row with the lowest fresh-seed mean final eval loss (None: no arm
-  has fresh seeds). The best arm's follow-up seeds, which no other arm has, are left out: the
-  choice `follow_up` made before they existed is the one `analyze` reports, and a follow-up
-  resumed after some of them finished chooses as the first did."""
+  """`lr_search.best_lr` of the fixed arms (short arm left out) on their `common_seeds` (none:
+  all; `report` says so), its row of lowest fresh-seed mean (None: no fresh seeds). The best
+  arm's follow-up seeds are left out: a resumed follow-up chooses as the first did."""
   full = full_fixed(fin)
   search = lr_search.best_lr(full, GROUP, "optimizer.lr", select_seed=SELECT_SEED)
   if len(common := common_seeds(search)):
@@ -324,9 +326,9 @@ def figures(out_dir: Path) -> list[Path]:
 def schedule_verdict(pairs: list[rules.Comparison], power: float) -> str:
   """`RULE`: `rules.verdict_of`, except that without a win and a loss, ties all round say "not
   reproduced" at power ≥ `calibrate.MIN_POWER`, else "undetermined"."""
-  out, verdict = [p.outcome for p in pairs], rules.verdict_of(pairs)
-  if verdict in (rules.REPRODUCED, rules.NOT_REPRODUCED) or rules.WIN in out:
-    return verdict
+  out, decided = [p.outcome for p in pairs], rules.verdict_of(pairs)
+  if decided in (rules.REPRODUCED, rules.NOT_REPRODUCED) or rules.WIN in out:
+    return decided
   tied = all(o == rules.TIE for o in out) and power >= calibrate.MIN_POWER
   return rules.NOT_REPRODUCED if tied else rules.UNDETERMINED
 
@@ -344,12 +346,12 @@ def arm_guards(out_dir: Path, search: pd.DataFrame, best, guided) -> tuple:
   return lr, sizes_b, stable, lr_search.warm_of(fin, label, kinds)
 
 
-def report(out_dir: Path) -> Report:
+def report(out_dir: Path) -> verdict.Report:
   out_dir = Path(out_dir)
   tt = read_csv(out_dir / "to_target.csv")
   if tt.empty:  # empty without a best fixed arm
-    return not_measured(RULE, "no fixed arm finished its fresh seeds, so there is no target loss",
-                        paper=PAPER)
+    return verdict.not_measured(
+        RULE, "no fixed arm finished its fresh seeds, so there is no target loss", paper=PAPER)
   search = lr_search.load_best(out_dir)
   best = search[search["best_arm"]].iloc[0]
   base, target = f"fixed_{int(best[SIZE])}", float(tt["target"].iloc[0])
@@ -373,23 +375,24 @@ def report(out_dir: Path) -> Report:
     by_arm[c] = by_arm[c].astype(object).where(np.isfinite(by_arm[c].astype(float)), "not reached")
   saving = mean_tt.set_index("arm")[["token_saving", "time_saving"]]
   pct = lambda x: f"{100 * x:.0f}%" if math.isfinite(x) else "not reached"
-  save = listing(((a, saving.loc[a]) for a in (*GUIDED, *BASELINES) if a in saving.index),
+  save = verdict.listing(((a, saving.loc[a]) for a in (*GUIDED, *BASELINES) if a in saving.index),
                  lambda r: pct(r["token_saving"]) + (f" (time {pct(r['time_saving'])})" if
                                                      math.isfinite(r["token_saving"]) else ""))
   power = cal.power if cal is not None else math.nan
-  return gated(schedule_verdict(pairs, power), cals, arm_guards(out_dir, search, best, guided),
-               rule=RULE, paper=PAPER,
-               ours=f"token (wall-time) saving to B={int(best[SIZE])}'s final loss: "
-               f"{save or 'n/a'}; {outcomes(pairs)}",
-                checks=(f"baseline: fixed B = {int(best[SIZE])} at lr {best['optimizer.lr']:g}",
-                        *(p.sentence() for p in pairs), f"Δ18 = {delta:.3g}",
-                        declared_text(EFFECT),
-                        *([f"linear_fit not run: {why}"] if "linear_fit" not in guided else [])),
-                numbers_md=sections(
-                    lr_search.best_md(search, GROUP, extra=("best_arm",)), pairs_md(pairs),
-                    f"By arm (seed-mean curves; to the target {target:.4f}):", by_arm,
-                    "The fitted ramp (B_simple ≈ a + b·tokens):",
-                    fit))
+  checks = (f"baseline: fixed B = {int(best[SIZE])} at lr {best['optimizer.lr']:g}",
+            *(p.sentence() for p in pairs), f"Δ18 = {delta:.3g}", verdict.declared_text(EFFECT),
+            *([f"linear_fit not run: {why}"] if "linear_fit" not in guided else []),
+            *([] if common_seeds(search) else ["no fresh seed common to every fixed arm: "
+                                               "each ranked on all its own fresh seeds"]))
+  return verdict.gated(
+      schedule_verdict(pairs, power), cals, arm_guards(out_dir, search, best, guided),
+      rule=RULE, paper=PAPER, checks=checks,
+      ours=f"token (wall-time) saving to B={int(best[SIZE])}'s final loss: {save or 'n/a'}; "
+      f"{verdict.outcomes(pairs)}",
+      numbers_md=verdict.sections(
+          lr_search.best_md(search, GROUP, extra=("best_arm",)), verdict.pairs_md(pairs),
+          f"By arm (seed-mean curves; to the target {target:.4f}):", by_arm,
+          "The fitted ramp (B_simple ≈ a + b·tokens):", fit))
 
 
 EXPERIMENT = register(Experiment(

@@ -14,6 +14,15 @@ from typing import Callable, Sequence
 import numpy as np
 import pandas as pd
 
+from experiments.grids import (
+  extensions,
+  first_stage_lrs,
+  in_seeds,
+  missing_lrs,
+  same,
+  select_seeds,
+  tuned_blocks,
+)
 from experiments.sweep import Block, Sweep, config_extras, family, is_rung, scale_value
 from experiments.verdict import md_table
 from pergrad.analysis import guards, rules
@@ -39,19 +48,6 @@ def marked_finals(table: pd.DataFrame, base: dict, extra: Sequence[str] = ()) ->
   return rules.mark_diverged(fin, vocab_size(overrides), table)
 
 
-def _in(col: pd.Series, seeds) -> pd.Series:
-  return col.astype(float).isin([float(s) for s in seeds])
-
-
-def _same(a, b) -> bool:
-  """Equality of override values read back from tables (None ~ NaN, floats ~ close)."""
-  a, b = from_table(a), from_table(b)
-  if a is None or b is None:
-    return a is b
-  num = lambda x: isinstance(x, (int, float)) and not isinstance(x, bool)
-  return math.isclose(float(a), float(b), rel_tol=1e-6) if num(a) and num(b) else a == b
-
-
 def best_lr(fin: pd.DataFrame, group_keys: Sequence[str], lr_key: str,
             seed_key: str = "train.seed", metric: str = "final_eval_loss",
             select_seed=None) -> pd.DataFrame:
@@ -66,7 +62,7 @@ def best_lr(fin: pd.DataFrame, group_keys: Sequence[str], lr_key: str,
     select_seed = tuple(select_seed) if isinstance(select_seed, (tuple, list)) else (select_seed,)
   for gvals, g in completed.groupby(list(group_keys), sort=False, dropna=False):  # keys: tuples
     sel = (select_seed if select_seed is not None else (g[seed_key].min(),)) if has_seed else ()
-    s0 = g[_in(g[seed_key], sel)] if has_seed else g
+    s0 = g[in_seeds(g[seed_key], sel)] if has_seed else g
     if s0.empty:  # no selection run in this group: nothing was selected
       continue
     per_lr = s0.groupby(lr_key)[metric].mean().sort_index()
@@ -74,7 +70,7 @@ def best_lr(fin: pd.DataFrame, group_keys: Sequence[str], lr_key: str,
     finite = np.isfinite(per_lr.to_numpy(dtype=float))
     best = per_lr.idxmin() if finite.any() else lrs[0]
     i = lrs.index(best)
-    fresh = (g[~_in(g[seed_key], sel) & np.isclose(g[lr_key].astype(float), float(best),
+    fresh = (g[~in_seeds(g[seed_key], sel) & np.isclose(g[lr_key].astype(float), float(best),
                                                    rtol=1e-9)].sort_values(seed_key)
              if has_seed else g.iloc[:0])
     vals = [float(v) if np.isfinite(v) else math.inf for v in fresh[metric]]
@@ -171,9 +167,11 @@ def follow_up_blocks(sweep: Sweep, fin: pd.DataFrame) -> tuple[list[Block], str]
     return [], "none"
   seed0 = list(select_seeds(sweep))
   best = best_lr(fin, ls.group_keys, ls.lr_key, ls.seed_key, select_seed=tuple(seed0))
-  extend, seeds = [], []
+  extend, seeds, moving = [], [], []  # moving: the groups whose lr grid grows this round
   for _, b in best.iterrows():
     group = {k: from_table(b[k]) for k in ls.group_keys}
+    if missing_lrs(sweep, group, b["grid"]):  # an added value's group, stopped: completed first
+      continue
     one = {k: [v] for k, v in group.items()}
     grid, lr = [float(x) for x in b["grid"].split()], None
     first = first_stage_lrs(sweep, group)  # none: a group no first-stage block made, not extended
@@ -187,30 +185,17 @@ def follow_up_blocks(sweep: Sweep, fin: pd.DataFrame) -> tuple[list[Block], str]
                           ls.seed_key: list(ls.seeds)}))
     if lr is not None:
       extend.append(Block({**one, ls.lr_key: [float(f"{lr:.3g}")], ls.seed_key: seed0}))
-  return (extend + seeds, "extend") if extend else (seeds, "seeds" if seeds else "none")
-
-
-def first_stage_lrs(sweep: Sweep, group: dict) -> list[float]:
-  """The lrs the first-stage blocks give `group` (a block without a group key matches any)."""
-  ls = sweep.lr_search
-  value = lambda bl, k: bl.grid.get(k, [bl.fixed[k]] if k in bl.fixed else None)
-  return sorted(float(x) for bl in sweep.blocks if ls.lr_key in bl.grid
-                and all(value(bl, k) is None or any(_same(v, x) for x in value(bl, k))
-                        for k, v in group.items())
-                for x in bl.grid[ls.lr_key])
-
-
-def extensions(grid: Sequence[float], first: Sequence[float], edge: str) -> int:
-  """How many lrs of `grid` lie past the first-stage grid `first` on side `edge` (low|high)."""
-  tol = 1 + 1e-6
-  return sum(x * tol < min(first) if edge == "low" else x > max(first) * tol for x in grid)
-
-
-def select_seeds(sweep: Sweep) -> tuple:
-  """The selection seeds of an lr search: the seeds of the first block that sets them."""
-  ls = sweep.lr_search
-  return next((tuple(bl.grid[ls.seed_key]) for bl in sweep.blocks
-               if ls is not None and ls.seed_key in bl.grid), (0,))
+      moving.append(group)
+  waiting = False
+  if ls.tuned is not None:  # "loss_mean": the search's own fresh seeds, as at its seeds round
+    score = best if ls.tuned.metric == "select_loss" else best_lr(
+        fin[in_seeds(fin[ls.seed_key], [*seed0, *ls.seeds])], ls.group_keys, ls.lr_key,
+        ls.seed_key, select_seed=tuple(seed0))
+    more, waiting = tuned_blocks(sweep, best, score, moving)
+    extend += more
+  if extend or waiting:
+    return extend + seeds, "extend"
+  return seeds, "seeds" if seeds else "none"
 
 
 def load_best(out_dir: Path) -> pd.DataFrame:
@@ -259,7 +244,7 @@ def tuned_lr(inputs, experiment: str, where: dict) -> float:
   "ema"})."""
   rows = tuned_best(inputs, experiment)
   for k, v in where.items():  # a group key missing from the table reads as None
-    rows = rows[[_same(c, v) for c in (rows[k] if k in rows else [None] * len(rows))]]
+    rows = rows[[same(c, v) for c in (rows[k] if k in rows else [None] * len(rows))]]
   if len(rows) != 1:
     raise ValueError(f"{inputs.sweep_dir(experiment)}: {len(rows)} groups of {experiment} "
                      f"match {where}; expected exactly one (re-run `python "

@@ -2,8 +2,8 @@
 
 Variants (`pergrad.optim`): `adam` v = EMA ḡ² (μ² + σ²/B), `micro_adam` mean_i g_i² (μ² + σ²),
 `micro_adam_var` σ̂², `micro_adam_msq` max(ḡ² − σ̂²/B, 0) (≈ μ², our reading; its v is 0
-where the mean is noise-dominated, so its ε is tuned too: 1e-6, 1e-5, 1e-4, the chosen one
-bracketed).
+where the mean is noise-dominated, so its ε is tuned too: 1e-6, 1e-5, 1e-4 first, extended ×10
+past an edge until the chosen one is bracketed, `EPS_LIMITS`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import numpy as np
 
 from experiments import lr_search
 from experiments.record import ROWS, Experiment, register
-from experiments.sweep import Block, LrSearch, Sweep, base_for
+from experiments.sweep import Block, LrSearch, Sweep, Tuned, base_for
 from experiments.verdict import declared, declared_text, pairs_report
 from pergrad.analysis import guards
 from pergrad.analysis.rules import PAIR_WIN, PAIRS_VERDICT
@@ -33,6 +33,9 @@ VARIANTS = MEAN_DOMINATED + VAR_DOMINATED
 SELECT, SEEDS = (0,), (2, 3, 4, 5, 6)
 EPS = {"adam": [1e-8], "micro_adam": [1e-8], "micro_adam_var": [1e-8],
        "micro_adam_msq": [1e-6, 1e-5, 1e-4]}  # MSQ's ε is a floor of √v: tuned, bracketed
+# MSQ's ε grid extends ×10 past an edge, at most twice a side, within [Adam's own 1e-8, 1e-2]:
+# an ε of 1e-2 exceeds √v of nearly every coordinate here, past it the update is plain SGD's.
+EPS_LIMITS = (1e-8, 1e-2)
 OPTIMUM = {"adam": 3e-2, "micro_adam": 3e-2, "micro_adam_var": 3e-2, "micro_adam_msq": 1e-2}
 EFFECT = declared(NAME, "effect")  # configs/experiment/preconditioner.yaml
 RULE = (f"Each variant's lr is the best of a √2 grid on seeds {SELECT} (the same 3 lrs around "
@@ -60,7 +63,10 @@ def sweep(preset: str) -> Sweep:
                         "optimizer.eps": EPS[v], "optimizer.lr": grid(OPTIMUM[v] * scale),
                         "train.seed": list(SELECT)}) for v in VARIANTS)
   # cpu: 6 (variant, ε) groups × (3 lrs × 1 selection + 5 fresh) = 48 runs (+ extensions)
-  return Sweep(base, blocks, LrSearch(GROUP, factor=math.sqrt(2), max_extend=2, seeds=SEEDS),
+  eps = Tuned("optimizer.eps", ("optimizer.variant", "optimizer.clip_norm"), factor=10.0,
+              low=EPS_LIMITS[0], high=EPS_LIMITS[1])
+  return Sweep(base, blocks, LrSearch(GROUP, factor=math.sqrt(2), max_extend=2, seeds=SEEDS,
+                                      tuned=eps),
                wall_estimate_min=26 if preset == "cpu" else None)
 
 

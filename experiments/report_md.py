@@ -257,7 +257,7 @@ experiment's README gives the rule, numbers, setup, figures and command.
 
 {reproduction}## Cost of each experiment ({p} preset, this machine)
 
-| Experiment | Command | Wall time (min) | Runs |
+| Experiment | Command | Wall time (min) | Completed runs |
 |---|---|---|---|
 {costs}
 

@@ -9,8 +9,9 @@ import hashlib
 import itertools
 import json
 import math
+import numbers
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import yaml
 
@@ -64,10 +65,41 @@ POLICY = ("each group's lr is chosen on its selection seeds alone and its number
 
 
 @dataclasses.dataclass(frozen=True)
+class Tuned:
+  """A value tuned beside the lr (Adam's ε, the fixed batch size) in each family of groups (the
+  groups equal in `within`): the value whose group scores lowest at its chosen lr (`metric`:
+  "select_loss", the selection seeds' mean, or "loss_mean", the search's own fresh seeds'). At
+  an edge of the measured values the search adds the next value, `factor` past it, with the
+  overrides `extra(value)` that go with it and the first-stage lrs of its nearest value's block,
+  ≤ `max_extend` past the first-stage values a side, within the declared [`low`, `high`]."""
+
+  key: str
+  within: tuple
+  factor: float
+  low: float
+  high: float
+  max_extend: int = 2
+  metric: str = "select_loss"
+  extra: Callable[[float], dict] | None = None
+
+  def point(self, value) -> dict:
+    """{key: value, **extra(value)}: the overrides of a group at `value`."""
+    return {self.key: value, **(self.extra(value) if self.extra else {})}
+
+  def next(self, value, edge: str):
+    """The value past `value` on side `edge` (low|high), as the grids write it; None outside
+    [low, high]."""
+    x = value / self.factor if edge == "low" else value * self.factor
+    x = int(round(x)) if isinstance(value, numbers.Integral) else float(f"{x:.3g}")
+    return x if self.low <= x <= self.high else None
+
+
+@dataclasses.dataclass(frozen=True)
 class LrSearch:
   """`POLICY` per group of `group_keys`: the lowest mean final eval loss over the selection
   seeds (the first block's) picks the lr; a best lr at an edge extends the grid by `factor`
-  (≤ `max_extend` times a side, an all-diverged group down to `diverged_floor` below it)."""
+  (≤ `max_extend` times a side, an all-diverged group down to `diverged_floor` below it);
+  `tuned`: a value chosen beside the lr, its grid extended past an edge likewise (`Tuned`)."""
 
   group_keys: tuple
   lr_key: str = "optimizer.lr"
@@ -76,12 +108,15 @@ class LrSearch:
   seed_key: str = "train.seed"
   seeds: tuple = ()
   diverged_floor: float = 100.0
+  tuned: Tuned | None = None
 
   @property
   def rounds(self) -> int:
-    """Follow-up rounds that can add runs: extensions (up or down) and the fresh seeds."""
+    """Follow-up rounds that can add runs: extensions (up or down) and the fresh seeds; with
+    `tuned`, again for each value it can add (its first lrs, its seeds awaited)."""
     down = math.ceil(math.log(self.diverged_floor) / math.log(self.factor) - 1e-9)
-    return max(self.max_extend, down) + 1
+    one = max(self.max_extend, down) + 1
+    return one if self.tuned is None else (one + 2) * (1 + 2 * self.tuned.max_extend)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,6 +9,8 @@
     python scripts/reproduce.py mine --preset ci --plugin path/to/mine.py  # a plugin's
     python scripts/reproduce.py ladder --preset cpu    # 4 experiments at 3 model sizes
     python scripts/reproduce.py moments --preset cpu_xs  # one of them at one rung
+    python scripts/reproduce.py --carry-out carry.tar.xz   # a stopped `all`, to move it
+    python scripts/reproduce.py all --carry-in carry.tar.xz ...  # continued elsewhere
 
 Launches a Hydra multirun of `python -m pergrad.train scale=PRESET ...` per grid block
 (deterministic run dirs under runs/sweeps/EXPERIMENT/PRESET/), skipping runs that
@@ -222,14 +224,37 @@ def main(argv=None) -> int:
   p.add_argument("--results-dir", type=Path, default=None,
                  help="where results go (default results/PRESET/EXPERIMENT; ci: "
                  "<sweep>/report)")
+  p.add_argument("--carry-out", type=Path, default=None, metavar="FILE",
+                 help="pack the preset's stopped reproduction (finished runs under the sweeps "
+                 "root, its record) into FILE (.tar.xz) to continue it on another machine "
+                 "(alone, no experiment)")
+  p.add_argument("--carry-in", type=Path, default=None, metavar="FILE",
+                 help="unpack a --carry-out archive under the (empty) sweeps root and the "
+                 "preset's record first, then continue as asked (`all`: the same record)")
   p.add_argument("--hydra-arg", action="append", default=[],
                  help="extra override passed to every run (e.g. logging.wandb.mode=offline)")
   a = p.parse_args(argv)
   for plugin in a.plugin:
     rec.load_plugin(plugin)
+  if a.carry_out and a.experiment:
+    p.error("--carry-out packs a stopped reproduction: give it alone, without an experiment")
+  if a.carry_in or a.carry_out:
+    from experiments import carry
+    root = a.sweeps_root or report_md.REPO / "runs" / "sweeps"
+    record = runner.RESULTS / a.preset / report_md.REPRODUCTION
+    try:
+      if a.carry_in:
+        print(f"[carry] {a.carry_in} -> {root}: {carry.unpack(a.carry_in, root, record)}")
+      if a.carry_out:
+        print(f"[carry] {root} -> {a.carry_out}: {carry.pack(root, record, a.carry_out)}")
+    except (FileNotFoundError, ValueError) as e:
+      p.error(str(e))
+    if not a.experiment:
+      return 0
   if not a.experiment:
     if not a.render_readme:
-      p.error("name an experiment (or 'all'), or pass --render-readme")
+      p.error("name an experiment (or 'all'), or pass --render-readme, --carry-in or "
+              "--carry-out")
     _render(a.preset)
     return 0
   known = tuple(rec.experiments())
@@ -253,8 +278,10 @@ def main(argv=None) -> int:
     root = a.sweeps_root or report_md.REPO / "runs" / "sweeps"
     fresh = not any(any(runner.default_sweep_dir(n, a.preset, root, tuple(a.hydra_arg)).glob(
         "*/summary.json")) for n in names)
+    said = [x for i, x in enumerate(argv)  # a carried-in record continues the same command
+            if not (x.startswith("--carry-in") or i and argv[i - 1] == "--carry-in")]
     command = "python scripts/reproduce.py all --preset " + a.preset + "".join(
-        f" {x}" for x in argv if x not in ("all", "--preset", a.preset))
+        f" {x}" for x in said if x not in ("all", "--preset", a.preset))
     record = Record(runner.RESULTS / a.preset / report_md.REPRODUCTION, command, fresh)
   for n in names:
     t0 = time.time()

@@ -124,7 +124,7 @@ def test_gns_schedule_verdicts_against_the_best_fixed_arm(tmp_path):
   assert 0.28 < mean.loc["gns_norm", "token_saving"] < 0.4  # 1/1.5 of the tokens
   assert np.isinf(mean.loc["fixed_64", "tokens_to_target"])
   assert "18%" in rep.paper and "fixed B = 16 at lr 0.01" in rep.finding
-  assert rep.rule == gns_schedule.RULE
+  assert rep.rule == gns_schedule.RULE and not any("common" in c for c in rep.checks)
   assert "token (wall-time) saving to B=16's final loss" in rep.ours
   assert "gns_norm 33% (time 20%)" in rep.ours  # schedules run 1.2x slower per token here
   fit = pd.read_csv(tmp_path / "faster" / "ramp_fit.csv").iloc[0]  # B_simple = 5 + x/1000
@@ -299,3 +299,13 @@ def test_gns_schedule_choice_and_fit_ignore_the_best_arms_follow_up_seeds(tmp_pa
   best = pd.read_csv(tmp_path / "after" / "best.csv")
   assert best.loc[best["best_arm"], "data.batch_size"].tolist() == [16]
   assert pd.read_csv(tmp_path / "after" / "ramp_fit.csv")["batch.ramp_tokens"].tolist() == fitted
+
+
+def test_gns_schedule_says_when_the_fixed_arms_share_no_fresh_seed(tmp_path):
+  table = _schedule_table({"gns_norm": 1.5})
+  own = (table["run"].str.startswith("fixed_8,")) & (table["train.seed"] > 0)
+  table.loc[own, "train.seed"] += 10  # fixed_8's fresh seeds are its own
+  table.loc[own, "run"] = table.loc[own, "run"] + "+10"
+  rep, _ = _schedule_report(tmp_path, "disjoint", table)
+  assert ("no fresh seed common to every fixed arm: each ranked on all its own fresh seeds"
+          in rep.checks)

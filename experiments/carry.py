@@ -1,0 +1,146 @@
+"""A stopped reproduction carried to another machine: its finished runs and its record.
+
+    carry.pack(sweeps_root, record, "carry.tar.xz")    # on the machine that stops
+    carry.unpack("carry.tar.xz", sweeps_root, record)  # on the one that continues
+
+A reproduction (`scripts/reproduce.py all`) resumes where it stopped on the machine it ran
+on: finished runs are skipped, the record continues. `pack` writes what that needs into one
+archive: every sweep directory's own files (sweep.json with its training version, launch
+logs, benchmarks' outputs), each finished run (`runs.DONE`) without its checkpoints, W&B
+folder and logs (a finished run is never resumed), the reuse index (`reuse.INDEX`) and the
+record (results/PRESET/reproduction.json). Unfinished runs are left out: they start again.
+Paths inside are relative to the sweeps root (index entries, reused runs' links) or written
+as `<sweeps-root>` and `<repo>` (in the runs' text files: configs, summaries, Hydra's
+records), so the archive names no machine's path and unpacks under any root, for any
+checkout. `unpack` refuses, before writing anything, an archive whose runs exist already
+under the root (nothing written is lost), that holds no record, or whose record would replace
+another unfinished one; the continued reproduction then checks the training version itself
+(`Record`, `record_sweep`).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import tarfile
+from pathlib import Path
+
+from experiments.reuse import INDEX
+from experiments.sweep import REPO
+from pergrad.analysis.runs import DONE, run_status
+from pergrad.files import METRICS, SUMMARY, write_bytes
+from pergrad.train.checkpoint import CHECKPOINTS
+
+RECORD = "reproduction.json"  # the record's name inside the archive
+ROOT, REPO_MARK = "<sweeps-root>", "<repo>"  # what the runs' text files say for those paths
+LEFT_OUT = (CHECKPOINTS, "wandb")  # folders of a finished run that nothing reads again
+
+
+def _is_run(d: Path) -> bool:
+  return (d / SUMMARY).exists() or (d / METRICS).exists()
+
+
+def _members(root: Path):
+  """(path relative to root, Path) of what `pack` keeps, sorted; links as links."""
+  keep = []
+  for dirpath, dirnames, filenames in os.walk(root):
+    here = Path(dirpath)
+    if here != root and _is_run(here) and run_status(here) not in DONE:
+      dirnames[:] = []  # an unfinished run: it starts again where it is continued
+      continue
+    if _is_run(here):
+      dirnames[:] = [d for d in dirnames if d not in LEFT_OUT]
+    for name in [*dirnames, *filenames]:
+      p = here / name
+      if p.is_symlink() or p.is_file():
+        if not (_is_run(here) and p.suffix == ".log"):
+          keep.append(p)
+    dirnames[:] = [d for d in dirnames if not (here / d).is_symlink()]
+  return sorted((p.relative_to(root).as_posix(), p) for p in keep)
+
+
+def _swap(data: bytes, pairs) -> bytes:
+  """`data` with each (old, new) path replaced, if it is text (binary files as they are)."""
+  try:
+    text = data.decode()
+  except UnicodeDecodeError:
+    return data
+  for old, new in pairs:
+    text = text.replace(old, new)
+  return text.encode()
+
+
+def pack(sweeps_root: Path, record: Path, out: Path) -> dict:
+  """Writes the archive `out` (xz tar); returns {"runs": finished runs, "bytes": size}."""
+  root = Path(sweeps_root).resolve()
+  if not Path(record).exists():
+    raise FileNotFoundError(f"{record}: no reproduction record to carry; run "
+                            "`scripts/reproduce.py all` first")
+  buf, runs = io.BytesIO(), 0
+  with tarfile.open(fileobj=buf, mode="w:xz") as tar:
+    tar.add(record, arcname=RECORD)
+    for rel, p in _members(root):
+      info = tar.gettarinfo(str(p), arcname="runs/" + rel)
+      if p.is_symlink():  # a reused run's link: relative to the root where it points inside
+        target = Path(os.readlink(p))
+        if target.is_absolute() and target.resolve().is_relative_to(root):
+          info.linkname = os.path.relpath(target.resolve(), p.parent.resolve())
+        tar.addfile(info)
+      elif rel.startswith(INDEX + "/"):  # "<run dir>" -> relative to the root
+        text = p.read_text().strip()
+        text = os.path.relpath(text, root) if Path(text).is_absolute() else text
+        data = text.encode()
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+      else:
+        runs += p.name == SUMMARY
+        data = _swap(p.read_bytes(), [(str(root), ROOT), (str(REPO), REPO_MARK)])
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+  write_bytes(out, buf.getvalue())
+  return {"runs": runs, "bytes": len(buf.getvalue())}
+
+
+def unpack(archive: Path, sweeps_root: Path, record: Path) -> dict:
+  """Restores the archive's runs under `sweeps_root` and its record at `record`; returns
+  {"runs": finished runs restored}. Refuses (ValueError, nothing written) an archive without
+  a record, a member outside the root, or one that exists already."""
+  root = Path(sweeps_root).resolve()
+  with tarfile.open(archive, mode="r:xz") as tar:
+    members = tar.getmembers()
+    names = [m.name for m in members]
+    if RECORD not in names:
+      raise ValueError(f"{archive}: not a carried reproduction (no {RECORD}); make one with "
+                       "`scripts/reproduce.py --carry-out FILE`")
+    here = lambda n: (root / n[5:]).is_symlink() or (root / n[5:]).is_file()
+    clash = [n for n in names if n.startswith("runs/") and here(n)]
+    if clash:
+      raise ValueError(f"{archive}: {len(clash)} file(s) exist already under {root} (e.g. "
+                       f"{clash[0][5:]}); unpack into an empty --sweeps-root")
+    old = json.loads(Path(record).read_text()) if Path(record).exists() else {}
+    if old and not old.get("finished") and old != json.loads(tar.extractfile(RECORD).read()):
+      raise ValueError(f"{record} is another reproduction, unfinished; finish it, or move it "
+                       "away, before unpacking this one")
+    for m in members:
+      rel = Path(m.name[5:]) if m.name.startswith("runs/") else None
+      if rel is not None and (rel.is_absolute() or ".." in rel.parts):
+        raise ValueError(f"{archive}: member {m.name} lies outside the sweeps root")
+    runs = 0
+    for m in members:
+      if m.name == RECORD:
+        write_bytes(record, tar.extractfile(m).read())
+        continue
+      dest = root / m.name[5:]
+      dest.parent.mkdir(parents=True, exist_ok=True)
+      if m.issym():
+        dest.symlink_to(m.linkname)
+      elif m.name.startswith(f"runs/{INDEX}/"):
+        rel = tar.extractfile(m).read().decode().strip()
+        write_bytes(dest, str(root / rel if not Path(rel).is_absolute() else rel).encode())
+      else:
+        write_bytes(dest, _swap(tar.extractfile(m).read(), [(ROOT, str(root)),
+                                                            (REPO_MARK, str(REPO))]))
+        os.utime(dest, (m.mtime, m.mtime))
+        runs += dest.name == SUMMARY
+  return {"runs": runs, "record": json.loads(Path(record).read_text()).get("command")}

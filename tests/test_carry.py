@@ -1,0 +1,129 @@
+"""A stopped reproduction carried to another machine (`experiments.carry`): packed where it
+stopped, unpacked under another sweeps root, it continues there without training a finished
+run again; an unfinished run starts again; nothing already there is overwritten. The sweeps
+use test_experiments' fake training entry (no JAX)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tarfile
+
+import pytest
+from test_experiments import FAKE_TRAIN, REPO, _fake_cmd
+from test_reuse import _fake_index
+
+from experiments import carry, launch
+from experiments.sweep import Block
+
+BASE = {"steps": 3}
+A = (Block({"optimizer.placement": ["ema"], "optimizer.lr": [0.1, 0.3], "seed": [0]}),)
+B = (Block({"optimizer.placement": ["ema"], "optimizer.lr": [0.1], "seed": [0, 1]}),)
+
+
+@pytest.fixture()
+def stopped(tmp_path):
+  """A sweeps root where sweep a finished, sweep b reused one of a's runs and trained one,
+  and a third run of b stopped half-way (metrics, no summary); its record."""
+  fake = tmp_path / "fake_train.py"
+  fake.write_text(FAKE_TRAIN)
+  root, quiet = tmp_path / "here", dict(train_cmd=_fake_cmd(fake), echo=lambda *_: None)
+  launch.launch_blocks(root / "a" / "ci", BASE, A, index=_fake_index(root), **quiet)
+  b = launch.launch_blocks(root / "b" / "ci", BASE, B, index=_fake_index(root), **quiet)
+  assert len(b.reused) == 1 and len(b.launched) == 1
+  done = root / "a" / "ci" / "optimizer.lr=0.1,optimizer.placement=ema,seed=0"
+  for left_out in ("checkpoints/100/state", "wandb/offline-run/x"):
+    (done / left_out).parent.mkdir(parents=True)
+    (done / left_out).write_text("big")
+  (done / "train.log").write_text("log")
+  half = root / "b" / "ci" / "optimizer.lr=0.1,optimizer.placement=ema,seed=2"
+  half.mkdir()
+  (half / "metrics.jsonl").write_text('{"step": 1, "split": "train", "loss": 1.0}\n')
+  record = tmp_path / "results" / "reproduction.json"
+  record.parent.mkdir()
+  record.write_text(json.dumps({"command": "all", "experiments": {"a": {}}, "invocations": []}))
+  return root, record, quiet
+
+
+def test_a_carried_reproduction_continues_elsewhere_training_nothing_twice(tmp_path, stopped):
+  root, record, quiet = stopped
+  packed = carry.pack(root, record, tmp_path / "carry.tar.xz")
+  assert packed["runs"] == 3  # a's two, b's own; b's reused run is links, its half run left out
+  with tarfile.open(tmp_path / "carry.tar.xz") as tar:  # no machine's path inside
+    texts = [tar.extractfile(m).read().decode() for m in tar.getmembers() if m.isfile()]
+  assert not any(str(root) in t or str(REPO) in t or str(tmp_path) in t for t in texts)
+  assert any(carry.ROOT in t for t in texts)  # Hydra's records name the run's directory
+  shutil.rmtree(root)  # the machine is gone: only the archive is left
+  record.unlink()
+  there, record_there = tmp_path / "there", tmp_path / "other" / "reproduction.json"
+  out = carry.unpack(tmp_path / "carry.tar.xz", there, record_there)
+  assert out["runs"] == 3 and json.loads(record_there.read_text())["experiments"] == {"a": {}}
+
+  done = there / "a" / "ci" / "optimizer.lr=0.1,optimizer.placement=ema,seed=0"
+  assert (done / "summary.json").exists() and (done / ".hydra" / "overrides.yaml").exists()
+  assert not any((done / x).exists() for x in ("checkpoints", "wandb", "train.log"))
+  assert not (there / "b" / "ci" / "optimizer.lr=0.1,optimizer.placement=ema,seed=2").exists()
+  linked = there / "b" / "ci" / "optimizer.lr=0.1,optimizer.placement=ema,seed=0"
+  assert (linked / "metrics.jsonl").is_symlink()
+  assert (linked / "metrics.jsonl").resolve() == (done / "metrics.jsonl").resolve()
+  hydra = (done / ".hydra" / "hydra.yaml").read_text()
+  assert str(there) in hydra and carry.ROOT not in hydra  # the paths of where it now lies
+  index = _fake_index(there)
+  key = index.key(launch.run_overrides(BASE, B[0], {"optimizer.placement": "ema",
+                                                   "optimizer.lr": 0.1, "seed": 0}, ()))
+  assert index.find(key) == done.resolve()  # the index names the run under the new root
+
+  again = launch.launch_blocks(there / "b" / "ci", BASE, B + (Block(
+      {"optimizer.placement": ["ema"], "optimizer.lr": [0.1], "seed": [2]}),),
+      index=index, **quiet)
+  assert again.launched == ["optimizer.lr=0.1,optimizer.placement=ema,seed=2"]
+  assert (done / "launches.txt").read_text() == "x\n"  # trained once, on the first machine
+
+
+def test_unpacking_over_runs_or_another_record_refuses_and_writes_nothing(tmp_path, stopped):
+  root, record, _ = stopped
+  archive = tmp_path / "carry.tar.xz"
+  carry.pack(root, record, archive)
+  before = sorted(p for p in root.rglob("*"))
+  with pytest.raises(ValueError, match="exist already"):
+    carry.unpack(archive, root, record)
+  assert sorted(p for p in root.rglob("*")) == before
+
+  other = tmp_path / "other.json"
+  other.write_text(json.dumps({"command": "all", "experiments": {}, "invocations": []}))
+  with pytest.raises(ValueError, match="another reproduction, unfinished"):
+    carry.unpack(archive, tmp_path / "empty", other)
+  assert not (tmp_path / "empty").exists()
+  other.write_text(json.dumps({"command": "all", "finished": "2026-11-28T00:00:00"}))
+  assert carry.unpack(archive, tmp_path / "empty", other)["runs"] == 3  # a finished one: replaced
+
+  with pytest.raises(FileNotFoundError, match="no reproduction record"):
+    carry.pack(root, tmp_path / "none.json", tmp_path / "x.tar.xz")
+
+
+def test_the_cli_carries_out_alone_and_a_carried_in_record_keeps_its_command(tmp_path, stopped,
+                                                                              monkeypatch):
+  from test_record import _reproduce_module
+
+  root, record, _ = stopped
+  repro = _reproduce_module()
+  monkeypatch.setattr(repro.runner, "RESULTS", tmp_path / "results")
+  (tmp_path / "results" / "cpu").mkdir(parents=True)
+  record.rename(tmp_path / "results" / "cpu" / "reproduction.json")
+  out = tmp_path / "c.tar.xz"
+  assert repro.main(["--carry-out", str(out), "--sweeps-root", str(root)]) == 0 and out.exists()
+  with pytest.raises(SystemExit):  # packing before a run: refused
+    repro.main(["all", "--carry-out", str(out), "--sweeps-root", str(root)])
+  seen = {}
+
+  def record_then_stop(path, command, fresh):  # the record `all` would continue; no training
+    seen["command"] = command
+    raise KeyboardInterrupt
+
+  monkeypatch.setattr(repro, "Record", record_then_stop)
+  (tmp_path / "results" / "cpu" / "reproduction.json").unlink()
+  with pytest.raises(KeyboardInterrupt):
+    repro.main(["all", "--carry-in", str(out), "--sweeps-root", str(tmp_path / "new"),
+                "--launcher", "joblib"])
+  assert seen["command"].endswith(f"--sweeps-root {tmp_path / 'new'} --launcher joblib")
+  assert "--carry-in" not in seen["command"] and (tmp_path / "new" / "a").is_dir()
