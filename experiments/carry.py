@@ -29,8 +29,10 @@ from pathlib import Path
 from experiments.reuse import INDEX
 from experiments.sweep import REPO
 from pergrad.analysis.runs import DONE, run_status
+from pergrad.config.plan import CONFIG
 from pergrad.files import METRICS, SUMMARY, write_bytes
 from pergrad.train.checkpoint import CHECKPOINTS
+from pergrad.train.run_dir import RECORD as RECORD_DIR
 
 RECORD = "reproduction.json"  # the record's name inside the archive
 ROOT, REPO_MARK = "<sweeps-root>", "<repo>"  # what the runs' text files say for those paths
@@ -38,7 +40,8 @@ LEFT_OUT = (CHECKPOINTS, "wandb")  # folders of a finished run that nothing read
 
 
 def _is_run(d: Path) -> bool:
-  return (d / SUMMARY).exists() or (d / METRICS).exists()
+  """A run directory: one the run has written into (a run just started has its config only)."""
+  return any((d / f).exists() for f in (SUMMARY, METRICS, CONFIG, RECORD_DIR))
 
 
 def _members(root: Path):
@@ -46,16 +49,16 @@ def _members(root: Path):
   keep = []
   for dirpath, dirnames, filenames in os.walk(root):
     here = Path(dirpath)
-    if here != root and _is_run(here) and run_status(here) not in DONE:
+    run = here != root and _is_run(here) and not _is_run(here.parent)  # (not its .hydra/)
+    if run and run_status(here) not in DONE:
       dirnames[:] = []  # an unfinished run: it starts again where it is continued
       continue
-    if _is_run(here):
+    if run:
       dirnames[:] = [d for d in dirnames if d not in LEFT_OUT]
     for name in [*dirnames, *filenames]:
       p = here / name
-      if p.is_symlink() or p.is_file():
-        if not (_is_run(here) and p.suffix == ".log"):
-          keep.append(p)
+      if (p.is_symlink() or p.is_file()) and not (run and p.suffix == ".log"):
+        keep.append(p)
     dirnames[:] = [d for d in dirnames if not (here / d).is_symlink()]
   return sorted((p.relative_to(root).as_posix(), p) for p in keep)
 

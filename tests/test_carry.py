@@ -39,6 +39,9 @@ def stopped(tmp_path):
   half = root / "b" / "ci" / "optimizer.lr=0.1,optimizer.placement=ema,seed=2"
   half.mkdir()
   (half / "metrics.jsonl").write_text('{"step": 1, "split": "train", "loss": 1.0}\n')
+  started = root / "b" / "ci" / "optimizer.lr=0.1,optimizer.placement=ema,seed=3"
+  started.mkdir()  # a run that has written its config only
+  (started / "config.yaml").write_text("seed: 3\n")
   record = tmp_path / "results" / "reproduction.json"
   record.parent.mkdir()
   record.write_text(json.dumps({"command": "all", "experiments": {"a": {}}, "invocations": []}))
@@ -62,7 +65,8 @@ def test_a_carried_reproduction_continues_elsewhere_training_nothing_twice(tmp_p
   done = there / "a" / "ci" / "optimizer.lr=0.1,optimizer.placement=ema,seed=0"
   assert (done / "summary.json").exists() and (done / ".hydra" / "overrides.yaml").exists()
   assert not any((done / x).exists() for x in ("checkpoints", "wandb", "train.log"))
-  assert not (there / "b" / "ci" / "optimizer.lr=0.1,optimizer.placement=ema,seed=2").exists()
+  assert not any((there / "b" / "ci" / f"optimizer.lr=0.1,optimizer.placement=ema,seed={s}")
+                 .exists() for s in (2, 3))  # unfinished: they start again
   linked = there / "b" / "ci" / "optimizer.lr=0.1,optimizer.placement=ema,seed=0"
   assert (linked / "metrics.jsonl").is_symlink()
   assert (linked / "metrics.jsonl").resolve() == (done / "metrics.jsonl").resolve()
