@@ -145,6 +145,19 @@ def in_order(names) -> tuple:
   return tuple(out)
 
 
+def same_code(a: str | None, b: str | None, repo: Path = REPO) -> bool:
+  """Whether commits `a` and `b` hold the same files outside results/ (what a reproduction
+  writes, and what a carried one commits, `experiments.carry`): a report made at `a` is what
+  `b` would make. False for an unknown commit."""
+  if not a or not b or "unknown" in (a, b):
+    return False
+  if a == b:
+    return True
+  diff = subprocess.run(["git", "diff", "--quiet", a, b, "--", ".", ":(exclude)results"],
+                        cwd=repo, capture_output=True)
+  return diff.returncode == 0
+
+
 def provenance(repo: Path = REPO) -> dict:
   """{"commit": HEAD's hash, "clean": no uncommitted change outside results/ (which the
   reproduction writes)}; "unknown" and False outside a git checkout."""

@@ -125,12 +125,13 @@ class Record:
       tmp.replace(self.path)
 
   def finished_before(self, name: str) -> bool:
-    """Whether an earlier invocation of this record at this commit completed experiment `name`
-    (it is not run again: its results and run_info.json stay those of the launches that made
-    them)."""
+    """Whether an earlier invocation of this record completed experiment `name` at this commit,
+    or at one that differs from it in results/ only (`rec.same_code`: a carried reproduction's
+    commits); it is not run again: its results and run_info.json stay those of the launches
+    that made them."""
     e = self.done.get(name)
     return (bool(e) and not e.get("partial") and str(e.get("status", "")).startswith("completed")
-            and e.get("commit") == self.d["commit"])
+            and rec.same_code(e.get("commit"), self.d["commit"]))
 
   def begin(self, name: str) -> None:
     """Marks `name` running; its clock starts at the wall time earlier stopped invocations

@@ -131,3 +131,29 @@ def test_the_cli_carries_out_alone_and_a_carried_in_record_keeps_its_command(tmp
                 "--launcher", "joblib"])
   assert seen["command"].endswith(f"--sweeps-root {tmp_path / 'new'} --launcher joblib")
   assert "--carry-in" not in seen["command"] and (tmp_path / "new" / "a").is_dir()
+
+
+def test_a_commit_that_adds_only_results_keeps_the_experiments_it_finished(tmp_path):
+  import subprocess
+
+  from experiments import record
+
+  git = lambda *a: subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *a],
+                                  cwd=tmp_path, capture_output=True, text=True,
+                                  check=True).stdout.strip()
+  git("init", "-q")
+  (tmp_path / "code.py").write_text("x = 1\n")
+  git("add", "-A")
+  git("commit", "-qm", "code")
+  code = git("rev-parse", "HEAD")
+  (tmp_path / "results" / "cpu").mkdir(parents=True)
+  (tmp_path / "results" / "cpu" / "carry.tar.xz").write_bytes(b"runs")
+  git("add", "-A")
+  git("commit", "-qm", "the carried runs")
+  carried = git("rev-parse", "HEAD")
+  (tmp_path / "code.py").write_text("x = 2\n")
+  git("commit", "-qam", "a change of code")
+  changed = git("rev-parse", "HEAD")
+  assert record.same_code(code, carried, tmp_path)  # its reports stand: not analysed again
+  assert not record.same_code(code, changed, tmp_path)  # analysed again at the new code
+  assert not record.same_code(code, "unknown", tmp_path) and not record.same_code(None, code)
