@@ -28,15 +28,16 @@ from pathlib import Path
 
 from experiments.reuse import INDEX
 from experiments.sweep import REPO
-from pergrad.analysis.runs import DONE, run_status
-from pergrad.config.plan import CONFIG
+from pergrad.analysis.runs import DONE, HYDRA_CONFIG, run_status
 from pergrad.files import METRICS, SUMMARY, write_bytes
-from pergrad.train.checkpoint import CHECKPOINTS
-from pergrad.train.run_dir import RECORD as RECORD_DIR
 
 RECORD = "reproduction.json"  # the record's name inside the archive
 ROOT, REPO_MARK = "<sweeps-root>", "<repo>"  # what the runs' text files say for those paths
-LEFT_OUT = (CHECKPOINTS, "wandb")  # folders of a finished run that nothing reads again
+# A run directory's layout, as training writes it (experiments read pergrad through
+# pergrad.files and pergrad.analysis only; tests/test_carry.py holds these to pergrad's names:
+# pergrad.config.plan.CONFIG, pergrad.train.checkpoint.CHECKPOINTS, run_dir.RECORD).
+CONFIG, RECORD_DIR = "config.yaml", str(HYDRA_CONFIG.parent)
+LEFT_OUT = ("checkpoints", "wandb")  # folders of a finished run that nothing reads again
 
 
 def _is_run(d: Path) -> bool:

@@ -157,3 +157,11 @@ def test_a_commit_that_adds_only_results_keeps_the_experiments_it_finished(tmp_p
   assert record.same_code(code, carried, tmp_path)  # its reports stand: not analysed again
   assert not record.same_code(code, changed, tmp_path)  # analysed again at the new code
   assert not record.same_code(code, "unknown", tmp_path) and not record.same_code(None, code)
+
+
+def test_the_run_layout_carry_reads_is_the_one_training_writes():
+  from pergrad.config.plan import CONFIG
+  from pergrad.train.checkpoint import CHECKPOINTS
+  from pergrad.train.run_dir import RECORD
+
+  assert (carry.CONFIG, carry.RECORD_DIR, carry.LEFT_OUT[0]) == (CONFIG, RECORD, CHECKPOINTS)
