@@ -99,3 +99,24 @@ def test_finding_template():
   cal = calibrate.calibrate("pair", 0.01, 5, 0.02)
   text = finding("reproduced", "a vs b: win", ["a beats b (1 vs 2, noise 0.1)"], cal)
   assert text.startswith("reproduced: a vs b: win. a beats b") and "false alarm" in text
+
+
+@pytest.mark.parametrize("noise_a,noise_b,effect", [(0.02, 0.02, 0.02), (0.076, 0.0057, 0.05),
+                                                    (0.05, 0.01, 0.03)])
+def test_seeds_to_power_is_the_fewest_that_reach_it_near_the_normal_formula(noise_a, noise_b,
+                                                                            effect):
+  # Known value: n = (z_.975 + z_.8)² (σa² + σb²) / δ² seeds a side for a one-sided 2.5 % test
+  # at power 0.8 (normal approximation; Welch's t needs a few more at small n).
+  from scipy import stats
+
+  cal = calibrate.calibrate("pair", noise_a, 3, effect, n_b=3, noise_b=noise_b)
+  n = calibrate.seeds_to_power(cal)
+  normal = (stats.norm.ppf(0.975) + stats.norm.ppf(0.8)) ** 2 * (
+      noise_a ** 2 + noise_b ** 2) / effect ** 2
+  assert normal <= n <= 1.35 * normal + 2, (n, normal)
+  power = lambda k: calibrate.calibrate("pair", noise_a, k, effect, n_b=k,
+                                        noise_b=noise_b).power
+  assert power(n) >= 0.8 > power(n - 1)
+  assert calibrate.seeds_to_power(cal, most=n - 1) is None  # past `most`: not said
+  assert calibrate.seeds_to_power(calibrate.calibrate("pair", 0.001, 3, 0.05)) == 3  # has it
+  assert calibrate.seeds_to_power(calibrate.calibrate("band", 0.01, 5, 0.05)) is None

@@ -60,6 +60,12 @@ def test_the_violations_are_named():
   assert not r.ok and "not measured" in r.why
   assert not guards.warm({}).ok and not guards.powered({}).ok
   assert not guards.powered({"x": _cal(math.nan)}).ok  # unknown power: not powered
+  weak = guards.powered({"batch vs token": calibrate.calibrate(
+      "pair", 0.076, 3, 0.05, n_b=3, noise_b=0.0057)})  # sign_placement's, stop 47
+  assert weak.why.startswith("batch vs token: power 0.1") and weak.why.endswith(
+      ", 21 seeds a side would reach 0.8")  # what "undetermined: powered" would take
+  assert guards.powered({"x": calibrate.calibrate("pair", 0.2, 3, 0.01)}).why.endswith(
+      "more than 64 seeds a side needed for 0.8")
 
 
 def test_several_failed_guards_are_all_listed_and_not_measured_stays():

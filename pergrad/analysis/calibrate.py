@@ -174,6 +174,27 @@ def seeds_for(noise: float, effect: float, kind: str = "pair", *args, target: fl
   return None
 
 
+def seeds_to_power(c: Calibration, target: float = MIN_POWER, most: int = 64) -> int | None:
+  """The fewest seeds a side (both sides alike, from the present count) at which `c`'s
+  `TWO_ARMS` rule reaches `target` power at `c`'s measured noises and declared effect (power
+  grows with n: doubled, then bisected); None for another kind, an unknown noise, or past
+  `most`."""
+  sb = c.noise_b if np.isfinite(c.noise_b) else c.noise  # NaN: as side A (`Calibration`)
+  if not (c.kind in TWO_ARMS and np.isfinite(c.noise) and np.isfinite(sb)
+          and (c.noise > 0 or sb > 0)):
+    return None
+  ok = lambda n: calibrate(c.kind, c.noise, n, c.effect, n_b=n, noise_b=sb).power >= target
+  lo = hi = max(c.n, c.n_b, 2)
+  while not ok(hi):
+    if hi >= most:
+      return None
+    lo, hi = hi, min(2 * hi, most)
+  while hi - lo > 1:  # power(lo) < target <= power(hi), or lo == hi at the start
+    mid = (lo + hi) // 2
+    lo, hi = (lo, mid) if ok(mid) else (mid, hi)
+  return hi
+
+
 def simulate_curves(rng, n_seeds: int, n_points: int, sigma: float, rho: float = 0.5,
                     offset: float = 0.0, shared: float = 0.0) -> np.ndarray:
   """seeds × points of σ(√shared·c + √(1 − shared)·e) + offset: c ~ N(0, 1) per seed, e a

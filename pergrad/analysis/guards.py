@@ -20,7 +20,7 @@ import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 
-from pergrad.analysis.calibrate import DIVERGED, MIN_POWER, Calibration
+from pergrad.analysis.calibrate import DIVERGED, MIN_POWER, TWO_ARMS, Calibration, seeds_to_power
 
 NAMES = ("bracketed", "stable", "warm", "in_regime", "powered")
 MIN_WARMUP = 20  # optimizer steps
@@ -122,12 +122,21 @@ def powered(cals: Mapping[str, Calibration], least: float = MIN_POWER) -> Guard:
   diverged seed (source DIVERGED) has no noise to calibrate and is left to `stable`."""
   noisy = {k: c for k, c in cals.items() if c.source != DIVERGED}
   bad = [f"{k}: power {_g(c.power) if math.isfinite(c.power) else 'unknown'} for effect "
-         f"{_g(c.effect)}" for k, c in noisy.items() if not c.power >= least]
+         f"{_g(c.effect)}{_needs(c, least)}" for k, c in noisy.items() if not c.power >= least]
   if not cals:
     bad = ["no comparison calibrated"]
   div = len(cals) - len(noisy)
   return _guard("powered", bad, f"every comparison's power ≥ {least:g} ({len(noisy)}"
                 + (f"; {div} decided by a diverged seed" if div else "") + ")")
+
+
+def _needs(c: Calibration, least: float) -> str:
+  """", ~N seeds a side would reach `least`" at the measured noises (`seeds_to_power`)."""
+  if c.kind not in TWO_ARMS or not math.isfinite(c.power):  # (power unknown: noise unknown)
+    return ""
+  n = seeds_to_power(c, least)
+  return (f", {n} seeds a side would reach {least:g}" if n else
+          f", more than 64 seeds a side needed for {least:g}")
 
 
 def apply(verdict: str, guards: Sequence[Guard]) -> str:
