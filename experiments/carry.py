@@ -109,7 +109,7 @@ def pack(sweeps_root: Path, record: Path, out: Path) -> dict:
 def unpack(archive: Path, sweeps_root: Path, record: Path) -> dict:
   """Restores the archive's runs under `sweeps_root` and its record at `record`; returns
   {"runs": finished runs restored}. Refuses (ValueError, nothing written) an archive without
-  a record, a member outside the root, or one that exists already."""
+  a record, a member or link target outside the root, or a member that exists already."""
   root = Path(sweeps_root).resolve()
   with tarfile.open(archive, mode="r:xz") as tar:
     members = tar.getmembers()
@@ -126,9 +126,11 @@ def unpack(archive: Path, sweeps_root: Path, record: Path) -> dict:
     if old and not old.get("finished") and old != json.loads(tar.extractfile(RECORD).read()):
       raise ValueError(f"{record} is another reproduction, unfinished; finish it, or move it "
                        "away, before unpacking this one")
-    for m in members:
+    for m in members:  # each member, and each link's target, inside the root
       rel = Path(m.name[5:]) if m.name.startswith("runs/") else None
-      if rel is not None and (rel.is_absolute() or ".." in rel.parts):
+      out = rel is not None and (rel.is_absolute() or ".." in rel.parts or m.issym() and not (
+          root / rel.parent / m.linkname).resolve().is_relative_to(root))
+      if out:
         raise ValueError(f"{archive}: member {m.name} lies outside the sweeps root")
     runs = 0
     for m in members:

@@ -101,6 +101,16 @@ def test_unpacking_over_runs_or_another_record_refuses_and_writes_nothing(tmp_pa
   other.write_text(json.dumps({"command": "all", "finished": "2026-11-28T00:00:00"}))
   assert carry.unpack(archive, tmp_path / "empty", other)["runs"] == 3  # a finished one: replaced
 
+  evil = tmp_path / "evil.tar.xz"  # a link out of the root: refused, nothing written
+  with tarfile.open(evil, "w:xz") as tar:
+    tar.add(record, arcname=carry.RECORD)
+    link = tarfile.TarInfo("runs/a/ci/x/metrics.jsonl")
+    link.type, link.linkname = tarfile.SYMTYPE, "../../../../etc/passwd"
+    tar.addfile(link)
+  with pytest.raises(ValueError, match="lies outside the sweeps root"):
+    carry.unpack(evil, tmp_path / "evil_root", tmp_path / "evil.json")
+  assert not (tmp_path / "evil_root").exists() and not (tmp_path / "evil.json").exists()
+
   with pytest.raises(FileNotFoundError, match="no reproduction record"):
     carry.pack(root, tmp_path / "none.json", tmp_path / "x.tar.xz")
 
