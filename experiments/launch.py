@@ -5,6 +5,7 @@ version (`experiments.reuse`), is linked to that run, not trained again."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import os
 import subprocess
@@ -64,9 +65,12 @@ def launch_blocks(sweep_dir: Path, base: dict, blocks: Iterable[Block], *,
                   echo: Callable[[str], None] = print, index: RunIndex | None = None
                   ) -> LaunchLog:
   """Launches each block whose points are not all done; records skipped points, and links
-  the points that `index` knows another sweep has run (module docstring; None: none)."""
+  the points that `index` knows another sweep has run (module docstring; None: none). With
+  the joblib launcher, blocks smaller than its `n_jobs` run side by side (`waves`): a round
+  of single-run extensions keeps every core busy, each multirun command as it would be alone."""
   log = log or LaunchLog()
   sweep_dir.mkdir(parents=True, exist_ok=True)
+  planned = []  # (block, its points to run, their index keys, the command)
   for block in blocks:
     todo, done, keys = [], [], {}
     for p in block.points():
@@ -95,17 +99,35 @@ def launch_blocks(sweep_dir: Path, base: dict, blocks: Iterable[Block], *,
     echo(f"[launch] {len(todo)} run(s): "
          + " ".join(f"'{c}'" if any(ch in c for ch in " ${}[]*") else c for c in cmd[1:]))
     log.launched += [n for n in todo if n not in log.launched]
-    if dry_run:
-      continue
+    planned.append((block, todo, keys, cmd))
+  for wave in [] if dry_run else waves(planned, n_jobs if launcher == "joblib" else 1):
     t0 = time.time()
-    proc = subprocess.run(cmd, cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    run = lambda cmd: subprocess.run(cmd, cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    with concurrent.futures.ThreadPoolExecutor(len(wave)) as pool:
+      procs = list(pool.map(run, [cmd for *_, cmd in wave]))
     log.wall_s += time.time() - t0
-    log.failed += [n for n in todo if run_status(sweep_dir / n) not in DONE]
-    for p in block.points() if index is not None else ():
-      if (name := run_dirname(p)) in todo:
-        index.add(keys.get(name) or index.key(run_overrides(base, block, p, extra)),
-                  sweep_dir / name)
-    if proc.returncode:
-      echo(f"[warn] multirun exited with code {proc.returncode}; failed: "
-           f"{[n for n in todo if n in log.failed]}")
+    for (block, todo, keys, _), proc in zip(wave, procs, strict=True):
+      log.failed += [n for n in todo if run_status(sweep_dir / n) not in DONE]
+      for p in block.points() if index is not None else ():
+        if (name := run_dirname(p)) in todo:
+          index.add(keys.get(name) or index.key(run_overrides(base, block, p, extra)),
+                    sweep_dir / name)
+      if proc.returncode:
+        echo(f"[warn] multirun exited with code {proc.returncode}; failed: "
+             f"{[n for n in todo if n in log.failed]}")
   return log
+
+
+def waves(planned: Sequence[tuple], slots: int) -> list[list[tuple]]:
+  """`planned` (..., points to run, ..., command) in order, grouped into waves run side by side:
+  a wave holds consecutive commands whose points (each counted up to `slots`) fit in `slots`
+  jobs and share no point; a command that fills them runs alone (slots 1: one by one)."""
+  out, used, names = [], slots, set()
+  for item in planned:
+    k, todo = min(len(item[1]), slots), set(item[1])
+    if used + k > slots or names & todo:
+      out.append([])
+      used, names = 0, set()
+    out[-1].append(item)
+    used, names = used + k, names | todo
+  return out
