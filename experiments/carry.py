@@ -8,7 +8,9 @@ on: finished runs are skipped, the record continues. `pack` writes what that nee
 archive: every sweep directory's own files (sweep.json with its training version, launch
 logs, benchmarks' outputs), each finished run (`runs.DONE`) without its checkpoints, W&B
 folder and logs (a finished run is never resumed), the reuse index (`reuse.INDEX`) and the
-record (results/PRESET/reproduction.json). Unfinished runs are left out: they start again.
+record (results/PRESET/reproduction.json) with the files it wrote beside it since it started
+(the reports of the experiments it completed: a continued reproduction does not make them
+again). Unfinished runs are left out: they start again.
 Paths inside are relative to the sweeps root (index entries, reused runs' links) or written
 as `<sweeps-root>` and `<repo>` (in the runs' text files: configs, summaries, Hydra's
 records), so the archive names no machine's path and unpacks under any root, for any
@@ -20,6 +22,7 @@ another unfinished one; the continued reproduction then checks the training vers
 
 from __future__ import annotations
 
+import datetime
 import io
 import json
 import os
@@ -75,15 +78,30 @@ def _swap(data: bytes, pairs) -> bytes:
   return text.encode()
 
 
+def _written(record: Path, out: Path) -> list[Path]:
+  """The files the reproduction wrote beside its record (results/PRESET/: the reports of the
+  experiments it completed, which a continued one does not make again), since it started."""
+  started = json.loads(Path(record).read_text()).get("started")
+  if not started:  # a record of older code: it names no start
+    return []
+  started = datetime.datetime.fromisoformat(started)
+  skip = {Path(record).resolve(), Path(out).resolve()}
+  return sorted(p for p in Path(record).parent.rglob("*") if p.is_file()
+                and p.resolve() not in skip and p.stat().st_mtime >= started.timestamp())
+
+
 def pack(sweeps_root: Path, record: Path, out: Path) -> dict:
-  """Writes the archive `out` (xz tar); returns {"runs": finished runs, "bytes": size}."""
+  """Writes the archive `out` (xz tar); returns {"runs": finished runs, "results": files of
+  results/PRESET/, "bytes": size}."""
   root = Path(sweeps_root).resolve()
   if not Path(record).exists():
     raise FileNotFoundError(f"{record}: no reproduction record to carry; run "
                             "`scripts/reproduce.py all` first")
-  buf, runs = io.BytesIO(), 0
+  buf, runs, results = io.BytesIO(), 0, _written(record, out)
   with tarfile.open(fileobj=buf, mode="w:xz") as tar:
     tar.add(record, arcname=RECORD)
+    for p in results:
+      tar.add(p, arcname="results/" + p.relative_to(Path(record).parent).as_posix())
     for rel, p in _members(root):
       info = tar.gettarinfo(str(p), arcname="runs/" + rel)
       if p.is_symlink():  # a reused run's link: relative to the root where it points inside
@@ -103,7 +121,7 @@ def pack(sweeps_root: Path, record: Path, out: Path) -> dict:
         info.size = len(data)
         tar.addfile(info, io.BytesIO(data))
   write_bytes(out, buf.getvalue())
-  return {"runs": runs, "bytes": len(buf.getvalue())}
+  return {"runs": runs, "results": len(results), "bytes": len(buf.getvalue())}
 
 
 def unpack(archive: Path, sweeps_root: Path, record: Path) -> dict:
@@ -126,16 +144,18 @@ def unpack(archive: Path, sweeps_root: Path, record: Path) -> dict:
     if old and not old.get("finished") and old != json.loads(tar.extractfile(RECORD).read()):
       raise ValueError(f"{record} is another reproduction, unfinished; finish it, or move it "
                        "away, before unpacking this one")
-    for m in members:  # each member, and each link's target, inside the root
-      rel = Path(m.name[5:]) if m.name.startswith("runs/") else None
-      out = rel is not None and (rel.is_absolute() or ".." in rel.parts or m.issym() and not (
-          root / rel.parent / m.linkname).resolve().is_relative_to(root))
+    for m in members:  # each member, and each link's target, inside its folder
+      rel = Path(m.name.split("/", 1)[1]) if "/" in m.name else Path(m.name)
+      out = (rel.is_absolute() or ".." in rel.parts or m.name.startswith("results/")
+             and not m.isfile() or m.issym() and not (
+                 root / rel.parent / m.linkname).resolve().is_relative_to(root))
       if out:
         raise ValueError(f"{archive}: member {m.name} lies outside the sweeps root")
     runs = 0
     for m in members:
-      if m.name == RECORD:
-        write_bytes(record, tar.extractfile(m).read())
+      if m.name == RECORD or m.name.startswith("results/"):  # beside the record: its reports
+        dest = Path(record) if m.name == RECORD else Path(record).parent / m.name[8:]
+        write_bytes(dest, tar.extractfile(m).read())
         continue
       dest = root / m.name[5:]
       dest.parent.mkdir(parents=True, exist_ok=True)

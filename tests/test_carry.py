@@ -6,6 +6,7 @@ use test_experiments' fake training entry (no JAX)."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tarfile
 
@@ -43,8 +44,12 @@ def stopped(tmp_path):
   started.mkdir()  # a run that has written its config only
   (started / "config.yaml").write_text("seed: 3\n")
   record = tmp_path / "results" / "reproduction.json"
-  record.parent.mkdir()
-  record.write_text(json.dumps({"command": "all", "experiments": {"a": {}}, "invocations": []}))
+  (record.parent / "a").mkdir(parents=True)
+  (record.parent / "old.md").write_text("committed before")  # not this reproduction's
+  os.utime(record.parent / "old.md", (0, 0))
+  record.write_text(json.dumps({"command": "all", "started": "2026-11-29T08:00:00",
+                                "experiments": {"a": {}}, "invocations": []}))
+  (record.parent / "a" / "report.json").write_text('{"verdict": "reproduced"}')  # a's report
   return root, record, quiet
 
 
@@ -52,6 +57,7 @@ def test_a_carried_reproduction_continues_elsewhere_training_nothing_twice(tmp_p
   root, record, quiet = stopped
   packed = carry.pack(root, record, tmp_path / "carry.tar.xz")
   assert packed["runs"] == 3  # a's two, b's own; b's reused run is links, its half run left out
+  assert packed["results"] == 1  # a's report, not what was there before the reproduction
   with tarfile.open(tmp_path / "carry.tar.xz") as tar:  # no machine's path inside
     texts = [tar.extractfile(m).read().decode() for m in tar.getmembers() if m.isfile()]
   assert not any(str(root) in t or str(REPO) in t or str(tmp_path) in t for t in texts)
@@ -61,6 +67,8 @@ def test_a_carried_reproduction_continues_elsewhere_training_nothing_twice(tmp_p
   there, record_there = tmp_path / "there", tmp_path / "other" / "reproduction.json"
   out = carry.unpack(tmp_path / "carry.tar.xz", there, record_there)
   assert out["runs"] == 3 and json.loads(record_there.read_text())["experiments"] == {"a": {}}
+  assert (record_there.parent / "a" / "report.json").read_text() == '{"verdict": "reproduced"}'
+  assert not (record_there.parent / "old.md").exists()
 
   done = there / "a" / "ci" / "optimizer.lr=0.1,optimizer.placement=ema,seed=0"
   assert (done / "summary.json").exists() and (done / ".hydra" / "overrides.yaml").exists()
