@@ -162,12 +162,19 @@ def statistics64(samples, want=("mean", "sq", "sign", "norms"), clip=None):
   return out
 
 
+# A float32 value reached through k roundings is off by at most γ_k ≈ k·u of the magnitudes
+# summed (u = 2⁻²⁴; Higham, Accuracy and Stability, §3.1). k = 32 bounds the roundings along one
+# g_b's path in the fuzzed models (≤ 3 blocks, contractions of ≤ 7 terms, the loss normaliser);
+# the worst measured over seeds 0-249's models that mix examples (ḡ = 0) is 6.0·u·S (seed 185).
+ROUNDINGS = 32
+
+
 def mismatches(stats, ref, want=("mean", "sq", "sign", "norms"), rtol=3e-4) -> list[str]:
   """The (statistic, leaf) pairs where `stats` (a GradStats) differs from `reference64`'s
   `ref` by more than float32 round-off: ‖got − ref‖ > rtol·(‖ref‖ + 1e-3·the largest leaf's
-  ‖ref‖, and for the mean at least the largest leaf's Σ_b ‖g_b‖: a loss normalised by the
-  batch's mean loss has ḡ = 0 exactly, and a sum's float32 round-off scales with its
-  summands) per leaf; signs only where no sample is near zero. [] when they all agree."""
+  ‖ref‖) per leaf, plus for the mean ROUNDINGS·u·S, S the largest leaf's Σ_b ‖g_b‖ (a sum's
+  round-off scales with its summands, not with ‖ḡ‖: a loss normalised by the batch's mean
+  loss has ḡ = 0 exactly); signs only where no sample is near zero. [] when they all agree."""
   bad = []
   samples = ref["_samples"]
   summands = max(float(np.linalg.norm(np.reshape(x, (len(x), -1)), axis=1).sum())
@@ -180,8 +187,7 @@ def mismatches(stats, ref, want=("mean", "sq", "sign", "norms"), rtol=3e-4) -> l
     if len(got) != len(exp):
       return [f"{name}: {len(got)} leaves, expected {len(exp)}"]
     top = max(float(np.linalg.norm(e)) for e in exp)
-    if name == "mean":  # a sum of g_b: its round-off scales with Σ_b ‖g_b‖, not with ‖ḡ‖
-      top = max(top, summands)
+    floor = ROUNDINGS * 2.0**-24 * summands if name == "mean" else 0.0
     for path, g, e, s in zip(paths, got, exp, jax.tree.leaves(samples), strict=True):
       if name == "sign":
         a = np.abs(s)
@@ -190,7 +196,7 @@ def mismatches(stats, ref, want=("mean", "sq", "sign", "norms"), rtol=3e-4) -> l
         err, tol = float(np.abs(g - e).max(initial=0.0)), 1e-3
       else:
         err = float(np.linalg.norm(g - e))
-        tol = rtol * (float(np.linalg.norm(e)) + 1e-3 * top)
+        tol = rtol * (float(np.linalg.norm(e)) + 1e-3 * top) + floor
       if not err <= tol:
         bad.append(f"{name} {path}: error {err:.3g} > {tol:.3g}")
   return bad

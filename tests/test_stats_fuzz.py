@@ -38,6 +38,8 @@ import jax
 import pytest
 
 sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).parents[1])]
+import any_models as am  # noqa: E402
+import numpy as np  # noqa: E402
 from fuzz_models import build, check, draw, refused  # noqa: E402
 
 from experiments.record import provenance  # noqa: E402
@@ -60,6 +62,25 @@ def test_the_main_seeds_cover_every_frontend_hazard_and_head():
                                             "penalty"}
   assert any(refused(m) for m in models) and any(not refused(m) for m in models)
   assert {m["mixing"] for m in models} > {None}  # a model that mixes examples
+
+
+def test_the_round_off_allowance_passes_round_off_and_catches_more():
+  """Seed 185 (the loss normalised by the batch's mean loss: ḡ = 0 on every leaf but the
+  penalised one) is exact at 6·u·S, inside the allowance; a mean off by 4× the allowance on a
+  leaf whose ḡ = 0, or by 1e-3 relative on any leaf, is caught."""
+  assert check(185)["mismatches"] == []
+  _, loss_fn, params, batch = build(185)
+  per = jax.tree.map(lambda g: np.asarray(g, np.float64), jax.jacrev(loss_fn)(params, batch))
+  ref = {"_samples": per, "mean": jax.tree.map(lambda g: g.sum(0), per)}
+  S = max(float(np.linalg.norm(g.reshape(len(g), -1), axis=1).sum()) for g in jax.tree.leaves(per))
+  allowance = am.ROUNDINGS * 2.0**-24 * S
+  zero = [float(np.linalg.norm(m)) < allowance for m in jax.tree.leaves(ref["mean"])]
+  assert sum(zero) >= len(zero) - 1
+  for size, caught in ((lambda m: 4 * allowance, sum(zero)),
+                       (lambda m: 1e-3 * (S + np.linalg.norm(m)), len(zero))):
+    off = jax.tree.map(lambda m, size=size: m + size(m) / np.sqrt(m.size), ref["mean"])
+    assert len(am.mismatches({"mean": off}, ref, want=("mean",))) == caught
+  assert am.mismatches({"mean": ref["mean"]}, ref, want=("mean",)) == []
 
 
 EXTENDED_MODELS = 250  # CI's share (~3.5 s a model in one process, within CI's 90 minutes);
