@@ -14,6 +14,7 @@ from typing import Callable, Sequence
 import numpy as np
 import pandas as pd
 
+from experiments import more_seeds
 from experiments.grids import (
   extensions,
   first_stage_lrs,
@@ -159,9 +160,12 @@ def stable_of(fin: pd.DataFrame, labeler: Callable[[dict], str], labels) -> guar
 def follow_up_blocks(sweep: Sweep, fin: pd.DataFrame) -> tuple[list[Block], str]:
   """(blocks, kind) of the next follow-up round: per group the next lr past its edge (while the
   grid holds fewer than `max_extend` lrs past its first-stage grid on that side) or below an
-  all-diverged grid (down to `diverged_floor`), else its fresh seeds. kind: "extend" (the
-  settled groups' seeds come along), "seeds" or "none". A function of the finished runs alone:
-  a search stopped and resumed any number of times reaches the grid of one run through."""
+  all-diverged grid (down to `diverged_floor`), else its fresh seeds; with `tuned`, the values
+  added past an edge of a tuned value (`grids.tuned_blocks`); with `more`, once the fresh
+  seeds (the pilot) have finished, the seeds that power an under-powered comparison
+  (`more_seeds.blocks`). kind: "extend" (the settled groups' seeds come along), "pilot" (the
+  fresh seeds, more may follow), "seeds" or "none". A function of the finished runs alone: a
+  search stopped and resumed any number of times reaches the grid of one run through."""
   ls = sweep.lr_search
   if ls is None or fin.empty:
     return [], "none"
@@ -195,6 +199,11 @@ def follow_up_blocks(sweep: Sweep, fin: pd.DataFrame) -> tuple[list[Block], str]
     extend += more
   if extend or waiting:
     return extend + seeds, "extend"
+  if ls.more is not None:  # the fresh seeds were a pilot: more where under-powered
+    more, waiting = more_seeds.blocks(sweep, best, seed0)
+    if waiting:
+      return seeds, "pilot"
+    seeds += more
   return seeds, "seeds" if seeds else "none"
 
 

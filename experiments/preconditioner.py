@@ -15,7 +15,7 @@ import numpy as np
 
 from experiments import lr_search
 from experiments.record import ROWS, Experiment, register
-from experiments.sweep import Block, LrSearch, Sweep, Tuned, base_for
+from experiments.sweep import Block, LrSearch, MoreSeeds, Sweep, Tuned, base_for
 from experiments.verdict import declared, declared_text, pairs_report
 from pergrad.analysis import guards
 from pergrad.analysis.rules import PAIR_WIN, PAIRS_VERDICT
@@ -38,11 +38,17 @@ EPS = {"adam": [1e-8], "micro_adam": [1e-8], "micro_adam_var": [1e-8],
 EPS_LIMITS = (1e-8, 1e-2)
 OPTIMUM = {"adam": 3e-2, "micro_adam": 3e-2, "micro_adam_var": 3e-2, "micro_adam_msq": 1e-2}
 EFFECT = declared(NAME, "effect")  # configs/experiment/preconditioner.yaml
+# The fresh seeds are a pilot (`more_seeds`): a pair under-powered there gets seeds up to
+# power 0.9 at the pilot's noises, at most 3× the pilot a side (≤ 40 more runs; the design's
+# power, simulated at the measured noises in tests/test_more_seeds.py: 0.87, 0.78 at 2×).
+MOST_SEEDS = 3 * len(SEEDS)
 RULE = (f"Each variant's lr is the best of a √2 grid on seeds {SELECT} (the same 3 lrs around "
         "each variant's optimum first, then extended past an edge until bracketed, so the grids "
         "may end unequal; MicroAdamMSQ's ε chosen the same way); within each clipping setting "
-        f"each μ²-dominated variant must beat each σ²-dominated one on the fresh seeds {SEEDS}: "
-        f"{PAIR_WIN}, at the effect declared before the run; {PAIRS_VERDICT}.")
+        f"each μ²-dominated variant must beat each σ²-dominated one on the fresh seeds {SEEDS} "
+        "(a pilot: a pair whose power is below 0.8 there gets more seeds, up to power 0.9 at the "
+        f"pilot's noise, at most {MOST_SEEDS} a side, its variances then read from the pilot "
+        f"alone): {PAIR_WIN}, at the effect declared before the run; {PAIRS_VERDICT}.")
 
 
 def grid(lr: float, k: int = 1) -> list[float]:
@@ -65,9 +71,26 @@ def sweep(preset: str) -> Sweep:
   # cpu: 6 (variant, ε) groups × (3 lrs × 1 selection + 5 fresh) = 48 runs (+ extensions)
   eps = Tuned("optimizer.eps", ("optimizer.variant", "optimizer.clip_norm"), factor=10.0,
               low=EPS_LIMITS[0], high=EPS_LIMITS[1])
+  more = MoreSeeds(compared, EFFECT.value, most=MOST_SEEDS)
   return Sweep(base, blocks, LrSearch(GROUP, factor=math.sqrt(2), max_extend=2, seeds=SEEDS,
-                                      tuned=eps),
+                                      tuned=eps, more=more),
                wall_estimate_min=26 if preset == "cpu" else None)
+
+
+def expected_pairs(records) -> list[tuple[str, str]]:
+  """(μ²-dominated, σ²-dominated) label pairs within each clipping setting, among the groups
+  `records` (one per variant and clipping setting)."""
+  labels = {label(r) for r in records}
+  suffixes = sorted({label({**r, "optimizer.variant": ""}) for r in records})
+  return [(m + s, v + s) for s in suffixes for m in MEAN_DOMINATED for v in VAR_DOMINATED
+          if m + s in labels and v + s in labels]
+
+
+def compared(best) -> list[tuple]:
+  """The pairs of `best`'s index that `report` compares (each variant at its chosen ε)."""
+  ch = chosen(best)
+  index = {label(r): i for i, r in zip(ch.index, ch.to_dict("records"), strict=True)}
+  return [(index[a], index[b]) for a, b in expected_pairs(ch.to_dict("records"))]
 
 
 def label(g: dict) -> str:
@@ -104,11 +127,9 @@ def report(out_dir):
   every = lr_search.load_best(out_dir)
   best = chosen(every)
   groups = lr_search.by_label(best, label)
-  suffixes = sorted({label({**r, "optimizer.variant": ""}) for r in best.to_dict("records")})
-  expected = [(m + s, v + s) for s in suffixes for m in MEAN_DOMINATED for v in VAR_DOMINATED
-              if m + s in groups and v + s in groups]
+  expected = expected_pairs(best.to_dict("records"))
   return pairs_report(groups, expected, rule=RULE, paper=PAPER, effect=EFFECT.value,
-                      planned=VARIANTS,
+                      planned=VARIANTS, pilot=len(SEEDS),
                       numbers_md=lr_search.best_md(every, GROUP),
                       checked=(*lr_search.guards_of(best, label, {x for p in expected for x in p}),
                                eps_bracketed(every, best)),

@@ -97,7 +97,7 @@ def run_experiment(name: str, preset: str, *, launcher: str = "basic", n_jobs: i
       if blocks:
         echo(f"[{name}/{preset}] follow-up round {r}: {kind}")
         launch_blocks(sdir, sweep.base, blocks, **kw)
-      if kind != "extend":
+      if kind not in ("extend", "pilot"):
         break
     if exp.follow_up is not None and not (dry_run or analyze_only):
       if blocks := exp.follow_up(preset, sdir):

@@ -95,11 +95,33 @@ class Tuned:
 
 
 @dataclasses.dataclass(frozen=True)
+class MoreSeeds:
+  """More seeds for an under-powered comparison (`experiments.more_seeds`): `pairs(best)`, the
+  pairs of `best`'s index (`lr_search.best_lr`'s table) that the report compares with the
+  pair rule (`rules.compare`) at the declared `effect`; `most`, the seeds a side never exceeded
+  (declared with the experiment); `target`, the power aimed at, above the guard's
+  `calibrate.MIN_POWER` so the noises re-measured on every seed keep it above."""
+
+  pairs: Callable
+  effect: float
+  most: int
+  target: float = 0.9
+
+
+# The fewest pilot seeds a side `MoreSeeds` accepts: the final test reads its variances from
+# the pilot alone (df pilot − 1; t.975 is 4.3 at 3 seeds, 2.8 at 5), so a smaller pilot needs
+# far more seeds after it for the same power.
+MIN_PILOT = 5
+
+
+@dataclasses.dataclass(frozen=True)
 class LrSearch:
   """`POLICY` per group of `group_keys`: the lowest mean final eval loss over the selection
   seeds (the first block's) picks the lr; a best lr at an edge extends the grid by `factor`
   (≤ `max_extend` times a side, an all-diverged group down to `diverged_floor` below it);
-  `tuned`: a value chosen beside the lr, its grid extended past an edge likewise (`Tuned`)."""
+  `tuned`: a value chosen beside the lr, its grid extended past an edge likewise (`Tuned`);
+  `more`: the fresh seeds are a pilot, more seeds added where a comparison is under-powered
+  (`MoreSeeds`)."""
 
   group_keys: tuple
   lr_key: str = "optimizer.lr"
@@ -109,14 +131,22 @@ class LrSearch:
   seeds: tuple = ()
   diverged_floor: float = 100.0
   tuned: Tuned | None = None
+  more: MoreSeeds | None = None
+
+  def __post_init__(self):
+    if self.more is not None and len(self.seeds) < MIN_PILOT:
+      raise ValueError(f"LrSearch: more seeds after a pilot of {len(self.seeds)} seeds; the "
+                       f"pilot needs ≥ {MIN_PILOT} (sweep.MIN_PILOT): give `seeds` more.")
 
   @property
   def rounds(self) -> int:
     """Follow-up rounds that can add runs: extensions (up or down) and the fresh seeds; with
-    `tuned`, again for each value it can add (its first lrs, its seeds awaited)."""
+    `tuned`, again for each value it can add (its first lrs, its seeds awaited); with `more`,
+    one more (the pilot's seeds awaited)."""
     down = math.ceil(math.log(self.diverged_floor) / math.log(self.factor) - 1e-9)
     one = max(self.max_extend, down) + 1
-    return one if self.tuned is None else (one + 2) * (1 + 2 * self.tuned.max_extend)
+    tuned = one if self.tuned is None else (one + 2) * (1 + 2 * self.tuned.max_extend)
+    return tuned + (self.more is not None)
 
 
 @dataclasses.dataclass(frozen=True)

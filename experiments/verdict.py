@@ -163,12 +163,13 @@ def groups(values: dict) -> str:
 def pairs_report(values: dict, expected: list, *, rule: str, paper: str, effect: float,
                  numbers_md: str = "", checks=(), verdict_fn=None, planned=(),
                  lower_is_better: bool = True, cals: dict | None = None, checked=(),
-                 comparisons=None) -> Report:
+                 comparisons=None, pilot: int | None = None) -> Report:
   """`rules.decide` on `expected` (or `verdict_fn` on its pairs, or on `comparisons` made by
   the experiment's own rules), after the guards `checked` and `powered`: each pair's rule at
   its own arms' noise and seeds for `effect` (or `cals`, {"a vs b": Calibration}); names
-  `planned` groups not run."""
-  verdict, pairs = (rules.decide(values, expected, lower_is_better=lower_is_better)
+  `planned` groups not run. `pilot`: the seeds that chose how many followed
+  (`experiments.more_seeds`), `rules.compare`'s."""
+  verdict, pairs = (rules.decide(values, expected, lower_is_better=lower_is_better, pilot=pilot)
                     if expected else ("not tested", []))
   if comparisons is not None:
     pairs = list(comparisons)
@@ -176,8 +177,8 @@ def pairs_report(values: dict, expected: list, *, rule: str, paper: str, effect:
     verdict = verdict_fn(pairs)
   used = {x for p in expected for x in p}
   if cals is None:
-    cals = {f"{a} vs {b}": calibrate.of_arms(values.get(a, ()), values.get(b, ()), effect)
-            for a, b in expected}
+    cals = {f"{a} vs {b}": calibrate.of_arms(values.get(a, ()), values.get(b, ()), effect,
+                                             pilot=pilot) for a, b in expected}
   missing = [g for g in planned if g not in values]
   return gated(verdict, cals, checked, rule=rule, paper=paper, ours=outcomes(pairs),
                checks=(groups({k: values[k] for k in values if k in used}),

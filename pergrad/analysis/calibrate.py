@@ -54,13 +54,15 @@ def _draws(noise, n, n_b, noise_b):
 
 
 def pair(noise: float, n: int, effect: float, n_b: int | None = None,
-         noise_b: float | None = None) -> tuple[float, float]:
-  """`rules.compare` (lower is better) with A's seeds at std `noise`, B's at `noise_b`: P(win or
-  loss | same mean), P(win | A lower by effect)."""
+         noise_b: float | None = None, pilot: int | None = None) -> tuple[float, float]:
+  """`rules.compare` (lower is better) with A's seeds at std `noise`, B's at `noise_b` (`pilot`:
+  its variances from the first `pilot` seeds): P(win or loss | same mean), P(win | A lower by
+  effect)."""
   a, b = _draws(noise, n, n_b, noise_b)
-  _, lo, hi = rules.welch_interval(b, a, rules.PAIR_ALPHA)
+  pilot = pilot if pilot and max(n, n_b or n) > pilot else None
+  _, lo, hi = rules.welch_interval(b, a, rules.PAIR_ALPHA, pilot)
   fa = float(np.mean((lo > 0) | (hi < 0)))
-  _, lo, _ = rules.welch_interval(b + effect, a, rules.PAIR_ALPHA)
+  _, lo, _ = rules.welch_interval(b + effect, a, rules.PAIR_ALPHA, pilot)
   return fa, float(np.mean(lo > 0))
 
 
@@ -147,13 +149,18 @@ def std(values) -> float:
   return float(np.std(x, ddof=1)) if len(x) > 1 and np.isfinite(x).all() else math.nan
 
 
-def of_arms(a, b, effect: float, kind: str = "pair", source: str = "measured") -> Calibration:
+def of_arms(a, b, effect: float, kind: str = "pair", source: str = "measured",
+            pilot: int | None = None) -> Calibration:
   """A `TWO_ARMS` rule's error rates for arms with values `a` and `b`, each at its own std and
-  seeds; with a diverged seed on a side, NaN rates and source DIVERGED: the comparison is
-  decided by the divergence (a diverged seed loses), which `guards.stable` judges, not noise."""
+  seeds (`pilot`: the pair rule's, `rules.compare`; the stds then of the pilot seeds); with a
+  diverged seed on a side, NaN rates and source DIVERGED: the comparison is decided by the
+  divergence (a diverged seed loses), which `guards.stable` judges, not noise."""
   if any(not np.isfinite(float(x)) for x in (*a, *b)):
     source = DIVERGED
-  return calibrate(kind, std(a), len(a), effect, n_b=len(b), noise_b=std(b), source=source)
+  if kind != "pair" or not pilot or max(len(a), len(b)) <= pilot:
+    return calibrate(kind, std(a), len(a), effect, n_b=len(b), noise_b=std(b), source=source)
+  return calibrate(kind, std(list(a)[:pilot]), len(a), effect, n_b=len(b),
+                   noise_b=std(list(b)[:pilot]), source=source, pilot=pilot)
 
 
 def weakest(cals) -> Calibration | None:

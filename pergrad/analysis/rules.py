@@ -61,12 +61,16 @@ def _sides(a, b, names, both_diverged: str):
   return xa, xb, ma, mb, None if out is None else Comparison(*names, out, ma, mb, math.nan)
 
 
-def compare(a, b, names=("A", "B"), *, lower_is_better: bool = True) -> Comparison:
-  """A vs B by `PAIR_WIN`; a side with no values is undetermined, with a diverged seed loses."""
+def compare(a, b, names=("A", "B"), *, lower_is_better: bool = True,
+            pilot: int | None = None) -> Comparison:
+  """A vs B by `PAIR_WIN`; a side with no values is undetermined, with a diverged seed loses.
+  `pilot`: values in seed order, the first `pilot` a side chose how many followed: their
+  variances alone (`welch_interval`), where a side has more."""
   xa, xb, ma, mb, decided = _sides(a, b, names, TIE)
   if decided is not None:
     return decided
-  gap, lo, hi = welch_interval(*((xb, xa) if lower_is_better else (xa, xb)), PAIR_ALPHA)
+  pilot = pilot if pilot and max(len(xa), len(xb)) > pilot else None
+  gap, lo, hi = welch_interval(*((xb, xa) if lower_is_better else (xa, xb)), PAIR_ALPHA, pilot)
   return Comparison(*names, WIN if lo > 0 else LOSS if hi < 0 else TIE, ma, mb, gap - lo)
 
 
@@ -80,12 +84,14 @@ def verdict_of(pairs: Sequence[Comparison]) -> str:
   return UNDETERMINED if all(o == UNDETERMINED for o in out) else PARTLY
 
 
-def decide(groups: Mapping[str, Sequence[float]], expected, *, lower_is_better=True):
-  """(verdict, comparisons) of expected pairs (a, b) = "a beats b" (a missing group: no values)."""
+def decide(groups: Mapping[str, Sequence[float]], expected, *, lower_is_better=True,
+           pilot: int | None = None):
+  """(verdict, comparisons) of expected pairs (a, b) = "a beats b" (a missing group: no values;
+  `pilot`: `compare`'s)."""
   if not expected:
     raise ValueError("decide: no expected pair")
-  pairs = [compare(groups.get(a, ()), groups.get(b, ()), (a, b), lower_is_better=lower_is_better)
-           for a, b in expected]
+  pairs = [compare(groups.get(a, ()), groups.get(b, ()), (a, b), lower_is_better=lower_is_better,
+                   pilot=pilot) for a, b in expected]
   return verdict_of(pairs), pairs
 
 
@@ -132,17 +138,22 @@ class Equivalence:
     return bool(self.lo95 > self.margin or self.hi95 < -self.margin or math.isinf(self.max_abs_gap))
 
 
-def welch_interval(a, b, alpha: float = ALPHA):
+def welch_interval(a, b, alpha: float = ALPHA, pilot: int | None = None):
   """(mean(a) − mean(b), lo, hi) of the two-sided (1 − 2α) Welch t-interval along the last
-  axis (floats for 1-D values, arrays for rows of draws; ≥ 2 values a side)."""
+  axis (floats for 1-D values, arrays for rows of draws; ≥ 2 values a side). `pilot`: each
+  side's variance from its first `pilot` values alone (its df pilot − 1), the means from all:
+  Stein's (1945) two-stage test, exact where those values chose how many followed."""
   a, b = np.asarray(a, float), np.asarray(b, float)
   na, nb = a.shape[-1], b.shape[-1]
-  if na < 2 or nb < 2:
-    raise ValueError(f"welch_interval: {na} and {nb} values; give >= 2 on each side")
-  va, vb = a.var(-1, ddof=1) / na, b.var(-1, ddof=1) / nb
+  if na < 2 or nb < 2 or (pilot is not None and not 2 <= pilot <= min(na, nb)):
+    raise ValueError(f"welch_interval: {na} and {nb} values, pilot {pilot}; give >= 2 on each "
+                     "side and a pilot of 2 up to the fewer")
+  ka, kb = (na, nb) if pilot is None else (pilot, pilot)
+  va = a[..., :ka].var(-1, ddof=1) / na
+  vb = b[..., :kb].var(-1, ddof=1) / nb
   d, se = a.mean(-1) - b.mean(-1), np.sqrt(va + vb)
   with np.errstate(divide="ignore", invalid="ignore"):
-    df = (va + vb) ** 2 / (va**2 / (na - 1) + vb**2 / (nb - 1))
+    df = (va + vb) ** 2 / (va**2 / (ka - 1) + vb**2 / (kb - 1))
   half = np.where(se > 0, stats.t.ppf(1 - alpha, df) * se, 0.0)
   out = (d, d - half, d + half)
   return tuple(float(x) for x in out) if np.ndim(d) == 0 else out
