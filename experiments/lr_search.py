@@ -200,7 +200,7 @@ def follow_up_blocks(sweep: Sweep, fin: pd.DataFrame) -> tuple[list[Block], str]
   if extend or waiting:
     return extend + seeds, "extend"
   if ls.more is not None:  # the fresh seeds were a pilot: more where under-powered
-    more, waiting = more_seeds.blocks(sweep, best, seed0)
+    more, waiting = more_seeds.blocks(sweep, fin, best, seed0)
     if waiting:
       return seeds, "pilot"
     seeds += more

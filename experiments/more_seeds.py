@@ -19,18 +19,23 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from experiments.grids import same
 from experiments.sweep import Block, MoreSeeds, Sweep
 from pergrad.analysis import calibrate
-from pergrad.analysis.runs import from_table
+from pergrad.analysis.runs import DONE
 
 
-def pilot(row: pd.Series, seeds) -> list[float] | None:
-  """A group's final losses on the pilot seeds at its chosen lr (inf: diverged); None until
-  every pilot seed has finished."""
-  have = dict(zip((float(s) for s in str(row["fresh_seeds"]).split()),
-                  (float(v) for v in str(row["fresh_losses"]).split()), strict=True))
+def pilot(fin: pd.DataFrame, arm: dict, seeds) -> list[float] | None:
+  """An arm's ({key: value} of its group and lr) final losses on the pilot seeds, in seed
+  order (inf: diverged); None until every pilot seed has finished."""
+  rows = fin[fin["status"].isin(DONE)] if "status" in fin else fin
+  for k, v in arm.items():
+    rows = rows[[same(x, v) for x in rows[k]]] if k in rows else rows.iloc[:0]
+  have = {float(s): float(v) for s, v in zip(rows["train.seed"], rows["final_eval_loss"],
+                                               strict=True)} if len(rows) else {}
   vals = [have.get(float(s)) for s in seeds]
-  return None if any(v is None for v in vals) else vals
+  return None if any(v is None for v in vals) else [v if np.isfinite(v) else np.inf
+                                                   for v in vals]
 
 
 def needed(a, b, more: MoreSeeds) -> dict[int, int]:
@@ -64,23 +69,19 @@ def needed(a, b, more: MoreSeeds) -> dict[int, int]:
   return {0: both, 1: both} if both else {}
 
 
-def blocks(sweep: Sweep, best: pd.DataFrame, seed0) -> tuple[list[Block], bool]:
-  """(the blocks of the added seeds, waiting): waiting while a compared group's pilot is
-  unfinished. A group's added seeds continue past every seed the search uses."""
+def blocks(sweep: Sweep, fin: pd.DataFrame, best: pd.DataFrame, seed0
+           ) -> tuple[list[Block], bool]:
+  """(the blocks of the added seeds, waiting): waiting while a compared arm's pilot is
+  unfinished. An arm's added seeds continue past every seed the search uses."""
   ls = sweep.lr_search
-  more = ls.more
-  pilots = {i: pilot(best.loc[i], ls.seeds) for i in {i for p in more.pairs(best) for i in p}}
+  pairs = [tuple(tuple(sorted(arm.items())) for arm in p) for p in ls.more.pairs(best)]
+  pilots = {arm: pilot(fin, dict(arm), ls.seeds) for p in pairs for arm in p}
   if any(v is None for v in pilots.values()):
     return [], True
   want: dict = {}
-  for pair in more.pairs(best):
-    for side, n in needed(*(pilots[k] for k in pair), more).items():
+  for pair in pairs:
+    for side, n in needed(*(pilots[arm] for arm in pair), ls.more).items():
       want[pair[side]] = max(want.get(pair[side], 0), n)
   first = max(int(s) for s in (*seed0, *ls.seeds)) + 1
-  out = []
-  for i, n in sorted(want.items(), key=lambda kv: str(kv[0])):
-    row = best.loc[i]
-    out.append(Block({**{k: [from_table(row[k])] for k in ls.group_keys},
-                      ls.lr_key: [float(row[ls.lr_key])],
-                      ls.seed_key: list(range(first, first + n - len(ls.seeds)))}))
-  return out, False
+  return [Block({**{k: [v] for k, v in arm}, ls.seed_key: list(range(
+      first, first + n - len(ls.seeds)))}) for arm, n in sorted(want.items(), key=str)], False

@@ -86,11 +86,11 @@ def expected_pairs(records) -> list[tuple[str, str]]:
           if m + s in labels and v + s in labels]
 
 
-def compared(best) -> list[tuple]:
-  """The pairs of `best`'s index that `report` compares (each variant at its chosen ε)."""
-  ch = chosen(best)
-  index = {label(r): i for i, r in zip(ch.index, ch.to_dict("records"), strict=True)}
-  return [(index[a], index[b]) for a, b in expected_pairs(ch.to_dict("records"))]
+def compared(best) -> list[tuple[dict, dict]]:
+  """The pairs of arms that `report` compares (each variant at its chosen ε and lr)."""
+  arm = {label(r): {k: from_table(r[k]) for k in (*GROUP, "optimizer.lr")}
+         for r in chosen(best).to_dict("records")}
+  return [(arm[a], arm[b]) for a, b in expected_pairs(chosen(best).to_dict("records"))]
 
 
 def label(g: dict) -> str:

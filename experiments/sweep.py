@@ -97,8 +97,9 @@ class Tuned:
 @dataclasses.dataclass(frozen=True)
 class MoreSeeds:
   """More seeds for an under-powered comparison (`experiments.more_seeds`): `pairs(best)`, the
-  pairs of `best`'s index (`lr_search.best_lr`'s table) that the report compares with the
-  pair rule (`rules.compare`) at the declared `effect`; `most`, the seeds a side never exceeded
+  pairs of arms, each {key: value} of its group keys and lr (from `best`, `lr_search.best_lr`'s
+  table, or an arm run at a fixed lr), that the report compares with the pair rule
+  (`rules.compare`) at the declared `effect`; `most`, the seeds a side never exceeded
   (declared with the experiment); `target`, the power aimed at, above the guard's
   `calibrate.MIN_POWER` so the noises re-measured on every seed keep it above."""
 

@@ -24,9 +24,10 @@ from tests.test_reports import GRID, _row, group_runs  # noqa: E402
 PILOT = (1, 2, 3, 4, 5)
 
 
-def _pairs(best) -> list[tuple]:
-  index = {str(r["optimizer.placement"]): i for i, r in best.iterrows()}
-  return [(index["ema"], index["batch"])] if {"ema", "batch"} <= set(index) else []
+def _pairs(best) -> list[tuple[dict, dict]]:
+  arm = {r["optimizer.placement"]: {"optimizer.placement": r["optimizer.placement"],
+                                    "optimizer.lr": r["optimizer.lr"]} for _, r in best.iterrows()}
+  return [(arm["ema"], arm["batch"])] if {"ema", "batch"} <= set(arm) else []
 
 
 def _sweep(most: int = 24, effect: float = 0.05) -> Sweep:
@@ -143,3 +144,22 @@ def test_the_pilot_variance_interval():
   assert rules.welch_interval(a, b, 0.025) != (d, lo, hi)
   with pytest.raises(ValueError, match="pilot"):
     rules.welch_interval(a, b, 0.025, pilot=5)
+
+
+def test_an_arm_run_at_a_fixed_lr_is_read_from_the_finals():
+  """msq_eps's case: a pair's arm that no search chose (a fixed block: no selection seed, no
+  row in `best`) has its pilot read from the finals, and gets its seeds like any other."""
+  fixed = {"optimizer.placement": "fixed", "optimizer.lr": 5e-3}
+  noisy = (3.96, 4.0, 4.06, 3.98, 4.04)
+  rows = [_row({"optimizer.placement": "fixed"}, 5e-3, s, v)
+          for s, v in zip(PILOT, noisy, strict=True)]
+  fin = pd.concat([_fin(ema=(3.90, 3.905, 3.91, 3.905, 3.90)), pd.DataFrame(rows)])
+  pairs = lambda best: [({"optimizer.placement": "ema", "optimizer.lr": 3e-3}, fixed)]
+  sweep = Sweep({"steps": 3}, _sweep().blocks, LrSearch(
+      ("optimizer.placement",), max_extend=0, seeds=PILOT, more=MoreSeeds(pairs, 0.05, 24)))
+  blocks, kind = lr_search.follow_up_blocks(sweep, fin)
+  assert kind == "seeds" and list(_added(blocks, sweep)) == ["fixed"]
+  assert [b.grid["optimizer.lr"] for b in blocks if "fixed" in b.grid["optimizer.placement"]
+          ] == [[5e-3]]
+  _, kind = lr_search.follow_up_blocks(sweep, fin[fin["train.seed"] != 5])  # pilot unfinished
+  assert kind == "pilot"
