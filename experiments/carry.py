@@ -26,6 +26,7 @@ import datetime
 import io
 import json
 import os
+import subprocess
 import tarfile
 from pathlib import Path
 
@@ -85,9 +86,22 @@ def _written(record: Path, out: Path) -> list[Path]:
   if not started:  # a record of older code: it names no start
     return []
   started = datetime.datetime.fromisoformat(started)
-  skip = {Path(record).resolve(), Path(out).resolve()}
+  skip = {Path(record).resolve(), Path(out).resolve(), *_committed(Path(record).parent)}
   return sorted(p for p in Path(record).parent.rglob("*") if p.is_file()
                 and p.resolve() not in skip and p.stat().st_mtime >= started.timestamp())
+
+
+def _committed(folder: Path) -> set[Path]:
+  """The files under `folder` that its git checkout holds as committed (tracked, unmodified:
+  a carried archive that a pull brought in, say), which the reproduction did not write; none
+  outside a git checkout."""
+  git = lambda *a: subprocess.run(["git", *a], cwd=folder, capture_output=True, text=True)
+  tracked, changed = git("ls-files", "-z", "--", "."), git("diff", "--name-only", "--relative",
+                                                          "-z", "HEAD", "--", ".")
+  if tracked.returncode or changed.returncode:
+    return set()
+  split = lambda out: {(folder / x).resolve() for x in out.stdout.split("\0") if x}
+  return split(tracked) - split(changed)
 
 
 def pack(sweeps_root: Path, record: Path, out: Path) -> dict:

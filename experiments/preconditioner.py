@@ -88,9 +88,9 @@ def expected_pairs(records) -> list[tuple[str, str]]:
 
 def compared(best) -> list[tuple[dict, dict]]:
   """The pairs of arms that `report` compares (each variant at its chosen ε and lr)."""
-  arm = {label(r): {k: from_table(r[k]) for k in (*GROUP, "optimizer.lr")}
-         for r in chosen(best).to_dict("records")}
-  return [(arm[a], arm[b]) for a, b in expected_pairs(chosen(best).to_dict("records"))]
+  records = chosen(best).to_dict("records")
+  arm = {label(r): {k: from_table(r[k]) for k in (*GROUP, "optimizer.lr")} for r in records}
+  return [(arm[a], arm[b]) for a, b in expected_pairs(records)]
 
 
 def label(g: dict) -> str:

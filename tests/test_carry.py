@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import tarfile
 
 import pytest
@@ -149,6 +150,23 @@ def test_the_cli_carries_out_alone_and_a_carried_in_record_keeps_its_command(tmp
                 "--launcher", "joblib"])
   assert seen["command"].endswith(f"--sweeps-root {tmp_path / 'new'} --launcher joblib")
   assert "--carry-in" not in seen["command"] and (tmp_path / "new" / "a").is_dir()
+
+
+def test_a_file_the_checkout_holds_as_committed_is_not_carried(tmp_path, stopped):
+  """A carried archive that a pull brought in beside the record (newer than its start, but
+  not written by the reproduction) stays out; a report the reproduction rewrote travels."""
+  root, record, _ = stopped
+  git = lambda *a: subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *a],
+                                  cwd=tmp_path, check=True, capture_output=True)
+  git("init", "-q")  # the checkout holding results/ (the record's folder)
+  (record.parent / "carry.tar.xz").write_bytes(b"an earlier carry")
+  git("add", "results/carry.tar.xz", "results/a/report.json")
+  git("commit", "-qm", "carried")
+  (record.parent / "a" / "report.json").write_text('{"verdict": "partly reproduced"}')
+  carry.pack(root, record, tmp_path / "out.tar.xz")
+  with tarfile.open(tmp_path / "out.tar.xz") as tar:
+    names = [m.name for m in tar.getmembers() if m.name.startswith("results/")]
+  assert names == ["results/a/report.json"]
 
 
 def test_a_commit_that_adds_only_results_keeps_the_experiments_it_finished(tmp_path):

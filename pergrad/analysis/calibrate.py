@@ -157,10 +157,9 @@ def of_arms(a, b, effect: float, kind: str = "pair", source: str = "measured",
   divergence (a diverged seed loses), which `guards.stable` judges, not noise."""
   if any(not np.isfinite(float(x)) for x in (*a, *b)):
     source = DIVERGED
-  if kind != "pair" or not pilot or max(len(a), len(b)) <= pilot:
-    return calibrate(kind, std(a), len(a), effect, n_b=len(b), noise_b=std(b), source=source)
-  return calibrate(kind, std(list(a)[:pilot]), len(a), effect, n_b=len(b),
-                   noise_b=std(list(b)[:pilot]), source=source, pilot=pilot)
+  k = pilot if kind == "pair" and pilot else None  # [:None]: every value
+  return calibrate(kind, std(list(a)[:k]), len(a), effect, n_b=len(b), noise_b=std(list(b)[:k]),
+                   source=source, **({"pilot": k} if k else {}))
 
 
 def weakest(cals) -> Calibration | None:
