@@ -210,8 +210,7 @@ def follow_up_blocks(sweep: Sweep, fin: pd.DataFrame) -> tuple[list[Block], str]
 def load_best(out_dir: Path) -> pd.DataFrame:
   """best.csv with `values`: the fresh seeds' losses, [inf] for a group diverged at every lr."""
   best = pd.read_csv(Path(out_dir) / "best.csv")
-  cell = lambda v: [] if from_table(v) is None else [float(x) for x in str(v).split()]
-  best["values"] = [cell(v) or ([math.inf] if r else [])  # a cell "4.01 inf", empty or NaN
+  best["values"] = [_floats(v) or ([math.inf] if r else [])  # a cell "4.01 inf", empty or NaN
                     for v, r in zip(best["fresh_losses"], best["all_diverged"], strict=True)]
   return best
 
@@ -277,6 +276,16 @@ def adam_lr(inputs, preset: str) -> dict:
 def by_label(best: pd.DataFrame, labeler: Callable[[dict], str]) -> dict[str, list[float]]:
   """{label of a group: its fresh seeds' losses} from `load_best`."""
   return {labeler(r): list(r["values"]) for r in best.to_dict("records")}
+
+
+def seeds_by_label(best: pd.DataFrame, labeler: Callable[[dict], str]) -> dict[str, list[float]]:
+  """{label of a group: its fresh seeds, in the order of `by_label`'s values} from `load_best`."""
+  return {labeler(r): _floats(r["fresh_seeds"]) for r in best.to_dict("records")}
+
+
+def _floats(cell) -> list[float]:
+  """A best.csv cell of space-separated numbers ("4.01 inf"; empty or NaN: none)."""
+  return [] if from_table(cell) is None else [float(x) for x in str(cell).split()]
 
 
 def edges_note(best: pd.DataFrame, labeler: Callable[[dict], str]) -> str:

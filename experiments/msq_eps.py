@@ -17,7 +17,7 @@ from experiments import lr_search, preconditioner
 from experiments.record import ROWS, Experiment, register
 from experiments.sweep import Block, LrSearch, MoreSeeds, Sweep, base_for
 from experiments.verdict import declared, declared_text, pairs_report, sections
-from pergrad.analysis import calibrate
+from pergrad.analysis import calibrate, guards
 from pergrad.analysis.rules import (
   LOSS,
   NONINF,
@@ -108,23 +108,29 @@ figures = functools.partial(lr_search.figures, group_keys=GROUP, labeler=label,
                             title="MicroAdamMSQ, Adam and the ε controls")
 
 
-def groups(out_dir: Path) -> dict:
-  """{label: fresh-seed final eval losses}: the searched groups' fresh seeds, the fixed runs."""
+def arms(out_dir: Path) -> dict[str, tuple[list[float], list[float]]]:
+  """{label: (fresh seeds, their final eval losses)}, in seed order: the searched groups' fresh
+  seeds, the fixed runs."""
   fin = pd.read_csv(Path(out_dir) / "finals.csv")
-  out = lr_search.by_label(lr_search.load_best(out_dir), label)
+  best = lr_search.load_best(out_dir)
+  seeds = lr_search.seeds_by_label(best, label)
+  out = {k: (seeds[k], v) for k, v in lr_search.by_label(best, label).items()}
   for v in (MSQ, ADAM):
     eps = fin["optimizer.eps"].astype(float)
     rows = fin[(fin["optimizer.variant"] == v) & ~np.isclose(eps, CONTROL_EPS)
                & ~fin["train.seed"].isin(SELECT)]
     for key, g in rows.groupby("optimizer.eps"):
       name = label({"optimizer.variant": v, "optimizer.eps": key})
-      if not out.get(name) and g["optimizer.lr"].nunique() == 1:  # in seed order: pilot first
-        out[name] = g.sort_values("train.seed")["final_eval_loss"].astype(float).tolist()
+      if not out.get(name, ((), ()))[1] and g["optimizer.lr"].nunique() == 1:
+        g = g.sort_values("train.seed")
+        out[name] = (g["train.seed"].astype(float).tolist(),
+                     g["final_eval_loss"].astype(float).tolist())
   return out
 
 
 def report(out_dir):
-  g = groups(out_dir)
+  seeds_values = arms(out_dir)
+  g = {k: values for k, (_, values) in seeds_values.items()}
   msq = next((n for n in g if n.startswith(MSQ)), MSQ)
   eps = msq.split("eps=")[-1]
   adam = next((n for n in g if n.startswith(ADAM + ",") and n.split("eps=")[-1] != eps), ADAM)
@@ -154,8 +160,10 @@ def report(out_dir):
   fin = pd.read_csv(Path(out_dir) / "finals.csv")
   fixed = lr_search.stable_of(fin[fin["train.seed"].isin(SEEDS)], label, {msq, adam})
   warm = lr_search.warm_of(fin, label, used)
+  pilot = guards.pilot_first({k: seeds_values[k][0] for k in used if k in seeds_values},
+                             SEEDS)
   return pairs_report(
-      g, expected, rule=RULE, paper=PAPER, checked=(bracket, stable, fixed, warm),
+      g, expected, rule=RULE, paper=PAPER, checked=(bracket, stable, fixed, warm, pilot),
       effect=EFFECT.value, verdict_fn=verdict, comparisons=comparisons, cals=cals,
       checks=(declared_text(MARGIN, EFFECT),),
       numbers_md=lr_search.best_md(lr_search.load_best(out_dir), GROUP) + share_md)

@@ -128,11 +128,15 @@ def report(out_dir):
   best = chosen(every)
   groups = lr_search.by_label(best, label)
   expected = expected_pairs(best.to_dict("records"))
+  used = {x for p in expected for x in p}
+  seeds = lr_search.seeds_by_label(best, label)
   return pairs_report(groups, expected, rule=RULE, paper=PAPER, effect=EFFECT.value,
                       planned=VARIANTS, pilot=len(SEEDS),
                       numbers_md=lr_search.best_md(every, GROUP),
-                      checked=(*lr_search.guards_of(best, label, {x for p in expected for x in p}),
-                               eps_bracketed(every, best)),
+                      checked=(*lr_search.guards_of(best, label, used),
+                               eps_bracketed(every, best),
+                               guards.pilot_first({k: seeds[k] for k in used if k in seeds},
+                                                  SEEDS)),
                       checks=(lr_search.edges_note(every, label), declared_text(EFFECT)))
 
 

@@ -40,6 +40,11 @@ def _cal(power: float) -> calibrate.Calibration:
     ("powered",  # a tie at power 0.15 is not a finding
      lambda: guards.powered({"msq vs micro_adam": _cal(0.15), "adam vs micro_adam": _cal(0.95)}),
      lambda: guards.powered({"adam vs micro_adam": _cal(0.95)})),
+    ("pilot",  # pilot 2-6: seed 3 missing with 7-8 added; passes: in order, or pilot seeds only
+     lambda: guards.pilot_first({"adam": [2, 4, 5, 6, 7, 8], "msq": [2, 3, 4, 5, 6, 7]},
+                                (2, 3, 4, 5, 6)),
+     lambda: guards.pilot_first({"adam": [2, 3, 4, 5, 6, 7, 8], "msq": [2, 4, 5, 6]},
+                                (2, 3, 4, 5, 6))),
 ])
 def test_each_guard_fires_on_its_violation_and_passes_otherwise(name, bad, good):
   b, g = bad(), good()
@@ -59,6 +64,9 @@ def test_the_violations_are_named():
   r = guards.in_regime({}, [guards.Regime("tokens per parameter", 15, 25)])
   assert not r.ok and "not measured" in r.why
   assert not guards.warm({}).ok and not guards.powered({}).ok
+  p = guards.pilot_first({"adam": [1, 2, 3, 4, 5, 6], "msq": [2, 3, 4, 5, 6, 7]}, (2, 3, 4, 5, 6))
+  assert not p.ok and p.why == ("adam's first seeds are [1, 2, 3, 4, 5], not the pilot "
+                                "[2, 3, 4, 5, 6]")
   assert not guards.powered({"x": _cal(math.nan)}).ok  # unknown power: not powered
   weak = guards.powered({"batch vs token": calibrate.calibrate(
       "pair", 0.076, 3, 0.05, n_b=3, noise_b=0.0057)})  # sign_placement's, stop 47

@@ -188,6 +188,34 @@ def test_msq_eps_verdicts(tmp_path, msq, adam, control, matched, verdict):
     assert "vs adam, eps=0.0001" in rep.ours  # the ε-matched control is judged
 
 
+@pytest.mark.parametrize("drop, verdict", [(None, "reproduced"), (3, "undetermined: pilot")])
+def test_an_arm_past_its_pilot_is_read_only_when_the_pilot_comes_first(tmp_path, drop, verdict):
+  """The ε-only control gets seeds 7 and 8 past its pilot (seeds 2-6): read as a two-stage test
+  when every pilot seed is there; with pilot seed 3 missing the rule would read seed 7 as part
+  of the pilot, so the `pilot` guard fires."""
+  five = [4.001, 4.002, 4.003, 4.002, 4.001]
+  out = _msq_out(tmp_path, five, [x - 0.001 for x in five], [x + 0.3 for x in five],
+                 matched=[x + 0.3 for x in five])
+  fin = pd.read_csv(out / "finals.csv")
+  fin = fin[fin["train.seed"] != 1]  # (the fixture searches on seeds 0 and 1; SELECT is 0)
+  ctrl = (fin["optimizer.eps"] == 1.0) & (fin["optimizer.lr"] == 1.0)
+  added = fin[ctrl & (fin["train.seed"] == 2)]
+  fin = pd.concat([fin, added.assign(**{"train.seed": [7]}), added.assign(**{"train.seed": [8]})],
+                  ignore_index=True)
+  if drop is not None:
+    fin = fin[~((fin["optimizer.eps"] == 1.0) & (fin["train.seed"] == drop))]
+  fin.to_csv(out / "finals.csv", index=False)
+  lr_search.best_lr(fin, msq_eps.GROUP, "optimizer.lr", select_seed=msq_eps.SELECT).to_csv(
+      out / "best.csv", index=False)
+  rep = msq_eps.report(out)
+  assert rep.verdict == verdict, rep.finding
+  pilot = next(g for g in rep.guards if g["name"] == "pilot")
+  assert pilot["ok"] == (drop is None)
+  assert pilot["why"] == ("control (adam, eps=1)'s first seeds are [2, 4, 5, 6, 7], not the pilot "
+                          "[2, 3, 4, 5, 6]" if drop else
+                          "every arm past the pilot starts with its 5 seeds (1 of 4 arms past it)")
+
+
 def test_msq_eps_without_adam_is_undetermined(tmp_path):
   rep = msq_eps.report(_msq_out(tmp_path, [4.0, 4.1], [], [4.3, 4.3, 4.3]))
   assert rep.verdict == "undetermined: powered" and "is not separable from adam" in rep.finding

@@ -12,6 +12,8 @@ finding.
               the claim declares it speaks of
   powered     each comparison's rule has power ≥ `calibrate.MIN_POWER` at its own per-arm
               noise and seeds for its declared effect
+  pilot       where seeds followed a pilot (a two-stage test, `rules.compare`'s `pilot`), each
+              arm's values begin with exactly the pilot's seeds, whose variances the rule reads
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from collections.abc import Mapping, Sequence
 
 from pergrad.analysis.calibrate import DIVERGED, MIN_POWER, TWO_ARMS, Calibration, seeds_to_power
 
-NAMES = ("bracketed", "stable", "warm", "in_regime", "powered")
+NAMES = ("bracketed", "stable", "warm", "in_regime", "powered", "pilot")
 MIN_WARMUP = 20  # optimizer steps
 UNDETERMINED = "undetermined"
 NOT_DECIDED = ("not measured", "not tested")  # verdicts no guard can change
@@ -128,6 +130,25 @@ def powered(cals: Mapping[str, Calibration], least: float = MIN_POWER) -> Guard:
   div = len(cals) - len(noisy)
   return _guard("powered", bad, f"every comparison's power ≥ {least:g} ({len(noisy)}"
                 + (f"; {div} decided by a diverged seed" if div else "") + ")")
+
+
+def pilot_first(arms: Mapping[str, Sequence[float]], pilot: Sequence[float]) -> Guard:
+  """Seeds added after a `pilot` (numbered past it) are read as a two-stage test: each side's
+  first len(pilot) values (arm -> its seeds, in the order of its values) are its pilot and the
+  variances come from them alone (`rules.compare`'s `pilot`, in effect once an arm has more
+  values than the pilot). So an arm with an added seed, or with any seed outside the pilot
+  while the two-stage test is in effect, starts with every pilot seed, in order: a pilot seed
+  missing, or another seed before it, would read the variances of the wrong runs."""
+  want = [float(s) for s in pilot]
+  text = lambda seeds: "[" + ", ".join(f"{float(s):g}" for s in seeds) + "]"
+  arms = {arm: [float(s) for s in seeds] for arm, seeds in arms.items()}
+  two_stage = any(len(seeds) > len(want) for seeds in arms.values())
+  past = {arm: seeds for arm, seeds in arms.items()
+          if any(s > max(want) or (two_stage and s not in want) for s in seeds)}
+  bad = [f"{arm}'s first seeds are {text(seeds[:len(want)])}, not the pilot {text(want)}"
+         for arm, seeds in past.items() if seeds[:len(want)] != want]
+  return _guard("pilot", bad, f"every arm past the pilot starts with its {len(want)} seeds "
+                f"({len(past)} of {len(arms)} arms past it)")
 
 
 def _needs(c: Calibration, least: float) -> str:
