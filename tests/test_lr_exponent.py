@@ -26,13 +26,14 @@ SIZES = (4, 8, 16, 32, 64, 128)
 def _out(tmp_path, alpha: float, *, b_simple: float = 16.0, centre_alpha: float | None = None,
          jitter: float = 0.03) -> Path:
   """finals.csv, best.csv, lr_star.csv, b_simple.csv as `analyze` writes them: final loss
-  4 + 0.2·(ln lr − ln lr*(B))² (+ a seed offset), lr*(B) = 0.01·(B/32)^alpha·e^(±jitter),
-  a √2 grid of 5 lrs per B centred on 0.01·(B/32)^centre_alpha (default: alpha)."""
+  4 + 0.2·(ln lr − ln lr*(B))² (+ a seed offset), lr*(B) = 0.01·(B/32)^alpha·e^(±jitter ±
+  jitter/2) (a deviation shared by B's seeds, alternating over B, and one per seed), a √2 grid
+  of 5 lrs per B centred on 0.01·(B/32)^centre_alpha (default: alpha)."""
   rows = []
-  for b in SIZES:
+  for i, b in enumerate(SIZES):
     centre = 0.01 * (b / 32) ** (alpha if centre_alpha is None else centre_alpha)
     for s in le.SELECT:
-      star = 0.01 * (b / 32) ** alpha * math.exp(jitter * (1 if (b // 4 + s) % 2 else -1))
+      star = 0.01 * (b / 32) ** alpha * math.exp(jitter * ((-1) ** i + (-1) ** s / 2))
       for i in range(-2, 3):
         lr = float(f"{centre * 2 ** (i / 2):.3g}")
         loss = 4 + 0.2 * math.log(lr / star) ** 2 + 0.001 * s
@@ -46,8 +47,9 @@ def _out(tmp_path, alpha: float, *, b_simple: float = 16.0, centre_alpha: float 
   lr_search.best_lr(fin, (le.KEY,), le.LR, select_seed=le.SELECT).to_csv(d / "best.csv",
                                                                          index=False)
   le.lr_star(fin).to_csv(d / "lr_star.csv", index=False)
-  pd.DataFrame({"run": ["r"], le.KEY: [32], le.LR: [0.01], "b_simple": [b_simple]}).to_csv(
-      d / "b_simple.csv", index=False)
+  pd.DataFrame({"run": ["r", "far"], le.KEY: [32, 128], le.LR: [0.01, 0.02], le.SEED: [0, 0],
+                "b_simple": [b_simple, 1e4], "at_ref": [True, False]}).to_csv(
+      d / "b_simple.csv", index=False)  # the regime reads B_ref's run at lr* alone
   return d
 
 
@@ -91,3 +93,61 @@ def test_guards_fire_off_the_grid_and_out_of_regime(tmp_path):
   assert narrow.verdict == "undetermined: in_regime"
   assert "min B / B_simple 2" in narrow.guards_text()
   assert calibrate.calibrate("band", 0.2, 12, 0.15).power < 0.8  # a loose fit: unpowered
+
+
+def test_each_seeds_lr_star_is_guarded_and_read_from_finished_runs(tmp_path):
+  """The fit reads each seed's lr*, so the guards check each: one seed's best lr at its
+  grid's edge (the seeds' mean inside it) fires `bracketed`; a seed diverged one lr above the
+  other seed's lr* fires `stable`; an interrupted run's last eval is no final loss."""
+  d = _out(tmp_path, 0.5)
+  fin = pd.read_csv(d / "finals.csv")
+  b16 = fin[le.KEY] == 16
+  lrs = sorted(fin.loc[b16, le.LR].unique())
+  s0, s1 = b16 & (fin[le.SEED] == 0), b16 & (fin[le.SEED] == 1)
+  edge = fin.copy()  # seed 0 best at the lowest lr, seed 1 at the middle: the mean inside
+  edge.loc[s0, "final_eval_loss"] = [4.00, 4.05, 4.10, 4.20, 4.30]
+  edge.loc[s1, "final_eval_loss"] = [4.50, 4.10, 4.00, 4.10, 4.30]
+  star = le.lr_star(edge)
+  bracket, stable = le.star_guards(star, edge)
+  assert not bracket.ok and "B=16 seed 0's lr" in bracket.why and stable.ok
+  div = fin.copy()  # seed 1 diverges at the 4th lr; seed 0's lr* lies between the 3rd and 4th
+  div.loc[s1 & (fin[le.LR] == lrs[3]), "diverged"] = True
+  div.loc[s0, "final_eval_loss"] = [4.30, 4.10, 4.01, 4.00, 4.30]
+  bracket, stable = le.star_guards(le.lr_star(div), div)
+  assert bracket.ok and not stable.ok and "B=16 seed 0" in stable.why
+  cut = fin.copy()  # seed 1's 2nd lr interrupted part-way, its last eval low
+  cut.loc[s1 & (fin[le.LR] == lrs[1]), ["status", "final_eval_loss"]] = ["partial", 3.0]
+  assert le.lr_star(cut).equals(le.lr_star(cut[cut["status"] == "completed"]))
+
+
+def test_the_regime_reads_b_refs_runs_at_lr_star_only(tmp_path):
+  d = _out(tmp_path, 0.5)  # B_ref's run measures 16; another B's run 1e4, not read
+  assert le.regime(d).ok and "min B / B_simple 0.25" in le.regime(d).why
+  bs = pd.read_csv(d / "b_simple.csv").assign(at_ref=False)
+  bs.to_csv(d / "b_simple.csv", index=False)  # none at B_ref's lr*: not measured
+  assert not le.regime(d).ok and "not measured" in le.regime(d).why
+  assert le.reference_batch_size(["experiment=lr_exponent", "scale=cpu"]) == 32
+  assert le.reference_batch_size(["experiment=lr_exponent"]) is None
+
+
+def test_the_interval_keeps_its_coverage_when_a_bs_seeds_share_a_deviation():
+  """lr* = 0.01·(B/32)^α·e^(u_B + e_Bs), u_B ~ N(0, 0.1²) shared by B's two seeds (its grid
+  and examples), e_Bs ~ N(0, 0.03²): the 90% interval of `fit` covers α in 90 % of draws
+  (a fit over every (B, seed) as independent points covered it in 71 %), and the band rule
+  reads "reproduced" at α on the band's edge at most its 5 % false-alarm rate."""
+  rng = np.random.default_rng(0)
+  n, cover, false = 2000, 0, 0
+  x = np.log(np.repeat(np.array(SIZES, float), 2) / 32)
+  for alpha in (0.5, le.ALPHA.value + le.MARGIN.value):
+    for _ in range(n):
+      u = np.repeat(rng.normal(0, 0.1, len(SIZES)), 2)
+      y = np.log(0.01) + alpha * x + u + rng.normal(0, 0.03, len(x))
+      f = le.fit(pd.DataFrame({le.KEY: np.exp(x) * 32, le.SEED: [0, 1] * len(SIZES),
+                               "lr_star": np.exp(y)}))
+      if alpha == 0.5:
+        cover += f["lo90"] <= alpha <= f["hi90"]
+      else:
+        false += le.judge(f) == "reproduced"
+  se = math.sqrt(0.1 * 0.9 / n)
+  assert abs(cover / n - 0.90) < 3 * se, cover / n
+  assert false / n <= 0.05 + 3 * math.sqrt(0.05 * 0.95 / n), false / n
