@@ -229,19 +229,27 @@ def seed_mean(g: pd.DataFrame, cols) -> pd.DataFrame:
   return g.groupby(g.groupby("run").cumcount())[list(cols)].mean()
 
 
+# The target (`to_target`: the mean of the best arm's runs' last evals) and that arm's
+# seed-mean curve sum the same floats in another order: its last point may lie an ulp above.
+TARGET_RTOL = 1e-9
+
+
 def seed_mean_to_target(cur: pd.DataFrame, best_arm: str, target: float) -> pd.DataFrame:
-  """Per arm: `reach` of its `seed_mean` curve, and the token and wall-time savings against
-  the best fixed arm's."""
+  """Per arm: `reach` of its `seed_mean` curve (every arm at the target + `TARGET_RTOL`), and
+  the token and wall-time savings against the best fixed arm's; NaN savings when that arm's
+  own curve does not reach its target (never a saving read against an infinite reference)."""
+  at = target + TARGET_RTOL * max(1.0, abs(target))
   rows = []
   for a in sorted(set(cur["arm"])):
     m = seed_mean(cur[cur["arm"] == a], ["tokens", "eval_loss", "train_time_s"])
-    rows.append(dict(zip(("arm", "tokens_to_target", "time_to_target_s"), (a, *reach(m, target)),
+    rows.append(dict(zip(("arm", "tokens_to_target", "time_to_target_s"), (a, *reach(m, at)),
                          strict=True)))
   out = pd.DataFrame(rows)
   ref = float(out.loc[out["arm"] == best_arm, "tokens_to_target"].iloc[0])
   ref_t = float(out.loc[out["arm"] == best_arm, "time_to_target_s"].iloc[0])
-  out["token_saving"] = 1.0 - out["tokens_to_target"] / ref
-  out["time_saving"] = 1.0 - out["time_to_target_s"] / ref_t
+  saving = lambda x, r: 1.0 - x / r if math.isfinite(r) and r > 0 else math.nan
+  out["token_saving"] = [saving(x, ref) for x in out["tokens_to_target"]]
+  out["time_saving"] = [saving(x, ref_t) for x in out["time_to_target_s"]]
   return out
 
 
