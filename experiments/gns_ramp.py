@@ -34,6 +34,7 @@ from experiments.verdict import declared, declared_text, gated, listing, not_mea
 from pergrad.analysis import calibrate, guards, rules
 from pergrad.analysis.plots import plt, savefig, style
 from pergrad.analysis.runs import (
+  DONE,
   eval_curves,
   read_csv,
   seed_mean,
@@ -141,8 +142,8 @@ def analyze(runs, out_dir: Path) -> None:
   if best.empty:
     return
   lr, steps = float(best["optimizer.lr"].iloc[0]), float(best[STEPS].iloc[0])
-  judged = table[np.isclose(table["optimizer.lr"].astype(float), lr)
-                 & (table["train.seed"] != SELECT_SEED)]
+  judged = table[np.isclose(table["optimizer.lr"].astype(float), lr)  # finished runs only
+                 & (table["train.seed"] != SELECT_SEED) & table["status"].isin(DONE)]
   cur = eval_curves(judged, lambda g: arm(g.iloc[0].to_dict(), steps))
   cur.to_csv(out_dir / "curves.csv", index=False)
   to_target(cur, "fixed", fin).to_csv(out_dir / "to_target.csv", index=False)
