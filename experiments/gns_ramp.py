@@ -131,8 +131,6 @@ def arm(row: dict, steps: float | None = None) -> str:
 def analyze(runs, out_dir: Path) -> None:
   """finals.csv, best.csv (the fixed run's lr search), curves.csv, to_target.csv (the judged
   runs at the chosen lr, fresh seeds), regime.csv (tokens per parameter)."""
-  from pergrad.analysis import n_params
-
   out_dir, table = Path(out_dir), runs.table
   fin = lr_search.with_warmup(runs.finals, runs.sweep_dir)
   fin.to_csv(out_dir / "finals.csv", index=False)
@@ -147,10 +145,26 @@ def analyze(runs, out_dir: Path) -> None:
   cur = eval_curves(judged, lambda g: arm(g.iloc[0].to_dict(), steps))
   cur.to_csv(out_dir / "curves.csv", index=False)
   to_target(cur, "fixed", fin).to_csv(out_dir / "to_target.csv", index=False)
-  overrides = table.attrs.get("overrides") or [f"experiment={NAME}"]
-  n, tokens = n_params(overrides), float(cur.loc[cur["arm"] == "fixed", "tokens"].max())
+  write_regime(table, float(cur.loc[cur["arm"] == "fixed", "tokens"].max()), out_dir, NAME)
+
+
+def write_regime(table: pd.DataFrame, tokens: float, out_dir: Path, name: str) -> None:
+  """regime.csv: the model's parameters (from the sweep's overrides), the tokens of one run,
+  tokens per parameter."""
+  from pergrad.analysis import n_params
+
+  n = n_params(table.attrs.get("overrides") or [f"experiment={name}"])
   pd.DataFrame([{"n_params": n, "tokens": tokens, "tokens_per_param": tokens / n}]).to_csv(
-      out_dir / "regime.csv", index=False)
+      Path(out_dir) / "regime.csv", index=False)
+
+
+def regime_guard(out_dir: Path) -> tuple[guards.Guard, float]:
+  """(`guards.in_regime` of regime.csv's tokens per parameter against the declared
+  Chinchilla-proportioned budget, TPP ÷× SPAN; that value, NaN unmeasured)."""
+  regime = read_csv(Path(out_dir) / "regime.csv")
+  tpp = float(regime["tokens_per_param"].iloc[0]) if len(regime) else math.nan
+  return guards.in_regime({"tokens per parameter": tpp}, [guards.Regime(
+      "tokens per parameter", TPP.value / SPAN.value, TPP.value * SPAN.value, TPP.why)]), tpp
 
 
 def figures(out_dir: Path) -> list[Path]:
@@ -185,10 +199,8 @@ def report(out_dir: Path):
   best = lr_search.load_best(out_dir)
   bracket, stable, _ = lr_search.guards_of(best, lambda r: "fixed")
   warm = lr_search.warm_of(read_csv(out_dir / "finals.csv"), arm, {"ramp", "fixed"})  # every run
+  in_regime, tpp = regime_guard(out_dir)
   regime = read_csv(out_dir / "regime.csv")
-  tpp = float(regime["tokens_per_param"].iloc[0]) if len(regime) else math.nan
-  in_regime = guards.in_regime({"tokens per parameter": tpp}, [guards.Regime(
-      "tokens per parameter", TPP.value / SPAN.value, TPP.value * SPAN.value, TPP.why)])
   cur = read_csv(out_dir / "curves.csv")
   target = float(tt["target"].iloc[0])
   mean_tt = seed_mean_to_target(cur, "fixed", target).set_index("arm")

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from experiments import lr_search, verdict
+from experiments import gns_ramp, lr_search, verdict
 from experiments.record import ROWS, Experiment, register
 from experiments.sweep import (
   Block,
@@ -293,6 +293,7 @@ def analyze(runs, out_dir: Path) -> None:
   budget = float(full_fixed(table)["train/tokens_seen"].max())
   why = fitted_arm(fit, budget, max_batch_size)[1]
   pd.DataFrame([{**(fit or {}), "linear_fit": why}]).to_csv(out_dir / "ramp_fit.csv", index=False)
+  gns_ramp.write_regime(table, budget, out_dir, NAME)  # the paper's 18 %: a Chinchilla budget
 
 
 def figures(out_dir: Path) -> list[Path]:
@@ -335,16 +336,16 @@ def schedule_verdict(pairs: list[rules.Comparison], power: float) -> str:
 
 
 def arm_guards(out_dir: Path, search: pd.DataFrame, best, guided) -> tuple:
-  """The best fixed arm's B strictly inside the fixed sizes and its lr inside its grid, the
-  compared arms' lr one step below any divergence, every compared arm ≥ 20 warmup steps."""
+  """The best arm's B and lr inside their grids, the compared arms' lr one step below any
+  divergence, each ≥ 20 warmup steps, the budget the paper's (`gns_ramp.regime_guard`)."""
   label = lambda r: f"fixed_{int(r[SIZE])}" if r["batch.kind"] == "fixed" else r["batch.kind"]
   base = f"fixed_{int(best[SIZE])}"
   lr, stable, _ = lr_search.guards_of(search, label, {base})
   sizes_b = guards.bracketed({base: (search[SIZE].astype(float), float(best[SIZE]))}, "B")
   fin = pd.read_csv(out_dir / "finals.csv")
   fin = fin[(fin["train.seed"] != SELECT_SEED) & ~is_short(fin)]
-  kinds = {base, *(k.split("_")[0] for k in guided)}  # gns, linear
-  return lr, sizes_b, stable, lr_search.warm_of(fin, label, kinds)
+  warm = lr_search.warm_of(fin, label, {base, *(k.split("_")[0] for k in guided)})  # gns, linear
+  return lr, sizes_b, stable, warm, gns_ramp.regime_guard(out_dir)[0]
 
 
 def report(out_dir: Path) -> verdict.Report:

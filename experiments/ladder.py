@@ -69,9 +69,11 @@ CLAIM = ("Ours, beside the papers: whether each scale-dependent quantity moves t
          "paper's value as the model grows at a fixed tokens-per-parameter budget.")
 RULE = ("Per claim and rung, the quantity from that rung's run of the claim's experiment, with "
         "that experiment's own verdict (its validity guards first); the trend is the sign of "
-        "the change in |value − paper| from the smallest to the largest rung whose verdict is "
-        "decided: 'toward' or 'away', 'undetermined: <guard> at <rung>' when fewer than two "
-        "rungs are decided. Descriptive: no claim is decided here.")
+        "the change in the distance to the paper's value (|value − paper|; for C3c and G2, whose "
+        "paper value is a floor, how far below it) from the smallest to the largest rung whose "
+        "verdict is decided, the rungs left out named: 'toward' or 'away', 'undetermined: "
+        "<guard> at <rung>' when fewer than two rungs are decided. Descriptive (no interval): "
+        "no claim is decided here.")
 
 
 def presets(fam: str) -> list[str]:
@@ -290,18 +292,30 @@ def on_ladder(g: pd.DataFrame) -> pd.DataFrame:
   return g[g["on_ladder"].astype(bool)] if "on_ladder" in g else g
 
 
+# Claims whose paper value is a floor: μ² dominates Adam's v (C3c: r > 1), the norm layers' GNS
+# predicts the total (G2: a high r). Past it is as close as at it; the others are two-sided.
+ONE_SIDED = ("moments", "gns_layers")
+
+
+def distance(name: str, value: float, paper: float) -> float:
+  """How far `value` is from the paper's (0 past a floor, `ONE_SIDED`)."""
+  return max(0.0, paper - value) if name in ONE_SIDED else abs(value - paper)
+
+
 def trend(g: pd.DataFrame) -> str:
-  """toward | away | flat (the paper's distance from the smallest to the largest decided rung
-  with a finite value), else "undetermined: <why>"."""
+  """toward | away | flat (the paper's `distance` from the smallest to the largest decided rung
+  with a finite value; the rungs left out named), else "undetermined: <why>"."""
   g = on_ladder(g).sort_values("n_params")
   ok = g[g["verdict"].map(decided) & np.isfinite(g["value"].astype(float))]
   if len(ok) < 2:
     why = "; ".join(f"{v.removeprefix('undetermined: ')} at {r}"
                     for r, v in zip(g["rung"], g["verdict"], strict=True) if not decided(v))
     return f"undetermined: {why or 'fewer than two finite values'}"
-  first, last = (abs(float(ok[c].iloc[i]) - float(ok["paper"].iloc[0]))
-                 for i, c in ((0, "value"), (-1, "value")))
-  return "flat" if math.isclose(first, last) else "toward" if last < first else "away"
+  name, paper = str(ok["experiment"].iloc[0]), float(ok["paper"].iloc[0])
+  first, last = (distance(name, float(ok["value"].iloc[i]), paper) for i in (0, -1))
+  out = "flat" if math.isclose(first, last) else "toward" if last < first else "away"
+  left = [str(r) for r in g["rung"] if r not in set(ok["rung"])]
+  return out + (f" ({', '.join(left)} undetermined or not measured, left out)" if left else "")
 
 
 def figures(out_dir: Path) -> list[Path]:

@@ -63,13 +63,19 @@ def _schedule_table(speedup: dict[str, float], seeds=(1, 2, 3), n_evals=25, budg
   return pd.DataFrame(rows)
 
 
-def _schedule_report(tmp_path, name, table):
+def _schedule_report(tmp_path, name, table, tokens_per_param=20.0):
+  """The report of `table` analysed; regime.csv then set to `tokens_per_param` (the fixture's
+  runs are too short for any model's; None: as analysed, from the `tiny` model)."""
   from experiments import gns_schedule, record
   from pergrad.analysis import runs
 
   d = tmp_path / name
   d.mkdir()
   gns_schedule.analyze(record.Runs(d, table, runs.finals(table)), d)
+  assert pd.read_csv(d / "regime.csv")["n_params"].iloc[0] > 600_000  # the tiny model's
+  if tokens_per_param is not None:
+    pd.DataFrame([{"n_params": 640, "tokens": 12_800, "tokens_per_param": tokens_per_param}]
+                 ).to_csv(d / "regime.csv", index=False)
   assert gns_schedule.figures(d)[0].exists()
   tracked = pd.read_csv(d / "gns.csv")  # the figure's B_simple: each row at a known token count
   assert tracked[["tokens", "arm"]].notna().all().all()
@@ -337,3 +343,12 @@ def test_judging_the_best_fixed_arm_on_seeds_it_was_not_ranked_on_keeps_the_rate
   se = math.sqrt(0.025 * 0.975 / n)
   assert loses["other seeds"] / n <= 0.025 + 3 * se, loses
   assert loses["same seeds"] / n > 0.025 + 3 * se, loses
+
+
+def test_gns_schedule_outside_the_papers_budget_is_undetermined(tmp_path):
+  """The paper's 18 % is on a Chinchilla-optimal model: the cpu preset's tiny model on its
+  budget (about 1.2 tokens per parameter) cannot decide the claim either way."""
+  arms = {"gns_norm": 1.5, "linear_paper": 1.4, "linear_fit": 1.3}
+  rep, _ = _schedule_report(tmp_path, "short_budget", _schedule_table(arms), 1.2)
+  assert rep.verdict == "undetermined: in_regime" and rep.rule_verdict == "reproduced"
+  assert "tokens per parameter 1.2, declared in [10, 40]" in rep.guards_text()

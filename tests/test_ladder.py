@@ -112,7 +112,8 @@ def test_figures_trend_and_readme_rendered_from_a_constructed_ladder_csv(tmp_pat
   _points().assign(value=float("nan")).to_csv(nan_dir / ladder.LADDER_CSV, index=False)
   assert len(ladder.figures(nan_dir)) == 4
   assert ladder.report(nan_dir).verdict.startswith("0 toward, 0 away, 0 flat, 4 undetermined")
-  assert "C3c: toward" in rep.checks and "C4: away" in rep.checks and "G2: toward" in rep.checks
+  assert "C3c: toward" in rep.checks and "C4: away" in rep.checks
+  assert "G2: toward (xs undetermined or not measured, left out)" in rep.checks
   assert "G3: undetermined: bracketed at xxs; not yet run at xs" in rep.checks
   assert "C3c 0.3→0.5→0.8 (toward)" in rep.ours
   info = {"command": "python scripts/reproduce.py ladder --preset cpu", "preset": "cpu",
@@ -147,3 +148,14 @@ def test_the_family_model_is_drawn_beside_the_rungs_and_left_out_of_the_trend(tm
   assert list(fam["experiment"]) == [n for n in ladder.LADDER_EXPERIMENTS if n != "gns_ramp"]
   assert not fam["on_ladder"].any() and fam["value"].isna().all()
   assert (fam["tokens_per_param"] < ladder.TOKENS_PER_PARAM["cpu"]).all()
+
+
+def test_a_floor_is_as_close_past_it_as_at_it():
+  """C3c's paper value is a floor (r > 1): 0.8 → 3.0 moves toward it, not away; G2's too
+  (0.96 → 0.99 is flat, both past 0.95); C4's is two-sided (0.45 → 0.6 moves away)."""
+  row = lambda n, r, size, v: {"experiment": n, "rung": r, "n_params": size, "value": v,
+                               "paper": ladder.PAPER[n], "verdict": "reproduced"}
+  pts = lambda n, a, b: pd.DataFrame([row(n, "xxs", 1, a), row(n, "s", 2, b)])
+  assert ladder.trend(pts("moments", 0.8, 3.0)) == "toward"
+  assert ladder.trend(pts("gns_layers", 0.96, 0.99)) == "flat"
+  assert ladder.trend(pts("lr_exponent", 0.45, 0.6)) == "away"
