@@ -2,9 +2,10 @@
 against √ scaling (α = 0.5), over batch sizes from well below to above the measured B_simple.
 
 Per B: Adam at a √2 grid of absolute lrs centred on Adam's tuned lr × √(B / B_ref), two
-selection seeds, extended until bracketed; every run at the same examples (warmup ≥ 20 steps
-at the largest B). Each seed's lr* is the vertex of a parabola in log lr through its three
-lowest-loss neighbours (the grid point when the vertex leaves them), from its finished runs;
+selection seeds, extended until each seed's best lr is bracketed (`LrSearch.each_seed`); every
+run at the same examples (warmup ≥ 20 steps at the largest B). Each seed's lr* is the vertex
+of a parabola in log lr through its three lowest-loss neighbours (the grid point when the
+vertex leaves them), from its finished runs;
 the guards check each seed's lr* (the quantity fitted), not only the seeds' mean. α is the
 least-squares slope on log B of log lr* averaged over the seeds at each B, its interval
 Student's t on those B-level residuals (n = the number of B): the seeds at one B share its
@@ -66,7 +67,7 @@ def sweep(preset: str, inputs: Inputs | None = None) -> Sweep:
       fixed={"train.steps": examples // b, "train.eval_every": max(examples // b // 8, 1),
              "schedule.warmup_steps": max(warm // b, 1),
              "logging.log_every": max(examples // b // 50, 1)}) for b in sizes)
-  search = LrSearch((KEY,), factor=math.sqrt(2), max_extend=0 if ci else 2)
+  search = LrSearch((KEY,), factor=math.sqrt(2), max_extend=0 if ci else 2, each_seed=True)
   # cpu: 6 sizes × 5 lrs × 2 seeds = 60 runs of 12,800 examples (~40 min with the GNS)
   return Sweep(base_for(NAME, preset), blocks, search,
                wall_estimate_min={"ci": 0.5, "cpu": 40}.get(preset))

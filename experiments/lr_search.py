@@ -51,10 +51,11 @@ def marked_finals(table: pd.DataFrame, base: dict, extra: Sequence[str] = ()) ->
 
 def best_lr(fin: pd.DataFrame, group_keys: Sequence[str], lr_key: str,
             seed_key: str = "train.seed", metric: str = "final_eval_loss",
-            select_seed=None) -> pd.DataFrame:
+            select_seed=None, each_seed: bool = False) -> pd.DataFrame:
   """Per group (a missing key reads as None): the lr chosen on the selection seeds (`select_seed`,
   one or a tuple; else the group's lowest), `select_loss` there, the fresh seeds' losses at it
-  (a diverged seed makes the mean inf), the lr grid, its edges and divergences."""
+  (a diverged seed makes the mean inf), the lr grid, its edges (`each_seed`: also where one
+  selection seed's own lowest loss is at an edge) and divergences."""
   rows = []
   completed = fin[fin["status"].isin(DONE)] if "status" in fin else fin
   completed = completed.assign(**{k: None for k in group_keys if k not in completed})
@@ -71,6 +72,12 @@ def best_lr(fin: pd.DataFrame, group_keys: Sequence[str], lr_key: str,
     finite = np.isfinite(per_lr.to_numpy(dtype=float))
     best = per_lr.idxmin() if finite.any() else lrs[0]
     i = lrs.index(best)
+    edge = "low" if i == 0 else ("high" if i == len(lrs) - 1 else "")
+    for _, d in (s0.groupby(seed_key) if each_seed and finite[i] and has_seed else ()):
+      own = d.groupby(lr_key)[metric].mean().astype(float)  # a seed's own best at an edge
+      own = own[np.isfinite(own)]
+      j = lrs.index(own.idxmin()) if len(own) else -1
+      edge = edge or ("low" if j == 0 else "high" if j == len(lrs) - 1 else "")
     fresh = (g[~in_seeds(g[seed_key], sel) & np.isclose(g[lr_key].astype(float), float(best),
                                                    rtol=1e-9)].sort_values(seed_key)
              if has_seed else g.iloc[:0])
@@ -87,8 +94,8 @@ def best_lr(fin: pd.DataFrame, group_keys: Sequence[str], lr_key: str,
         "n_seeds": len(vals),
         "fresh_seeds": " ".join(fmt(from_table(x)) for x in fresh[seed_key]) if has_seed else "",
         "fresh_losses": " ".join(repr(v) for v in vals),
-        "at_edge": bool(finite[i] and (i == 0 or i == len(lrs) - 1)),
-        "edge": "low" if i == 0 else ("high" if i == len(lrs) - 1 else ""),
+        "at_edge": bool(finite[i] and edge),
+        "edge": edge,
         "grid": " ".join(fmt(float(x)) for x in lrs),
         "n_diverged": int((~finite).sum()),
         "all_diverged": bool(not finite.any()),
@@ -170,7 +177,8 @@ def follow_up_blocks(sweep: Sweep, fin: pd.DataFrame) -> tuple[list[Block], str]
   if ls is None or fin.empty:
     return [], "none"
   seed0 = list(select_seeds(sweep))
-  best = best_lr(fin, ls.group_keys, ls.lr_key, ls.seed_key, select_seed=tuple(seed0))
+  best = best_lr(fin, ls.group_keys, ls.lr_key, ls.seed_key, select_seed=tuple(seed0),
+                 each_seed=ls.each_seed)
   extend, seeds, moving = [], [], []  # moving: the groups whose lr grid grows this round
   for _, b in best.iterrows():
     group = {k: from_table(b[k]) for k in ls.group_keys}

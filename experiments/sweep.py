@@ -120,7 +120,9 @@ class LrSearch:
   """`POLICY` per group of `group_keys`: the lowest mean final eval loss over the selection
   seeds (the first block's) picks the lr; a best lr at an edge extends the grid by `factor`
   (≤ `max_extend` times a side, an all-diverged group down to `diverged_floor` below it);
-  `tuned`: a value chosen beside the lr, its grid extended past an edge likewise (`Tuned`);
+  `each_seed`: also where one selection seed's own best lr is at an edge (an experiment that
+  reads each seed's lr*, `lr_exponent`); `tuned`: a value chosen beside the lr, its grid
+  extended past an edge likewise (`Tuned`);
   `more`: the fresh seeds are a pilot, more seeds added where a comparison is under-powered
   (`MoreSeeds`)."""
 
@@ -133,6 +135,7 @@ class LrSearch:
   diverged_floor: float = 100.0
   tuned: Tuned | None = None
   more: MoreSeeds | None = None
+  each_seed: bool = False
 
   def __post_init__(self):
     if self.more is not None and len(self.seeds) < MIN_PILOT:

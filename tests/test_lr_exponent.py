@@ -151,3 +151,27 @@ def test_the_interval_keeps_its_coverage_when_a_bs_seeds_share_a_deviation():
   se = math.sqrt(0.1 * 0.9 / n)
   assert abs(cover / n - 0.90) < 3 * se, cover / n
   assert false / n <= 0.05 + 3 * math.sqrt(0.05 * 0.95 / n), false / n
+
+
+def test_a_seed_whose_best_lr_is_at_its_grid_edge_extends_the_grid(tmp_path):
+  """Seed 0's best lr at B = 16 is the grid's lowest while the seeds' mean is inside: the
+  search extends that B's grid below (`LrSearch.each_seed`), as it would for the mean."""
+  from test_record import needed_runs
+
+  sw = le.sweep("cpu", needed_runs(tmp_path, "cpu"))
+  rows = []
+  for b in sw.blocks:
+    for p in b.points():
+      lrs = sorted(b.grid[le.LR])
+      k = lrs.index(p[le.LR])
+      own = ([4.00, 4.05, 4.10, 4.20, 4.30] if p[le.SEED] == 0 else [4.5, 4.1, 4.0, 4.1, 4.3]
+             ) if p[le.KEY] == 16 else [4.3, 4.1, 4.0, 4.1, 4.3]
+      rows.append({**p, "run": run_dirname(p), "status": "completed",
+                   "final_eval_loss": own[k], "diverged": False})
+  fin = pd.DataFrame(rows)
+  blocks, kind = lr_search.follow_up_blocks(sw, fin)
+  low = min(next(b for b in sw.blocks if b.grid[le.KEY] == [16]).grid[le.LR])
+  assert kind == "extend" and [b.grid[le.KEY] for b in blocks] == [[16]]
+  assert blocks[0].grid[le.LR] == [float(f"{low / math.sqrt(2):.3g}")]
+  mean_only = lr_search.best_lr(fin, (le.KEY,), le.LR, select_seed=le.SELECT)
+  assert not mean_only["at_edge"].any()  # the seeds' mean alone would not have extended it
