@@ -71,8 +71,7 @@ RULE = (f"Each GNS-guided schedule ({', '.join(GUIDED)}) at the best fixed arm's
         f"in final eval loss at equal tokens: {rules.PAIR_WIN}. The effect each pair must detect "
         f"is declared ({EFFECT.value:g} nats, the paper's 18% in loss units); Δ18, the best fixed "
         "arm's seed-mean final loss on 82% of the tokens minus on all, re-measures it beside. "
-        "Reproduced if every schedule wins, not reproduced if one loses or none wins while the "
-        "rule has power ≥ 0.8, partly reproduced if some win, undetermined otherwise. Tokens and "
+        f"{rules.PAIRS_VERDICT.capitalize()} (each schedule a pair). Tokens and "
         "wall time to the fixed arm's final loss on seed-mean curves are reported, not judged.")
 
 
@@ -325,16 +324,6 @@ def figures(out_dir: Path) -> list[Path]:
   return [savefig(fig, out_dir / "gns_schedule.png")]
 
 
-def schedule_verdict(pairs: list[rules.Comparison], power: float) -> str:
-  """`RULE`: `rules.verdict_of`, except that without a win and a loss, ties all round say "not
-  reproduced" at power ≥ `calibrate.MIN_POWER`, else "undetermined"."""
-  out, decided = [p.outcome for p in pairs], rules.verdict_of(pairs)
-  if decided in (rules.REPRODUCED, rules.NOT_REPRODUCED) or rules.WIN in out:
-    return decided
-  tied = all(o == rules.TIE for o in out) and power >= calibrate.MIN_POWER
-  return rules.NOT_REPRODUCED if tied else rules.UNDETERMINED
-
-
 def arm_guards(out_dir: Path, search: pd.DataFrame, best, guided) -> tuple:
   """The best arm's B and lr inside their grids, the compared arms' lr one step below any
   divergence, each ≥ 20 warmup steps, the budget the paper's (`gns_ramp.regime_guard`)."""
@@ -366,7 +355,6 @@ def report(out_dir: Path) -> verdict.Report:
   delta = float(np.mean(short) - np.mean(full)) if len(short) and len(full) else math.nan
   cals = {f"{k} vs {base}": calibrate.of_arms(losses.get(k, []), full, EFFECT.value)
           for k in guided}
-  cal = calibrate.weakest(cals.values())
   mean_tt = seed_mean_to_target(pd.read_csv(out_dir / "curves.csv"), base, target)
   by_arm = tt.groupby("arm").agg(
       final_eval_loss=("final_eval_loss", "mean"), final_std=("final_eval_loss", "std"),
@@ -380,12 +368,11 @@ def report(out_dir: Path) -> verdict.Report:
   save = verdict.listing(((a, saving.loc[a]) for a in (*GUIDED, *BASELINES) if a in saving.index),
                  lambda r: pct(r["token_saving"]) + (f" (time {pct(r['time_saving'])})" if
                                                      math.isfinite(r["token_saving"]) else ""))
-  power = cal.power if cal is not None else math.nan
   checks = (f"baseline: fixed B = {int(best[SIZE])} at lr {best['optimizer.lr']:g}",
             *(p.sentence() for p in pairs), f"Δ18 = {delta:.3g}", verdict.declared_text(EFFECT),
             *([f"linear_fit not run: {why}"] if "linear_fit" not in guided else []))
   return verdict.gated(
-      schedule_verdict(pairs, power), cals, arm_guards(out_dir, search, best, guided),
+      rules.verdict_of(pairs), cals, arm_guards(out_dir, search, best, guided),
       rule=RULE, paper=PAPER, checks=checks,
       ours=f"token (wall-time) saving to B={int(best[SIZE])}'s final loss: {save or 'n/a'}; "
       f"{verdict.outcomes(pairs)}",

@@ -199,7 +199,6 @@ def test_gns_schedule_identical_arms_rarely_lose():
   # A schedule identical to the fixed arm, judged on final loss at equal tokens with 3
   # seeds: a LOSS (not reproduced) at the pair rule's one-sided rate 0.025, not the ~50 % of
   # a rule where not reaching the fixed arm's own final loss counts as a loss.
-  from experiments import gns_schedule as gs
   from pergrad.analysis import rules
 
   rng = np.random.default_rng(1)
@@ -211,10 +210,10 @@ def test_gns_schedule_identical_arms_rarely_lose():
   assert 0.01 < loss / n < 0.04 and 0.45 < reached / n < 0.55
   tie = rules.Comparison("s", "f", rules.TIE, 4.0, 4.0, 0.01)
   win = rules.Comparison("s", "f", rules.WIN, 3.9, 4.0, 0.01)
-  assert gs.schedule_verdict([tie] * 3, power=0.9) == "not reproduced"
-  assert gs.schedule_verdict([tie] * 3, power=0.5) == "undetermined"
-  assert gs.schedule_verdict([tie] * 3, power=float("nan")) == "undetermined"
-  assert gs.schedule_verdict([win, tie, tie], power=0.5) == "partly reproduced"
+  und = rules.Comparison("s", "f", rules.UNDETERMINED, 4.0, math.nan, math.nan)
+  assert rules.verdict_of([tie] * 3) == "not reproduced"  # under-powered: the powered guard's
+  assert rules.verdict_of([tie, und]) == "undetermined"  # no win anywhere, one pair undecided
+  assert rules.verdict_of([win, tie, tie]) == "partly reproduced"
 
 
 def test_gns_schedule_follow_up_runs_every_arm_and_each_composes(monkeypatch):

@@ -232,3 +232,15 @@ def test_the_analysis_package_imports_no_jax(tmp_path):
           "print(sorted(m for m in sys.modules if m == 'jax' or m.startswith('jax.')))\n")
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
   assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_ties_alone_are_never_a_partial_success():
+  """A tie is no expected win: ties all round read 'not reproduced' (the powered guard makes
+  it 'undetermined: powered' where the rule could not have detected the declared effect),
+  ties beside undetermined pairs 'undetermined'; 'partly' needs a win."""
+  c = lambda o: rules.Comparison("a", "b", o, 4.0, 4.0, 0.01)
+  assert rules.verdict_of([c(rules.TIE)]) == rules.NOT_REPRODUCED
+  assert rules.verdict_of([c(rules.TIE), c(rules.UNDETERMINED)]) == rules.UNDETERMINED
+  assert rules.verdict_of([c(rules.WIN), c(rules.TIE)]) == rules.PARTLY
+  assert rules.verdict_of([c(rules.WIN), c(rules.LOSS)]) == rules.NOT_REPRODUCED
+  assert rules.verdict_of([c(rules.UNDETERMINED)] * 2) == rules.UNDETERMINED

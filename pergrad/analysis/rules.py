@@ -18,8 +18,9 @@ REPRODUCED, NOT_REPRODUCED, PARTLY = "reproduced", "not reproduced", "partly rep
 PAIR_ALPHA = 0.025  # per side: identical arms are called different ≤ 5 % of the time
 PAIR_WIN = ("A beats B when the 95% Welch interval of mean_B − mean_A lies above 0 (diverged "
             "seeds lose; < 2 seeds: undetermined)")
-PAIRS_VERDICT = ("reproduced if every expected pair is a win, not reproduced if one is a loss, "
-                 "undetermined if all are, partly reproduced otherwise")
+PAIRS_VERDICT = ("reproduced if every expected pair is a win, not reproduced if one is a loss "
+                 "or every one ties (at power ≥ 0.8, the powered guard's), partly reproduced if "
+                 "some but not all win, undetermined otherwise")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,11 +78,11 @@ def compare(a, b, names=("A", "B"), *, lower_is_better: bool = True,
 def verdict_of(pairs: Sequence[Comparison]) -> str:
   """`PAIRS_VERDICT` on comparisons each expected to be a win."""
   out = [p.outcome for p in pairs]
-  if LOSS in out:
+  if LOSS in out or (out and all(o == TIE for o in out)):  # no expected win shows anywhere
     return NOT_REPRODUCED
   if all(o == WIN for o in out):
     return REPRODUCED
-  return UNDETERMINED if all(o == UNDETERMINED for o in out) else PARTLY
+  return PARTLY if WIN in out else UNDETERMINED  # ties beside undetermined pairs: no win
 
 
 def decide(groups: Mapping[str, Sequence[float]], expected, *, lower_is_better=True,
