@@ -118,10 +118,14 @@ def _seed_curves(g: pd.DataFrame, xs) -> np.ndarray:
 
 
 def margin(ref_margin: np.ndarray) -> float:
-  """MARGIN_SPREADS × the spread of the margin seeds' curve averages (≥ MIN_MARGIN)."""
+  """MARGIN_SPREADS × the spread of the margin seeds' curve averages (≥ MIN_MARGIN); NaN when
+  a margin seed diverged or stopped before a point (its spread is unknown, never the floor)."""
   if len(ref_margin) < 2:
     return FALLBACK_MARGIN
-  return max(MIN_MARGIN, MARGIN_SPREADS * float(np.std(ref_margin.mean(axis=1), ddof=1)))
+  avg = ref_margin.mean(axis=1)
+  if not np.isfinite(avg).all():
+    return math.nan
+  return max(MIN_MARGIN, MARGIN_SPREADS * float(np.std(avg, ddof=1)))
 
 
 def spread(y_SxP: np.ndarray) -> float:
@@ -132,7 +136,8 @@ def spread(y_SxP: np.ndarray) -> float:
 
 def collapse(curves: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, float]:
   """(summary per scaling and B, per-seed mean |gap| to B_ref's seed-mean curve, margin),
-  over the second half's eval points; B_ref's margin seeds only set the margin."""
+  over the second half's eval points (`LONG`, on k× the examples: at k× those, the same
+  share of its schedule); B_ref's margin seeds only set the margin (NaN: nothing decided)."""
   ref_b = int(curves["ref"].iloc[0])
   ref = curves[curves[KEY] == ref_b]
   xs = np.array(sorted(x for x in ref.dropna(subset=["eval/loss"])["examples_seen"].unique()
@@ -143,10 +148,11 @@ def collapse(curves: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, float]:
   m_ref = ref_y.mean(axis=0)
   rows, mis = [], []
   for (sc, b), runs in curves[curves[KEY] != ref_b].groupby([SCALING, KEY], sort=False):
-    y = _seed_curves(runs, xs)
+    k = round(runs["examples_seen"].max() / ref["examples_seen"].max()) if sc == LONG else 1
+    y = _seed_curves(runs, xs * k)
     eq = rules.equivalence(y, ref_y, m)
-    out = (COLLAPSES if eq.equivalent else BREAKS if eq.equivalent is False and eq.beyond
-           else UNDETERMINED)
+    out = (UNDETERMINED if not math.isfinite(m) else COLLAPSES if eq.equivalent
+           else BREAKS if eq.equivalent is False and eq.beyond else UNDETERMINED)
     for s, row in zip(sorted(runs[SEED].unique()), y, strict=False):
       d = np.abs(row - m_ref)
       mis.append({SCALING: sc, KEY: int(b), SEED: int(s),
@@ -244,7 +250,9 @@ def report(out_dir):
   cals |= {f"{p.a} vs {p.b}": calibrate.of_arms(vals("sqrt"), vals(p.b.split(" at ")[0]), m)
            for p in pairs}
   ours = "; ".join(f"{sc}: collapses at B={by[sc][COLLAPSES]}, breaks at B={by[sc][BREAKS]}"
-                   for sc in by) + f" (margin ±{m:.3g}); at B={at}: {outcomes(pairs)}"
+                   for sc in by) + (f" (margin ±{m:.3g})" if math.isfinite(m) else
+                                    " (no margin: a margin seed diverged or stopped early)"
+                                    ) + f"; at B={at}: {outcomes(pairs)}"
   checked = (*arm_guards(out_dir), regime(pd.read_csv(Path(out_dir) / "curves.csv")))
   return gated(verdict, cals, checked, rule=RULE, paper=PAPER, ours=ours,
                checks=(*(p.sentence() for p in pairs),

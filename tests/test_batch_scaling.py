@@ -255,3 +255,38 @@ def test_rule_needs_batch_sizes_on_both_sides_of_b_simple(tmp_path):
   assert "min B / B_simple 2, declared ≤ 0.5" in rep.guards_text()
   sw = bs.sweep("ci")
   assert sw.blocks[0].fixed["stats.gns"] is True  # B_ref's runs track it
+
+
+def test_the_2x_arm_is_read_at_the_same_share_of_its_schedule(tmp_path):
+  """sqrt_2x (B = 128 on twice the examples) learns as B_ref does per half the examples:
+  read at twice B_ref's second-half points (the same share of its schedule) it collapses
+  (gap 0); read at B_ref's own points, the first half of its run, it would read a gap."""
+  def offset(b, scaling, x):
+    return {128: 0.1}.get(b, 0.0) if scaling == "sqrt" else 0.1 * _log2(b)
+
+  table = _table(offset)
+  steps = 2 * EXAMPLES // 128
+  long_rows = [{"run": run_dirname({bs.KEY: 128, bs.REF: REF, bs.SCALING: "sqrt", bs.SEED: s,
+                                    "train.steps": steps}), "status": "completed",
+                bs.KEY: 128, bs.REF: REF, bs.SCALING: "sqrt", bs.SEED: s, "train.steps": steps,
+                "step": k, "eval/loss": 4 + 3 * math.exp(-k * 128 / 2 / 2500) + so,
+                "train/loss": 4.0, "train/lr": 1e-2, bs.B_SIMPLE: np.nan}
+               for s, so in enumerate(SEEDS3) for k in range(0, steps + 1, EVAL_EXAMPLES // 128)]
+  _, _, col = _run_rule(tmp_path, pd.concat([table, pd.DataFrame(long_rows)], ignore_index=True))
+  long = _cell(col, bs.LONG, 128)
+  assert long["outcome"] == C and abs(long["gap"]) < 1e-9, long.to_dict()
+
+
+def test_a_margin_seed_that_stopped_early_leaves_nothing_decided(tmp_path):
+  """A margin seed without a loss at a second-half point has no spread: the margin is NaN,
+  never the floor (which the NaN spread fell to before), and nothing collapses or breaks."""
+  assert math.isnan(bs.margin(np.array([[4.10] * 13, [4.13] * 13, [math.inf] * 13])))
+
+  def offset(b, scaling, x):
+    return {128: 0.1}.get(b, 0.0) if scaling == "sqrt" else 0.1 * _log2(b)
+
+  table = _table(offset, margin=(-0.01, 0.0, 0.01))
+  cut = (table[bs.SEED] == 102) & (table["step"] * table[bs.KEY] > 8_000)
+  rep, (v, by, _, _), _ = _run_rule(tmp_path, table[~cut])
+  assert "no margin: a margin seed diverged or stopped early" in rep.ours
+  assert by["sqrt"][C] == by["sqrt"][B] == [] and v == rules.UNDETERMINED
