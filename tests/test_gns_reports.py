@@ -23,11 +23,12 @@ REPS = 11
 SELF = list(np.linspace(0.99, 1.01, REPS))  # the baseline timed against itself
 
 
-def _bench(ratios: dict[str, list[float]], flops: dict[str, float], base=0.1) -> dict:
+def _bench(ratios: dict[str, list[float]], flops: dict[str, float], base=0.1,
+           self_ratios=SELF) -> dict:
   """A bench.json whose variants take base·ratio per rep, paired with the fastest plain step
-  (here "contraction", whose own row pairs it with itself)."""
+  (here "contraction", whose own row pairs it with itself, `self_ratios`)."""
   rows = []
-  for var, rs in {"contraction/mean": SELF, **ratios}.items():
+  for var, rs in {"contraction/mean": self_ratios, **ratios}.items():
     backend, stats = var.split("/")
     rows.append(dict(preset="tiny", B=8, backend=backend, stats=stats, baseline="contraction",
                      times=[base * r for r in rs], base_times=[base] * len(rs),
@@ -35,11 +36,12 @@ def _bench(ratios: dict[str, list[float]], flops: dict[str, float], base=0.1) ->
   return {"rows": rows}
 
 
-def _norm_cost(tmp_path, name, ratios, flops):
+def _norm_cost(tmp_path, name, ratios, flops, self_ratios=SELF):
   d = tmp_path / name
   d.mkdir()
   (d / "sweep").mkdir()
-  (d / "sweep" / "bench.json").write_text(json.dumps(_bench(ratios, flops)))
+  (d / "sweep" / "bench.json").write_text(json.dumps(_bench(ratios, flops,
+                                                            self_ratios=self_ratios)))
   norm_cost.analyze(Runs(d / "sweep"), d)
   assert norm_cost.figures(d)[0].exists()
   return norm_cost.report(d)
@@ -66,6 +68,19 @@ def test_norm_cost_verdicts(tmp_path):
   slow = {**ok, "surgery/norms": [1.4, 1.41, 1.39, 1.42, 1.4] * 2 + [1.4]}
   rep = _norm_cost(tmp_path, "slow", slow, {"surgery/norms": 1.003})
   assert rep.verdict == "not reproduced" and "(fails; baseline self-ratio" in rep.finding
+
+
+def test_norm_cost_is_powered_for_a_free_variant_not_a_faster_one(tmp_path):
+  """The normalization layers' bound is 1.01: 'a variant 0.05 below its bound' would be one
+  4 % faster than the plain step it adds work to. At the cpu run's self-ratio noise (IQR about
+  0.06) the rule cannot show a truly free variant within 1.01, so it is under-powered."""
+  wide = list(1.0 + 0.045 * np.linspace(-1.5, 1.5, REPS))
+  ratios = {"surgery/norms": [1.0] * REPS, "surgery/norms@norm": wide}
+  rep = _norm_cost(tmp_path, "free", ratios, {"surgery/norms": 1.003}, self_ratios=wide)
+  cal = rep.calibrations["normalization layers only"]
+  assert abs(cal["effect"] - 0.01) < 1e-12 and cal["power"] < 0.8  # at 1.00: the claim's
+  assert rep.verdict == "undetermined: powered", rep.verdict
+  assert rep.calibrations["all layers"]["effect"] == norm_cost.EFFECT.value  # 1.35: 0.05 below
 
 
 def test_norm_cost_paired_rows_and_summary(tmp_path):
