@@ -178,8 +178,8 @@ def report(out_dir: Path):
         r = v[col].dropna().tolist()
         values[f"μ² ({cell})"], values[f"1 ({cell})"] = r, [1.0] * len(r)
         expected.append((f"μ² ({cell})", f"1 ({cell})"))
-        cals[f"{cell}"] = calibrate.calibrate("pair", calibrate.std(r), len(r), EFFECT.value,
-                                              n_b=len(r), noise_b=0.0)
+        cals[f"μ² ({cell}) vs 1 ({cell})"] = calibrate.calibrate(
+            "pair", calibrate.std(r), len(r), EFFECT.value, n_b=len(r), noise_b=0.0)
         rows.append({"window": w, "B": "ref" if b is None else b, "view": name,
                      "r_mean": float(np.mean(r)) if r else np.nan, "n_seeds": len(r),
                      "weighted_median": float(v["weighted_median" + (

@@ -5,6 +5,7 @@ with: `finding`, `not_measured`, `gated` (the validity guards, then the verdict)
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 
 import pandas as pd
@@ -127,14 +128,15 @@ def sections(*parts) -> str:
   return "\n\n".join(md_table(p) if isinstance(p, pd.DataFrame) else p for p in parts)
 
 
-def gated(verdict: str, cals, checked=(), **kw) -> Report:
+def gated(verdict: str, cals, checked=(), moot=(), **kw) -> Report:
   """The Report of `verdict` after the validity guards (`pergrad.analysis.guards`): those
   `checked` by the experiment (bracketed, stable, warm, in_regime) and `powered` over `cals`
-  ({comparison: its `Calibration`}, or one); a failed one makes the verdict "undetermined:
-  <guard>". The claims table shows the weakest comparison's error rates."""
+  ({comparison: its `Calibration`}, or one; `moot`: those that cannot change the verdict); a
+  failed one makes the verdict "undetermined: <guard>". The claims table shows the weakest
+  comparison's error rates."""
   cals = cals if isinstance(cals, dict) else {"rule": cals}
-  every = (*checked, guards.powered(cals))
-  weakest = calibrate.weakest(cals.values())
+  every = (*checked, guards.powered(cals, moot=moot))
+  weakest = calibrate.weakest([c for k, c in cals.items() if k not in moot] or cals.values())
   shown = guards.apply(verdict, every)
   overridden = shown != verdict and not verdict.startswith(guards.UNDETERMINED)
   return Report(verdict=shown, rule_verdict=verdict if overridden else "",
@@ -160,6 +162,32 @@ def groups(values: dict) -> str:
   return "; ".join(f"{k}: {rules.summarize(v)}" for k, v in values.items())
 
 
+MOOT_MAX = 8  # under-powered comparisons whose outcomes `moot` enumerates (3^8 verdicts)
+
+
+def moot(verdict: str, pairs, cals: dict, verdict_fn=None) -> tuple[str, ...]:
+  """The under-powered comparisons (`cals`' keys "a vs b", power < `calibrate.MIN_POWER`) whose
+  outcomes cannot change the verdict: `verdict_fn` (default `rules.verdict_of`) of the pairs
+  gives the same verdict for every outcome (win, tie, loss, undetermined) of all of them
+  together, so `verdict` rests on the powered ones alone (e.g. a powered loss, where one loss
+  decides). Empty when any under-powered key is no pair, past MOOT_MAX of them, or when
+  `verdict` is not `verdict_fn`'s of `pairs`."""
+  fn = verdict_fn or rules.verdict_of
+  at = {f"{p.a} vs {p.b}": i for i, p in enumerate(pairs)}
+  weak = [k for k, c in cals.items() if c.source != calibrate.DIVERGED
+          and not c.power >= calibrate.MIN_POWER]
+  if not weak or len(weak) > MOOT_MAX or any(k not in at for k in weak) or fn(pairs) != verdict:
+    return ()
+  now, outs = verdict, (rules.WIN, rules.TIE, rules.LOSS, rules.UNDETERMINED)
+  for combo in itertools.product(outs, repeat=len(weak)):
+    swapped = list(pairs)
+    for k, o in zip(weak, combo, strict=True):
+      swapped[at[k]] = dataclasses.replace(swapped[at[k]], outcome=o)
+    if fn(swapped) != now:
+      return ()
+  return tuple(weak)
+
+
 def pairs_report(values: dict, expected: list, *, rule: str, paper: str, effect: float,
                  numbers_md: str = "", checks=(), verdict_fn=None, planned=(),
                  lower_is_better: bool = True, cals: dict | None = None, checked=(),
@@ -180,7 +208,8 @@ def pairs_report(values: dict, expected: list, *, rule: str, paper: str, effect:
     cals = {f"{a} vs {b}": calibrate.of_arms(values.get(a, ()), values.get(b, ()), effect,
                                              pilot=pilot) for a, b in expected}
   missing = [g for g in planned if g not in values]
-  return gated(verdict, cals, checked, rule=rule, paper=paper, ours=outcomes(pairs),
+  return gated(verdict, cals, checked, moot=moot(verdict, pairs, cals, verdict_fn), rule=rule,
+               paper=paper, ours=outcomes(pairs),
                checks=(groups({k: values[k] for k in values if k in used}),
                        *(p.sentence() for p in pairs), *checks,
                        *([f"Not run in this preset: {missing}"] if missing else [])),

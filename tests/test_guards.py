@@ -124,3 +124,22 @@ def test_a_report_shows_the_failed_guard_as_its_verdict():
   assert Report.from_json(doc).headline == f"undetermined: warm (the rule alone: {R})"
   assert gated(R, _cal(0.99)).rule_verdict == "" and "rule_verdict" not in pairs_report(
       vals, [("a", "b")], rule="r", paper="p", effect=0.05).to_json({})
+
+
+def test_an_under_powered_comparison_that_cannot_change_the_verdict_is_moot():
+  """One loss decides 'not reproduced': a well-powered loss beside a noisy win stands (before,
+  the win's power made it 'undetermined: powered', and dropping that arm's runs decided it).
+  Where the noisy comparison could change the verdict (all wins, a tie there would read
+  'partly'), the guard still fires."""
+  loss = {"a": [4.10, 4.11, 4.10, 4.11, 4.10], "b": [4.00, 4.01, 4.00, 4.01, 4.00]}
+  noisy_win = {"c": [3.2, 4.0, 3.5], "d": [4.4, 4.9, 5.2]}
+  rep = pairs_report({**loss, **noisy_win}, [("a", "b"), ("c", "d")], rule="r", paper="p",
+                     effect=0.05)
+  powered = next(g for g in rep.guards if g["name"] == "powered")
+  assert rep.verdict == rules.NOT_REPRODUCED and powered["ok"], powered
+  assert "unable to change the verdict whatever their outcomes: c vs d" in powered["why"]
+  assert rep.calibrations["c vs d"]["power"] < 0.8 and rep.calibration["power"] >= 0.8
+  win = {"a": loss["b"], "b": loss["a"]}
+  rep = pairs_report({**win, **noisy_win}, [("a", "b"), ("c", "d")], rule="r", paper="p",
+                     effect=0.05)
+  assert rep.verdict == "undetermined: powered" and rep.rule_verdict == R

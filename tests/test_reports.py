@@ -97,15 +97,21 @@ def test_sign_placement_example_better_than_batch_is_not_reproduced(tmp_path):
   assert "| batch | token | win |" in rep.numbers_md
 
 
-def test_sign_placement_loss_at_low_power_is_undetermined(tmp_path):
+def test_sign_placement_powered_loss_stands_beside_a_weak_comparison(tmp_path):
   # The same loss with a comparison at a seed noise where a 0.05-nat effect would often go
-  # unseen (batch vs token, token's spread 0.05): the powered guard makes it undetermined.
+  # unseen (batch vs token, token's spread 0.05): one powered loss decides "not reproduced"
+  # whatever batch vs token reads, so that pair's power is moot; with the loss gone, every
+  # pair counts and the weak one makes it undetermined.
   rep = _placements(tmp_path, ema=[4.00, 4.01, 4.02], batch=[4.30, 4.31, 4.29],
                     example=[3.0, 3.01, 3.02], token=[6.1, 6.2, 6.15])
-  assert "batch loses to example" in rep.finding
-  assert rep.calibration["power"] < 0.8 and rep.verdict == "undetermined: powered"
+  assert "batch loses to example" in rep.finding and rep.verdict == "not reproduced"
   assert rep.calibrations["batch vs example"]["power"] >= 0.8  # each pair at its own noise
   assert rep.calibrations["batch vs token"]["power"] < 0.8
+  assert "unable to change the verdict whatever their outcomes: batch vs token" in (
+      rep.guards_text())
+  rep = _placements(tmp_path / "wins", ema=[4.00, 4.01, 4.02], batch=[4.30, 4.31, 4.29],
+                    example=[5.0, 5.01, 5.02], token=[6.1, 6.2, 6.15])
+  assert rep.verdict == "undetermined: powered" and rep.rule_verdict == "reproduced"
 
 
 def test_sign_placement_tie_within_noise(tmp_path):

@@ -11,7 +11,8 @@ finding.
   in_regime   the measured regime (B / B_simple, tokens per parameter, ...) lies in the range
               the claim declares it speaks of
   powered     each comparison's rule has power ≥ `calibrate.MIN_POWER` at its own per-arm
-              noise and seeds for its declared effect
+              noise and seeds for its declared effect, but for those shown `moot`: whatever
+              their outcomes, the verdict would be the same (`experiments.verdict.moot`)
   pilot       where seeds followed a pilot (a two-stage test, `rules.compare`'s `pilot`), each
               arm's values begin with exactly the pilot's seeds, whose variances the rule reads
 """
@@ -119,17 +120,22 @@ def in_regime(measured: Mapping[str, float], declared: Sequence[Regime]) -> Guar
   return _guard("in_regime", bad, "; ".join(good) or "no regime declared")
 
 
-def powered(cals: Mapping[str, Calibration], least: float = MIN_POWER) -> Guard:
+def powered(cals: Mapping[str, Calibration], least: float = MIN_POWER, moot=()) -> Guard:
   """Each comparison's rule (name -> its `Calibration`) has power ≥ `least`; one decided by a
-  diverged seed (source DIVERGED) has no noise to calibrate and is left to `stable`."""
+  diverged seed (source DIVERGED) has no noise to calibrate and is left to `stable`; those
+  named in `moot` cannot change the verdict whatever their outcomes (shown, not required)."""
   noisy = {k: c for k, c in cals.items() if c.source != DIVERGED}
-  bad = [f"{k}: power {_g(c.power) if math.isfinite(c.power) else 'unknown'} for effect "
-         f"{_g(c.effect)}{_needs(c, least)}" for k, c in noisy.items() if not c.power >= least]
+  weak = [k for k, c in noisy.items() if not c.power >= least]
+  bad = [f"{k}: power {_g(noisy[k].power) if math.isfinite(noisy[k].power) else 'unknown'} "
+         f"for effect {_g(noisy[k].effect)}{_needs(noisy[k], least)}" for k in weak
+         if k not in moot]
   if not cals:
     bad = ["no comparison calibrated"]
-  div = len(cals) - len(noisy)
-  return _guard("powered", bad, f"every comparison's power ≥ {least:g} ({len(noisy)}"
-                + (f"; {div} decided by a diverged seed" if div else "") + ")")
+  div, spared = len(cals) - len(noisy), [k for k in weak if k in moot]
+  return _guard("powered", bad, f"every comparison's power ≥ {least:g} ({len(noisy) - len(spared)}"
+                + (f"; {div} decided by a diverged seed" if div else "")
+                + (f"; under-powered but unable to change the verdict whatever their outcomes: "
+                   f"{', '.join(spared)}" if spared else "") + ")")
 
 
 def pilot_first(arms: Mapping[str, Sequence[float]], pilot: Sequence[float]) -> Guard:
