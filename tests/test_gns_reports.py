@@ -175,3 +175,18 @@ def test_gns_layers_smoothing_is_the_trackers():
       **{"gns/norm/S": 2.0, "gns/norm/G2": 0.5}))
   sm = gns_layers.smoothed(t, 0.9)
   np.testing.assert_allclose(sm[sm["group"] == "norm"]["b_simple"], 4.0, rtol=1e-6)
+
+
+def test_cross_seed_r_recovers_what_a_shared_drift_alone_gives():
+  """Runs whose two B_simple series share a drift (variance 1) and differ by independent noise
+  (variance 1): another run's series correlate at r = 1/(1+1) = 0.5, the known value; where a
+  run's two series also share their noise, its own r is higher and the cross-run r stays."""
+  rng, steps = np.random.default_rng(0), pd.RangeIndex(2000, name="step")
+  drift = pd.Series(rng.standard_normal(2000), index=steps)
+  noise = {i: pd.Series(rng.standard_normal(2000), index=steps) for i in range(3)}
+  apart = {i: (drift + noise[i], drift + pd.Series(rng.standard_normal(2000), index=steps))
+           for i in range(3)}
+  assert abs(gns_layers.cross_seed_r(apart) - 0.5) < 0.05
+  together = {i: (drift + noise[i], drift + noise[i]) for i in range(3)}
+  assert abs(gns_layers.cross_seed_r(together) - 0.5) < 0.05  # own r: 1.0
+  assert np.isnan(gns_layers.cross_seed_r({0: apart[0]}))  # one run: no other to pair with
