@@ -151,7 +151,8 @@ def collapse(curves: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, float]:
     k = round(runs["examples_seen"].max() / ref["examples_seen"].max()) if sc == LONG else 1
     y = _seed_curves(runs, xs * k)
     eq = rules.equivalence(y, ref_y, m)
-    out = (UNDETERMINED if not math.isfinite(m) else COLLAPSES if eq.equivalent
+    short = eq.n_points < len(xs) and not np.isinf(y).any()  # a run stopped before a point
+    out = (UNDETERMINED if not math.isfinite(m) or short else COLLAPSES if eq.equivalent
            else BREAKS if eq.equivalent is False and eq.beyond else UNDETERMINED)
     for s, row in zip(sorted(runs[SEED].unique()), y, strict=False):
       d = np.abs(row - m_ref)

@@ -27,7 +27,7 @@ from experiments.verdict import (
 from pergrad.analysis import calibrate, leafwise
 from pergrad.analysis.plots import plot_curves, plt, savefig, style
 from pergrad.analysis.rules import PAIR_WIN, PAIRS_VERDICT, is_norm_leaf
-from pergrad.analysis.runs import fmt, from_table, read_csv, x_examples
+from pergrad.analysis.runs import DONE, fmt, from_table, read_csv, x_examples
 
 NAME = "moments"
 TITLE = "μ², σ²/B and σ² in Adam's second moment over training"
@@ -164,6 +164,11 @@ def report(out_dir: Path):
   if len(big):
     whole += f"; at B = 128, snr2_batch per seed {per_seed(big)['snr2_batch'].round(3).tolist()}"
   numbers = sections("Per seed, whole model:", seeds.reset_index())
+  fin = read_csv(Path(out_dir) / "finals.csv")
+  unfinished = sorted(fin.loc[~fin["status"].isin(DONE), "run"]) if "status" in fin else []
+  if unfinished:  # its halves would be of the steps it logged, not of its schedule
+    return not_measured(RULE, f"runs not finished: {unfinished}", NAME, checks=(whole,),
+                        numbers_md=numbers)
   views = leaf_views(out_dir)
   if views is None:
     return not_measured(RULE, "the per-leaf μ̂², σ̂² or the leaves' parameter counts "
@@ -188,7 +193,6 @@ def report(out_dir: Path):
   shares = listing((k, m[k]) for k in ("ratio_of_sums", "ratio_of_sums_no_norm",
                                          "norm_share_num", "norm_share_params"))
   size = lambda r: f"B={fmt(from_table(r.get('data.batch_size')) or 'ref')}"
-  fin = read_csv(Path(out_dir) / "finals.csv")
   warm = lr_search.warm_of(fin, size, {size(r) for r in fin.to_dict("records")})
   return pairs_report(values, expected, rule=RULE, paper=PAPER, effect=EFFECT.value, cals=cals,
                       lower_is_better=False, checked=(warm,),

@@ -290,3 +290,18 @@ def test_a_margin_seed_that_stopped_early_leaves_nothing_decided(tmp_path):
   rep, (v, by, _, _), _ = _run_rule(tmp_path, table[~cut])
   assert "no margin: a margin seed diverged or stopped early" in rep.ours
   assert by["sqrt"][C] == by["sqrt"][B] == [] and v == rules.UNDETERMINED
+
+
+def test_an_arm_with_a_run_stopped_part_way_is_undetermined(tmp_path):
+  """A run that stopped before B_ref's last points (not diverged: its later points missing)
+  leaves its arm judged on the points every seed reached, which says nothing of the rest of
+  training: undetermined, not collapsed."""
+  def offset(b, scaling, x):
+    return {128: 0.1}.get(b, 0.0) if scaling == "sqrt" else 0.1 * _log2(b)
+
+  table = _table(offset)
+  cut = ((table[bs.KEY] == 16) & (table[bs.SCALING] == "sqrt") & (table[bs.SEED] == 0)
+         & (table["step"] * table[bs.KEY] > 7_700))
+  _, (_, by, _, _), col = _run_rule(tmp_path, table[~cut])
+  assert _cell(col, "sqrt", 16)["outcome"] == U and 16 not in by["sqrt"][C]
+  assert _cell(col, "sqrt", 8)["outcome"] == C  # the others as before

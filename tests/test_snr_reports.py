@@ -312,3 +312,17 @@ def test_leaf_sizes_from_the_sweeps_overrides():
   assert sum(sizes.values()) == 664_832 and sizes["block_0/attn/query/kernel"] == 128 * 128
   norm = sum(v for k, v in sizes.items() if is_norm_leaf(k))
   assert round(100 * norm / sum(sizes.values()), 2) == 0.19
+
+
+def test_moments_with_a_run_not_finished_is_not_measured(tmp_path):
+  """A run stopped part-way logged the first steps of its schedule only: its "second half" is
+  not its schedule's, so nothing is judged until it finishes."""
+  from experiments import moments
+
+  d = _moments_csvs(tmp_path / "cut", 3.0, 3.0, 0.1)
+  fin = pd.read_csv(d / "finals.csv").assign(status=["completed", "partial", "diverged"])
+  fin.to_csv(d / "finals.csv", index=False)
+  rep = moments.report(d)
+  assert rep.verdict == "not measured" and "runs not finished: ['s1bNone']" in rep.ours
+  fin.assign(status="completed").to_csv(d / "finals.csv", index=False)
+  assert moments.report(d).verdict == "reproduced"
