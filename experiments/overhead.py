@@ -155,7 +155,8 @@ def judged(df: pd.DataFrame, rows: pd.DataFrame, limit: float, peak_limit=math.i
   m = {"flops": med("flops_ratio"), "time": med("time_ratio"), "q25": med("time_ratio_q25"),
        "q75": med("time_ratio_q75"), "peak": med("peak_ratio"),
        "self_q75": med("time_ratio_q75", base), "limit": limit,
-       "self_iqr": med("time_ratio_q75", base) - med("time_ratio_q25", base)}
+       "self_iqr": med("time_ratio_q75", base) - med("time_ratio_q25", base),
+       "iqr": med("time_ratio_q75") - med("time_ratio_q25"), "shapes": len(rows)}
   m["flops_outcome"] = bound(m["flops"], limit) if flops else UNBOUNDED
   m["time_outcome"] = bound(m["time"], limit, m["q25"], m["q75"], m["self_q75"])
   m["peak_outcome"] = bound(m["peak"], peak_limit) if math.isfinite(peak_limit) else HOLDS
@@ -176,13 +177,17 @@ def text(what: str, m: dict) -> str:
 
 
 def time_calibration(m: dict, reps: int, effect: float = EFFECT) -> calibrate.Calibration:
-  """The bound rule at the rep noise of the baseline's self-ratio (σ ≈ IQR / 1.35), its power
-  for a variant `effect` below its bound, but never below a ratio of 1: a bound within the
-  effect of the plain step (norm_cost's 1.01) is powered for a truly free variant, the claim's,
-  not for one faster than the step it adds work to."""
+  """The bound rule as applied (medians over the judged shapes, the self-ratio floor) at the
+  rep noise of the ratios it judges, σ ≈ IQR / 1.35 of the variant's (rebased where it is
+  judged against value_and_grad) or of the baseline's self-ratio, the larger; its power for a
+  variant `effect` below its bound, but never below a ratio of 1: a bound within the effect
+  of the plain step (norm_cost's 1.01) is powered for a truly free variant, the claim's, not
+  for one faster than the step it adds work to."""
   eff = min(effect, m["limit"] - 1.0) if m["limit"] > 1.0 else effect
-  return calibrate.calibrate("bound", m["self_iqr"] / 1.35, reps, m["limit"], eff,
-                             effect=eff)  # the effect, not the bound, in the effect field
+  iqr = max(x for x in (m["self_iqr"], m.get("iqr", math.nan), 0.0) if np.isfinite(x))
+  floor = m["self_q75"] if np.isfinite(m["self_q75"]) else -math.inf
+  return calibrate.calibrate("bound", iqr / 1.35, reps, m["limit"], eff, effect=eff,
+                             shapes=max(int(m.get("shapes", 1)), 1), floor=floor)
 
 
 def report(out_dir):

@@ -40,6 +40,22 @@ def test_simulated_pair_rule_matches_the_rule_itself():
   assert abs(wins - calibrate.calibrate("pair", 0.01, 5, 0.03).power) < 0.06
 
 
+def test_simulated_bound_rule_matches_the_rule_as_overhead_applies_it():
+  """The bound rule as `overhead.judged` applies it (quartiles of 11 per-rep ratios per shape,
+  their medians over 3 shapes, against max(bound, the self-ratio floor)), run draw by draw
+  through `rules.bound`, agrees with `calibrate.bound`'s vectorised rates."""
+  rng, n, shapes, limit, floor, noise = np.random.default_rng(2), 11, 3, 1.1, 1.04, 0.06
+
+  def outcome(true):
+    q = [rules.quartiles(true + noise * rng.standard_normal(n)) for _ in range(shapes)]
+    q25, q75 = (float(np.median([x[i] for x in q])) for i in (0, 1))
+    return rules.bound(true, limit, q25, q75, floor)
+  holds = sum(outcome(limit - 0.05) == rules.HOLDS for _ in range(800)) / 800
+  fails = sum(outcome(limit) == rules.FAILS for _ in range(800)) / 800
+  fa, power = calibrate.bound(noise, n, limit, 0.05, shapes=shapes, floor=floor)
+  assert abs(holds - power) < 0.06 and abs(fails - fa) < 0.04, (holds, power, fails, fa)
+
+
 def test_power_grows_with_seeds_and_seeds_for_finds_the_smallest():
   p = [calibrate.calibrate("pair", 0.02, n, 0.04).power for n in (3, 5, 8)]
   assert p[0] < p[1] < p[2]

@@ -258,19 +258,25 @@ SQ_SIGN = overhead.flop_bound("sq+sign")  # 1 + 2/3 + slack: two extra contracti
 FREE = overhead.FREE  # the paper's "≈ free", declared: ≤ 1.1× value_and_grad's time and peak
 
 
+# Quartiles 0.01-0.02 apart: at wider per-rep spreads the bound rule cannot see a variant 0.05
+# below its bound (its power is simulated at the variant's own spread), see the noise case.
 @pytest.mark.parametrize(("surg", "surg_m", "vmap", "vmap_m", "verdict"), [
-    ((1.6, 1.0, 1.05, 1.08), 1.0, (1.0, 1.05, 1.1, 1.15), 1.0, "reproduced"),  # FLOPs shown
-    ((1.6, 1.0, 1.05, FREE), FREE, (1.17, 1.1, 1.15, 1.17), 1.05, "reproduced"),  # ≤
-    ((1.6, 1.3, 1.4, 1.5), 1.0, (1.0, 1.05, 1.1, 1.15), 1.0, "partly reproduced"),  # not free
-    ((1.6, 1.0, 1.05, 1.08), 1.0, (1.0, 1.05, 1.1, 1.15), 1.2, "partly reproduced"),  # memory
-    ((1.6, 1.05, 1.12, 1.2), 1.0, (1.0, 1.05, 1.1, 1.15), 1.0, "partly reproduced"),  # noise
-    ((1.6, 1.3, 1.4, 1.5), 1.0, (1.3, 1.0, 1.0, 1.0), 1.0, "not reproduced"),  # time, FLOPs
-    ((1.5, 1.8, 1.9, 2.0), 1.0, (1.0, 1.3, 1.4, 1.5), 1.0, "not reproduced"),  # both times
+    ((1.6, 1.04, 1.05, 1.06), 1.0, (1.0, 1.09, 1.1, 1.11), 1.0, "reproduced"),  # FLOPs shown
+    ((1.6, 1.09, 1.095, FREE), FREE, (1.17, 1.16, 1.165, 1.17), 1.05, "reproduced"),  # ≤
+    ((1.6, 1.39, 1.4, 1.41), 1.0, (1.0, 1.09, 1.1, 1.11), 1.0, "partly reproduced"),  # not free
+    ((1.6, 1.04, 1.05, 1.06), 1.0, (1.0, 1.09, 1.1, 1.11), 1.2, "partly reproduced"),  # memory
+    ((1.6, 1.05, 1.12, 1.2), 1.0, (1.0, 1.09, 1.1, 1.11), 1.0,  # within noise, and at that
+     "undetermined: powered"),  # spread (IQR 0.15) a 1.05 variant would often not hold either
+    ((1.6, 1.39, 1.4, 1.41), 1.0, (1.3, 1.0, 1.0, 1.0), 1.0, "not reproduced"),  # time, FLOPs
+    ((1.5, 1.89, 1.9, 1.91), 1.0, (1.0, 1.39, 1.4, 1.41), 1.0, "not reproduced"),  # both times
 ])
 def test_overhead_rule_flops_memory_and_time_on_quartiles(tmp_path, surg, surg_m, vmap, vmap_m,
                                                           verdict):
   rep = _bench(tmp_path, surg, surg_m, vmap, vmap_m)
   assert rep.verdict == verdict and rep.rule == overhead.RULE
+  if verdict.startswith("undetermined"):
+    assert rep.calibration["power"] < 0.8 and rep.rule_verdict == "partly reproduced"
+    return
   assert rep.checks[0].startswith("surgery per-token sq+sign vs value_and_grad ('≈ free'): "
                                   "FLOPs") and f"FLOPs {surg[0]:.3f}× (reported)" in rep.checks[0]
   assert "against its FLOP count" in rep.checks[2]  # the project's baseline, beside
@@ -280,9 +286,9 @@ def test_overhead_rule_flops_memory_and_time_on_quartiles(tmp_path, surg, surg_m
 
 
 def test_overhead_time_bound_is_floored_at_the_self_ratio(tmp_path):
-  vmap = (1.0, 1.15, 1.2, 1.22)  # q75 above 1.17 ...
-  assert _bench(tmp_path, (1.5, 1.3, 1.4, 1.5), 1.0, vmap).verdict == "partly reproduced"
-  rep = _bench(tmp_path, (1.5, 1.3, 1.4, 1.5), 1.0, vmap, self_q=(0.8, 1.25))
+  vmap = (1.0, 1.16, 1.17, 1.18)  # q75 above 1.17 ...
+  assert _bench(tmp_path, (1.5, 1.39, 1.4, 1.41), 1.0, vmap).verdict == "partly reproduced"
+  rep = _bench(tmp_path, (1.5, 1.39, 1.4, 1.41), 1.0, vmap, self_q=(0.8, 1.25))
   assert "(holds; baseline self-ratio q75 1.250)" in rep.checks[1]  # ... the baseline's reach
   # but at that rep noise (IQR 0.45) the bound rule cannot see a 0.05 margin: not powered
   assert rep.verdict == "undetermined: powered"

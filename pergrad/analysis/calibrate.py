@@ -108,13 +108,18 @@ def threshold(noise: float, n: int, level: float, claimed: float) -> tuple[float
   return float(np.mean(m + s < level)), float(np.mean(m - s >= level))
 
 
-def bound(noise: float, n: int, limit: float, effect: float) -> tuple[float, float]:
-  """`rules.bound` on the quartiles of n per-rep ratios (rep noise `noise`): P(fails | true
-  ratio at the limit), P(holds | true ratio `effect` below the limit)."""
-  rng = np.random.default_rng(0)
-  q25, _ = rules.quartiles(limit + noise * rng.standard_normal((DRAWS, n)), axis=1)
-  _, q75 = rules.quartiles(limit - effect + noise * rng.standard_normal((DRAWS, n)), axis=1)
-  return float(np.mean(q25 > limit)), float(np.mean(q75 <= limit))
+def bound(noise: float, n: int, limit: float, effect: float, shapes: int = 1,
+          floor: float = -math.inf) -> tuple[float, float]:
+  """`rules.bound` as applied: the medians over `shapes` shapes of the quartiles of n per-rep
+  ratios each (rep noise `noise`), judged against max(limit, `floor`: the baseline's own
+  self-ratio q75): P(fails | true ratio at the limit), P(holds | true ratio `effect` below
+  it)."""
+  rng, lim = np.random.default_rng(0), max(limit, floor)
+  q = lambda true: rules.quartiles(true + noise * rng.standard_normal((DRAWS, shapes, n)), axis=2)
+  q25, _ = q(limit)
+  _, q75 = q(limit - effect)
+  return (float(np.mean(np.median(q25, axis=1) > lim)),
+          float(np.mean(np.median(q75, axis=1) <= lim)))
 
 
 KINDS = {"pair": pair, "equivalence": equivalence, "noninferiority": noninferiority,
