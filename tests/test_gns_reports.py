@@ -60,10 +60,12 @@ def test_norm_cost_verdicts(tmp_path):
   rep = _norm_cost(tmp_path, "flops_norm", ok, {"surgery/norms@norm": 1.02})
   assert rep.verdict == "not reproduced"
   assert "normalization layers only: FLOPs 1.020× (fails)" in rep.finding
-  # Median within the bound but the quartiles straddle it: within noise -> partly.
+  # Median within the bound but the quartiles straddle it: within noise, partly by the rule;
+  # at that spread a free variant would often not hold either: under-powered.
   noisy = {**ok, "surgery/norms@norm": [0.98, 1.0, 1.005, 1.03, 1.04] * 2 + [1.0]}
   rep = _norm_cost(tmp_path, "noisy", noisy, {"surgery/norms": 1.003})
-  assert rep.verdict == "partly reproduced" and "within noise" in rep.finding
+  assert rep.rule_verdict == "partly reproduced" and "within noise" in rep.finding
+  assert rep.verdict == "undetermined: powered"
   # Every rep above the bound: fails.
   slow = {**ok, "surgery/norms": [1.4, 1.41, 1.39, 1.42, 1.4] * 2 + [1.4]}
   rep = _norm_cost(tmp_path, "slow", slow, {"surgery/norms": 1.003})
