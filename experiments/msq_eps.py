@@ -142,10 +142,10 @@ def report(out_dir):
             else REPRODUCED if all(p.outcome == WIN for p in pairs[1:]) else PARTLY)
 
   get = lambda k: g.get(k, [])
-  comparisons = [noninferior(get(msq), get(adam), MARGIN.value, (msq, adam)),
+  comparisons = [noninferior(get(msq), get(adam), MARGIN.value, (msq, adam), pilot=len(SEEDS)),
                  *(compare(get(msq), get(c), (msq, c), pilot=len(SEEDS)) for c in controls)]
   cals = {f"{msq} vs {adam}": calibrate.of_arms(get(msq), get(adam), MARGIN.value,
-                                                "noninferiority"),
+                                                "noninferiority", pilot=len(SEEDS)),
           **{f"{msq} vs {c}": calibrate.of_arms(get(msq), get(c), EFFECT.value, pilot=len(SEEDS))
              for c in controls}}
 

@@ -244,3 +244,22 @@ def test_ties_alone_are_never_a_partial_success():
   assert rules.verdict_of([c(rules.WIN), c(rules.TIE)]) == rules.PARTLY
   assert rules.verdict_of([c(rules.WIN), c(rules.LOSS)]) == rules.NOT_REPRODUCED
   assert rules.verdict_of([c(rules.UNDETERMINED)] * 2) == rules.UNDETERMINED
+
+
+def test_noninferior_loses_only_beyond_the_margin():
+  """'At most the margin worse' is refuted only when the gap's 95% interval lies beyond the
+  margin: the clean run's MicroAdamMSQ vs Adam (gap 0.028, interval about 0.012 to 0.045 at
+  margin 0.02) is neither shown nor refuted, where the old rule (interval above 0) read a
+  loss; simulated at those arms' noises, a gap exactly at the margin reads a loss at most at
+  the one-sided 2.5 % (the old rule: 67 %), and the calibration's false alarm covers it."""
+  msq = [4.03548622, 4.04692888, 4.04178429, 4.03177786, 4.04892111]
+  adam = [4.007046, 4.034502, 4.000621, 4.015778, 4.004706]
+  assert rules.noninferior(msq, adam, 0.02).outcome == rules.UNDETERMINED
+  assert rules.noninferior([x + 0.05 for x in msq], adam, 0.02).outcome == rules.LOSS
+  rng, n = np.random.default_rng(3), 3000
+  loss = sum(rules.noninferior(4.02 + 0.0073 * rng.standard_normal(5),
+                               4.0 + 0.0135 * rng.standard_normal(5), 0.02).outcome == rules.LOSS
+             for _ in range(n)) / n
+  assert loss <= 0.025 + 2 * math.sqrt(0.025 * 0.975 / n), loss
+  cal = calibrate.calibrate("noninferiority", 0.0073, 5, 0.02, n_b=5, noise_b=0.0135)
+  assert cal.false_alarm >= loss - 0.01 and cal.false_alarm <= 0.06

@@ -79,13 +79,16 @@ def equivalence(noise: float, n: int, margin: float, n_b: int | None = None,
 
 
 def noninferiority(noise: float, n: int, margin: float, n_b: int | None = None,
-                   noise_b: float | None = None) -> tuple[float, float]:
-  """`rules.noninferior` (A's seeds at std `noise`, B's at `noise_b`): P(non-inferior | A worse
-  by exactly the margin), P(non-inferior | same mean)."""
+                   noise_b: float | None = None, pilot: int | None = None) -> tuple[float, float]:
+  """`rules.noninferior` (A's seeds at std `noise`, B's at `noise_b`; `pilot`: `pair`'s): the
+  larger of its two wrong calls with A worse by exactly the margin, P(non-inferior) and
+  P(loss: worse beyond the margin); and P(non-inferior | same mean)."""
   a, b = _draws(noise, n, n_b, noise_b)
-  _, _, hi = rules.welch_interval(a + margin, b, rules.ALPHA)
-  fa = float(np.mean(hi <= margin))
-  _, _, hi = rules.welch_interval(a, b, rules.ALPHA)
+  pilot = pilot if pilot and max(n, n_b or n) > pilot else None
+  _, _, hi = rules.welch_interval(a + margin, b, rules.ALPHA, pilot)
+  _, lo95, _ = rules.welch_interval(a + margin, b, rules.PAIR_ALPHA, pilot)
+  fa = max(float(np.mean(hi <= margin)), float(np.mean(lo95 > margin)))
+  _, _, hi = rules.welch_interval(a, b, rules.ALPHA, pilot)
   return fa, float(np.mean(hi <= margin))
 
 
@@ -162,7 +165,7 @@ def of_arms(a, b, effect: float, kind: str = "pair", source: str = "measured",
   divergence (a diverged seed loses), which `guards.stable` judges, not noise."""
   if any(not np.isfinite(float(x)) for x in (*a, *b)):
     source = DIVERGED
-  k = pilot if kind == "pair" and pilot else None  # [:None]: every value
+  k = pilot if kind in ("pair", "noninferiority") and pilot else None  # [:None]: every value
   return calibrate(kind, std(list(a)[:k]), len(a), effect, n_b=len(b), noise_b=std(list(b)[:k]),
                    source=source, **({"pilot": k} if k else {}))
 

@@ -183,18 +183,22 @@ def equivalence(a_SxP, b_SxP, margin: float = MARGIN, *, alpha=ALPHA, guard=GUAR
 NONINFERIOR = "non-inferior"
 NONINF = ("A is non-inferior to B (lower is better) when the upper end of the 90% Welch "
           "interval of mean_A − mean_B (one-sided 95%) lies at or below +margin; A loses when "
-          "it is not and the 95% interval lies above 0 (or A diverged); else undetermined")
+          "the 95% interval lies wholly above +margin, worse beyond it (or A diverged); else "
+          "undetermined")
 
 
-def noninferior(a, b, margin: float, names=("A", "B")) -> Comparison:
+def noninferior(a, b, margin: float, names=("A", "B"), pilot: int | None = None) -> Comparison:
   """`NONINF` (lower is better; the margin declared before the run): outcome NONINFERIOR,
-  LOSS, WIN (B diverged) or UNDETERMINED (< 2 seeds a side or neither shown)."""
+  LOSS, WIN (B diverged) or UNDETERMINED (< 2 seeds a side or neither shown). A gap above 0
+  but not beyond the margin is no loss: the claim is "at most the margin worse". `pilot`:
+  `compare`'s."""
   xa, xb, ma, mb, decided = _sides(a, b, names, UNDETERMINED)
   if decided is not None:
     return decided
-  gap, _, hi = welch_interval(xa, xb, ALPHA)
-  _, lo95, _ = welch_interval(xa, xb, PAIR_ALPHA)
-  out = NONINFERIOR if hi <= margin else LOSS if lo95 > 0 else UNDETERMINED
+  pilot = pilot if pilot and max(len(xa), len(xb)) > pilot else None
+  gap, _, hi = welch_interval(xa, xb, ALPHA, pilot)
+  _, lo95, _ = welch_interval(xa, xb, PAIR_ALPHA, pilot)
+  out = NONINFERIOR if hi <= margin else LOSS if lo95 > margin else UNDETERMINED
   return Comparison(*names, out, ma, mb, hi - gap)
 
 
