@@ -136,7 +136,7 @@ def test_the_interval_keeps_its_coverage_when_a_bs_seeds_share_a_deviation():
   (a fit over every (B, seed) as independent points covered it in 71 %), and the band rule
   reads "reproduced" at α on the band's edge at most its 5 % false-alarm rate."""
   rng = np.random.default_rng(0)
-  n, cover, false = 2000, 0, 0
+  n, cover, false = 1000, 0, 0
   x = np.log(np.repeat(np.array(SIZES, float), 2) / 32)
   for alpha in (0.5, le.ALPHA.value + le.MARGIN.value):
     for _ in range(n):

@@ -32,6 +32,7 @@ The statistics benchmark is `pergrad.bench.stats` (same floor: analysis does not
 
 from __future__ import annotations
 
+import functools
 import math
 from pathlib import Path
 from typing import Sequence
@@ -131,10 +132,16 @@ def n_params(overrides: Sequence[str]) -> int:
 
 def leaf_sizes(overrides: Sequence[str]) -> dict[str, int]:
   """{leaf path ("block_0/attn/query/kernel", as in the logged "opt/<leaf>/..." keys):
-  its parameter count} of the composed config's model (shapes only)."""
+  its parameter count} of the composed config's model (shapes only; composed once per
+  process and overrides)."""
+  return dict(_leaf_sizes(tuple(overrides)))
+
+
+@functools.lru_cache(maxsize=64)
+def _leaf_sizes(overrides: tuple) -> tuple:
   import jax
 
   from pergrad.stats.noise import leaf_path
 
   flat = jax.tree_util.tree_flatten_with_path(_shapes(overrides))[0]
-  return {leaf_path(p): int(math.prod(x.shape)) for p, x in flat}
+  return tuple((leaf_path(p), int(math.prod(x.shape))) for p, x in flat)
