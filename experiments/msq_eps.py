@@ -43,6 +43,7 @@ MSQ, ADAM, CONTROL_EPS, CONTROL = "micro_adam_msq", "adam", 1.0, "control (adam,
 SELECT, SEEDS = preconditioner.SELECT, preconditioner.SEEDS
 LOG_EVERY = {"ci": 10, "cpu": 50, "paper": 500}
 MARGIN, EFFECT = declared(NAME, "margin"), declared(NAME, "effect")
+INCONCLUSIVE = f"{UNDETERMINED}: neither within the margin of Adam nor worse beyond it"
 RULE = (f"MicroAdamMSQ vs Adam on the fresh seeds {SEEDS}: {NONINF} (margin {MARGIN.value:g} "
         f"nats, declared). MicroAdamMSQ vs the ε-only control (ε = 1) and vs Adam at "
         f"MicroAdamMSQ's ε: {PAIR_WIN} (the fresh seeds a pilot, as the preconditioner's: an "
@@ -138,7 +139,7 @@ def report(out_dir):
 
   def verdict(pairs):
     head = pairs[0].outcome
-    return (NOT_REPRODUCED if head == LOSS else UNDETERMINED if head == UNDETERMINED
+    return (NOT_REPRODUCED if head == LOSS else INCONCLUSIVE if head == UNDETERMINED
             else REPRODUCED if all(p.outcome == WIN for p in pairs[1:]) else PARTLY)
 
   get = lambda k: g.get(k, [])

@@ -216,6 +216,14 @@ def test_an_arm_past_its_pilot_is_read_only_when_the_pilot_comes_first(tmp_path,
                           "every arm past the pilot starts with its 5 seeds (1 of 4 arms past it)")
 
 
+def test_msq_eps_at_the_margin_is_inconclusive_and_says_why(tmp_path):
+  """MicroAdamMSQ 0.02 worse than Adam, to ± 0.002: neither shown within the margin nor
+  beyond it, a verdict that says so (every guard passing)."""
+  rep = msq_eps.report(_msq_out(tmp_path, [4.020, 4.021, 4.022], TIGHT, CTRL, matched=CTRL))
+  assert rep.verdict == msq_eps.INCONCLUSIVE, rep.finding
+  assert rep.verdict.startswith("undetermined: ") and all(g["ok"] for g in rep.guards)
+
+
 def test_msq_eps_without_adam_is_undetermined(tmp_path):
   rep = msq_eps.report(_msq_out(tmp_path, [4.0, 4.1], [], [4.3, 4.3, 4.3]))
   assert rep.verdict == "undetermined: powered" and "is not separable from adam" in rep.finding
