@@ -191,7 +191,8 @@ def report(out_dir: Path) -> Report:
   cross = cross_seed_r(b_simple_pairs(sm, ALPHA)) if len(sm) else float("nan")
   null = (f"ours, beside: the same r between one seed's norm layers and another seed's rest "
           f"(a shared drift alone) is {fmt_num(cross)}; the within-seed r exceeds it in "
-          f"{sum(r > cross for r in rs)} of {len(rs)} seeds")
+          f"{sum(r > cross for r in rs)} of {len(rs)} seeds" if np.isfinite(cross) else
+          "ours, beside: the r a shared drift alone gives, not measured (fewer than two seeds)")
   return gated(decide(rs), cal, (warm,), rule=RULE, paper=PAPER,
                ours=f"r(complement, norm) = {f('r_complement')} at α = {ALPHA:g}",
                checks=(f"slope {f('slope_complement')}; the norm group holds {f('share_g2')} of "

@@ -205,7 +205,8 @@ def report(out_dir: Path):
   target = float(tt["target"].iloc[0])
   mean_tt = seed_mean_to_target(cur, "fixed", target).set_index("arm")
   save = listing(((a, mean_tt.loc[a, "token_saving"]) for a in ("ramp",) if a in mean_tt.index),
-                 lambda x: f"{100 * x:.1f}%" if math.isfinite(x) else "not reached")
+                 lambda x: f"{100 * x:.1f}%" if math.isfinite(x) else
+                 "no reference (the fixed run missed its own target)" if x != x else "not reached")
   short, full = losses.get("short", []), losses.get("fixed", [])
   delta = float(np.mean(short) - np.mean(full)) if short and full else math.nan
   return gated(verdict, cals, (bracket, stable, warm, in_regime), rule=RULE,

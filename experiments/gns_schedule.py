@@ -251,7 +251,7 @@ def compared(table: pd.DataFrame, search: pd.DataFrame, best: dict | None) -> pd
   chosen = {float(r[SIZE]): float(r["optimizer.lr"]) for _, r in search.iterrows()}
   lr, batch_size = table["optimizer.lr"].astype(float), table["data.batch_size"].astype(float)
   ranked = np.isclose(batch_size, float(best[SIZE])) & ~is_short(table) & table["train.seed"].isin(
-      [int(float(x)) for x in str(best["fresh_seeds"]).split()])
+      [int(float(x)) for x in str(best["fresh_seeds"]).split()]) & (len(search) > 1)  # a choice
   fixed = (table["batch.kind"] == "fixed") & (table["train.seed"] != SELECT_SEED) & np.isclose(
       lr, batch_size.map(chosen).fillna(-1.0)) & ~ranked
   sched = (table["batch.kind"] != "fixed") & np.isclose(lr, float(best["optimizer.lr"]))
@@ -364,7 +364,8 @@ def report(out_dir: Path) -> verdict.Report:
   for c in ("tokens_to_target", "time_to_target_s", "token_saving", "time_saving"):
     by_arm[c] = by_arm[c].astype(object).where(np.isfinite(by_arm[c].astype(float)), "not reached")
   saving = mean_tt.set_index("arm")[["token_saving", "time_saving"]]
-  pct = lambda x: f"{100 * x:.0f}%" if math.isfinite(x) else "not reached"
+  pct = lambda x: (f"{100 * x:.0f}%" if math.isfinite(x) else "no reference" if x != x
+                   else "not reached")
   save = verdict.listing(((a, saving.loc[a]) for a in (*GUIDED, *BASELINES) if a in saving.index),
                  lambda r: pct(r["token_saving"]) + (f" (time {pct(r['time_saving'])})" if
                                                      math.isfinite(r["token_saving"]) else ""))

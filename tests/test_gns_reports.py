@@ -192,3 +192,12 @@ def test_cross_seed_r_recovers_what_a_shared_drift_alone_gives():
   together = {i: (drift + noise[i], drift + noise[i]) for i in range(3)}
   assert abs(gns_layers.cross_seed_r(together) - 0.5) < 0.05  # own r: 1.0
   assert np.isnan(gns_layers.cross_seed_r({0: apart[0]}))  # one run: no other to pair with
+
+
+def test_the_shared_drift_line_says_when_it_is_not_measured(tmp_path):
+  """One seed has no other to pair with: the shared-drift r is not measured, and the report
+  says so rather than 'nan, exceeded in 0 of 1 seeds'; with three it is a number."""
+  one, _ = _gns_report(tmp_path, "one", _gns_table([0], coupled=True))
+  assert any("not measured (fewer than two seeds)" in c for c in one.checks)
+  three, _ = _gns_report(tmp_path, "three", _gns_table([0, 1, 2], coupled=True))
+  assert any("of 3 seeds" in c and "nan" not in c for c in three.checks if "shared" in c)

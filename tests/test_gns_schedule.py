@@ -351,3 +351,13 @@ def test_gns_schedule_outside_the_papers_budget_is_undetermined(tmp_path):
   rep, _ = _schedule_report(tmp_path, "short_budget", _schedule_table(arms), 1.2)
   assert rep.verdict == "undetermined: in_regime" and rep.rule_verdict == "reproduced"
   assert "tokens per parameter 1.2, declared in [10, 40]" in rep.guards_text()
+
+
+def test_a_single_fixed_arm_is_judged_on_every_fresh_seed(tmp_path):
+  """Where only one fixed arm was searched (the ci preset's), no B was chosen among arms, so
+  no mean is biased by the choice: it is judged on its fresh seeds, not left unmeasured."""
+  arms = {"gns_norm": 1.5}
+  one = _schedule_table(arms, fixed={16: 1.0}, judged=())
+  rep, tt = _schedule_report(tmp_path, "one_arm", one)
+  assert rep.verdict != "not measured" and set(tt.loc[tt["arm"] == "fixed_16", "train.seed"]) == {
+      1, 2, 3}

@@ -263,3 +263,15 @@ def test_noninferior_loses_only_beyond_the_margin():
   assert loss <= 0.025 + 2 * math.sqrt(0.025 * 0.975 / n), loss
   cal = calibrate.calibrate("noninferiority", 0.0073, 5, 0.02, n_b=5, noise_b=0.0135)
   assert cal.false_alarm >= loss - 0.01 and cal.false_alarm <= 0.06
+
+
+def test_a_side_short_of_its_pilot_is_undetermined_not_a_crash():
+  """One arm given seeds past a 3-seed pilot, the other with 2 (a pilot seed missing): the
+  two-stage test cannot read its variances from a pilot that is not there; undetermined, and
+  its calibration's rates unknown (the powered guard then says so)."""
+  short, long_ = [3.01, 3.02], [3.0, 3.01, 3.02, 3.03, 3.0]
+  assert rules.compare(short, long_, pilot=3).outcome == rules.UNDETERMINED
+  assert rules.noninferior(short, long_, 0.02, pilot=3).outcome == rules.UNDETERMINED
+  for kind in ("pair", "noninferiority"):
+    assert math.isnan(calibrate.of_arms(short, long_, 0.02, kind, pilot=3).power)
+  assert rules.compare(long_[:3], long_, pilot=3).outcome != rules.UNDETERMINED

@@ -60,6 +60,8 @@ def pair(noise: float, n: int, effect: float, n_b: int | None = None,
   effect)."""
   a, b = _draws(noise, n, n_b, noise_b)
   pilot = pilot if pilot and max(n, n_b or n) > pilot else None
+  if pilot and min(n, n_b or n) < pilot:  # `rules.compare` reads it undetermined
+    return math.nan, math.nan
   _, lo, hi = rules.welch_interval(b, a, rules.PAIR_ALPHA, pilot)
   fa = float(np.mean((lo > 0) | (hi < 0)))
   _, lo, _ = rules.welch_interval(b + effect, a, rules.PAIR_ALPHA, pilot)
@@ -85,6 +87,8 @@ def noninferiority(noise: float, n: int, margin: float, n_b: int | None = None,
   P(loss: worse beyond the margin); and P(non-inferior | same mean)."""
   a, b = _draws(noise, n, n_b, noise_b)
   pilot = pilot if pilot and max(n, n_b or n) > pilot else None
+  if pilot and min(n, n_b or n) < pilot:  # `rules.noninferior` reads it undetermined
+    return math.nan, math.nan
   _, _, hi = rules.welch_interval(a + margin, b, rules.ALPHA, pilot)
   _, lo95, _ = rules.welch_interval(a + margin, b, rules.PAIR_ALPHA, pilot)
   fa = max(float(np.mean(hi <= margin)), float(np.mean(lo95 > margin)))

@@ -71,6 +71,8 @@ def compare(a, b, names=("A", "B"), *, lower_is_better: bool = True,
   if decided is not None:
     return decided
   pilot = pilot if pilot and max(len(xa), len(xb)) > pilot else None
+  if pilot and min(len(xa), len(xb)) < pilot:  # a side short of its pilot: no two-stage reading
+    return Comparison(*names, UNDETERMINED, ma, mb, math.nan)
   gap, lo, hi = welch_interval(*((xb, xa) if lower_is_better else (xa, xb)), PAIR_ALPHA, pilot)
   return Comparison(*names, WIN if lo > 0 else LOSS if hi < 0 else TIE, ma, mb, gap - lo)
 
@@ -196,6 +198,8 @@ def noninferior(a, b, margin: float, names=("A", "B"), pilot: int | None = None)
   if decided is not None:
     return decided
   pilot = pilot if pilot and max(len(xa), len(xb)) > pilot else None
+  if pilot and min(len(xa), len(xb)) < pilot:  # a side short of its pilot: no two-stage reading
+    return Comparison(*names, UNDETERMINED, ma, mb, math.nan)
   gap, _, hi = welch_interval(xa, xb, ALPHA, pilot)
   _, lo95, _ = welch_interval(xa, xb, PAIR_ALPHA, pilot)
   out = NONINFERIOR if hi <= margin else LOSS if lo95 > margin else UNDETERMINED
