@@ -32,10 +32,10 @@ from experiments.sweep import (
 from pergrad.analysis import calibrate, guards, rules
 from pergrad.analysis.plots import plt, savefig, style
 from pergrad.analysis.runs import (
-  DONE,
   aggregate,
   eval_curves,
   finals,
+  finished,
   from_table,
   read_csv,
   seed_mean,
@@ -247,7 +247,7 @@ def compared(table: pd.DataFrame, search: pd.DataFrame, best: dict | None) -> pd
   and the short arm's (`short`) at the best arm's lr."""
   if best is None:
     return table[:0].assign(short=False)
-  table = table[table["status"].isin(DONE)]  # a run stopped part-way has no final loss
+  table = finished(table)  # a run stopped part-way has no final loss
   chosen = {float(r[SIZE]): float(r["optimizer.lr"]) for _, r in search.iterrows()}
   lr, batch_size = table["optimizer.lr"].astype(float), table["data.batch_size"].astype(float)
   ranked = np.isclose(batch_size, float(best[SIZE])) & ~is_short(table) & table["train.seed"].isin(

@@ -29,7 +29,7 @@ from experiments.sweep import Block, LrSearch, Sweep, base_for, family, is_rung,
 from experiments.verdict import declared, declared_text, gated, md_table, not_measured
 from pergrad.analysis import calibrate, guards, rules
 from pergrad.analysis.plots import plt, savefig, style
-from pergrad.analysis.runs import DONE, read_csv
+from pergrad.analysis.runs import finished, read_csv
 
 NAME = "lr_exponent"
 TITLE = "the exponent of the tuned learning rate in the batch size"
@@ -92,7 +92,7 @@ def lr_star(fin: pd.DataFrame) -> pd.DataFrame:
   """Per (B, seed), from its finished runs (an interrupted run's last eval is no final loss):
   lr* (`vertex`), the grid's lowest-loss lr, the seed's grid ("lrs", space-separated), the
   number of lrs."""
-  fin = fin[fin["status"].isin(DONE)] if "status" in fin else fin
+  fin = finished(fin)
   rows = []
   for (b, s), g in fin.groupby([KEY, SEED]):
     loss = g["final_eval_loss"].astype(float).where(~g["diverged"].astype(bool), np.inf)
@@ -107,7 +107,7 @@ def star_guards(star: pd.DataFrame, fin: pd.DataFrame) -> tuple[guards.Guard, gu
   """(bracketed, stable) of each (B, seed)'s lr*, the quantities `fit` reads: its grid's
   lowest-loss lr strictly inside that seed's grid, and lr* at least one grid step below the
   smallest lr at which any seed at that B diverged."""
-  fin = fin[fin["status"].isin(DONE)] if "status" in fin else fin
+  fin = finished(fin)
   grid, div, steps = {}, {}, []
   for r in star.to_dict("records"):
     arm = f"B={int(r[KEY])} seed {int(r[SEED])}"

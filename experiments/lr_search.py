@@ -28,7 +28,7 @@ from experiments.sweep import Block, Sweep, config_extras, family, is_rung, scal
 from experiments.verdict import md_table
 from pergrad.analysis import guards, rules
 from pergrad.analysis import plots as F
-from pergrad.analysis.runs import DONE, curves_at, finals, fmt, from_table, run_setting
+from pergrad.analysis.runs import curves_at, finals, finished, fmt, from_table, run_setting
 
 
 @functools.lru_cache(maxsize=32)
@@ -57,7 +57,7 @@ def best_lr(fin: pd.DataFrame, group_keys: Sequence[str], lr_key: str,
   (a diverged seed makes the mean inf), the lr grid, its edges (`each_seed`: also where one
   selection seed's own lowest loss is at an edge) and divergences."""
   rows = []
-  completed = fin[fin["status"].isin(DONE)] if "status" in fin else fin
+  completed = finished(fin)
   completed = completed.assign(**{k: None for k in group_keys if k not in completed})
   has_seed = seed_key in completed
   if select_seed is not None:

@@ -22,13 +22,13 @@ import pandas as pd
 from experiments.grids import same
 from experiments.sweep import Block, MoreSeeds, Sweep
 from pergrad.analysis import calibrate
-from pergrad.analysis.runs import DONE
+from pergrad.analysis.runs import finished
 
 
 def pilot(fin: pd.DataFrame, arm: dict, seeds) -> list[float] | None:
   """An arm's ({key: value} of its group and lr) final losses on the pilot seeds, in seed
   order (inf: diverged); None until every pilot seed has finished."""
-  rows = fin[fin["status"].isin(DONE)] if "status" in fin else fin
+  rows = finished(fin)
   for k, v in arm.items():
     rows = rows[[same(x, v) for x in rows[k]]] if k in rows else rows.iloc[:0]
   have = {float(s): float(v) for s, v in zip(rows["train.seed"], rows["final_eval_loss"],

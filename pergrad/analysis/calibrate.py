@@ -59,8 +59,8 @@ def pair(noise: float, n: int, effect: float, n_b: int | None = None,
   its variances from the first `pilot` seeds): P(win or loss | same mean), P(win | A lower by
   effect)."""
   a, b = _draws(noise, n, n_b, noise_b)
-  pilot = pilot if pilot and max(n, n_b or n) > pilot else None
-  if pilot and min(n, n_b or n) < pilot:  # `rules.compare` reads it undetermined
+  pilot = rules.pilot_of(pilot, n, n_b or n)
+  if pilot == rules.SHORT_OF_PILOT:  # `rules.compare` reads it undetermined
     return math.nan, math.nan
   _, lo, hi = rules.welch_interval(b, a, rules.PAIR_ALPHA, pilot)
   fa = float(np.mean((lo > 0) | (hi < 0)))
@@ -86,8 +86,8 @@ def noninferiority(noise: float, n: int, margin: float, n_b: int | None = None,
   larger of its two wrong calls with A worse by exactly the margin, P(non-inferior) and
   P(loss: worse beyond the margin); and P(non-inferior | same mean)."""
   a, b = _draws(noise, n, n_b, noise_b)
-  pilot = pilot if pilot and max(n, n_b or n) > pilot else None
-  if pilot and min(n, n_b or n) < pilot:  # `rules.noninferior` reads it undetermined
+  pilot = rules.pilot_of(pilot, n, n_b or n)
+  if pilot == rules.SHORT_OF_PILOT:  # `rules.noninferior` reads it undetermined
     return math.nan, math.nan
   _, _, hi = rules.welch_interval(a + margin, b, rules.ALPHA, pilot)
   _, lo95, _ = rules.welch_interval(a + margin, b, rules.PAIR_ALPHA, pilot)

@@ -62,6 +62,18 @@ def _sides(a, b, names, both_diverged: str):
   return xa, xb, ma, mb, None if out is None else Comparison(*names, out, ma, mb, math.nan)
 
 
+SHORT_OF_PILOT = -1  # `pilot_of`: a side holds fewer values than the pilot another side is past
+
+
+def pilot_of(pilot: int | None, na: int, nb: int) -> int | None:
+  """The pilot `welch_interval` reads for sides of na and nb values: None (every value's
+  variances) unless a side is past `pilot`; SHORT_OF_PILOT when one is past it and the other
+  short of it (no two-stage reading: the comparison is undetermined)."""
+  if not pilot or max(na, nb) <= pilot:
+    return None
+  return SHORT_OF_PILOT if min(na, nb) < pilot else pilot
+
+
 def compare(a, b, names=("A", "B"), *, lower_is_better: bool = True,
             pilot: int | None = None) -> Comparison:
   """A vs B by `PAIR_WIN`; a side with no values is undetermined, with a diverged seed loses.
@@ -70,8 +82,8 @@ def compare(a, b, names=("A", "B"), *, lower_is_better: bool = True,
   xa, xb, ma, mb, decided = _sides(a, b, names, TIE)
   if decided is not None:
     return decided
-  pilot = pilot if pilot and max(len(xa), len(xb)) > pilot else None
-  if pilot and min(len(xa), len(xb)) < pilot:  # a side short of its pilot: no two-stage reading
+  pilot = pilot_of(pilot, len(xa), len(xb))
+  if pilot == SHORT_OF_PILOT:
     return Comparison(*names, UNDETERMINED, ma, mb, math.nan)
   gap, lo, hi = welch_interval(*((xb, xa) if lower_is_better else (xa, xb)), PAIR_ALPHA, pilot)
   return Comparison(*names, WIN if lo > 0 else LOSS if hi < 0 else TIE, ma, mb, gap - lo)
@@ -197,8 +209,8 @@ def noninferior(a, b, margin: float, names=("A", "B"), pilot: int | None = None)
   xa, xb, ma, mb, decided = _sides(a, b, names, UNDETERMINED)
   if decided is not None:
     return decided
-  pilot = pilot if pilot and max(len(xa), len(xb)) > pilot else None
-  if pilot and min(len(xa), len(xb)) < pilot:  # a side short of its pilot: no two-stage reading
+  pilot = pilot_of(pilot, len(xa), len(xb))
+  if pilot == SHORT_OF_PILOT:
     return Comparison(*names, UNDETERMINED, ma, mb, math.nan)
   gap, _, hi = welch_interval(xa, xb, ALPHA, pilot)
   _, lo95, _ = welch_interval(xa, xb, PAIR_ALPHA, pilot)

@@ -179,6 +179,11 @@ def leaf_of(col: str) -> str:
   return "/".join(col.split("/")[1:-1])
 
 
+def finished(df: pd.DataFrame) -> pd.DataFrame:
+  """The rows of finished runs (status in DONE; a table without a status column as it is)."""
+  return df[df["status"].isin(DONE)] if "status" in df else df
+
+
 def crossing(x: np.ndarray, y: np.ndarray, target: float) -> float:
   """The first x where the curve y(x) reaches ≤ target, linear between points (inf if
   never; x[0] if already there)."""
