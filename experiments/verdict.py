@@ -162,7 +162,7 @@ def groups(values: dict) -> str:
   return "; ".join(f"{k}: {rules.summarize(v)}" for k, v in values.items())
 
 
-MOOT_MAX = 8  # under-powered comparisons whose outcomes `moot` enumerates (3^8 verdicts)
+MOOT_MAX = 8  # under-powered comparisons whose outcomes `moot` enumerates (4^8 verdicts)
 
 
 def moot(verdict: str, pairs, cals: dict, verdict_fn=None) -> tuple[str, ...]:
