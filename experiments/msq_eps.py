@@ -129,6 +129,25 @@ def arms(out_dir: Path) -> dict[str, tuple[list[float], list[float]]]:
   return out
 
 
+def inherited(out_dir) -> tuple[guards.Guard, ...]:
+  """The preconditioner's guards on what `sweep` takes from its search (MicroAdamMSQ's ε and
+  lr, Adam's lr), read from its best.csv beside this report: each lr bracketed and stable
+  there, MicroAdamMSQ's ε bracketed (`preconditioner.eps_bracketed`); without it, bracketed
+  fails."""
+  src = Path(out_dir).parent / preconditioner.NAME
+  if not (src / "best.csv").exists():
+    return (guards.Guard("bracketed", False, f"no {preconditioner.NAME}/best.csv beside this "
+                         "report: the ε and lrs taken from its search are unchecked; run "
+                         f"`scripts/reproduce.py {preconditioner.NAME}` first"),)
+  every = lr_search.load_best(src)
+  best = preconditioner.chosen(every)
+  best = best[best["optimizer.clip_norm"].isna() & best["optimizer.variant"].isin((MSQ, ADAM))]
+  bracket, stable, _ = lr_search.guards_of(best, preconditioner.label)
+  eps = preconditioner.eps_bracketed(every, best)
+  return tuple(guards.Guard(x.name, x.ok, f"{preconditioner.NAME}'s search: {x.why}")
+               for x in (bracket, stable, eps))
+
+
 def report(out_dir):
   seeds_values = arms(out_dir)
   g = {k: values for k, (_, values) in seeds_values.items()}
@@ -157,14 +176,16 @@ def report(out_dir):
   expected = [(msq, c) for c in (adam, *controls)]
   used = {x for p in expected for x in p}
   best = lr_search.load_best(out_dir)  # the controls' searches; MicroAdamMSQ's and Adam's lr
-  bracket, stable, _ = lr_search.guards_of(best, label, used)  # were the preconditioner's
+  bracket, stable, _ = lr_search.guards_of(best, label, used)  # the controls'; the others'
+  # lrs and MicroAdamMSQ's ε were the preconditioner's: its guards on them (`inherited`)
   fin = pd.read_csv(Path(out_dir) / "finals.csv")
   fixed = lr_search.stable_of(fin[fin["train.seed"].isin(SEEDS)], label, {msq, adam})
   warm = lr_search.warm_of(fin, label, used)
   pilot = guards.pilot_first({k: seeds_values[k][0] for k in used if k in seeds_values},
                              SEEDS)
   return pairs_report(
-      g, expected, rule=RULE, paper=PAPER, checked=(bracket, stable, fixed, warm, pilot),
+      g, expected, rule=RULE, paper=PAPER,
+      checked=(*inherited(out_dir), bracket, stable, fixed, warm, pilot),
       effect=EFFECT.value, verdict_fn=verdict, comparisons=comparisons, cals=cals,
       checks=(declared_text(MARGIN, EFFECT),),
       numbers_md=lr_search.best_md(lr_search.load_best(out_dir), GROUP) + share_md)

@@ -72,7 +72,9 @@ def sweep(preset: str) -> Sweep:
   eps = Tuned("optimizer.eps", ("optimizer.variant", "optimizer.clip_norm"), factor=10.0,
               low=EPS_LIMITS[0], high=EPS_LIMITS[1])
   more = MoreSeeds(compared, EFFECT.value, most=MOST_SEEDS)
-  return Sweep(base, blocks, LrSearch(GROUP, factor=math.sqrt(2), max_extend=2, seeds=SEEDS,
+  # Up to 4 extensions (4× past the first grid): the ε choice compares each ε at its own
+  # optimum, so every ε group's lr must be bracketed, not the chosen one's only (eps_bracketed).
+  return Sweep(base, blocks, LrSearch(GROUP, factor=math.sqrt(2), max_extend=4, seeds=SEEDS,
                                       tuned=eps, more=more),
                wall_estimate_min=26 if preset == "cpu" else None)
 
@@ -108,15 +110,25 @@ def chosen(best):
 
 def eps_bracketed(every, best) -> guards.Guard:
   """`guards.bracketed` of each chosen ε among its variant's measured εs (variants searched
-  over more than one ε; the others run at their fixed ε, which is not tuned)."""
-  arms = {}
+  over more than one ε; the others run at their fixed ε, which is not tuned), and each ε it
+  was chosen over measured at its own best lr: an ε whose lr search ended at a grid edge, or
+  diverged at every lr, holds an upper bound of its loss only, which might beat the chosen."""
+  arms, open_ = {}, []
   for r in best.to_dict("records"):
     same = every[(every["optimizer.variant"] == r["optimizer.variant"])
                  & (every["optimizer.clip_norm"].isna() if from_table(r["optimizer.clip_norm"])
                     is None else every["optimizer.clip_norm"] == r["optimizer.clip_norm"])]
     if same["optimizer.eps"].nunique() > 1:
       arms[label(r)] = (same["optimizer.eps"].astype(float), float(r["optimizer.eps"]))
-  return guards.bracketed(arms, "ε")
+      rivals = same[same["optimizer.eps"].astype(float) != float(r["optimizer.eps"])]
+      edge = rivals[rivals["at_edge"].astype(bool) | rivals["all_diverged"].astype(bool)]
+      if len(edge):
+        open_.append(f"{label(r)}'s ε {fmt(float(r['optimizer.eps']))} was chosen over ε "
+                     f"{[fmt(float(x)) for x in sorted(edge['optimizer.eps'])]}, whose lr "
+                     "searches ended at a grid edge (their losses are upper bounds)")
+  grid = guards.bracketed(arms, "ε")
+  return grid if not open_ else guards.Guard(
+      "bracketed", False, "; ".join(([grid.why] if not grid.ok else []) + open_))
 
 
 analyze = functools.partial(lr_search.analyze, group_keys=GROUP, select_seed=SELECT)

@@ -87,7 +87,9 @@ def test_a_loss_above_ln_v_counts_as_diverged_in_the_search(tmp_path):
   rep = preconditioner.report(out)
   assert rep.rule == preconditioner.RULE and "√2 grid" in rep.rule
   assert "micro_adam_msq: 4.003 ± 0.001 (n=3)" in rep.finding  # at ε = 1e-4, seeds 2-4
-  assert "micro_adam_msq beats micro_adam" in rep.finding and rep.verdict == "reproduced"
+  assert "micro_adam_msq beats micro_adam" in rep.finding and rep.rule_verdict == "reproduced"
+  # ...but ε = 1e-4 was chosen over 1e-5, which diverged at every lr: not a measured optimum
+  assert rep.verdict == "undetermined: bracketed" and "chosen over ε ['1e-05']" in rep.guards_text()
   assert "Diverged at every lr: ['micro_adam_msq (lr 0.01 down to 0.001)']" in rep.finding
   assert "| micro_adam_msq | n/a | 1e-05 |" in rep.numbers_md  # the ε not chosen is shown
   every = lr_search.load_best(out)
@@ -121,6 +123,44 @@ def test_lr_is_chosen_on_the_mean_of_two_selection_seeds():
 # --------------------------------------------------------------------------- msq_eps
 
 
+def _precond_best(tmp_path, edge_eps=()) -> Path:
+  """preconditioner/best.csv beside msq_eps's report, as its search writes it: MicroAdamMSQ at
+  ε = 1e-4, lr 1e-2 chosen over ε 1e-5 and 1e-3, Adam at lr 3e-2, each lr bracketed; the εs in
+  `edge_eps` with their lr at the grid's top edge instead."""
+  rows = [{"optimizer.variant": v, "optimizer.clip_norm": None, "optimizer.eps": e,
+           "optimizer.lr": lr, "select_seed": 0, "select_loss": x, "fresh_losses": f"{x}",
+           "at_edge": e in edge_eps, "all_diverged": False, "diverged_lrs": None,
+           "grid": " ".join(f"{lr * k:g}" for k in ((0.25, 0.5, 1) if e in edge_eps
+                                                  else (0.5, 1, 2))), "warmup_steps": 20}
+          for v, e, lr, x in (("micro_adam_msq", 1e-4, 1e-2, 4.0), ("micro_adam_msq", 1e-5,
+                              1e-2, 4.1), ("micro_adam_msq", 1e-3, 1e-2, 4.2),
+                              ("adam", 1e-8, 3e-2, 4.0))]
+  out = tmp_path / preconditioner.NAME
+  out.mkdir(exist_ok=True)
+  pd.DataFrame(rows).to_csv(out / "best.csv", index=False)
+  return out
+
+
+def test_an_eps_chosen_over_one_whose_lr_search_ended_at_an_edge_is_not_bracketed(tmp_path):
+  # ε = 1e-3's loss is an upper bound (its best lr may lie past the edge): it might beat 1e-4.
+  for edge, ok in (((), True), ((1e-3,), False)):
+    every = lr_search.load_best(_precond_best(tmp_path, edge))
+    g = preconditioner.eps_bracketed(every, preconditioner.chosen(every))
+    assert g.ok == ok and g.name == "bracketed", g.why
+  assert "ε 0.0001 was chosen over ε ['0.001'], whose lr searches ended at a grid edge" in g.why
+  # msq_eps runs at that choice: it inherits the guard, and without the preconditioner's
+  # search beside it nothing vouches for its ε and lrs.
+  rep = msq_eps.report(_msq_out(tmp_path, [4.001, 4.002, 4.003], TIGHT, CTRL, matched=CTRL))
+  assert rep.verdict == "undetermined: bracketed", rep.finding
+  assert "preconditioner's search: micro_adam_msq's ε 0.0001 was chosen" in rep.guards_text()
+  _precond_best(tmp_path)
+  assert msq_eps.report(tmp_path / "me").verdict != "undetermined: bracketed"
+  (tmp_path / preconditioner.NAME / "best.csv").unlink()
+  rep = msq_eps.report(tmp_path / "me")
+  assert rep.verdict == "undetermined: bracketed"
+  assert "no preconditioner/best.csv" in rep.guards_text()
+
+
 def _msq_out(tmp_path, msq, adam, control, share_msq=0.9, matched=None) -> Path:
   """finals.csv, best.csv and eps_share.csv as msq_eps.analyze writes them: MicroAdamMSQ and
   Adam fixed on the fresh seeds, the ε-only control (and the ε-matched one, Adam at
@@ -140,6 +180,8 @@ def _msq_out(tmp_path, msq, adam, control, share_msq=0.9, matched=None) -> Path:
              for lr, x0 in ((0.3, 4.6), (1.0, min(vals)), (3.0, 4.7)) for s in (0, 1)]
     rows += [{**ctrl, "optimizer.lr": 1.0, "train.seed": s, "final_eval_loss": x,
               "status": "completed", W: 20} for s, x in zip(msq_eps.SEEDS, vals, strict=False)]
+  if not (tmp_path / preconditioner.NAME / "best.csv").exists():
+    _precond_best(tmp_path)  # the search that chose MicroAdamMSQ's ε and lr, Adam's lr
   out = tmp_path / "me"
   out.mkdir(exist_ok=True)
   fin = pd.DataFrame(rows)
