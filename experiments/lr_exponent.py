@@ -67,7 +67,9 @@ def sweep(preset: str, inputs: Inputs | None = None) -> Sweep:
       fixed={"train.steps": examples // b, "train.eval_every": max(examples // b // 8, 1),
              "schedule.warmup_steps": max(warm // b, 1),
              "logging.log_every": max(examples // b // 50, 1)}) for b in sizes)
-  search = LrSearch((KEY,), factor=math.sqrt(2), max_extend=0 if ci else 2, each_seed=True)
+  # Up to 4 extensions (4× past the first grid): a ladder rung's grid is centred on the
+  # config's lr, not a tuned one, and its small models' lr* lie past 2 extensions at large B.
+  search = LrSearch((KEY,), factor=math.sqrt(2), max_extend=0 if ci else 4, each_seed=True)
   # cpu: 6 sizes × 5 lrs × 2 seeds = 60 runs of 12,800 examples (~40 min with the GNS)
   return Sweep(base_for(NAME, preset), blocks, search,
                wall_estimate_min={"ci": 0.5, "cpu": 40}.get(preset))
