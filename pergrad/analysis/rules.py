@@ -36,7 +36,7 @@ class Comparison:
 
   def sentence(self) -> str:
     f = lambda x: "n/a" if math.isnan(x) else "diverged" if math.isinf(x) else f"{x:.4g}"
-    rel = {WIN: "beats", LOSS: "loses to", TIE: "ties with", UNDETERMINED: "is undetermined against",
+    rel = {WIN: "beats", LOSS: "loses to", TIE: "ties with", UNDETERMINED: "is not separable from",
            NONINFERIOR: "is non-inferior to"}
     return (f"{self.a} {rel[self.outcome]} {self.b} ({f(self.mean_a)} vs {f(self.mean_b)}, "
             f"noise {f(self.noise)})")
