@@ -130,6 +130,18 @@ def launch_costs(results_root: Path) -> dict[str, float]:
   return out
 
 
+def experiment_costs(results_root: Path) -> dict[str, float]:
+  """{experiment: seconds that made its committed results}: a finished end-to-end record's wall
+  time on each experiment it completed (every invocation's, at any of its commits: launches,
+  follow-up analyses, figures; they sum to the record's wall time), else `launch_costs`
+  (the launches that run_info.json counts: those at its own commit only)."""
+  record = _json(Path(results_root) / REPRODUCTION) or {}
+  done = record.get("experiments", {}) if record.get("finished") else {}
+  ok = lambda e: str(e.get("status", "")).startswith("completed") and "wall_s" in e
+  return {n: float(done[n]["wall_s"]) if n in done and ok(done[n]) else s
+          for n, s in launch_costs(results_root).items()}
+
+
 README_BEGIN, README_END = "<!-- claims:begin -->", "<!-- claims:end -->"
 STALE = " (no commit recorded: re-run)"  # written before reports recorded their commit
 NO_RULE = " (no stated rule: re-run)"
@@ -192,7 +204,7 @@ def _seeds(d: Path) -> str | None:
   """Seeds behind an experiment's reported numbers, from its CSVs ("2", "1-2")."""
   for csv in ("best.csv", "collapse.csv"):
     df = read_csv(d / csv)
-    if "n_seeds" in df and df["n_seeds"].notna().any():
+    if "n_seeds" in df and (df["n_seeds"].fillna(0) > 0).any():  # else: selection seeds only
       lo, hi = int(df["n_seeds"].min()), int(df["n_seeds"].max())
       return str(lo) if lo == hi else f"{lo}-{hi}"
   df = read_csv(d / "finals.csv")
@@ -208,7 +220,7 @@ SETUP = (
     "parameter, the `ladder` three smaller ones: `configs/scale/{p}_<rung>.yaml`), each "
     "experiment's own grids and learning rates (its "
     "README). Seeds behind the reported numbers: {seeds}. The committed results took {wall:.0f} "
-    "min of launches on 2 cores (per experiment: the cost table of `results/{p}/README.md`); "
+    "min on 2 cores (per experiment: the cost table of `results/{p}/README.md`); "
     "`python scripts/reproduce.py all --preset {p}` regenerates them (resumable). The paper "
     "trained far larger models on TPUs: these are statements about this scale only.")
 
@@ -222,7 +234,7 @@ def claims_block(results_root: Path, link_prefix: str = "", preset: str = "cpu")
   setup = SETUP.format(p=preset, m=scale_summary([f"scale={preset}"]),
                        params=n_params([f"scale={preset}"]),
                        seeds=", ".join(f"{n} {s}" for n, s in seeds if s) or "none yet",
-                       wall=sum(launch_costs(results_root).values()) / 60)
+                       wall=sum(experiment_costs(results_root).values()) / 60)
   return setup + "\n\n" + LEGEND + "\n\n" + claims_table(results_root, link_prefix)
 
 
@@ -261,7 +273,9 @@ experiment's README gives the rule, numbers, setup, figures and command.
 |---|---|---|---|
 {costs}
 
-Wall times of the launches that made the committed results (often beside other jobs). \
+Wall times that made the committed results (often beside other jobs): the end-to-end \
+record's where it completed the experiment (launches at any of its commits, analyses, \
+figures), else the launches that the experiment's run_info.json counts. \
 Regenerate: `python scripts/reproduce.py all --preset {p}` (resumable); redraw the figures \
 from the CSVs: `notebooks/figures.ipynb`.
 """
@@ -270,17 +284,20 @@ from the CSVs: `notebooks/figures.ipynb`.
 def index_text(results_root: Path, preset: str) -> str:
   """results/<preset>/README.md (`INDEX`): the claims (`claims_block`) and each experiment's
   cost."""
-  costs, rows = launch_costs(results_root), []
+  spent, rows = experiment_costs(results_root), []
   for n in experiments():
     d = _json(Path(results_root) / n / "run_info.json")
-    rows.append(f"| `{n}` | `{d['command']}` | {costs[n] / 60:.1f} | {d['n_runs_completed']} |"
+    rows.append(f"| `{n}` | `{d['command']}` | {spent[n] / 60:.1f} | {d['n_runs_completed']} |"
                 if d else f"| `{n}` | `python scripts/reproduce.py {n} --preset {preset}` | "
                 "not yet run | — |")
   rep = "".join(line + "\n" for line in reproduction_lines(results_root))
-  record = _json(Path(results_root) / REPRODUCTION)
-  total = f"| total | | {sum(costs.values()) / 60:.1f} | " + (
-      f"of the end-to-end record's {record['wall_s'] / 60:.1f} min (the rest: analysis, "
-      "figures) |" if record and "wall_s" in record else "|")
+  record = _json(Path(results_root) / REPRODUCTION) or {}
+  whole = record.get("finished") and spent == {  # every row the record's own
+      n: float(e["wall_s"]) for n, e in record.get("experiments", {}).items() if n in spent}
+  total = f"| total | | {sum(spent.values()) / 60:.1f} | " + (
+      "the end-to-end record's wall time, experiment by experiment |" if whole else
+      f"of the end-to-end record's {record['wall_s'] / 60:.1f} min |" if "wall_s" in record
+      else "|")
   return INDEX.format(p=preset, claims=claims_block(results_root, preset=preset),
                       reproduction=rep, costs="\n".join([*rows, total]))
 

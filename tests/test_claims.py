@@ -167,3 +167,17 @@ def test_experiment_config_sets_only_what_differs(name):
       line = next(ln for ln in text.splitlines() if ln.strip().startswith(f"{k}:"))
       assert _plain(base[part][k]) != got or "reads it" in line or "swept" in line, \
           f"{path.name} repeats the default {part}.{k}={got}; remove it"
+
+
+def test_seeds_of_a_search_without_fresh_seeds_are_its_selection_seeds(tmp_path):
+  """The README's "Seeds behind the reported numbers": lr_exponent's numbers are its selection
+  seeds' (best.csv: 0 fresh seeds), which read "0" before."""
+  import pandas as pd
+
+  d = tmp_path / "lr_exponent"
+  d.mkdir()
+  pd.DataFrame({"n_seeds": [0, 0]}).to_csv(d / "best.csv", index=False)
+  pd.DataFrame({"train.seed": [0, 1, 0, 1]}).to_csv(d / "finals.csv", index=False)
+  assert report_md._seeds(d) == "2"
+  pd.DataFrame({"n_seeds": [5, 10]}).to_csv(d / "best.csv", index=False)
+  assert report_md._seeds(d) == "5-10"

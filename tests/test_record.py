@@ -235,6 +235,26 @@ def test_run_info_and_report_count_this_invocation_only(tmp_path):
   (results / report_md.REPRODUCTION).write_text(json.dumps(
       {"commit": "abc", "experiments": {"snr": {"launch_wall_s": 120.0}}}))
   assert report_md.launch_costs(results)["snr"] == 60.0
+  # A finished end-to-end record's wall time on each experiment (every invocation's, at any
+  # of its commits) is the cost; run_info.json counts the launches at its own commit only
+  # (the clean run: batch_scaling 10.9 min of them against the record's 68.5), so the
+  # table's total is the record's.
+  (results / report_md.REPRODUCTION).write_text(json.dumps(
+      {"command": "python scripts/reproduce.py all", "commit": "abc", "started": "t0",
+       "finished": "t1", "wall_s": 300.0, "invocations": [], "experiments": {
+          n: {"wall_s": w, "launch_wall_s": 1.0, "status": "completed"}
+          for n, w in (("overhead", 100.0), ("snr", 200.0))}}))
+  assert report_md.experiment_costs(results) == {"overhead": 100.0, "snr": 200.0}
+  (results / "overhead" / "README.md").write_text("x")
+  index = report_md.index_text(results, "cpu")
+  assert "| total | | 5.0 | the end-to-end record's wall time, experiment by experiment |" in index
+  assert "took 5 min on 2 cores" in index
+  record = json.loads((results / report_md.REPRODUCTION).read_text())
+  record["experiments"]["snr"]["status"] = "error: boom"  # not completed: run_info's launches
+  (results / report_md.REPRODUCTION).write_text(json.dumps(record))
+  assert report_md.experiment_costs(results) == {"overhead": 100.0, "snr": 60.0}
+  assert "| total | | 2.7 | of the end-to-end record's 5.0 min |" in report_md.index_text(
+      results, "cpu")
 
 
 def test_results_name_no_machine_path(tmp_path):
@@ -372,3 +392,4 @@ def test_reproduction_record_survives_a_stop_and_is_continued(tmp_path, monkeypa
   fifth = mod.Record(path, "python scripts/reproduce.py all --preset cpu", fresh=True)
   fifth._stop.set()
   assert len(fifth.d["invocations"]) == 1 and fifth.d["commit"] == "def"  # a new commit
+
