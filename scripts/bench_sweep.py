@@ -22,9 +22,11 @@ later runs (`pergrad.train.compile_cache`; null for a version without the cache)
 and paired after/before ratios of the later runs' fixed costs (run i of one turn against
 run i of the neighbouring turn of the other version).
 
-Projection (`projection`): the committed clean run of `reproduce.py all --preset cpu`
-(results/cpu/reproduction.json: wall time per experiment; run_info.json: the summed wall
-time of its runs and their count) with each training experiment's run time rescaled:
+Projection (`projection`): the before version's committed clean run of `reproduce.py all
+--preset cpu` (`--record`, by default the `--before` checkout's results/cpu: its
+reproduction.json, wall time per experiment; run_info.json: the summed wall time of its runs
+and their count; the record must be the before code's, as the rescaling assumes) with each
+training experiment's run time rescaled:
 its runs' fixed cost from the measured before to the measured after, their steps' time by
 the measured tokens/s ratio, and the runs whose final step and losses repeat an earlier
 experiment's (the same run trained twice; finals.csv) left out when the after version
@@ -148,7 +150,14 @@ def main(argv=None) -> dict:
                  default=[0.003, 0.01, 0.03])
   p.add_argument("--seeds", type=lambda s: [int(x) for x in s.split(",")], default=[0, 1])
   p.add_argument("--rounds", type=int, default=1, help="turns of each version")
+  p.add_argument("--record", type=Path, default=None,
+                 help="results/cpu of the before code's end-to-end run (default: the --before "
+                      "checkout's)")
   args = p.parse_args(argv)
+  results = (args.record or args.before / "results" / "cpu").resolve()
+  if not (results / "reproduction.json").exists():  # before any run
+    p.error(f"{results} holds no reproduction.json: the projection rescales the before code's "
+            "own end-to-end run; pass --record <its results/cpu>")
   versions = {"before": args.before.resolve(), "after": REPO}
   turns = {v: [] for v in versions}
   with tempfile.TemporaryDirectory(prefix="bench_sweep_") as tmp:
@@ -166,7 +175,6 @@ def main(argv=None) -> dict:
   speed = quartiles(paired_ratios(tps("after")[:m], tps("before")[:m]))
   fixed = (stats["before"]["fixed_s_later_runs"]["median"],
            stats["after"]["fixed_s_later_runs"]["median"])
-  results = REPO / "results" / "cpu"
   out = {"benchmark": "bench_sweep", "machine": "2 CPU cores, shared", "versions":
          {k: str(v) for k, v in versions.items()},
          "sweep": {"experiment": args.experiment, "preset": "cpu", "steps": args.steps,

@@ -162,3 +162,21 @@ def test_versus_nanodo_reports_ours_and_its_controls():
   assert out["backend"] == "value_and_grad" and out["nanodo_s"] > 0
   for q in (out["ratio"], out["cpu_ratio"], *out["self"].values(), *out["grad"].values()):
     assert 0 < q["q25"] <= q["median"] <= q["q75"]
+
+
+def test_bench_sweep_projects_the_before_codes_own_record(tmp_path, capsys):
+  """scripts/bench_sweep.py rescales the before version's end-to-end record; a --before
+  checkout without one is refused in one line before any turn (the committed record of this
+  checkout was trained by the after code: rescaling it would count the speed-up twice)."""
+  import importlib.util
+  from pathlib import Path
+
+  path = Path(__file__).resolve().parents[1] / "scripts" / "bench_sweep.py"
+  spec = importlib.util.spec_from_file_location("bench_sweep", path)
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  with pytest.raises(SystemExit) as e:
+    mod.main(["--before", str(tmp_path)])
+  assert e.value.code == 2 and not any(tmp_path.iterdir())
+  err = capsys.readouterr().err.strip().splitlines()[-1]
+  assert "holds no reproduction.json" in err and "--record" in err
