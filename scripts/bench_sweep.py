@@ -139,6 +139,13 @@ def summarize(turns: list[dict]) -> dict:
   }
 
 
+def checkout_name(path: Path) -> str:
+  """A checkout as the JSON names it: its commit, never its machine path."""
+  rev = subprocess.run(["git", "-C", str(path), "rev-parse", "--short", "HEAD"],
+                       capture_output=True, text=True).stdout.strip()
+  return f"<checkout of {rev}>" if rev else "<a checkout outside git>"
+
+
 def main(argv=None) -> dict:
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--before", type=Path, required=True,
@@ -176,7 +183,7 @@ def main(argv=None) -> dict:
   fixed = (stats["before"]["fixed_s_later_runs"]["median"],
            stats["after"]["fixed_s_later_runs"]["median"])
   out = {"benchmark": "bench_sweep", "machine": "2 CPU cores, shared", "versions":
-         {k: str(v) for k, v in versions.items()},
+         {k: checkout_name(v) for k, v in versions.items()},
          "sweep": {"experiment": args.experiment, "preset": "cpu", "steps": args.steps,
                    "lrs": args.lrs, "seeds": args.seeds, "second_experiment":
                    "the grid's middle lr, every seed"},

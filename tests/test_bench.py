@@ -180,3 +180,5 @@ def test_bench_sweep_projects_the_before_codes_own_record(tmp_path, capsys):
   assert e.value.code == 2 and not any(tmp_path.iterdir())
   err = capsys.readouterr().err.strip().splitlines()[-1]
   assert "holds no reproduction.json" in err and "--record" in err
+  name = mod.checkout_name(path.parents[1])
+  assert name.startswith("<checkout of ") and str(path.parents[1]) not in name
