@@ -129,11 +129,12 @@ def arms(out_dir: Path) -> dict[str, tuple[list[float], list[float]]]:
   return out
 
 
-def inherited(out_dir) -> tuple[guards.Guard, ...]:
+def inherited(out_dir, ran: set[tuple[str, str, str]]) -> tuple[guards.Guard, ...]:
   """The preconditioner's guards on what `sweep` takes from its search (MicroAdamMSQ's ε and
   lr, Adam's lr), read from its best.csv beside this report: each lr bracketed and stable
-  there, MicroAdamMSQ's ε bracketed (`preconditioner.eps_bracketed`); without it, bracketed
-  fails."""
+  there, MicroAdamMSQ's ε bracketed (`preconditioner.eps_bracketed`). Bracketed fails without
+  it, or where the arms `ran` ((variant, ε, lr) as `fmt` writes them) are not its choice (a
+  search re-run since: its guards would vouch for arms this sweep did not run)."""
   src = Path(out_dir).parent / preconditioner.NAME
   if not (src / "best.csv").exists():
     return (guards.Guard("bracketed", False, f"no {preconditioner.NAME}/best.csv beside this "
@@ -142,6 +143,12 @@ def inherited(out_dir) -> tuple[guards.Guard, ...]:
   every = lr_search.load_best(src)
   best = preconditioner.chosen(every)
   best = best[best["optimizer.clip_norm"].isna() & best["optimizer.variant"].isin((MSQ, ADAM))]
+  choice = {(r["optimizer.variant"], fmt(float(r["optimizer.eps"])),
+             fmt(float(r["optimizer.lr"]))) for r in best.to_dict("records")}
+  if not ran <= choice:
+    return (guards.Guard("bracketed", False, f"this sweep ran {sorted(ran - choice)}, but "
+                         f"{preconditioner.NAME}'s search chose {sorted(choice)}: re-run "
+                         f"`scripts/reproduce.py {NAME}`"),)
   bracket, stable, _ = lr_search.guards_of(best, preconditioner.label)
   eps = preconditioner.eps_bracketed(every, best)
   return tuple(guards.Guard(x.name, x.ok, f"{preconditioner.NAME}'s search: {x.why}")
@@ -180,12 +187,14 @@ def report(out_dir):
   # lrs and MicroAdamMSQ's ε were the preconditioner's: its guards on them (`inherited`)
   fin = pd.read_csv(Path(out_dir) / "finals.csv")
   fixed = lr_search.stable_of(fin[fin["train.seed"].isin(SEEDS)], label, {msq, adam})
+  ran = {(r["optimizer.variant"], fmt(float(r["optimizer.eps"])), fmt(float(r["optimizer.lr"])))
+         for r in fin[fin["train.seed"].isin(SEEDS)].to_dict("records") if label(r) in (msq, adam)}
   warm = lr_search.warm_of(fin, label, used)
   pilot = guards.pilot_first({k: seeds_values[k][0] for k in used if k in seeds_values},
                              SEEDS)
   return pairs_report(
       g, expected, rule=RULE, paper=PAPER,
-      checked=(*inherited(out_dir), bracket, stable, fixed, warm, pilot),
+      checked=(*inherited(out_dir, ran), bracket, stable, fixed, warm, pilot),
       effect=EFFECT.value, verdict_fn=verdict, comparisons=comparisons, cals=cals,
       checks=(declared_text(MARGIN, EFFECT),),
       numbers_md=lr_search.best_md(lr_search.load_best(out_dir), GROUP) + share_md)

@@ -155,6 +155,13 @@ def test_an_eps_chosen_over_one_whose_lr_search_ended_at_an_edge_is_not_brackete
   assert "preconditioner's search: micro_adam_msq's ε 0.0001 was chosen" in rep.guards_text()
   _precond_best(tmp_path)
   assert msq_eps.report(tmp_path / "me").verdict != "undetermined: bracketed"
+  # ...for the arms it ran only: a preconditioner search re-run since, choosing another lr
+  best = pd.read_csv(tmp_path / preconditioner.NAME / "best.csv")
+  best.loc[best["optimizer.variant"] == "adam", "optimizer.lr"] = 0.06
+  best.to_csv(tmp_path / preconditioner.NAME / "best.csv", index=False)
+  rep = msq_eps.report(tmp_path / "me")
+  assert rep.verdict == "undetermined: bracketed"
+  assert "this sweep ran [('adam', '1e-08', '0.03')]" in rep.guards_text()
   (tmp_path / preconditioner.NAME / "best.csv").unlink()
   rep = msq_eps.report(tmp_path / "me")
   assert rep.verdict == "undetermined: bracketed"
