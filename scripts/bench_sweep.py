@@ -32,6 +32,15 @@ the measured tokens/s ratio, and the runs whose final step and losses repeat an 
 experiment's (the same run trained twice; finals.csv) left out when the after version
 reuses runs. Experiments that are benchmarks (no run to train) keep their time. The
 machine is 2 cores shared with other work: read the ratios, not the seconds.
+
+The floor (`floor`, `projection_at_floor`): the step's matmuls alone, every forward and
+backward matmul of the preset's model (q, k, v, out, QKᵀ, AV, fc_in, fc_out, the head:
+`matmul_skeleton`, whose gradient's dot FLOPs equal the model's, tested) and nothing
+else (no norm, softmax, GELU, embedding, cross-entropy or optimizer), jitted by XLA, in
+chunks of c examples scanned and summed (c = B, B/2, ... 2: the fastest is kept), timed
+in this process after each round. No exact step of this model runs faster on this machine
+with XLA, so `projection_at_floor` (no fixed cost, run reuse, every step at the floor's
+tokens/s over before's) bounds what any speed-up of the steps can project.
 """
 
 from __future__ import annotations
@@ -75,6 +84,67 @@ for exp, grid in spec["experiments"]:
               "reused": list(getattr(log, "reused", [])), "failed": log.failed}
 print("BENCH_SWEEP " + json.dumps(out))
 """
+
+
+def matmul_skeleton(spec, T: int):
+  """(params, loss) of `spec`'s matmuls alone (module docstring): loss(p, x_BxTxD,
+  y_BxTxV) = Σ logits·y through the same q, k, v, out, QKᵀ, AV, fc_in, fc_out and head
+  shapes as pergrad/model.py, residuals summed, every other op left out."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+
+  d, H, K, F, V = spec.d_model, spec.n_heads, spec.head_dim, spec.d_ff, spec.vocab_size
+  keys = iter(jax.random.split(jax.random.PRNGKey(0), 8 * spec.n_layers + 1))
+  normal = lambda *shape: jax.random.normal(next(keys), shape) / np.sqrt(shape[0])
+  params = {"layers": [{"q": normal(d, H, K), "k": normal(d, H, K), "v": normal(d, H, K),
+                        "out": normal(H, K, d) / np.sqrt(H), "fc_in": normal(d, F),
+                        "fc_out": normal(F, d)} for _ in range(spec.n_layers)],
+            "head": normal(d, V)}
+
+  def loss(p, x_BxTxD, y_BxTxV):
+    h_BxTxD = x_BxTxD
+    for w in p["layers"]:
+      q, k, v = (jnp.einsum("btd,dhk->bthk", h_BxTxD, w[n]) for n in "qkv")
+      s_BxHxTxT = jnp.einsum("bthk,bshk->bhts", q, k) / T
+      o_BxTxHxK = jnp.einsum("bhts,bshk->bthk", s_BxHxTxT, v)
+      h_BxTxD = h_BxTxD + jnp.einsum("bthk,hkd->btd", o_BxTxHxK, w["out"])
+      h_BxTxD = h_BxTxD + (h_BxTxD @ w["fc_in"]) @ w["fc_out"]
+    return jnp.sum((h_BxTxD @ p["head"]) * y_BxTxV)
+  return params, loss
+
+
+def matmul_floor(plan, reps: int = 15) -> dict:
+  """{"tokens_per_s", "chunk", "by_chunk"}: the skeleton's gradient over B examples in
+  chunks of c (scanned, summed), the fastest c; median of `reps` timings each."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+
+  B, T = plan.data.batch_size, plan.data.seq_len
+  params, loss = matmul_skeleton(plan.model, T)
+  kx, ky = jax.random.split(jax.random.PRNGKey(1))
+  x = jax.random.normal(kx, (B, T, plan.model.d_model))
+  y = jax.random.normal(ky, (B, T, plan.model.vocab_size)) / plan.model.vocab_size
+  by_chunk, c = {}, B
+  while c >= 2 and B % c == 0:
+    def grads(p, x, y, c=c):
+      def add(acc, xy):  # the input's gradient too: the model's embedding needs it
+        g_p, g_x = jax.grad(loss, argnums=(0, 1))(p, *xy)
+        return jax.tree.map(jnp.add, acc, g_p), g_x
+      xy = (x.reshape(B // c, c, *x.shape[1:]), y.reshape(B // c, c, *y.shape[1:]))
+      return jax.lax.scan(add, jax.tree.map(jnp.zeros_like, p), xy)
+    f = jax.jit(grads)
+    jax.block_until_ready(f(params, x, y))
+    times = []
+    for _ in range(reps):
+      t0 = time.perf_counter()
+      jax.block_until_ready(f(params, x, y))
+      times.append(time.perf_counter() - t0)
+    by_chunk[c] = round(B * T / float(np.median(times)), 1)
+    c //= 2
+  best = max(by_chunk, key=by_chunk.get)
+  return {"tokens_per_s": by_chunk[best], "chunk": best, "by_chunk": by_chunk}
 
 
 def has_compile_cache(repo: Path) -> bool:
@@ -139,6 +209,31 @@ def summarize(turns: list[dict]) -> dict:
   }
 
 
+def at_floor(results: Path, turns: dict, floors: list[dict], fixed_before: float) -> dict:
+  """The floor (module docstring) against each round's before and after tokens/s, the
+  step speed-up a 2x projection needs, and the projection with every step at the floor."""
+  import statistics
+
+  tps = lambda v, r: statistics.median(x["tokens_per_s"] for x in turns[v][r]["rows"])
+  rounds = range(len(floors))
+  over = {v: quartiles([floors[r]["tokens_per_s"] / tps(v, r) for r in rounds])
+          for v in turns}
+  lo, hi = 1.0, 100.0  # bisect the steps' speed-up whose projection is 2x
+  for _ in range(40):
+    mid = (lo + hi) / 2
+    lo, hi = (mid, hi) if project(results, fixed_s=(fixed_before, 0.0), speed=mid,
+                                  reuses=True)["speedup"] < 2 else (lo, mid)
+  at = project(results, fixed_s=(fixed_before, 0.0), speed=over["before"]["median"],
+               reuses=True)
+  return {"floor": {"tokens_per_s": quartiles([f["tokens_per_s"] for f in floors]),
+                    "chunk": floors[-1]["chunk"], "by_chunk": floors[-1]["by_chunk"],
+                    "over_before_tokens_per_s": over["before"],
+                    "over_after_tokens_per_s": over["after"]},
+          "steps_speedup_for_2x": round(hi, 3),
+          "projection_at_floor": {k: v for k, v in at.items() if k != "experiments"},
+          "two_x_reachable": at["speedup"] >= 2}
+
+
 def checkout_name(path: Path) -> str:
   """A checkout as the JSON names it: its commit, never its machine path."""
   rev = subprocess.run(["git", "-C", str(path), "rev-parse", "--short", "HEAD"],
@@ -165,13 +260,17 @@ def main(argv=None) -> dict:
   if not (results / "reproduction.json").exists():  # before any run
     p.error(f"{results} holds no reproduction.json: the projection rescales the before code's "
             "own end-to-end run; pass --record <its results/cpu>")
+  from pergrad.config import build_plan, compose
+
+  plan = build_plan(compose([f"experiment={args.experiment}", "scale=cpu"]))
   versions = {"before": args.before.resolve(), "after": REPO}
-  turns = {v: [] for v in versions}
+  turns, floors = {v: [] for v in versions}, []
   with tempfile.TemporaryDirectory(prefix="bench_sweep_") as tmp:
     for r in range(args.rounds):
       order = list(versions) if r % 2 == 0 else list(versions)[::-1]
       for v in order:
         turns[v].append(turn(versions[v], args, Path(tmp) / f"{v}{r}"))
+      floors.append(matmul_floor(plan))
   stats = {v: summarize(t) for v, t in turns.items()}
   later = lambda v: [x["fixed_s"] for t in turns[v] for x in t["rows"][1:]]
   n = min(len(later("before")), len(later("after")))
@@ -194,7 +293,8 @@ def main(argv=None) -> dict:
          # when the ratio above is contention, not code)
          "projection": project(results, fixed_s=fixed, speed=speed["median"], reuses=reuses),
          "projection_same_step_speed": {k: v for k, v in project(
-             results, fixed_s=fixed, reuses=reuses).items() if k != "experiments"}}
+             results, fixed_s=fixed, reuses=reuses).items() if k != "experiments"},
+         **at_floor(results, turns, floors, fixed[0])}
   print(json.dumps(out, indent=1))
   return out
 

@@ -164,10 +164,8 @@ def test_versus_nanodo_reports_ours_and_its_controls():
     assert 0 < q["q25"] <= q["median"] <= q["q75"]
 
 
-def test_bench_sweep_projects_the_before_codes_own_record(tmp_path, capsys):
-  """scripts/bench_sweep.py rescales the before version's end-to-end record; a --before
-  checkout without one is refused in one line before any turn (the committed record of this
-  checkout was trained by the after code: rescaling it would count the speed-up twice)."""
+def _bench_sweep():
+  """scripts/bench_sweep.py as a module."""
   import importlib.util
   from pathlib import Path
 
@@ -175,6 +173,17 @@ def test_bench_sweep_projects_the_before_codes_own_record(tmp_path, capsys):
   spec = importlib.util.spec_from_file_location("bench_sweep", path)
   mod = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(mod)
+  return mod
+
+
+def test_bench_sweep_projects_the_before_codes_own_record(tmp_path, capsys):
+  """scripts/bench_sweep.py rescales the before version's end-to-end record; a --before
+  checkout without one is refused in one line before any turn (the committed record of this
+  checkout was trained by the after code: rescaling it would count the speed-up twice)."""
+  from pathlib import Path
+
+  mod = _bench_sweep()
+  path = Path(mod.__file__)
   with pytest.raises(SystemExit) as e:
     mod.main(["--before", str(tmp_path)])
   assert e.value.code == 2 and not any(tmp_path.iterdir())
@@ -182,3 +191,52 @@ def test_bench_sweep_projects_the_before_codes_own_record(tmp_path, capsys):
   assert "holds no reproduction.json" in err and "--record" in err
   name = mod.checkout_name(path.parents[1])
   assert name.startswith("<checkout of ") and str(path.parents[1]) not in name
+
+
+def _dot_flops(jaxpr) -> int:
+  """2·M·N·K summed over the dot_generals of a jaxpr and its sub-jaxprs (scans × length)."""
+  import math
+
+  n = 0
+  for e in jaxpr.eqns:
+    if e.primitive.name == "dot_general":
+      (_, rc), (_, rb) = e.params["dimension_numbers"]
+      lhs, rhs = (v.aval.shape for v in e.invars)
+      n += 2 * math.prod(lhs) * math.prod(d for i, d in enumerate(rhs) if i not in rc + rb)
+    times = e.params["length"] if e.primitive.name == "scan" else 1
+    for v in e.params.values():
+      for sub in v if isinstance(v, tuple | list) else (v,):
+        sub = getattr(sub, "jaxpr", sub)
+        if hasattr(sub, "eqns"):
+          n += times * _dot_flops(sub)
+  return n
+
+
+@pytest.mark.parametrize("extra", [[], ["model.tie_embeddings=true", "model.positions=rope",
+                                        "model.n_layers=2"]])
+def test_bench_sweeps_floor_is_the_models_matmuls(extra):
+  """bench_sweep's floor: the skeleton's gradient does exactly the model's matmuls (its dot
+  FLOPs equal those of the model's loss gradient, the embedding's input gradient included),
+  and matmul_floor times it in chunks that divide the batch, keeping the fastest."""
+  import jax
+  import jax.numpy as jnp
+  from conftest import TINY, compose
+
+  from pergrad.config import build_plan
+  from pergrad.loss import make_loss_fn
+  from pergrad.model import Transformer, init_params
+
+  mod = _bench_sweep()
+  plan = build_plan(compose([*TINY, *extra]))
+  s, B, T = plan.model, 4, plan.data.seq_len
+  loss_fn = make_loss_fn(Transformer(s))
+  tok = jnp.zeros((B, T), jnp.int32)
+  model = jax.make_jaxpr(jax.grad(lambda p: loss_fn(p, {"inputs": tok, "targets": tok}).mean()))(
+      init_params(s, jax.random.PRNGKey(0), T))
+  params, loss = mod.matmul_skeleton(s, T)
+  skeleton = jax.make_jaxpr(jax.grad(loss, argnums=(0, 1)))(
+      params, jnp.zeros((B, T, s.d_model)), jnp.zeros((B, T, s.vocab_size)))
+  assert _dot_flops(model.jaxpr) == _dot_flops(skeleton.jaxpr) > 0
+  floor = mod.matmul_floor(plan, reps=1)
+  assert set(floor["by_chunk"]) == {8, 4, 2} and floor["chunk"] in floor["by_chunk"]
+  assert floor["tokens_per_s"] == max(floor["by_chunk"].values()) > 0
