@@ -38,9 +38,12 @@ backward matmul of the preset's model (q, k, v, out, QKᵀ, AV, fc_in, fc_out, t
 `matmul_skeleton`, whose gradient's dot FLOPs equal the model's, tested) and nothing
 else (no norm, softmax, GELU, embedding, cross-entropy or optimizer), jitted by XLA, in
 chunks of c examples scanned and summed (c = B, B/2, ... 2: the fastest is kept), timed
-in this process after each round. No exact step of this model runs faster on this machine
-with XLA, so `projection_at_floor` (no fixed cost, run reuse, every step at the floor's
-tokens/s over before's) bounds what any speed-up of the steps can project.
+in this process after each round, with its dot FLOPs per step and their rate beside
+XLA's rate on one 2048³ matmul (this machine's best case). An exact step of the model does
+these matmuls and more, so with XLA on this machine (in these chunkings) it is no faster:
+`projection_at_floor` (no fixed cost, runs reused, every step at the floor's tokens/s
+over before's) bounds what a speed-up of the steps can project; `steps_speedup_for_2x`
+is what a 2x projection would need.
 """
 
 from __future__ import annotations
@@ -114,19 +117,50 @@ def matmul_skeleton(spec, T: int):
   return params, loss
 
 
+def dot_flops(jaxpr) -> int:
+  """2·M·N·K summed over the dot_generals of a jaxpr and its sub-jaxprs (a scan's body
+  times its length)."""
+  import math
+
+  n = 0
+  for e in jaxpr.eqns:
+    if e.primitive.name == "dot_general":
+      (_, rc), (_, rb) = e.params["dimension_numbers"]
+      lhs, rhs = (v.aval.shape for v in e.invars)
+      n += 2 * math.prod(lhs) * math.prod(d for i, d in enumerate(rhs) if i not in rc + rb)
+    times = e.params["length"] if e.primitive.name == "scan" else 1
+    for v in e.params.values():
+      for sub in v if isinstance(v, tuple | list) else (v,):
+        sub = getattr(sub, "jaxpr", sub)
+        if hasattr(sub, "eqns"):
+          n += times * dot_flops(sub)
+  return n
+
+
 def matmul_floor(plan, reps: int = 15) -> dict:
-  """{"tokens_per_s", "chunk", "by_chunk"}: the skeleton's gradient over B examples in
-  chunks of c (scanned, summed), the fastest c; median of `reps` timings each."""
+  """{"tokens_per_s", "chunk", "by_chunk", "dot_flops_per_step", "flops_per_s",
+  "square_matmul_flops_per_s"}: the skeleton's gradient over B examples in chunks of c
+  (scanned, summed), the fastest c, median of `reps` timings each; beside it, XLA's rate
+  on one 2048³ matmul (the machine's best case, for scale)."""
   import jax
   import jax.numpy as jnp
   import numpy as np
+
+  def median_s(f, *args):
+    jax.block_until_ready(f(*args))
+    times = []
+    for _ in range(reps):
+      t0 = time.perf_counter()
+      jax.block_until_ready(f(*args))
+      times.append(time.perf_counter() - t0)
+    return float(np.median(times))
 
   B, T = plan.data.batch_size, plan.data.seq_len
   params, loss = matmul_skeleton(plan.model, T)
   kx, ky = jax.random.split(jax.random.PRNGKey(1))
   x = jax.random.normal(kx, (B, T, plan.model.d_model))
   y = jax.random.normal(ky, (B, T, plan.model.vocab_size)) / plan.model.vocab_size
-  by_chunk, c = {}, B
+  by_chunk, flops, c = {}, {}, B
   while c >= 2 and B % c == 0:
     def grads(p, x, y, c=c):
       def add(acc, xy):  # the input's gradient too: the model's embedding needs it
@@ -134,17 +168,17 @@ def matmul_floor(plan, reps: int = 15) -> dict:
         return jax.tree.map(jnp.add, acc, g_p), g_x
       xy = (x.reshape(B // c, c, *x.shape[1:]), y.reshape(B // c, c, *y.shape[1:]))
       return jax.lax.scan(add, jax.tree.map(jnp.zeros_like, p), xy)
-    f = jax.jit(grads)
-    jax.block_until_ready(f(params, x, y))
-    times = []
-    for _ in range(reps):
-      t0 = time.perf_counter()
-      jax.block_until_ready(f(params, x, y))
-      times.append(time.perf_counter() - t0)
-    by_chunk[c] = round(B * T / float(np.median(times)), 1)
+    flops[c] = dot_flops(jax.make_jaxpr(grads)(params, x, y).jaxpr)
+    by_chunk[c] = round(B * T / median_s(jax.jit(grads), params, x, y), 1)
     c //= 2
   best = max(by_chunk, key=by_chunk.get)
-  return {"tokens_per_s": by_chunk[best], "chunk": best, "by_chunk": by_chunk}
+  n = 2048
+  square = jnp.ones((n, n), jnp.float32)
+  return {"tokens_per_s": by_chunk[best], "chunk": best, "by_chunk": by_chunk,
+          "dot_flops_per_step": flops[best],
+          "flops_per_s": round(flops[best] * by_chunk[best] / (B * T)),
+          "square_matmul_flops_per_s": round(2 * n**3 / median_s(
+              jax.jit(jnp.matmul), square, square))}
 
 
 def has_compile_cache(repo: Path) -> bool:
@@ -225,8 +259,12 @@ def at_floor(results: Path, turns: dict, floors: list[dict], fixed_before: float
                                   reuses=True)["speedup"] < 2 else (lo, mid)
   at = project(results, fixed_s=(fixed_before, 0.0), speed=over["before"]["median"],
                reuses=True)
+  last = floors[-1]
   return {"floor": {"tokens_per_s": quartiles([f["tokens_per_s"] for f in floors]),
-                    "chunk": floors[-1]["chunk"], "by_chunk": floors[-1]["by_chunk"],
+                    **{k: last[k] for k in ("chunk", "by_chunk", "dot_flops_per_step")},
+                    "flops_per_s": quartiles([f["flops_per_s"] for f in floors]),
+                    "square_matmul_flops_per_s": quartiles(
+                        [f["square_matmul_flops_per_s"] for f in floors]),
                     "over_before_tokens_per_s": over["before"],
                     "over_after_tokens_per_s": over["after"]},
           "steps_speedup_for_2x": round(hi, 3),

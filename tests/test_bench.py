@@ -193,25 +193,6 @@ def test_bench_sweep_projects_the_before_codes_own_record(tmp_path, capsys):
   assert name.startswith("<checkout of ") and str(path.parents[1]) not in name
 
 
-def _dot_flops(jaxpr) -> int:
-  """2·M·N·K summed over the dot_generals of a jaxpr and its sub-jaxprs (scans × length)."""
-  import math
-
-  n = 0
-  for e in jaxpr.eqns:
-    if e.primitive.name == "dot_general":
-      (_, rc), (_, rb) = e.params["dimension_numbers"]
-      lhs, rhs = (v.aval.shape for v in e.invars)
-      n += 2 * math.prod(lhs) * math.prod(d for i, d in enumerate(rhs) if i not in rc + rb)
-    times = e.params["length"] if e.primitive.name == "scan" else 1
-    for v in e.params.values():
-      for sub in v if isinstance(v, tuple | list) else (v,):
-        sub = getattr(sub, "jaxpr", sub)
-        if hasattr(sub, "eqns"):
-          n += times * _dot_flops(sub)
-  return n
-
-
 @pytest.mark.parametrize("extra", [[], ["model.tie_embeddings=true", "model.positions=rope",
                                         "model.n_layers=2"]])
 def test_bench_sweeps_floor_is_the_models_matmuls(extra):
@@ -236,7 +217,12 @@ def test_bench_sweeps_floor_is_the_models_matmuls(extra):
   params, loss = mod.matmul_skeleton(s, T)
   skeleton = jax.make_jaxpr(jax.grad(loss, argnums=(0, 1)))(
       params, jnp.zeros((B, T, s.d_model)), jnp.zeros((B, T, s.vocab_size)))
-  assert _dot_flops(model.jaxpr) == _dot_flops(skeleton.jaxpr) > 0
+  assert mod.dot_flops(model.jaxpr) == mod.dot_flops(skeleton.jaxpr) > 0
   floor = mod.matmul_floor(plan, reps=1)
   assert set(floor["by_chunk"]) == {8, 4, 2} and floor["chunk"] in floor["by_chunk"]
   assert floor["tokens_per_s"] == max(floor["by_chunk"].values()) > 0
+  B, T = plan.data.batch_size, plan.data.seq_len  # dot FLOPs of B examples, chunks or not
+  whole = jax.make_jaxpr(jax.grad(loss, argnums=(0, 1)))(
+      params, jnp.zeros((B, T, s.d_model)), jnp.zeros((B, T, s.vocab_size)))
+  assert floor["dot_flops_per_step"] == mod.dot_flops(whole.jaxpr)
+  assert floor["flops_per_s"] > 0 and floor["square_matmul_flops_per_s"] > 0
