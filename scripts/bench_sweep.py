@@ -38,7 +38,7 @@ backward matmul of the preset's model (q, k, v, out, QKᵀ, AV, fc_in, fc_out, t
 `matmul_skeleton`, whose gradient's dot FLOPs equal the model's, tested) and nothing
 else (no norm, softmax, GELU, embedding, cross-entropy or optimizer), jitted by XLA, in
 chunks of c examples scanned and summed (c = B, B/2, ... 2: the fastest is kept), timed
-in this process after each round, with its dot FLOPs per step and their rate beside
+in a fresh process after each round, with its dot FLOPs per step and their rate beside
 XLA's rate on one 2048³ matmul (this machine's best case). An exact step of the model does
 these matmuls and more, so with XLA on this machine (in these chunkings) it is no faster:
 `projection_at_floor` (no fixed cost, runs reused, every step at the floor's tokens/s
@@ -181,6 +181,18 @@ def matmul_floor(plan, reps: int = 15) -> dict:
               jax.jit(jnp.matmul), square, square))}
 
 
+def floor_in_process(experiment: str) -> dict:
+  """`matmul_floor` in a fresh process, as each turn's sweep is (rounds then sample the
+  spread between processes alike)."""
+  proc = subprocess.run([sys.executable, __file__, "--before", ".", "--floor-only",
+                         "--experiment", experiment], cwd=REPO, capture_output=True,
+                        text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+  line = [x for x in proc.stdout.splitlines() if x.startswith("BENCH_FLOOR ")]
+  if proc.returncode or not line:
+    raise SystemExit(f"the floor failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+  return json.loads(line[0].removeprefix("BENCH_FLOOR "))
+
+
 def has_compile_cache(repo: Path) -> bool:
   return "compile_cache" in (repo / "pergrad" / "config" / "schema.py").read_text()
 
@@ -293,14 +305,20 @@ def main(argv=None) -> dict:
   p.add_argument("--record", type=Path, default=None,
                  help="results/cpu of the before code's end-to-end run (default: the --before "
                       "checkout's)")
+  p.add_argument("--floor-only", action="store_true",
+                 help="print the floor of the experiment's cpu-preset step and exit (what "
+                      "each round runs in a fresh process)")
   args = p.parse_args(argv)
+  if args.floor_only:
+    from pergrad.config import build_plan, compose
+
+    out = matmul_floor(build_plan(compose([f"experiment={args.experiment}", "scale=cpu"])))
+    print("BENCH_FLOOR " + json.dumps(out))
+    return out
   results = (args.record or args.before / "results" / "cpu").resolve()
   if not (results / "reproduction.json").exists():  # before any run
     p.error(f"{results} holds no reproduction.json: the projection rescales the before code's "
             "own end-to-end run; pass --record <its results/cpu>")
-  from pergrad.config import build_plan, compose
-
-  plan = build_plan(compose([f"experiment={args.experiment}", "scale=cpu"]))
   versions = {"before": args.before.resolve(), "after": REPO}
   turns, floors = {v: [] for v in versions}, []
   with tempfile.TemporaryDirectory(prefix="bench_sweep_") as tmp:
@@ -308,7 +326,7 @@ def main(argv=None) -> dict:
       order = list(versions) if r % 2 == 0 else list(versions)[::-1]
       for v in order:
         turns[v].append(turn(versions[v], args, Path(tmp) / f"{v}{r}"))
-      floors.append(matmul_floor(plan))
+      floors.append(floor_in_process(args.experiment))
   stats = {v: summarize(t) for v, t in turns.items()}
   later = lambda v: [x["fixed_s"] for t in turns[v] for x in t["rows"][1:]]
   n = min(len(later("before")), len(later("after")))
