@@ -43,7 +43,9 @@ XLA's rate on one 2048³ matmul (this machine's best case). An exact step of the
 these matmuls and more, so with XLA on this machine (in these chunkings) it is no faster:
 `projection_at_floor` (no fixed cost, runs reused, every step at the floor's tokens/s
 over before's) bounds what a speed-up of the steps can project; `steps_speedup_for_2x`
-is what a 2x projection would need.
+is what a 2x projection would need. Both hold, as `projection` does, each experiment's
+packing of its runs on the record's jobs (wall / compute): a lone job still has both
+cores' XLA threads, so that ratio is no idle share and no bound is drawn from it.
 """
 
 from __future__ import annotations
