@@ -129,11 +129,16 @@ def arms(out_dir: Path) -> dict[str, tuple[list[float], list[float]]]:
   return out
 
 
+def arm_of(r: dict) -> tuple[str, str, str]:
+  """A run's or a search row's arm as `inherited` compares them: (variant, ε, lr), `fmt`ed."""
+  return (r["optimizer.variant"], fmt(float(r["optimizer.eps"])), fmt(float(r["optimizer.lr"])))
+
+
 def inherited(out_dir, ran: set[tuple[str, str, str]]) -> tuple[guards.Guard, ...]:
   """The preconditioner's guards on what `sweep` takes from its search (MicroAdamMSQ's ε and
   lr, Adam's lr), read from its best.csv beside this report: each lr bracketed and stable
   there, MicroAdamMSQ's ε bracketed (`preconditioner.eps_bracketed`). Bracketed fails without
-  it, or where the arms `ran` ((variant, ε, lr) as `fmt` writes them) are not its choice (a
+  it, or where the arms `ran` (`arm_of`) are not its choice (a
   search re-run since: its guards would vouch for arms this sweep did not run)."""
   src = Path(out_dir).parent / preconditioner.NAME
   if not (src / "best.csv").exists():
@@ -143,8 +148,7 @@ def inherited(out_dir, ran: set[tuple[str, str, str]]) -> tuple[guards.Guard, ..
   every = lr_search.load_best(src)
   best = preconditioner.chosen(every)
   best = best[best["optimizer.clip_norm"].isna() & best["optimizer.variant"].isin((MSQ, ADAM))]
-  choice = {(r["optimizer.variant"], fmt(float(r["optimizer.eps"])),
-             fmt(float(r["optimizer.lr"]))) for r in best.to_dict("records")}
+  choice = {arm_of(r) for r in best.to_dict("records")}
   if not ran <= choice:
     return (guards.Guard("bracketed", False, f"this sweep ran {sorted(ran - choice)}, but "
                          f"{preconditioner.NAME}'s search chose {sorted(choice)}: re-run "
@@ -187,8 +191,8 @@ def report(out_dir):
   # lrs and MicroAdamMSQ's ε were the preconditioner's: its guards on them (`inherited`)
   fin = pd.read_csv(Path(out_dir) / "finals.csv")
   fixed = lr_search.stable_of(fin[fin["train.seed"].isin(SEEDS)], label, {msq, adam})
-  ran = {(r["optimizer.variant"], fmt(float(r["optimizer.eps"])), fmt(float(r["optimizer.lr"])))
-         for r in fin[fin["train.seed"].isin(SEEDS)].to_dict("records") if label(r) in (msq, adam)}
+  ran = {arm_of(r) for r in fin[fin["train.seed"].isin(SEEDS)].to_dict("records")
+         if label(r) in (msq, adam)}
   warm = lr_search.warm_of(fin, label, used)
   pilot = guards.pilot_first({k: seeds_values[k][0] for k in used if k in seeds_values},
                              SEEDS)

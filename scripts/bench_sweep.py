@@ -186,9 +186,9 @@ def matmul_floor(plan, reps: int = 15) -> dict:
 def floor_in_process(experiment: str) -> dict:
   """`matmul_floor` in a fresh process, as each turn's sweep is (rounds then sample the
   spread between processes alike)."""
-  proc = subprocess.run([sys.executable, __file__, "--before", ".", "--floor-only",
-                         "--experiment", experiment], cwd=REPO, capture_output=True,
-                        text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+  proc = subprocess.run([sys.executable, __file__, "--floor-only", "--experiment", experiment],
+                        cwd=REPO, capture_output=True, text=True,
+                        env={**os.environ, "PYTHONPATH": str(REPO)})
   line = [x for x in proc.stdout.splitlines() if x.startswith("BENCH_FLOOR ")]
   if proc.returncode or not line:
     raise SystemExit(f"the floor failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
@@ -295,8 +295,9 @@ def checkout_name(path: Path) -> str:
 
 def main(argv=None) -> dict:
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  p.add_argument("--before", type=Path, required=True,
-                 help="a checkout of the code to compare against (e.g. main)")
+  p.add_argument("--before", type=Path,
+                 help="a checkout of the code to compare against (e.g. main); required but "
+                      "with --floor-only")
   p.add_argument("--experiment", default="preconditioner",
                  help="the experiment config of the sweep (configs/experiment/)")
   p.add_argument("--steps", type=int, default=20)
@@ -317,6 +318,8 @@ def main(argv=None) -> dict:
     out = matmul_floor(build_plan(compose([f"experiment={args.experiment}", "scale=cpu"])))
     print("BENCH_FLOOR " + json.dumps(out))
     return out
+  if args.before is None:
+    p.error("--before is required: a checkout of the code to compare against")
   results = (args.record or args.before / "results" / "cpu").resolve()
   if not (results / "reproduction.json").exists():  # before any run
     p.error(f"{results} holds no reproduction.json: the projection rescales the before code's "
