@@ -226,3 +226,42 @@ def test_bench_sweeps_floor_is_the_models_matmuls(extra):
       params, jnp.zeros((B, T, s.d_model)), jnp.zeros((B, T, s.vocab_size)))
   assert floor["dot_flops_per_step"] == mod.dot_flops(whole.jaxpr)
   assert floor["flops_per_s"] > 0 and floor["square_matmul_flops_per_s"] > 0
+
+
+def test_bench_sweeps_floor_refuses_a_model_it_does_not_mirror(monkeypatch):
+  """A skeleton with fewer matmuls than the model (here: half its MLP width) would be no
+  floor: matmul_floor refuses it in one line before timing anything."""
+  import dataclasses
+
+  from conftest import TINY, compose
+
+  from pergrad.config import build_plan
+
+  mod = _bench_sweep()
+  real = mod.matmul_skeleton
+  monkeypatch.setattr(mod, "matmul_skeleton", lambda spec, T: real(
+      dataclasses.replace(spec, d_ff=spec.d_ff // 2), T))
+  with pytest.raises(SystemExit) as e:
+    mod.matmul_floor(build_plan(compose(TINY)), reps=1)
+  assert str(e.value).startswith("unsupported: the floor's skeleton does")
+
+
+def test_bench_sweeps_two_x_reading_and_its_error_rates():
+  """two_x_reading on 3 rounds (bench_sweep's --rounds 3) at the measured spread between
+  processes (floor / before in three runs: 1.70, 1.90, 1.72; sd ~0.1): "unreachable" said of
+  a floor exactly at the need (the worst case for a false alarm) 25 % of the time, and of one
+  5 % / 10 % short of it (the committed run: 1.72 against 1.93, 11 % short) 80 % / 99 %;
+  "reachable" of a floor 5 % short: ~1 %. A straddle reads undetermined."""
+  import numpy as np
+
+  mod = _bench_sweep()
+  assert mod.two_x_reading([1.6, 1.7, 1.8], 1.93) == "unreachable"
+  assert mod.two_x_reading([2.0, 2.1, 2.2], 1.93) == "reachable"
+  assert mod.two_x_reading([1.8, 1.95, 2.1], 1.93).startswith("undetermined")
+  rng = np.random.default_rng(0)
+  said = lambda mu, what: np.mean([mod.two_x_reading(list(x), 1.93) == what
+                                   for x in rng.normal(mu, 0.1, (4000, 3))])
+  assert 0.2 < said(1.93, "unreachable") < 0.3          # false alarm at the edge
+  assert said(1.93 * 0.95, "unreachable") >= 0.75       # power, 5 % short
+  assert said(1.93 * 0.9, "unreachable") >= 0.97        # power, 10 % short
+  assert said(1.93 * 0.95, "reachable") < 0.03
