@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from experiments import lr_search
-from experiments.record import ROWS, Experiment, register
+from experiments.record import Experiment, register
 from experiments.sweep import Block, Sweep, base_for, scale_value
 from experiments.verdict import declared, declared_text, gated, md_table, outcomes, pairs_md
 from pergrad.analysis import calibrate, guards, rules
@@ -261,6 +261,7 @@ def report(out_dir):
                numbers_md=md_table(col) + ("\n\n" + pairs_md(pairs) if pairs else ""))
 
 
-EXPERIMENT = register(Experiment(name=NAME, title=TITLE, claim=CLAIM, row=ROWS["4"], sweep=sweep,
-                                 analyze=analyze, figures=figures, report=report,
-                                 needs=("preconditioner",)))
+EXPERIMENT = register(Experiment(
+    name=NAME, title=TITLE, claim=CLAIM, row='C4. √B lr scaling collapses the curves',
+    papers_test=True, rank=5, stream=1, sweep=sweep, analyze=analyze, figures=figures,
+    report=report, needs=("preconditioner",)))

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from experiments import lr_search
-from experiments.record import ROWS, Experiment, Inputs, register
+from experiments.record import Experiment, Inputs, Rung, register
 from experiments.sweep import SEEDS, Block, Sweep, base_for, experiment_value, family
 from experiments.verdict import (
   Report,
@@ -204,6 +204,20 @@ def report(out_dir: Path) -> Report:
                                    reg, "By α:", by_alpha))
 
 
+def ladder_value(out_dir: Path) -> float:
+  """r(complement, norm layers) at the tracker's α (NaN without runs)."""
+  reg = read_csv(Path(out_dir) / PART_WHOLE)
+  at = reg[np.isclose(reg["alpha"], ALPHA)] if len(reg) else reg
+  return float(at["r_complement"].mean()) if len(at) else np.nan
+
+
+def rung_runs(b: int, steps: int, fam: str) -> list[tuple[int, int]]:
+  """3 seeds at the scale's B."""
+  return [(b, steps)] * 3
+
+RUNG = Rung("G2", "G2: r(complement, norm layers)", 0.95, ladder_value, rung_runs,
+            one_sided=True)
 EXPERIMENT = register(Experiment(
-    name=NAME, title=TITLE, claim=CLAIM, row=ROWS["G2"], sweep=sweep, analyze=analyze,
-    figures=figures, report=report, needs=("preconditioner",)))
+    name=NAME, title=TITLE, claim=CLAIM, row="G2. The norm layers' GNS predicts the total",
+    papers_test=True, rank=9, stream=1, sweep=sweep, analyze=analyze, figures=figures,
+    report=report, needs=("preconditioner",), rung=RUNG))

@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from experiments import lr_search
-from experiments.record import ROWS, Experiment, register
+from experiments.record import Experiment, Rung, register
 from experiments.sweep import (
   Block,
   LrSearch,
@@ -220,6 +220,24 @@ def report(out_dir: Path):
                                    mean_tt.reset_index(), "Regime:", regime))
 
 
+def ladder_value(out_dir: Path) -> float:
+  """The ramp's token saving to fixed B_max's final loss (NaN without runs)."""
+  tt, cur = read_csv(Path(out_dir) / "to_target.csv"), read_csv(Path(out_dir) / "curves.csv")
+  if tt.empty or cur.empty:
+    return np.nan
+  saving = seed_mean_to_target(cur, "fixed", float(tt["target"].iloc[0])).set_index("arm")
+  return float(saving.loc["ramp", "token_saving"]) if "ramp" in saving.index else np.nan
+
+
+def rung_runs(b: int, steps: int, fam: str) -> list[tuple[int, int]]:
+  """4 lrs at B_max = 2B, 6 ramps (mean B ≈ 9/16 B_max), 3 short arms at B_max."""
+  ex = b * steps
+  return ([(2 * b, ex // (2 * b))] * 4 + [(9 * b // 8, ex * 8 // (9 * b))] * 6
+          + [(2 * b, int(0.82 * ex) // (2 * b))] * 3)
+
+RUNG = Rung("G3", "G3: token saving of the ramp (paper: 18 %)", 0.18, ladder_value, rung_runs,
+            own_model=False)
 EXPERIMENT = register(Experiment(
-    name=NAME, title=TITLE, claim=CLAIM, row=ROWS["G3"], sweep=sweep, analyze=analyze,
-    figures=figures, report=report, follow_up=follow_up))
+    name=NAME, title=TITLE, claim=CLAIM, row="G3. A linear batch ramp saves 18 % of tokens",
+    papers_test=True, rank=10, stream=1, sweep=sweep, analyze=analyze, figures=figures,
+    report=report, follow_up=follow_up, rung=RUNG))

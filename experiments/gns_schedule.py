@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from experiments import gns_ramp, lr_search, verdict
-from experiments.record import ROWS, Experiment, register
+from experiments.record import Experiment, register
 from experiments.sweep import (
   Block,
   LrSearch,
@@ -384,5 +384,5 @@ def report(out_dir: Path) -> verdict.Report:
 
 
 EXPERIMENT = register(Experiment(
-    name=NAME, title=TITLE, claim=CLAIM, row=ROWS["G3+"], sweep=sweep, analyze=analyze,
-    figures=figures, report=report, follow_up=follow_up))
+    name=NAME, title=TITLE, claim=CLAIM, row='G3, ours: GNS schedules vs the best fixed B', rank=11,
+    stream=0, sweep=sweep, analyze=analyze, figures=figures, report=report, follow_up=follow_up))

@@ -1,28 +1,19 @@
-"""The scale ladder (issue 40): the claims whose verdict may depend on scale, each at three
-model sizes at the same tokens per parameter, one figure per claim with the trend and the
-paper's value marked, so that a "not reproduced" at one size says which way it moves.
+"""The scale ladder: the claims whose verdict may depend on scale, each at three model sizes
+at the same tokens per parameter, one figure per claim with the trend and the paper's value
+marked, so that a "not reproduced" at one size says which way it moves.
 
-  claim  experiment    quantity (from the rung's CSVs)                          paper
-  C3c    moments       r = Σμ̂²/Σ(σ̂²/B), second half, the scale's B, no norm    > 1
-  C4     lr_exponent   α of lr*(B) ∝ B^α                                        0.5
-  G2     gns_layers    r(complement, norm) at the tracker's α                   high (0.95, ours)
-  G3     gns_ramp      token saving of the ramp to fixed B_max's final loss     0.18
+An experiment takes part by declaring a `Rung` (`experiments.record`): the quantity it reads
+from a rung's CSVs, the paper's value, the runs it launches at a rung. A rung is a scale preset
+`<family>_<rung>` (`configs/scale/`, written by `write_presets` from `plan`): the family's
+batch and sequence sizes, a smaller model (`RUNGS`), the steps that give it
+`TOKENS_PER_PARAM`. Those experiments run there as anywhere (`reproduce.py moments --preset
+cpu_xs`; results under results/<family>/ladder/<rung>/); the `ladder` experiment launches them
+rung by rung (resumable) and collects them, each rung's value with that experiment's verdict
+there ("undetermined: <guard>" where a validity guard fails).
 
-A rung is a scale preset `<family>_<rung>` (`configs/scale/`, written by `write_presets` from
-`plan`): the family's batch and sequence sizes, a smaller model (`RUNGS`), the steps that give
-it `TOKENS_PER_PARAM`. The four experiments run there as anywhere (`reproduce.py moments
---preset cpu_xs`; results under results/<family>/ladder/<rung>/), and the `ladder` experiment
-(`reproduce.py ladder --preset cpu`, last in `all`) launches them rung by rung (resumable,
-finished runs skipped) and collects them. Each rung's value carries that experiment's verdict
-there, through its validity guards ("undetermined: <guard>" where one fails).
-
-At 20 tokens per parameter a run costs ∝ N², so on 2 cores the cpu ladder stops at 92k
-parameters (`cpu_s`, 904 steps): the `tiny` model (665k) would need 6,493 steps a run, about
-16× a cpu run (`plan`'s steps_vs_family), ~16 h for the four experiments by `projected_min`'s
-model. Each figure marks the family's own model beside the rungs instead (a star: the
-family's committed experiment, at its fewer tokens per parameter; `family_points`), so the
-trend across rungs and the `tiny` verdict are read on one axis. The paper family's rungs
-(GPU/TPU, our guess of its scale) end at its own model.
+A run at 20 tokens per parameter costs ∝ N², so the cpu ladder stops below the family's own
+model (`projected_min`); each figure marks the family's own model beside the rungs (a star,
+at its fewer tokens per parameter: `family_points`).
 """
 
 from __future__ import annotations
@@ -36,9 +27,16 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from experiments.launch import LaunchLog
-from experiments.record import Experiment, register
-from experiments.sweep import LADDER_EXPERIMENTS, RUNG_PRESETS, family, scale_file, scale_value
+from experiments.launch import How, LaunchLog
+from experiments.record import Experiment, Rung, experiments, in_order, register
+from experiments.sweep import (
+  RUNG_PRESETS,
+  default_results_dir,
+  default_sweep_dir,
+  family,
+  scale_file,
+  scale_value,
+)
 from experiments.verdict import Report, md_table, sections
 from pergrad.analysis.plots import plt, savefig, style
 from pergrad.analysis.runs import read_csv
@@ -57,12 +55,6 @@ RUNGS = {  # model overrides per family; each family's last rung is its own scal
               "s": {}},
 }
 TOKENS_PER_PARAM = {"ci": 0.5, "cpu": 20.0, "paper": 20.0}  # Chinchilla-proportioned (G3's)
-PAPER = {"moments": 1.0, "lr_exponent": 0.5, "gns_layers": 0.95, "gns_ramp": 0.18}
-CLAIM_ID = {"moments": "C3c", "lr_exponent": "C4", "gns_layers": "G2", "gns_ramp": "G3"}
-LABEL = {"moments": "C3c: r = Σμ̂²/Σ(σ̂²/B) (> 1: μ² dominates)",
-         "lr_exponent": "C4: α of lr* ∝ B^α (√ scaling: 0.5)",
-         "gns_layers": "G2: r(complement, norm layers)",
-         "gns_ramp": "G3: token saving of the ramp (paper: 18 %)"}
 LADDER_CSV, LADDER_JSON = "ladder.csv", "ladder.json"
 TITLE = "the scale ladder: C3c, C4, G2, G3 at three model sizes, same tokens per parameter"
 CLAIM = ("Ours, beside the papers: whether each scale-dependent quantity moves toward the "
@@ -103,26 +95,25 @@ def plan(fam: str = "cpu") -> pd.DataFrame:
   return pd.DataFrame(rows)
 
 
-FIXED_S = 3.6  # a later run's fixed cost (compiles from the cache, data, evals): bench_sweep
-# Seconds per step ≈ a + c·N·B·T: fitted to gns_layers runs (surgery + GNS, B = 32) at cpu
-# (664,832 parameters: 0.39 s a step), cpu_s (92,480: 0.090 s) and cpu_xxs (18,512: 0.050 s;
-# the fit gives 0.052) on the shared 2-core machine; only ratios enter `projected_min`.
+FIXED_S = 3.6  # a later run's fixed cost in seconds (results/bench_sweep.json)
+# Seconds per step ≈ a + c·N·B·T, fitted to gns_layers runs at cpu, cpu_s and cpu_xxs; only
+# ratios enter `projected_min`.
 STEP_S = (0.042, 2.555e-10)
 
 
-def rung_runs(fam: str, steps: int) -> list[tuple[int, int]]:
-  """(batch size, steps) of every run the four experiments launch at a rung of `steps` steps
-  at the family's B (first stage and follow-ups, no grid extension): lr_exponent 5 lrs × 2
-  seeds per B, gns_ramp 4 lrs + 6 ramps (mean B ≈ 9/16 B_max) + 3 short arms at B_max = 2B,
-  moments 3 at B and 3 at 128, gns_layers 3."""
-  from experiments import lr_exponent
+def rungs() -> dict[str, Rung]:
+  """{experiment: what it measures on the ladder}, in launch order: the most runs first (the
+  lr_exponent search, whose lr the others take at a rung, first)."""
+  have = {n: e.rung for n, e in experiments().items() if e.rung is not None}
+  runs = lambda n: -len(have[n].runs(8, 64, "ci"))
+  return {n: have[n] for n in in_order(sorted(have, key=runs))}
 
+
+def rung_runs(fam: str, steps: int) -> list[tuple[int, int]]:
+  """(batch size, steps) of every run the ladder's experiments launch at a rung of `steps`
+  steps at the family's B (first stage and follow-ups, no grid extension)."""
   b = int(scale_value(fam, "data.batch_size"))
-  ex = b * steps
-  runs = [(s, ex // s) for s in lr_exponent.SIZES[fam] for _ in range(10)]
-  runs += [(2 * b, ex // (2 * b))] * 4 + [(9 * b // 8, ex * 8 // (9 * b))] * 6
-  runs += [(2 * b, int(0.82 * ex) // (2 * b))] * 3
-  return runs + [(b, steps)] * 6 + [(128, ex // 128)] * 3
+  return [r for rung in rungs().values() for r in rung.runs(b, steps, fam)]
 
 
 def projected_min(fam: str = "cpu", results_root: Path | None = None) -> pd.DataFrame:
@@ -171,31 +162,24 @@ def write_presets() -> list[Path]:
 
 
 def rung_dirs(fam: str, sweeps_root: Path, extra: tuple = ()) -> dict[tuple[str, str], Path]:
-  """{(rung, experiment): where `runner.run_experiment` writes that rung's results}."""
-  from experiments import runner
-
-  return {(p.split("_", 1)[1], n): runner.default_results_dir(
-      n, p, runner.default_sweep_dir(n, p, sweeps_root, extra))
-      for p in presets(fam) for n in LADDER_EXPERIMENTS}
+  """{(rung, experiment): where the runner writes that rung's results}."""
+  return {(p.split("_", 1)[1], n): default_results_dir(
+      n, p, default_sweep_dir(n, p, sweeps_root, extra)) for p in presets(fam) for n in rungs()}
 
 
-def launch(preset: str, sweep_dir: Path, *, dry_run: bool = False, echo=print,
-           launcher: str = "basic", n_jobs: int = 2, extra: tuple = (),
-           sweeps_root: Path | None = None) -> LaunchLog:
-  """Runs (or resumes) `LADDER_EXPERIMENTS` at every rung of `preset`'s family, smallest first;
-  an experiment that fails at a rung is reported and the others go on."""
-  from experiments import runner
-
-  log, root = LaunchLog(), Path(sweeps_root or Path(sweep_dir).parents[1])
-  if not dry_run:  # what `analyze` reads back: the rungs' sweeps root and config extras
+def launch(preset: str, sweep_dir: Path, how: How) -> LaunchLog:
+  """Runs (or resumes) the experiments with a `Rung` at every rung of `preset`'s family,
+  smallest first (`how.run`); an experiment that fails at a rung is reported and the others
+  go on."""
+  log, root, echo = LaunchLog(), Path(how.sweeps_root or Path(sweep_dir).parents[1]), how.echo
+  if not how.dry_run:  # what `analyze` reads back: the rungs' sweeps root and config extras
     Path(sweep_dir).mkdir(parents=True, exist_ok=True)
     Path(sweep_dir, LADDER_JSON).write_text(json.dumps(
-        {"preset": preset, "sweeps_root": str(root), "extra": list(extra)}))
+        {"preset": preset, "sweeps_root": str(root), "extra": list(how.extra)}))
   for p in presets(family(preset)):
-    for n in LADDER_EXPERIMENTS:
+    for n in rungs():
       try:
-        out = runner.run_experiment(n, p, launcher=launcher, n_jobs=n_jobs, dry_run=dry_run,
-                                    sweeps_root=root, extra=extra, echo=echo)
+        out = how.run(n, p, sweeps_root=root)
       except (FileNotFoundError, RuntimeError, ValueError) as e:
         echo(f"[ladder] {n} at {p}: {e}")
         log.failed.append(f"{n}/{p}")
@@ -206,36 +190,6 @@ def launch(preset: str, sweep_dir: Path, *, dry_run: bool = False, echo=print,
   return log
 
 
-def quantity(name: str, out_dir: Path) -> float:
-  """The claim's number from an experiment's result CSVs (NaN when absent)."""
-  d = Path(out_dir)
-  if name == "moments":
-    from experiments import moments
-
-    v = moments.leaf_views(d, "second")
-    return float(v["ratio_of_sums_no_norm"].mean()) if v is not None else math.nan
-  if name == "lr_exponent":
-    from experiments import lr_exponent
-
-    star = read_csv(d / "lr_star.csv")
-    return lr_exponent.fit(star)["alpha"] if len(star) else math.nan
-  if name == "gns_layers":
-    from experiments import gns_layers
-
-    reg = read_csv(d / gns_layers.PART_WHOLE)
-    at = reg[np.isclose(reg["alpha"], gns_layers.ALPHA)] if len(reg) else reg
-    return float(at["r_complement"].mean()) if len(at) else math.nan
-  if name == "gns_ramp":
-    from pergrad.analysis.runs import seed_mean_to_target
-
-    tt, cur = read_csv(d / "to_target.csv"), read_csv(d / "curves.csv")
-    if tt.empty or cur.empty:
-      return math.nan
-    saving = seed_mean_to_target(cur, "fixed", float(tt["target"].iloc[0])).set_index("arm")
-    return float(saving.loc["ramp", "token_saving"]) if "ramp" in saving.index else math.nan
-  raise ValueError(f"ladder: no quantity for {name!r}; give one of {sorted(PAPER)}")
-
-
 def verdict_at(out_dir: Path) -> str:
   """The verdict of the rung's report.json ("not yet run" without one)."""
   f = Path(out_dir) / "report.json"
@@ -244,30 +198,31 @@ def verdict_at(out_dir: Path) -> str:
 
 def collect(dirs: dict[tuple[str, str], Path], sizes: pd.DataFrame) -> pd.DataFrame:
   """One row per (claim, rung): the rung's size, the quantity, its verdict, the paper's value."""
-  by_rung = sizes.set_index("rung")
+  by_rung, spec = sizes.set_index("rung"), rungs()
   return pd.DataFrame([{
-      "claim": CLAIM_ID[n], "experiment": n, "rung": rung,
+      "claim": spec[n].claim, "experiment": n, "rung": rung,
       "n_params": int(by_rung.loc[rung, "n_params"]),
       "tokens_per_param": float(by_rung.loc[rung, "tokens_per_param"]),
-      "value": quantity(n, d), "paper": PAPER[n], "verdict": verdict_at(d), "on_ladder": True}
+      "value": spec[n].value(d), "paper": spec[n].paper, "verdict": verdict_at(d),
+      "on_ladder": True}
       for (rung, n), d in dirs.items()])
 
 
 def family_points(fam: str, results_dir: Path) -> pd.DataFrame:
   """Beside the ladder, not on it: each claim's value from the family's own experiment (its
   own model, e.g. `tiny`, at the family's budget: fewer tokens per parameter than the rungs),
-  so a figure shows where the family's committed verdict sits against the rungs' trend.
-  gns_ramp is left out: at the family's preset it already runs its own rung-sized model."""
+  so a figure shows where the family's committed verdict sits against the rungs' trend; not
+  for an experiment whose preset runs a rung-sized model already (`Rung.own_model`)."""
   from pergrad.analysis import n_params
 
   n_fam = n_params([f"scale={fam}"])
   tokens = (int(scale_value(fam, "data.batch_size")) * int(scale_value(fam, "data.seq_len"))
             * int(scale_value(fam, "train.steps")))
   return pd.DataFrame([{
-      "claim": CLAIM_ID[n], "experiment": n, "rung": f"{fam} (own model)", "n_params": n_fam,
-      "tokens_per_param": tokens / n_fam, "value": quantity(n, Path(results_dir) / n),
-      "paper": PAPER[n], "verdict": verdict_at(Path(results_dir) / n), "on_ladder": False}
-      for n in LADDER_EXPERIMENTS if n != "gns_ramp"])
+      "claim": r.claim, "experiment": n, "rung": f"{fam} (own model)", "n_params": n_fam,
+      "tokens_per_param": tokens / n_fam, "value": r.value(Path(results_dir) / n),
+      "paper": r.paper, "verdict": verdict_at(Path(results_dir) / n), "on_ladder": False}
+      for n, r in rungs().items() if r.own_model])
 
 
 def analyze(runs, out_dir: Path) -> None:
@@ -292,14 +247,9 @@ def on_ladder(g: pd.DataFrame) -> pd.DataFrame:
   return g[g["on_ladder"].astype(bool)] if "on_ladder" in g else g
 
 
-# Claims whose paper value is a floor: μ² dominates Adam's v (C3c: r > 1), the norm layers' GNS
-# predicts the total (G2: a high r). Past it is as close as at it; the others are two-sided.
-ONE_SIDED = ("moments", "gns_layers")
-
-
-def distance(name: str, value: float, paper: float) -> float:
-  """How far `value` is from the paper's (0 past a floor, `ONE_SIDED`)."""
-  return max(0.0, paper - value) if name in ONE_SIDED else abs(value - paper)
+def distance(value: float, paper: float, one_sided: bool) -> float:
+  """How far `value` is from the paper's (0 past a floor, `Rung.one_sided`)."""
+  return max(0.0, paper - value) if one_sided else abs(value - paper)
 
 
 def trend(g: pd.DataFrame) -> str:
@@ -311,8 +261,8 @@ def trend(g: pd.DataFrame) -> str:
     why = "; ".join(f"{v.removeprefix('undetermined: ')} at {r}"
                     for r, v in zip(g["rung"], g["verdict"], strict=True) if not decided(v))
     return f"undetermined: {why or 'fewer than two finite values'}"
-  name, paper = str(ok["experiment"].iloc[0]), float(ok["paper"].iloc[0])
-  first, last = (distance(name, float(ok["value"].iloc[i]), paper) for i in (0, -1))
+  paper, one_sided = float(ok["paper"].iloc[0]), rungs()[str(ok["experiment"].iloc[0])].one_sided
+  first, last = (distance(float(ok["value"].iloc[i]), paper, one_sided) for i in (0, -1))
   out = "flat" if math.isclose(first, last) else "toward" if last < first else "away"
   left = [str(r) for r in g["rung"] if r not in set(ok["rung"])]
   return out + (f" ({', '.join(left)} undetermined or not measured, left out)" if left else "")
@@ -321,7 +271,7 @@ def trend(g: pd.DataFrame) -> str:
 def figures(out_dir: Path) -> list[Path]:
   """ladder_<experiment>.png: the quantity against the parameter count (log), decided rungs
   filled, undetermined ones hollow, the paper's value dashed."""
-  points, paths = read_csv(Path(out_dir) / LADDER_CSV), []
+  points, paths, spec = read_csv(Path(out_dir) / LADDER_CSV), [], rungs()
   for name, g in (points.groupby("experiment", sort=False) if len(points) else ()):
     g, own = on_ladder(g).sort_values("n_params"), g.drop(on_ladder(g).index)
     fig, ax = plt().subplots(figsize=(5, 3.8))
@@ -333,12 +283,12 @@ def figures(out_dir: Path) -> list[Path]:
     for _, r in own.iterrows():  # the family's own model, at fewer tokens per parameter
       ax.plot(r["n_params"], r["value"], "*", ms=10, color="C3", mfc="C3" if decided(
           r["verdict"]) else "none", label=f"{r['rung']}, {r['tokens_per_param']:.2g} tok/param")
-    ax.axhline(PAPER[name], color="k", ls="--", lw=0.8, label="paper")
+    ax.axhline(spec[name].paper, color="k", ls="--", lw=0.8, label="paper")
     ax.set_xscale("log")  # the rungs' span even where no value is finite (not yet measured)
     span = pd.concat([g["n_params"], own["n_params"]])
     ax.set_xlim(span.min() / 1.5, span.max() * 1.5)
-    style(ax, xlabel="parameters", ylabel=LABEL[name], legend=8, grid=True,
-          title=f"{CLAIM_ID[name]}: {trend(g).split(':')[0]}")
+    style(ax, xlabel="parameters", ylabel=spec[name].label, legend=8, grid=True,
+          title=f"{spec[name].claim}: {trend(g).split(':')[0]}")
     paths.append(savefig(fig, Path(out_dir) / f"ladder_{name}.png"))
   return paths
 
@@ -348,9 +298,10 @@ def report(out_dir: Path) -> Report:
   if points.empty:
     return Report(verdict="not measured", rule=RULE, ours="no rung has results")
   trends = {n: trend(g) for n, g in points.groupby("experiment", sort=False)}
+  claim = {n: r.claim for n, r in rungs().items()}
   fmt = lambda x: "—" if not math.isfinite(float(x)) else f"{float(x):.3g}"
   cells = "; ".join(
-      f"{CLAIM_ID[n]} " + "→".join(fmt(v) for v in on_ladder(g).sort_values("n_params")["value"])
+      f"{claim[n]} " + "→".join(fmt(v) for v in on_ladder(g).sort_values("n_params")["value"])
       + f" ({trends[n].split(':')[0]})" for n, g in points.groupby("experiment", sort=False))
   count = lambda word: sum(t.startswith(word) for t in trends.values())
   verdict = (f"{count('toward')} toward, {count('away')} away, {count('flat')} flat, "
@@ -358,11 +309,12 @@ def report(out_dir: Path) -> Report:
   table = points.assign(value=points["value"].map(fmt))
   return Report(
       verdict=verdict, rule=RULE, ours=cells,
-      paper="; ".join(f"{CLAIM_ID[n]} {v:g}" for n, v in PAPER.items()),
-      checks=tuple(f"{CLAIM_ID[n]}: {t}" for n, t in trends.items()),
+      paper="; ".join(f"{r.claim} {r.paper:g}" for r in sorted(
+          rungs().values(), key=lambda r: r.claim)),
+      checks=tuple(f"{claim[n]}: {t}" for n, t in trends.items()),
       numbers_md=sections("Per claim and rung (the rung's own verdict beside its value):",
                           table, "Trend per claim:", md_table(pd.DataFrame(
-                              [{"claim": CLAIM_ID[n], "trend": t} for n, t in trends.items()]))))
+                              [{"claim": claim[n], "trend": t} for n, t in trends.items()]))))
 
 
 def describe_setup(preset: str) -> str:
@@ -375,14 +327,13 @@ def describe_setup(preset: str) -> str:
     spent = ""
   return sections(f"Rungs of `{fam}` (`configs/scale/{fam}_<rung>.yaml`, "
                   f"{TOKENS_PER_PARAM[fam]:g} tokens per parameter each):", plan(fam),
-                  f"Experiments at every rung, in this order: {', '.join(LADDER_EXPERIMENTS)}. "
+                  f"Experiments at every rung, in this order: {', '.join(rungs())}. "
                   + spent)
 
 
 EXPERIMENT = register(Experiment(
-    name=NAME, title=TITLE, claim=CLAIM, row="Scale ladder (ours): C3c, C4, G2, G3 by model size",
-    analyze=analyze, figures=figures, report=report, launch=launch,
-    describe_setup=describe_setup))
+    name=NAME, title=TITLE, claim=CLAIM, row='Ours: C3c, C4, G2, G3 across 3 model sizes', rank=13,
+    analyze=analyze, figures=figures, report=report, launch=launch, describe_setup=describe_setup))
 
 assert set(RUNG_PRESETS) == {p for f in RUNGS for p in presets(f)}  # sweep.RUNG_PRESETS names them
 

@@ -59,6 +59,20 @@ class LaunchLog:
   commands: list = dataclasses.field(default_factory=list)
 
 
+@dataclasses.dataclass(frozen=True)
+class How:
+  """How an experiment's `launch` runs (the runner's options): `run(name, preset,
+  sweeps_root=)` runs another experiment end to end (the ladder's rungs)."""
+
+  dry_run: bool = False
+  echo: Callable[[str], None] = print
+  launcher: str = "basic"
+  n_jobs: int = 2
+  extra: tuple = ()
+  sweeps_root: Path | None = None
+  run: Callable | None = None
+
+
 def launch_blocks(sweep_dir: Path, base: dict, blocks: Iterable[Block], *,
                   train_cmd: Sequence[str] = TRAIN_CMD, launcher: str = "basic", n_jobs: int = 2,
                   extra: Sequence[str] = (), dry_run: bool = False, log: LaunchLog | None = None,

@@ -24,7 +24,7 @@ import pandas as pd
 from scipy import stats as sps
 
 from experiments import lr_search
-from experiments.record import ROWS, Experiment, Inputs, register
+from experiments.record import Experiment, Inputs, Rung, register
 from experiments.sweep import Block, LrSearch, Sweep, base_for, family, is_rung, scale_value
 from experiments.verdict import declared, declared_text, gated, md_table, not_measured
 from pergrad.analysis import calibrate, guards, rules
@@ -232,6 +232,18 @@ def report(out_dir: Path):
                numbers_md=md_table(star) + "\n\n" + md_table(pd.DataFrame([f])))
 
 
+def ladder_value(out_dir: Path) -> float:
+  """α of lr*(B) ∝ B^α (NaN without runs)."""
+  star = read_csv(Path(out_dir) / "lr_star.csv")
+  return fit(star)["alpha"] if len(star) else np.nan
+
+
+def rung_runs(b: int, steps: int, fam: str) -> list[tuple[int, int]]:
+  """5 lrs × 2 seeds per batch size, at the rung's examples."""
+  return [(s, b * steps // s) for s in SIZES[fam] for _ in range(10)]
+
+RUNG = Rung("C4", "C4: α of lr* ∝ B^α (√ scaling: 0.5)", 0.5, ladder_value, rung_runs)
 EXPERIMENT = register(Experiment(
-    name=NAME, title=TITLE, claim=CLAIM, row=ROWS["4"], sweep=sweep, analyze=analyze,
-    figures=figures, report=report, needs=("preconditioner",)))
+    name=NAME, title=TITLE, claim=CLAIM, row="C4, ours: the exponent α of lr*(B)", rank=12,
+    stream=0, sweep=sweep, analyze=analyze, figures=figures, report=report,
+    needs=("preconditioner",), rung=RUNG))

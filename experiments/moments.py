@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from experiments import lr_search
-from experiments.record import ROWS, Experiment, Inputs, register
+from experiments.record import Experiment, Inputs, Rung, register
 from experiments.sweep import SEEDS, Block, Sweep, base_for, family, scale_value
 from experiments.verdict import (
   declared,
@@ -203,6 +203,19 @@ def report(out_dir: Path):
                                           pd.DataFrame(rows), views, numbers))
 
 
+def ladder_value(out_dir: Path) -> float:
+  """r = Σμ̂²/Σ(σ̂²/B), second half, the scale's B, no norm layers (NaN without runs)."""
+  v = leaf_views(Path(out_dir), "second")
+  return float(v["ratio_of_sums_no_norm"].mean()) if v is not None else np.nan
+
+
+def rung_runs(b: int, steps: int, fam: str) -> list[tuple[int, int]]:
+  """3 seeds at the scale's B, 3 at B = 128."""
+  return [(b, steps)] * 3 + [(128, b * steps // 128)] * 3
+
+RUNG = Rung("C3c", "C3c: r = Σμ̂²/Σ(σ̂²/B) (> 1: μ² dominates)", 1.0, ladder_value, rung_runs,
+            one_sided=True)
 EXPERIMENT = register(Experiment(
-    name=NAME, title=TITLE, claim=CLAIM, row=ROWS["3"], sweep=sweep, analyze=analyze,
-    figures=figures, report=report, needs=("preconditioner",)))
+    name=NAME, title=TITLE, claim=CLAIM, row="C3c, ours: μ² against σ²/B in Adam's v", rank=7,
+    stream=1, sweep=sweep, analyze=analyze, figures=figures, report=report,
+    needs=("preconditioner",), rung=RUNG))

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from experiments import lr_search, preconditioner
-from experiments.record import ROWS, Experiment, register
+from experiments.record import Experiment, register
 from experiments.sweep import Block, LrSearch, MoreSeeds, Sweep, base_for
 from experiments.verdict import declared, declared_text, pairs_report, sections
 from pergrad.analysis import calibrate, guards
@@ -204,6 +204,7 @@ def report(out_dir):
       numbers_md=lr_search.best_md(lr_search.load_best(out_dir), GROUP) + share_md)
 
 
-EXPERIMENT = register(Experiment(name=NAME, title=TITLE, claim=CLAIM, row=ROWS["3"], sweep=sweep,
-                                 analyze=analyze, figures=figures, report=report,
-                                 needs=("preconditioner",)))
+EXPERIMENT = register(Experiment(
+    name=NAME, title=TITLE, claim=CLAIM, row='C3, ours: MicroAdamMSQ at its tuned ε vs Adam',
+    rank=4, stream=0, sweep=sweep, analyze=analyze, figures=figures, report=report,
+    needs=("preconditioner",)))

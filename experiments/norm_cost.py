@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from experiments import overhead
-from experiments.record import ROWS, Experiment, register
+from experiments.record import Experiment, register
 from experiments.verdict import declared, declared_text, gated, md_table, not_measured
 from pergrad.analysis.plots import plt, savefig
 from pergrad.analysis.rules import (
@@ -101,6 +101,7 @@ def report(out_dir):
                ours=", ".join(f"{w}: {o}" for w, o in outs.items()))
 
 
-EXPERIMENT = register(Experiment(name=NAME, title=TITLE, claim=CLAIM, row=ROWS["G1"], launch=launch,
-                                 analyze=analyze, figures=figures, report=report,
-                                 describe_setup=describe_setup))
+EXPERIMENT = register(Experiment(
+    name=NAME, title=TITLE, claim=CLAIM, row="G1. Every layer's per-example norms, cheaply",
+    papers_test=True, rank=8, stream=1, launch=launch, analyze=analyze, figures=figures,
+    report=report, describe_setup=describe_setup))

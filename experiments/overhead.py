@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from experiments.launch import LaunchLog
-from experiments.record import ROWS, Experiment, register
+from experiments.launch import How, LaunchLog
+from experiments.record import Experiment, register
 from experiments.verdict import declared, declared_text, fmt_num, gated, md_table, not_measured
 from pergrad.analysis import calibrate
 from pergrad.analysis.plots import plt, savefig
@@ -69,11 +69,11 @@ def flop_bound(stats: str) -> float:
   return 1.0 + k / 3.0 + (FLOP_SLACK if k else 0.0)
 
 
-def launch(preset: str, sweep_dir: Path, *, dry_run: bool = False, echo=print, benches=BENCH):
+def launch(preset: str, sweep_dir: Path, how: How, benches=BENCH):
   """Runs the benchmark `benches[preset]` once (skipped when its JSON exists in the sweep dir)."""
   from pergrad.bench import stats
 
-  bench, log, out = benches[preset], LaunchLog(), sweep_dir / "bench.json"
+  bench, log, out, echo = benches[preset], LaunchLog(), sweep_dir / "bench.json", how.echo
   sweep_dir.mkdir(parents=True, exist_ok=True)
   if out.exists():
     echo(f"[skip] {out} exists (delete it to re-measure)")
@@ -81,7 +81,7 @@ def launch(preset: str, sweep_dir: Path, *, dry_run: bool = False, echo=print, b
     return log
   echo(f"[launch] pergrad.bench.stats.run({bench})")
   log.launched.append("bench")
-  if dry_run:
+  if how.dry_run:
     return log
   t0 = time.time()
   try:
@@ -218,6 +218,7 @@ def report(out_dir):
                numbers_md=md_table(df.drop(columns=per_rep, errors="ignore")))
 
 
-EXPERIMENT = register(Experiment(name=NAME, title=TITLE, claim=CLAIM, row=ROWS["1"], launch=launch,
-                                 analyze=analyze, figures=figures, report=report,
-                                 describe_setup=describe_setup))
+EXPERIMENT = register(Experiment(
+    name=NAME, title=TITLE, claim=CLAIM, row='C1. Per-example statistics are cheap',
+    papers_test=True, rank=1, stream=1, launch=launch, analyze=analyze, figures=figures,
+    report=report, describe_setup=describe_setup))

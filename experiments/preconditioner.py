@@ -14,7 +14,7 @@ import math
 import numpy as np
 
 from experiments import lr_search
-from experiments.record import ROWS, Experiment, register
+from experiments.record import Experiment, register
 from experiments.sweep import Block, LrSearch, MoreSeeds, Sweep, Tuned, base_for
 from experiments.verdict import declared, declared_text, pairs_report
 from pergrad.analysis import guards
@@ -152,5 +152,7 @@ def report(out_dir):
                       checks=(lr_search.edges_note(every, label), declared_text(EFFECT)))
 
 
-EXPERIMENT = register(Experiment(name=NAME, title=TITLE, claim=CLAIM, row=ROWS["3"], sweep=sweep,
-                                 analyze=analyze, figures=figures, report=report))
+EXPERIMENT = register(Experiment(
+    name=NAME, title=TITLE, claim=CLAIM, row='C3. A μ²-dominated preconditioner is best',
+    papers_test=True, rank=3, stream=0, sweep=sweep, analyze=analyze, figures=figures,
+    report=report))

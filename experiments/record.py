@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.util
+import math
 import subprocess
 from pathlib import Path
 from typing import Callable
@@ -15,18 +16,6 @@ import pandas as pd
 from experiments.sweep import REPO, sweep_dir
 from experiments.verdict import Report
 from pergrad.registry import Registry
-
-# The rows of the claims table (README.md, results/<preset>/README.md), in order.
-ROWS = {
-    "1": "1. Per-example statistics are cheap (surgery ~free for some statistics; vmap viable)",
-    "2": "2. Sign placement: the later the sign, the better (SignEMA wins), following the SNR",
-    "3": "3. Adam's preconditioner is best when dominated by the mean squared μ², not σ²",
-    "4": "4. sqrt(B) learning-rate scaling collapses loss-vs-examples curves for small/medium B",
-    "G1": "G1. Per-example norms of every layer at a small cost (simultaneous method; Gray et al.)",
-    "G2": "G2. The normalization layers' GNS predicts the total GNS (Gray et al.)",
-    "G3": "G3. A linear batch-size ramp saves tokens against fixed B_max (Gray et al.: 18%)",
-    "G3+": "G3, beyond the paper: GNS-guided schedules against the best fixed batch (bracketed)",
-}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,11 +43,32 @@ class Runs:
 
 
 @dataclasses.dataclass(frozen=True)
+class Rung:
+  """What an experiment measures on the scale ladder (`experiments.ladder`): `value(out_dir)`,
+  its claim's number from a rung's result CSVs (NaN when absent), beside the paper's `paper`
+  (a floor when `one_sided`: past it is as close as at it); `runs(b, steps)`, the (batch
+  size, steps) of every run it launches at a rung of `steps` steps at batch size `b`;
+  `own_model`: also read at the family's own model (False: its preset runs a rung-sized one)."""
+
+  claim: str
+  label: str
+  paper: float
+  value: Callable[[Path], float]
+  runs: Callable[[int, int, str], list]
+  one_sided: bool = False
+  own_model: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
 class Experiment:
-  """One experiment (`configs/experiment/<name>.yaml`): either `sweep(preset[, inputs]) ->
-  Sweep` (training runs) or `launch(preset, sweep_dir, dry_run=, echo=) -> LaunchLog` (a
-  benchmark); `analyze(runs, out_dir)` writes CSVs, `figures` and `report` read them only;
-  `follow_up(preset, sweep_dir) -> blocks` chosen from the first stage's runs."""
+  """One experiment: its module `experiments/<name>.py` and `configs/experiment/<name>.yaml`.
+  Either `sweep(preset[, inputs]) -> Sweep` (training runs) or `launch(preset, sweep_dir,
+  how) -> LaunchLog` (`launch.How`; a benchmark, or the ladder's launches); `analyze(runs,
+  out_dir)` writes CSVs, `figures` and `report` read them only; `follow_up(preset, sweep_dir)
+  -> blocks` chosen from the first stage's runs. `row`: its row of the claims table, decided
+  by the paper's own test when `papers_test`, else a comparison of ours beside it; `rank`:
+  its place in `all` and the results index; `stream`: the test suite's ci stream that runs it
+  (tests/conftest.py; None: none); `rung`: what it measures on the scale ladder."""
 
   name: str
   title: str
@@ -72,6 +82,10 @@ class Experiment:
   needs: tuple = ()
   follow_up: Callable | None = None
   describe_setup: Callable | None = None
+  papers_test: bool = False
+  rank: float = math.inf
+  stream: int | None = None
+  rung: Rung | None = None
 
   def sweep_at(self, preset: str, inputs: Inputs | None = None):
     """The Sweep at `preset` (`inputs` is passed when the experiment `needs` others)."""
@@ -86,9 +100,15 @@ class Experiment:
 _REGISTRY: Registry[Experiment] = Registry(
     "experiment", hint="choose one of them or 'all', or register yours in a plugin: --plugin")
 
-BUILTIN = ("overhead", "sign_placement", "preconditioner", "msq_eps", "batch_scaling", "snr",
-           "moments", "norm_cost", "gns_layers", "gns_ramp", "gns_schedule",
-           "lr_exponent", "ladder")  # experiments.<name>, in order
+EXPERIMENTS_DIR = REPO / "experiments"
+CONFIGS_DIR = REPO / "configs" / "experiment"
+
+
+def builtin() -> tuple[str, ...]:
+  """The built-in experiments' names: each `experiments/<name>.py` with its
+  `configs/experiment/<name>.yaml`."""
+  return tuple(sorted(p.stem for p in CONFIGS_DIR.glob("*.yaml")
+                      if (EXPERIMENTS_DIR / f"{p.stem}.py").exists()))
 
 
 def register(exp: Experiment) -> Experiment:
@@ -114,12 +134,14 @@ def load_plugin(spec: str) -> None:
 
 
 def experiments() -> dict[str, Experiment]:
-  """Every registered experiment by name: the built-in ones first (`BUILTIN` order), then
-  those of plugins in the order they registered."""
-  for n in BUILTIN:
+  """Every registered experiment by name: the built-in ones by `rank`, then those of plugins
+  in the order they registered."""
+  names = builtin()
+  for n in names:
     if n not in _REGISTRY:
       importlib.import_module(f"experiments.{n}")
-  return {**{n: _REGISTRY.get(n) for n in BUILTIN}, **dict(_REGISTRY.items())}
+  own = sorted(names, key=lambda n: _REGISTRY.get(n).rank)
+  return {**{n: _REGISTRY.get(n) for n in own}, **dict(_REGISTRY.items())}
 
 
 def get(name: str) -> Experiment:

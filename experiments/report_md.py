@@ -10,7 +10,7 @@ import re
 import sys
 from pathlib import Path
 
-from experiments.claims import LEGEND, OURS, PAPERS_TEST, claim_rows  # noqa: F401
+from experiments.claims import LEGEND, claim_rows
 from experiments.record import Experiment, Inputs, Report, experiments
 from experiments.sweep import POLICY, REPO, scale_file
 from experiments.verdict import finding

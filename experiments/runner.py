@@ -11,43 +11,33 @@ import time
 from pathlib import Path
 
 from experiments import lr_search, report_md
-from experiments.launch import LAUNCHERS, LaunchLog, launch_blocks
-from experiments.record import BUILTIN, Inputs, Report, Runs, get, provenance
+from experiments import sweep as sweeps
+from experiments.launch import LAUNCHERS, How, LaunchLog, launch_blocks
+from experiments.record import Inputs, Report, Runs, get, provenance
 from experiments.reuse import INDEX, RunIndex, is_reused, recorded_version, training_version
 from experiments.sweep import (
   REPO,
+  RESULTS,
   SWEEP_JSON,
-  check_preset,
   config_extras,
+  default_results_dir,
+  default_sweep_dir,
   family,
   is_rung,
   record_sweep,
-  sweep_dir,
 )
 from pergrad.analysis.runs import aggregate, fmt, run_status
 from pergrad.files import METRICS, SUMMARY
 
-EXPERIMENTS = BUILTIN  # the built-in experiments' names; `record.experiments()` has plugins'
-RESULTS = REPO / "results"
 
-
-load = get  # the registered experiment `name` (ValueError naming the known ones)
-
-
-def default_sweep_dir(name: str, preset: str, root: Path | None = None,
-                      extra: tuple = ()) -> Path:
-  return sweep_dir(root or REPO / "runs" / "sweeps", name, preset, extra)
-
-
-def default_results_dir(name: str, preset: str, sdir: Path) -> Path:
-  """results/<preset>/<name>[-<hash>] for the real presets, results/<family>/ladder/<rung>/
-  <name>[-<hash>] for a ladder rung's; ci (and its rungs) report beside the sweep."""
-  tag = sdir.name.removeprefix(preset)
-  if family(preset) == "ci":
-    return sdir / "report"
-  if is_rung(preset):
-    return RESULTS / family(preset) / "ladder" / preset.split("_", 1)[1] / (name + tag)
-  return RESULTS / preset / (name + tag)
+def check_preset(preset: str, name: str) -> None:
+  """One clear error for an unknown preset, or a ladder rung given an experiment without a
+  `Rung` (its grids are set per base preset only)."""
+  sweeps.check_preset(preset)
+  if is_rung(preset) and get(name).rung is None:
+    raise ValueError(f"preset {preset!r} is a rung of the scale ladder, which runs only the "
+                     f"experiments that declare a Rung, not {name!r}; use --preset "
+                     f"{family(preset)}.")
 
 
 @dataclasses.dataclass
@@ -68,7 +58,7 @@ def run_experiment(name: str, preset: str, *, launcher: str = "basic", n_jobs: i
   check_preset(preset, name)
   if launcher not in LAUNCHERS:
     raise ValueError(f"unknown launcher {launcher!r}; choose one of {tuple(LAUNCHERS)}.")
-  exp = load(name)
+  exp = get(name)
   prov = provenance()  # before this invocation writes anything
   training = exp.sweep is not None  # else a benchmark (overhead), not a training sweep
   root = sweeps_root or REPO / "runs" / "sweeps"
@@ -80,8 +70,9 @@ def run_experiment(name: str, preset: str, *, launcher: str = "basic", n_jobs: i
   if not training and (not dry_run or (sdir / SWEEP_JSON).exists()):
     record_sweep(sdir, preset, {}, (), version)
   if not (training or analyze_only):
-    log = exp.launch(preset, sdir, dry_run=dry_run, echo=echo, **launch_options(
-        exp.launch, launcher=launcher, n_jobs=n_jobs, extra=tuple(extra), sweeps_root=root))
+    run = lambda n, p, **kw: run_experiment(n, p, launcher=launcher, n_jobs=n_jobs,
+                                            dry_run=dry_run, extra=extra, echo=echo, **kw)
+    log = exp.launch(preset, sdir, How(dry_run, echo, launcher, n_jobs, tuple(extra), root, run))
   if training:
     sweep = exp.sweep_at(preset, inputs)
     if not dry_run or (sdir / SWEEP_JSON).exists():
@@ -143,15 +134,6 @@ def run_experiment(name: str, preset: str, *, launcher: str = "basic", n_jobs: i
   if out_dir.parent == RESULTS / preset:
     report_md.write_index(out_dir.parent, preset)
   return Outcome(name, preset, sdir, out_dir, log, report)
-
-
-def launch_options(launch, **options) -> dict:
-  """The launcher's options that a benchmark's `launch` takes (the ladder's launches sweeps of
-  its own: it takes them all; a benchmark none)."""
-  import inspect
-
-  params = inspect.signature(launch).parameters
-  return {k: v for k, v in options.items() if k in params}
 
 
 def clear_outputs(out_dir: Path) -> list[Path]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 
 from experiments import lr_search
-from experiments.record import ROWS, Experiment, register
+from experiments.record import Experiment, register
 from experiments.sweep import Block, LrSearch, Sweep, base_for
 from experiments.verdict import declared, declared_text, pairs_report
 from pergrad.analysis.rules import PAIR_WIN, PAIRS_VERDICT, adjacent
@@ -59,5 +59,6 @@ def report(out_dir):
                       planned=tuple(dict.fromkeys(sum(CHAINS, ()))))
 
 
-EXPERIMENT = register(Experiment(name=NAME, title=TITLE, claim=CLAIM, row=ROWS["2"], sweep=sweep,
-                                 analyze=analyze, figures=figures, report=report))
+EXPERIMENT = register(Experiment(
+    name=NAME, title=TITLE, claim=CLAIM, row='C2. The later the sign, the better', papers_test=True,
+    rank=2, stream=0, sweep=sweep, analyze=analyze, figures=figures, report=report))

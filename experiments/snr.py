@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from experiments import lr_search
-from experiments.record import ROWS, Experiment, Inputs, register
+from experiments.record import Experiment, Inputs, register
 from experiments.sweep import SEEDS, Block, Sweep, base_for, experiment_value
 from experiments.verdict import (
   declared,
@@ -240,5 +240,6 @@ def report(out_dir: Path):
 
 
 EXPERIMENT = register(Experiment(
-    name=NAME, title=TITLE, claim=CLAIM, row=ROWS["2"], sweep=sweep, analyze=analyze,
-    figures=figures, report=report, needs=("sign_placement",)))
+    name=NAME, title=TITLE, claim=CLAIM, row='C2, ours: the SNR of each sign placement', rank=6,
+    stream=0, sweep=sweep, analyze=analyze, figures=figures, report=report,
+    needs=("sign_placement",)))

@@ -19,12 +19,12 @@ from pergrad.analysis.runs import fmt
 
 REPO = Path(__file__).resolve().parents[1]
 PRESETS = ("ci", "cpu", "paper")
+RESULTS = REPO / "results"
 # The scale ladder's rungs (experiments/ladder.py writes their configs/scale/<preset>.yaml):
 # `<family>_<rung>`, a smaller model at its family's batch and sequence sizes, its steps giving
-# every rung of the family the same tokens per parameter. Only `LADDER_EXPERIMENTS` run there.
+# every rung of the family the same tokens per parameter.
 RUNG_PRESETS = ("ci_xxs", "ci_xs", "ci_s", "cpu_xxs", "cpu_xs", "cpu_s", "paper_xxs", "paper_xs",
                 "paper_s")
-LADDER_EXPERIMENTS = ("lr_exponent", "gns_ramp", "moments", "gns_layers")  # in launch order
 SEEDS = {"ci": (0,), "cpu": (0, 1, 2), "paper": (0, 1, 2)}  # of moments, snr and gns_layers
 
 
@@ -37,14 +37,10 @@ def is_rung(preset: str) -> bool:
   return preset in RUNG_PRESETS
 
 
-def check_preset(preset: str, name: str | None = None) -> None:
-  """One clear error for a preset that is not known, or a rung given an experiment that the
-  ladder does not run (its grids are set per base preset only)."""
+def check_preset(preset: str) -> None:
+  """One clear error for a preset that is not known."""
   if preset not in PRESETS + RUNG_PRESETS:
     raise ValueError(f"unknown preset {preset!r}; choose one of {PRESETS + RUNG_PRESETS}.")
-  if is_rung(preset) and name is not None and name not in LADDER_EXPERIMENTS:
-    raise ValueError(f"preset {preset!r} is a rung of the scale ladder: it runs "
-                     f"{LADDER_EXPERIMENTS} only, not {name!r}; use --preset {family(preset)}.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -192,6 +188,22 @@ def base_for(name: str, preset: str, **over) -> dict:
   """Overrides shared by every run of experiment `name` at `preset` (no figure per run: the
   experiment's report draws its own)."""
   return {"experiment": name, "scale": preset, "logging.figure": False, **over}
+
+
+def default_sweep_dir(name: str, preset: str, root: Path | None = None,
+                      extra: tuple = ()) -> Path:
+  return sweep_dir(root or REPO / "runs" / "sweeps", name, preset, extra)
+
+
+def default_results_dir(name: str, preset: str, sdir: Path) -> Path:
+  """results/<preset>/<name>[-<hash>] for the real presets, results/<family>/ladder/<rung>/
+  <name>[-<hash>] for a ladder rung's; ci (and its rungs) report beside the sweep."""
+  tag = sdir.name.removeprefix(preset)
+  if family(preset) == "ci":
+    return sdir / "report"
+  if is_rung(preset):
+    return RESULTS / family(preset) / "ladder" / preset.split("_", 1)[1] / (name + tag)
+  return RESULTS / preset / (name + tag)
 
 
 SWEEP_JSON = "sweep.json"

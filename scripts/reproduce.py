@@ -55,16 +55,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from experiments import record as rec  # noqa: E402
 from experiments import report_md, runner  # noqa: E402
+from experiments import sweep as sweeps  # noqa: E402
 from experiments.launch import LAUNCHERS  # noqa: E402
 from experiments.reuse import recorded_version, training_version  # noqa: E402
-from experiments.sweep import PRESETS, RUNG_PRESETS, check_preset  # noqa: E402
+from experiments.sweep import PRESETS, RUNG_PRESETS  # noqa: E402
 
 
 def _render(preset: str) -> None:
   """results/PRESET/README.md, and README.md's claims block from results/cpu/."""
   changed = report_md.render_readme()
   print(f"[readme] {report_md.REPO / 'README.md'} " + ("rewritten" if changed else "unchanged"))
-  root = runner.RESULTS / preset
+  root = sweeps.RESULTS / preset
   if root.is_dir():
     print(f"[readme] {report_md.write_index(root, preset)}")
 
@@ -203,7 +204,7 @@ def main(argv=None) -> int:
   argv = list(sys.argv[1:] if argv is None else argv)
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("experiment", nargs="*",
-                 help=f"one or more of {runner.EXPERIMENTS} (or a plugin's), or 'all'")
+                 help=f"one or more of {rec.builtin()} (or a plugin's), or 'all'")
   p.add_argument("--render-readme", action="store_true",
                  help="rewrite README.md's claims block (from results/cpu/) and "
                  "results/PRESET/README.md (alone: run nothing else)")
@@ -242,7 +243,7 @@ def main(argv=None) -> int:
   if a.carry_in or a.carry_out:
     from experiments import carry
     root = a.sweeps_root or report_md.REPO / "runs" / "sweeps"
-    record = runner.RESULTS / a.preset / report_md.REPRODUCTION
+    record = sweeps.RESULTS / a.preset / report_md.REPRODUCTION
     try:
       if a.carry_in:
         print(f"[carry] {a.carry_in} -> {root}: {carry.unpack(a.carry_in, root, record)}")
@@ -266,7 +267,7 @@ def main(argv=None) -> int:
   names = rec.in_order(names)
   for n in names:  # a ladder rung runs the ladder's experiments only: one line, before any run
     try:
-      check_preset(a.preset, n)
+      runner.check_preset(a.preset, n)
     except ValueError as e:
       p.error(str(e))
   if a.results_dir and len(names) > 1:
@@ -277,13 +278,13 @@ def main(argv=None) -> int:
   if a.experiment == ["all"] and not (a.dry_run or a.analyze_only) and a.preset != "ci" \
       and not a.results_dir:
     root = a.sweeps_root or report_md.REPO / "runs" / "sweeps"
-    fresh = not any(any(runner.default_sweep_dir(n, a.preset, root, tuple(a.hydra_arg)).glob(
+    fresh = not any(any(sweeps.default_sweep_dir(n, a.preset, root, tuple(a.hydra_arg)).glob(
         "*/summary.json")) for n in names)
     said = [x for i, x in enumerate(argv)  # a carried-in record continues the same command
             if not (x.startswith("--carry-in") or i and argv[i - 1] == "--carry-in")]
     command = "python scripts/reproduce.py all --preset " + a.preset + "".join(
         f" {x}" for x in said if x not in ("all", "--preset", a.preset))
-    record = Record(runner.RESULTS / a.preset / report_md.REPRODUCTION, command, fresh)
+    record = Record(sweeps.RESULTS / a.preset / report_md.REPRODUCTION, command, fresh)
   for n in names:
     t0 = time.time()
     if record is not None and record.finished_before(n):
@@ -325,7 +326,7 @@ def main(argv=None) -> int:
       print(f"[{n}] {out.report.finding}")  # the verdict first
       print(f"[{n}] results in {out.results_dir}")
     failed += out.log.failed
-    wrote_results |= out.report is not None and out.results_dir.parent == runner.RESULTS / a.preset
+    wrote_results |= out.report is not None and out.results_dir.parent == sweeps.RESULTS / a.preset
   if record is not None:
     d = record.finish()
     print(f"[all] {d['wall_s'] / 60:.1f} min at commit {d['commit']}")

@@ -146,20 +146,29 @@ def pytest_collection_modifyitems(config, items):
 ALONE = ("ladder",)
 
 
+def streams() -> tuple[tuple[str, ...], ...]:
+  """The experiments of each ci stream (`Experiment.stream`): those that need none first (a
+  need may run in the other stream), each part in `all`'s order."""
+  sys.path.insert(0, str(REPO))
+  from experiments.record import experiments
+
+  exps = experiments().values()
+  return tuple(tuple(e.name for e in sorted((e for e in exps if e.stream == i),
+                                            key=lambda e: bool(e.needs)))
+               for i in sorted({e.stream for e in exps if e.stream is not None}))
+
+
 class _CiSweeps:
   """ONE sweeps root with the `ci` preset of every experiment (the benchmarks included), read
   by every experiment test instead of each launching its own: two `reproduce.py` streams, one
-  per core, started at the session's first test and running beside it; `result()` waits."""
-
-  streams = (("sign_placement", "preconditioner", "msq_eps", "snr", "gns_schedule",
-              "lr_exponent"),
-             ("overhead", "norm_cost", "batch_scaling", "moments", "gns_layers", "gns_ramp"))
+  per core (`streams`), started at the session's first test and running beside it; `result()`
+  waits."""
 
   def __init__(self, tmp_path_factory):
-    sys.path.insert(0, str(REPO))
-    from experiments.runner import EXPERIMENTS
+    from experiments.record import builtin
 
-    wanted = sorted(n for n in EXPERIMENTS if n not in ALONE)
+    self.streams = streams()
+    wanted = sorted(n for n in builtin() if n not in ALONE)
     assert sorted(sum(self.streams, ())) == wanted, "give every experiment a stream"
     self.root = root = tmp_path_factory.mktemp("sweeps")
     # Niced: the tests run beside them at full priority. One XLA compilation cache: a run

@@ -24,7 +24,7 @@ from omegaconf import OmegaConf
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from experiments import report_md, runner  # noqa: E402
+from experiments import record, report_md  # noqa: E402
 from experiments.record import Experiment, Report  # noqa: E402
 
 # --------------------------------------------------------------------------- claims
@@ -60,7 +60,8 @@ def test_one_row_per_claim_then_ours_each_cell_one_line():
   claims = [r.split(" | ")[0].lstrip("| ") for r in rows]
   assert [c.split(".")[0] for c in claims[:7]] == ["C1", "C2", "C3", "C4", "G1", "G2", "G3"]
   assert all("ours" in c.lower() for c in claims[7:]) and len(claims) == len(set(claims))
-  assert set(report_md.PAPERS_TEST) | set(report_md.OURS) == set(runner.EXPERIMENTS)
+  assert sorted(n for names in report_md.claim_rows().values() for n in names) == sorted(
+      record.builtin())
   for r in rows:
     cells = r.split(" | ")
     assert all(len(c) <= report_md.CELL + 2 for c in (cells[0], cells[2], cells[3])), cells
@@ -137,7 +138,7 @@ def test_readme_shows_the_rule(tmp_path):
 
 # --------------------------------------------------------------------------- configs
 
-TRAINING = [n for n in runner.EXPERIMENTS if runner.load(n).sweep is not None]
+TRAINING = [n for n in record.builtin() if record.get(n).sweep is not None]
 CONFIGS = [*TRAINING, "overhead", "quickstart"]
 
 

@@ -24,7 +24,7 @@ from test_record import needed_runs
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from experiments import launch, lr_search, runner  # noqa: E402
+from experiments import launch, lr_search, record, runner  # noqa: E402
 from experiments.sweep import PRESETS, SWEEP_JSON, Block, LrSearch, Sweep, record_sweep  # noqa: E402
 from pergrad.analysis import runs  # noqa: E402
 from pergrad.analysis.runs import run_dirname  # noqa: E402
@@ -177,8 +177,8 @@ def test_killed_sweep_restarts_only_missing_runs_fake(tmp_path, fake_train):
 
 def test_presets_are_well_formed(tmp_path):
   needed = {p: needed_runs(tmp_path / p, p) for p in PRESETS}
-  for name in runner.EXPERIMENTS:
-    exp = runner.load(name)
+  for name in record.builtin():
+    exp = record.get(name)
     assert (REPO / "configs" / "experiment" / f"{name}.yaml").exists()
     assert exp.name == name and exp.title and exp.claim and exp.row
     if exp.launch is not None:
@@ -194,7 +194,7 @@ def test_presets_are_well_formed(tmp_path):
 
 def test_unknown_experiment_or_preset_is_one_clear_error():
   with pytest.raises(ValueError, match="unknown experiment"):
-    runner.load("nope")
+    record.get("nope")
   with pytest.raises(ValueError, match="unknown preset"):
     runner.run_experiment("snr", "huge")
 
@@ -271,7 +271,7 @@ def test_sweep_json_records_the_config_and_refuses_another(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.extended
-@pytest.mark.parametrize("name", [n for n in runner.EXPERIMENTS if n not in ALONE])
+@pytest.mark.parametrize("name", [n for n in record.builtin() if n not in ALONE])
 def test_ci_preset_end_to_end(ci_sweeps, name):
   """`reproduce.py NAME --preset ci` through the real training entry or benchmark: its table,
   CSVs, figures, README and report.json."""
@@ -282,7 +282,7 @@ def test_ci_preset_end_to_end(ci_sweeps, name):
   doc = json.loads((report / "report.json").read_text())
   assert doc["verdict"] in readme and f"scripts/reproduce.py {name} --preset ci" in readme
   assert doc["rule"] and "**Rule.**" in readme and doc["commit"]
-  exp = runner.load(name)
+  exp = record.get(name)
   if exp.launch is not None:  # a benchmark: pergrad.bench.stats.run's document
     bench = json.loads((sweep_dir / "bench.json").read_text())
     assert bench["rows"] and "checks" in bench and "--presets" in bench["argv"]
@@ -326,7 +326,7 @@ def test_notebooks_execute_on_ci_sweep(ci_sweeps, tmp_path):
   from nbclient import NotebookClient
   results = tmp_path / "results" / "ci"
   results.mkdir(parents=True)
-  for name in (n for n in runner.EXPERIMENTS if n not in ALONE):
+  for name in (n for n in record.builtin() if n not in ALONE):
     (results / name).symlink_to(ci_sweeps["root"] / name / "ci" / "report")
   for nb_name, env in (("inspect_runs", {"PERGRAD_SWEEP_DIR": str(
       ci_sweeps["root"] / "sign_placement" / "ci")}), ("inspect_runs", {

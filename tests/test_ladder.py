@@ -15,15 +15,12 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from experiments import ladder, record, report_md, runner  # noqa: E402
+from experiments import ladder, record, report_md, sweep  # noqa: E402
 from experiments.record import Inputs  # noqa: E402
-from experiments.sweep import (  # noqa: E402
-  LADDER_EXPERIMENTS,
-  RUNG_PRESETS,
-  check_preset,
-  scale_file,
-  scale_value,
-)
+from experiments.runner import check_preset  # noqa: E402
+from experiments.sweep import RUNG_PRESETS, scale_file, scale_value  # noqa: E402
+
+RUNGS = ladder.rungs()  # {experiment: its Rung}, in launch order
 
 CPU = REPO / "results" / "cpu"
 
@@ -61,10 +58,10 @@ def test_a_rung_refuses_other_experiments_and_unknown_presets():
     check_preset("cpu_xl", "moments")
   with pytest.raises(ValueError, match="--preset cpu"):  # the ladder runs every rung itself
     check_preset("cpu_xs", "ladder")
-  for n in LADDER_EXPERIMENTS:
+  for n in RUNGS:
     check_preset("cpu_s", n)
-  assert runner.default_results_dir("moments", "cpu_xs", Path("/s/moments/cpu_xs")) == \
-      runner.RESULTS / "cpu" / "ladder" / "xs" / "moments"
+  assert sweep.default_results_dir("moments", "cpu_xs", Path("/s/moments/cpu_xs")) == \
+      sweep.RESULTS / "cpu" / "ladder" / "xs" / "moments"
   assert "ladder" in record.experiments() and list(record.experiments())[-1] == "ladder"
 
 
@@ -85,13 +82,13 @@ def test_quantities_read_from_the_committed_csvs(tmp_path):
   own = own[~own["on_ladder"].astype(bool)].set_index("experiment")["value"]
   assert set(own.index) == {"moments", "gns_layers", "lr_exponent"}
   for n in own.index:
-    assert ladder.quantity(n, CPU / n) == pytest.approx(own[n], rel=1e-12), n
-  saving = ladder.quantity("gns_ramp", CPU / "gns_ramp")
+    assert RUNGS[n].value(CPU / n) == pytest.approx(own[n], rel=1e-12), n
+  saving = RUNGS["gns_ramp"].value(CPU / "gns_ramp")
   ours = report_md._json(CPU / "gns_ramp" / "report.json")["ours"]
   assert 0 < saving < 1 and f"ramp {saving:.1%}" in ours
-  assert math.isnan(ladder.quantity("gns_ramp", tmp_path))  # not run yet
-  with pytest.raises(ValueError, match="no quantity"):
-    ladder.quantity("snr", CPU / "snr")
+  assert math.isnan(RUNGS["gns_ramp"].value(tmp_path))  # not run yet
+  assert "snr" not in RUNGS and list(RUNGS) == ["lr_exponent", "gns_ramp", "moments",
+                                                "gns_layers"]
 
 
 def _points() -> pd.DataFrame:
@@ -102,17 +99,17 @@ def _points() -> pd.DataFrame:
   verdicts = {"gns_layers": ("partly reproduced", "undetermined: powered", "reproduced"),
               "gns_ramp": ("undetermined: bracketed", "not yet run", "reproduced")}
   return pd.DataFrame([{
-      "claim": ladder.CLAIM_ID[n], "experiment": n, "rung": r, "n_params": size,
-      "tokens_per_param": 20.0, "value": v, "paper": ladder.PAPER[n],
+      "claim": RUNGS[n].claim, "experiment": n, "rung": r, "n_params": size,
+      "tokens_per_param": 20.0, "value": v, "paper": RUNGS[n].paper,
       "verdict": verdicts.get(n, ("not reproduced",) * 3)[i]}
-      for n in ladder.PAPER for i, (r, size, v) in enumerate(zip(
+      for n in vals for i, (r, size, v) in enumerate(zip(
           ("xxs", "xs", "s"), (18_512, 40_096, 92_480), vals[n], strict=True))])
 
 
 def test_figures_trend_and_readme_rendered_from_a_constructed_ladder_csv(tmp_path):
   _points().to_csv(tmp_path / ladder.LADDER_CSV, index=False)
   paths = ladder.figures(tmp_path)
-  assert sorted(p.name for p in paths) == sorted(f"ladder_{c}.png" for c in ladder.PAPER)
+  assert sorted(p.name for p in paths) == sorted(f"ladder_{c}.png" for c in RUNGS)
   rep = ladder.report(tmp_path)
   assert rep.verdict == "2 toward, 1 away, 0 flat, 1 undetermined (of 4)"
   nan_dir = tmp_path / "nan"  # nothing measured yet: still drawn, every trend undetermined
@@ -153,7 +150,7 @@ def test_the_family_model_is_drawn_beside_the_rungs_and_left_out_of_the_trend(tm
   assert rep.verdict == "2 toward, 1 away, 0 flat, 1 undetermined (of 4)"
   assert "C3c 0.3→0.5→0.8 (toward)" in rep.ours
   fam = ladder.family_points("cpu", tmp_path / "absent")
-  assert list(fam["experiment"]) == [n for n in ladder.LADDER_EXPERIMENTS if n != "gns_ramp"]
+  assert list(fam["experiment"]) == [n for n in RUNGS if n != "gns_ramp"]
   assert not fam["on_ladder"].any() and fam["value"].isna().all()
   assert (fam["tokens_per_param"] < ladder.TOKENS_PER_PARAM["cpu"]).all()
 
@@ -162,7 +159,7 @@ def test_a_floor_is_as_close_past_it_as_at_it():
   """C3c's paper value is a floor (r > 1): 0.8 → 3.0 moves toward it, not away; G2's too
   (0.96 → 0.99 is flat, both past 0.95); C4's is two-sided (0.45 → 0.6 moves away)."""
   row = lambda n, r, size, v: {"experiment": n, "rung": r, "n_params": size, "value": v,
-                               "paper": ladder.PAPER[n], "verdict": "reproduced"}
+                               "paper": RUNGS[n].paper, "verdict": "reproduced"}
   pts = lambda n, a, b: pd.DataFrame([row(n, "xxs", 1, a), row(n, "s", 2, b)])
   assert ladder.trend(pts("moments", 0.8, 3.0)) == "toward"
   assert ladder.trend(pts("gns_layers", 0.96, 0.99)) == "flat"

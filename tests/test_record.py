@@ -110,7 +110,7 @@ def test_needed_experiments_run_first():
   assert record.in_order(("snr", "sign_placement", "overhead")) == (
       "sign_placement", "snr", "overhead")
   assert record.in_order(("moments",)) == ("moments",)  # not named: not added
-  names = record.in_order(record.BUILTIN)
+  names = record.in_order(record.builtin())
   for n in names:
     assert all(names.index(d) < names.index(n) for d in record.get(n).needs)
 

@@ -14,9 +14,9 @@ from test_record import _reproduce_module
 
 sys.path.insert(0, str(REPO))
 
-from experiments import launch, report_md, runner  # noqa: E402
+from experiments import launch, record, report_md, runner  # noqa: E402
 from experiments.launch import LaunchLog  # noqa: E402
-from experiments.sweep import Block  # noqa: E402
+from experiments.sweep import Block, default_sweep_dir  # noqa: E402
 from pergrad.analysis import runs  # noqa: E402
 
 
@@ -153,8 +153,8 @@ def test_a_sweep_of_other_training_code_is_refused_before_any_run(tmp_path):
   # its runs were trained with: one line, nothing launched or written.
   from experiments.sweep import SWEEP_JSON, record_sweep
 
-  sdir = runner.default_sweep_dir("snr", "ci", tmp_path)
-  record_sweep(sdir, "ci", runner.load("snr").sweep_at("ci", None).base, (), "another")
+  sdir = default_sweep_dir("snr", "ci", tmp_path)
+  record_sweep(sdir, "ci", record.get("snr").sweep_at("ci", None).base, (), "another")
   before = sorted(p.name for p in sdir.iterdir())
   with pytest.raises(ValueError, match="trained at training version another, not this"):
     runner.run_experiment("snr", "ci", sweeps_root=tmp_path, echo=lambda *_: None)

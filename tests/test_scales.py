@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from experiments import launch, runner  # noqa: E402
+from experiments import launch, record  # noqa: E402
 from experiments.sweep import PRESETS, RUNG_PRESETS, scale_file  # noqa: E402
 
 # The scale of every preset as it was set before configs/scale/ (command-line overrides
@@ -62,7 +62,7 @@ def _value(cfg, key):
 def test_scale_presets_compose_to_the_old_values(preset):
   on_disk = {p.stem for p in scale_file("ci").parent.glob("*.yaml")}
   assert set(PRESETS) == set(OLD_SCALE) == on_disk - set(RUNG_PRESETS)  # rungs: test_ladder.py
-  for experiment in (None, *[n for n in runner.EXPERIMENTS if runner.load(n).sweep is not None]):
+  for experiment in (None, *[n for n in record.builtin() if record.get(n).sweep is not None]):
     overrides = [f"scale={preset}"] + ([f"experiment={experiment}"] if experiment else [])
     cfg = compose(overrides)
     own = OWN_MODEL if experiment == "gns_ramp" else {}  # its own, Chinchilla-sized model
@@ -75,7 +75,7 @@ def test_scale_presets_compose_to_the_old_values(preset):
 
 
 def test_multirun_command_runs_the_installed_entry_at_a_scale(tmp_path):
-  sweep = runner.load("snr").sweep_at("ci")
+  sweep = record.get("snr").sweep_at("ci")
   cmd = launch.multirun_command(tmp_path, sweep.base, sweep.blocks[0],
                                 extra=["logging.log_every=7"])
   assert cmd[:4] == [sys.executable, "-m", "pergrad.train", "-m"]
