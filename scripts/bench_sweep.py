@@ -44,7 +44,7 @@ these matmuls and more, so with XLA on this machine (in these chunkings) it is n
 `projection_at_floor` (no fixed cost, runs reused, every step at the floor's tokens/s
 over before's) bounds what a speed-up of the steps can project; `steps_speedup_for_2x`
 is what a 2x projection would need, and `two_x_at_floor` reads the rounds' floor / before
-ratios against it (`pergrad.bench.paired.judge`): "unreachable" where even their q75 falls
+ratios against it (`pergrad.analysis.rules.bound`): "unreachable" where even their q75 falls
 short, "reachable" where their q25 reaches it, else "undetermined". The floor refuses
 ("unsupported") a model whose gradient's dot FLOPs the skeleton's do not equal. The
 projections hold, as `projection` does, each experiment's packing of its runs on the
@@ -66,7 +66,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from pergrad.bench.paired import judge, paired_ratios, quartiles  # noqa: E402
+from pergrad.analysis.rules import bound  # noqa: E402
+from pergrad.bench.paired import paired_ratios, quartiles  # noqa: E402
 from pergrad.bench.sweep_cost import project  # noqa: E402
 
 # Run in the version's checkout (its own experiments/ and pergrad/ first on sys.path).
@@ -312,11 +313,11 @@ def at_floor(results: Path, turns: dict, floors: list[dict], fixed_before: float
 
 def two_x_reading(ratios: list[float], need: float) -> str:
   """The rounds' floor / before tokens/s against the steps' speed-up a 2x projection needs,
-  by `judge`'s quartiles: "unreachable" (q75 ≤ need), "reachable" (q25 > need), else
+  by `rules.bound` on their quartiles: "unreachable" (q75 ≤ need), "reachable" (q25 > need), else
   "undetermined: ..." (tests/test_bench.py simulates its error rates)."""
   q = quartiles(ratios)
   return {"holds": "unreachable", "fails": "reachable"}.get(
-      judge(q["q25"], q["q75"], need), "undetermined: the floor's rounds straddle the "
+      bound(q["median"], need, q["q25"], q["q75"]), "undetermined: the floor's rounds straddle the "
       "speed-up 2x needs")
 
 

@@ -4,12 +4,9 @@ A benchmark times each variant right beside its baseline: after one untimed pair
 sequence B V B V ... V B (n variant reps bracketed by n + 1 baseline reps), so that every
 timed call follows a call of the other program and drift and contention hit both alike;
 rep i gives the paired ratio r_i = t_variant,i / t_base,i (t_base,i: the mean of its two
-neighbours, `bracketed`). Reported: the median of the r_i and their quartiles
-(q25, q75). A time bound b is judged on them:
-  holds         q75 ≤ b   (the interquartile range lies below b)
-  fails         q25 > b   (it lies above)
-  within noise  q25 ≤ b < q75 (it straddles b: the reps cannot tell)
-The baseline of a shape is the fastest of several programs computing the same gradient
+neighbours, `bracketed`). Reported: the median of the r_i and their quartiles (q25, q75),
+on which `pergrad.analysis.rules.bound` judges a time bound. The baseline of a shape is the
+fastest of several programs computing the same gradient
 (`fastest`: least median time over interleaved reps).
 """
 
@@ -18,8 +15,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import numpy as np
-
-OUTCOMES = ("holds", "fails", "within noise")
 
 
 def paired_ratios(times: Sequence[float], base_times: Sequence[float]) -> list[float]:
@@ -34,13 +29,6 @@ def quartiles(xs: Sequence[float]) -> dict:
   """{"median", "q25", "q75"} of xs (numpy's linear interpolation)."""
   q25, median, q75 = np.percentile(np.asarray(xs, float), [25, 50, 75])
   return dict(median=float(median), q25=float(q25), q75=float(q75))
-
-
-def judge(q25: float, q75: float, bound: float) -> str:
-  """"holds" | "fails" | "within noise" for a time bound (module docstring)."""
-  if q75 <= bound:
-    return "holds"
-  return "fails" if q25 > bound else "within noise"
 
 
 def fastest(times: Mapping[str, Sequence[float]]) -> str:
