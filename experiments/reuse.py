@@ -4,10 +4,10 @@
     key = index.key(overrides)                     # the run's resolved config + training version
     index.find(key) -> run dir | None;  index.add(key, run_dir);  index.link(run_dir, found)
 
-A run's key is the SHA-256 of its resolved config (the Hydra overrides composed against
-configs/, as the run itself resolves them) without what only labels or places it
-(`LABELS`: the experiment's tag and name, the output, data-cache and compile-cache
-directories, W&B, the progress bar, the run's figure, checkpoints kept), together with the
+A run's key is the SHA-256 of its identity (`pergrad.config.plan.identity`: its resolved
+config, the Hydra overrides composed against configs/ as the run itself resolves them,
+without the fields the schema marks `label()`: its tag and name, the output, data-cache and
+compile-cache directories, W&B, the progress bar, the figure, checkpoints kept), with the
 training version (`training_version`: the content of the code a run computes with and the
 installed versions of its dependencies): a run with any other difference (a seed, a step
 count, a logged statistic, a cadence, a line of the model or optimizer) is another run,
@@ -38,11 +38,8 @@ from typing import Callable, Sequence
 
 from pergrad.analysis import composed
 from pergrad.analysis.runs import DONE, run_status
+from pergrad.config.plan import identity
 
-# Keys (and nodes) of the resolved config that do not change what a run computes or writes.
-LABELS = ("experiment", "name", "train.out_dir", "train.restart", "train.keep_checkpoints",
-          "train.compile_cache", "data.tfds_dir", "logging.wandb", "logging.progress",
-          "logging.figure")
 INDEX = ".runs"
 REUSED = "reused.json"  # in a run directory linked to another sweep's run
 
@@ -115,18 +112,9 @@ def _installed(name: str) -> str | None:
 
 
 def run_key(config: dict, code: str) -> str:
-  """The SHA-256 of a resolved config without `LABELS`, and the training version."""
-  kept = {k: v for k, v in _flat(config).items()
-          if not any(k == lab or k.startswith(lab + ".") for lab in LABELS)}
-  doc = json.dumps({"config": kept, "code": code}, sort_keys=True, default=str)
+  """The SHA-256 of a resolved config's `identity` and the training version."""
+  doc = json.dumps({"config": identity(config), "code": code}, sort_keys=True, default=str)
   return hashlib.sha256(doc.encode()).hexdigest()
-
-
-def _flat(d: dict, prefix: str = "") -> dict:
-  out = {}
-  for k, v in d.items():
-    out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {prefix + k: v})
-  return out
 
 
 @dataclasses.dataclass

@@ -1,4 +1,4 @@
-"""Config field helpers: `Choice` (a fixed set of options), `resumable()`, and the
+"""Config field helpers: `Choice` (a fixed set of options), `resumable()`, `label()`, and the
 checks that more than one floor shares (`positive`, `check_decay`).
 
 A choice set is one str-Enum, defined next to the component that uses it, e.g.
@@ -20,12 +20,20 @@ import enum
 from typing import Any
 
 RESUMABLE = "resumable"  # field metadata: the key may differ between a run and its resumption
+LABEL = "label"  # field metadata: the key names or places a run, never changes what it writes
 
 
 def resumable(default: Any = dataclasses.MISSING, *, default_factory: Any = dataclasses.MISSING):
   """A dataclass field a resumed run may change (`pergrad.config.plan.fingerprint` skips it)."""
   return dataclasses.field(default=default, default_factory=default_factory,
                            metadata={RESUMABLE: True})
+
+
+def label(default: Any = dataclasses.MISSING, *, default_factory: Any = dataclasses.MISSING):
+  """A field that only names or places a run (its output, caches, W&B, the progress bar): runs
+  that differ only there are one run (`pergrad.config.plan.identity` skips it); resumable."""
+  return dataclasses.field(default=default, default_factory=default_factory,
+                           metadata={RESUMABLE: True, LABEL: True})
 
 
 class Choice(str, enum.Enum):

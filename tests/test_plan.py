@@ -14,9 +14,10 @@ from conftest import compose
 
 import pergrad.stats as ps
 from pergrad.config import build_plan, to_config, to_plain
-from pergrad.config.plan import fingerprint, resumable_keys
+from pergrad.config.plan import fingerprint, identity, marked_keys
 from pergrad.config.schema import Config
 from pergrad.data import DataSpec
+from pergrad.fields import LABEL
 from pergrad.model import ModelSpec
 from pergrad.optim import AdamConfig, Direction, OptimizerConfig, SignConfig, configs
 from pergrad.stats import StatsRequest
@@ -130,7 +131,7 @@ def test_field_checks_run_from_yaml_and_from_python(override, match):
 
 
 def test_resumable_keys_are_declared_on_the_fields():
-  keys = resumable_keys()
+  keys = marked_keys()
   assert {"logging", "dist", "name", "train.out_dir", "train.eval_every", "stats.log_every",
           "data.tfds_dir", "plugins"} <= set(keys)
   assert not {"train.steps", "train.seed", "optimizer.lr", "model.n_layers"} & set(keys)
@@ -140,3 +141,16 @@ def test_resumable_keys_are_declared_on_the_fields():
   assert not any(k.startswith("logging.") for k in fp)
   config["schedule"]["name"] = "constant"  # a constant schedule can be extended
   assert "train.steps" not in fingerprint(config)
+
+
+def test_a_runs_identity_leaves_out_the_label_fields_only():
+  """What a finished run is reused for (`experiments.reuse`): every key but those marked
+  `label()`, each of which is also resumable; cadences and steps stay in."""
+  labels = set(marked_keys(LABEL))
+  assert labels == {"experiment", "name", "train.out_dir", "train.restart",
+                    "train.keep_checkpoints", "train.compile_cache", "data.tfds_dir",
+                    "logging.wandb", "logging.progress", "logging.figure"}
+  assert all(any(k == r or k.startswith(r + ".") for r in marked_keys()) for k in labels)
+  ident = identity(to_plain(compose()))
+  assert {"train.steps", "train.eval_every", "logging.log_every", "stats.want"} <= set(ident)
+  assert not any(k in labels or k.startswith("logging.wandb.") for k in ident)

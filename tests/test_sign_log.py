@@ -21,7 +21,7 @@ import pytest
 from conftest import compose
 
 from pergrad.config import build_plan
-from pergrad.config.plan import resumable_keys
+from pergrad.config.plan import marked_keys
 from pergrad.config.schema import StatsSpec
 from pergrad.stats import noise
 from pergrad.stats.sign_agreement import SignCounts
@@ -240,7 +240,7 @@ def test_bad_settings_are_one_line_errors(override, match):
 
 
 def test_the_setting_is_resumable():
-  assert {"stats.sign_agreement", "stats.sign_lag"} <= set(resumable_keys())
+  assert {"stats.sign_agreement", "stats.sign_lag"} <= set(marked_keys())
 
 
 def test_resume_turning_the_sign_agreement_on(runs, tiny_overrides, tmp_path):

@@ -33,7 +33,7 @@ from pergrad.config import batch as batch_lib
 from pergrad.config.batch import BatchSchedule
 from pergrad.config.schema import Config, LoggingSpec, StatsSpec, TrainSpec, WandbMode
 from pergrad.data import DataSpec
-from pergrad.fields import RESUMABLE
+from pergrad.fields import LABEL, RESUMABLE
 from pergrad.files import SUMMARY
 from pergrad.layer_types import LAYER_TYPES
 from pergrad.model import TIED_EMBEDDING, ModelSpec
@@ -209,24 +209,33 @@ def flatten(d: dict, prefix: str = "") -> dict:
   return out
 
 
-def resumable_keys(cls: type = Config, prefix: str = "") -> tuple[str, ...]:
-  """The flat keys of `cls` declared `resumable()` (a node: all keys under it)."""
+def marked_keys(mark: str = RESUMABLE, cls: type = Config, prefix: str = "") -> tuple[str, ...]:
+  """The flat keys of `cls` whose field carries `mark` (a node: all keys under it)."""
   hints = typing.get_type_hints(cls)
   out = []
   for f in dataclasses.fields(cls):
-    if f.metadata.get(RESUMABLE):
+    if f.metadata.get(mark):
       out.append(prefix + f.name)
     elif dataclasses.is_dataclass(hints[f.name]):
-      out.extend(resumable_keys(hints[f.name], f"{prefix}{f.name}."))
+      out.extend(marked_keys(mark, hints[f.name], f"{prefix}{f.name}."))
   return tuple(out)
+
+
+def _without(config: dict, skip: tuple[str, ...]) -> dict:
+  return {k: v for k, v in flatten(config).items()
+          if not any(k == r or k.startswith(r + ".") for r in skip)}
 
 
 def fingerprint(config: dict) -> dict:
   """The flat keys of a resolved config that define the run (module docstring)."""
-  skip = resumable_keys() + (("train.steps",) if config["schedule"]["name"] == "constant"
-                             else ())
-  return {k: v for k, v in flatten(config).items()
-          if not any(k == r or k.startswith(r + ".") for r in skip)}
+  steps = ("train.steps",) if config["schedule"]["name"] == "constant" else ()
+  return _without(config, marked_keys(RESUMABLE) + steps)
+
+
+def identity(config: dict) -> dict:
+  """The flat keys of a resolved config that define what a run computes and writes: all but
+  those marked `label()` (a finished run is reused for any run of the same identity)."""
+  return _without(config, marked_keys(LABEL))
 
 
 def resume_decision(out_dir: Path, plan: RunPlan) -> str:

@@ -21,7 +21,7 @@ from typing import Any
 
 from pergrad.config.batch import BatchConfig
 from pergrad.data import DataSpec
-from pergrad.fields import Choice, check_decay, resumable
+from pergrad.fields import Choice, check_decay, label, resumable
 from pergrad.layer_types import LAYER_TYPES
 from pergrad.model import ModelSpec
 from pergrad.optim.configs import OptimizerConfig
@@ -49,13 +49,13 @@ class TrainSpec:
   eval_every: int = resumable(100)  # steps between evaluations; 0: only at the end
   eval_batches: int = resumable(8)  # validation batches per evaluation; 0: none
   checkpoint_every: int = resumable(100)  # steps between checkpoints; 0: only at the end
-  keep_checkpoints: int = resumable(2)  # checkpoints kept on disk
-  out_dir: str | None = resumable(None)  # run directory; null: Hydra's run directory
+  keep_checkpoints: int = label(2)  # checkpoints kept on disk
+  out_dir: str | None = label(None)  # run directory; null: Hydra's run directory
   # every checkpoint unreadable: start again from step 0 (true) or stop with an error
-  restart: bool = resumable(False)
+  restart: bool = label(False)
   # JAX's persistent compilation cache (pergrad.train.compile_cache); null: off; the
   # default directory gives way to the environment's PERGRAD_COMPILE_CACHE (tests: a temp dir)
-  compile_cache: str | None = resumable(DEFAULT_COMPILE_CACHE)
+  compile_cache: str | None = label(DEFAULT_COMPILE_CACHE)
 
   def __post_init__(self):
     if self.steps < 1:
@@ -110,9 +110,9 @@ class WandbSpec:
 @dataclasses.dataclass
 class LoggingSpec:
   log_every: int = 10  # steps between train-loss records
-  progress: bool = True  # tqdm progress bar
-  figure: bool = True  # curves.png at the end of the run (a sweep's: off, its report draws)
-  wandb: WandbSpec = dataclasses.field(default_factory=WandbSpec)
+  progress: bool = label(True)  # tqdm progress bar
+  figure: bool = label(True)  # curves.png at the end of the run (a sweep's: off, its report draws)
+  wandb: WandbSpec = label(default_factory=WandbSpec)
 
   def __post_init__(self):
     if self.log_every < 1:
@@ -219,8 +219,8 @@ class Config:
   batch: BatchConfig = _node(BatchConfig)
   train: TrainSpec = _node(TrainSpec)
   dist: DistSpec = resumable(default_factory=DistSpec)
-  name: str = resumable("run")  # free-form run name (W&B run name, sweep tables)
-  experiment: Any = resumable(None)  # set by configs/experiment/*.yaml (free-form tag)
+  name: str = label("run")  # free-form run name (W&B run name, sweep tables)
+  experiment: Any = label(None)  # set by configs/experiment/*.yaml (free-form tag)
   # configs/experiment/*.yaml: effects, margins and regimes stated before the runs, each
   # {value, why}; read by the experiments' reports, never by training (free-form)
   declared: Any = resumable(None)

@@ -6,7 +6,7 @@ import dataclasses
 import os
 
 from pergrad.data.errors import DataError
-from pergrad.fields import Choice, resumable
+from pergrad.fields import Choice, label
 
 # data.name -> (TFDS name, validation split), for the built-in TFDS datasets.
 TFDS_DATASETS = {"lm1b": ("lm1b", "test"), "c4": ("c4/en", "validation")}
@@ -30,7 +30,7 @@ class DataSpec:
 
   name: Dataset = Dataset.shakespeare  # the corpus
   path: str | None = None  # folder of .txt files for name=txt_folder
-  tfds_dir: str = resumable("~/.cache/pergrad/tfds")  # where TFDS datasets are prepared / looked up
+  tfds_dir: str = label("~/.cache/pergrad/tfds")  # where TFDS datasets are prepared / looked up
   tokenizer: Tokenizer = Tokenizer.bpe  # BPE trained on the corpus, or raw bytes
   vocab_size: int = 1024  # tokenizer vocabulary (BPE; 256 for bytes)
   seq_len: int = 128  # tokens per training sequence (T)
