@@ -152,6 +152,9 @@ PRESETS = {
 
 
 def main(argv=None) -> dict:
+  from pergrad.train import process
+
+  process.quiet()  # this entry point's process: other libraries' logging, as training's CLI
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--preset", choices=tuple(PRESETS), default=None,
                  help="model/batch preset (overrides given after it still apply)")

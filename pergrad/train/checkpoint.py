@@ -81,68 +81,6 @@ def _write_error(e: BaseException) -> OSError | None:
   return None
 
 
-def _closed_loop(exc: BaseException | None) -> bool:
-  return isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed"
-
-
-def _drop_closed_loop_errors() -> None:
-  """When a restore or save fails, TensorStore's operations still in flight call back into
-  Orbax's closed asyncio loop from their threads, during and after the failure, each
-  printing a traceback of "Event loop is closed" (harmless: the failure is reported
-  already). Those errors alone are dropped."""
-  import sys
-  import threading
-
-  if getattr(sys.excepthook, "_pergrad", False):
-    return
-  excepthook, unraisable, thread_hook = sys.excepthook, sys.unraisablehook, threading.excepthook
-
-  def on_exception(kind, value, tb):
-    if not _closed_loop(value):
-      excepthook(kind, value, tb)
-
-  def on_unraisable(u):
-    if not _closed_loop(u.exc_value):
-      unraisable(u)
-
-  def on_thread(args):
-    if not _closed_loop(args.exc_value):
-      thread_hook(args)
-
-  on_exception._pergrad = True
-  sys.excepthook, sys.unraisablehook, threading.excepthook = (on_exception, on_unraisable,
-                                                             on_thread)
-
-
-class _OrbaxTracebacks(logging.Filter):
-  """Drops Orbax's tracebacks of a failed background save: the same error is raised to
-  the caller, and reported in one line."""
-
-  def filter(self, record: logging.LogRecord) -> bool:
-    return not (record.exc_info and "orbax" in record.pathname)
-
-
-class _NeverRetrieved(logging.Filter):
-  """Drops asyncio's "exception was never retrieved" of a failed restore's reads (or a failed
-  save's writes), logged
-  whenever their futures are collected (the failure is reported in one line already)."""
-
-  def filter(self, record: logging.LogRecord) -> bool:
-    return "exception was never retrieved" not in record.getMessage()
-
-
-def _quiet_failed_reads() -> None:
-  lg = logging.getLogger("asyncio")
-  if not any(isinstance(f, _NeverRetrieved) for f in lg.filters):
-    lg.addFilter(_NeverRetrieved())
-
-
-def _quiet_orbax_tracebacks() -> None:
-  absl = logging.getLogger("absl")
-  if not any(isinstance(f, _OrbaxTracebacks) for f in absl.filters):
-    absl.addFilter(_OrbaxTracebacks())
-
-
 @contextlib.contextmanager
 def _quiet():
   """Silences Orbax's and asyncio's logging of a failed restore (a page per array)."""
@@ -214,8 +152,6 @@ class Checkpoints:
                                            cleanup_tmp_directories=True)
     self.manager = ocp.CheckpointManager(self.directory, options=options)
     self._saving: int | None = None  # the step of the save in flight
-    _quiet_orbax_tracebacks()
-    _drop_closed_loop_errors()
 
   def steps(self) -> list[int]:
     return sorted(self.manager.all_steps())
@@ -252,7 +188,6 @@ class Checkpoints:
         raise
       named = re.search(rf"/(\d+){re.escape(TMP_SUFFIX)}", str(e))  # TensorStore's path
       step = int(named.group(1)) if named else step
-      _quiet_failed_reads()  # the failed writes' futures, collected later, are reported here
       self._remove_temporary()
       what = "a checkpoint to" if step is None else f"the checkpoint of step {step} to"
       kept = [s for s in self.steps() if s != step]
@@ -297,7 +232,6 @@ class Checkpoints:
       except IncompatibleCheckpoint:
         raise  # intact, from another pergrad: left where it is
       except Exception as e:  # noqa: BLE001 - any failure means this step is unusable
-        _quiet_failed_reads()
         moved = self._move_aside(step)
         echo(f"[checkpoint] step {step} in {self.directory} is corrupt or incomplete "
              f"({_reason(e, self.directory / str(step))}); moved it to {moved.name} and "

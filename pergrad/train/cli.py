@@ -43,6 +43,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from pergrad.config import composer as pconfig
+from pergrad.train import process
 
 # Set by --dry-run ("1"): check everything, train nothing, write nothing; "remote": the runs
 # read their data elsewhere (reproduce.py --dry-run of a cluster launcher), data is a note.
@@ -131,6 +132,7 @@ def main() -> None:
   """Console-script entry point (`pergrad-train`). The modules of a `plugins=[...]`
   override are imported before Hydra composes the config, so that `optimizer=<name>`
   can select an optimizer they register."""
+  process.quiet()  # the process's logging and exception hooks: an entry point's to set
   signal.signal(signal.SIGINT, _interrupted_at_start)  # the loop installs its own
   if "--dry-run" in sys.argv[1:]:  # the environment carries it to a launcher's workers
     sys.argv.remove("--dry-run")

@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-import logging
 import sys
 import time
 from pathlib import Path
@@ -84,8 +83,6 @@ def _run(plan: RunPlan, out_dir: str | Path, *, hydra_info: dict | None = None,
          echo: Callable[[str], None] = print, stop: Interrupts | None = None) -> dict:
   """`_setup`, `_loop`, `_finish`; then the run's last line (interrupted, or its summary)."""
   t_begin = time.time()
-  for name in ("absl", "jax"):  # Orbax logs every file at INFO; JAX its backend search
-    logging.getLogger(name).setLevel(logging.WARNING)
   out_dir = Path(out_dir)
   echo = echo if distributed.is_main() else (lambda _: None)
   if resume_decision(out_dir, plan) == "completed":
