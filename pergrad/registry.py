@@ -62,9 +62,6 @@ class Registry(Generic[T]):
   def names(self) -> tuple[str, ...]:
     return tuple(self._entries)
 
-  def builtin(self) -> tuple[str, ...]:
-    return tuple(n for n in self._entries if n in self._builtin)
-
   def items(self):
     return self._entries.items()
 

@@ -40,9 +40,6 @@ def adam(cfg: configs.AdamConfig, hp: Hparams) -> Direction:
   return Direction(tx, clips=True, moments=_own_state)
 
 
-adamw = adam
-
-
 def sign(cfg: configs.SignConfig, hp: Hparams) -> Direction:
   placement = cfg.placement
   return Direction(scale_by_sign_placement(placement, hp.b1), request_for_placement(placement))

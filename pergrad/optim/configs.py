@@ -167,8 +167,8 @@ def optimizer_config(name: str = "adamw", **fields) -> OptimizerConfig:
 
 register("sgd", OptimizerConfig, "pergrad.optim.builders:sgd")
 register("momentum", MomentumConfig, "pergrad.optim.builders:momentum")
-for _name in ("adam", "adamw"):
-  register(_name, AdamConfig, f"pergrad.optim.builders:{_name}")
+for _name in ("adam", "adamw"):  # one direction: the chain adds the weight decay
+  register(_name, AdamConfig, "pergrad.optim.builders:adam")
 register("sign", SignConfig, "pergrad.optim.builders:sign")
 register("adam_family", AdamFamilyConfig, "pergrad.optim.builders:adam_family")
 REGISTRY.seal()
