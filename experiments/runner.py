@@ -13,7 +13,7 @@ from pathlib import Path
 from experiments import lr_search, report_md
 from experiments import sweep as sweeps
 from experiments.launch import LAUNCHERS, How, LaunchLog, launch_blocks
-from experiments.record import Inputs, Report, Runs, get, provenance
+from experiments.record import Experiment, Inputs, Report, Runs, get, provenance
 from experiments.reuse import INDEX, RunIndex, is_reused, recorded_version, training_version
 from experiments.sweep import (
   REPO,
@@ -65,58 +65,83 @@ def run_experiment(name: str, preset: str, *, launcher: str = "basic", n_jobs: i
   sdir = default_sweep_dir(name, preset, root, tuple(extra) if training else ())
   out_dir = Path(results_dir) if results_dir else default_results_dir(name, preset, sdir)
   inputs = Inputs(Path(root), preset, tuple(extra), dry_run=dry_run)
-  t0, log, rounds, table = time.time(), LaunchLog(), 0, None
-  version = training_version(REPO)  # the sweep's runs must be this code's (record_sweep)
-  if not training and (not dry_run or (sdir / SWEEP_JSON).exists()):
-    record_sweep(sdir, preset, {}, (), version)
-  if not (training or analyze_only):
-    run = lambda n, p, **kw: run_experiment(n, p, launcher=launcher, n_jobs=n_jobs,
-                                            dry_run=dry_run, extra=extra, echo=echo, **kw)
-    log = exp.launch(preset, sdir, How(dry_run, echo, launcher, n_jobs, tuple(extra), root, run))
+  run = lambda n, p, **kw: run_experiment(n, p, launcher=launcher, n_jobs=n_jobs,
+                                          dry_run=dry_run, extra=extra, echo=echo, **kw)
+  how = How(dry_run, echo, launcher, n_jobs, tuple(extra), root, run)
+  t0, version = time.time(), training_version(REPO)  # the runs must be this code's
+  sweep, log, table = None, LaunchLog(), None
   if training:
-    sweep = exp.sweep_at(preset, inputs)
+    sweep, log, table = launch_sweep(exp, preset, sdir, inputs, how, version, analyze_only)
+  else:
     if not dry_run or (sdir / SWEEP_JSON).exists():
-      record_sweep(sdir, preset, sweep.base, extra, version)
-    kw = dict(launcher=launcher, n_jobs=n_jobs, extra=extra, dry_run=dry_run, log=log, echo=echo,
-              index=RunIndex(Path(root) / INDEX, version))  # other experiments' runs reused
+      record_sweep(sdir, preset, {}, (), version)
     if not analyze_only:
-      launch_blocks(sdir, sweep.base, sweep.blocks, **kw)
-    rounds = sweep.lr_search.rounds if sweep.lr_search else 0
-    for r in range(0 if dry_run or analyze_only else rounds):  # extend lr grids, then seeds
-      fin = lr_search.marked_finals(aggregate(sdir), sweep.base, extra)
-      blocks, kind = lr_search.follow_up_blocks(sweep, fin)
-      if blocks:
-        echo(f"[{name}/{preset}] follow-up round {r}: {kind}")
-        launch_blocks(sdir, sweep.base, blocks, **kw)
-      if kind not in ("extend", "pilot"):
-        break
-    if exp.follow_up is not None and not (dry_run or analyze_only):
-      if blocks := exp.follow_up(preset, sdir):
-        echo(f"[{name}/{preset}] follow-up stage: {len(blocks)} block(s)")
-        launch_blocks(sdir, sweep.base, blocks, **kw)
-    table = aggregate(sdir)
-    log.diverged = diverged_runs(sdir)
-    if not dry_run:
-      table.to_csv(sdir / "table.csv", index=False)
-
+      log = exp.launch(preset, sdir, how)
   wall = time.time() - t0
   if dry_run:
-    later = f", then up to {rounds} follow-up round(s) chosen from their results" if (
-        training and rounds) else ""
-    later += ", then a follow-up stage chosen from them" if exp.follow_up else ""
-    needs = exp.needs if not is_rung(preset) else (  # a rung's Adam lr: lr_exponent's
-        ("lr_exponent",) if exp.needs and name != "lr_exponent" else ())
-    missing = [n for n in needs if not any(inputs.sweep_dir(n).glob(f"*/{METRICS}"))]
-    later += (f"; {', '.join(missing)} not run yet: the lrs shown are placeholders for those "
-              "its search will choose (run it first)" if missing else "")
-    echo(f"[{name}/{preset}] dry run: would launch {len(log.launched)} run(s) "
-         f"({len(log.skipped)} already finished){later}")
+    echo(dry_run_line(exp, preset, sweep, log, inputs))
     return Outcome(name, preset, sdir, out_dir, log, None)
   echo(f"[{name}/{preset}] launched {len(log.launched)} run(s), reused {len(log.reused)} "
        f"another sweep's, skipped {len(log.skipped)} finished, failed {len(log.failed)}, "
        f"diverged {len(log.diverged)}; "
        f"{wall:.0f} s")
+  report = write_results(exp, sdir, out_dir, sweep, table, extra)
+  info = run_info(out_dir, name, preset, sdir, log, wall, command, launcher, prov, version)
+  report_md.write_readme(exp, out_dir, report, info, inputs)
+  if out_dir.parent == RESULTS / preset:
+    report_md.write_index(out_dir.parent, preset)
+  return Outcome(name, preset, sdir, out_dir, log, report)
 
+
+def launch_sweep(exp: Experiment, preset: str, sdir: Path, inputs: Inputs, how: How,
+                 version: str | None, analyze_only: bool = False):
+  """(sweep, log, table): the first stage's blocks, the lr search's follow-up rounds (extend
+  the grids, then fresh seeds), the experiment's follow-up stage; the sweep's table."""
+  sweep, log, tag = exp.sweep_at(preset, inputs), LaunchLog(), f"[{exp.name}/{preset}]"
+  if not how.dry_run or (sdir / SWEEP_JSON).exists():
+    record_sweep(sdir, preset, sweep.base, how.extra, version)
+  kw = dict(launcher=how.launcher, n_jobs=how.n_jobs, extra=how.extra, dry_run=how.dry_run,
+            log=log, echo=how.echo,
+            index=RunIndex(Path(how.sweeps_root) / INDEX, version))  # others' runs reused
+  if not analyze_only:
+    launch_blocks(sdir, sweep.base, sweep.blocks, **kw)
+  rounds = sweep.lr_search.rounds if sweep.lr_search else 0
+  for r in range(0 if how.dry_run or analyze_only else rounds):
+    fin = lr_search.marked_finals(aggregate(sdir), sweep.base, how.extra)
+    blocks, kind = lr_search.follow_up_blocks(sweep, fin)
+    if blocks:
+      how.echo(f"{tag} follow-up round {r}: {kind}")
+      launch_blocks(sdir, sweep.base, blocks, **kw)
+    if kind not in ("extend", "pilot"):
+      break
+  if exp.follow_up is not None and not (how.dry_run or analyze_only):
+    if blocks := exp.follow_up(preset, sdir):
+      how.echo(f"{tag} follow-up stage: {len(blocks)} block(s)")
+      launch_blocks(sdir, sweep.base, blocks, **kw)
+  table = aggregate(sdir)
+  log.diverged = diverged_runs(sdir)
+  if not how.dry_run:
+    table.to_csv(sdir / "table.csv", index=False)
+  return sweep, log, table
+
+
+def dry_run_line(exp: Experiment, preset: str, sweep, log: LaunchLog, inputs: Inputs) -> str:
+  """What a dry run would launch, and what it cannot know yet."""
+  rounds = sweep.lr_search.rounds if sweep is not None and sweep.lr_search else 0
+  later = f", then up to {rounds} follow-up round(s) chosen from their results" if rounds else ""
+  later += ", then a follow-up stage chosen from them" if exp.follow_up else ""
+  needs = exp.needs if not is_rung(preset) else (  # a rung's Adam lr: lr_exponent's
+      ("lr_exponent",) if exp.needs and exp.name != "lr_exponent" else ())
+  missing = [n for n in needs if not any(inputs.sweep_dir(n).glob(f"*/{METRICS}"))]
+  later += (f"; {', '.join(missing)} not run yet: the lrs shown are placeholders for those "
+            "its search will choose (run it first)" if missing else "")
+  return (f"[{exp.name}/{preset}] dry run: would launch {len(log.launched)} run(s) "
+          f"({len(log.skipped)} already finished){later}")
+
+
+def write_results(exp: Experiment, sdir: Path, out_dir: Path, sweep, table, extra) -> Report:
+  """The experiment's CSVs (`analyze`), figures and report in `out_dir`, an earlier report's
+  files removed first."""
   out_dir.mkdir(parents=True, exist_ok=True)
   clear_outputs(out_dir)
   if table is not None:
@@ -128,12 +153,7 @@ def run_experiment(name: str, preset: str, *, launcher: str = "basic", n_jobs: i
   else:
     exp.analyze(Runs(sdir), out_dir)
   exp.figures(out_dir)
-  report = exp.report(out_dir)
-  info = run_info(out_dir, name, preset, sdir, log, wall, command, launcher, prov, version)
-  report_md.write_readme(exp, out_dir, report, info, inputs)
-  if out_dir.parent == RESULTS / preset:
-    report_md.write_index(out_dir.parent, preset)
-  return Outcome(name, preset, sdir, out_dir, log, report)
+  return exp.report(out_dir)
 
 
 def clear_outputs(out_dir: Path) -> list[Path]:

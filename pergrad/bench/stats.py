@@ -1,44 +1,18 @@
 """Overhead of gradient statistics: every backend × granularity × statistic set.
 
-For each model preset and batch size, every variant is compiled once and compared with
-the fastest plain step of the same shape: the baseline is chosen among the programs of
-`pergrad.bench.baselines` (value_and_grad, the surgery backend asked for the mean alone,
-the simultaneous method's weight-gradient contraction without per-example axes), after
-checking that they compute the same gradient, as the least median time over interleaved
-reps (`baseline` in each row; duplicates of one XLA program are timed once). Then each
-variant is timed between runs of that baseline, B V B ... V B, rep by rep
-(`pergrad.bench.paired`).
-Reported per variant:
-  flops_ratio  XLA's `compiled.cost_analysis()["flops"]` over the least of the plain
-             candidates' (`flops_baseline`); for surgery, of the same step traced with
-             unrolled scans (XLA counts a loop body once, not per trip). Deterministic:
-             the primary ratio.
-  time_ratio, time_ratio_q25, time_ratio_q75  median and quartiles of the paired per-rep
-             ratios `time_ratios` (variant time / baseline time of the same rep; `times`,
-             `base_times`); time_s: the variant's median time
-  peak_bytes XLA's peak of simultaneously live buffers (arguments, temporaries and
-             outputs) over the compiled step's schedule (`pergrad.bench.xla_costs`): what
-             the step's buffers need at once; peak_ratio over the least of the plain
-             candidates' (`peak_baseline`; likewise mem_ratio, `mem_baseline`)
-  mem_bytes  `compiled.memory_analysis()`: temp + argument + output (- alias) bytes, what XLA:CPU
-             actually reserves (output buffers sit beside the temp arena for the whole
-             step), so the result trees count as if they were live at the
-             activations' peak, although they are written after it
-             (mem_ratio_wo_outputs: the same with the baseline's outputs, i.e. without
-             the statistics' own params-sized result trees)
-  rss_mb     process resident memory after the variant's warm-up (process-wide, so
-             only indicative; XLA's numbers are the per-variant ones)
-and `time_vs_micro_grad`: median time over that of `optax.microbatching.micro_grad`
-computing the same statistics (per-example gradients with a leading batch axis, summed
-by micro_grad); `time_vs_value_and_grad`: over plain value_and_grad's median.
-The document's `baselines` lists, per shape, every candidate's median time, FLOPs and
-the candidate whose program it duplicates.
+For each model preset and batch size, every variant is compiled once and compared with the
+fastest plain step of the same shape (`pergrad.bench.baselines`, checked to compute the same
+gradient; the least median time over interleaved reps), timed between runs of it, B V B ...
+V B (`pergrad.bench.paired`). Reported per variant: flops_ratio (XLA's cost analysis over
+the least plain candidate's; surgery's traced with unrolled scans, since XLA counts a loop
+body once), the paired time ratios' median and quartiles (time_ratio, _q25, _q75), peak_bytes
+(XLA's peak of live buffers, `pergrad.bench.xla_costs`) and mem_bytes (XLA's memory analysis;
+mem_ratio_wo_outputs without the statistics' own result trees), each over the least plain
+candidate's, rss_mb (process-wide, indicative), time_vs_micro_grad and
+time_vs_value_and_grad.
 
   run(presets=("tiny", "medium"))   # -> the JSON document (baselines, rows, checks)
   run(quick=True)                    # smoke test (seconds)
-
-  .venv/bin/python scripts/bench_stats.py [--quick]          # CLI: prints the document
-  .venv/bin/python scripts/reproduce.py overhead --preset cpu   # -> results/overhead/
 """
 
 from __future__ import annotations
@@ -182,6 +156,36 @@ def _time(c, params, batch) -> float:
   return time.perf_counter() - t0
 
 
+def _add_ratios(rows: list[dict], cand_times: dict, least: dict, spec, tokens: int,
+                peak_flops: float | None) -> None:
+  """Each timed row's paired time ratios and their quartiles, its ratios to the least
+  FLOPs, peak and memory of the plain candidates, and its MFU (`tokens` a step)."""
+  micro = {r["stats"]: float(np.median(r["times"])) for r in rows if r["backend"] == "micro_grad"}
+  vag = float(np.median(cand_times.get("value_and_grad", [np.nan])))
+  for r in rows:
+    r["time_s"] = float(np.median(r["times"]))
+    r["time_ratios"] = [round(x, 4) for x in paired.paired_ratios(r["times"], r["base_times"])]
+    q = paired.quartiles(r["time_ratios"])
+    r["time_ratio"], r["time_ratio_q25"], r["time_ratio_q75"] = q["median"], q["q25"], q["q75"]
+    r["time_vs_value_and_grad"] = r["time_s"] / vag
+    r["flops_ratio"] = r["flops"] / least["flops"]["flops"]
+    lp, lm = least["peak_bytes"], least["mem_bytes"]
+    r["peak_ratio"] = (r["peak_bytes"] / lp["peak_bytes"]
+                       if r["peak_bytes"] and lp["peak_bytes"] else None)
+    r["mem_ratio"] = r["mem_bytes"] / lm["mem_bytes"]
+    # The same without the statistics' own output buffers (each asked statistic is one
+    # more params-sized tree that any method must return).
+    r["mem_ratio_wo_outputs"] = (r["mem_bytes"] - r["out_bytes"] + lm["out_bytes"]) / lm[
+        "mem_bytes"]
+    r["time_vs_micro_grad"] = (r["time_s"] / micro[r["stats"]] if r["stats"] in micro
+                               else None)
+    # MFU of the model's own training FLOPs (statistics' extra work not counted: it lowers it)
+    per_token = mfu.model_flops_per_token(r["n_params"], spec.n_layers, r["T"], spec.d_model)
+    r["mfu"] = mfu.mfu(tokens / r["time_s"], per_token, 1, peak_flops)
+    r["times"] = [round(t, 5) for t in r["times"]]
+    r["base_times"] = [round(t, 5) for t in r["base_times"]]
+
+
 def bench_group(preset: str, B: int, stat_sets: Sequence[str], layout_first: bool,
                 reps: int, peak_flops: float | None = None) -> tuple[list[dict], dict]:
   """(rows, baseline): every variant of one shape, timed paired with the fastest plain
@@ -232,30 +236,7 @@ def bench_group(preset: str, B: int, stat_sets: Sequence[str], layout_first: boo
       row["times"].append(_time(c, params, batch))
       base_times.append(_time(base, params, batch))
     row["base_times"] = paired.bracketed(base_times)
-  micro = {r["stats"]: float(np.median(r["times"])) for r in rows if r["backend"] == "micro_grad"}
-  vag = float(np.median(cand_times.get("value_and_grad", [np.nan])))
-  for r in rows:
-    r["time_s"] = float(np.median(r["times"]))
-    r["time_ratios"] = [round(x, 4) for x in paired.paired_ratios(r["times"], r["base_times"])]
-    q = paired.quartiles(r["time_ratios"])
-    r["time_ratio"], r["time_ratio_q25"], r["time_ratio_q75"] = q["median"], q["q25"], q["q75"]
-    r["time_vs_value_and_grad"] = r["time_s"] / vag
-    r["flops_ratio"] = r["flops"] / least["flops"]["flops"]
-    lp, lm = least["peak_bytes"], least["mem_bytes"]
-    r["peak_ratio"] = (r["peak_bytes"] / lp["peak_bytes"]
-                       if r["peak_bytes"] and lp["peak_bytes"] else None)
-    r["mem_ratio"] = r["mem_bytes"] / lm["mem_bytes"]
-    # The same without the statistics' own output buffers (each asked statistic is one
-    # more params-sized tree that any method must return).
-    r["mem_ratio_wo_outputs"] = (r["mem_bytes"] - r["out_bytes"] + lm["out_bytes"]) / lm[
-        "mem_bytes"]
-    r["time_vs_micro_grad"] = (r["time_s"] / micro[r["stats"]] if r["stats"] in micro
-                               else None)
-    # MFU of the model's own training FLOPs (statistics' extra work not counted: it lowers it)
-    per_token = mfu.model_flops_per_token(r["n_params"], spec.n_layers, T, spec.d_model)
-    r["mfu"] = mfu.mfu(B * T / r["time_s"], per_token, 1, peak_flops)
-    r["times"] = [round(t, 5) for t in r["times"]]
-    r["base_times"] = [round(t, 5) for t in r["base_times"]]
+  _add_ratios(rows, cand_times, least, spec, B * T, peak_flops)
   baseline = dict(preset=preset, B=B, fastest=best["name"],
                   **{f"least_{k}": c["name"] for k, c in least.items()},
                   candidates={c["name"]: dict(
