@@ -5,31 +5,18 @@
     sched.sizes == (8, 16, 32); sched.ramp_examples == 1024
 
 The run's length is train.steps x B_max examples (B_max = data.batch_size, the largest
-allowed size); a schedule spends them in more, smaller updates. Each allowed size has
-its own compiled train step. Which size each update takes is decided during the run by
-`pergrad.train.batch_schedule.next_batch_size(sched, ...)`.
-
-Seesaw (Meterez et al. 2025, arXiv 2510.14717): "whenever a standard scheduler would halve
-the learning rate, multiply it by 1/√2 and double the batch size instead". Our reading,
-from the abstract and summaries of the paper (its algorithm's text was not read): given
-the step schedule (schedule.name=step) that halves the lr at d_1 < d_2 < ... full-batch
-steps, i.e. at p_i = d_i · B_max examples (`pergrad.optim.schedule.decay_steps`), an update
-after i points (seen ≥ p_i) takes
+allowed size); a schedule spends them in more, smaller updates, each allowed size with its
+own compiled train step; `pergrad.train.batch_schedule.next_batch_size` picks each update's.
+Seesaw (Meterez et al., arXiv 2510.14717; our reading of its abstract): after i of the step
+schedule's halving points p_i = d_i · B_max examples, an update takes
 
     B = floor_sizes(start · 2^i),     lr = schedule(τ) · √(B / start)
 
-so while B doubles the lr falls by 2^−1 · √2 = 1/√2 per point, and once B reaches
-B_max (the cap) by the schedule's own 1/2 (the plain decay: no batch growth left to trade
-for it). optimizer.lr is the lr of the first updates, at B = batch.start (the paper starts
-Seesaw at the tuned lr and batch size of its cosine baseline). The sizes are the powers of
-two from batch.start (then B_max).
+so while B doubles the lr falls by 1/√2 a point, and once B reaches B_max by 1/2.
 
-Names (here and wherever a batch size is handled): `batch_size` is the number of
-examples of one batch, one update; `max_batch_size` a schedule's largest (B_max =
-data.batch_size), which is also the examples of one full-batch step, the unit of
-train.steps, eval_every and checkpoint_every; `sizes` the allowed batch sizes. `B`
-stays for formulas in docstrings and comments and for the batch axis in shape names
-(`x_BxT`).
+Names: `batch_size` the examples of one update; `max_batch_size` a schedule's largest (B_max,
+also the examples of one full-batch step, the unit of train.steps); `sizes` the allowed
+sizes; `B` in formulas and shape names (`x_BxT`).
 """
 
 from __future__ import annotations
@@ -163,7 +150,9 @@ def resolve(b: BatchConfig, *, max_batch_size: int, seq_len: int, n_devices: int
 
 def _seesaw(b: BatchConfig, sizes: tuple[int, ...], max_batch_size: int,
             decay_steps: tuple[int, ...] | None) -> dict:
-  """Seesaw's settings (module docstring), checked."""
+  """Seesaw's settings (module docstring), checked: optimizer.lr is the lr of the first
+  updates, at B = batch.start (the paper starts at its cosine baseline's tuned lr and batch
+  size); the sizes are the powers of two from batch.start, then B_max."""
   if decay_steps is None:
     raise ValueError("batch.kind=seesaw doubles B where a step schedule halves the lr; set "
                      "schedule=step (its halving points: schedule.decay_steps).")

@@ -1,27 +1,18 @@
 """`make_data(cfg) -> LMData`: token windows for training and evaluation.
 
 Local corpora (shakespeare, txt_folder) are prepared once with the TFDS builder of
-`pergrad.data.builder`, tokenized, and cached under `{tfds_dir}/pergrad_tokens/<key>/`:
-  spm_bpe_{V}.model          the SentencePiece BPE model, trained on the training split
-  {tok}.{split}.npy          the split's documents, tokenized and concatenated, each
-                             followed by the tokenizer's separator (tok = byte | bpe_{V})
-  {tok}.json                 counts; written last, so its presence means "prepared"
-A prepared corpus loads (memory-mapped) without importing TFDS. Preparation holds an
-exclusive `fcntl` lock on `<key>/.lock`, so parallel jobs of a sweep prepare it once.
+`pergrad.data.builder`, tokenized and cached under `{tfds_dir}/pergrad_tokens/<key>/`
+(`spm_bpe_{V}.model`, `{tok}.{split}.npy`, and `{tok}.json` written last: "prepared"),
+under an exclusive `fcntl` lock so parallel jobs prepare it once; a prepared corpus loads
+memory-mapped without TFDS. Built-in TFDS datasets (lm1b, c4/en) are read in place from
+`{tfds_dir}` (prepared with file_format="array_record"; never downloaded here), tokenized on
+the fly, a BPE model trained on a bounded sample of the training split.
 
-Built-in TFDS datasets (lm1b, c4/en) are read in place from `{tfds_dir}` through
-`as_data_source()` (they must have been prepared there with file_format="array_record";
-they are never downloaded here); documents are tokenized on the fly, and a BPE model is
-trained on a bounded sample of the training split (the first documents in stored order).
-
-Training examples: example i of the run (i = 0, 1, ... in the order the updates consume
-them) is the window of T+1 tokens (or the document) at position
-splitmix64(splitmix64(seed) + i) mod (number of positions), so the stream is a pure
-function of (seed, i): a batch of B examples after `seen` examples is examples
-seen..seen+B-1 (`train_examples`), whatever the earlier batches' sizes, so a resumed run
-and a run with another batch-size schedule see the same examples in the same order.
-Evaluation windows are evenly spaced over the validation split, the same for every call
-and every seed.
+Training example i of a run is the window of T+1 tokens (or the document) at position
+splitmix64(splitmix64(seed) + i) mod (number of positions): the stream is a pure function of
+(seed, i), so a batch of B examples after `seen` is examples seen..seen+B-1 whatever the
+earlier batches' sizes (a resumed run, another batch schedule: the same examples in the same
+order). Evaluation windows are evenly spaced over the validation split, the same every call.
 """
 
 from __future__ import annotations

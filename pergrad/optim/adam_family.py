@@ -1,8 +1,7 @@
 """The Adam-preconditioner family: Adam, MicroAdam, MicroAdamVar, MicroAdamMSQ and mix.
 
 Per coordinate, with per-example gradients g_i (i = 1..B), mean ḡ, second moment
-q = mean_i g_i², unbiased variance σ̂² = B/(B-1)(q - ḡ²) and unbiased squared mean
-μ̂² = ḡ² - σ̂²/B:
+q = mean_i g_i², unbiased variance σ̂² = B/(B-1)(q - ḡ²) and squared mean μ̂² = ḡ² - σ̂²/B:
 
     m_t = EMA_β1(ḡ),   v_t = EMA_β2(s),   u = m̂ / (sqrt(v̂ + eps_root) + eps)
 
@@ -14,24 +13,8 @@ with m̂ = m/(1-β1^t), v̂ = v/(1-β2^t), and the second-moment statistic s:
     micro_adam_msq  s = max(ḡ² - σ̂²/B, 0)           ≈ μ² (unbiased before the clip)
     mix             s = max(a·μ̂² + b·σ̂², 0)
 
-Since ḡ² = μ̂² + σ̂²/B and q = ḡ² + (B-1)/B·σ̂² = μ̂² + σ̂² hold exactly for the sample
-statistics, the named variants are mix(1, 1/B), mix(1, 1), mix(0, 1) and mix(1, 0).
-
-micro_adam_msq (and mix with b = 0) has s = 0 on every coordinate whose batch mean is
-noise-dominated (ḡ² ≤ σ̂²/B), where the update is then m̂/ε: ε is its floor, so it
-needs a far larger ε than Adam's 1e-8 (the msq_eps experiment searches it and logs the
-share of coordinates where ε > √v̂).
-
-"MicroAdam" here is the per-example Adam of Roulet & Agarwala (arXiv 2510.00236), equal
-to the Micro-Adam of optax's `examples/aggregate.ipynb` and to the batch-size-invariant
-Adam of Wang & Aitchison (2024, arXiv 2402.18824). It is NOT IST-DASLab's MicroAdam
-(Modoranu et al., NeurIPS 2024), a memory-saving Adam with gradient compression.
-The formulas of MicroAdamVar and MicroAdamMSQ (and the mix family) are this project's
-reading: the paper's text is unavailable, only its names and abstract are known.
-
-`variant="adam"` equals `optax.scale_by_adam` exactly (same operations, tested), so
-`build_optimizer` uses it for the plain Adam/AdamW baselines too: its state carries
-the debiasing weight of v, which `pergrad.optim.diagnostics` needs.
+The named variants are mix(1, 1/B), mix(1, 1), mix(0, 1) and mix(1, 0), exactly for the
+sample statistics. `variant="adam"` equals `optax.scale_by_adam` (tested).
 """
 
 from __future__ import annotations
@@ -125,6 +108,17 @@ def scale_by_adam_family(variant: str = "adam", b1: float = 0.9, b2: float = 0.9
   Returns:
     A transformation whose update reads `grad_stats` (with the 'sq' statistic,
     granularity "example") for every variant except "adam", which ignores it.
+
+  micro_adam_msq (and mix with b = 0) has s = 0 on every coordinate whose batch mean is
+  noise-dominated (ḡ² ≤ σ̂²/B), where the update is then m̂/ε: ε is its floor, so it needs a
+  far larger ε than Adam's 1e-8 (the msq_eps experiment searches it).
+
+  "MicroAdam" is the per-example Adam of Roulet & Agarwala (arXiv 2510.00236), equal to the
+  Micro-Adam of optax's `examples/aggregate.ipynb` and to the batch-size-invariant Adam of Wang
+  & Aitchison (arXiv 2402.18824); not IST-DASLab's MicroAdam (gradient compression). The
+  formulas of MicroAdamVar, MicroAdamMSQ and mix are this project's reading of the paper's
+  names and abstract. `build_optimizer` uses variant="adam" for the Adam/AdamW baselines too:
+  its state carries the debiasing weight of v, which `pergrad.optim.diagnostics` needs.
   """
   if not traced(b1, b2, eps, eps_root, clip_norm):  # else checked where built
     check_adam_args(variant, b1, b2, eps, eps_root, mix_a, mix_b)

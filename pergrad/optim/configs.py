@@ -1,25 +1,16 @@
 """Optimizer configs: one dataclass per optimizer, and the registry of optimizers.
 
-This module is plain Python: it imports no JAX, and the `pergrad.config.schema` of the
-`optimizer` node is these dataclasses (plain, so that Hydra merges
-`configs/optimizer/<name>.yaml` into them). JAX is nevertheless imported before Hydra
-composes, by the other nodes of the schema (`pergrad.model.ModelSpec` lives beside the
-model); nothing is compiled before the config is checked. Every optimizer is one entry
+Plain Python (no JAX): the schema's `optimizer` node is these dataclasses, into which Hydra
+merges `configs/optimizer/<name>.yaml`. Every optimizer is one entry
 
     REGISTRY.get(name) = Entry(config=<dataclass>, build="module:function" or a callable)
 
-where `build(cfg, hp) -> (direction, StatsRequest)` returns the optimizer's direction
-(an optax transformation) and the statistics it reads; `pergrad.optim.build` wraps it
-in the chain every optimizer shares (clipping, weight decay, learning-rate schedule).
-
-How to add an optimizer (from a plugin module, no edit of the package):
-  1. its config dataclass: subclass `OptimizerConfig` (or `MomentumConfig`,
-     `AdamConfig`: the fields the direction reads live on its own config) with
-     `name = "<name>"` and its fields, checked in `__post_init__`;
-  2. `def build(cfg, hp) -> Direction` (`pergrad.optim.types.Direction`);
-  3. `register("<name>", NameConfig, build)`; list the module in `plugins=[module]`, then
-     `optimizer=<name>` selects it (`pergrad.config.composer` stores its schema)
-     and `optimizer.<field>=...` sets its fields.
+where `build(cfg, hp) -> Direction` returns the optimizer's direction (an optax
+transformation) and the statistics it reads; `pergrad.optim.build` wraps it in the chain
+every optimizer shares (clipping, weight decay, learning-rate schedule). A plugin adds one
+with a config dataclass subclassing `OptimizerConfig` (or `MomentumConfig`, `AdamConfig`),
+`name = "<name>"` and its fields checked in `__post_init__`; a `build`; and
+`register("<name>", NameConfig, build)`; then `plugins=[module] optimizer=<name>`.
 """
 
 from __future__ import annotations

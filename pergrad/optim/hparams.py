@@ -4,21 +4,15 @@
     opt.hparams                           # Hparams of Python numbers (checked)
     opt.at(opt.hparams.as_arrays())       # the same optimizer reading them as arrays
 
-`build_optimizer` assembles every optimizer from an `Hparams` (`pergrad.optim.build`):
-the learning rate and β's and ε after batch-size scaling, weight decay, the clipping
-norm, the schedule's step count, warmup and final fraction, the step schedule's halving
-points and the DP-SGD noise seed. The train step takes them as an argument
-(`pergrad.train.step`), so they enter the compiled program as values, not constants:
-every point of an lr grid, every seed, every step count is the same program, which
-JAX's persistent compilation cache then serves (`pergrad.train.compile_cache`). What a
-config decides beyond these numbers stays compiled in: the optimizer and its variant or
-placement, whether the chain clips, decays weights or adds noise (clip_norm null or
-not, weight_decay 0 or not), the schedule's shape, the number of halving points of a
-step schedule, the batch sizes.
-
-Each number is checked once, on its Python value, when the config and the optimizer are
-built; the transformations skip their checks on traced values (`traced`), the same
-numbers already checked.
+`build_optimizer` assembles every optimizer from an `Hparams`: the lr, β's and ε after
+batch-size scaling, weight decay, the clipping norm, the schedule's step count, warmup, final
+fraction and halving points, the DP-SGD noise seed. The train step takes them as an argument
+(`pergrad.train.step`), so every point of an lr grid, every seed, every step count is the
+same compiled program (served by JAX's persistent cache). What a config decides beyond these
+numbers stays compiled in: the optimizer and its variant or placement, whether the chain
+clips, decays weights or adds noise, the schedule's shape, the number of halving points, the
+batch sizes. Each number is checked once, on its Python value; the transformations skip
+their checks on traced values (`traced`).
 """
 
 from __future__ import annotations

@@ -1,28 +1,15 @@
-"""What the Adam family's second moment and ε say about its update: the preconditioner's
-share of the diagnostics, from the moments the optimizer hands over
-(`Optimizer.moments(opt_state)`, a `Moments`: the direction's state and the ε of its
-hparams; the builders say where that state sits in the chain).
-
-The shares of the current step's μ̂², σ̂²/n and σ̂² in the debiased v̂, as ratios of sums
-(`pergrad.optim.diagnostics`):
+"""What the Adam family's second moment and ε say about its update, from the moments the
+optimizer hands over (`Optimizer.moments(opt_state)`, a `Moments`), as ratios of sums
+(`pergrad.optim.diagnostics`; statistics before any clipping):
 
     share_mu2 = Σ μ̂² / Σ v̂,   share_var_b = Σ (σ̂²/n) / Σ v̂,   share_var = Σ σ̂² / Σ v̂
-
-(statistics before any clipping). Adam's v estimates μ² + σ²/B (share_mu2 + share_var_b
-≈ 1 for a stationary mean), MicroAdam's μ² + σ² (share_mu2 + share_var ≈ 1).
-
-The share of coordinates whose denominator √(v̂ + eps_root) + ε is dominated by ε, a
-coordinate count over a coordinate count:
-
     eps_share = #{j : ε > √(v̂_j + eps_root)} / #{j}
+    eps_share_weighted = Σ_j |u_j|·[ε > √(v̂_j + eps_root)] / Σ_j |u_j|,  u = m̂/(√(v̂ + eps_root) + ε)
 
-(≈ 1: u ≈ m̂/ε, the momentum direction scaled by 1/ε; ≈ 0: the preconditioner acts),
-and the same share weighted by the size of the direction's update u = m̂/(√(v̂ + eps_root) + ε):
-
-    eps_share_weighted = Σ_j |u_j|·[ε > √(v̂_j + eps_root)] / Σ_j |u_j|
-
-(the share of the update's L1 mass that ε dominates). m̂ = m/(1 − β1^t) carries the same
-factor on every coordinate, which cancels in the ratio, so |m| stands for |m̂|.
+Adam's v estimates μ² + σ²/B (share_mu2 + share_var_b ≈ 1 for a stationary mean),
+MicroAdam's μ² + σ² (share_mu2 + share_var ≈ 1); eps_share ≈ 1: u ≈ m̂/ε, ≈ 0: the
+preconditioner acts. m̂ = m/(1 − β1^t) carries one factor on every coordinate, which cancels
+in the weighted ratio, so |m| stands for |m̂|.
 """
 
 from __future__ import annotations

@@ -1,50 +1,21 @@
 """Learning-rate schedules and batch-size scaling of the hyper-parameters.
 
-Batch-size scaling: with κ_B = B / B_ref and κ = 0, 1/2, 1 for lr_scaling
-none / sqrt / linear, the peak learning rate is
+Batch-size scaling (`scale_hparams`): κ_B = B / B_ref, κ = 0, 1/2, 1 for lr_scaling none /
+sqrt / linear; lr = base_lr · κ_B^κ, the whole schedule multiplied by it; with `sde_scaling`
+(sqrt only; Malladi et al. 2022) 1 − β -> min(κ_B (1 − β), 1), ε -> ε / sqrt(κ_B),
+eps_root -> eps_root / κ_B.
 
-    lr = base_lr · κ_B^κ,
+Schedules (`schedule_of`; step k = 0 the first update, W warmup steps, N total, f =
+final_lr_frac):
 
-and the whole schedule (warmup and decay) is multiplied by this factor.
-
-With `sde_scaling` (only with sqrt, the SDE rule of Malladi et al. 2022, "On the SDEs
-and scaling rules for adaptive gradient algorithms"), the EMA constants and ε follow:
-
-    1 - β  ->  min(κ_B (1 - β), 1)      (so β stays in [0, 1); β = 0 stays 0)
-    ε      ->  ε / sqrt(κ_B),   eps_root -> eps_root / κ_B   (eps_root sits inside the sqrt)
-
-Schedule shape (step k = 0 is the first update, W warmup steps, N total steps):
-
-    warmup  lr_k = peak · (k + 1) / W                        for k < W
-    cosine  lr_k = peak · (f + (1 - f) · (1 + cos(π t)) / 2), t = (k - W) / (N - W) in [0, 1]
+    warmup   lr_k = peak · (k + 1) / W                        for k < W
+    cosine   lr_k = peak · (f + (1 - f) · (1 + cos(π t)) / 2), t = (k - W) / (N - W)
     constant lr_k = peak                                     for k >= W
-    step    lr_k = peak · 2^(−#{i : k >= d_i})                 for k >= W
+    step     lr_k = peak · 2^(−#{i : k >= d_i})              for k >= W
 
-with f = final_lr_frac. The step schedule halves the lr at the full-batch steps
-d_1 < d_2 < ... (schedule.decay_steps, i.e. at d_i · B_max examples; B_max =
-data.batch_size); with none given, at the steps where the cosine of the same warmup and
-final_lr_frac over N steps would have halved it (`decay_steps`): d_i is the first step k
-with cosine shape ≤ 2^−i, for every 2^−i > f, before N. Without warmup it equals
-`optax.piecewise_constant_schedule(peak, {d_i: 0.5})`. The warmup starts at peak/W,
-not 0, so no step is wasted.
-A run shorter than its warmup (a smoke test) simply ends during the warmup.
-
-Indexed by examples (`token_lr`; `scale_by_token_schedule`, the last link of every
-optimizer's chain): with a batch-size schedule the k of the formulas above is
-τ = seen / B_max, the examples seen before the update in units of full batches
-(B_max = data.batch_size), so the learning rate follows the tokens seen, whatever the
-batch sizes (T is fixed, so examples and tokens are proportional). An update of B
-examples then uses
-
-    lr = schedule(τ) · (B / B_ref)^κ',   κ' = 0, 1/2, 1 for batch.lr_scaling none/sqrt/linear
-
-with B_ref = B_max, or batch.start for the seesaw batch schedule (`pergrad.config.batch`).
-For a step schedule τ is rounded in float32 but never up to the next integer
-(`exact_floor`), so its point d_i applies from exactly d_i · B_max examples.
-
-With B = B_max every update, τ = k exactly: the schedule of a fixed-batch run. The
-transformation is stateless: the examples seen are the train state's
-(`pergrad.train.state.TrainState.examples_seen`), passed to `update` as an extra argument.
+Indexed by examples (`token_lr`, `scale_by_token_schedule`, every chain's last link): k is
+τ = seen / B_max, and an update of B examples uses lr = schedule(τ) · (B / B_ref)^κ'
+(κ' of batch.lr_scaling), so the lr follows the tokens seen whatever the batch sizes.
 """
 
 from __future__ import annotations
@@ -124,7 +95,15 @@ def decay_steps(sched: ScheduleConfig, total_steps: int, *, cut: bool = True
   """The step schedule's halving points d_i (module docstring): schedule.decay_steps, or
   the first steps at which the cosine of `sched` over `total_steps` is ≤ 2^−i, before
   `total_steps` (`cut`) or all of them (one per level 2^−i > f whatever the run's length,
-  those from total_steps on never reached: the compiled step's argument)."""
+  those from total_steps on never reached: the compiled step's argument).
+
+  The step schedule halves the lr at the full-batch steps d_1 < d_2 < ...
+  (schedule.decay_steps, i.e. at d_i · B_max examples); with none given, where the cosine of
+  the same warmup and final_lr_frac over N steps would have halved it: d_i is the first step k
+  with cosine shape ≤ 2^−i, for every 2^−i > f, before N. Without warmup it equals
+  `optax.piecewise_constant_schedule(peak, {d_i: 0.5})`. The warmup starts at peak/W, not 0;
+  a run shorter than its warmup ends during it.
+  """
   if sched.decay_steps:
     return sched.decay_steps
   W, f = sched.warmup_steps, sched.final_lr_frac
@@ -182,7 +161,14 @@ def token_lr(schedule: optax.Schedule, max_batch_size: int, lr_scaling: str = "n
   """(seen, B) -> lr = schedule(seen / max_batch_size) · (B / B_ref)^κ' (module docstring),
   float32; `seen` an int32 count of examples, B a Python int; B_ref = `ref_batch`
   (None: max_batch_size); `exact_floor`: τ kept below seen // max_batch_size + 1 (step
-  schedules)."""
+  schedules).
+
+  B_ref = B_max, or batch.start for the seesaw schedule (`pergrad.config.batch`). For a step
+  schedule τ is rounded in float32 but never up to the next integer (`exact_floor`), so d_i
+  applies from exactly d_i · B_max examples. With B = B_max every update, τ = k exactly: a
+  fixed-batch run's schedule. Stateless: the examples seen are the train state's
+  (`TrainState.examples_seen`), passed to `update` as an extra argument.
+  """
   if lr_scaling not in LrScaling.values():
     raise ValueError(f"batch.lr_scaling={lr_scaling!r}; choose one of {LrScaling.values()}")
   kappa = LrScaling(lr_scaling).exponent

@@ -8,18 +8,11 @@ With per-example gradients g_i (i = 1..B), their mean ḡ and EMA_β(x)_t =
     batch:    u = EMA_β( sign(ḡ) )                sign of the batch mean; β = 0: signSGD
     ema:      u = sign( EMA_β(ḡ) )                SignEMA (Signum) = optax.signum
 
-(times -lr, applied later in the chain by `pergrad.optim.schedule.scale_by_token_schedule`,
-`optax.scale_by_learning_rate` for a fixed batch size).
-
-Only the name "SignEMA" and its definition are confirmed from the paper (Roulet &
-Agarwala, arXiv 2510.00236) and the authors' `optax.signum`; the `example`, `token`
-and `batch` formulas, and debiasing the EMA of signs, are this project's reading
-(the paper's text is unavailable). Debiasing makes every placement's first steps
-full-sized (|u| <= 1 from step 1); it does not change `ema` (a positive factor
-inside a sign).
-
-Each placement is a chain of optax's own pieces (`optax.ema`, `optax.scale_by_sign`)
-and one step that reads the mean of signs from the `grad_stats` extra argument.
+(times -lr, later in the chain). Only SignEMA is confirmed from the paper (Roulet &
+Agarwala, arXiv 2510.00236) and `optax.signum`; the other formulas and debiasing the EMA of
+signs (every placement's first steps full-sized; no change to `ema`) are this project's
+reading. Each placement chains optax's pieces (`optax.ema`, `optax.scale_by_sign`) and one
+step that reads the mean of signs from the `grad_stats` extra argument.
 """
 
 from __future__ import annotations

@@ -1,24 +1,18 @@
 """The signal-to-noise ratios of the mean gradient, and the tracker of its EMA.
 
-Each is a ratio of sums over coordinates (`pergrad.optim.diagnostics`), from the
-estimators of `pergrad.stats.noise`:
+Ratios of sums over coordinates (`pergrad.optim.diagnostics`), from the estimators of
+`pergrad.stats.noise`, all SIGNED (take √max(·, 0) only to draw an SNR):
 
     snr2_example = Σ μ̂² / Σ σ̂²            SNR² of one sample (`noise.snr_terms`)
     snr2_batch   = Σ μ̂² / Σ (σ̂²/n)        SNR² of ḡ, = n · snr2_example by construction
-    snr2_ema     = Σ (m² − V) / Σ V         SNR² of the EMA m (needs the `track_snr` state)
+    snr2_ema     = Σ (m² − V) / Σ V         SNR² of the EMA m (the `track_snr` state)
 
-where `track_snr` (a `pergrad.optim.tracker.Tracker`) tracks, along the updates,
-
-    m_t = β m_{t−1} + (1−β) ḡ_t   (un-debiased),    V_t = β² V_{t−1} + (1−β)² σ̂_t²/n_t.
-
-V_t estimates Var m_t without bias when the batch means of different steps are
-independent with variances σ_t²/n_t (no stationarity assumed), so m² − V estimates
-(E m_t)² without bias; the ratio needs no debiasing. The EMA gain
-`pergrad.analysis.ema_gain(snr2_ema, snr2_batch)` = SNR_ema / SNR_batch is √((1+β)/(1−β))
-for a mean constant over steps once stationary (≈ 4.36 at β = 0.9; after t updates from
-m_0 = V_0 = 0 its square carries the factor (1−β^t)/(1+β^t)), and smaller when the mean
-drifts (`pergrad.stats.synthetic.ema_gain2`). All three are SIGNED; take √max(·, 0) only
-to draw an SNR.
+where `track_snr` tracks m_t = β m_{t−1} + (1−β) ḡ_t (un-debiased) and
+V_t = β² V_{t−1} + (1−β)² σ̂_t²/n_t, which estimates Var m_t without bias when the batch means
+of different steps are independent (no stationarity assumed), so m² − V estimates (E m_t)².
+The EMA gain SNR_ema / SNR_batch (`pergrad.analysis.ema_gain`) is √((1+β)/(1−β)) for a mean
+constant over steps once stationary, smaller when the mean drifts
+(`pergrad.stats.synthetic.ema_gain2`).
 """
 
 from __future__ import annotations

@@ -4,22 +4,15 @@
     state = ckpt.restore_latest(abstract_state)   # None when there is nothing to resume
     ckpt.save(step, state); ckpt.wait(); ckpt.close()
 
-Saving is asynchronous (Orbax copies the arrays to host memory before `save`
-returns, then writes in the background); a run killed while writing leaves only a
-temporary directory that Orbax never lists as a step. A listed step whose restore
-fails (missing or damaged files) is moved aside to `<step>.corrupt` with a message
-and the previous step is tried: nothing is deleted silently. When no checkpoint is
-readable but some were (now or earlier moved aside), the run stops with one line instead
-of starting again from step 0, unless `train.restart=true` asks for that on purpose.
-
-A save that cannot write (disk full, read-only or missing folder; an OSError, or TensorStore's
-status for one such as RESOURCE_EXHAUSTED) raises `OutputError` naming the path; its
-temporary folder is removed and the earlier checkpoints are intact.
-
-`check_progress_kept(run_dir, train, max_batch_size)`, before anything is written: a run
-directory whose metrics or summary record progress that a checkpoint should hold, but which
-holds no checkpoint at all (deleted, or lost with a disk), is not silently trained again from step 0
-(its metrics.jsonl rewritten); one line says what it found, unless `train.restart=true`.
+Saving is asynchronous; a run killed while writing leaves only a temporary directory that
+Orbax never lists as a step. A listed step whose restore fails is moved aside to
+`<step>.corrupt` with a message and the previous step is tried: nothing is deleted silently.
+When no checkpoint is readable but some were, the run stops with one line instead of starting
+again from step 0, unless `train.restart=true`. A save that cannot write (disk full,
+read-only or missing folder) raises `OutputError` naming the path, its temporary folder
+removed, the earlier checkpoints intact. `check_progress_kept`, before anything is written:
+a run directory that records progress but holds no checkpoint at all is not silently trained
+again from step 0, unless `train.restart=true`.
 """
 
 from __future__ import annotations

@@ -3,31 +3,17 @@
     python scripts/train.py model=tiny train.steps=200 optimizer.lr=3e-3 logging.wandb.mode=disabled
     python scripts/train.py -m optimizer.lr=1e-3,3e-3 data.batch_size=16,32
 
-Hydra composes `configs/config.yaml` (`pergrad.config.composer.configs_dir`) against the
-typed schema `pergrad.config.schema.Config`, so a typo'd key (with or without `+`: the
-nearest field names), a wrong type or an unknown option stops here with one message naming
-the key (or the valid options), and an internal schema node is refused as --config-name; then
-`pergrad.config.build_plan` builds the schema's dataclasses (each checks its fields) and
-checks every cross-field rule, before any data is read or anything compiled.
-`plugins=[module,...]` imports user modules once, before Hydra composes (their
-statistics, backends and optimizers); `--help` lists each group's choices and every
-field.
-The run writes to `train.out_dir` (default: Hydra's run directory, `outputs/<date>/<time>`, or
-`multirun/<date>/<time>/<overrides>` for a sweep point). Re-running the same command
-on the same directory resumes it; a completed run is skipped.
-
-`--dry-run` composes, builds the frozen plan and checks what a run would check first (the
-run directory, the data source, the vocabulary, the model's, optimizer's and train step's
-shapes, traced: `pergrad.train.dry_run`), prints the resolved plan and the run directory,
-trains nothing and writes nothing; it exits 1 on anything a real run would refuse.
-
-Errors of the run itself (a bad setting found at start-up, a missing dataset, a
-diverged loss, an unwritable run directory or unreadable checkpoints) print one line
-`error: ...` and exit with status 1; set HYDRA_FULL_ERROR=1 for the traceback. In a
-multirun a failed point does not stop the others: Hydra reports the failure after the last
-point. SIGINT, SIGTERM or the pre-emption signal stop the run between two updates with a
-checkpoint and one line saying how to resume, exit status 128 + the signal's number; in a
-submitit job the pre-emption signal then requeues the job (`pergrad.train.interrupt`).
+Hydra composes `configs/config.yaml` against the typed schema `pergrad.config.schema.Config`
+(a typo'd key, a wrong type or an unknown option stops here with one message naming it), then
+`pergrad.config.build_plan` checks every cross-field rule, before any data is read or
+anything compiled. `plugins=[module,...]` imports user modules before Hydra composes;
+`--help` lists each group's choices and every field; `--dry-run` checks what a run would
+check first and trains nothing (`pergrad.train.dry_run`). The run writes to `train.out_dir`
+(default: Hydra's run directory); the same command resumes it; a completed run is skipped.
+Errors of the run print one line `error: ...` and exit 1 (HYDRA_FULL_ERROR=1: the traceback);
+SIGINT, SIGTERM or the pre-emption signal stop it between two updates with a checkpoint, exit
+128 + the signal's number (`pergrad.train.interrupt`). The entry point sets the process's
+logging and exception hooks (`pergrad.train.process`).
 """
 
 from __future__ import annotations

@@ -3,54 +3,15 @@
     stats.sign_agreement=4 stats.log_every=10     # n_h = 4 batches, every 10th update
     stats.sign_lag=0.5                            # ρ of the lagged target
 
-On each statistics-logging step k (`StatsPlan.logs_at`) with n_h = stats.sign_agreement
-> 0, before update k:
-
-  held-out set   n_h·B examples (B = data.batch_size, the largest size of a batch
-                 schedule) from the training distribution, apart from the training
-                 stream: examples n_h·s .. n_h·s + n_h·B − 1 (s = examples seen before
-                 update k) of the example stream of seed data.seed + 2^63 (`HELDOUT_SEED`;
-                 `pergrad.data.pipeline`: example i is a pure function of (seed, i)). The
-                 draws are independent of every training batch, so the held-out mean h
-                 is independent of the update given E g, and a resumed run logs the same.
-  statistics     GradStats with mean and sq of those examples at θ_{k−1}, the parameters
-                 update k is computed at: example granularity, no per-example clipping
-                 (the target is the loss's E g), every leaf, backend `stats.backend`
-                 ("auto": surgery), in chunks of stats.microbatch_size (default B), so
-                 that its memory is that of one training step.
-  direction      u = −(update k) = lr·(direction [+ weight decay·θ]): the step taken,
-                 negated, so that sign(u) = sign(E g) means downhill. lr > 0 scales
-                 every coordinate alike, so sign(u) is exactly the sign of the optimizer's
-                 direction before the learning rate (for the sign family, the
-                 signed/EMA'd direction) without dividing by lr; with weight decay it is
-                 the sign of the decayed step, the one the parameters take.
-  stages         beside u, every stage's direction at the same θ_{k−1} from the same
-                 batch, whatever the run's placement (`directions`): "example" = the mean
-                 of per-example signs s (when the step's statistics hold 'sign' at example
-                 granularity for every leaf: stats.want ∋ sign), "batch" = ḡ (the
-                 optimizer's own), "ema" = the SNR tracker's m = EMA_β(ḡ) after update k
-                 (stats.track_snr), whose sign is SignEMA's direction. u has the sign of
-                 "ema" in a SignEMA run, of "batch" in a batch run with β = 0 (signSGD),
-                 of "example" in an example run with β = 0 (tested).
-  targets        the held-out mean h (`sign_agreement.current`), and the lagged target
-                 h̄ = EMA_ρ of the held-out means over the logging steps so far, ρ =
-                 stats.sign_lag (`sign_agreement.lag_update`, `lagged`; the state is
-                 `TrainState.lag`, checkpointed; equal to h at the first logging step).
-  counts         `pergrad.stats.sign_agreement.per_leaf(direction, target)` of every
-                 direction and target, logged raw in the stats record as
-                 "<prefix>/<leaf>/<field>" and "<prefix>/total/<field>" (fields of
-                 `SignCounts`: coords, agree_all, selected, agree, progress, mu2; leaf
-                 names `pergrad.stats.noise.leaf_path`), prefix "sign[_lag][_<stage>]"
-                 (`prefix`): "sign" the update against h, "sign_lag" the update against h̄,
-                 "sign_ema" m against h, "sign_lag_ema" m against h̄, ... Ratios pool over
-                 leaves, steps and seeds by adding counts (`sign_agreement.summary`).
-
-The training trajectory is untouched: the held-out statistics are a separate compiled
-function of θ_{k−1} (`SignLog.stats`, called before the train step donates the state,
-compiled ahead of time once per run), passed to the logging train step
-(`pergrad.train.step.train_step(state, batch, heldout)`), which turns its update and
-them into counts (`sign_metrics`) beside its other metrics, and updates `TrainState.lag`
-(which the plain step carries through unchanged).
+On each statistics-logging step k with n_h = stats.sign_agreement > 0, before update k: the
+held-out set is n_h·B examples of an example stream apart from training (seed data.seed +
+2^63, `HELDOUT_SEED`), so its mean h is independent of the update given E g; its statistics
+(mean, sq at θ_{k−1}, example granularity, no clipping) come from a separate compiled function
+(`SignLog`). Each direction, the update u = −(update k) and every stage's ("example": the
+mean of per-example signs, "batch": ḡ, "ema": the SNR tracker's m; `directions`), is counted
+against h and against h̄ = EMA_ρ of the held-out means (`TrainState.lag`) with
+`pergrad.stats.sign_agreement.per_leaf`, logged raw as "sign[_lag][_<stage>]/<leaf>/<field>"
+(`prefix`, `sign_metrics`). The training trajectory is untouched.
 """
 
 from __future__ import annotations
@@ -138,7 +99,23 @@ def sign_metrics(directions: dict[str, PyTree], heldout: GradStats,
 
 class SignLog:
   """The run's compiled held-out statistics `stats(params, batch)` and the abstract
-  shape of their result (`abstract_stats`, replicated: the train step's argument)."""
+  shape of their result (`abstract_stats`, replicated: the train step's argument).
+
+  Held-out set: examples n_h·s .. n_h·s + n_h·B − 1 (s = examples seen before update k; B
+  = data.batch_size, the largest of a batch schedule) of the stream of seed data.seed + 2^63
+  (`pergrad.data.pipeline`: example i is a pure function of (seed, i)), so a resumed run logs
+  the same. Statistics: backend `stats.backend`, every leaf, in chunks of
+  stats.microbatch_size (default B): the memory of one training step. Direction u = lr ·
+  (direction [+ weight decay·θ]): lr > 0 scales every coordinate alike, so sign(u) is the sign
+  of the optimizer's direction (with weight decay: of the decayed step). u has the sign of
+  "ema" in a SignEMA run, of "batch" in a batch run with β = 0, of "example" in an example run
+  with β = 0 (tested). Targets: h (`sign_agreement.current`) and h̄ (`sign_agreement.lag_update`,
+  checkpointed; h at the first logging step). Counts: `SignCounts` fields (coords, agree_all,
+  selected, agree, progress, mu2) per leaf (`pergrad.stats.noise.leaf_path`) and total; ratios
+  pool over leaves, steps and seeds by adding counts (`sign_agreement.summary`). The logging
+  train step (`pergrad.train.step.train_step(state, batch, heldout)`) turns its update and
+  them into counts and updates `TrainState.lag`, which the plain step carries through.
+  """
 
   def __init__(self, plan, loss_fn, mesh, abstract_params: PyTree):
     sp = plan.stats

@@ -4,40 +4,15 @@
     summary = run(plan, "outputs/my_run")
 
 Three steps, with a `Session` between them: `_setup` decides from the plan's fingerprint
-whether `out_dir` is new, to resume or already completed (a different run there is a
-one-line error), prepares the data, builds the jitted steps and restores the latest good
-checkpoint; `_loop` trains; `_finish` closes the checkpoints and the log and writes the
-summary, whatever stopped the loop. Metrics stay on the device until about
-`logging.log_every` steps are pending, then all but the newest are pulled in one transfer
-(one step late, as in nanodo), so the device never waits for logging and the host syncs
-once per log interval, not once per step (on CPU, where host and XLA share the cores,
-syncing every step cost ~6% of the cpu preset's tokens/s); before an evaluation or a
-checkpoint every pending step is pulled and checked (`pergrad.train.recorder`), so a
-checkpoint never holds a state whose loss or parameters are non-finite. At the end the run
-draws `curves.png` beside `metrics.jsonl`.
-
-Divergence stops the run (status "diverged" in summary.json, a one-line error naming the
-step and the last good checkpoint): a non-finite training loss, gradient or parameter
-norm, or an eval loss at a step > 0 that is non-finite or above ln V (V: the tokenizer's
-vocabulary; a uniform guess) after an earlier eval was below it (the lr sweeps' rule,
-pergrad.analysis.rules) or above the step-0 loss (`pergrad.train.divergence`; without eval
-batches, the mean training loss of the last 10 updates). Every checkpoint is evaluated (or
-its training loss checked) before it is saved, so a saved checkpoint is a good one.
-SIGINT, SIGTERM and the pre-emption signal (`pergrad.train.interrupt`) stop the run
-between two updates with a checkpoint and status "interrupted"; the same command resumes.
-
-Vocabulary: the model presets set `model.vocab_size: ${data.vocab_size}`; a tokenizer
-with more tokens than model.vocab_size is an error (one line naming both), a larger
-model vocabulary (padding, or byte tokens with the default 1024) a note.
-
-Step numbering: the train record of step k (1, 2, ...) is the k-th update: its loss is
-measured on the batch of update k at θ_{k-1}; eval at step k is at θ_k (step 0: initial
-params). Every train and eval record carries examples_seen and tokens_seen after it, and
-train records the update's batch_size. A fixed-batch run makes train.steps updates; with
-a batch-size schedule (`pergrad.train.batch_schedule`) the loop asks it for each update's
-size, feeds examples seen..seen+B-1 and runs the step compiled for B, until
-train.steps x data.batch_size examples are seen; evaluations and checkpoints fall at the
-same examples seen whatever the schedule (`pergrad.config.schema.TrainSpec`).
+whether `out_dir` is new, to resume or already completed, prepares the data, builds the
+jitted steps and restores the latest good checkpoint; `_loop` trains; `_finish` closes the
+checkpoints and the log and writes the summary, whatever stopped the loop. Metrics stay on
+the device until about `logging.log_every` steps are pending, then are pulled in one transfer
+(one step late, as in nanodo); before an evaluation or a checkpoint every pending step is
+pulled and checked (`pergrad.train.recorder`), so a saved checkpoint is a good one.
+Divergence (`pergrad.train.divergence`) stops the run with status "diverged"; SIGINT, SIGTERM
+and the pre-emption signal (`pergrad.train.interrupt`) stop it between two updates with a
+checkpoint and status "interrupted"; the same command resumes.
 """
 
 from __future__ import annotations
@@ -74,7 +49,23 @@ if TYPE_CHECKING:
 def run(plan: RunPlan, out_dir: str | Path, **kwargs) -> dict:
   """Trains (or resumes, or skips a completed run in `out_dir`); returns the summary. kwargs:
   hydra_info (recorded), echo (print), stop (the signal flags read between updates; default:
-  installed here). With JAX's compilation cache in plan.train.compile_cache meanwhile."""
+  installed here). With JAX's compilation cache in plan.train.compile_cache meanwhile.
+
+  Step numbering: the train record of step k (1, 2, ...) is the k-th update: its loss is
+  measured on the batch of update k at θ_{k-1}; eval at step k is at θ_k (step 0: initial
+  params). Every record carries examples_seen and tokens_seen after it, train records the
+  update's batch_size. A fixed-batch run makes train.steps updates; with a batch-size schedule
+  (`pergrad.train.batch_schedule`) the loop asks it for each update's size and runs the step
+  compiled for B until train.steps x data.batch_size examples are seen; evaluations and
+  checkpoints fall at the same examples seen whatever the schedule.
+
+  Divergence: a non-finite training loss, gradient or parameter norm, or an eval loss at a
+  step > 0 that is non-finite or above ln V after an earlier eval was below it (the lr sweeps'
+  rule, `pergrad.analysis.rules`) or above the step-0 loss (without eval batches, the mean
+  training loss of the last 10 updates); a one-line error names the step and the last good
+  checkpoint. A tokenizer with more tokens than model.vocab_size is an error, a larger model
+  vocabulary a note.
+  """
   with compile_cache.using(plan.train.compile_cache):
     return _run(plan, out_dir, **kwargs)
 

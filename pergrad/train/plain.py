@@ -4,21 +4,14 @@ pass, or sums over microbatches of `chunk` examples in a loop.
     loss, stats = mean_gradient(loss_fn, params, batch, request, options, backend)  # ḡ alone
     options = chunked(options, B, backend)   # a statistics backend's own loop, where faster
 
-Both give ḡ = (1/B) Σ_b ∇loss_b (the same sum in another order: equal to float32
-rounding, tested on every leaf). Which is faster depends on the device: on CPU, XLA runs
-the tiny model's matmuls of 8 sequences from cache where those of 32 or 128 spill, so
-`chunk_for` splits a batch into chunks of `AUTO_CHUNK[platform, backend]` examples where
-that divides it (8; 4 for value_and_grad: the loop's step in chunks of 4 took 0.91 of its
-whole-batch CPU time at B = 8 and 0.92 of its time in chunks of 8 at B = 32, paired, 12
-reps, on the shared 2-core machine; `scripts/bench_throughput.py --nanodo`); elsewhere
-(accelerators: one large matmul is best) it does not. The chunks are
-strided slices (`optax.microbatching.microbatch`), so a batch sharded over devices stays
-sharded. stats.microbatch_size, when set, is the chunk (what the statistics backends use
-to bound memory). Measured by `scripts/bench_throughput.py --microbatch`: paired step-time
-ratios, microbatched over direct. A statistics backend that microbatches
-(`pergrad.stats.compute`'s loop: sums add, per-example statistics concatenate) gets the
-same chunk (`chunked`): vmap and surgery (mean, sq) at B = 32 and 128 on CPU took 0.76-0.84
-of their whole-batch time (paired, 6 reps).
+Both give ḡ = (1/B) Σ_b ∇loss_b (the same sum in another order: equal to float32 rounding,
+tested on every leaf). On CPU `chunk_for` splits a batch into chunks of
+`AUTO_CHUNK[platform, backend]` examples where that divides it (small matmuls run from
+cache; `scripts/bench_throughput.py --nanodo`, `--microbatch` measure it); on accelerators
+(one large matmul is best) it does not. The chunks are strided slices
+(`optax.microbatching.microbatch`), so a batch sharded over devices stays sharded;
+stats.microbatch_size, when set, is the chunk. A statistics backend that microbatches
+(`pergrad.stats.compute`'s loop) gets the same chunk (`chunked`).
 """
 
 from __future__ import annotations

@@ -7,33 +7,11 @@
 `train_step` is pure and always returns (state, metrics). It asks the statistics engine
 ONCE per step (`pergrad.stats.compute`) and feeds the result to the optimizer and to the
 trackers beside it (`Optimizer.snr`, `Optimizer.gns`), whose states it keeps in the
-`TrainState` with the examples seen, the batch size and the learning rate of the update
-(lr = `Optimizer.token_lr(examples seen, B)`, the one the optimizer's last link applies).
-On every step the update is computed from the statistics the optimizer and the trackers
-read (`plan.stats.request`; for "mean" alone the plain `jax.value_and_grad` path), by the
-same operations whether or not the step logs, so logging never changes the trajectory
-(bit for bit: tested). A statistics-logging step runs a second compiled variant that
-adds, after the update and apart from it, the logged statistics (`plan.stats.log_request`,
-the union of the optimizer's request and the logged ones): the per-layer summaries
-(`pergrad.stats.summaries`, keys "stats/...") and the diagnostics of the new optimizer
-and SNR-tracker states (`pergrad.optim.diagnostics`, keys "opt/..."). Everything it
-reads from the update (θ_{k−1}, the batch, the optimizer's statistics, the new states,
-the update) passes an `optimization_barrier`, so XLA can neither fuse the logged
-computation into the update's nor share its intermediates: the update's operations and
-their consumers are those of the plain variant. When the logged request is the
-optimizer's (same backend), the logged statistics are the update's own; otherwise they
-are a second backward pass at θ_{k−1} on the same batch (the cost of logging).
-With stats.sign_agreement, logging steps also get the held-out statistics (computed
-before the step by a separate compiled function at the same θ), update the trailing mean
-of the held-out means (`TrainState.lag`; the plain step carries it through) and log the
-sign agreement of the update and of each stage's direction (per-example signs, ḡ, the SNR
-tracker's m; from the barriered values) with both ("sign.../...", `pergrad.train.heldout`).
-
-`Steps` jits each function once over a 1-D ('data',) mesh: explicit in/out
-shardings (batch split on 'data', state replicated), the state donated to the
-train step, and the state's shardings taken from `jax.eval_shape` of the init. Both
-train-step variants are compiled ahead of time, once per allowed batch size of the
-batch schedule (`pergrad.train.batch_schedule`), so no step of the loop compiles.
+`TrainState` with the examples seen, the batch size and the learning rate of the update.
+A statistics-logging step runs a second compiled variant that adds the logged statistics
+after the update and apart from it (behind an `optimization_barrier`), so logging never
+changes the trajectory (bit for bit: tested). `Steps` jits and compiles each function ahead
+of time over a 1-D ('data',) mesh, once per allowed batch size: no step of the loop compiles.
 """
 
 from __future__ import annotations
@@ -78,6 +56,16 @@ def train_step(state: TrainState, batch: dict, heldout: GradStats | None = None,
   (`pergrad.train.heldout`). The update and the metrics above are the same operations with
   or without them (module docstring). `hparams`: the optimizer's numbers as arrays
   (`Optimizer.at`; None: the optimizer's own, compiled in).
+
+  The update's statistics are those the optimizer and the trackers read (`plan.stats.request`;
+  for "mean" alone the plain `jax.value_and_grad` path). The logging variant adds the
+  per-layer summaries (`pergrad.stats.summaries`, "stats/...") and the diagnostics of the new
+  optimizer and SNR-tracker states (`pergrad.optim.diagnostics`, "opt/..."); everything it
+  reads from the update (θ_{k−1}, the batch, the statistics, the new states, the update) passes
+  an `optimization_barrier`, so XLA neither fuses the logged computation into the update's nor
+  shares its intermediates. When the logged request is the optimizer's (same backend), the
+  logged statistics are the update's own; otherwise a second backward pass at θ_{k−1} on the
+  same batch (the cost of logging).
   """
   opt = opt if hparams is None else opt.at(hparams)
   B = batch["inputs"].shape[0]  # static: one compiled step per batch size
@@ -131,7 +119,13 @@ def eval_step(params: Any, batch: dict, *, loss_fn) -> jax.Array:
 
 
 class Steps:
-  """The compiled functions of one run (each jitted once, with explicit shardings)."""
+  """The compiled functions of one run (each jitted once, with explicit shardings).
+
+  Explicit in/out shardings (batch split on 'data', state replicated), the state donated to
+  the train step, the state's shardings from `jax.eval_shape` of the init. Both train-step
+  variants are compiled ahead of time, once per allowed batch size of the batch schedule
+  (`pergrad.train.batch_schedule`).
+  """
 
   def __init__(self, plan: RunPlan, mesh: Mesh):
     self.mesh = mesh
