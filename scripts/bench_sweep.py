@@ -4,52 +4,16 @@
     python scripts/bench_sweep.py --before /tmp/pergrad_10f64fc      # a checkout to compare
     python scripts/bench_sweep.py --steps 20 --lrs 0.003,0.01,0.03 --seeds 0,1
 
-For each code version (`--before`: another checkout, e.g. `git worktree add` of an older
-commit; `after`: this one), in turns (before, after, before, ... over `--rounds`), a
-subprocess launches with that version's own launcher (`experiments.launch.launch_blocks`,
-the basic Hydra launcher: one process trains the runs in turn, as a joblib worker does) a
-small sweep of the cpu preset: an lr grid x seeds of one experiment's config, then a
-second experiment that asks for some of the same runs (the grid's middle lr, every seed).
-Each turn starts from empty sweep directories and, for a version that has one, an empty
-compilation cache (`train.compile_cache`).
-
-Per run, from its summary.json: the steps' time tokens_seen / tokens_per_s (the loop's own
-clock: training only) and the fixed cost = wall_time_s - steps' time (data, compiles,
-restore, evaluations, checkpoint, figure). Reported per version: runs trained and reused
-(a run the launcher found finished elsewhere, `LaunchLog.reused`), the fixed cost of the
-first run and of the later ones (median [q25, q75]), compile-cache hits and misses of the
-later runs (`pergrad.train.compile_cache`; null for a version without the cache), tokens/s;
-and paired after/before ratios of the later runs' fixed costs (run i of one turn against
-run i of the neighbouring turn of the other version).
-
-Projection (`projection`): the before version's committed clean run of `reproduce.py all
---preset cpu` (`--record`, by default the `--before` checkout's results/cpu: its
-reproduction.json, wall time per experiment; run_info.json: the summed wall time of its runs
-and their count; the record must be the before code's, as the rescaling assumes) with each
-training experiment's run time rescaled:
-its runs' fixed cost from the measured before to the measured after, their steps' time by
-the measured tokens/s ratio, and the runs whose final step and losses repeat an earlier
-experiment's (the same run trained twice; finals.csv) left out when the after version
-reuses runs. Experiments that are benchmarks (no run to train) keep their time. The
-machine is 2 cores shared with other work: read the ratios, not the seconds.
-
-The floor (`floor`, `projection_at_floor`): the step's matmuls alone, every forward and
-backward matmul of the preset's model (q, k, v, out, QKᵀ, AV, fc_in, fc_out, the head:
-`matmul_skeleton`, whose gradient's dot FLOPs equal the model's, tested) and nothing
-else (no norm, softmax, GELU, embedding, cross-entropy or optimizer), jitted by XLA, in
-chunks of c examples scanned and summed (c = B, B/2, ... 2: the fastest is kept), timed
-in a fresh process after each round, with its dot FLOPs per step and their rate beside
-XLA's rate on one 2048³ matmul (this machine's best case). An exact step of the model does
-these matmuls and more, so with XLA on this machine (in these chunkings) it is no faster:
-`projection_at_floor` (no fixed cost, runs reused, every step at the floor's tokens/s
-over before's) bounds what a speed-up of the steps can project; `steps_speedup_for_2x`
-is what a 2x projection would need, and `two_x_at_floor` reads the rounds' floor / before
-ratios against it (`pergrad.analysis.rules.bound`): "unreachable" where even their q75 falls
-short, "reachable" where their q25 reaches it, else "undetermined". The floor refuses
-("unsupported") a model whose gradient's dot FLOPs the skeleton's do not equal. The
-projections hold, as `projection` does, each experiment's packing of its runs on the
-record's jobs (wall / compute): a lone job still has both cores' XLA threads, so that
-ratio is no idle share and no bound is drawn from it.
+For each code version (`--before`: another checkout; `after`: this one), in turns over
+`--rounds`, a subprocess launches with that version's own launcher
+(`experiments.launch.launch_blocks`) a small sweep of the cpu preset (an lr grid x seeds of
+one experiment, then a second experiment asking for some of the same runs), from empty sweep
+directories and compilation cache. Reported per version (`summarize`): runs trained and
+reused, the fixed cost (wall time less the steps' time) of the first and the later runs,
+compile-cache hits, tokens/s, and paired after/before ratios of the later runs' fixed costs.
+The projection (`pergrad.bench.sweep_cost`) rescales the before version's committed
+`reproduce.py all --preset cpu` record by them; the floor (`matmul_floor`, `at_floor`) bounds
+what a faster step could project. The machine is shared: read the ratios, not the seconds.
 """
 
 from __future__ import annotations
@@ -260,6 +224,18 @@ def turn(repo: Path, args, root: Path) -> dict:
 
 
 def summarize(turns: list[dict]) -> dict:
+  """Per version: its runs, fixed costs, cache hits and tokens/s; paired after/before.
+
+  Per run, from its summary.json: the steps' time tokens_seen / tokens_per_s (the loop's own
+  clock) and the fixed cost = wall_time_s - steps' time (data, compiles, restore, evaluations,
+  checkpoint, figure); the paired ratios pair run i of one turn with run i of the neighbouring
+  turn of the other version. The projection takes the before version's committed clean record
+  (`--record`, by default the `--before` checkout's results/cpu: reproduction.json and each
+  run_info.json; it must be the before code's) with each training experiment's runs' fixed cost
+  rescaled from the measured before to after, their steps' time by the tokens/s ratio, and the
+  runs one experiment repeats of another's (finals.csv) left out when after reuses runs;
+  benchmarks keep their time.
+  """
   rows = [r for t in turns for r in t["rows"]]
   firsts = [t["rows"][0] for t in turns]
   later = [r for t in turns for r in t["rows"][1:]]
@@ -284,7 +260,19 @@ def summarize(turns: list[dict]) -> dict:
 
 def at_floor(results: Path, turns: dict, floors: list[dict], fixed_before: float) -> dict:
   """The floor (module docstring) against each round's before and after tokens/s, the
-  step speed-up a 2x projection needs, and the projection with every step at the floor."""
+  step speed-up a 2x projection needs, and the projection with every step at the floor.
+
+  The floor: every forward and backward matmul of the preset's model and nothing else
+  (`matmul_skeleton`, its gradient's dot FLOPs equal to the model's, tested; else
+  "unsupported"), jitted by XLA in chunks of c examples scanned and summed (the fastest c
+  kept), timed in a fresh process after each round, beside XLA's rate on one 2048³ matmul.
+  An exact step does these matmuls and more, so `projection_at_floor` (no fixed cost, runs
+  reused, every step at the floor's tokens/s) bounds what a faster step can project;
+  `steps_speedup_for_2x` is what 2x would need and `two_x_at_floor` reads the rounds' floor /
+  before ratios against it (`two_x_reading`). The projections keep each experiment's packing
+  of its runs on the record's jobs (wall / compute): a lone job still has both cores' XLA
+  threads, so no bound is drawn from that ratio.
+  """
   import statistics
 
   tps = lambda v, r: statistics.median(x["tokens_per_s"] for x in turns[v][r]["rows"])

@@ -6,31 +6,15 @@
     python scripts/bench_throughput.py optimizer=adam_family optimizer.variant=micro_adam
     python scripts/bench_throughput.py --compare --steps 400 --reps 4 scale=cpu stats=example
 
-Arguments are Hydra overrides of configs/config.yaml. The default mode measures the
-step alone: the trainer's own `pergrad.train.step.Steps` (same shardings over all local
-devices, same donation, compiled ahead of time) on random tokens (no data
-preparation), `--warmup` untimed steps, then `--steps` timed steps, the device
-synchronised at both ends.
-
-`--compare` measures, back to back in this process, at the same config:
-  bare        the plain train step as above;
-  loop        the full training loop (`pergrad.train.run`: real batches, metric pulls,
-              logging, progress) with statistics logging off, tokens/s as the loop
-              reports it (evaluation and checkpoints excluded);
-  loop_stats  the same loop with the statistics logging of the overrides (e.g.
-              `stats=example`: the logging variant of the step every stats.log_every);
-and prints the ratios loop/bare and loop_stats/loop. Each is the median of --reps.
-
-`--preset tiny|small|paper` picks a model and batch (README); MFU (`pergrad.bench.mfu`):
-model FLOPs per token 6N + 12·L·T·d times tokens/s over the device's peak (a table of
-known peaks; `--peak-flops` overrides; none for CPUs). XLA's own FLOP count of the step
-is printed beside it. With `dist.*` overrides it runs as one process of a multi-process
-job (`scripts/bench_scaling.py` launches those).
-
-Memory (`pergrad.bench.xla_costs`): XLA's peak of simultaneously live buffers of the
-train step (`peak_bytes`) and its footprint `mem_bytes` = argument + output + temp -
-alias bytes of `memory_analysis()`; the process's peak RSS; on GPU/TPU the device
-allocator's `peak_bytes_in_use`.
+Arguments are Hydra overrides of configs/config.yaml. The default mode measures the step
+alone (`bare_step`: the trainer's own `pergrad.train.step.Steps` on random tokens, `--warmup`
+untimed steps, then `--steps` timed ones); `--compare` also the full training loop with
+statistics logging off and on (`loop_tokens_per_s`), and prints the ratios. `--preset
+tiny|small|paper` picks a model and batch; MFU (`pergrad.bench.mfu`) is the model FLOPs
+per token 6N + 12·L·T·d times tokens/s over the device's peak (`--peak-flops` overrides);
+memory (`pergrad.bench.xla_costs`): XLA's peak of live buffers and `memory_analysis()`
+footprint, the process's peak RSS, on GPU/TPU the allocator's `peak_bytes_in_use`. With
+`dist.*` overrides it runs as one process of a multi-process job (`scripts/bench_scaling.py`).
 """
 
 from __future__ import annotations

@@ -3,38 +3,21 @@
 
     python scripts/reproduce.py sign_placement --preset cpu
     python scripts/reproduce.py all --preset ci --dry-run
-    python scripts/reproduce.py snr moments --preset ci
     python scripts/reproduce.py preconditioner --preset cpu --launcher joblib --n-jobs 2
     python scripts/reproduce.py --render-readme     # README.md's claims from results/cpu/
     python scripts/reproduce.py mine --preset ci --plugin path/to/mine.py  # a plugin's
-    python scripts/reproduce.py ladder --preset cpu    # 4 experiments at 3 model sizes
+    python scripts/reproduce.py ladder --preset cpu    # the ladder's experiments by model size
     python scripts/reproduce.py moments --preset cpu_xs  # one of them at one rung
     python scripts/reproduce.py --carry-out carry.tar.xz   # a stopped `all`, to move it
-    python scripts/reproduce.py all --carry-in carry.tar.xz ...  # continued elsewhere
 
-Launches a Hydra multirun of `python -m pergrad.train scale=PRESET ...` per grid block
-(deterministic run dirs under runs/sweeps/EXPERIMENT/PRESET/), skipping runs that
-already finished, so an interrupted sweep resumes where it stopped. Then aggregates every
-metrics.jsonl into table.csv (one row per run and step) and writes CSVs, PNGs and a
-README.md under results/PRESET/EXPERIMENT/ (under the sweep dir's report/ for --preset ci),
-and then rewrites results/PRESET/README.md and, from results/cpu/*/report.json, the claims
-block of the top-level README.md (between <!-- claims:begin --> and <!-- claims:end -->).
-An experiment that needs another's runs (`Experiment.needs`) runs after it; `all` runs every
-registered experiment (the built-in ones and those of --plugin modules) in that order.
-Extra overrides that change the runs' config (`--hydra-arg data=txt_folder ...`, not
-hydra.*, logging.* or data.tfds_dir) give the sweep its own directory, PRESET-<hash of them>,
-recorded in its sweep.json, and results go to results/PRESET/EXPERIMENT-<hash>.
-
-Launchers: basic (sequential, in-process), joblib (parallel local jobs), submitit (a GPU
-SLURM cluster, configs/hydra/launcher/slurm_gpu.yaml; needs `pip install -e '.[gpu,slurm]'`;
-set partition/account/time with `--hydra-arg hydra.launcher.partition=...
---hydra-arg hydra.launcher.account=... --hydra-arg hydra.launcher.timeout_min=...`),
-submitit_local (the same path on this machine, configs/hydra/launcher/local.yaml).
-On a CPU machine use joblib with --n-jobs = its cores (the default), each job with XLA's
-own threads: 4 runs of the cpu preset (60 steps) on 2 cores took 0.77-0.86 of the
-sequential (basic, 1 job x 2 threads) wall time with 2 jobs x 2 threads and 0.81-0.82 with
-2 jobs x 1 thread (2 rounds each; `scripts/bench_cores.py`, results/bench_cores.json): 2
-jobs pay, and one thread per job does not beat XLA's default measurably.
+Each experiment (`experiments.runner.run_experiment`) launches a Hydra multirun per grid
+block (run dirs under runs/sweeps/EXPERIMENT/PRESET/, finished runs skipped: resumable), then
+writes CSVs, figures and a README under results/PRESET/EXPERIMENT/ (ci: the sweep's report/),
+then results/PRESET/README.md and README.md's claims block. `all` runs every registered
+experiment, each after those it `needs`. Config-changing `--hydra-arg` overrides give the
+sweep and results a `-<hash>` of them. Launchers: basic, joblib (on a CPU machine, --n-jobs =
+its cores; results/bench_cores.json), submitit (configs/hydra/launcher/slurm_gpu.yaml),
+submitit_local.
 """
 
 from __future__ import annotations

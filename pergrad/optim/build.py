@@ -10,24 +10,11 @@ whose update the train step calls alike for all of them:
     updates, state = opt.tx.update(stats.mean, state, params, grad_stats=stats,
                                    examples_seen=seen, batch_size=B)
 
-The last link, `scale_by_token_schedule`, is stateless: it indexes the learning-rate
-schedule by the examples seen, an extra argument from the train state
-(`pergrad.optim.schedule`), so that a batch-size schedule leaves it unchanged; with
-B = data.batch_size every update it is `optax.scale_by_learning_rate(schedule)`.
-
-Beside the chain, not in it, sit the trackers of the diagnostics (`Optimizer.snr`,
-`Optimizer.gns`: `pergrad.optim.snr.track_snr(b1)`, `pergrad.optim.noise_scale.track_gns`),
-whose states the train state holds: the optimizer state is the same with or without them.
-They add to the request the statistics they read ('sq'; per-example 'norms'). Nothing sits
-in the chain only for logging: an Adam-family direction says where its state is
-(`Direction.moments`), and `Optimizer.moments(opt_state)` hands it to the diagnostics
-with the hparams' ε (`pergrad.optim.moments.Moments`).
-
 The direction and the statistics it reads come from the optimizer's registry entry
-(`pergrad.optim.configs.REGISTRY`; the built-ins' builders: `pergrad.optim.builders`).
-Weight decay is decoupled and multiplied by the learning rate (optax.adamw's convention),
-on every parameter. A builder may return a direction that clips ḡ itself (`clips=True`),
-so that the statistics follow the clipping.
+(`pergrad.optim.configs.REGISTRY`; the built-ins: `pergrad.optim.builders`). The last link
+(`scale_by_token_schedule`) is stateless: it indexes the lr schedule by the examples seen
+(`pergrad.optim.schedule`). Weight decay is decoupled and multiplied by the lr (optax.adamw's
+convention), on every parameter.
 """
 
 from __future__ import annotations
@@ -100,6 +87,14 @@ def build_optimizer(opt: configs.OptimizerConfig, sched: ScheduleConfig, *, tota
   Returns:
     Optimizer(tx, request, learning_rate, token_lr, snr, gns, hparams, at, moments); raises
     ValueError on a bad setting, before any compute.
+
+  Beside the chain, not in it, sit the diagnostics' trackers (`Optimizer.snr`, `Optimizer.gns`:
+  `pergrad.optim.snr.track_snr(b1)`, `pergrad.optim.noise_scale.track_gns`), whose states the
+  train state holds (the optimizer state is the same with or without them); they add to the
+  request what they read ('sq'; per-example 'norms'). An Adam-family direction says where its
+  state is (`Direction.moments`), and `Optimizer.moments(opt_state)` hands it to the
+  diagnostics with the hparams' ε. A builder may return a direction that clips ḡ itself
+  (`clips=True`), so that the statistics follow the clipping.
   """
   build = _builder(opt.name)
   if total_steps < 1:
