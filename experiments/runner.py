@@ -191,7 +191,7 @@ def run_info(out_dir, name, preset, sdir, log, wall, command, launcher, prov,
       compute_s += float(d.get("wall_time_s", 0.0))
   old_path = Path(out_dir, "run_info.json")
   old = json.loads(old_path.read_text()) if old_path.exists() else {}
-  rel = report_md.portable_sweep_dir(sdir)  # no machine's path in results/ (issue 40)
+  rel = report_md.portable_sweep_dir(sdir)  # no machine's path in results/
   command = command and report_md.portable_command(command)
   same = old.get("sweep_dir") in (str(sdir), rel) and recorded_version(old, REPO) == version
   if same:  # a resumed invocation adds its launches to those that made the results

@@ -252,8 +252,8 @@ class Checkpoints:
       raise IncompatibleCheckpoint(
           f"the checkpoint of step {step} in {self.directory} holds an optimizer state of "
           f"{n(saved['opt_state'])} arrays where this pergrad's optimizer has {n(mine)} (written "
-          "by another version: before issue 38 the Adam family's chain also held its eps, 2 "
-          "more); resume it with the pergrad that wrote it, or set another train.out_dir.")
+          "by another version, e.g. one whose Adam-family chain also held its eps); resume "
+          "it with the pergrad that wrote it, or set another train.out_dir.")
     if not fresh:
       return abstract_state, []
     redo = [f for f in fresh
