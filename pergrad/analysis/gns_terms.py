@@ -1,0 +1,62 @@
+"""The GNS tracker's recurrence offline, on a run's logged raw terms, and the EMA's SNR gain.
+
+    smooth(G2, S, alpha)           e_t = α e_{t−1} + (1 − α) x_t, debiased: B_simple = S/G2
+    resmooth(run_dir, alpha)       smooth on a run's logged gns/<group>/{G2,S} terms
+    ema_gain(snr2_ema, snr2_batch) SNR_ema / SNR_batch from the logged SNR²s
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from pergrad.fields import check_decay
+from pergrad.files import METRICS, read_records
+
+GNS_TOTAL = "total"  # the whole-model group of the logged gns/<group>/ terms
+
+
+def smooth(G2: Sequence[float], S: Sequence[float], alpha: float) -> dict[str, np.ndarray]:
+  """The tracker's float32 recurrence on raw terms: e_t = α e_{t−1} + (1 − α) x_t, debiased
+  by w_t = 1 − α^t (the EMA of ones); {"G2_ema", "S_ema", "b_simple" = S_ema / G2_ema}."""
+  a, b, one = np.float32(alpha), np.float32(1.0 - alpha), np.float32(1.0)
+  e_g, e_s, w = np.float32(0.0), np.float32(0.0), np.float32(0.0)
+  rows: dict[str, list] = {"G2_ema": [], "S_ema": [], "b_simple": []}
+  for g2, s in zip(np.asarray(G2, np.float32), np.asarray(S, np.float32), strict=True):
+    e_g, e_s, w = a * e_g + b * g2, a * e_s + b * s, a * w + b * one
+    wd = max(w, np.finfo(np.float32).tiny)
+    rows["G2_ema"].append(e_g / wd)
+    rows["S_ema"].append(e_s / wd)
+    rows["b_simple"].append((e_s / wd) / (e_g / wd))
+  return {k: np.asarray(v, np.float32) for k, v in rows.items()}
+
+
+def resmooth(run_dir: str | Path, alpha: float) -> dict[str, dict[str, np.ndarray]]:
+  """B_simple of every logged GNS group recomputed with EMA decay `alpha` from the raw
+  terms "gns/<group>/{G2,S}" (`smooth`): {group: {"step", "G2", "S", "G2_ema", "S_ema",
+  "b_simple"}}. The terms must be logged at every step from the first."""
+  check_decay(alpha, "alpha")
+  is_G2 = lambda k: k.startswith("gns/") and k.endswith("/G2")
+  recs = [r for r in read_records(Path(run_dir) / METRICS) if any(map(is_G2, r))]
+  groups = [k[len("gns/"):-len("/G2")] for k in (recs[0] if recs else {}) if is_G2(k)]
+  if not groups:
+    raise ValueError(f"{run_dir}/{METRICS} has no gns/<group>/G2 terms; train with "
+                     "stats=gns (or stats.gns=true) to log them every step.")
+  steps = np.asarray([r["step"] for r in recs])
+  if not np.array_equal(steps, np.arange(steps[0], steps[0] + len(steps))):
+    raise ValueError(f"{run_dir}: the gns terms are not logged at every step; the EMA "
+                     "cannot be recomputed.")
+  out = {}
+  for g in groups:
+    d = {"step": steps, "G2": np.asarray([r[f"gns/{g}/G2"] for r in recs]),
+         "S": np.asarray([r[f"gns/{g}/S"] for r in recs])}
+    out[g] = {**d, **smooth(d["G2"], d["S"], alpha)}
+  return out
+
+
+def ema_gain(snr2_ema, snr2_batch):
+  """SNR_ema / SNR_batch = √(snr2_ema / snr2_batch), NaN unless both are > 0."""
+  ok = (snr2_ema > 0) & (snr2_batch > 0)
+  return np.sqrt(np.where(ok, snr2_ema, np.nan) / np.where(ok, snr2_batch, np.nan))
