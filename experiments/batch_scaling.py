@@ -17,9 +17,11 @@ import numpy as np
 import pandas as pd
 
 from experiments import lr_search
+from experiments.declared import declared, declared_text
+from experiments.markdown import md_table
 from experiments.record import Experiment, register
 from experiments.sweep import Block, Sweep, base_for, scale_value
-from experiments.verdict import declared, declared_text, gated, md_table, outcomes, pairs_md
+from experiments.verdict import gated, outcomes, pairs_md
 from pergrad.analysis import calibrate, guards, rules
 from pergrad.analysis.plots import plot_curves, plt, savefig, style
 

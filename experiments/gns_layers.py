@@ -16,18 +16,12 @@ import numpy as np
 import pandas as pd
 
 from experiments import lr_search
+from experiments.declared import declared, declared_text
+from experiments.markdown import fmt_num, listing, sections
 from experiments.record import Experiment, Inputs, Rung, register
+from experiments.report import Report, not_measured
 from experiments.sweep import SEEDS, Block, Sweep, base_for, experiment_value, family
-from experiments.verdict import (
-  Report,
-  declared,
-  declared_text,
-  fmt_num,
-  gated,
-  listing,
-  not_measured,
-  sections,
-)
+from experiments.verdict import gated
 from pergrad.analysis import GNS_TOTAL, calibrate, layer_type, leafwise, smooth
 from pergrad.analysis.plots import plot_curves, plt, savefig, style
 from pergrad.analysis.rules import NOT_REPRODUCED, PARTLY, REPRODUCED, UNDETERMINED, part_whole

@@ -19,7 +19,10 @@ import numpy as np
 import pandas as pd
 
 from experiments import lr_search
+from experiments.declared import declared, declared_text
+from experiments.markdown import listing, sections
 from experiments.record import Experiment, Rung, register
+from experiments.report import not_measured
 from experiments.sweep import (
   Block,
   LrSearch,
@@ -30,7 +33,7 @@ from experiments.sweep import (
   is_rung,
   scale_value,
 )
-from experiments.verdict import declared, declared_text, gated, listing, not_measured, sections
+from experiments.verdict import gated
 from pergrad.analysis import calibrate, guards, rules
 from pergrad.analysis.plots import plt, savefig, style
 from pergrad.analysis.runs import (

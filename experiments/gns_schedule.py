@@ -19,7 +19,10 @@ import numpy as np
 import pandas as pd
 
 from experiments import gns_ramp, lr_search, verdict
+from experiments.declared import declared, declared_text
+from experiments.markdown import listing, sections
 from experiments.record import Experiment, register
+from experiments.report import Report, not_measured
 from experiments.sweep import (
   Block,
   LrSearch,
@@ -65,7 +68,7 @@ PAPER_SAVING = 0.18
 SHORT = 1 - PAPER_SAVING  # the short arm's share of the examples
 WARMUP = 20  # steps of the α = 0.95 EMA left out of the fit (1 / (1 − α))
 PAPER = "18% fewer tokens to the fixed batch's final loss"
-EFFECT = verdict.declared(NAME, "effect")  # nats, configs/experiment/gns_schedule.yaml
+EFFECT = declared(NAME, "effect")  # nats, configs/experiment/gns_schedule.yaml
 RULE = (f"Each GNS-guided schedule ({', '.join(GUIDED)}) at the best fixed arm's lr vs the best "
         "fixed arm (lowest mean final eval loss on its first fresh seeds, judged on its others) "
         f"in final eval loss at equal tokens: {rules.PAIR_WIN}. The effect each pair must detect "
@@ -337,11 +340,11 @@ def arm_guards(out_dir: Path, search: pd.DataFrame, best, guided) -> tuple:
   return lr, sizes_b, stable, warm, gns_ramp.regime_guard(out_dir)[0]
 
 
-def report(out_dir: Path) -> verdict.Report:
+def report(out_dir: Path) -> Report:
   out_dir = Path(out_dir)
   tt = read_csv(out_dir / "to_target.csv")
   if tt.empty:  # no best fixed arm, or none of its seeds left (no seed common to the fixed arms)
-    return verdict.not_measured(RULE, "no target loss: the best fixed arm has no finished fresh "
+    return not_measured(RULE, "no target loss: the best fixed arm has no finished fresh "
                                 "seed beyond those it was ranked on", paper=PAPER)
   search = lr_search.load_best(out_dir)
   best = search[search["best_arm"]].iloc[0]
@@ -366,18 +369,18 @@ def report(out_dir: Path) -> verdict.Report:
   saving = mean_tt.set_index("arm")[["token_saving", "time_saving"]]
   pct = lambda x: (f"{100 * x:.0f}%" if math.isfinite(x) else "no reference" if x != x
                    else "not reached")
-  save = verdict.listing(((a, saving.loc[a]) for a in (*GUIDED, *BASELINES) if a in saving.index),
+  save = listing(((a, saving.loc[a]) for a in (*GUIDED, *BASELINES) if a in saving.index),
                  lambda r: pct(r["token_saving"]) + (f" (time {pct(r['time_saving'])})" if
                                                      math.isfinite(r["token_saving"]) else ""))
   checks = (f"baseline: fixed B = {int(best[SIZE])} at lr {best['optimizer.lr']:g}",
-            *(p.sentence() for p in pairs), f"Δ18 = {delta:.3g}", verdict.declared_text(EFFECT),
+            *(p.sentence() for p in pairs), f"Δ18 = {delta:.3g}", declared_text(EFFECT),
             *([f"linear_fit not run: {why}"] if "linear_fit" not in guided else []))
   return verdict.gated(
       rules.verdict_of(pairs), cals, arm_guards(out_dir, search, best, guided),
       rule=RULE, paper=PAPER, checks=checks,
       ours=f"token (wall-time) saving to B={int(best[SIZE])}'s final loss: {save or 'n/a'}; "
       f"{verdict.outcomes(pairs)}",
-      numbers_md=verdict.sections(
+      numbers_md=sections(
           lr_search.best_md(search, GROUP, extra=("best_arm",)), verdict.pairs_md(pairs),
           f"By arm (seed-mean curves; to the target {target:.4f}):", by_arm,
           "The fitted ramp (B_simple ≈ a + b·tokens):", fit))

@@ -28,7 +28,9 @@ import pandas as pd
 import yaml
 
 from experiments.launch import How, LaunchLog
+from experiments.markdown import md_table, sections
 from experiments.record import Experiment, Rung, experiments, in_order, register
+from experiments.report import Report
 from experiments.sweep import (
   RUNG_PRESETS,
   default_results_dir,
@@ -37,7 +39,6 @@ from experiments.sweep import (
   scale_file,
   scale_value,
 )
-from experiments.verdict import Report, md_table, sections
 from pergrad.analysis.plots import plt, savefig, style
 from pergrad.analysis.runs import read_csv
 

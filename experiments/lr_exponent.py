@@ -24,9 +24,12 @@ import pandas as pd
 from scipy import stats as sps
 
 from experiments import lr_search
+from experiments.declared import declared, declared_text
+from experiments.markdown import md_table
 from experiments.record import Experiment, Inputs, Rung, register
+from experiments.report import not_measured
 from experiments.sweep import Block, LrSearch, Sweep, base_for, family, is_rung, scale_value
-from experiments.verdict import declared, declared_text, gated, md_table, not_measured
+from experiments.verdict import gated
 from pergrad.analysis import calibrate, guards, rules
 from pergrad.analysis.plots import plt, savefig, style
 from pergrad.analysis.runs import finished, read_csv

@@ -24,8 +24,8 @@ from experiments.grids import (
   select_seeds,
   tuned_blocks,
 )
+from experiments.markdown import md_table
 from experiments.sweep import Block, Sweep, config_extras, family, is_rung, scale_value
-from experiments.verdict import md_table
 from pergrad.analysis import guards, rules
 from pergrad.analysis import plots as F
 from pergrad.analysis.runs import curves_at, finals, finished, fmt, from_table, run_setting

@@ -14,16 +14,12 @@ import numpy as np
 import pandas as pd
 
 from experiments import lr_search
+from experiments.declared import declared, declared_text
+from experiments.markdown import listing, sections
 from experiments.record import Experiment, Inputs, Rung, register
+from experiments.report import not_measured
 from experiments.sweep import SEEDS, Block, Sweep, base_for, family, scale_value
-from experiments.verdict import (
-  declared,
-  declared_text,
-  listing,
-  not_measured,
-  pairs_report,
-  sections,
-)
+from experiments.verdict import pairs_report
 from pergrad.analysis import calibrate, leafwise
 from pergrad.analysis.plots import plot_curves, plt, savefig, style
 from pergrad.analysis.rules import PAIR_WIN, PAIRS_VERDICT, is_norm_leaf

@@ -14,9 +14,11 @@ import numpy as np
 import pandas as pd
 
 from experiments import lr_search, preconditioner
+from experiments.declared import declared, declared_text
+from experiments.markdown import sections
 from experiments.record import Experiment, register
 from experiments.sweep import Block, LrSearch, MoreSeeds, Sweep, base_for
-from experiments.verdict import declared, declared_text, pairs_report, sections
+from experiments.verdict import pairs_report
 from pergrad.analysis import calibrate, guards
 from pergrad.analysis.rules import (
   LOSS,

@@ -13,8 +13,11 @@ import numpy as np
 import pandas as pd
 
 from experiments import overhead
+from experiments.declared import declared, declared_text
+from experiments.markdown import md_table
 from experiments.record import Experiment, register
-from experiments.verdict import declared, declared_text, gated, md_table, not_measured
+from experiments.report import not_measured
+from experiments.verdict import gated
 from pergrad.analysis.plots import plt, savefig
 from pergrad.analysis.rules import (
   BOUND,

@@ -18,9 +18,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from experiments.declared import declared, declared_text
 from experiments.launch import How, LaunchLog
+from experiments.markdown import fmt_num, md_table
 from experiments.record import Experiment, register
-from experiments.verdict import declared, declared_text, fmt_num, gated, md_table, not_measured
+from experiments.report import not_measured
+from experiments.verdict import gated
 from pergrad.analysis import calibrate
 from pergrad.analysis.plots import plt, savefig
 from pergrad.analysis.rules import (

@@ -13,8 +13,8 @@ from typing import Callable
 
 import pandas as pd
 
+from experiments.report import Report
 from experiments.sweep import REPO, sweep_dir
-from experiments.verdict import Report
 from pergrad.registry import Registry
 
 

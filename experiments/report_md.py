@@ -12,8 +12,8 @@ from pathlib import Path
 
 from experiments.claims import LEGEND, claim_rows
 from experiments.record import Experiment, Inputs, Report, experiments
+from experiments.report import finding
 from experiments.sweep import POLICY, REPO, scale_file
-from experiments.verdict import finding
 from pergrad.analysis.calibrate import Calibration
 from pergrad.analysis.runs import fmt, read_csv
 

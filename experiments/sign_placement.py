@@ -9,9 +9,10 @@ from __future__ import annotations
 import functools
 
 from experiments import lr_search
+from experiments.declared import declared, declared_text
 from experiments.record import Experiment, register
 from experiments.sweep import Block, LrSearch, Sweep, base_for
-from experiments.verdict import declared, declared_text, pairs_report
+from experiments.verdict import pairs_report
 from pergrad.analysis.rules import PAIR_WIN, PAIRS_VERDICT, adjacent
 
 NAME = "sign_placement"

@@ -15,17 +15,12 @@ import numpy as np
 import pandas as pd
 
 from experiments import lr_search
+from experiments.declared import declared, declared_text
+from experiments.markdown import fmt_num, listing, sections
 from experiments.record import Experiment, Inputs, register
+from experiments.report import not_measured
 from experiments.sweep import SEEDS, Block, Sweep, base_for, experiment_value
-from experiments.verdict import (
-  declared,
-  declared_text,
-  fmt_num,
-  listing,
-  not_measured,
-  pairs_report,
-  sections,
-)
+from experiments.verdict import pairs_report
 from pergrad.analysis import calibrate, ema_gain, leafwise, rules
 from pergrad.analysis.plots import plot_curves, plt, savefig, style
 from pergrad.analysis.runs import read_csv, x_examples

@@ -1,131 +1,16 @@
-"""The `Report` every experiment returns and the few templates its sentences are written
-with: `finding`, `not_measured`, `gated` (the validity guards, then the verdict),
-`pairs_report`, and numbers as text and Markdown."""
+"""Verdicts after the validity guards: `gated`, and `pairs_report` for the experiments that
+compare pairs of arms with the pair rule."""
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
-import math
 
 import pandas as pd
 
+from experiments.markdown import md_table
+from experiments.report import Report
 from pergrad.analysis import calibrate, guards, rules
-
-
-def finding(verdict: str, ours: str, checks=(), cal=None) -> str:
-  """The one finding template: the verdict, what we measured, the rule's checks, its error rates."""
-  parts = [f"{verdict}: {ours}" if verdict else ours, *checks]
-  if cal is not None:
-    parts.append(f"Rule's error rates ({cal.text()})")
-  return ". ".join(p.rstrip(".") for p in parts if p) + "."
-
-
-@dataclasses.dataclass(frozen=True)
-class Report:
-  """What `Experiment.report(out_dir)` returns: the verdict, the rule stated before the data,
-  the claims table's cells, the checks, the rule's error rates, the README's Markdown."""
-
-  verdict: str
-  rule: str = ""
-  paper: str = ""
-  ours: str = ""
-  checks: tuple = ()
-  calibration: dict | None = None
-  numbers_md: str = ""
-  setup_md: str = ""
-  guards: tuple = ()  # `guards.Guard.row()`s, checked before the verdict
-  calibrations: dict | None = None  # {comparison: its `Calibration.row()`}
-  rule_verdict: str = ""  # the rule's verdict before the guards, where a guard changed it
-
-  @property
-  def finding(self) -> str:
-    return finding(self.headline, self.ours, self.checks)
-
-  @property
-  def headline(self) -> str:
-    """The verdict, with the rule's own where a guard overrode it."""
-    return (f"{self.verdict} (the rule alone: {self.rule_verdict})" if self.rule_verdict
-            else self.verdict)
-
-  def guards_text(self) -> str:
-    """"Guards: bracketed: passes (...); ..." ('' when none was checked)."""
-    return "; ".join(guards.Guard(**g).text() for g in self.guards)
-
-  def to_json(self, provenance: dict) -> dict:
-    """report.json: the claims table's fields, the checks, the guards, the calibrations, the
-    provenance."""
-    return {"verdict": self.verdict, "rule": self.rule, "paper": self.paper, "ours": self.ours,
-            "checks": list(self.checks), "guards": list(self.guards),
-            "calibration": self.calibration, "calibrations": self.calibrations,
-            **({"rule_verdict": self.rule_verdict} if self.rule_verdict else {}), **provenance}
-
-  @classmethod
-  def from_json(cls, doc: dict) -> Report:
-    return cls(verdict=doc.get("verdict", ""), rule=doc.get("rule", ""), paper=doc.get("paper", ""),
-               ours=doc.get("ours") or doc.get("claim_row") or doc.get("finding", ""),
-               checks=tuple(doc.get("checks") or ()), calibration=doc.get("calibration"),
-               guards=tuple(doc.get("guards") or ()), calibrations=doc.get("calibrations"),
-               rule_verdict=doc.get("rule_verdict", ""))
-
-
-@dataclasses.dataclass(frozen=True)
-class Declared:
-  """A value stated before the runs in `configs/experiment/<name>.yaml` (`declared.<key>`),
-  with its one-line justification."""
-
-  key: str
-  value: float
-  why: str
-
-  def text(self) -> str:
-    return f"{self.key} {self.value:g} ({self.why})"
-
-
-def declared(name: str, key: str) -> Declared:
-  """`declared.<key>` of experiment `name`'s config: {value, why} (KeyError if not stated)."""
-  from experiments.sweep import experiment_value
-
-  d = experiment_value(name, f"declared.{key}")
-  if not isinstance(d, dict) or "value" not in d or not str(d.get("why", "")).strip():
-    raise KeyError(f"configs/experiment/{name}.yaml: declared.{key} needs a value and a why")
-  return Declared(key, float(d["value"]), " ".join(str(d["why"]).split()))
-
-
-def declared_text(*items: Declared) -> str:
-  """"Declared before the run: margin 0.02 (why); ..."."""
-  return "Declared before the run: " + "; ".join(d.text() for d in items)
-
-
-def not_measured(rule: str, what: str, name: str = "", **kw) -> Report:
-  """"not measured: <what>; re-run ..." (the experiment's inputs are missing)."""
-  rerun = f": re-run `python scripts/reproduce.py {name} --preset <preset>`" if name else ""
-  return Report(verdict="not measured", rule=rule, ours=what + rerun, **kw)
-
-
-def fmt_num(x, digits: int = 3) -> str:
-  if x is None or (isinstance(x, float) and math.isnan(x)):
-    return "n/a"
-  if isinstance(x, float) and math.isinf(x):
-    return "diverged"
-  return f"{x:.{digits}g}" if abs(x) < 1e-2 or abs(x) >= 1e4 else f"{x:.{digits}f}"
-
-
-def md_table(df: pd.DataFrame) -> str:
-  """A small DataFrame as a Markdown table."""
-  cell = lambda v: fmt_num(v) if isinstance(v, float) else str(v)
-  return "\n".join(["| " + " | ".join(map(str, df.columns)) + " |", "|" + "---|" * len(df.columns),
-                    *("| " + " | ".join(map(cell, r)) + " |" for _, r in df.iterrows())])
-
-
-def listing(items, fmt=fmt_num) -> str:
-  """"k v, k v" of (key, value) pairs, each value by `fmt`."""
-  return ", ".join(f"{k} {fmt(v)}" for k, v in items)
-
-
-def sections(*parts) -> str:
-  """Markdown of the numbers: text and tables (DataFrames, by `md_table`), a blank line apart."""
-  return "\n\n".join(md_table(p) if isinstance(p, pd.DataFrame) else p for p in parts)
 
 
 def gated(verdict: str, cals, checked=(), moot=(), **kw) -> Report:

@@ -7,7 +7,7 @@ import time
 import numpy as np
 import pytest
 
-from experiments.verdict import finding
+from experiments.report import finding
 from pergrad.analysis import calibrate, rules
 
 # (rule, noise measured in results/cpu, seeds, the rule's extra arguments: effect / margin / ...)

@@ -10,7 +10,8 @@ import pandas as pd
 import pytest
 
 from experiments import lr_search
-from experiments.verdict import Report, gated, pairs_report
+from experiments.report import Report
+from experiments.verdict import gated, pairs_report
 from pergrad.analysis import calibrate, guards, rules
 
 R = rules.REPRODUCED
