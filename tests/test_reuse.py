@@ -14,7 +14,7 @@ from test_record import _reproduce_module
 
 sys.path.insert(0, str(REPO))
 
-from experiments import launch, record, report_md, runner  # noqa: E402
+from experiments import launch, record, report_md, reproduction, runner  # noqa: E402
 from experiments.launch import LaunchLog  # noqa: E402
 from experiments.sweep import Block, default_sweep_dir  # noqa: E402
 from pergrad.analysis import runs  # noqa: E402
@@ -168,7 +168,7 @@ def test_reproduction_record_continues_across_commits_of_one_training_version(tm
   another training version it starts a new record."""
   mod = _reproduce_module()
   monkeypatch.setattr(mod.rec, "provenance", lambda: {"commit": "abc1234", "clean": True})
-  monkeypatch.setattr(mod, "training_version", lambda repo, rev=None: "v1")
+  monkeypatch.setattr(reproduction, "training_version", lambda repo, rev=None: "v1")
   path, cmd = tmp_path / "reproduction.json", "python scripts/reproduce.py all --preset cpu"
   first = mod.Record(path, cmd, fresh=True)
   first.experiment("a", {"wall_s": 10.0, "launch_wall_s": 9.0, "launched": 3, "skipped": 0,
@@ -192,7 +192,7 @@ def test_reproduction_record_continues_across_commits_of_one_training_version(tm
   assert third.finished_before("a")
   text = "\n".join(report_md.reproduction_lines(tmp_path))
   assert "at commit `def5678`" in text and "at commits `abc1234` ×1, `def5678` ×2" in text
-  monkeypatch.setattr(mod, "training_version", lambda repo, rev=None: "v2")
+  monkeypatch.setattr(reproduction, "training_version", lambda repo, rev=None: "v2")
   other = mod.Record(path, cmd, fresh=False)
   other._stop.set()
   assert len(other.d["invocations"]) == 1 and other.d["train_version"] == "v2"
