@@ -4,7 +4,7 @@ normalization layers' GNS as a predictor of the rest of the model's.
 Adam at its tuned lr, per-example norms of every layer every step (`stats.gns`), 3 seeds. The
 raw per-type terms |G|²_est, S_est are re-smoothed offline (`pergrad.analysis.smooth`) at
 several decays α; `RULE` regresses the complement's B_simple on the norm group's
-(`rules.part_whole`); both drift as the loss falls, so r reads "tracks", not independence.
+(`gns_terms.part_whole`); both drift as the loss falls, so r reads "tracks", not independence.
 """
 
 from __future__ import annotations
@@ -23,8 +23,9 @@ from experiments.report import Report, not_measured
 from experiments.sweep import SEEDS, Block, Sweep, base_for, experiment_value, family
 from experiments.verdict import gated
 from pergrad.analysis import GNS_TOTAL, calibrate, layer_type, leafwise, smooth
+from pergrad.analysis.gns_terms import part_whole
 from pergrad.analysis.plots import plot_curves, plt, savefig, style
-from pergrad.analysis.rules import NOT_REPRODUCED, PARTLY, REPRODUCED, UNDETERMINED, part_whole
+from pergrad.analysis.rules import NOT_REPRODUCED, PARTLY, REPRODUCED, UNDETERMINED
 from pergrad.analysis.runs import read_csv, x_examples
 
 NAME = "gns_layers"
@@ -77,7 +78,7 @@ def smoothed(terms_df: pd.DataFrame, alpha: float) -> pd.DataFrame:
 
 
 def regression(sm: pd.DataFrame, alpha: float) -> pd.DataFrame:
-  """Per run: `rules.part_whole` of the smoothed total and normalization-layer terms over
+  """Per run: `gns_terms.part_whole` of the smoothed total and normalization-layer terms over
   steps t ≥ 1/(1−α): the complement's and the total's regression on the norm group's
   B_simple, and the group's shares of |G|² and S."""
   rows = []

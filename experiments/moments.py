@@ -21,8 +21,9 @@ from experiments.report import not_measured
 from experiments.sweep import SEEDS, Block, Sweep, base_for, family, scale_value
 from experiments.verdict import pairs_report
 from pergrad.analysis import calibrate, leafwise
+from pergrad.analysis.leafwise import is_norm_leaf
 from pergrad.analysis.plots import plot_curves, plt, savefig, style
-from pergrad.analysis.rules import PAIR_WIN, PAIRS_VERDICT, is_norm_leaf
+from pergrad.analysis.rules import PAIR_WIN, PAIRS_VERDICT
 from pergrad.analysis.runs import DONE, fmt, from_table, read_csv, x_examples
 
 NAME = "moments"
@@ -102,7 +103,7 @@ def at_size(df: pd.DataFrame, b) -> pd.DataFrame:
 
 
 def leaf_views(out_dir: Path, window: str = "second", b=None) -> pd.DataFrame | None:
-  """Per seed `rules.leaf_aggregates` of num = Σμ̂², den = Σσ̂²/n per leaf (the means over the
+  """Per seed `leafwise.leaf_aggregates` of num = Σμ̂², den = Σσ̂²/n per leaf (the means over the
   `window` half of mu2_mean · D and var_mean · D / n) of the runs at batch size `b` (None: the
   scale's); None without them or leaf_params.csv."""
   sizes = leafwise.read_sizes(out_dir)

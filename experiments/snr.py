@@ -112,8 +112,8 @@ def leaf_gains(means: pd.DataFrame, sizes: dict[str, int]) -> pd.Series:
   if not {"snr2_ema", "snr2_batch"} <= set(w.columns):
     return pd.Series(dtype=float)
   g = w.assign(gain=np.asarray(ema_gain(w["snr2_ema"], w["snr2_batch"]), float)).reset_index()
-  g = g[~g["leaf"].map(rules.is_norm_leaf) & np.isfinite(g["gain"])]
-  med = lambda x: rules.weighted_median(x["gain"], x["leaf"].map(sizes).to_numpy(float))
+  g = g[~g["leaf"].map(leafwise.is_norm_leaf) & np.isfinite(g["gain"])]
+  med = lambda x: leafwise.weighted_median(x["gain"], x["leaf"].map(sizes).to_numpy(float))
   return g.groupby(_by(g), dropna=False).apply(med) if _by(g) else pd.Series({None: med(g)})
 
 

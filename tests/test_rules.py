@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pergrad.analysis import calibrate, rules
+from pergrad.analysis import calibrate, gns_terms, leafwise, rules
 
 # Seed noise like the batch_scaling runs': 3 seeds, 20 eval points, AR(1) along the curve
 # (ρ = 0.5; the cpu runs' second-half lag-1 correlation of seed deviations is 0.15-0.67 for
@@ -144,7 +144,7 @@ def test_leaf_aggregates_norm_leaf_dominates_the_sum():
          "block_0/mlp/fc_in/kernel": 1.0, "embed/embedding": 1.2, "LayerNorm_0/bias": 2.0}
   den = {"block_0/norm_attn/scale": 1.0, "block_0/attn/query/kernel": 1.0,
          "block_0/mlp/fc_in/kernel": 2.0, "embed/embedding": 1.0, "LayerNorm_0/bias": 0.5}
-  agg = rules.leaf_aggregates(num, den, n_params)
+  agg = leafwise.leaf_aggregates(num, den, n_params)
   assert agg["ratio_of_sums"] == pytest.approx(13.7 / 5.5)  # > 1
   assert agg["ratio_of_sums_no_norm"] == pytest.approx(2.7 / 4.0)  # < 1 without norm leaves
   total = sum(n_params.values())
@@ -159,11 +159,11 @@ def test_leaf_aggregates_norm_leaf_dominates_the_sum():
   # The library's own classifier as the predicate gives the same split on these names.
   from pergrad.layer_types import layer_type
 
-  lib = rules.leaf_aggregates(num, den, n_params,
+  lib = leafwise.leaf_aggregates(num, den, n_params,
                               is_norm=lambda p: layer_type(p.lower()) == "norm")
   assert lib == agg
   with pytest.raises(ValueError, match="n_params"):
-    rules.leaf_aggregates(num, den, {"embed/embedding": 1})
+    leafwise.leaf_aggregates(num, den, {"embed/embedding": 1})
 
 
 def test_one_classifier_case_insensitive_with_flax_default_names():
@@ -174,17 +174,17 @@ def test_one_classifier_case_insensitive_with_flax_default_names():
   other = ["block_0/attn/query/kernel", "embed/embedding", "Embed_0/embedding",
            "unembed/kernel", "block_1/mlp/fc_out/kernel", "Dense_0/kernel"]
   for p in norm:
-    assert rules.is_norm_leaf(p) and layer_type(p) == "norm", p
+    assert leafwise.is_norm_leaf(p) and layer_type(p) == "norm", p
   for p in other:
-    assert not rules.is_norm_leaf(p) and layer_type(p) != "norm", p
+    assert not leafwise.is_norm_leaf(p) and layer_type(p) != "norm", p
   assert layer_type("Embed_0/embedding") == "embedding"
   assert layer_type("MultiHeadDotProductAttention_0/query/kernel") == "attention"
 
 
 def test_weighted_median():
-  assert rules.weighted_median([3.0, 1.0, 2.0], [1, 1, 1]) == 2.0
-  assert rules.weighted_median([3.0, 1.0, 2.0], [10, 1, 1]) == 3.0
-  assert math.isnan(rules.weighted_median([], []))
+  assert leafwise.weighted_median([3.0, 1.0, 2.0], [1, 1, 1]) == 2.0
+  assert leafwise.weighted_median([3.0, 1.0, 2.0], [10, 1, 1]) == 3.0
+  assert math.isnan(leafwise.weighted_median([], []))
 
 
 # --------------------------------------------------------------------------- part-whole
@@ -199,7 +199,7 @@ def test_part_whole_separates_a_dominant_group_from_the_rest():
   s_grp = g2_grp * (50 + 0.5 * t)
   g2_rest = np.full(200, 1.0)
   s_rest = g2_rest * (200 + 20 * rng.standard_normal(200))
-  pw = rules.part_whole(g2_grp + g2_rest, s_grp + s_rest, g2_grp, s_grp)
+  pw = gns_terms.part_whole(g2_grp + g2_rest, s_grp + s_rest, g2_grp, s_grp)
   assert pw.share_g2 == pytest.approx(0.9) and pw.median_share_g2 == pytest.approx(0.9)
   assert pw.share_s == pytest.approx(s_grp.sum() / (s_grp + s_rest).sum())
   assert pw.r_total > 0.95  # total tracks the group: part-whole
@@ -207,14 +207,14 @@ def test_part_whole_separates_a_dominant_group_from_the_rest():
   assert pw.n_steps == 200
   # A complement that does follow the group: r near 1, slope recovered.
   s_rest2 = g2_rest * (3.0 * s_grp / g2_grp + rng.standard_normal(200))
-  pw2 = rules.part_whole(g2_grp + g2_rest, s_grp + s_rest2, g2_grp, s_grp)
+  pw2 = gns_terms.part_whole(g2_grp + g2_rest, s_grp + s_rest2, g2_grp, s_grp)
   assert pw2.r_complement > 0.99 and pw2.slope_complement == pytest.approx(3.0, rel=0.01)
   # Steps where the complement's |G|² is not positive are dropped.
   bad = g2_grp.copy()
   bad[:10] = 10.0
-  assert rules.part_whole(g2_grp + g2_rest, s_grp + s_rest, bad, s_grp).n_steps == 190
+  assert gns_terms.part_whole(g2_grp + g2_rest, s_grp + s_rest, bad, s_grp).n_steps == 190
   with pytest.raises(ValueError, match="same steps"):
-    rules.part_whole(t, t, t, t[:5])
+    gns_terms.part_whole(t, t, t, t[:5])
 
 
 def test_the_analysis_package_imports_no_jax(tmp_path):

@@ -304,7 +304,7 @@ def test_leaf_sizes_from_the_sweeps_overrides():
   """The runner's base overrides give every leaf's parameter count (shapes only); at the
   cpu scale the normalization layers hold 0.19 % of the parameters."""
   from pergrad.analysis import leafwise
-  from pergrad.analysis.rules import is_norm_leaf
+  from pergrad.analysis.leafwise import is_norm_leaf
   table = pd.DataFrame({"run": ["r"], "step": [1]})
   assert leafwise.sizes_from_table(table) is None
   table.attrs["overrides"] = ["experiment=moments", "scale=cpu", "stats.log_every=10"]

@@ -3,10 +3,13 @@
     smooth(G2, S, alpha)           e_t = α e_{t−1} + (1 − α) x_t, debiased: B_simple = S/G2
     resmooth(run_dir, alpha)       smooth on a run's logged gns/<group>/{G2,S} terms
     ema_gain(snr2_ema, snr2_batch) SNR_ema / SNR_batch from the logged SNR²s
+    part_whole(...)                B = S/|G|² of a group against the total's, regressed
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from pathlib import Path
 from typing import Sequence
 
@@ -60,3 +63,42 @@ def ema_gain(snr2_ema, snr2_batch):
   """SNR_ema / SNR_batch = √(snr2_ema / snr2_batch), NaN unless both are > 0."""
   ok = (snr2_ema > 0) & (snr2_batch > 0)
   return np.sqrt(np.where(ok, snr2_ema, np.nan) / np.where(ok, snr2_batch, np.nan))
+
+
+@dataclasses.dataclass(frozen=True)
+class PartWhole:
+  """B = S/|G|² of the complement (total − group) and of the total regressed on the group's;
+  the group's shares of Σ|G|² and ΣS, and their medians over steps."""
+
+  r_complement: float
+  slope_complement: float
+  intercept_complement: float
+  r_total: float
+  slope_total: float
+  share_g2: float
+  share_s: float
+  median_share_g2: float
+  median_share_s: float
+  n_steps: int
+
+
+def _fit(x, y):
+  if len(x) < 3 or np.std(x) == 0 or np.std(y) == 0:
+    return math.nan, math.nan, math.nan
+  slope, icpt = np.polyfit(x, y, 1)
+  return float(np.corrcoef(x, y)[0, 1]), float(slope), float(icpt)
+
+
+def part_whole(g2_total, s_total, g2_group, s_group) -> PartWhole:
+  """`PartWhole` over the same steps (a step with |G|² ≤ 0 or a non-finite value dropped)."""
+  gt, st, gg, sg = (np.asarray(x, float) for x in (g2_total, s_total, g2_group, s_group))
+  if not gt.shape == st.shape == gg.shape == sg.shape:
+    raise ValueError("part_whole: the four series differ in length; give them on the same steps")
+  gc, sc = gt - gg, st - sg
+  ok = np.isfinite(gt) & np.isfinite(st) & np.isfinite(gg) & np.isfinite(sg) & (gg > 0) & (gc > 0)
+  rc, slc, ic = _fit(sg[ok] / gg[ok], sc[ok] / gc[ok])
+  rt, slt, _ = _fit(sg[ok] / gg[ok], st[ok] / gt[ok])
+  share = lambda p, w: float(p.sum() / w.sum()) if w.sum() else math.nan
+  med = lambda p, w: float(np.median(p / w)) if len(p) else math.nan
+  return PartWhole(rc, slc, ic, rt, slt, share(gg[ok], gt[ok]), share(sg[ok], st[ok]),
+                   med(gg[ok], gt[ok]), med(sg[ok], st[ok]), int(ok.sum()))

@@ -1,8 +1,8 @@
 """Per-leaf views of whole-model ratios and of the logged sign counts.
 
 A ratio of sums Σnum/Σden weighs a leaf by its share of Σnum and Σden, not of the parameters
-(the norm layers: 0.19 % of the cpu model's parameters, most of Σμ̂²), so each seed also gets
-`rules.leaf_aggregates` of the per-leaf ratios, weighted by the counts in leaf_params.csv.
+(the norm layers: a tiny share of the parameters, most of Σμ̂²), so each seed also gets
+`leaf_aggregates` of the per-leaf ratios, weighted by the counts in leaf_params.csv.
 The sign counts `sign[_lag][_<stage>]/<leaf>/<field>` (`pergrad.stats.sign_agreement.SignCounts`
 of the update or a stage's direction against the current or lagged held-out mean,
 `pergrad.train.heldout`) are summed over leaves per logged step (`sign_pools`) and over the
@@ -11,13 +11,15 @@ second half of training (`sign_pooled`, `sign_summary`).
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
+from typing import Callable, Mapping
 
 import numpy as np
 import pandas as pd
 
-from pergrad.analysis.rules import is_norm_leaf, leaf_aggregates
 from pergrad.analysis.runs import leaf_of, read_csv, stat_columns
+from pergrad.layer_types import layer_type
 
 SIZES_CSV = "leaf_params.csv"
 WHOLE = ("all", "total")  # the whole-model "leaf" of opt/ and stats/, sign/ keys
@@ -25,6 +27,51 @@ VIEWS = ("share_params_above_1", "median", "weighted_median")
 FIELDS = ("coords", "agree_all", "selected", "agree", "progress", "mu2")
 SUMMARY = ("agree", "resolved", "agree_raw", "alignment")
 TOTAL, NO_NORM = "total", "no norm"  # the pools: every leaf, every leaf but the norm layers'
+
+
+def is_norm_leaf(path: str) -> bool:
+  """A normalization layer's leaf (`pergrad.layer_types`, the library's one classifier)."""
+  return layer_type(path) == "norm"
+
+
+def weighted_median(values, weights) -> float:
+  """The smallest value whose cumulative weight (values sorted) reaches half the total."""
+  v, w = np.asarray(values, float), np.asarray(weights, float)
+  if not len(v) or w.sum() <= 0:
+    return math.nan
+  o = np.argsort(v, kind="stable")
+  cum = np.cumsum(w[o])
+  return float(v[o][np.searchsorted(cum, 0.5 * cum[-1])])
+
+
+def _aggregate(num, den, size) -> dict:
+  """A ratio num/den over leaves: Σnum/Σden, share of parameters with ratio > 1, medians."""
+  with np.errstate(divide="ignore", invalid="ignore"):
+    r = np.where(den != 0, num / np.where(den != 0, den, 1.0), np.nan)
+  ok = np.isfinite(r)
+  tot = float(size[ok].sum())
+  return {"ratio_of_sums": float(num.sum() / den.sum()) if den.sum() else math.nan,
+          "share_params_above_1": float(size[ok & (r > 1)].sum() / tot) if tot else math.nan,
+          "median": float(np.median(r[ok])) if ok.any() else math.nan,
+          "weighted_median": weighted_median(r[ok], size[ok]), "n_leaves": len(num),
+          "n_params": int(size.sum())}
+
+
+def leaf_aggregates(num: Mapping[str, float], den: Mapping[str, float], n_params: Mapping[str, int],
+                    is_norm: Callable[[str], bool] = is_norm_leaf) -> dict[str, float]:
+  """{view: value}: `_aggregate` over all leaves and `_no_norm`, and the norm leaves' shares
+  of Σnum, Σden and the parameters (a leaf with den = 0 has no ratio)."""
+  leaves = list(num)
+  missing = [k for k in leaves if k not in den or k not in n_params]
+  if missing or not leaves:
+    raise ValueError(f"leaf_aggregates: no den / n_params for leaves {missing[:5]} (or no leaves)")
+  n, d, s = (np.array([float(m[k]) for k in leaves]) for m in (num, den, n_params))
+  norm = np.array([bool(is_norm(k)) for k in leaves])
+  out = {k + suffix: v for suffix, sel in (("", slice(None)), ("_no_norm", ~norm))
+         for k, v in _aggregate(n[sel], d[sel], s[sel]).items()}
+  share = lambda x: float(x[norm].sum() / x.sum()) if x.sum() else math.nan
+  return {**out, "norm_share_num": share(n), "norm_share_den": share(d),
+          "norm_share_params": share(s)}
 
 
 def sizes_from_table(table: pd.DataFrame) -> dict[str, int] | None:

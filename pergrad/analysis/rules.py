@@ -1,17 +1,16 @@
 """Decision rules on seeds, stated in English beside the code (`PAIR_WIN`, `EQUIV`, `BOUND`,
-`DIVERGED_RULE`), and the per-leaf and part-whole views of ratios of sums."""
+`DIVERGED_RULE`): pair comparisons, equivalence and non-inferiority of curves, bounds on
+ratios, divergence."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 from scipy import stats
-
-from pergrad.layer_types import layer_type
 
 WIN, LOSS, TIE, UNDETERMINED = "win", "loss", "tie", "undetermined"
 REPRODUCED, NOT_REPRODUCED, PARTLY = "reproduced", "not reproduced", "partly reproduced"
@@ -283,87 +282,3 @@ def mark_diverged(finals: pd.DataFrame, vocab_size: int, table: pd.DataFrame | N
   fin["diverged"] = flag.astype(bool)
   fin.loc[fin["diverged"], loss] = math.inf
   return fin
-
-
-def is_norm_leaf(path: str) -> bool:
-  """A normalization layer's leaf (`pergrad.layer_types`, the library's one classifier)."""
-  return layer_type(path) == "norm"
-
-
-def weighted_median(values, weights) -> float:
-  """The smallest value whose cumulative weight (values sorted) reaches half the total."""
-  v, w = np.asarray(values, float), np.asarray(weights, float)
-  if not len(v) or w.sum() <= 0:
-    return math.nan
-  o = np.argsort(v, kind="stable")
-  cum = np.cumsum(w[o])
-  return float(v[o][np.searchsorted(cum, 0.5 * cum[-1])])
-
-
-def _aggregate(num, den, size) -> dict:
-  """A ratio num/den over leaves: Σnum/Σden, share of parameters with ratio > 1, medians."""
-  with np.errstate(divide="ignore", invalid="ignore"):
-    r = np.where(den != 0, num / np.where(den != 0, den, 1.0), np.nan)
-  ok = np.isfinite(r)
-  tot = float(size[ok].sum())
-  return {"ratio_of_sums": float(num.sum() / den.sum()) if den.sum() else math.nan,
-          "share_params_above_1": float(size[ok & (r > 1)].sum() / tot) if tot else math.nan,
-          "median": float(np.median(r[ok])) if ok.any() else math.nan,
-          "weighted_median": weighted_median(r[ok], size[ok]), "n_leaves": len(num),
-          "n_params": int(size.sum())}
-
-
-def leaf_aggregates(num: Mapping[str, float], den: Mapping[str, float], n_params: Mapping[str, int],
-                    is_norm: Callable[[str], bool] = is_norm_leaf) -> dict[str, float]:
-  """{view: value}: `_aggregate` over all leaves and `_no_norm`, and the norm leaves' shares
-  of Σnum, Σden and the parameters (a leaf with den = 0 has no ratio)."""
-  leaves = list(num)
-  missing = [k for k in leaves if k not in den or k not in n_params]
-  if missing or not leaves:
-    raise ValueError(f"leaf_aggregates: no den / n_params for leaves {missing[:5]} (or no leaves)")
-  n, d, s = (np.array([float(m[k]) for k in leaves]) for m in (num, den, n_params))
-  norm = np.array([bool(is_norm(k)) for k in leaves])
-  out = {k + suffix: v for suffix, sel in (("", slice(None)), ("_no_norm", ~norm))
-         for k, v in _aggregate(n[sel], d[sel], s[sel]).items()}
-  share = lambda x: float(x[norm].sum() / x.sum()) if x.sum() else math.nan
-  return {**out, "norm_share_num": share(n), "norm_share_den": share(d),
-          "norm_share_params": share(s)}
-
-
-@dataclasses.dataclass(frozen=True)
-class PartWhole:
-  """B = S/|G|² of the complement (total − group) and of the total regressed on the group's;
-  the group's shares of Σ|G|² and ΣS, and their medians over steps."""
-
-  r_complement: float
-  slope_complement: float
-  intercept_complement: float
-  r_total: float
-  slope_total: float
-  share_g2: float
-  share_s: float
-  median_share_g2: float
-  median_share_s: float
-  n_steps: int
-
-
-def _fit(x, y):
-  if len(x) < 3 or np.std(x) == 0 or np.std(y) == 0:
-    return math.nan, math.nan, math.nan
-  slope, icpt = np.polyfit(x, y, 1)
-  return float(np.corrcoef(x, y)[0, 1]), float(slope), float(icpt)
-
-
-def part_whole(g2_total, s_total, g2_group, s_group) -> PartWhole:
-  """`PartWhole` over the same steps (a step with |G|² ≤ 0 or a non-finite value dropped)."""
-  gt, st, gg, sg = (np.asarray(x, float) for x in (g2_total, s_total, g2_group, s_group))
-  if not gt.shape == st.shape == gg.shape == sg.shape:
-    raise ValueError("part_whole: the four series differ in length; give them on the same steps")
-  gc, sc = gt - gg, st - sg
-  ok = np.isfinite(gt) & np.isfinite(st) & np.isfinite(gg) & np.isfinite(sg) & (gg > 0) & (gc > 0)
-  rc, slc, ic = _fit(sg[ok] / gg[ok], sc[ok] / gc[ok])
-  rt, slt, _ = _fit(sg[ok] / gg[ok], st[ok] / gt[ok])
-  share = lambda p, w: float(p.sum() / w.sum()) if w.sum() else math.nan
-  med = lambda p, w: float(np.median(p / w)) if len(p) else math.nan
-  return PartWhole(rc, slc, ic, rt, slt, share(gg[ok], gt[ok]), share(sg[ok], st[ok]),
-                   med(gg[ok], gt[ok]), med(sg[ok], st[ok]), int(ok.sum()))
