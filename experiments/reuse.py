@@ -4,9 +4,9 @@
     key = index.key(overrides)                     # the run's resolved config + training version
     index.find(key) -> run dir | None;  index.add(key, run_dir);  index.link(run_dir, found)
 
-A run's key is the SHA-256 of its identity (`pergrad.config.plan.identity`: its resolved
-config, the Hydra overrides composed against configs/ as the run itself resolves them,
-without the fields the schema marks `label()`: its tag and name, the output, data-cache and
+A run's key is the SHA-256 of its identity (`pergrad.config.plan.identity`, read through
+`pergrad.analysis`: its resolved config, the Hydra overrides composed against configs/ as the
+run itself resolves them, without the fields the schema marks `label()`: its tag and name, the output, data-cache and
 compile-cache directories, W&B, the progress bar, the figure, checkpoints kept), with the
 training version (`training_version`: the content of the code a run computes with and the
 installed versions of its dependencies): a run with any other difference (a seed, a step
@@ -36,9 +36,8 @@ import sys
 from pathlib import Path
 from typing import Callable, Sequence
 
-from pergrad.analysis import composed
+from pergrad.analysis import composed, identity
 from pergrad.analysis.runs import DONE, run_status
-from pergrad.config.plan import identity
 
 INDEX = ".runs"
 REUSED = "reused.json"  # in a run directory linked to another sweep's run

@@ -30,9 +30,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from pergrad.analysis.rules import bound  # noqa: E402
 from pergrad.bench.paired import paired_ratios, quartiles  # noqa: E402
 from pergrad.bench.sweep_cost import project  # noqa: E402
+from pergrad.bounds import bound  # noqa: E402
 
 # Run in the version's checkout (its own experiments/ and pergrad/ first on sys.path).
 DRIVER = r"""
@@ -301,8 +301,8 @@ def at_floor(results: Path, turns: dict, floors: list[dict], fixed_before: float
 
 def two_x_reading(ratios: list[float], need: float) -> str:
   """The rounds' floor / before tokens/s against the steps' speed-up a 2x projection needs,
-  by `rules.bound` on their quartiles: "unreachable" (q75 ≤ need), "reachable" (q25 > need), else
-  "undetermined: ..." (tests/test_bench.py simulates its error rates)."""
+  by `pergrad.bounds.bound` on their quartiles: "unreachable" (q75 ≤ need), "reachable"
+  (q25 > need), else "undetermined: ..." (tests/test_bench.py simulates its error rates)."""
   q = quartiles(ratios)
   return {"holds": "unreachable", "fails": "reachable"}.get(
       bound(q["median"], need, q["q25"], q["q75"]), "undetermined: the floor's rounds straddle the "

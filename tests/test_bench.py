@@ -11,8 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pergrad.analysis.rules import bound
 from pergrad.bench import baselines, paired, stats
+from pergrad.bounds import bound
 from pergrad.loss import make_loss_fn
 from pergrad.model import Transformer, init_params
 

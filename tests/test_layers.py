@@ -2,7 +2,7 @@
 
 Every top-level module or package is its own unit, on a floor (lowest first, `FLOORS`):
 
-    pergrad (the package's __init__) < fields, files, registry, layer_types < loss, model
+    pergrad (the package's __init__) < fields, files, registry, layer_types, bounds < loss, model
     < stats, data < optim < config < train < bench, analysis < experiments < scripts, notebooks
 
 A unit imports its own modules and the units of lower floors only: never one on its
@@ -25,7 +25,8 @@ from conftest import REPO
 
 FLOORS = (
     ("pergrad",),
-    ("pergrad.fields", "pergrad.files", "pergrad.registry", "pergrad.layer_types"),
+    ("pergrad.fields", "pergrad.files", "pergrad.registry", "pergrad.layer_types",
+     "pergrad.bounds"),
     ("pergrad.loss", "pergrad.model"),
     ("pergrad.stats", "pergrad.data"),
     ("pergrad.optim",),

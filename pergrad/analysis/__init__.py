@@ -18,9 +18,9 @@ The statistics benchmark is `pergrad.bench.stats` (analysis does not import it).
 from __future__ import annotations
 
 from pergrad.analysis.gns_terms import GNS_TOTAL, ema_gain, resmooth, smooth
-from pergrad.analysis.sizes import composed, leaf_sizes, n_params, scale_summary
+from pergrad.analysis.sizes import composed, identity, leaf_sizes, n_params, scale_summary
 from pergrad.files import read_records
 from pergrad.layer_types import layer_type
 
-__all__ = ["GNS_TOTAL", "composed", "ema_gain", "layer_type", "leaf_sizes", "n_params",
+__all__ = ["GNS_TOTAL", "composed", "ema_gain", "identity", "layer_type", "leaf_sizes", "n_params",
            "read_records", "resmooth", "scale_summary", "smooth"]

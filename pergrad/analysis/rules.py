@@ -12,7 +12,9 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-WIN, LOSS, TIE, UNDETERMINED = "win", "loss", "tie", "undetermined"
+from pergrad.bounds import BOUND, FAILS, HOLDS, UNDETERMINED, WITHIN, bound, quartiles  # noqa: F401
+
+WIN, LOSS, TIE = "win", "loss", "tie"
 REPRODUCED, NOT_REPRODUCED, PARTLY = "reproduced", "not reproduced", "partly reproduced"
 PAIR_ALPHA = 0.025  # per side: identical arms are called different ≤ 5 % of the time
 PAIR_WIN = ("A beats B when the 95% Welch interval of mean_B − mean_A lies above 0 (diverged "
@@ -215,31 +217,6 @@ def noninferior(a, b, margin: float, names=("A", "B"), pilot: int | None = None)
   _, lo95, _ = welch_interval(xa, xb, PAIR_ALPHA, pilot)
   out = NONINFERIOR if hi <= margin else LOSS if lo95 > margin else UNDETERMINED
   return Comparison(*names, out, ma, mb, hi - gap)
-
-
-HOLDS, FAILS, WITHIN = "holds", "fails", "within noise"
-BOUND = ("a FLOP or memory ratio holds when ≤ its bound; a time ratio is judged on the "
-         "quartiles (lower q25, upper q75 order statistics) of its paired per-rep ratios "
-         "against max(bound, the baseline's own self-ratio q75): holds when q75 ≤ that, fails "
-         "when q25 > it, else within noise")
-
-
-def quartiles(x, axis=None):
-  """(q25, q75) as order statistics: a ratio exactly at a bound fails ≤ 5 % from 11 reps on."""
-  x = np.asarray(x, float)
-  return (np.percentile(x, 25, axis=axis, method="lower"),
-          np.percentile(x, 75, axis=axis, method="higher"))
-
-
-def bound(value: float, limit: float, q25: float = math.nan, q75: float = math.nan,
-          self_q75: float = math.nan) -> str:
-  """`BOUND` (exact when no quartiles are given)."""
-  if not (np.isfinite(value) or np.isfinite(q75)):
-    return UNDETERMINED
-  if not np.isfinite(q75):
-    return HOLDS if value <= limit else FAILS
-  lim = max(limit, self_q75) if np.isfinite(self_q75) else limit
-  return HOLDS if q75 <= lim else FAILS if q25 > lim else WITHIN
 
 
 DIVERGED_RULE = ("a run diverged when an eval loss is non-finite, its last eval loss exceeds "

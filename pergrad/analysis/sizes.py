@@ -22,6 +22,13 @@ def composed(overrides: Sequence[str]) -> dict:
   return to_plain(compose(list(overrides)))
 
 
+def identity(config: dict) -> dict:
+  """A resolved config's keys that define what its run computes (`pergrad.config.plan.identity`)."""
+  from pergrad.config.plan import identity as of
+
+  return of(config)
+
+
 def scale_summary(overrides: Sequence[str]) -> dict:
   """{model, n_layers, d_model, n_heads, data, vocab_size, tokenizer, batch_size, seq_len,
   steps} of the composed config, after the plan's checks."""

@@ -5,7 +5,7 @@ sequence B V B V ... V B (n variant reps bracketed by n + 1 baseline reps), so t
 timed call follows a call of the other program and drift and contention hit both alike;
 rep i gives the paired ratio r_i = t_variant,i / t_base,i (t_base,i: the mean of its two
 neighbours, `bracketed`). Reported: the median of the r_i and their quartiles (q25, q75),
-on which `pergrad.analysis.rules.bound` judges a time bound. The baseline of a shape is the
+on which `pergrad.bounds.bound` judges a time bound. The baseline of a shape is the
 fastest of several programs computing the same gradient
 (`fastest`: least median time over interleaved reps).
 """

@@ -31,7 +31,7 @@ import numpy as np
 import optax
 
 import pergrad.stats as ps
-from pergrad.analysis import rules
+from pergrad import bounds
 from pergrad.bench import baselines, mfu, paired
 from pergrad.bench.xla_costs import compile_with_peak, flops_of, memory_of
 from pergrad.loss import make_loss_fn
@@ -249,7 +249,7 @@ def bench_group(preset: str, B: int, stat_sets: Sequence[str], layout_first: boo
 def _time_check(check: str, where: str, r: dict, bound: float, scale: float = 1.0) -> dict:
   """A time bound on the median paired ratio (over `scale`), judged on its quartiles."""
   q25, med, q75 = (r[k] / scale for k in ("time_ratio_q25", "time_ratio", "time_ratio_q75"))
-  outcome = rules.bound(med, bound, q25, q75)
+  outcome = bounds.bound(med, bound, q25, q75)
   return dict(check=check, where=where, value=round(med, 3), q25=round(q25, 3),
               q75=round(q75, 3), outcome=outcome,
               ok=None if outcome == "within noise" else outcome == "holds", gating=True)
