@@ -1,0 +1,40 @@
+"""Nothing taken for what it is not: a typo'd config group option, a damaged or vanished run
+reused, a resume on other data or another length, two runs in one directory, and a dry run
+that passes what the run refuses. Each probe is refused in one line naming the fix (or
+behaves honestly), `--dry-run` and the real run agree, and nothing already written is lost."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import compose, run_cli
+from hydra.errors import MissingConfigException
+
+
+@pytest.mark.parametrize("override,near", [
+    ("experiment=sign_placment", "did you mean experiment=sign_placement?"),
+    ("scale=cii", "did you mean scale=ci?"),
+    ("optimizer=sgn", "did you mean optimizer=sign?"),
+])
+def test_a_config_group_option_that_does_not_exist_is_refused_with_the_closest(override, near):
+  """`experiment=sign_placment` and `scale=cii` trained the defaults (both groups were
+  `optional` in the defaults list, and Hydra skips a missing optional config)."""
+  group, choice = override.split("=")
+  with pytest.raises(MissingConfigException) as e:
+    compose([override])
+  msg = str(e.value)
+  assert "\n" not in msg and msg.startswith(f"Could not find '{group}/{choice}'"), msg
+  assert msg.endswith(near) and "the choices are " in msg, msg
+  assert compose([]).get("experiment") is None  # no experiment, no scale: still the defaults
+
+
+@pytest.mark.parametrize("dry", [True, False])
+def test_a_typod_experiment_stops_a_run_and_a_dry_run_alike(tmp_path, dry):
+  out = run_cli([*(["--dry-run"] if dry else []), "experiment=nope", "train.steps=2",
+                 f"train.out_dir={tmp_path / 'run'}"], timeout=120)
+  assert out.returncode == 1, out.stdout[-2000:]
+  assert out.stderr.splitlines()[0] == (
+      "Could not find 'experiment/nope': experiment=nope is no config of configs/experiment/; "
+      "the choices are batch_scaling, gns_layers, gns_ramp, gns_schedule, ladder, "
+      "lr_exponent, moments, msq_eps, norm_cost, overhead, preconditioner, quickstart, "
+      "sign_placement, snr"), out.stderr
+  assert "Traceback" not in out.stderr and not (tmp_path / "run").exists()
