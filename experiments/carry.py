@@ -17,7 +17,8 @@ records), so the archive names no machine's path and unpacks under any root, for
 checkout. `unpack` refuses, before writing anything, an archive whose runs exist already
 under the root (nothing written is lost), that holds no record, or whose record would replace
 another unfinished one; the continued reproduction then checks the training version itself
-(`Record`, `record_sweep`).
+(`Record`, `record_sweep`). Each run it restores says what was left out (`reuse.CARRIED`), so
+that it counts as whole (`reuse.is_whole`) without its checkpoints.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import subprocess
 import tarfile
 from pathlib import Path
 
-from experiments.reuse import INDEX
+from experiments.reuse import CARRIED, INDEX
 from experiments.sweep import REPO
 from pergrad.analysis.runs import DONE, HYDRA_CONFIG, run_status
 from pergrad.files import METRICS, SUMMARY, write_bytes
@@ -182,5 +183,7 @@ def unpack(archive: Path, sweeps_root: Path, record: Path) -> dict:
         write_bytes(dest, _swap(tar.extractfile(m).read(), [(ROOT, str(root)),
                                                             (REPO_MARK, str(REPO))]))
         os.utime(dest, (m.mtime, m.mtime))
-        runs += dest.name == SUMMARY
+        if dest.name == SUMMARY:  # a finished run, carried without its checkpoints
+          runs += 1
+          write_bytes(dest.parent / CARRIED, json.dumps({"left_out": list(LEFT_OUT)}).encode())
   return {"runs": runs, "record": json.loads(Path(record).read_text()).get("command")}

@@ -38,3 +38,38 @@ def test_a_typod_experiment_stops_a_run_and_a_dry_run_alike(tmp_path, dry):
       "lr_exponent, moments, msq_eps, norm_cost, overhead, preconditioner, quickstart, "
       "sign_placement, snr"), out.stderr
   assert "Traceback" not in out.stderr and not (tmp_path / "run").exists()
+
+
+SHORT = ("train.steps=4", "train.eval_every=2", "train.checkpoint_every=2")
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory, tiny_overrides, compilation_cache):
+  """A tiny run of 4 steps, completed (checkpoints at 2 and 4); tests copy it."""
+  from pergrad.config import build_plan
+  from pergrad.train.loop import run
+
+  d = tmp_path_factory.mktemp("finished") / "run"
+  run(build_plan(compose([*tiny_overrides, *SHORT])), d, echo=lambda _: None)
+  return d
+
+
+def test_a_run_is_whole_only_with_its_metrics_and_last_checkpoint(finished, tmp_path):
+  import shutil
+
+  from experiments.reuse import is_whole
+
+  assert is_whole(finished) is None
+  cut = shutil.copytree(finished, tmp_path / "cut")
+  lines = (cut / "metrics.jsonl").read_text().splitlines()
+  (cut / "metrics.jsonl").write_text("\n".join(lines[:3]) + "\n")  # up to eval at 2
+  assert is_whole(cut) == "has metrics.jsonl ending at step 2, before its last step 4"
+  damaged = shutil.copytree(finished, tmp_path / "damaged")
+  for p in (damaged / "checkpoints" / "4" / "default").rglob("ocdbt.process_*"):
+    shutil.rmtree(p)
+  assert is_whole(damaged).startswith(
+      f"has a checkpoint that cannot be read: {damaged / 'checkpoints' / '4'} cannot be read")
+  lost = shutil.copytree(finished, tmp_path / "lost")
+  shutil.rmtree(lost / "checkpoints" / "4")
+  assert is_whole(lost) == (f"has a checkpoint that cannot be read: {lost / 'checkpoints' / '4'}"
+                            " does not exist")
