@@ -73,3 +73,68 @@ def test_a_run_is_whole_only_with_its_metrics_and_last_checkpoint(finished, tmp_
   shutil.rmtree(lost / "checkpoints" / "4")
   assert is_whole(lost) == (f"has a checkpoint that cannot be read: {lost / 'checkpoints' / '4'}"
                             " does not exist")
+
+
+def _train(d, overrides):
+  from pergrad.config import build_plan
+  from pergrad.train.loop import run
+
+  return run(build_plan(compose(overrides)), d, echo=lambda _: None)
+
+
+def _refused_alike(d, overrides, match):
+  """`run` and `dry_run` refuse `overrides` on `d` with the same line; nothing written."""
+  from pergrad.config import build_plan
+  from pergrad.train.dry_run import dry_run
+
+  before = {p: p.stat().st_mtime_ns for p in d.rglob("*")}
+  with pytest.raises(ValueError, match=match) as real:
+    _train(d, overrides)
+  with pytest.raises(ValueError) as dry:
+    dry_run(build_plan(compose(overrides)), d)
+  assert str(dry.value) == str(real.value) and "\n" not in str(real.value)
+  assert {p: p.stat().st_mtime_ns for p in d.rglob("*")} == before
+  return str(real.value)
+
+
+def test_a_resume_on_other_data_is_refused_naming_the_difference(tmp_path, tiny_overrides,
+                                                                  compilation_cache):
+  """A run resumed after its text folder changed (3 documents -> 4) continued from its
+  checkpoint without a word."""
+  folder = tmp_path / "texts"
+  folder.mkdir()
+  for i in range(3):
+    (folder / f"doc{i}.txt").write_text(f"Document {i}: the quick brown fox. " * 40)
+  over = [*tiny_overrides, "data=txt_folder", f"data.path={folder}", "schedule=constant",
+          *SHORT]
+  d = tmp_path / "run"
+  _train(d, [*over, "train.steps=2"])  # then extended to 4 steps
+  (folder / "doc3.txt").write_text("One more document, longer than the others. " * 80)
+  msg = _refused_alike(d, over, r"holds a run trained on other data \(")
+  assert "bytes: 3960 -> 7400; content: '" in msg and "documents: 3 -> 4" in msg, msg
+  assert msg.endswith("put that data back (data.path, data.tokenizer's cache in data.tfds_dir)"
+                      ", or set another train.out_dir."), msg
+  (folder / "doc3.txt").unlink()  # the data it started on: it resumes
+  assert _train(d, over)["resumed_from"] == 2
+
+
+def test_a_finished_run_is_never_shortened_and_extended_on_purpose(tmp_path, tiny_overrides,
+                                                                   compilation_cache):
+  """A run finished at 600 steps, re-invoked with train.steps=200: "completed", summary.json
+  said "steps": 200, "last_step": 600. With a constant schedule train.steps may grow (the
+  run is extended, as documented in pergrad.config.plan), never shrink."""
+  over = [*tiny_overrides, "schedule=constant", *SHORT]
+  d = tmp_path / "run"
+  _train(d, over)
+  msg = _refused_alike(d, [*over, "train.steps=2"], "trained past train.steps=2")
+  assert msg == (f"{d} holds a run trained past train.steps=2 (32 examples, 4 steps of 8); a "
+                 "run is never shortened: set train.steps=4 or more to keep (or extend) it, or "
+                 "set another train.out_dir.")
+  longer = _train(d, [*over, "train.steps=6"])
+  assert (longer["status"], longer["steps"], longer["last_step"], longer["resumed_from"]) == (
+      "completed", 6, 6, 4)
+  cosine = [*tiny_overrides, *SHORT]  # with a decaying schedule the length is the run's
+  _train(tmp_path / "cos", cosine)
+  with pytest.raises(ValueError, match=r"holds a run with a different config \(train.steps: "
+                                       r"4 -> 2\)"):
+    _train(tmp_path / "cos", [*cosine, "train.steps=2"])

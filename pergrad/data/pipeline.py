@@ -50,6 +50,7 @@ from pergrad.data.tokenizer import (
 # Builder modules that `import tensorflow_datasets` does not import itself.
 TFDS_MODULES = {"c4": "tensorflow_datasets.text.c4"}
 CACHE_VERSION = "v1"
+TOKENS_CACHE = "pergrad_tokens"  # {tfds_dir}/pergrad_tokens/<key>/<CACHE_VERSION>/
 BPE_SAMPLE_CHARS = 20_000_000  # lm1b/c4: train the BPE model on about this much text
 BPE_SAMPLE_DOCS = 200_000
 
@@ -232,7 +233,7 @@ def make_data(spec: DataSpec) -> LMData:
     return _tfds_data(spec)
   folder_files = corpus.txt_folder_files(spec.path) if spec.name == "txt_folder" else None
   key = corpus.txt_folder_key(*folder_files) if folder_files else "shakespeare"
-  cache = Path(spec.tfds_dir) / "pergrad_tokens" / key / CACHE_VERSION
+  cache = Path(spec.tfds_dir) / TOKENS_CACHE / key / CACHE_VERSION
   meta_path = cache / f"{spec.tok_key}.json"
   if not meta_path.exists():
     if folder_files:  # before the TFDS preparation and the tokenizer
@@ -334,7 +335,7 @@ def _tfds_data(spec: DataSpec) -> LMData:
     raise DataError(f"data.name={spec.name} ({tfds_name}) under data.tfds_dir="
                     f"{spec.tfds_dir} cannot be read without TensorFlow ({e}); {fix}."
                     ) from None
-  cache = (Path(spec.tfds_dir) / "pergrad_tokens" / tfds_name.replace("/", "_")
+  cache = (Path(spec.tfds_dir) / TOKENS_CACHE / tfds_name.replace("/", "_")
            / str(builder.version) / CACHE_VERSION)
   model = cache / f"spm_bpe_{spec.vocab_size}.model"
   if spec.tokenizer == "bpe" and not model.exists():

@@ -7,7 +7,8 @@ Hydra composes `configs/config.yaml` (`pergrad.config.composer.configs_dir`) aga
 typed schema `pergrad.config.schema.Config`, so a typo'd key (with or without `+`: the
 nearest field names), a wrong type, an unknown option or a config group's option that does
 not exist (`experiment=`/`scale=` typos: the choices and the closest one) stops here with one
-message naming the key (or the valid options), and an internal schema node is refused as --config-name; then
+message naming the key (or the valid options), and an internal schema node is refused as
+--config-name; then
 `pergrad.config.build_plan` builds the schema's dataclasses (each checks its fields) and
 checks every cross-field rule, before any data is read or anything compiled.
 `plugins=[module,...]` imports user modules once, before Hydra composes (their

@@ -55,12 +55,12 @@ import numpy as np
 import yaml
 
 from pergrad import files
-from pergrad.config.plan import CONFIG, RunPlan, resume_decision
+from pergrad.config.plan import CONFIG, DATA, RunPlan, check_same_data, resume_decision
 from pergrad.model import count_params
 from pergrad.optim import gns_metrics
 from pergrad.train import compile_cache, distributed
 from pergrad.train.batch_schedule import next_batch_size
-from pergrad.train.checkpoint import Checkpoints, OutputError, check_progress_kept
+from pergrad.train.checkpoint import Checkpoints, OutputError, check_progress_kept, raise_past
 from pergrad.train.heldout import HeldOutData
 from pergrad.train.interrupt import Interrupts
 from pergrad.train.metrics import MetricsLogger, read_records
@@ -160,8 +160,10 @@ def _setup(plan: RunPlan, out_dir: Path, hydra_info: dict | None, echo, t_begin:
   main = distributed.is_main()
   data = make_data(plan.data)
   _check_vocab(data.vocab_size, plan.model.vocab_size, plan.data, echo)
-  if main:
-    files.write_text(out_dir / CONFIG, yaml.safe_dump(plan.config, sort_keys=False))
+  data_record = check_same_data(out_dir, plan.data)  # again: its tokenizer is trained now
+  if (out_dir / CONFIG).exists() and not (out_dir / DATA).exists():
+    echo(f"[pergrad] note: {out_dir} records no data identity (an older run): resuming "
+         f"without comparing its data; {DATA} records this data from now on.")
   mesh = make_mesh()
   steps = Steps(plan, mesh)
   ckpt = Checkpoints(out_dir / "checkpoints", keep=plan.train.keep_checkpoints)
@@ -170,9 +172,14 @@ def _setup(plan: RunPlan, out_dir: Path, hydra_info: dict | None, echo, t_begin:
   start = 0 if state is None else int(jax.device_get(state.step))
   if state is None:
     state = steps.init(np.int32(plan.train.seed))
-  else:
-    echo(f"[pergrad] resuming {out_dir} from the checkpoint of step {start}.")
   seen, batch_size = map(int, jax.device_get((state.examples_seen, state.batch_size)))  # last
+  if seen > plan.train.steps * plan.batch.max_batch_size:
+    raise_past(out_dir, plan.train.steps, seen, plan.batch.max_batch_size)
+  if start:
+    echo(f"[pergrad] resuming {out_dir} from the checkpoint of step {start}.")
+  if main:  # accepted: the run's config and data, before its first record
+    files.write_text(out_dir / CONFIG, yaml.safe_dump(plan.config, sort_keys=False))
+    files.write_json(out_dir / DATA, data_record)
   config = {**plan.config, **({"hydra": hydra_info} if hydra_info else {})}
   logger = MetricsLogger(out_dir, resume_step=start or None, wandb=plan.logging.wandb,
                          config=config, name=plan.name, enabled=main)
