@@ -138,3 +138,59 @@ def test_a_finished_run_is_never_shortened_and_extended_on_purpose(tmp_path, tin
   with pytest.raises(ValueError, match=r"holds a run with a different config \(train.steps: "
                                        r"4 -> 2\)"):
     _train(tmp_path / "cos", [*cosine, "train.steps=2"])
+
+
+def _hold(d):
+  """A process that holds `d`'s run lock until killed (as a run training there would)."""
+  import subprocess
+  import sys
+  import time
+
+  from conftest import REPO
+
+  code = ("import sys, time; from pergrad.train.run_dir import locked\n"
+          "with locked(sys.argv[1], echo=lambda _: None):\n"
+          "  print('held', flush=True); time.sleep(600)")
+  proc = subprocess.Popen([sys.executable, "-c", code, str(d)], cwd=REPO,
+                          stdout=subprocess.PIPE, text=True)
+  assert proc.stdout.readline().strip() == "held"
+  time.sleep(0.1)
+  return proc
+
+
+def test_one_run_per_directory_and_a_dead_holders_lock_is_taken_over(tmp_path, tiny_overrides,
+                                                                      compilation_cache):
+  """Two runs started at once on one train.out_dir both trained to the end, and one started
+  late made the first fail to write its checkpoint."""
+  import os
+  import socket
+
+  from pergrad.config import build_plan
+  from pergrad.train.dry_run import dry_run
+
+  d = tmp_path / "run"
+  over = [*tiny_overrides, *SHORT]
+  holder = _hold(d)
+  try:
+    line = (f"{d} is in use by another run (pid {holder.pid} on {socket.gethostname()} since ")
+    with pytest.raises(ValueError, match="is in use by another run") as real:
+      _train(d, over)
+    assert str(real.value).startswith(line) and str(real.value).endswith(
+        "); one run per directory at a time: wait for it to end, or set another train.out_dir.")
+    with pytest.raises(ValueError) as dry:
+      dry_run(build_plan(compose(over)), d)
+    assert str(dry.value) == str(real.value)
+    out = run_cli([*over, f"train.out_dir={d}"], env=compilation_cache, timeout=120)
+    assert out.returncode == 1 and out.stderr == f"error: {real.value}\n", out.stderr
+    assert sorted(p.name for p in d.iterdir()) == ["run.lock"]  # nothing written beside it
+  finally:
+    holder.kill()  # SIGKILL: its lock file stays behind, its lock goes with it
+    holder.wait()
+  said = []
+  from pergrad.train.loop import run
+
+  summary = run(build_plan(compose(over)), d, echo=said.append)
+  assert summary["status"] == "completed" and not (d / "run.lock").exists()
+  assert said[0].startswith(f"[pergrad] note: took over {d / 'run.lock'} left by pid "
+                            f"{holder.pid} on {socket.gethostname()} since "), said[0]
+  assert said[0].endswith(", which is no longer running.") and os.getpid() != holder.pid

@@ -34,6 +34,7 @@ submitit job the pre-emption signal then requeues the job (`pergrad.train.interr
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -76,6 +77,7 @@ def _main(cfg: DictConfig) -> float | None:
   out_dir = Path(cfg.train.out_dir) if cfg.train.out_dir else hydra_dir
   stop = Interrupts()
   accepted = False  # the run passed the checks that refuse it (then it may write)
+  held = contextlib.ExitStack()  # the run directory's lock, from acceptance to the record
   try:
     d = cfg.dist
     pconfig.load_plugins(cfg.plugins)  # those set in a YAML file, or in a sweep's worker
@@ -92,7 +94,10 @@ def _main(cfg: DictConfig) -> float | None:
           f"a run of {jax.process_count()} processes needs one run directory for all: set "
           "train.out_dir (Hydra's default directory is named by each process's clock).")
     plan = build_plan(cfg, jax.device_count())
-    accepted = run_dir.accepts(plan, out_dir)
+    if run_dir.accepts(plan, out_dir):
+      if distributed.is_main():  # refused (ValueError) while another process runs there
+        held.enter_context(run_dir.locked(out_dir))
+      accepted = True
     summary = run(plan, out_dir, hydra_info=_hydra_info(), stop=stop)
   except (ValueError, NonFiniteLossError, OutputError, OSError, KeyboardInterrupt) as e:
     if os.environ.get("HYDRA_FULL_ERROR") == "1":
@@ -109,6 +114,7 @@ def _main(cfg: DictConfig) -> float | None:
       run_dir.record_invocation(out_dir, {
           "config.yaml": OmegaConf.to_yaml(cfg), "hydra.yaml": OmegaConf.to_yaml({"hydra": hc}),
           "overrides.yaml": OmegaConf.to_yaml(OmegaConf.create(list(hc.overrides.task)))})
+    held.close()
     run_dir.remove_if_empty(out_dir, hydra_dir)
   if summary["status"] == "interrupted":
     sys.stdout.flush()

@@ -5,7 +5,8 @@
 The command line has composed the config and built the frozen plan (every field and
 cross-field check). Here, in the order a run meets them: the run directory's decision (new,
 resume or completed; a directory holding another run, a diverged one or progress without a
-checkpoint is refused: `pergrad.train.run_dir.accepts`), the data source (the shipped corpus
+checkpoint is refused: `pergrad.train.run_dir.accepts`; one another process is running in:
+`check_unlocked`), the data source (the shipped corpus
 installed or cached, a txt_folder's files present and text, a TFDS dataset prepared; nothing
 is prepared, tokenized or downloaded), the tokenizer's vocabulary against the model's, and
 the model, the optimizer and the train step, traced to shapes with `jax.eval_shape` for every
@@ -33,6 +34,7 @@ from pergrad.data.spec import TFDS_DATASETS
 from pergrad.loss import make_loss_fn
 from pergrad.model import Transformer
 from pergrad.train.checkpoint import CHECKPOINTS, check_progress_kept
+from pergrad.train.run_dir import check_unlocked
 from pergrad.train.state import make_init_fn
 from pergrad.train.step import train_step
 
@@ -56,6 +58,7 @@ def _decision(plan: RunPlan, out_dir: Path) -> str:
   if decision == "completed":
     return "completed: a run would skip it"
   check_progress_kept(out_dir, plan.train, plan.batch.max_batch_size)
+  check_unlocked(out_dir)
   steps = sorted(int(p.name) for p in (out_dir / CHECKPOINTS).glob("*") if p.name.isdigit())
   if decision == "resume" and steps:
     return f"a run would resume it from the checkpoint of step {steps[-1]}"

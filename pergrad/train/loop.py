@@ -42,6 +42,7 @@ same examples seen whatever the schedule (`pergrad.config.schema.TrainSpec`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import logging
@@ -66,7 +67,7 @@ from pergrad.train.interrupt import Interrupts
 from pergrad.train.metrics import MetricsLogger, read_records
 from pergrad.train.progress import Clock, Progress, print_summary
 from pergrad.train.recorder import History, NonFiniteLossError, Recorder
-from pergrad.train.run_dir import write_failed_summary
+from pergrad.train.run_dir import locked, write_failed_summary
 
 if TYPE_CHECKING:
   from pergrad.train.step import Steps
@@ -82,7 +83,8 @@ def run(plan: RunPlan, out_dir: str | Path, **kwargs) -> dict:
 
 def _run(plan: RunPlan, out_dir: str | Path, *, hydra_info: dict | None = None,
          echo: Callable[[str], None] = print, stop: Interrupts | None = None) -> dict:
-  """`_setup`, `_loop`, `_finish`; then the run's last line (interrupted, or its summary)."""
+  """The checks that refuse or skip the run, then `_train` holding the run directory's lock
+  (`pergrad.train.run_dir.locked`)."""
   t_begin = time.time()
   for name in ("absl", "jax"):  # Orbax logs every file at INFO; JAX its backend search
     logging.getLogger(name).setLevel(logging.WARNING)
@@ -92,6 +94,13 @@ def _run(plan: RunPlan, out_dir: str | Path, *, hydra_info: dict | None = None,
     echo(f"already completed: {out_dir}")
     return files.read_json(out_dir / files.SUMMARY)
   check_progress_kept(out_dir, plan.train, plan.batch.max_batch_size)
+  with locked(out_dir, echo) if distributed.is_main() else contextlib.nullcontext():
+    return _train(plan, out_dir, hydra_info, echo, stop, t_begin)
+
+
+def _train(plan: RunPlan, out_dir: Path, hydra_info: dict | None, echo, stop: Interrupts | None,
+           t_begin: float) -> dict:
+  """`_setup`, `_loop`, `_finish`; then the run's last line (interrupted, or its summary)."""
   s = _setup(plan, out_dir, hydra_info, echo, t_begin)
   s.stop = (stop or Interrupts()).install(every=plan.logging.log_every)
   gc.collect()

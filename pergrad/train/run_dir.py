@@ -15,19 +15,31 @@ the record of the run it was refused for. Hydra still creates its run folder
 `remove_if_empty` removes it, and a run directory that a run failing at start left empty.
 A run whose storage fails (a save that cannot write) still writes summary.json with status
 "failed" and its error where anything can be written (`write_failed_summary`).
+One run per directory at a time: `locked(out_dir)` holds an exclusive `fcntl` lock on
+`LOCK` (which names its holder: pid, host, start time) from acceptance to the end, released
+however the run ends; a second process is refused in one line (`check_unlocked`, also
+`--dry-run`'s check); a lock left by a dead process is taken over with a note.
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime
+import fcntl
+import json
+import os
 import re
+import socket
 from pathlib import Path
+from typing import Callable
 
 from pergrad import files
 from pergrad.config.plan import CONFIG, RunPlan, resume_decision
 from pergrad.train.checkpoint import OutputError, check_progress_kept
 
 RECORD = ".hydra"  # the invocation's record in the run directory (Hydra's name for it)
+LOCK = "run.lock"  # held by the process running in the directory (`locked`)
+_held: dict[Path, int] = {}  # run directories this process holds: their lock's descriptor
 _DATE = re.compile(r"\d{4}-\d{2}-\d{2}")  # the date folder of Hydra's default run folders
 
 
@@ -72,3 +84,75 @@ def write_failed_summary(run_dir: Path, summary: dict, error: BaseException | No
   why = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
   with contextlib.suppress(OSError):
     files.write_json(Path(run_dir) / files.SUMMARY, {**summary, "status": "failed", "error": why})
+
+
+@contextlib.contextmanager
+def locked(out_dir: Path, echo: Callable[[str], None] = print):
+  """Holds `out_dir`'s `LOCK` meanwhile (creating `out_dir`); re-entrant in one process.
+  ValueError (one line naming the holder) when another process holds it; a lock file whose
+  holder is gone (its lock released: the process died) is taken over with a note."""
+  out_dir = Path(out_dir).absolute()
+  if out_dir in _held:
+    yield
+    return
+  try:
+    out_dir.mkdir(parents=True, exist_ok=True)
+  except OSError as e:
+    raise OutputError.of(e, out_dir) from None
+  path = out_dir / LOCK
+  while True:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      os.close(fd)
+      raise ValueError(_in_use(out_dir)) from None
+    if os.path.exists(path) and os.stat(path).st_ino == os.fstat(fd).st_ino:
+      break  # not a file its holder removed meanwhile
+    os.close(fd)
+  left = os.read(fd, 4096).decode(errors="replace").strip()
+  if left:
+    echo(f"[pergrad] note: took over {path} left by {_holder(left)}, which is no longer "
+         "running.")
+  os.ftruncate(fd, 0)
+  os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                            "started": datetime.datetime.now().isoformat(timespec="seconds")
+                            }).encode(), 0)
+  _held[out_dir] = fd
+  try:
+    yield
+  finally:
+    del _held[out_dir]
+    with contextlib.suppress(OSError):
+      path.unlink()
+    os.close(fd)
+
+
+def check_unlocked(out_dir: Path) -> None:
+  """ValueError (`locked`'s line) when another process holds `out_dir`'s lock; writes nothing."""
+  out_dir = Path(out_dir).absolute()
+  if out_dir in _held or not (out_dir / LOCK).exists():
+    return
+  with contextlib.suppress(FileNotFoundError), open(out_dir / LOCK) as f:
+    try:
+      fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+      raise ValueError(_in_use(out_dir)) from None
+
+
+def _in_use(out_dir: Path) -> str:
+  try:
+    holder = _holder((out_dir / LOCK).read_text())
+  except OSError:
+    holder = "an unknown process"
+  return (f"{out_dir} is in use by another run ({holder}); one run per directory at a time: "
+          "wait for it to end, or set another train.out_dir.")
+
+
+def _holder(text: str) -> str:
+  """'pid P on HOST since TIME' of a lock file's text."""
+  try:
+    d = json.loads(text)
+    return f"pid {d['pid']} on {d['host']} since {d['started']}"
+  except (ValueError, KeyError, TypeError):
+    return "an unknown process"
