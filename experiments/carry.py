@@ -26,6 +26,7 @@ from __future__ import annotations
 import datetime
 import io
 import json
+import lzma
 import os
 import subprocess
 import tarfile
@@ -144,8 +145,16 @@ def unpack(archive: Path, sweeps_root: Path, record: Path) -> dict:
   {"runs": finished runs restored}. Refuses (ValueError, nothing written) an archive without
   a record, a member or link target outside the root, or a member that exists already."""
   root = Path(sweeps_root).resolve()
-  with tarfile.open(archive, mode="r:xz") as tar:
-    members = tar.getmembers()
+  if not Path(archive).is_file():
+    raise FileNotFoundError(f"{archive}: no such archive; make one with "
+                            "`scripts/reproduce.py --carry-out FILE`")
+  try:
+    tar = tarfile.open(archive, mode="r:xz")
+    members = tar.getmembers()  # reads the whole archive: a damaged one fails here
+  except (tarfile.TarError, EOFError, OSError, lzma.LZMAError) as e:
+    raise ValueError(f"{archive}: not a readable carried archive (.tar.xz: {e}); make one "
+                     "with `scripts/reproduce.py --carry-out FILE`") from None
+  with tar:
     names = [m.name for m in members]
     if RECORD not in names:
       raise ValueError(f"{archive}: not a carried reproduction (no {RECORD}); make one with "

@@ -194,3 +194,103 @@ def test_one_run_per_directory_and_a_dead_holders_lock_is_taken_over(tmp_path, t
   assert said[0].startswith(f"[pergrad] note: took over {d / 'run.lock'} left by pid "
                             f"{holder.pid} on {socket.gethostname()} since "), said[0]
   assert said[0].endswith(", which is no longer running.") and os.getpid() != holder.pid
+
+
+def _both_refuse(d, overrides, exc):
+  """The one-line errors of `run` and `dry_run` for `overrides` on `d` (which must agree)."""
+  from pergrad.config import build_plan
+  from pergrad.train.dry_run import dry_run
+
+  with pytest.raises(exc) as real:
+    _train(d, overrides)
+  with pytest.raises(exc) as dry:
+    dry_run(build_plan(compose(overrides)), d)
+  assert str(dry.value) == str(real.value) and "\n" not in str(real.value)
+  return str(real.value)
+
+
+@pytest.fixture()
+def no_jax_cache():
+  """JAX's own compilation cache setting off (it wins over train.compile_cache) meanwhile."""
+  import jax
+
+  old = jax.config.jax_compilation_cache_dir
+  jax.config.update("jax_compilation_cache_dir", None)
+  yield
+  jax.config.update("jax_compilation_cache_dir", old)
+
+
+def test_dry_run_refuses_what_the_run_refuses(tmp_path, tiny_overrides, no_jax_cache):
+  """--dry-run passed an out dir under a file and a 12-token corpus, which the run then
+  refused; train.compile_cache pointing at a file said "set train.out_dir"."""
+  from pergrad.data import DataError
+  from pergrad.train.checkpoint import OutputError
+
+  a_file = tmp_path / "a_file"
+  a_file.write_text("x")
+  over = [*tiny_overrides, "train.steps=2"]
+  assert _both_refuse(a_file / "run", over, OutputError) == (
+      f"cannot create the run directory {a_file / 'run'}: {a_file} is a file, not a folder; "
+      "set train.out_dir to a writable folder.")
+  assert _both_refuse(tmp_path / "r1", [*over, f"train.compile_cache={a_file}"], ValueError) == (
+      f"train.compile_cache={a_file}: cannot keep the compilation cache in {a_file} ({a_file} "
+      "is a file, not a folder); set train.compile_cache to a writable folder, or to null for "
+      "none.")
+  texts = tmp_path / "texts"
+  texts.mkdir()
+  (texts / "a.txt").write_text("hello")
+  (texts / "b.txt").write_text("world!")
+  short = [*over, "data=txt_folder", f"data.path={texts}"]
+  assert _both_refuse(tmp_path / "r2", short, DataError) == (
+      "the train split of data.name=txt_folder has 7 tokens, fewer than data.seq_len+1=33; "
+      "lower data.seq_len or add text.")
+  bpe = [*short, "data.tokenizer=bpe", "data.vocab_size=256"]  # not prepared: a bound
+  from pergrad.config import build_plan
+  from pergrad.train.dry_run import dry_run
+
+  with pytest.raises(DataError, match=r"the train split of data.name=txt_folder has at most 6 "
+                                      r"tokens, fewer than data.seq_len\+1=33"):
+    dry_run(build_plan(compose(bpe)), tmp_path / "r3")
+  assert not any(p.name.startswith("r") for p in tmp_path.iterdir())  # no run directory left
+
+
+def test_dry_run_cli_and_run_cli_agree_on_a_bad_compile_cache(tmp_path, tiny_overrides):
+  a_file = tmp_path / "a_file"
+  a_file.write_text("x")
+  args = [*tiny_overrides, "train.steps=2", f"train.out_dir={tmp_path / 'run'}",
+          f"train.compile_cache={a_file}"]
+  real, dry = run_cli(args, timeout=120), run_cli(["--dry-run", *args], timeout=120)
+  assert real.returncode == dry.returncode == 1
+  assert real.stderr == dry.stderr == (
+      f"error: train.compile_cache={a_file}: cannot keep the compilation cache in {a_file} "
+      f"({a_file} is a file, not a folder); set train.compile_cache to a writable folder, or "
+      "to null for none.\n"), real.stderr
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]
+
+
+def test_reproduce_ends_a_bad_override_or_a_garbage_archive_in_one_line(tmp_path, capsys):
+  """reproduce.py with a bad override ended in a RuntimeError traceback (after its runs
+  failed); a garbage carry-in archive in tarfile.ReadError."""
+  from test_record import _reproduce_module
+
+  from experiments import carry
+
+  repro = _reproduce_module()
+  root = tmp_path / "sweeps"
+  with pytest.raises(SystemExit) as e:
+    repro.main(["snr", "--preset", "ci", "--hydra-arg", "train.stpes=3", "--sweeps-root",
+                str(root)])
+  assert e.value.code == ("error: --hydra-arg train.stpes=3: unknown key train.stpes: the "
+                          "config has no such field; did you mean train.steps?")
+  assert not root.exists()  # nothing launched
+  garbage = tmp_path / "carry.tar.xz"
+  garbage.write_bytes(bytes(range(256)) * 4)
+  line = (f"{garbage}: not a readable carried archive (.tar.xz: not an lzma file); make one "
+          "with `scripts/reproduce.py --carry-out FILE`")
+  with pytest.raises(ValueError) as v:
+    carry.unpack(garbage, root, tmp_path / "record.json")
+  assert str(v.value) == line
+  with pytest.raises(SystemExit) as e:
+    repro.main(["all", "--preset", "ci", "--carry-in", str(garbage), "--sweeps-root", str(root)])
+  assert e.value.code == f"error: {line}" and not root.exists()
+  assert "Traceback" not in capsys.readouterr().err

@@ -88,13 +88,16 @@ def write_failed_summary(run_dir: Path, summary: dict, error: BaseException | No
 
 @contextlib.contextmanager
 def locked(out_dir: Path, echo: Callable[[str], None] = print):
-  """Holds `out_dir`'s `LOCK` meanwhile (creating `out_dir`); re-entrant in one process.
+  """Holds `out_dir`'s `LOCK` meanwhile (creating `out_dir`, removed again if left empty);
+  re-entrant in one process.
   ValueError (one line naming the holder) when another process holds it; a lock file whose
   holder is gone (its lock released: the process died) is taken over with a note."""
   out_dir = Path(out_dir).absolute()
   if out_dir in _held:
     yield
     return
+  check_creatable(out_dir)
+  made = not out_dir.exists()
   try:
     out_dir.mkdir(parents=True, exist_ok=True)
   except OSError as e:
@@ -126,6 +129,17 @@ def locked(out_dir: Path, echo: Callable[[str], None] = print):
     with contextlib.suppress(OSError):
       path.unlink()
     os.close(fd)
+    if made:  # a run that wrote nothing leaves no folder
+      with contextlib.suppress(OSError):
+        out_dir.rmdir()
+
+
+def check_creatable(out_dir: Path) -> None:
+  """OutputError (one line) when the run directory cannot be created; writes nothing."""
+  why = files.not_creatable(out_dir)
+  if why:
+    raise OutputError(f"cannot create the run directory {out_dir}: {why}; set train.out_dir "
+                      "to a writable folder.")
 
 
 def check_unlocked(out_dir: Path) -> None:
