@@ -230,7 +230,7 @@ def test_dry_run_refuses_what_the_run_refuses(tmp_path, tiny_overrides, no_jax_c
   a_file.write_text("x")
   over = [*tiny_overrides, "train.steps=2"]
   assert _both_refuse(a_file / "run", over, OutputError) == (
-      f"cannot create the run directory {a_file / 'run'}: {a_file} is a file, not a folder; "
+      f"cannot write the run directory {a_file / 'run'} ({a_file} is a file, not a folder); "
       "set train.out_dir to a writable folder.")
   assert _both_refuse(tmp_path / "r1", [*over, f"train.compile_cache={a_file}"], ValueError) == (
       f"train.compile_cache={a_file}: cannot keep the compilation cache in {a_file} ({a_file} "

@@ -138,7 +138,7 @@ def check_creatable(out_dir: Path) -> None:
   """OutputError (one line) when the run directory cannot be created; writes nothing."""
   why = files.not_creatable(out_dir)
   if why:
-    raise OutputError(f"cannot create the run directory {out_dir}: {why}; set train.out_dir "
+    raise OutputError(f"cannot write the run directory {out_dir} ({why}); set train.out_dir "
                       "to a writable folder.")
 
 
