@@ -254,6 +254,7 @@ def test_dry_run_refuses_what_the_run_refuses(tmp_path, tiny_overrides, no_jax_c
   assert not any(p.name.startswith("r") for p in tmp_path.iterdir())  # no run directory left
 
 
+@pytest.mark.extended  # the CLI's line of test_dry_run_refuses_what_the_run_refuses (~15 s)
 def test_dry_run_cli_and_run_cli_agree_on_a_bad_compile_cache(tmp_path, tiny_overrides):
   a_file = tmp_path / "a_file"
   a_file.write_text("x")
