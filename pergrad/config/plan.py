@@ -14,7 +14,7 @@ frozen `RunPlan`.
 the resolved config without the keys that may change when a run is resumed, declared on
 their fields (`pergrad.fields.resumable`: logging, evaluation and checkpoint cadence, the
 output directory, ...), and without `train.steps` when the schedule is constant, so that
-a run can be extended (never shortened: `pergrad.train.checkpoint.check_not_past`). A run
+a run can be extended (never shortened: `pergrad.train.run_dir.check_not_past`). A run
 directory also records its data (`DATA`); a resume on other data is refused.
 """
 

@@ -162,9 +162,7 @@ def check_progress_kept(run_dir: Path, train, max_batch_size: int) -> None:
   """OutputError (one line) when `run_dir` records progress (a summary.json, or metrics
   past the run's first checkpoint: `train.checkpoints_at`, `max_batch_size` examples per
   full-batch step) but holds no checkpoint, readable or not, unless `train.restart`. A run
-  killed before its first checkpoint starts again from step 0, as it must. ValueError when
-  it was trained past train.steps (`check_not_past`)."""
-  check_not_past(run_dir, train, max_batch_size)
+  killed before its first checkpoint starts again from step 0, as it must."""
   directory = Path(run_dir) / CHECKPOINTS
   if train.restart or (directory.is_dir() and any(
       p.name.split(".")[0].isdigit() and TMP_SUFFIX not in p.name for p in directory.iterdir())):
@@ -184,34 +182,6 @@ def check_progress_kept(run_dir: Path, train, max_batch_size: int) -> None:
       f"{run_dir} records progress ({'; '.join(found)}) but {directory} holds no "
       "checkpoint; nothing was started. Set train.restart=true to train again from step 0 "
       f"on purpose ({METRICS} is then rewritten), or set another train.out_dir.")
-
-
-def check_not_past(run_dir: Path, train, max_batch_size: int) -> None:
-  """ValueError (one line) when `run_dir`'s run has seen more examples than train.steps x
-  `max_batch_size` (a run with a constant schedule may be resumed with more steps, extended,
-  never with fewer than it has trained): the examples its summary records at a stop that
-  saved a checkpoint, or its metrics record up to its newest checkpoint. The loop checks the
-  restored state again (`pergrad.train.loop`)."""
-  run_dir = Path(run_dir)
-  directory = run_dir / CHECKPOINTS
-  saved = [int(p.name) for p in directory.glob("*") if p.name.isdigit()] if directory.is_dir() \
-      else []
-  newest = max(saved, default=0)
-  seen = max((r.get("examples_seen", 0) for r in read_records(run_dir / METRICS)
-              if r.get("step", 0) <= newest), default=0)
-  summary = read_json(run_dir / SUMMARY) if (run_dir / SUMMARY).exists() else {}
-  if summary.get("status") in ("completed", "interrupted"):
-    seen = max(seen, summary.get("examples_seen") or 0)
-  if seen > train.steps * max_batch_size:
-    raise_past(run_dir, train.steps, seen, max_batch_size)
-
-
-def raise_past(run_dir: Path, steps: int, seen: int, max_batch_size: int) -> None:
-  raise ValueError(
-      f"{run_dir} holds a run trained past train.steps={steps} ({seen:,} examples, "
-      f"{seen / max_batch_size:g} steps of {max_batch_size}); a run is never shortened: set "
-      f"train.steps={-(-seen // max_batch_size)} or more to keep (or extend) it, or set another "
-      "train.out_dir.")
 
 
 def _reason(e: BaseException, step_dir: Path) -> str:

@@ -36,7 +36,7 @@ from pergrad.loss import make_loss_fn
 from pergrad.model import Transformer
 from pergrad.train import compile_cache
 from pergrad.train.checkpoint import CHECKPOINTS, check_progress_kept
-from pergrad.train.run_dir import check_creatable, check_unlocked
+from pergrad.train.run_dir import check_creatable, check_not_past, check_unlocked
 from pergrad.train.state import make_init_fn
 from pergrad.train.step import train_step
 
@@ -60,6 +60,7 @@ def _decision(plan: RunPlan, out_dir: Path) -> str:
   if decision == "completed":
     return "completed: a run would skip it"
   check_progress_kept(out_dir, plan.train, plan.batch.max_batch_size)
+  check_not_past(out_dir, plan.train, plan.batch.max_batch_size)
   check_creatable(out_dir)
   check_unlocked(out_dir)
   compile_cache.check(plan.train.compile_cache)

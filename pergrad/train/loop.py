@@ -61,13 +61,13 @@ from pergrad.model import count_params
 from pergrad.optim import gns_metrics
 from pergrad.train import compile_cache, distributed
 from pergrad.train.batch_schedule import next_batch_size
-from pergrad.train.checkpoint import Checkpoints, OutputError, check_progress_kept, raise_past
+from pergrad.train.checkpoint import Checkpoints, OutputError, check_progress_kept
 from pergrad.train.heldout import HeldOutData
 from pergrad.train.interrupt import Interrupts
 from pergrad.train.metrics import MetricsLogger, read_records
 from pergrad.train.progress import Clock, Progress, print_summary
 from pergrad.train.recorder import History, NonFiniteLossError, Recorder
-from pergrad.train.run_dir import locked, write_failed_summary
+from pergrad.train.run_dir import check_not_past, locked, raise_past, write_failed_summary
 
 if TYPE_CHECKING:
   from pergrad.train.step import Steps
@@ -94,6 +94,7 @@ def _run(plan: RunPlan, out_dir: str | Path, *, hydra_info: dict | None = None,
     echo(f"already completed: {out_dir}")
     return files.read_json(out_dir / files.SUMMARY)
   check_progress_kept(out_dir, plan.train, plan.batch.max_batch_size)
+  check_not_past(out_dir, plan.train, plan.batch.max_batch_size)
   with locked(out_dir, echo) if distributed.is_main() else contextlib.nullcontext():
     return _train(plan, out_dir, hydra_info, echo, stop, t_begin)
 

@@ -1,24 +1,21 @@
 """What an invocation of the command line may write, and when: nothing before the run is
-accepted.
+accepted; one run per directory at a time.
 
-    if accepts(plan, out_dir): ...run...; record_invocation(out_dir, {name: yaml})
+    if accepts(plan, out_dir): with locked(out_dir): ...run...; record_invocation(...)
     remove_if_empty(out_dir, hydra_dir)
 
-`accepts` runs the checks that refuse a run directory (another run's config, a diverged run,
-progress without a checkpoint: `pergrad.config.plan.resume_decision`,
-`pergrad.train.checkpoint.check_progress_kept`) before anything is written there. Hydra
-writes nothing itself (`hydra.output_subdir: null`, and no `<job>.log`: configs/config.yaml):
-`record_invocation` writes its record, `.hydra/{config,hydra,overrides}.yaml`, into the run
+`accepts` runs the checks that refuse a run directory (another run's config or data, a
+diverged run: `pergrad.config.plan.resume_decision`; progress without a checkpoint:
+`pergrad.train.checkpoint.check_progress_kept`; progress past train.steps: `check_not_past`)
+before anything is written there. Hydra writes nothing itself (`hydra.output_subdir: null`,
+no `<job>.log`); `record_invocation` writes `.hydra/{config,hydra,overrides}.yaml` into the
 directory of a run that was accepted and wrote its config, so a refused run cannot overwrite
-the record of the run it was refused for. Hydra still creates its run folder
-(`outputs/<date>/<time>` unless hydra.run.dir is set) before the task starts;
-`remove_if_empty` removes it, and a run directory that a run failing at start left empty.
-A run whose storage fails (a save that cannot write) still writes summary.json with status
-"failed" and its error where anything can be written (`write_failed_summary`).
-One run per directory at a time: `locked(out_dir)` holds an exclusive `fcntl` lock on
-`LOCK` (which names its holder: pid, host, start time) from acceptance to the end, released
-however the run ends; a second process is refused in one line (`check_unlocked`, also
-`--dry-run`'s check); a lock left by a dead process is taken over with a note.
+another's record; `remove_if_empty` removes Hydra's run folder and a run directory left
+empty. A run whose storage fails still writes summary.json with status "failed" where it can
+(`write_failed_summary`). `locked(out_dir)` holds an exclusive `fcntl` lock on `LOCK` (naming
+its holder: pid, host, start) from acceptance to the end, however the run ends; a second
+process is refused in one line (`check_unlocked`: --dry-run's check); a lock file left by a
+dead process is taken over with a note.
 """
 
 from __future__ import annotations
@@ -35,7 +32,8 @@ from typing import Callable
 
 from pergrad import files
 from pergrad.config.plan import CONFIG, RunPlan, resume_decision
-from pergrad.train.checkpoint import OutputError, check_progress_kept
+from pergrad.files import METRICS, SUMMARY, read_json, read_records
+from pergrad.train.checkpoint import CHECKPOINTS, OutputError, check_progress_kept
 
 RECORD = ".hydra"  # the invocation's record in the run directory (Hydra's name for it)
 LOCK = "run.lock"  # held by the process running in the directory (`locked`)
@@ -49,6 +47,7 @@ def accepts(plan: RunPlan, out_dir: Path) -> bool:
   if resume_decision(out_dir, plan) == "completed":
     return False
   check_progress_kept(out_dir, plan.train, plan.batch.max_batch_size)
+  check_not_past(out_dir, plan.train, plan.batch.max_batch_size)
   return True
 
 
@@ -170,3 +169,31 @@ def _holder(text: str) -> str:
     return f"pid {d['pid']} on {d['host']} since {d['started']}"
   except (ValueError, KeyError, TypeError):
     return "an unknown process"
+
+
+def check_not_past(run_dir: Path, train, max_batch_size: int) -> None:
+  """ValueError (one line) when `run_dir`'s run has seen more examples than train.steps x
+  `max_batch_size` (a run with a constant schedule may be resumed with more steps, extended,
+  never with fewer than it has trained): the examples its summary records at a stop that
+  saved a checkpoint, or its metrics record up to its newest checkpoint. The loop checks the
+  restored state again (`pergrad.train.loop`)."""
+  run_dir = Path(run_dir)
+  directory = run_dir / CHECKPOINTS
+  saved = [int(p.name) for p in directory.glob("*") if p.name.isdigit()] if directory.is_dir() \
+      else []
+  newest = max(saved, default=0)
+  seen = max((r.get("examples_seen", 0) for r in read_records(run_dir / METRICS)
+              if r.get("step", 0) <= newest), default=0)
+  summary = read_json(run_dir / SUMMARY) if (run_dir / SUMMARY).exists() else {}
+  if summary.get("status") in ("completed", "interrupted"):
+    seen = max(seen, summary.get("examples_seen") or 0)
+  if seen > train.steps * max_batch_size:
+    raise_past(run_dir, train.steps, seen, max_batch_size)
+
+
+def raise_past(run_dir: Path, steps: int, seen: int, max_batch_size: int) -> None:
+  raise ValueError(
+      f"{run_dir} holds a run trained past train.steps={steps} ({seen:,} examples, "
+      f"{seen / max_batch_size:g} steps of {max_batch_size}); a run is never shortened: set "
+      f"train.steps={-(-seen // max_batch_size)} or more to keep (or extend) it, or set another "
+      "train.out_dir.")
