@@ -17,7 +17,8 @@ records), so the archive names no machine's path and unpacks under any root, for
 checkout. `unpack` refuses, before writing anything, an archive whose runs exist already
 under the root (nothing written is lost), that holds no record, or whose record would replace
 another unfinished one; the continued reproduction then checks the training version itself
-(`Record`, `record_sweep`).
+(`Record`, `record_sweep`). Each run it restores says what was left out (`reuse.CARRIED`), so
+that it counts as whole (`reuse.is_whole`) without its checkpoints.
 """
 
 from __future__ import annotations
@@ -25,12 +26,13 @@ from __future__ import annotations
 import datetime
 import io
 import json
+import lzma
 import os
 import subprocess
 import tarfile
 from pathlib import Path
 
-from experiments.reuse import INDEX
+from experiments.reuse import CARRIED, INDEX
 from experiments.sweep import REPO
 from pergrad.analysis.runs import DONE, HYDRA_CONFIG, run_status
 from pergrad.files import METRICS, SUMMARY, write_bytes
@@ -143,8 +145,16 @@ def unpack(archive: Path, sweeps_root: Path, record: Path) -> dict:
   {"runs": finished runs restored}. Refuses (ValueError, nothing written) an archive without
   a record, a member or link target outside the root, or a member that exists already."""
   root = Path(sweeps_root).resolve()
-  with tarfile.open(archive, mode="r:xz") as tar:
-    members = tar.getmembers()
+  if not Path(archive).is_file():
+    raise FileNotFoundError(f"{archive}: no such archive; make one with "
+                            "`scripts/reproduce.py --carry-out FILE`")
+  try:
+    tar = tarfile.open(archive, mode="r:xz")
+    members = tar.getmembers()  # reads the whole archive: a damaged one fails here
+  except (tarfile.TarError, EOFError, OSError, lzma.LZMAError) as e:
+    raise ValueError(f"{archive}: not a readable carried archive (.tar.xz: {e}); make one "
+                     "with `scripts/reproduce.py --carry-out FILE`") from None
+  with tar:
     names = [m.name for m in members]
     if RECORD not in names:
       raise ValueError(f"{archive}: not a carried reproduction (no {RECORD}); make one with "
@@ -182,5 +192,7 @@ def unpack(archive: Path, sweeps_root: Path, record: Path) -> dict:
         write_bytes(dest, _swap(tar.extractfile(m).read(), [(ROOT, str(root)),
                                                             (REPO_MARK, str(REPO))]))
         os.utime(dest, (m.mtime, m.mtime))
-        runs += dest.name == SUMMARY
+        if dest.name == SUMMARY:  # a finished run, carried without its checkpoints
+          runs += 1
+          write_bytes(dest.parent / CARRIED, json.dumps({"left_out": list(LEFT_OUT)}).encode())
   return {"runs": runs, "record": json.loads(Path(record).read_text()).get("command")}

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
-from experiments.reuse import RunIndex, is_reused
+from experiments.reuse import RunIndex, drop_broken_link, is_reused, is_whole
 from experiments.sweep import REPO, Block, config_extras, override_key
 from pergrad.analysis.runs import DONE, fmt, run_dirname, run_status
 
@@ -89,10 +89,12 @@ def launch_blocks(sweep_dir: Path, base: dict, blocks: Iterable[Block], *,
     todo, done, keys = [], [], {}
     for p in block.points():
       name = run_dirname(p)
+      if not dry_run:
+        drop_broken_link(sweep_dir / name, echo, index.whole if index else is_whole)
       status = run_status(sweep_dir / name)
       if index is not None and status == "missing":
         keys[name] = index.key(run_overrides(base, block, p, extra))
-        found = index.find(keys[name])
+        found = index.find(keys[name], echo)
         if found is not None:
           if not dry_run:
             index.link(sweep_dir / name, found)

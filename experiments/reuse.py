@@ -18,10 +18,12 @@ and refuses to be resumed or analysed at another.
 
 The index is one small file per finished run under `<sweeps root>/.runs/<key>` holding its
 run directory. A sweep that asks for a run it has not started, which the index knows
-finished (completed or diverged) and still there, gets a run directory of links to its
-files (`RunIndex.link`, marked by `REUSED`), and the launch log lists it as reused
-(`LaunchLog.reused`), apart from launched runs; a run the sweep started already resumes in
-its own directory.
+finished (completed or diverged), still there and whole (`is_whole`: its summary, the
+metrics up to its last step, its last checkpoint readable), gets a run directory of links to
+its files (`RunIndex.link`, marked by `REUSED`), and the launch log lists it as reused
+(`LaunchLog.reused`), apart from launched runs; one not whole is run again, with a line
+saying why, as is a linked run whose source has gone or is no longer whole. A run the sweep
+started already resumes in its own directory.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import hashlib
 import importlib.metadata
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -38,6 +41,7 @@ from typing import Callable, Sequence
 
 from pergrad.analysis import composed, identity
 from pergrad.analysis.runs import DONE, run_status
+from pergrad.files import METRICS, SUMMARY, read_records
 
 INDEX = ".runs"
 REUSED = "reused.json"  # in a run directory linked to another sweep's run
@@ -45,6 +49,48 @@ REUSED = "reused.json"  # in a run directory linked to another sweep's run
 
 def is_reused(run_dir: Path) -> bool:
   return (Path(run_dir) / REUSED).exists()
+
+
+# --- whole runs ------------------------------------------------------------------------------
+CARRIED = "carried.json"  # in a run unpacked by experiments.carry: the folders it left out
+CHECKPOINTS = "checkpoints"  # pergrad.train.checkpoint.CHECKPOINTS (tests/test_carry.py)
+
+
+def is_whole(run_dir: Path, unreadable: Callable[[Path], str | None] | None = None
+             ) -> str | None:
+  """None when `run_dir` holds a whole finished run, else why not (a phrase): its summary
+  says completed (or diverged: a finished outcome), its metrics.jsonl reaches the summary's
+  last step, and its last checkpoint (of the last step, for a completed run) can be read
+  (`unreadable`: default `pergrad.train.checkpoint.unreadable`), unless a carry left the
+  checkpoints out (`CARRIED`). A reused run's directory of links is whole when its source is."""
+  run_dir = Path(run_dir)
+  if is_reused(run_dir):
+    source = Path(json.loads((run_dir / REUSED).read_text())["run_dir"])
+    why = "is gone" if not source.is_dir() else is_whole(source, unreadable)
+    return None if why is None else f"its source {source} {why}"
+  try:
+    summary = json.loads((run_dir / SUMMARY).read_text())
+  except (OSError, ValueError):
+    return f"has no readable {SUMMARY}"
+  status, last = summary.get("status"), summary.get("last_step")
+  if status not in DONE:
+    return f"has status {status!r} in {SUMMARY}"
+  if not isinstance(last, int):
+    return f"records no last_step in {SUMMARY}"
+  reached = max((r.get("step", -1) for r in read_records(run_dir / METRICS)), default=None)
+  if reached is None or reached < last:
+    return (f"has {METRICS} ending at step {reached}, before its last step {last}"
+            if reached is not None else f"has no records in {METRICS}")
+  carried = run_dir / CARRIED
+  if carried.exists() and CHECKPOINTS in json.loads(carried.read_text()).get("left_out", []):
+    return None
+  steps = summary.get("checkpoint_steps") or []
+  if status == "completed" and last not in steps:
+    return f"lists no checkpoint of its last step {last} in {SUMMARY}"
+  if unreadable is None:
+    from pergrad.train.checkpoint import unreadable
+  why = unreadable(run_dir / CHECKPOINTS / str(max(steps))) if steps else None
+  return None if why is None else f"has a checkpoint that cannot be read: {why}"
 
 
 # What a run computes with: the package (less the reports' code, which training never
@@ -116,6 +162,18 @@ def run_key(config: dict, code: str) -> str:
   return hashlib.sha256(doc.encode()).hexdigest()
 
 
+def drop_broken_link(run_dir: Path, echo: Callable[[str], None],
+                     whole: Callable[[Path], str | None] = is_whole) -> None:
+  """Removes `run_dir` when it is a reused run's directory of links (`RunIndex.link`: links
+  and the sweep's Hydra record, nothing of its own) whose source has gone or is no longer
+  whole, saying why: the sweep then finds the run missing and runs it again."""
+  run_dir = Path(run_dir)
+  if not is_reused(run_dir) or (why := whole(run_dir)) is None:
+    return
+  echo(f"[reuse] {run_dir.name}: {why}; running it again.")
+  shutil.rmtree(run_dir)
+
+
 @dataclasses.dataclass
 class RunIndex:
   """The finished runs of a sweeps root (module docstring)."""
@@ -123,6 +181,7 @@ class RunIndex:
   root: Path  # <sweeps root>/.runs
   code: str | None
   resolve: Callable[[Sequence[str]], dict] = composed  # overrides -> resolved config
+  whole: Callable[[Path], str | None] = is_whole  # run dir -> why it is not whole, or None
 
 
   @classmethod
@@ -143,13 +202,20 @@ class RunIndex:
       return None
     return run_key(config, self.code)
 
-  def find(self, key: str | None) -> Path | None:
-    """The finished run directory of `key`, if the index has one that is still there."""
+  def find(self, key: str | None, echo: Callable[[str], None] = lambda _: None
+           ) -> Path | None:
+    """The finished run directory of `key`, if the index has one that is still there and
+    whole (`is_whole`; `echo` says why one is not, and so is run again)."""
     f = self.root / key if key else None
     if f is None or not f.exists():
       return None
     run_dir = Path(f.read_text().strip())
-    return run_dir if run_status(run_dir) in DONE else None
+    if run_status(run_dir) not in DONE:
+      return None
+    why = self.whole(run_dir)
+    if why is not None:
+      echo(f"[reuse] not reusing {run_dir}: it {why}; running it again.")
+    return run_dir if why is None else None
 
   def add(self, key: str | None, run_dir: Path) -> None:
     """Records a finished run trained by this launch (a reused one is not: its own run is)."""

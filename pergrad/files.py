@@ -1,5 +1,5 @@
-"""Atomic file writes (a reader, or a killed writer, never sees a half-written file) and
-the reader of a run's JSON-lines metrics."""
+"""Atomic file writes (a reader, or a killed writer, never sees a half-written file), the
+reader of a run's JSON-lines metrics, and whether a folder can be made (`not_creatable`)."""
 
 from __future__ import annotations
 
@@ -21,6 +21,20 @@ def write_bytes(path: str | Path, data: bytes) -> None:
   except BaseException:
     Path(tmp).unlink(missing_ok=True)
     raise
+
+
+def not_creatable(path: str | Path) -> str | None:
+  """Why the folder `path` cannot be used or created (a file there or above it, a folder
+  above it that is not writable), or None; nothing is written."""
+  path = Path(path).expanduser().absolute()
+  if path.is_dir():
+    return None if os.access(path, os.W_OK | os.X_OK) else f"{path} is not writable"
+  for p in (path, *path.parents):
+    if p.is_dir():
+      return None if os.access(p, os.W_OK | os.X_OK) else f"{p} is not writable"
+    if p.exists() or p.is_symlink():
+      return f"{p} is a file, not a folder"
+  return None
 
 
 def write_text(path: str | Path, text: str) -> None:

@@ -83,6 +83,23 @@ def _refused_points(commands: list[list[str]], remote: bool = False) -> list[str
   return errors
 
 
+def _check_overrides(extra: list[str], preset: str) -> None:
+  """ValueError (one line) when the --hydra-arg overrides that change the runs' config do not
+  compose with the preset (an unknown key, a wrong type, no such config group option), before
+  any run is launched."""
+  from experiments.sweep import config_extras
+  from pergrad.config import compose
+
+  said = config_extras(extra)
+  if not said:
+    return
+  try:
+    compose([f"scale={preset}", *said])
+  except Exception as e:  # noqa: BLE001 - any composition error, reported in one line
+    first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    raise ValueError(f"--hydra-arg {' '.join(said)}: {first}") from None
+
+
 def main(argv=None) -> int:
   argv = list(sys.argv[1:] if argv is None else argv)
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -133,7 +150,7 @@ def main(argv=None) -> int:
       if a.carry_out:
         print(f"[carry] {root} -> {a.carry_out}: {carry.pack(root, record, a.carry_out)}")
     except (FileNotFoundError, ValueError) as e:
-      p.error(str(e))
+      sys.exit(f"error: {e}")
     if not a.experiment:
       return 0
   if not a.experiment:
@@ -155,6 +172,11 @@ def main(argv=None) -> int:
       p.error(str(e))
   if a.results_dir and len(names) > 1:
     p.error("--results-dir needs a single experiment")
+  try:
+    if not a.dry_run:  # a dry run checks each of its points, naming the refused ones
+      _check_overrides(a.hydra_arg, a.preset)
+  except ValueError as e:
+    sys.exit(f"error: {e}")
   failed, errors = [], []
   wrote_results = False
   record = None
@@ -189,8 +211,6 @@ def main(argv=None) -> int:
         raise ValueError(f"{len(refused)} point(s) a real run would refuse: "
                          + " | ".join(refused))
     except (FileNotFoundError, RuntimeError, ValueError) as e:
-      if len(names) == 1 and not a.dry_run:
-        raise
       print(f"[error] {n}: {e}")
       errors.append(n)
       if record is not None:

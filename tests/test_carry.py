@@ -196,8 +196,10 @@ def test_a_commit_that_adds_only_results_keeps_the_experiments_it_finished(tmp_p
 
 
 def test_the_run_layout_carry_reads_is_the_one_training_writes():
+  from experiments import reuse
   from pergrad.config.plan import CONFIG
   from pergrad.train.checkpoint import CHECKPOINTS
   from pergrad.train.run_dir import RECORD
 
   assert (carry.CONFIG, carry.RECORD_DIR, carry.LEFT_OUT[0]) == (CONFIG, RECORD, CHECKPOINTS)
+  assert reuse.CHECKPOINTS == CHECKPOINTS

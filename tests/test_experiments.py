@@ -76,8 +76,12 @@ FAKE_TRAIN = textwrap.dedent('''
           f.write(json.dumps({"step": step, "split": "stats",
                               "stats/dense/kernel/snr_median": 0.1 * step}) + "\\n")
           f.flush()
+      done = [] if lr > 1.0 else [cfg.steps]  # a "checkpoint" of the last step (no Orbax)
+      for step in done:
+        (out / "checkpoints" / str(step)).mkdir(parents=True, exist_ok=True)
       summ.write_text(json.dumps({"status": "diverged" if lr > 1.0 else "completed",
-                                  "wall_time_s": 0.1}))
+                                  "wall_time_s": 0.1, "last_step": cfg.steps,
+                                  "checkpoint_steps": done}))
 
     if __name__ == "__main__":
       main()

@@ -28,11 +28,19 @@ def fake_train(tmp_path):
 
 
 
+def fake_whole(run_dir: Path) -> str | None:
+  """`reuse.is_whole` for the fake entry's runs, whose checkpoints are empty folders."""
+  from experiments.reuse import is_whole
+
+  return is_whole(run_dir, lambda d: None if d.is_dir() else f"{d} does not exist")
+
+
 def _fake_index(root: Path, code: str = "c0"):
   from experiments.reuse import RunIndex
 
   # The fake entry's keys are not pergrad's: the config is the overrides themselves.
-  return RunIndex(root / ".runs", code, resolve=lambda ov: dict(o.split("=", 1) for o in ov))
+  return RunIndex(root / ".runs", code, resolve=lambda ov: dict(o.split("=", 1) for o in ov),
+                  whole=fake_whole)
 
 
 def test_a_run_another_sweep_finished_is_linked_not_trained(tmp_path, fake_train):
@@ -210,3 +218,38 @@ def test_run_info_sums_the_launches_of_one_training_version_across_commits(tmp_p
   assert (again["commit"], again["train_version"]) == ("def", "v1")
   other = info(LaunchLog(launched=["r0"], wall_s=3.0), "def", "v2")  # other training code
   assert (other["launched"], other["launch_wall_s"], other["invocations"]) == (1, 3.0, 1)
+
+
+def test_a_run_is_reused_only_whole_and_a_link_to_a_lost_run_is_run_again(tmp_path, fake_train):
+  """A finished run whose metrics.jsonl was cut to its first records was reused ("final step
+  4, eval loss inf"); a reused run whose source was deleted failed with "File exists ...
+  checkpoints"."""
+  import shutil
+
+  root, cmd, said = tmp_path / "root", _fake_cmd(fake_train), []
+  quiet = dict(train_cmd=cmd, echo=said.append)
+  block = (Block({"optimizer.placement": ["ema"], "optimizer.lr": [0.1], "seed": [0]}),)
+  name = "optimizer.lr=0.1,optimizer.placement=ema,seed=0"
+  launch.launch_blocks(root / "a" / "ci", {"steps": 3}, block, index=_fake_index(root), **quiet)
+  source = root / "a" / "ci" / name
+  metrics = (source / "metrics.jsonl").read_text().splitlines()
+  (source / "metrics.jsonl").write_text("\n".join(metrics[:4]) + "\n")  # cut at step 2 of 3
+  b = launch.launch_blocks(root / "b" / "ci", {"steps": 3}, block, index=_fake_index(root),
+                           **quiet)
+  assert not b.reused and b.launched == [name]
+  assert f"[reuse] not reusing {source}: it has metrics.jsonl ending at step 2, before its " \
+         "last step 3; running it again." in said
+  assert (root / "b" / "ci" / name / "launches.txt").read_text() == "x\n"  # trained here
+  # c reuses b's whole run; then b's run is deleted: c's links are dropped, the run runs again.
+  c = launch.launch_blocks(root / "c" / "ci", {"steps": 3}, block, index=_fake_index(root),
+                           **quiet)
+  assert c.reused == [name]
+  shutil.rmtree(root / "b")
+  said.clear()
+  again = launch.launch_blocks(root / "c" / "ci", {"steps": 3}, block, index=_fake_index(root),
+                               **quiet)
+  assert again.launched == [name] and not again.failed and not again.reused
+  assert said[0] == (f"[reuse] {name}: its source "
+                     f"{(root / 'b' / 'ci' / name).resolve()} is gone; running it again.")
+  assert runs.run_status(root / "c" / "ci" / name) == "completed"
+  assert not (root / "c" / "ci" / name / "metrics.jsonl").is_symlink()

@@ -12,7 +12,9 @@ plugin module once, before Hydra composes, and stores the schema.
 Every key of an override must be a field of the schema, with or without Hydra's `+`
 (`strict_overrides`: Hydra's `+key=value` would add an unknown key to a structured node,
 and its error for `key=value` recommends that form); the error is one line with the
-nearest field names. The internal nodes cannot be the primary config (`check_config_name`).
+nearest field names; a config group's option that does not exist is one line with the
+choices and the closest one (`strict_choices`). The internal nodes cannot be the primary
+config (`check_config_name`).
 
 The YAML lives in the repository's top-level `configs/`, shipped in the wheel as the
 package `pergrad.configs` (pyproject's package-dir), so `configs_dir()` is
@@ -81,6 +83,7 @@ def register() -> None:
   cs.store(group="hydra/help", name="pergrad", node=help_lib.node())
   cs.store(group="hydra/job_logging", name="pergrad", node=JOB_LOGGING)
   strict_overrides()
+  strict_choices()
 
 
 # The run's Python logging (`hydra/job_logging`): warnings and errors to stderr, no log file
@@ -182,6 +185,48 @@ def strict_overrides() -> None:
 
   checked._pergrad = True
   ConfigLoaderImpl._apply_overrides_to_config = staticmethod(checked)  # noqa: SLF001
+
+
+def unknown_choice(group: str, choice: str, options: list[str]) -> str:
+  """The one-line message for a config group's option that does not exist, with the
+  choices and the closest one."""
+  near = difflib.get_close_matches(choice, options, n=1, cutoff=0.5)
+  hint = f"; did you mean {group}={near[0]}?" if near else ""
+  return (f"Could not find '{group}/{choice}': {group}={choice} is no config of "
+          f"configs/{group}/; the choices are {', '.join(options) or 'none'}{hint}")
+
+
+def strict_choices() -> None:
+  """Makes Hydra's error for a config group option that does not exist (`experiment=nope`,
+  `model=huge`, or an `override /optimizer: ...` in a YAML file) one line with the choices and
+  the closest one (`unknown_choice`). Hydra raises it in
+  `hydra._internal.defaults_list.config_not_found_error(repo, tree)` (hydra-core 1.3,
+  pinned), which this replaces for a group's option; a group marked `optional` in a defaults
+  list never reaches it (Hydra skips the missing option), so configs/config.yaml marks none."""
+  from hydra._internal import defaults_list
+  from hydra.core.default_element import GroupDefault
+  from hydra.core.object_type import ObjectType
+  from hydra.errors import MissingConfigException
+
+  original = defaults_list.config_not_found_error
+  if getattr(original, "_pergrad", False):
+    return
+
+  def one_line(repo, tree) -> None:
+    element = tree.node
+    if not isinstance(element, GroupDefault) or element.primary:
+      original(repo=repo, tree=tree)
+    group = element.get_group_path()
+    options = sorted(repo.get_group_options(group, ObjectType.CONFIG))
+    options = [o for o in options if not o.endswith("_schema")]  # internal schema nodes
+    parent = tree.parent.node.get_config_path() if tree.parent is not None else None
+    where = f"in '{parent}': " if parent not in (None, "config") else ""
+    raise MissingConfigException(
+        missing_cfg_file=element.get_config_path(), options=options,
+        message=where + unknown_choice(group, str(element.get_name()), options))
+
+  one_line._pergrad = True
+  defaults_list.config_not_found_error = one_line
 
 
 def plugins_in(overrides) -> tuple[str, ...]:

@@ -14,7 +14,8 @@ frozen `RunPlan`.
 the resolved config without the keys that may change when a run is resumed, declared on
 their fields (`pergrad.fields.resumable`: logging, evaluation and checkpoint cadence, the
 output directory, ...), and without `train.steps` when the schedule is constant, so that
-a run can be extended.
+a run can be extended (never shortened: `pergrad.train.run_dir.check_not_past`). A run
+directory also records its data (`DATA`); a resume on other data is refused.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from pergrad.config import batch as batch_lib
 from pergrad.config.batch import BatchSchedule
 from pergrad.config.schema import Config, LoggingSpec, StatsSpec, TrainSpec, WandbMode
 from pergrad.data import DataSpec
+from pergrad.data import identity as data_identity
 from pergrad.fields import LABEL, RESUMABLE
 from pergrad.files import SUMMARY
 from pergrad.layer_types import LAYER_TYPES
@@ -45,6 +47,7 @@ from pergrad.stats import backends as backends_lib
 from pergrad.stats.noise import TOTAL
 
 CONFIG = "config.yaml"
+DATA = "data.json"  # a run directory's record of its data (pergrad.data.identity)
 # What the sign-agreement log computes on the held-out set (`pergrad.train.heldout`).
 HELDOUT_REQUEST = StatsRequest(want=("mean", "sq"))
 
@@ -241,8 +244,8 @@ def identity(config: dict) -> dict:
 def resume_decision(out_dir: Path, plan: RunPlan) -> str:
   """"new", "resume" or "completed" for `plan` in `out_dir`, before anything else.
 
-  ValueError (one line) when `out_dir` holds a different run (naming the differing keys)
-  or a diverged one.
+  ValueError (one line) when `out_dir` holds a different run (naming the differing keys),
+  one trained on other data (`check_same_data`) or a diverged one.
   """
   saved = out_dir / CONFIG
   if not saved.exists():
@@ -257,6 +260,7 @@ def resume_decision(out_dir: Path, plan: RunPlan) -> str:
         f"{out_dir} holds a run with a different config ({'; '.join(diff[:4])}"
         f"{' ...' if len(diff) > 4 else ''}); a run directory holds one run: set another "
         "train.out_dir (or hydra.run.dir), or delete that directory.")
+  check_same_data(out_dir, plan.data)
   summary = json.loads((out_dir / SUMMARY).read_text()) if (out_dir / SUMMARY).exists() else {}
   if summary.get("status") == "diverged":
     raise ValueError(
@@ -265,3 +269,19 @@ def resume_decision(out_dir: Path, plan: RunPlan) -> str:
   if summary.get("status") == "completed" and summary.get("steps") == plan.train.steps:
     return "completed"
   return "resume"
+
+
+def check_same_data(out_dir: Path, spec: DataSpec) -> dict:
+  """The identity of `spec`'s data (`pergrad.data.identity`); ValueError (one line naming
+  the difference) when `out_dir` records that its run trained on other data (`DATA`)."""
+  current = data_identity.identity(spec)
+  recorded = out_dir / DATA
+  if not recorded.exists():
+    return current
+  diff = data_identity.difference(json.loads(recorded.read_text()), current)
+  if diff:
+    raise ValueError(
+        f"{out_dir} holds a run trained on other data ({'; '.join(diff)}); a run resumes on "
+        "the data it started with: put that data back (data.path, data.tokenizer's cache in "
+        "data.tfds_dir), or set another train.out_dir.")
+  return current

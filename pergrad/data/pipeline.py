@@ -41,6 +41,7 @@ from pergrad.data.tokenizer import (
 # Builder modules that `import tensorflow_datasets` does not import itself.
 TFDS_MODULES = {"c4": "tensorflow_datasets.text.c4"}
 CACHE_VERSION = "v1"
+TOKENS_CACHE = "pergrad_tokens"  # {tfds_dir}/pergrad_tokens/<key>/<CACHE_VERSION>/
 BPE_SAMPLE_CHARS = 20_000_000  # lm1b/c4: train the BPE model on about this much text
 BPE_SAMPLE_DOCS = 200_000
 
@@ -223,7 +224,7 @@ def make_data(spec: DataSpec) -> LMData:
     return _tfds_data(spec)
   folder_files = corpus.txt_folder_files(spec.path) if spec.name == "txt_folder" else None
   key = corpus.txt_folder_key(*folder_files) if folder_files else "shakespeare"
-  cache = Path(spec.tfds_dir) / "pergrad_tokens" / key / CACHE_VERSION
+  cache = Path(spec.tfds_dir) / TOKENS_CACHE / key / CACHE_VERSION
   meta_path = cache / f"{spec.tok_key}.json"
   if not meta_path.exists():
     if folder_files:  # before the TFDS preparation and the tokenizer
@@ -235,11 +236,7 @@ def make_data(spec: DataSpec) -> LMData:
   tokenizer = _tokenizer(spec, cache)
   splits = {s: np.load(cache / f"{spec.tok_key}.{s}.npy", mmap_mode="r")
             for s in ("train", "validation")}
-  for s, tokens in splits.items():
-    if len(tokens) < spec.seq_len + 1:
-      raise DataError(f"the {s} split of data.name={spec.name} has {len(tokens)} tokens, "
-                      f"fewer than data.seq_len+1={spec.seq_len + 1}; lower data.seq_len "
-                      "or add text.")
+  check_length(spec, {s: len(tokens) for s, tokens in splits.items()})
   counts = ", ".join(f"{s} {meta[s]['docs']} docs / {meta[s]['tokens']:,} tokens"
                      for s in ("train", "validation"))
   label = spec.name if spec.name == "shakespeare" else f"txt_folder {meta['source']}"
@@ -248,6 +245,37 @@ def make_data(spec: DataSpec) -> LMData:
       tokenizer=tokenizer, seq_len=spec.seq_len, batch_size=spec.batch_size,
       eval_batch_size=spec.eval_batch_size, seed=spec.seed,
       description=f"{label}: {counts}; tokenizer {tokenizer.name}; cache {cache}")
+
+
+def check_length(spec: DataSpec, tokens: dict[str, int], exact: bool = True) -> None:
+  """DataError (one line) when a split of {split: tokens} (`exact`, else at most that
+  many) is shorter than one example, data.seq_len + 1 tokens."""
+  for s, n in tokens.items():
+    if n < spec.seq_len + 1:
+      raise DataError(f"the {s} split of data.name={spec.name} has {'' if exact else 'at most '}"
+                      f"{n} tokens, fewer than data.seq_len+1={spec.seq_len + 1}; lower "
+                      "data.seq_len or add text.")
+
+
+def local_tokens(spec: DataSpec) -> tuple[dict[str, int], bool]:
+  """({split: tokens}, exact) of a local corpus (shakespeare, txt_folder) without preparing
+  it: the prepared cache's counts, else counted from its documents, split as the builder
+  splits them: exactly for byte tokens, at most for BPE (one token per character, merges
+  aside: the model has no byte fallback and no dummy prefix), with each separator."""
+  if spec.name == "txt_folder":
+    folder, paths = corpus.txt_folder_files(spec.path)
+    key = corpus.txt_folder_key(folder, paths)
+    docs = {str(p.relative_to(folder)): corpus.read_text(p) for p in paths}
+  else:
+    key, docs = "shakespeare", dict(corpus.shakespeare_documents())
+  meta = Path(spec.tfds_dir) / TOKENS_CACHE / key / CACHE_VERSION / f"{spec.tok_key}.json"
+  if meta.exists():
+    counts = json.loads(meta.read_text())
+    return {s: counts[s]["tokens"] for s in ("train", "validation")}, True
+  byte = spec.tokenizer == "byte"
+  size = (lambda t: len(t.encode("utf-8")) + 2) if byte else (lambda t: len(t) + 1)
+  splits = dict(zip(("train", "validation"), corpus.split_documents(list(docs)), strict=True))
+  return {s: sum(size(docs[n]()) for n in names) for s, names in splits.items()}, byte
 
 
 def _tokenizer(spec: DataSpec, cache: Path) -> Tokenizer:
@@ -325,7 +353,7 @@ def _tfds_data(spec: DataSpec) -> LMData:
     raise DataError(f"data.name={spec.name} ({tfds_name}) under data.tfds_dir="
                     f"{spec.tfds_dir} cannot be read without TensorFlow ({e}); {fix}."
                     ) from None
-  cache = (Path(spec.tfds_dir) / "pergrad_tokens" / tfds_name.replace("/", "_")
+  cache = (Path(spec.tfds_dir) / TOKENS_CACHE / tfds_name.replace("/", "_")
            / str(builder.version) / CACHE_VERSION)
   model = cache / f"spm_bpe_{spec.vocab_size}.model"
   if spec.tokenizer == "bpe" and not model.exists():

@@ -129,6 +129,32 @@ def _reason(e: BaseException, step_dir: Path) -> str:
   return f"{type(e).__name__}: {text[:200]}" if text else type(e).__name__
 
 
+RESTORE_BELOW_BYTES = 64 << 20  # `unreadable` restores a checkpoint smaller than this
+
+
+def unreadable(step_dir: Path, restore_below: int = RESTORE_BELOW_BYTES) -> str | None:
+  """Why the checkpoint in `step_dir` (`<run>/checkpoints/<step>`) cannot be read, or None:
+  it must exist, be committed (Orbax's marker) and restore whole when it is smaller than
+  `restore_below` bytes; a larger one is checked by its metadata only (a damaged array file
+  is then found when a resume restores it, which moves it aside)."""
+  step_dir = Path(step_dir)
+  if not step_dir.is_dir():
+    return f"{step_dir} does not exist"
+  if not any((step_dir / f).exists() for f in ("commit_success.txt", "_CHECKPOINT_METADATA")):
+    return f"{step_dir} was never committed (a save that did not finish)"
+  size = sum(p.stat().st_size for p in step_dir.rglob("*") if p.is_file())
+  try:
+    with _quiet(), ocp.StandardCheckpointer() as reader:
+      if size < restore_below:
+        reader.restore(step_dir / "default")
+      elif reader.metadata(step_dir / "default").item_metadata is None:
+        return f"{step_dir} holds no readable metadata"
+  except Exception as e:  # noqa: BLE001 - any failure: it cannot be read
+    _quiet_failed_reads()
+    return f"{step_dir} cannot be read ({_reason(e, step_dir)})"
+  return None
+
+
 class IncompatibleCheckpoint(ValueError):
   """A checkpoint whose optimizer state this pergrad's optimizer cannot hold (another
   version wrote it): refused in one line, never moved aside as corrupt."""

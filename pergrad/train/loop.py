@@ -17,6 +17,7 @@ checkpoint and status "interrupted"; the same command resumes.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import sys
@@ -29,7 +30,7 @@ import numpy as np
 import yaml
 
 from pergrad import files
-from pergrad.config.plan import CONFIG, RunPlan, resume_decision
+from pergrad.config.plan import CONFIG, DATA, RunPlan, check_same_data, resume_decision
 from pergrad.model import count_params
 from pergrad.optim import gns_metrics
 from pergrad.train import compile_cache, distributed
@@ -40,7 +41,7 @@ from pergrad.train.interrupt import Interrupts
 from pergrad.train.metrics import MetricsLogger, read_records
 from pergrad.train.progress import Clock, Progress, print_summary
 from pergrad.train.recorder import History, NonFiniteLossError, Recorder
-from pergrad.train.run_dir import write_failed_summary
+from pergrad.train.run_dir import check_not_past, locked, raise_past, write_failed_summary
 
 if TYPE_CHECKING:
   from pergrad.train.step import Steps
@@ -72,7 +73,8 @@ def run(plan: RunPlan, out_dir: str | Path, **kwargs) -> dict:
 
 def _run(plan: RunPlan, out_dir: str | Path, *, hydra_info: dict | None = None,
          echo: Callable[[str], None] = print, stop: Interrupts | None = None) -> dict:
-  """`_setup`, `_loop`, `_finish`; then the run's last line (interrupted, or its summary)."""
+  """The checks that refuse or skip the run, then `_train` holding the run directory's lock
+  (`pergrad.train.run_dir.locked`)."""
   t_begin = time.time()
   out_dir = Path(out_dir)
   echo = echo if distributed.is_main() else (lambda _: None)
@@ -80,6 +82,14 @@ def _run(plan: RunPlan, out_dir: str | Path, *, hydra_info: dict | None = None,
     echo(f"already completed: {out_dir}")
     return files.read_json(out_dir / files.SUMMARY)
   check_progress_kept(out_dir, plan.train, plan.batch.max_batch_size)
+  check_not_past(out_dir, plan.train, plan.batch.max_batch_size)
+  with locked(out_dir, echo) if distributed.is_main() else contextlib.nullcontext():
+    return _train(plan, out_dir, hydra_info, echo, stop, t_begin)
+
+
+def _train(plan: RunPlan, out_dir: Path, hydra_info: dict | None, echo, stop: Interrupts | None,
+           t_begin: float) -> dict:
+  """`_setup`, `_loop`, `_finish`; then the run's last line (interrupted, or its summary)."""
   s = _setup(plan, out_dir, hydra_info, echo, t_begin)
   s.stop = (stop or Interrupts()).install(every=plan.logging.log_every)
   gc.collect()
@@ -148,8 +158,10 @@ def _setup(plan: RunPlan, out_dir: Path, hydra_info: dict | None, echo, t_begin:
   main = distributed.is_main()
   data = make_data(plan.data)
   _check_vocab(data.vocab_size, plan.model.vocab_size, plan.data, echo)
-  if main:
-    files.write_text(out_dir / CONFIG, yaml.safe_dump(plan.config, sort_keys=False))
+  data_record = check_same_data(out_dir, plan.data)  # again: its tokenizer is trained now
+  if (out_dir / CONFIG).exists() and not (out_dir / DATA).exists():
+    echo(f"[pergrad] note: {out_dir} records no data identity (an older run): resuming "
+         f"without comparing its data; {DATA} records this data from now on.")
   mesh = make_mesh()
   steps = Steps(plan, mesh)
   ckpt = Checkpoints(out_dir / "checkpoints", keep=plan.train.keep_checkpoints)
@@ -158,9 +170,14 @@ def _setup(plan: RunPlan, out_dir: Path, hydra_info: dict | None, echo, t_begin:
   start = 0 if state is None else int(jax.device_get(state.step))
   if state is None:
     state = steps.init(np.int32(plan.train.seed))
-  else:
-    echo(f"[pergrad] resuming {out_dir} from the checkpoint of step {start}.")
   seen, batch_size = map(int, jax.device_get((state.examples_seen, state.batch_size)))  # last
+  if seen > plan.train.steps * plan.batch.max_batch_size:
+    raise_past(out_dir, plan.train.steps, seen, plan.batch.max_batch_size)
+  if start:
+    echo(f"[pergrad] resuming {out_dir} from the checkpoint of step {start}.")
+  if main:  # accepted: the run's config and data, before its first record
+    files.write_text(out_dir / CONFIG, yaml.safe_dump(plan.config, sort_keys=False))
+    files.write_json(out_dir / DATA, data_record)
   config = {**plan.config, **({"hydra": hydra_info} if hydra_info else {})}
   logger = MetricsLogger(out_dir, resume_step=start or None, wandb=plan.logging.wandb,
                          config=config, name=plan.name, enabled=main)
