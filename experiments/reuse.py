@@ -4,26 +4,14 @@
     key = index.key(overrides)                     # the run's resolved config + training version
     index.find(key) -> run dir | None;  index.add(key, run_dir);  index.link(run_dir, found)
 
-A run's key is the SHA-256 of its identity (`pergrad.config.plan.identity`, read through
-`pergrad.analysis`: its resolved config, the Hydra overrides composed against configs/ as the
-run itself resolves them, without the fields the schema marks `label()`: its tag and name, the output, data-cache and
-compile-cache directories, W&B, the progress bar, the figure, checkpoints kept), with the
-training version (`training_version`: the content of the code a run computes with and the
-installed versions of its dependencies): a run with any other difference (a seed, a step
-count, a logged statistic, a cadence, a line of the model or optimizer) is another run,
-while a commit that touches only experiments/, the analysis, tests or docs keeps every run.
-Outside a git checkout the training version is unknown and nothing is reused. A sweep
-directory records the version its runs were trained at (`experiments.sweep.record_sweep`),
-and refuses to be resumed or analysed at another.
-
-The index is one small file per finished run under `<sweeps root>/.runs/<key>` holding its
-run directory. A sweep that asks for a run it has not started, which the index knows
-finished (completed or diverged), still there and whole (`is_whole`: its summary, the
-metrics up to its last step, its last checkpoint readable), gets a run directory of links to
-its files (`RunIndex.link`, marked by `REUSED`), and the launch log lists it as reused
-(`LaunchLog.reused`), apart from launched runs; one not whole is run again, with a line
-saying why, as is a linked run whose source has gone or is no longer whole. A run the sweep
-started already resumes in its own directory.
+A run's key is the SHA-256 of its identity (`pergrad.config.plan.identity`: the resolved config
+without the fields the schema marks `label()`) and the training version (the code a run
+computes with and its dependencies' versions); outside a git checkout nothing is reused. The
+index is one small file per finished run under `<sweeps root>/.runs/<key>`. A run the index
+knows is reused only while it is there and whole (`is_whole`: summary finished, metrics up to
+its last step, last checkpoint readable): the sweep gets a directory of links to it
+(`RunIndex.link`, marked by `REUSED`); a run not whole, or a link whose source has gone, is
+run again with a line saying why.
 """
 
 from __future__ import annotations

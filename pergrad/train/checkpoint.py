@@ -150,7 +150,6 @@ def unreadable(step_dir: Path, restore_below: int = RESTORE_BELOW_BYTES) -> str 
       elif reader.metadata(step_dir / "default").item_metadata is None:
         return f"{step_dir} holds no readable metadata"
   except Exception as e:  # noqa: BLE001 - any failure: it cannot be read
-    _quiet_failed_reads()
     return f"{step_dir} cannot be read ({_reason(e, step_dir)})"
   return None
 
