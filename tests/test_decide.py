@@ -60,10 +60,12 @@ def test_a_tie_at_power_02_reads_not_separable_with_the_seeds_to_settle_it():
   b = dict(enumerate(base + sd * (rng.standard_normal(n) * 0 + np.linspace(-1, 1, n))))
   p = D.compare(a, b, effect=effect, margin=margin)
   assert p.outcome == D.NOT_SEPARABLE
-  need = p.seeds_to_settle
-  assert need["difference"] > n and D.power_difference(p.sd_paired, need["difference"],
-                                                       effect) >= 0.8
-  assert D.power_difference(p.sd_paired, need["difference"] - 1, effect) < 0.8
+  need, gap = p.seeds_to_settle, abs(p.advantage)
+  assert need["difference"] is None or (
+      need["difference"] > n and D.power_difference(p.sd_paired, need["difference"], gap) >= 0.8
+      and D.power_difference(p.sd_paired, need["difference"] - 1, gap) < 0.8)
+  assert need["equivalence"] > n
+  assert D.power_equivalence(p.sd_paired, need["equivalence"], margin, gap) >= 0.8
   # by simulation: such a design almost never reads a true tie as equivalent (no reading of
   # absence from an under-powered design) and never calls it a difference past 5 %
   cal = D.calibrate(sd, n, effect, margin)
@@ -113,3 +115,14 @@ def test_shared_seeds_only_and_divergence():
   assert D.compare({0: math.inf, 1: 1.0}, {0: 2.0, 1: 2.0}, effect=0.1).outcome == D.LOSS
   assert D.compare({0: 1.0, 1: 1.0}, {0: math.nan, 1: 2.0}, effect=0.1).outcome == D.WIN
   assert D.compare({0: 1.0}, {0: 2.0}, effect=0.1).outcome == D.NOT_SEPARABLE
+
+
+def test_a_gap_inside_the_margin_reads_equivalent_and_a_detected_one_stays_within():
+  rng = np.random.default_rng(4)
+  a = dict(enumerate(rng.standard_normal(8)))
+  tie = D.compare(a, {k: v + 0.001 * rng.standard_normal() for k, v in a.items()}, effect=0.02,
+                  margin=0.02)
+  assert tie.outcome == D.EQUIVALENT and tie.within_margin and not tie.seeds_to_settle
+  small = D.compare(a, {k: v + 0.005 + 1e-4 * rng.standard_normal() for k, v in a.items()},
+                    effect=0.02, margin=0.02)
+  assert small.outcome == D.WIN and small.within_margin  # detected, and within ±margin

@@ -8,8 +8,8 @@ mean d̄ and sd s_d, the paired t-interval d̄ ± t_{n−1}(1 − a) s_d/√n re
                   whatever the power (identical arms called different ≤ 5 % at any paired sd)
   equivalent      else, with a declared margin m, the 90% interval lies within ±m (TOST:
                   called ≤ 5 % of the time when the true gap is ±m)
-  not separable   else; `seeds_to_settle` names the seeds that reach power 0.8 at the observed
-                  s_d for the declared effect (a difference) and for the margin (equivalence)
+  not separable   else; `seeds_to_settle` names the seeds at which, at the observed s_d and
+                  gap, the difference or the equivalence would be shown with power 0.8
 
 Non-inferiority of A (at most m worse): the one-sided 95% upper end of −d̄ ≤ m; worse: the 95%
 lower end of −d̄ > m. The exact sign-flip p (all 2^n sign patterns of d) is the
@@ -146,7 +146,8 @@ def power_difference(sd: float, n: int, effect: float) -> float:
     return math.nan
   df, nc = n - 1, effect / (sd / math.sqrt(n))
   crit = stats.t.ppf(1 - ALPHA / 2, df)
-  return float(stats.nct.sf(crit, df, nc) + stats.nct.cdf(-crit, df, nc))
+  p = float(stats.nct.sf(crit, df, nc) + stats.nct.cdf(-crit, df, nc))
+  return p if math.isfinite(p) else float(abs(nc) > crit)  # (nct fails far in the tail)
 
 
 def power_equivalence(sd: float, n: int, margin: float, gap: float = 0.0) -> float:
@@ -160,16 +161,18 @@ def power_equivalence(sd: float, n: int, margin: float, gap: float = 0.0) -> flo
   return float(np.mean((mean - half >= -margin) & (mean + half <= margin)))
 
 
-def seeds_to_settle(sd: float, effect: float, margin: float = math.nan,
+def seeds_to_settle(sd: float, gap: float, margin: float = math.nan,
                     target: float = TARGET_POWER, most: int = MOST_SEEDS) -> dict:
-  """{"difference": fewest seeds at which `power_difference` reaches `target` for `effect`,
-  "equivalence": fewest at which `power_equivalence` (gap 0) does for `margin`} (None past
-  `most`; equivalence only with a margin)."""
+  """What would settle a comparison at the observed paired sd and gap: {"difference": fewest
+  seeds at which `power_difference` for |gap| reaches `target`, "equivalence": fewest at which
+  the TOST at `margin` passes with probability `target` at that gap} (None past `most` or, for
+  equivalence, with |gap| ≥ margin or no margin)."""
   def fewest(ok):
     return next((n for n in range(2, most + 1) if ok(n)), None)
-  out = {"difference": fewest(lambda n: power_difference(sd, n, effect) >= target)}
+  out = {"difference": fewest(lambda n: power_difference(sd, n, abs(gap)) >= target)}
   if math.isfinite(margin):
-    out["equivalence"] = fewest(lambda n: power_equivalence(sd, n, margin) >= target)
+    out["equivalence"] = (fewest(lambda n: power_equivalence(sd, n, margin, gap) >= target)
+                          if abs(gap) < margin else None)
   return out
 
 
@@ -209,7 +212,7 @@ def compare(a: Mapping, b: Mapping, names=("A", "B"), *, effect: float,
   _, lo90, hi90 = (float(x) for x in interval(d, ALPHA))
   out = str((read_noninferior(d, margin) if noninferiority else read_gaps(d, margin))[()])
   sd = float(np.std(d, ddof=1))
-  settle = (seeds_to_settle(sd, effect, margin) if out == NOT_SEPARABLE and sd > 0 else {})
+  settle = (seeds_to_settle(sd, m, margin) if out == NOT_SEPARABLE and sd > 0 else {})
   return Paired(*names, out, len(seeds), m, lo95, hi95, lo90, hi90, sd, hi95 - m,
                 welch_half(xa, xb), sign_flip_p(d), float(effect), float(margin),
                 power_difference(sd, len(seeds), effect),
