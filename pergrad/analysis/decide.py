@@ -28,6 +28,8 @@ from collections.abc import Mapping
 import numpy as np
 from scipy import stats
 
+from pergrad.analysis import rules
+
 WIN, LOSS, EQUIVALENT, NOT_SEPARABLE = "win", "loss", "equivalent", "not separable"
 NONINFERIOR, WORSE = "non-inferior", "worse"
 DECIDED = (WIN, LOSS)
@@ -177,12 +179,9 @@ def seeds_to_settle(sd: float, gap: float, margin: float = math.nan,
 
 
 def welch_half(xa, xb) -> float:
-  """95% half-width of the Welch interval of mean(B) − mean(A) (the unpaired noise)."""
-  va, vb = np.var(xa, ddof=1) / len(xa), np.var(xb, ddof=1) / len(xb)
-  if va + vb == 0:
-    return 0.0
-  df = (va + vb) ** 2 / (va**2 / (len(xa) - 1) + vb**2 / (len(xb) - 1))
-  return float(stats.t.ppf(1 - ALPHA / 2, df) * math.sqrt(va + vb))
+  """95% half-width of the Welch interval of mean(B) − mean(A) (the noise unpaired)."""
+  gap, lo, _ = rules.welch_interval(xb, xa, rules.PAIR_ALPHA)
+  return float(gap - lo)
 
 
 def _diverged(xa, xb) -> str | None:
