@@ -99,6 +99,14 @@ def test_noninferiority_error_rates():
   p = D.compare({i: 0.0 for i in range(5)}, {i: 0.001 * i for i in range(5)}, effect=m,
                 margin=m, noninferiority=True)
   assert p.outcome == D.NONINFERIOR
+  # msq_eps's MicroAdamMSQ vs Adam: worse by 0.028 [0.011, 0.046], neither within 0.02 nor
+  # beyond it; what settles it is its excess over the margin
+  excess = [0.040, 0.012, 0.045, 0.020, 0.025]
+  q = D.compare(dict(enumerate(excess)), {i: 0.0 for i in range(5)}, effect=m, margin=m,
+                noninferiority=True)
+  assert q.outcome == D.NOT_SEPARABLE and q.lo95 < 0  # a detected loss, not beyond the margin
+  n = q.seeds_to_settle["against the margin"]
+  assert n > 5 and D.power_difference(q.sd_paired, n, -q.advantage - m) >= 0.8
 
 
 def test_sign_flip_is_exact_and_cannot_reject_below_six_seeds():

@@ -167,14 +167,13 @@ def seeds_to_settle(sd: float, gap: float, margin: float = math.nan,
                     target: float = TARGET_POWER, most: int = MOST_SEEDS) -> dict:
   """What would settle a comparison at the observed paired sd and gap: {"difference": fewest
   seeds at which `power_difference` for |gap| reaches `target`, "equivalence": fewest at which
-  the TOST at `margin` passes with probability `target` at that gap} (None past `most` or, for
-  equivalence, with |gap| ≥ margin or no margin)."""
+  the TOST at `margin` passes with probability `target` at that gap} (None past `most`; no
+  "equivalence" without a margin or with |gap| ≥ margin, where no seeds show it)."""
   def fewest(ok):
     return next((n for n in range(2, most + 1) if ok(n)), None)
   out = {"difference": fewest(lambda n: power_difference(sd, n, abs(gap)) >= target)}
-  if math.isfinite(margin):
-    out["equivalence"] = (fewest(lambda n: power_equivalence(sd, n, margin, gap) >= target)
-                          if abs(gap) < margin else None)
+  if math.isfinite(margin) and abs(gap) < margin:
+    out["equivalence"] = fewest(lambda n: power_equivalence(sd, n, margin, gap) >= target)
   return out
 
 
@@ -211,7 +210,10 @@ def compare(a: Mapping, b: Mapping, names=("A", "B"), *, effect: float,
   _, lo90, hi90 = (float(x) for x in interval(d, ALPHA))
   out = str((read_noninferior(d, margin) if noninferiority else read_gaps(d, margin))[()])
   sd = float(np.std(d, ddof=1))
-  settle = (seeds_to_settle(sd, m, margin) if out == NOT_SEPARABLE and sd > 0 else {})
+  settle = {}
+  if out == NOT_SEPARABLE and sd > 0:  # non-inferiority: A's excess over the margin decides
+    settle = ({"against the margin": seeds_to_settle(sd, -m - margin)["difference"]}
+              if noninferiority else seeds_to_settle(sd, m, margin))
   return Paired(*names, out, len(seeds), m, lo95, hi95, lo90, hi90, sd, hi95 - m,
                 welch_half(xa, xb), sign_flip_p(d), float(effect), float(margin),
                 power_difference(sd, len(seeds), effect),
