@@ -3,6 +3,7 @@ detected difference decided whatever its power, readings of absence only where p
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -134,3 +135,14 @@ def test_a_gap_inside_the_margin_reads_equivalent_and_a_detected_one_stays_withi
   small = D.compare(a, {k: v + 0.005 + 1e-4 * rng.standard_normal() for k, v in a.items()},
                     effect=0.02, margin=0.02)
   assert small.outcome == D.WIN and small.within_margin  # detected, and within ±margin
+
+
+def test_verdict_of_expected_wins():
+  p = D.compare({0: 0.0, 1: 0.1}, {0: 1.0, 1: 1.2}, ("a", "b"), effect=0.1)
+  of = lambda *outs: [dataclasses.replace(p, outcome=o, a=f"a{i}") for i, o in enumerate(outs)]
+  assert D.verdict_of(of(D.WIN, D.WIN)) == "reproduced"
+  assert D.verdict_of(of(D.WIN, D.NOT_SEPARABLE)) == "partly reproduced"
+  assert D.verdict_of(of(D.WIN, D.LOSS)) == "not reproduced"
+  assert D.verdict_of(of(D.EQUIVALENT, D.EQUIVALENT)) == "not reproduced"
+  assert D.verdict_of(of(D.EQUIVALENT, D.NOT_SEPARABLE)) == (
+      "undetermined: not separable (a1 vs b)")

@@ -1,17 +1,15 @@
-"""scripts/reanalyse.py: the claim-level readings over the new rules' comparisons, and (extended)
-the re-analysis of the committed cpu runs: decided wins stay decided whatever their power,
-lr_exponent's fit fails same_budget."""
+"""scripts/reanalyse.py (`experiments.reanalysis`): the committed `ours` parsed back to outcomes,
+and (extended) the re-analysis of the committed cpu runs: decided wins stay decided whatever
+their power, lr_exponent's fit fails same_budget."""
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 from pathlib import Path
 
 import pytest
 
 from pergrad.analysis import decide as D
-from pergrad.analysis import timing as T
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -23,22 +21,16 @@ def _script():
   return mod
 
 
-def _p(outcome, a="a", b="b"):
-  p = D.compare({0: 0.0, 1: 0.1}, {0: 1.0, 1: 1.2}, (a, b), effect=0.1)
-  return dataclasses.replace(p, outcome=outcome)
+def test_old_outcomes_and_carried_guards():
+  from experiments import reanalysis as R
 
-
-def test_pairs_verdict_and_median_verdict():
-  r = _script()
-  assert r.pairs_verdict([_p(D.WIN), _p(D.WIN)]) == r.REPRODUCED
-  assert r.pairs_verdict([_p(D.WIN), _p(D.NOT_SEPARABLE)]) == r.PARTLY
-  assert r.pairs_verdict([_p(D.WIN), _p(D.LOSS)]) == r.NOT_REPRODUCED
-  assert r.pairs_verdict([_p(D.EQUIVALENT), _p(D.EQUIVALENT)]) == r.NOT_REPRODUCED
-  assert r.pairs_verdict([_p(D.EQUIVALENT), _p(D.NOT_SEPARABLE, "x", "y")]) == (
-      "undetermined: not separable (x vs y)")
-  assert r.median_verdict([T.HOLDS, T.HOLDS, T.FAILS]) == T.HOLDS
-  assert r.median_verdict([T.HOLDS, T.FAILS]) == T.UNDETERMINED
-  assert r.median_verdict([]) == T.UNDETERMINED
+  old = {"ours": "token saving 61%; ramp vs fixed: win; a vs b: tie", "guards": [
+      {"name": "powered", "ok": False, "why": "power 0.2"},
+      {"name": "bracketed", "ok": False, "why": "lr at the edge"}]}
+  assert R.old_outcomes(old) == {"ramp vs fixed": "win", "a vs b": "tie"}
+  assert R.carried("reproduced", old) == "undetermined: bracketed"  # powered no longer gates
+  old["guards"] = old["guards"][:1]
+  assert R.carried("reproduced", old) == "reproduced"
 
 
 @pytest.mark.extended  # reads every committed cpu report (~20 s)

@@ -57,3 +57,12 @@ def test_location_reads_geometric_mean_and_refuses_bad_ratios():
   assert loc.verdict == T.HOLDS and "holds" in loc.text()
   assert T.location([1.0, -1.0], 2.0).verdict == T.UNDETERMINED
   assert T.location([1.0], 2.0).verdict == T.UNDETERMINED
+
+
+def test_median_and_combined_verdicts():
+  assert T.median_verdict([T.HOLDS, T.HOLDS, T.FAILS]) == T.HOLDS
+  assert T.median_verdict([T.HOLDS, T.FAILS]) == T.UNDETERMINED
+  assert T.median_verdict([]) == T.UNDETERMINED
+  assert T.combine([T.HOLDS, T.FAILS]) == T.FAILS
+  assert T.combine([T.HOLDS, T.UNDETERMINED]) == T.UNDETERMINED
+  assert T.combine([T.HOLDS, T.HOLDS]) == T.HOLDS

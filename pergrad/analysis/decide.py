@@ -37,6 +37,9 @@ ALPHA = 0.05  # each reading's wrong-call rate
 TARGET_POWER = 0.8
 DRAWS = 20000
 MOST_SEEDS = 64
+VERDICT = ("each comparison expected a win: reproduced if every one wins, not reproduced if one "
+           "loses or every one is shown equivalent, partly reproduced if some win, else "
+           "undetermined: not separable (naming those)")
 READING = ("per-seed gaps on the shared seeds, paired t: win/loss when the 95% interval excludes "
            "0 (decided whatever the power), equivalent when the 90% interval lies within "
            "±margin (TOST), else not separable (with the seeds that would settle it); power "
@@ -233,3 +236,16 @@ def calibrate(sd: float, n: int, effect: float, margin: float = math.nan,
     out |= {"false_equivalence": float(np.mean(tost(z + margin, margin))),
             "power_equivalence": float(np.mean(tost(z, margin)))}
   return out
+
+
+def verdict_of(pairs) -> str:
+  """`VERDICT` over `Paired` comparisons, each expected a win."""
+  out = [p.outcome for p in pairs]
+  if LOSS in out or (out and all(o == EQUIVALENT for o in out)):
+    return "not reproduced"
+  if out and all(o == WIN for o in out):
+    return "reproduced"
+  if WIN in out:
+    return "partly reproduced"
+  open_ = [f"{p.a} vs {p.b}" for p in pairs if p.outcome == NOT_SEPARABLE]
+  return "undetermined" + (f": not separable ({'; '.join(open_)})" if open_ else "")

@@ -83,6 +83,23 @@ def power(log_sd: float, n: int, ratio: float, bound: float, draws: int = 20000)
   return {k: float(np.mean(v == k)) for k in (HOLDS, FAILS, UNDETERMINED)}
 
 
+def median_verdict(verdicts) -> str:
+  """The median of several shapes' verdicts (holds < undetermined < fails; of an even count,
+  the two middle ones where they agree, else undetermined)."""
+  order = (HOLDS, UNDETERMINED, FAILS)
+  v = sorted(verdicts, key=order.index)
+  if not v:
+    return UNDETERMINED
+  lo, hi = v[(len(v) - 1) // 2], v[len(v) // 2]
+  return lo if lo == hi else UNDETERMINED
+
+
+def combine(verdicts) -> str:
+  """A bound of several parts (time, FLOPs, peak): fails when one fails, holds when all hold."""
+  v = list(verdicts)
+  return FAILS if FAILS in v else HOLDS if v and all(x == HOLDS for x in v) else UNDETERMINED
+
+
 def until_decided(draw: Callable[[int], np.ndarray], bound: float, first: int = 5,
                   cap: int = 41, looks: int = 4, spending: str = "pocock") -> Location:
   """Reps from `draw(k)` (k more paired ratios) until `RULE` decides at a look of the
