@@ -43,7 +43,7 @@ def tuned_blocks(sweep: Sweep, best: pd.DataFrame, score: pd.DataFrame,
     group = {k: from_table(b[k]) for k in ls.group_keys}
     if missing := missing_lrs(sweep, group, b["grid"]):
       blocks.append(Block({**{k: [v] for k, v in group.items()}, ls.lr_key: missing,
-                           ls.seed_key: seed0}))
+                           ls.seed_key: seed0}, fixed=first_stage_fixed(sweep, group)))
       busy.add(fam(group))
   for _, g in score.groupby([*t.within], sort=False, dropna=False):
     rows = g.to_dict("records")
@@ -67,7 +67,8 @@ def tuned_blocks(sweep: Sweep, best: pd.DataFrame, score: pd.DataFrame,
       continue
     group = {**{k: from_table(chosen[k]) for k in ls.group_keys}, **t.point(new)}
     blocks.append(Block({**{k: [v] for k, v in group.items()},
-                         ls.lr_key: first_stage_lrs(sweep, group), ls.seed_key: seed0}))
+                         ls.lr_key: first_stage_lrs(sweep, group), ls.seed_key: seed0},
+                        fixed=first_stage_fixed(sweep, group)))
   return blocks, waiting
 
 
@@ -102,16 +103,37 @@ def first_stage_values(sweep: Sweep, group: dict) -> list[float]:
                  for x in bl.grid[t.key]})
 
 
-def first_stage_lrs(sweep: Sweep, group: dict) -> list[float]:
-  """The lrs the first-stage blocks give `group` (a block without a group key matches any); a
-  group at a value `LrSearch.tuned` added: those of the block of its family's nearest value."""
-  ls = sweep.lr_search
+def _first_blocks(sweep: Sweep, group: dict) -> list[Block]:
+  """The first-stage blocks of `group` (a block without a group key matches any); a group at a
+  value `LrSearch.tuned` added: the block of its family's nearest value."""
   blocks = _matching(sweep, group)
-  if not blocks and (t := ls.tuned) is not None and t.key in group:
+  if not blocks and (t := sweep.lr_search.tuned) is not None and t.key in group:
     near = _matching(sweep, group, skip=tuple(t.point(group[t.key])))
     dist = lambda bl: min(abs(math.log(float(x) / float(group[t.key]))) for x in bl.grid[t.key])
     blocks = sorted((bl for bl in near if t.key in bl.grid), key=dist)[:1]
-  return sorted(float(x) for bl in blocks for x in bl.grid[ls.lr_key])
+  return blocks
+
+
+def first_stage_lrs(sweep: Sweep, group: dict) -> list[float]:
+  """The lrs the first-stage blocks give `group` (`_first_blocks`)."""
+  return sorted(float(x) for bl in _first_blocks(sweep, group)
+                for x in bl.grid[sweep.lr_search.lr_key])
+
+
+def first_stage_fixed(sweep: Sweep, group: dict) -> dict:
+  """The `fixed` settings (steps, warmup, eval and log cadence) of `group`'s first-stage
+  blocks (`_first_blocks`), which every block that grows the group's grid or adds its seeds
+  inherits: a run of the group trains on the group's budget. Blocks of the group that fix a
+  key differently are a plan error (ValueError)."""
+  out: dict = {}
+  for bl in _first_blocks(sweep, {k: v for k, v in group.items()
+                                  if k in sweep.lr_search.group_keys}):
+    for k, v in bl.fixed.items():
+      if k in out and not same(out[k], v):
+        raise ValueError(f"group {group}: its first-stage blocks fix {k} to {out[k]} and {v}; "
+                         "give the group one budget")
+      out[k] = v
+  return out
 
 
 def extensions(grid: Sequence[float], first: Sequence[float], edge: str) -> int:

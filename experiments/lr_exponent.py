@@ -168,8 +168,9 @@ def analyze(runs, out_dir: Path) -> None:
             if ref is not None and int(r[KEY]) == ref}
   rows = [{"run": r, KEY: g[KEY].iloc[0], LR: g[LR].iloc[0], SEED: g[SEED].iloc[0],
            "b_simple": float(g.loc[g["step"] > g["step"].max() / 2, B_SIMPLE].median()),
-           "at_ref": any(int(g[SEED].iloc[0]) == s and np.isclose(float(g[LR].iloc[0]), lr)
-                         for s, lr in at_ref)}
+           "at_ref": int(g[KEY].iloc[0]) == ref and any(  # B_ref's own runs only
+               int(g[SEED].iloc[0]) == s and np.isclose(float(g[LR].iloc[0]), lr)
+               for s, lr in at_ref)}
           for r, g in t.groupby("run")] if B_SIMPLE in t else []
   pd.DataFrame(rows, columns=["run", KEY, LR, SEED, "b_simple", "at_ref"]).to_csv(
       out_dir / "b_simple.csv", index=False)

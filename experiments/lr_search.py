@@ -17,6 +17,7 @@ import pandas as pd
 from experiments import more_seeds
 from experiments.grids import (
   extensions,
+  first_stage_fixed,
   first_stage_lrs,
   in_seeds,
   missing_lrs,
@@ -194,9 +195,10 @@ def follow_up_blocks(sweep: Sweep, fin: pd.DataFrame) -> tuple[list[Block], str]
       lr = grid[0] / ls.factor if b["edge"] == "low" else grid[-1] * ls.factor
     elif ls.seeds and np.isfinite(b["select_loss"]):
       seeds.append(Block({**one, ls.lr_key: [float(b[ls.lr_key])],
-                          ls.seed_key: list(ls.seeds)}))
-    if lr is not None:
-      extend.append(Block({**one, ls.lr_key: [float(f"{lr:.3g}")], ls.seed_key: seed0}))
+                          ls.seed_key: list(ls.seeds)}, fixed=first_stage_fixed(sweep, group)))
+    if lr is not None:  # the group's budget (its first-stage `fixed`) comes along
+      extend.append(Block({**one, ls.lr_key: [float(f"{lr:.3g}")], ls.seed_key: seed0},
+                          fixed=first_stage_fixed(sweep, group)))
       moving.append(group)
   waiting = False
   if ls.tuned is not None:  # "loss_mean": the search's own fresh seeds, as at its seeds round

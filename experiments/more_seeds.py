@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from experiments.grids import same
+from experiments.grids import first_stage_fixed, same
 from experiments.sweep import Block, MoreSeeds, Sweep
 from pergrad.analysis import calibrate
 from pergrad.analysis.runs import finished
@@ -84,4 +84,5 @@ def blocks(sweep: Sweep, fin: pd.DataFrame, best: pd.DataFrame, seed0
       want[pair[side]] = max(want.get(pair[side], 0), n)
   first = max(int(s) for s in (*seed0, *ls.seeds)) + 1
   return [Block({**{k: [v] for k, v in arm}, ls.seed_key: list(range(
-      first, first + n - len(ls.seeds)))}) for arm, n in sorted(want.items(), key=str)], False
+      first, first + n - len(ls.seeds)))}, fixed=first_stage_fixed(sweep, dict(arm)))
+          for arm, n in sorted(want.items(), key=str)], False

@@ -175,3 +175,45 @@ def test_a_seed_whose_best_lr_is_at_its_grid_edge_extends_the_grid(tmp_path):
   assert blocks[0].grid[le.LR] == [float(f"{low / math.sqrt(2):.3g}")]
   mean_only = lr_search.best_lr(fin, (le.KEY,), le.LR, select_seed=le.SELECT)
   assert not mean_only["at_edge"].any()  # the seeds' mean alone would not have extended it
+
+
+def test_at_ref_marks_b_refs_runs_only(tmp_path):
+  """A run at another B that shares a B_ref run's (seed, lr) is not B_ref's: the regime's
+  B_simple reads B_ref's runs alone."""
+  from experiments.record import Runs
+
+  rows = []
+  for b, lr, s in ((32, 0.01, 0), (32, 0.014, 0), (64, 0.01, 0), (16, 0.01, 0)):
+    for step in (1, 2, 3, 4):
+      rows.append({"run": f"b{b}lr{lr}s{s}", le.KEY: b, le.LR: lr, le.SEED: s, "step": step,
+                   "status": "completed", le.B_SIMPLE: float(b)})
+  table = pd.DataFrame(rows)
+  table.attrs["overrides"] = ["experiment=lr_exponent", "scale=cpu"]  # B_ref 32
+  fin = pd.DataFrame([{"run": f"b{b}lr{lr}s0", le.KEY: b, le.LR: lr, le.SEED: 0,
+                       "status": "completed", "final_eval_loss": 4.0 + abs(lr - 0.01),
+                       "diverged": False, "final_step": 4}
+                      for b, lr in ((32, 0.01), (32, 0.014), (64, 0.01), (16, 0.01))])
+  le.analyze(Runs(tmp_path, table, fin), tmp_path)
+  bs = pd.read_csv(tmp_path / "b_simple.csv").set_index("run")
+  assert bs["at_ref"].to_dict() == {"b16lr0.01s0": False, "b32lr0.01s0": True,
+                                    "b32lr0.014s0": False, "b64lr0.01s0": False}
+
+
+def test_extension_blocks_train_on_the_extended_blocks_budget(tmp_path):
+  """The block that grows B's lr grid (and every follow-up of the group) inherits every
+  `fixed=` setting of B's first-stage block: its steps, warmup, eval and log cadence."""
+  from test_record import needed_runs
+
+  sw = le.sweep("cpu", needed_runs(tmp_path, "cpu"))
+  rows = []
+  for b in sw.blocks:
+    for p in b.points():
+      lrs = sorted(b.grid[le.LR])
+      own = [4.0, 4.1, 4.2, 4.3, 4.4] if p[le.KEY] in (4, 128) else [4.3, 4.1, 4.0, 4.1, 4.3]
+      rows.append({**p, "run": run_dirname(p), "status": "completed",
+                   "final_eval_loss": own[lrs.index(p[le.LR])], "diverged": False})
+  blocks, kind = lr_search.follow_up_blocks(sw, pd.DataFrame(rows))
+  assert kind == "extend" and sorted(b.grid[le.KEY][0] for b in blocks) == [4, 128]
+  for bl in blocks:
+    first = next(f for f in sw.blocks if f.grid[le.KEY] == bl.grid[le.KEY])
+    assert bl.fixed == first.fixed and bl.fixed["train.steps"] == 12800 // bl.grid[le.KEY][0]

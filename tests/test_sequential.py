@@ -1,0 +1,60 @@
+"""pergrad.analysis.sequential: the overall wrong-call rates of the group-sequential design stay
+≤ 0.05 over all its looks (simulated on sequences independent of its calibration), its power,
+and that decided comparisons get no more seeds."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from pergrad.analysis import decide as D
+from pergrad.analysis import sequential as S
+
+LOOKS = (3, 6, 9, 12)
+
+
+@pytest.mark.parametrize("spending", S.SPENDINGS)
+def test_overall_false_alarm_and_false_equivalence_at_most_alpha(spending):
+  des = S.design(LOOKS, spending)
+  null = S.simulate(des, 0.0, 1.0, seed=7)
+  assert null[D.WIN] + null[D.LOSS] <= 0.05
+  at_margin = S.simulate(des, 0.5, 1.0, margin=0.5, seed=8)
+  assert at_margin[D.EQUIVALENT] <= 0.05
+  # a single look at each n spends 5 % each time: repeated looks would inflate it
+  naive = [S.design((n,), "bonferroni").crit[0] for n in LOOKS]
+  naive_des = S.Design(LOOKS, "naive", tuple(naive), tuple(naive))
+  inflated = S.simulate(naive_des, 0.0, 1.0, seed=7)
+  assert inflated[D.WIN] + inflated[D.LOSS] > 0.07
+
+
+def test_power_grows_past_the_first_look_and_seeds_go_where_open():
+  des = S.design(LOOKS, "pocock")
+  seq = S.simulate(des, 1.0, 1.0)  # effect of one paired sd
+  first_only = D.calibrate(1.0, LOOKS[0], 1.0)["power"]
+  assert seq[D.WIN] >= 0.7 > first_only
+  assert seq["mean_seeds"] < des.cap  # decided comparisons stopped early
+  big = S.simulate(des, 10.0, 1.0)
+  assert big[D.WIN] >= 0.99 and big["mean_seeds"] < 4
+  tie = S.simulate(des, 0.0, 0.1, margin=0.2)
+  assert tie[D.EQUIVALENT] >= 0.8  # a tie shown equivalent when the design can
+
+
+def test_read_decided_gets_no_seeds_open_gets_the_next_look():
+  des = S.design(LOOKS, "pocock")
+  assert S.read([5.0, 5.1, 4.9], des) == (D.WIN, 0)
+  out, add = S.read([0.1, -0.2, 0.05], des, margin=0.01)
+  assert out == D.NOT_SEPARABLE and add == 3
+  out, add = S.read(np.random.default_rng(0).standard_normal(12), des, margin=0.01)
+  assert out == D.NOT_SEPARABLE and add == 0  # at the cap
+  assert S.read([1.0], des) == (D.NOT_SEPARABLE, 2)
+
+
+def test_bad_design_is_one_clear_error():
+  with pytest.raises(ValueError, match="increasing seed counts"):
+    S.design((6, 3))
+  with pytest.raises(ValueError, match="first"):
+    S.looks_between(1, 5, 3)
+  assert S.looks_between(3, 12, 4) == LOOKS
+  assert math.isfinite(S.design((5,), "pocock").crit[0])
