@@ -195,6 +195,20 @@ def test_linen_dropout_with_one_rng_is_refused_on_vmap():
     ps.compute(loss_fn, params, _batch(), want=("sq",), backend="vmap")
 
 
+def test_randomness_drawn_per_example_from_the_batch_passes_vmaps_check():
+  """The fix the refusal gives: one key per example, made outside loss_fn, in the batch."""
+  lm = _LM()
+
+  def loss_fn(p, b):
+    h = lm.apply({"params": p}, b["inputs"])
+    keep = jax.vmap(lambda k: jax.random.bernoulli(jax.random.wrap_key_data(k), 0.5,
+                                                    h.shape[1:]))(b["keys"])
+    return per_example_xent(jnp.where(keep, h, 0.0), b["targets"])
+
+  batch = {**_batch(), "keys": jax.random.key_data(jax.random.split(jax.random.key(0), B))}
+  check_alone(loss_fn, _params(lm), batch)  # no refusal
+
+
 def test_auto_refuses_when_surgery_and_vmap_both_do():
   """Shared weights (surgery refuses) and a loss divided by the batch's size (vmap
   refuses): one line naming both causes, not vmap's wrong statistics."""

@@ -34,10 +34,10 @@ from pergrad.stats.vmap import example_loss
 RTOL_FLOOR = 2.0 ** -12
 RANDOM = frozenset({"random_bits", "threefry2x32", "random_seed", "random_wrap",
                     "rng_bit_generator"})
-FIX = ("divide by a constant, not by the batch's size (x.shape[0]), and draw per-example "
-       "randomness per row (jax.random.fold_in(key, example index), or jax.random.split(key, B) "
-       "one key per row); or use backend='surgery' (or 'auto'), which differentiates the "
-       "batch's own per-example losses")
+FIX = ("divide by a constant, not by the batch's size (x.shape[0]), and draw randomness per "
+       "example from the batch (jax.random.fold_in(key, an example id in the batch), or one key "
+       "per example, jax.random.split(key, B), passed in the batch); or use backend='surgery' "
+       "(or 'auto'), which differentiates the batch's own per-example losses")
 
 
 def refusal(reason: str) -> Unsupported:
