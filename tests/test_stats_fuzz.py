@@ -45,7 +45,7 @@ from fuzz_models import build, check, draw, refused  # noqa: E402
 from experiments.record import provenance  # noqa: E402
 
 # A fixed set covering every frontend, hazard and head (found by `draw`), for the main suite.
-MAIN_SEEDS = (5, 14, 24, 29, 36, 38, 43, 44)
+MAIN_SEEDS = (5, 14, 24, 29, 36, 38, 43, 44, 0, 13, 58)
 
 
 @pytest.mark.parametrize("seed", MAIN_SEEDS)
@@ -62,6 +62,9 @@ def test_the_main_seeds_cover_every_frontend_hazard_and_head():
                                             "penalty"}
   assert any(refused(m) for m in models) and any(not refused(m) for m in models)
   assert {m["mixing"] for m in models} > {None}  # a model that mixes examples
+  assert {m["tree"] for m in models} == {"as_is", "nested", "frozen", "extra"}
+  assert {m["per_batch"] for m in models} == {None, "batch_size", "dropout"}
+  assert any(m["per_batch"] and refused(m) for m in models)  # auto refuses: no backend exact
 
 
 def test_the_round_off_allowance_passes_round_off_and_catches_more():
@@ -138,13 +141,15 @@ def summary(outs, seconds: float, prov: dict) -> dict:
       frontends=dict(count(o["model"]["frontend"] for o in outs)),
       hazards=dict(count(o["model"]["hazard"] for o in outs)),
       mixing=dict(count(o["model"].get("mixing") or "none" for o in outs)),
+      trees=dict(count(o["model"].get("tree") or "as_is" for o in outs)),
+      per_batch=dict(count(o["model"].get("per_batch") or "none" for o in outs)),
       heads=dict(count(o["model"]["head"] for o in outs)),
       failures=[dict(seed=o["model"]["seed"], mismatches=o["mismatches"]) for o in outs
                 if o["mismatches"]],
       seconds=round(seconds, 1),
       rows=[[o["model"]["seed"], o["model"]["frontend"], o["model"]["tokens"],
              o["model"]["head"], o["model"]["hazard"], o["surgery"], len(o["mismatches"]),
-             o["model"].get("mixing")]
+             o["model"].get("mixing"), o["model"].get("tree"), o["model"].get("per_batch")]
             for o in outs],
       command="python tests/test_stats_fuzz.py --models N --out results/stats_fuzz.json",
       **prov)  # the commit the record was run at, and whether the tree was clean
@@ -153,7 +158,9 @@ def summary(outs, seconds: float, prov: dict) -> dict:
 def merged(records: list[dict]) -> dict:
   """One record of runs over disjoint seeds (`--shard`), as one run's."""
   outs = [dict(model=dict(seed=r[0], frontend=r[1], tokens=r[2], head=r[3], hazard=r[4],
-                          mixing=r[7] if len(r) > 7 else None),
+                          mixing=r[7] if len(r) > 7 else None,
+                          tree=r[8] if len(r) > 8 else None,
+                          per_batch=r[9] if len(r) > 9 else None),
                surgery=r[5], mismatches=["?"] * r[6]) for rec in records for r in rec["rows"]]
   commits = {(r.get("commit"), r.get("clean")) for r in records}
   commit, clean = commits.pop() if len(commits) == 1 else ("mixed", False)

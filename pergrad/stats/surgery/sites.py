@@ -235,9 +235,8 @@ def _trace_calls(loss_fn, params, batch, keys):
 
   def linen_log(next_fun, args, kwargs, ctx):
     module = ctx.module
-    own = module.variables.get("params", {}) if module.scope is not None else {}
-    if type(module) not in frontends.LINEN_KIND:
-      for v in own.values():
+    if type(module) not in frontends.LINEN_KIND and module.scope is not None:
+      for v in module.variables.get("params", {}).values():
         if id(v) in ids:
           owners.setdefault(ids[id(v)], f"{type(module).__name__} at '{_name(module.path)}'")
     return next_fun(*args, **kwargs)
