@@ -8,14 +8,20 @@ matmul x Eᵀ); and at most one hazard: a parameter penalty in the per-example l
 shared by two calls, the body `jax.vmap`-ed per example, a `lax.scan` over stacked layers,
 `jax.checkpoint`, or keyword inputs; and, one model in six, a way to mix examples (the
 hidden state centred, sorted or cumsummed over the batch, the loss normalised by the
-batch's mean loss or token count). `check(seed)` runs backends surgery, auto and vmap
-on it (every statistic, with and without per-example clipping; surgery's per-token
-mean too) against a float64 per-example loop (`any_models.reference64`):
+batch's mean loss or token count). One model in three passes params nested under a key,
+as its output layer's leaves alone (the rest a frozen constant closed over), or with unused
+extra leaves; one in six of the others has a loss whose examples alone are not its rows
+(divided by the batch's size; a dropout mask drawn for the batch). `check(seed)` runs
+backends surgery, auto and vmap on it (every statistic, with and without per-example
+clipping; surgery's per-token mean too) against a float64 per-example loop
+(`any_models.reference64`; `batch_reference64` for those losses):
 
   - surgery either matches the loop or raises `Unsupported` (and refuses exactly the models
     with a hazard surgery cannot prove exact: never an accepted mismatch, never a refusal of
     a plain model, which would cost vmap's time for nothing);
-  - auto and vmap always match (auto falls back to vmap where surgery refuses);
+  - auto and vmap always match (auto falls back to vmap where surgery refuses), but for a
+    loss whose examples alone are not its rows: vmap and the loop refuse it, and auto
+    where surgery does;
   - a model that mixes examples is refused as not separable by surgery, vmap, auto and
     the loop alike, and its mean gradient alone matches float64 autodiff of the mean loss.
 

@@ -80,10 +80,10 @@ def _check_at(loss_fn, params, batch, n: int) -> None:
     b = separable._stand_in(batch, b_given, n, seed=1 << 20)
     return loss_fn(p, b), jax.vmap(example_loss(loss_fn), in_axes=(None, 0))(p, b)
 
-  lowered = jax.jit(both).lower(*given)
+  traced = jax.jit(both).trace(*given)  # one trace: the program and its jaxpr
   whole, alone = (np.asarray(x, np.float64)
-                  for x in lowered.compile(separable._fast())(*given))
-  closed = jax.make_jaxpr(both)(*given)
+                  for x in traced.lower().compile(separable._fast())(*given))
+  closed = traced.jaxpr
   rtol = max(RTOL_FLOOR, 4 * _least_eps(closed.jaxpr))
   scale = np.abs(whole) + np.mean(np.abs(whole))
   off = ~((np.abs(alone - whole) <= rtol * scale) | (alone == whole)
