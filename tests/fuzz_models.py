@@ -311,7 +311,7 @@ def _as_passed(m, model_loss, params, penalty, first, rng):
     return lambda p, b: model_loss(p, b) + penalty(p, first), params
   if m["tree"] == "frozen":
     if m["frontend"] == "nnx":
-      passed, frozen = params.split(nnx.PathContains(_passed(m)), ...)
+      passed, frozen = nnx.split_state(params, nnx.PathContains(_passed(m)), ...)
       join = lambda hp: nnx.merge_state(frozen, hp)
     else:
       passed = {_passed(m): params[_passed(m)]}
