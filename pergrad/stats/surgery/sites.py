@@ -104,9 +104,10 @@ def call_keys(call, ids: dict) -> dict:
   if copies:
     raise unsupported(
         f"the {copies[0]} of the {call.name} call{where} is not a leaf of params but computed "
-        "inside loss_fn (a transformed copy, e.g. w.astype(...), or a second model's "
-        "parameters made from the leaves, e.g. a teacher on params); pass each parameter "
-        "array as it is in params, or close over a frozen part as a constant")
+        "inside loss_fn (a transformed copy, e.g. w.astype(...); a slice in jax.lax.scan or "
+        "nn.scan; or a second model's parameters made from the leaves, e.g. a teacher on "
+        "stop_gradient(params)); pass each parameter array as it is in params, or close "
+        "over a frozen part as a constant")
   if out and len(out) != len(given):
     raise unsupported(f"the {call.name} call{where} mixes leaves of params "
                       f"({'/'.join(out)}) with constants of loss_fn")
