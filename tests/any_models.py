@@ -144,6 +144,21 @@ def reference64(loss_fn, params, batch, want=("mean", "sq", "sign", "norms"), cl
   return statistics64(jax.tree.map(lambda *g: np.stack(g), *samples), want, clip)
 
 
+def batch_reference64(loss_fn, params, batch, want=("mean", "sq", "sign", "norms"), clip=None):
+  """`reference64` of the batch's own per-example losses: g_b = ∇ loss_fn(θ, batch)[b], a
+  float64 loop over b of the gradient of row b with the whole batch in (the same as
+  reference64's batches of one where each example's loss alone is its row; else the
+  statistics every backend must give or refuse)."""
+  with jax.enable_x64(True):
+    wide = lambda a: (np.asarray(a, np.float64) if np.issubdtype(np.asarray(a).dtype,
+                                                                   np.floating) else a)
+    p64 = jax.tree.map(wide, params)
+    grad = jax.jit(jax.grad(lambda p, b: loss_fn(p, batch)[b].astype(jnp.float64)))
+    B = jax.tree.leaves(batch)[0].shape[0]
+    samples = [jax.tree.map(np.asarray, grad(p64, b)) for b in range(B)]
+  return statistics64(jax.tree.map(lambda *g: np.stack(g), *samples), want, clip)
+
+
 def statistics64(samples, want=("mean", "sq", "sign", "norms"), clip=None):
   """`reference64`'s statistics of float64 per-example gradients (leaves (B, ...))."""
   B = jax.tree.leaves(samples)[0].shape[0]

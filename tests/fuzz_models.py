@@ -35,6 +35,13 @@ HAZARDS = ("none", "none", "penalty", "shared", "vmapped", "scan", "remat", "key
 # Ways to mix examples (refused by every backend as not separable), drawn apart from the
 # hazards (their own stream, 1 model in 6): the earlier seeds keep their models otherwise.
 MIXING = ("center", "sort", "cumsum", "loss_mean", "token_count")
+# How params is passed (their own stream, 1 model in 3): nested under a key; only the output
+# layer's leaves, the rest a frozen constant closed over; with unused extra leaves.
+TREES = ("nested", "frozen", "extra")
+# Losses whose per-example losses alone are not the batch's rows (their own stream, 1 model
+# in 6 of those that do not mix examples): divided by the batch's size; a dropout mask drawn
+# for the batch with one fixed key. vmap and the loop must refuse them; surgery is exact.
+PER_BATCH = ("batch_size", "dropout")
 
 
 def draw(seed: int) -> dict:
@@ -58,8 +65,11 @@ def draw(seed: int) -> dict:
     hazard = "none"
   mix = np.random.default_rng(seed + 20_000)
   mixing = str(mix.choice(MIXING)) if mix.random() < 1 / 6 else None
+  how = np.random.default_rng(seed + 30_000)
+  tree = str(how.choice(TREES)) if how.random() < 1 / 3 else "as_is"
+  per_batch = str(how.choice(PER_BATCH)) if how.random() < 1 / 6 and not mixing else None
   return dict(seed=seed, frontend=frontend, tokens=tokens, blocks=blocks, head=head,
-              hazard=hazard, mixing=mixing)
+              hazard=hazard, mixing=mixing, tree=tree, per_batch=per_batch)
 
 
 def _has_params(block) -> bool:
@@ -72,6 +82,8 @@ def refused(m: dict) -> bool:
   where a layer call in it owns parameters: a body of parameter-free norms is exact)."""
   if m.get("mixing"):
     return True
+  if m.get("tree") == "frozen":  # the frozen layers are constants: no hazard in them counts
+    return m["head"] == "raw_tie" or m["hazard"] in ("penalty", "scan")  # scan: copies
   if m["hazard"] in ("vmapped", "remat"):
     return any(_has_params(b) for b in m["blocks"]) or m["head"] in REFUSED
   return m["hazard"] in REFUSED or m["head"] in REFUSED
@@ -90,8 +102,16 @@ def _body(m, ops, h):
   return h
 
 
+def _dropout(h):
+  """A dropout mask for the whole batch from one fixed key (float32 draws, x64 or not)."""
+  keep = jax.random.bernoulli(jax.random.key(7), jnp.float32(0.75), h.shape)
+  return jnp.where(keep, h / 0.75, 0.0).astype(h.dtype)
+
+
 def _forward(m, ops, x):
   h = ops.embed(x) if m["tokens"] else ops.dense("in", x)
+  if m.get("per_batch") == "dropout":
+    h = _dropout(h)
   mixed = {"center": lambda a: a - a.mean(0), "sort": lambda a: jnp.sort(a, axis=0),
            "cumsum": lambda a: jnp.cumsum(a, axis=0)}.get(m.get("mixing"), lambda a: a)
   h = mixed(h)  # over the example axis, outside any per-example vmap
@@ -278,6 +298,35 @@ class _LinenModel(nn.Module):
 def _freeze(m):
   return {**m, "blocks": tuple(m["blocks"])}
 
+
+def _passed(m) -> str:
+  """The top-level name of the leaves a "frozen" model passes (its output layer's)."""
+  return "dhead" if m["head"] == "dense" else "wte"
+
+
+def _as_passed(m, model_loss, params, penalty, first, rng):
+  """(loss_fn, params) with params passed as m["tree"] says (module constants: TREES), the
+  penalty on the passed leaves."""
+  if m["tree"] == "as_is":
+    return lambda p, b: model_loss(p, b) + penalty(p, first), params
+  if m["tree"] == "frozen":
+    if m["frontend"] == "nnx":
+      passed, frozen = nnx.split_state(params, nnx.PathContains(_passed(m)), ...)
+      join = lambda hp: nnx.merge_state(frozen, hp)
+    else:
+      passed = {_passed(m): params[_passed(m)]}
+      frozen = {k: v for k, v in params.items() if k != _passed(m)}
+      join = lambda hp: {**frozen, **hp}
+    leaf0 = lambda p: jax.tree.leaves(p)[0]
+    return lambda hp, b: model_loss(join(hp), b) + penalty(hp, leaf0), passed
+  extra = {"unused": jnp.asarray(rng.standard_normal((2, 3)), np.float32)}
+  if m["tree"] == "extra" and m["frontend"] != "nnx":  # beside the model's own leaves
+    inner = lambda q: {k: v for k, v in q.items() if k != "unused"}
+    return (lambda q, b: model_loss(inner(q), b) + penalty(inner(q), first),
+            {**params, **extra})
+  wrapped = {"model": params, **(extra if m["tree"] == "extra" else {})}
+  return lambda q, b: model_loss(q["model"], b) + penalty(q["model"], first), wrapped
+
 @functools.lru_cache(maxsize=8)
 def build(seed: int):
   """(model description, loss_fn, params, batch) of seed."""
@@ -295,6 +344,8 @@ def build(seed: int):
     if not m["tokens"]:
       logits, targets = logits[:, None], targets[:, None]
     loss = per_example_xent(logits, targets)
+    if m.get("per_batch") == "batch_size":  # a hand-written mean: ℓ_b alone is B times its row
+      return loss / targets.shape[0]
     if m["mixing"] == "loss_mean":  # normalised by a batch statistic: mixes examples
       return loss / loss.mean()
     if m["mixing"] == "token_count":
@@ -307,24 +358,23 @@ def build(seed: int):
   if m["frontend"] == "plain":
     params = _plain_params(m, rng)
     first = lambda p: p["wte"]["embedding"] if "wte" in p else p["din"]["kernel"]
-    loss_fn = lambda p, b: xent(_forward(m, _Plain(m, p), b["inputs"]), b["targets"]) + \
-        penalty(p, first)
+    model_loss = lambda p, b: xent(_forward(m, _Plain(m, p), b["inputs"]), b["targets"])
   elif m["frontend"] == "nnx":
     graphdef, params = nnx.split(nnx.eval_shape(lambda: _NnxModel(m, nnx.Rngs(seed))),
                                  nnx.Param)
-    leaf0 = lambda p: jax.tree.leaves(p)[0]
-    loss_fn = lambda p, b: xent(nnx.merge(graphdef, p)(b["inputs"]), b["targets"]) + \
-        penalty(p, leaf0)
+    first = lambda p: jax.tree.leaves(p)[0]
+    model_loss = lambda p, b: xent(nnx.merge(graphdef, p)(b["inputs"]), b["targets"])
   else:
     model = _LinenModel(_freeze(m))
     params = jax.eval_shape(model.init, jax.random.PRNGKey(seed), x)["params"]
-    leaf0 = lambda p: jax.tree.leaves(p)[0]
-    loss_fn = lambda p, b: xent(model.apply({"params": p}, b["inputs"]), b["targets"]) + \
-        penalty(p, leaf0)
+    first = lambda p: jax.tree.leaves(p)[0]
+    model_loss = lambda p, b: xent(model.apply({"params": p}, b["inputs"]), b["targets"])
   # Random values drawn in NumPy (no eager JAX op, no compile): scales near 1, the rest small.
   params = jax.tree.map(lambda a: jnp.asarray(
       (1.0 if a.ndim == 1 and a.shape[0] == D else 0.0)
       + 0.5 * rng.standard_normal(a.shape), np.float32), params)
+  loss_fn, params = _as_passed(m, model_loss, params, penalty, first,
+                               np.random.default_rng(seed + 40_000))
   return m, loss_fn, params, batch
 
 
@@ -334,23 +384,21 @@ def check(seed: int) -> dict:
   m, loss_fn, params, batch = build(seed)
   if m["mixing"]:
     return dict(model=m, surgery="refused", mismatches=_refused_everywhere(loss_fn, params, batch))
-  ref = am.reference64(loss_fn, params, batch)
+  alone = not m.get("per_batch")  # each example's loss alone is its row: vmap may serve it
+  ref = (am.reference64 if alone else am.batch_reference64)(loss_fn, params, batch)
   norms = np.sqrt(sum(np.square(g).reshape(B, -1).sum(-1)
                       for g in jax.tree.leaves(ref["_samples"])))
   C = float(np.median(norms))
   cref = am.statistics64(ref["_samples"], clip=C)
-  bad = []
-  try:
-    jax.eval_shape(lambda p, b: ps.compute(loss_fn, p, b, want=ALL, backend="surgery"),
-                   params, batch)
-    accepted = True
-  except Unsupported:
-    accepted = False
-  if accepted == refused(m):
-    bad.append(f"surgery {'accepted' if accepted else 'refused'} it")
+  accepted = _accepts(loss_fn, params, batch, "surgery")
+  bad = [f"surgery {'accepted' if accepted else 'refused'} it"] * (accepted == refused(m))
+  if not alone:  # vmap and the loop refuse it, and auto where surgery does
+    for be in ("vmap", "loop") + ("auto",) * (not accepted):
+      if _accepts(loss_fn, params, batch, be, "alone" if be != "auto" else "no backend"):
+        bad.append(f"{be} did not refuse a loss whose examples alone are not its rows")
   # auto is surgery where surgery accepts (then vmap is checked beside it), vmap elsewhere.
-  runs = {f"{be}/{clip}": (be, clip) for be in ("auto",) + ("vmap",) * accepted
-          for clip in (None, C)}
+  runs = {f"{be}/{clip}": (be, clip) for be in ("auto",) * (alone or accepted)
+          + ("vmap",) * (accepted and alone) for clip in (None, C)}
 
   def every(p, b):
     out = {k: ps.compute(loss_fn, p, b, want=ALL, backend=be, per_example_clip=clip)[1]
@@ -374,6 +422,21 @@ def check(seed: int) -> dict:
       errs = am.mismatches(stats, ref if k.endswith("None") else cref)
     bad += [f"{k}: {e}" for e in errs]
   return dict(model=m, surgery="exact" if accepted else "refused", mismatches=bad)
+
+
+def _accepts(loss_fn, params, batch, backend: str, words: str = "") -> bool:
+  """Whether `backend` accepts the model (traced, as in a training step); an `Unsupported`
+  without `words` in it is raised."""
+  try:
+    with warnings.catch_warnings():
+      warnings.simplefilter("ignore")
+      jax.eval_shape(lambda p, b: ps.compute(loss_fn, p, b, want=ALL, backend=backend),
+                     params, batch)
+    return True
+  except Unsupported as e:
+    if words not in str(e):
+      raise
+    return False
 
 
 def _refused_everywhere(loss_fn, params, batch) -> list[str]:

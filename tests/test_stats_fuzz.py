@@ -8,14 +8,20 @@ matmul x Eᵀ); and at most one hazard: a parameter penalty in the per-example l
 shared by two calls, the body `jax.vmap`-ed per example, a `lax.scan` over stacked layers,
 `jax.checkpoint`, or keyword inputs; and, one model in six, a way to mix examples (the
 hidden state centred, sorted or cumsummed over the batch, the loss normalised by the
-batch's mean loss or token count). `check(seed)` runs backends surgery, auto and vmap
-on it (every statistic, with and without per-example clipping; surgery's per-token
-mean too) against a float64 per-example loop (`any_models.reference64`):
+batch's mean loss or token count). One model in three passes params nested under a key,
+as its output layer's leaves alone (the rest a frozen constant closed over), or with unused
+extra leaves; one in six of the others has a loss whose examples alone are not its rows
+(divided by the batch's size; a dropout mask drawn for the batch). `check(seed)` runs
+backends surgery, auto and vmap on it (every statistic, with and without per-example
+clipping; surgery's per-token mean too) against a float64 per-example loop
+(`any_models.reference64`; `batch_reference64` for those losses):
 
   - surgery either matches the loop or raises `Unsupported` (and refuses exactly the models
     with a hazard surgery cannot prove exact: never an accepted mismatch, never a refusal of
     a plain model, which would cost vmap's time for nothing);
-  - auto and vmap always match (auto falls back to vmap where surgery refuses);
+  - auto and vmap always match (auto falls back to vmap where surgery refuses), but for a
+    loss whose examples alone are not its rows: vmap and the loop refuse it, and auto
+    where surgery does;
   - a model that mixes examples is refused as not separable by surgery, vmap, auto and
     the loop alike, and its mean gradient alone matches float64 autodiff of the mean loss.
 
@@ -45,7 +51,7 @@ from fuzz_models import build, check, draw, refused  # noqa: E402
 from experiments.record import provenance  # noqa: E402
 
 # A fixed set covering every frontend, hazard and head (found by `draw`), for the main suite.
-MAIN_SEEDS = (5, 14, 24, 29, 36, 38, 43, 44)
+MAIN_SEEDS = (5, 14, 24, 29, 36, 38, 43, 44, 0, 13, 58)
 
 
 @pytest.mark.parametrize("seed", MAIN_SEEDS)
@@ -62,6 +68,9 @@ def test_the_main_seeds_cover_every_frontend_hazard_and_head():
                                             "penalty"}
   assert any(refused(m) for m in models) and any(not refused(m) for m in models)
   assert {m["mixing"] for m in models} > {None}  # a model that mixes examples
+  assert {m["tree"] for m in models} == {"as_is", "nested", "frozen", "extra"}
+  assert {m["per_batch"] for m in models} == {None, "batch_size", "dropout"}
+  assert any(m["per_batch"] and refused(m) for m in models)  # auto refuses: no backend exact
 
 
 def test_the_round_off_allowance_passes_round_off_and_catches_more():
@@ -138,13 +147,15 @@ def summary(outs, seconds: float, prov: dict) -> dict:
       frontends=dict(count(o["model"]["frontend"] for o in outs)),
       hazards=dict(count(o["model"]["hazard"] for o in outs)),
       mixing=dict(count(o["model"].get("mixing") or "none" for o in outs)),
+      trees=dict(count(o["model"].get("tree") or "as_is" for o in outs)),
+      per_batch=dict(count(o["model"].get("per_batch") or "none" for o in outs)),
       heads=dict(count(o["model"]["head"] for o in outs)),
       failures=[dict(seed=o["model"]["seed"], mismatches=o["mismatches"]) for o in outs
                 if o["mismatches"]],
       seconds=round(seconds, 1),
       rows=[[o["model"]["seed"], o["model"]["frontend"], o["model"]["tokens"],
              o["model"]["head"], o["model"]["hazard"], o["surgery"], len(o["mismatches"]),
-             o["model"].get("mixing")]
+             o["model"].get("mixing"), o["model"].get("tree"), o["model"].get("per_batch")]
             for o in outs],
       command="python tests/test_stats_fuzz.py --models N --out results/stats_fuzz.json",
       **prov)  # the commit the record was run at, and whether the tree was clean
@@ -153,7 +164,9 @@ def summary(outs, seconds: float, prov: dict) -> dict:
 def merged(records: list[dict]) -> dict:
   """One record of runs over disjoint seeds (`--shard`), as one run's."""
   outs = [dict(model=dict(seed=r[0], frontend=r[1], tokens=r[2], head=r[3], hazard=r[4],
-                          mixing=r[7] if len(r) > 7 else None),
+                          mixing=r[7] if len(r) > 7 else None,
+                          tree=r[8] if len(r) > 8 else None,
+                          per_batch=r[9] if len(r) > 9 else None),
                surgery=r[5], mismatches=["?"] * r[6]) for rec in records for r in rec["rows"]]
   commits = {(r.get("commit"), r.get("clean")) for r in records}
   commit, clean = commits.pop() if len(commits) == 1 else ("mixed", False)

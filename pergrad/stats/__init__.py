@@ -24,6 +24,8 @@ wrong there too), in one line naming the operation and the user's line:
     # loss changes when the other examples change: first at reduce_sum at model.py:40 ...),
     # so no backend computes their per-example gradients; compute batch statistics outside
     # the per-example loss (...), or use per-example normalization (...).
+vmap and the loop also need each example's loss alone to be its batch row (`alone.py`: a
+loss divided by the batch's size or drawing randomness per batch is refused there).
 
 The mean alone (`want=("mean",)`) is the batch loss's gradient, exact for any model.
 
@@ -35,7 +37,9 @@ Surgery is exact or refused, proved once per model from its jaxpr at trace time
     arange(T) (no example axis);
   refuses (`surgery.Unsupported`, one line naming the leaf and the use): a parameter that
     reaches the loss outside its layer calls (x @ W.T, λ‖W‖² in the loss), a layer called
-    twice (but a tied table), a layer call under jax.vmap, scan (nn.scan, nnx.scan),
+    twice on the same arrays (shared weights; but a tied table), a layer's parameter
+    computed inside loss_fn (w.astype(...), a teacher on stop_gradient(params); a teacher
+    closed over is a constant, exact), a layer call under jax.vmap, scan (nn.scan, nnx.scan),
     remat, cond or custom_vjp or differentiated inside loss_fn, a layer input whose
     example axis cannot be found.
 backend="auto" then runs vmap for the whole model, warning once:

@@ -27,7 +27,10 @@ the backend asked, since the mean needs nothing more: "contraction" on CPU (the 
 weight-gradient path), "value_and_grad" elsewhere, or whichever of the two is asked.
 Everything is validated here, once, before the backend runs, including, for any request
 beyond the mean, that loss_fn's per-example losses are separable (`separable.check`: a
-model that mixes examples is refused on every backend, "auto" included).
+model that mixes examples is refused on every backend, "auto" included), and, for a
+backend that runs each example alone (vmap, loop), that each example's loss alone is its
+row of the batch's (`alone.check_alone`: a loss divided by the batch's size, or drawing
+randomness per batch, is refused there; "auto" then keeps to surgery or refuses).
 
 `options.microbatch_size` splits the batch into chunks processed one after the other
 (`optax.microbatching.microbatch`, a `fori_loop`), bounding the memory of per-example
@@ -49,7 +52,7 @@ from typing import Any
 import jax
 from optax import microbatching
 
-from pergrad.stats import backends, registry, separable
+from pergrad.stats import alone, backends, registry, separable
 from pergrad.stats.options import StatsOptions
 from pergrad.stats.request import StatsRequest
 from pergrad.stats.surgery.sites import Unsupported, leaf_rules, make_plan
@@ -101,7 +104,8 @@ def surgery_or_vmap(loss_fn, params, batch, request: StatsRequest) -> str:
   """"surgery" where its planner proves it exact for loss_fn (`surgery.proof`, at trace
   time), else "vmap" with a one-time warning naming the leaf and the use that surgery
   refused; the refusal itself where vmap cannot serve the request either (per-token
-  statistics)."""
+  statistics), or both refusals where vmap's per-example losses are not the batch's
+  (`alone.check_alone`)."""
   try:
     make_plan(loss_fn, params, batch, request)
   except Unsupported as e:
@@ -109,6 +113,12 @@ def surgery_or_vmap(loss_fn, params, batch, request: StatsRequest) -> str:
       check_support(request, "vmap")
     except ValueError:
       raise e from None
+    try:
+      alone.check_alone(loss_fn, params, batch)
+    except Unsupported as e_vmap:
+      raise Unsupported(f"pergrad.stats: no backend is exact for this loss_fn: surgery refused "
+                        f"it ({e.reason}) and {str(e_vmap).removeprefix('pergrad.stats: ')}"
+                        ) from None
     if e.reason not in _WARNED:
       _WARNED.add(e.reason)
       warnings.warn(f"pergrad.stats: surgery is not exact for this model ({e.reason}); "
@@ -228,6 +238,8 @@ def compute(
   if backend == "auto" and which == "surgery":
     which = surgery_or_vmap(loss_fn, params, batch, request)
   entry = backends.get(which)
+  if entry.alone and not request.mean_only:
+    alone.check_alone(loss_fn, params, batch)
   # Layer types for `layers` and the noise-scale groups: one classifier, every backend.
   rules = leaf_rules(loss_fn, params, batch, request) if entry.statistics else ()
 

@@ -51,6 +51,8 @@ class Backend:
       `clip_power` only: it weights instead of clipping each g_b), "any".
     statistics: False for a backend that computes "mean" alone.
     microbatch: False where chunking changes nothing (already one example at a time).
+    alone: True where each example runs as a batch of one (its loss must then be its row
+      of the batch's: `alone.check_alone`, checked by the dispatcher).
   """
 
   fn: BackendFn
@@ -58,6 +60,7 @@ class Backend:
   clip: str | None = None
   statistics: bool = True
   microbatch: bool = True
+  alone: bool = False
 
   def __post_init__(self):
     if not callable(self.fn):
@@ -85,10 +88,11 @@ REGISTRY.register("value_and_grad", Backend(value_and_grad_stats, statistics=Fal
                                             microbatch=False))
 REGISTRY.register("contraction", Backend(surgery.contraction_stats, statistics=False,
                                          microbatch=False))
-REGISTRY.register("vmap", Backend(vmap.vmap_stats, clip="clip_power"))
+REGISTRY.register("vmap", Backend(vmap.vmap_stats, clip="clip_power", alone=True))
 REGISTRY.register("surgery", Backend(surgery.surgery_stats, granularities=("example", "token"),
                                      clip="any"))
-REGISTRY.register("loop", Backend(reference.loop_stats, clip="any", microbatch=False))
+REGISTRY.register("loop", Backend(reference.loop_stats, clip="any", microbatch=False,
+                                  alone=True))
 REGISTRY.seal()
 
 

@@ -10,7 +10,8 @@ its layer's input A and output cotangent Δ and computes the requested statistic
 the samples (`surgery.formulas`). One `jax.value_and_grad` w.r.t. (params,
 probes) yields the batch-mean gradient and all statistics. Probes are keyed by the
 parameter leaves' paths, so their cotangents land on the params tree. A parameter that
-no standard layer call uses raises a ValueError. Per-example clipping: `clip.py`.
+reaches the loss outside standard layer calls is refused (`proof`); one that never reaches
+it gets zero statistics. Per-example clipping: `clip.py`.
 
 Samples (GradStats.count = n):
 - granularity "example" (n = B): g_b = ∇ loss_b. With the batch-mean loss each

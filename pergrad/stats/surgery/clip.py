@@ -177,6 +177,9 @@ def finish(plan: Plan, records: dict, ids: list, shapes: dict, want, clip: float
         parts[key]["sparse"] = (next(lookup_ids), rec[CLIP][role])
       else:
         parts[key]["rows"] = rec[CLIP][role].reshape(B, -1)
+  for k, p in parts.items():  # a leaf the loss never reaches: g_b = 0
+    if not p:
+      p["rows"] = jnp.zeros((B, int(np.prod(shapes[k]))), F32)
   z = sum(sm.zero_after(r) for r in jax.tree.leaves(records))  # the pass is over
   sq_B = sum(_sq_norms(p, shapes[k], z) for k, p in parts.items()) * float(B * B)
   v_B = clip_weights(sq_B, clip) * float(B)  # ĝ_b = w_b·B·(record's g_b)

@@ -69,13 +69,15 @@ batching.primitive_batchers[layer_call_p] = _under_vmap
 ad.primitive_jvps[layer_call_p] = _differentiated
 
 
-def prove(loss_fn, params, batch, keys, paths, outs, shared) -> None:
+def prove(loss_fn, params, batch, keys, paths, outs, shared, owners=None) -> None:
   """Raises `Unsupported` unless surgery is exact for loss_fn (module docstring).
 
   Args:
     keys, paths: every parameter leaf's key and "a/b" path, in tree order.
     outs: (shape, dtype) of each layer call with parameters, in call order, at this batch.
     shared: the indices of the calls whose input the plan takes as shared across the batch.
+    owners: {path: "<class> at '<module>'"}: the module other than a standard layer that
+      holds the leaf, named in a refusal of it.
   """
   path_of = dict(zip(keys, paths, strict=True))
   n_leaves = len(keys)
@@ -85,7 +87,7 @@ def prove(loss_fn, params, batch, keys, paths, outs, shared) -> None:
     count = itertools.count()
 
     def handler(call):
-      roles = [r for r, v in call.params.items() if v is not None]
+      roles = [r for r, v in call.params.items() if id(v) in ids]  # constants: no site
       if not roles:
         return call.run()
       i = next(count)
@@ -102,7 +104,13 @@ def prove(loss_fn, params, batch, keys, paths, outs, shared) -> None:
   leaf = {v: paths[i] for i, v in enumerate(invars[:n_leaves])}
   dep = set(invars[n_leaves:])
   batch_fed: dict[int, bool] = {}
-  _walk(closed.jaxpr, leaf, dep, batch_fed)
+  try:
+    _walk(closed.jaxpr, leaf, dep, batch_fed)
+  except Unsupported as e:
+    owner = (owners or {}).get(getattr(e, "leaf", None))
+    if owner is None:
+      raise
+    raise unsupported(f"cannot handle {owner}, which owns parameters: {e.reason}") from None
   for i in shared:
     if batch_fed.get(i):
       raise unsupported(f"layer call {i}'s input has no example axis but depends on the batch "
@@ -143,8 +151,10 @@ def _walk(jaxpr, leaf: dict, dep: set, batch_fed: dict) -> None:
     else:
       for v in ins:
         if v in leaf:
-          raise unsupported(f"'{leaf[v]}' reaches the loss outside its layer calls (used by "
+          err = unsupported(f"'{leaf[v]}' reaches the loss outside its layer calls (used by "
                             f"{_what(eqn)}), so its per-example gradient is not the layer's")
+          err.leaf = leaf[v]
+          raise err
     if any(v in dep for v in ins):
       dep.update(eqn.outvars)
 

@@ -3,12 +3,15 @@
 `make_plan` traces loss_fn abstractly at batch sizes B and B+1 with every frontend routed
 (`frontends.route`: Linen, NNX, `pergrad.stats.taps`) and records one `Site` per
 standard layer call, in forward order: its kind (from the layer's class or tap function),
-its parameter leaves, whether the request's layer selection covers it, the example axis
-of its input (the one axis whose size follows the batch; None for an input shared across
-the batch), the dense contraction axes, the tokens per example. A parameter leaf no layer
-call uses, a layer used twice (other than a tied embedding table, lookup then attend), a
-normalization over other axes, a dense layer with batch axes raise an `Unsupported` naming
-it; so does anything `proof.prove` cannot show exact (one more abstract trace, at batch B).
+its parameter leaves (by array identity with the leaves of params as passed: nested under
+any keys, a part of the model; a call on constants of loss_fn is no site), whether the
+request's layer selection covers it, the example axis of its input (the one axis whose
+size follows the batch; None for an input shared across the batch), the dense contraction
+axes, the tokens per example. A layer used twice (other than a tied embedding table,
+lookup then attend), a parameter computed inside loss_fn, a normalization over other axes,
+a dense layer with batch axes raise an `Unsupported` naming it; so does anything
+`proof.prove` cannot show exact (one more abstract trace, at batch B), e.g. a leaf that
+reaches the loss outside layer calls; a leaf that never reaches it gets zero statistics.
 Plans (and refusals) are remembered per (loss_fn, shapes, request): a step traced again,
 or `compute`'s auto check then the backend, trace the model once.
 
@@ -90,18 +93,24 @@ def leaf_keys(params) -> tuple[tuple[tuple[str, ...], ...], tuple[str, ...], obj
 
 
 def call_keys(call, ids: dict) -> dict:
-  """role -> leaf key of one `LayerCall` (by module path, else by array identity)."""
-  out = {}
-  for role, value in call.params.items():
-    if value is None:
-      continue
-    if call.path is not None:
-      out[role] = call.path + (role,)
-    elif id(value) in ids:
-      out[role] = ids[id(value)]
-    else:
-      raise unsupported(f"the {role} of a {call.name} call is not a leaf of params (pass "
-                        "each parameter array as it is in params, not a transformed copy)")
+  """role -> leaf key of one `LayerCall`, by the identity of its parameter arrays with the
+  leaves of params as passed (nested under any keys, a part of the model's variables);
+  {} for a call whose parameters are all constants of loss_fn (a frozen part closed over:
+  no leaf, no statistics, it runs untouched)."""
+  given = {r: v for r, v in call.params.items() if v is not None}
+  out = {r: ids[id(v)] for r, v in given.items() if id(v) in ids}
+  copies = [r for r, v in given.items() if id(v) not in ids and isinstance(v, jax.core.Tracer)]
+  where = f" at '{_name(call.path)}'" if call.path else ""
+  if copies:
+    raise unsupported(
+        f"the {copies[0]} of the {call.name} call{where} is not a leaf of params but computed "
+        "inside loss_fn (a transformed copy, e.g. w.astype(...); a slice in jax.lax.scan or "
+        "nn.scan; or a second model's parameters made from the leaves, e.g. a teacher on "
+        "stop_gradient(params)); pass each parameter array as it is in params, or close "
+        "over a frozen part as a constant")
+  if out and len(out) != len(given):
+    raise unsupported(f"the {call.name} call{where} mixes leaves of params "
+                      f"({'/'.join(out)}) with constants of loss_fn")
   return out
 
 
@@ -146,7 +155,7 @@ def memo(fn):
         (tuple(getattr(x, "shape", ())), str(getattr(x, "dtype", type(x))))
         for x in jax.tree.leaves(t)))
     try:
-      key = (fn.__name__, loss_fn, shapes(params), shapes(batch), *rest)
+      key = (fn.__module__, fn.__name__, loss_fn, shapes(params), shapes(batch), *rest)
       hash(key)
     except TypeError:  # an unhashable loss_fn or tree: no memo
       return fn(loss_fn, params, batch, *rest)
@@ -191,12 +200,13 @@ def make_plan(loss_fn, params, batch, request: StatsRequest) -> Plan:
   B = next(x.shape[0] for x in jax.tree.leaves(batch) if np.ndim(x))
   keys, paths, treedef = leaf_keys(params)
   try:
-    calls, linen_types = _traced_sites(loss_fn, params, batch, B, keys)
+    calls, owners = _traced_sites(loss_fn, params, batch, B, keys)
     by_key = dict(zip(keys, paths, strict=True))
-    sites = _sites(calls, B, set(keys), linen_types)
+    sites = _sites(calls, B)
     proof.prove(loss_fn, jax.tree.map(_struct, params), jax.tree.map(_struct, batch), keys, paths,
                 [(c1["y"], c1["dtype"]) for c1, _ in calls],
-                [i for i, s in enumerate(sites) if s.in_axis is None])
+                [i for i, s in enumerate(sites) if s.in_axis is None],
+                owners={by_key[k]: w for k, w in owners.items()})
   except Unsupported:
     raise
   except Exception as e:  # noqa: BLE001 - the model's own error raises below, as it is
@@ -219,16 +229,21 @@ def make_plan(loss_fn, params, batch, request: StatsRequest) -> Plan:
 
 
 def _trace_calls(loss_fn, params, batch, keys):
-  """(every layer call's record, {Linen module path: class name}) of loss_fn, traced
-  abstractly."""
-  log, linen_types = [], {}
+  """(every layer call's record, {leaf key: its owner, "<class> at '<path>'"}) of loss_fn,
+  traced abstractly; owners are the Linen modules, other than standard layers, that hold
+  a leaf of params as their own parameter (for messages)."""
+  log, owners, ids = [], {}, {}
 
   def linen_log(next_fun, args, kwargs, ctx):
-    linen_types.setdefault(tuple(ctx.module.path), type(ctx.module).__name__)
+    module = ctx.module
+    if type(module) not in frontends.LINEN_KIND and module.scope is not None:
+      for v in module.variables.get("params", {}).values():
+        if id(v) in ids:
+          owners.setdefault(ids[id(v)], f"{type(module).__name__} at '{_name(module.path)}'")
     return next_fun(*args, **kwargs)
 
   def run(p, b):
-    ids = array_ids(p, keys)
+    ids.update(array_ids(p, keys))
 
     def rec(call):
       out = call.run()
@@ -241,7 +256,7 @@ def _trace_calls(loss_fn, params, batch, keys):
       return loss_fn(p, b)
 
   jax.eval_shape(run, params, batch)
-  return log, linen_types
+  return log, owners
 
 
 def _struct(x, lead=None):
@@ -265,32 +280,29 @@ def _name(key) -> str:
 
 
 def _traced_sites(loss_fn, params, batch, B: int, keys):
-  """([(call at B, call at B+1)] of the layer calls that own parameters, Linen types)."""
+  """([(call at B, call at B+1)] of the layer calls that own parameters, their owners)."""
   p_abs = jax.tree.map(_struct, params)
-  log1, linen_types = _trace_calls(loss_fn, p_abs, jax.tree.map(lambda a: _struct(a, B), batch),
+  log1, owners = _trace_calls(loss_fn, p_abs, jax.tree.map(lambda a: _struct(a, B), batch),
                                    keys)
   log2, _ = _trace_calls(loss_fn, p_abs, jax.tree.map(lambda a: _struct(a, B + 1), batch),
                          keys)
-  return [(c1, c2) for c1, c2 in zip(log1, log2, strict=True) if c1["keys"]], linen_types
+  return [(c1, c2) for c1, c2 in zip(log1, log2, strict=True) if c1["keys"]], owners
 
 
-def _sites(calls, B: int, keys: set, linen_types: dict) -> list[Site]:
-  """One Site per layer call (`keys`: every leaf), none selected yet."""
+def _sites(calls, B: int) -> list[Site]:
+  """One Site per layer call, none selected yet. A leaf no call uses is left to the proof
+  (refused where it reaches the loss otherwise; never reached: zero statistics)."""
   used: dict[tuple, list] = {}
   for c1, _ in calls:
     for k in c1["keys"].values():
       used.setdefault(k, []).append(c1)
-  for k in sorted(keys - set(used)):
-    owner = linen_types.get(k[:-1])
-    what = f"{owner} at '{_name(k[:-1])}'" if owner else f"the parameter '{_name(k)}'"
-    raise unsupported(f"cannot handle {what}, which owns parameters (no standard layer or "
-                      "pergrad.stats.taps call uses it)")
   for k, cs in used.items():
     methods = ["attend" if c["attend"] else "__call__" for c in cs]
     if len(cs) > 1 and (methods != ["__call__", "attend"] or cs[0]["kind"] != "embed"):
       raise unsupported(
-          f"'{_name(k[:-1])}' is used {len(cs)} times ({methods}); shared weights are "
-          "handled only for a tied embedding table (lookup then attend)")
+          f"'{_name(k[:-1])}' is used {len(cs)} times ({methods}): one {cs[0]['name']} layer "
+          "called more than once on the same parameter arrays (shared weights); surgery "
+          "handles shared weights only for a tied embedding table (lookup then attend)")
   return [_site(c1, c2, B, tied=len(used[next(iter(c1["keys"].values()))]) > 1)
           for c1, c2 in calls]
 

@@ -1,0 +1,127 @@
+"""The precondition of backends that run each example alone: its loss is its batch row.
+
+vmap and the loop compute g_b = ∇_θ loss_fn(θ, batch_b)[0], example b run as a batch of
+one. That is the gradient of the batch's own per-example loss ℓ_b(θ; batch) only when
+ℓ_b is the same alone: not when it depends on the batch's size (a hand-written mean
+`tok_loss.sum(-1) / x.shape[0]`: alone it is B times its row) or on randomness drawn per
+batch (`nn.Dropout` with one rng: a batch of one draws another mask than row b of the
+batch's). Separability (`separable.check`) does not see either: ℓ_b does not change with
+the other examples.
+
+`check` compares, once per loss_fn and shapes (`sites.memo`), at B' = min(B, 4)
+examples (the first B' of the batch and the params where concrete, stand-ins where
+traced, as `separable` does), the batch's losses ℓ(θ; batch)_b with vmap's ℓ(θ; batch_b),
+in one compiled program (one forward of B' examples and one of B' batches of one), and
+refuses |Δ_b| > RTOL·(|ℓ_b| + mean_j |ℓ_j|): RTOL = max(2⁻¹², 4 ε) with ε the machine
+epsilon of the least precise float in loss_fn (2⁻¹² = 4096 float32 roundings, u = 2⁻²⁴:
+batches of one may sum in another order; a batch-size factor B' ≥ 2 or another dropout
+mask moves ℓ_b by far more). Caveat: randomness whose effect on every ℓ_b is below RTOL
+is not seen.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.extend.core as jcore
+import jax.numpy as jnp
+import numpy as np
+
+from pergrad.stats import separable
+from pergrad.stats.surgery.proof import Unsupported
+from pergrad.stats.surgery.sites import memo
+from pergrad.stats.vmap import example_loss
+
+RTOL_FLOOR = 2.0 ** -12
+RANDOM = frozenset({"random_bits", "threefry2x32", "random_seed", "random_wrap",
+                    "rng_bit_generator"})
+FIX = ("divide by a constant, not by the batch's size (x.shape[0]), and draw randomness per "
+       "example from the batch (jax.random.fold_in(key, an example id in the batch), or one key "
+       "per example, jax.random.split(key, B), passed in the batch); or use backend='surgery' "
+       "(or 'auto'), which differentiates the batch's own per-example losses")
+
+
+def refusal(reason: str) -> Unsupported:
+  """The refusal, one line: the cause and the fix."""
+  err = Unsupported(f"pergrad.stats: backend 'vmap' (and 'loop') runs each example alone, and "
+                    f"this loss_fn's per-example losses are not the same alone ({reason}); {FIX}.")
+  err.reason = reason
+  return err
+
+
+@memo
+def check_alone(loss_fn, params, batch) -> None:
+  """Raises `refusal(...)` unless each example's loss computed alone (vmap over batches of
+  one) is its row of the batch's (module docstring). B = 1 passes; a loss_fn that cannot
+  run on B' < B examples is checked at B; one that cannot run alone is refused as
+  undetermined."""
+  B = next(x.shape[0] for x in jax.tree.leaves(batch) if np.ndim(x))
+  if B == 1:
+    return
+  for n in sorted({min(B, separable.N_EXAMPLES), B}):
+    try:
+      return _check_at(loss_fn, params, batch, n)
+    except Unsupported:
+      raise
+    except Exception as e:  # noqa: BLE001 - undetermined, refused below
+      error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+  err = Unsupported(f"pergrad.stats: undetermined whether each example's loss alone is its row "
+                    f"of the batch's: loss_fn did not run as a batch and as batches of one at "
+                    f"{B} examples ({error}); use backend='surgery' (or 'auto').")
+  err.reason = "undetermined"
+  raise err
+
+
+def _check_at(loss_fn, params, batch, n: int) -> None:
+  given = ([x for x in jax.tree.leaves(params) if separable._concrete(x)],
+           [np.asarray(x)[:n] for x in jax.tree.leaves(batch) if separable._concrete(x)])
+
+  def both(p_given, b_given):
+    p = separable._stand_in(params, p_given, None, seed=0)
+    b = separable._stand_in(batch, b_given, n, seed=1 << 20)
+    return loss_fn(p, b), jax.vmap(example_loss(loss_fn), in_axes=(None, 0))(p, b)
+
+  traced = jax.jit(both).trace(*given)  # one trace: the program and its jaxpr
+  whole, alone = (np.asarray(x, np.float64)
+                  for x in traced.lower().compile(separable._fast())(*given))
+  closed = traced.jaxpr
+  rtol = max(RTOL_FLOOR, 4 * _least_eps(closed.jaxpr))
+  scale = np.abs(whole) + np.mean(np.abs(whole))
+  off = ~((np.abs(alone - whole) <= rtol * scale) | (alone == whole)
+          | (np.isnan(alone) & np.isnan(whole)))
+  if off.any():
+    raise refusal(_cause(whole, alone, rtol, n, int(np.argmax(off)), _draws(closed.jaxpr)))
+
+
+def _cause(whole, alone, rtol: float, n: int, j: int, draws: bool) -> str:
+  """The difference, in words: a common factor (the batch's size), randomness, or values."""
+  with np.errstate(divide="ignore", invalid="ignore"):
+    ratio = alone / whole
+  if np.all(np.isfinite(ratio)) and np.ptp(ratio) <= rtol * np.abs(ratio).max():
+    return (f"each example's loss alone is {ratio[0]:.4g}x its row in a batch of {n}: the loss "
+            "depends on the batch's size")
+  what = (": loss_fn draws random numbers per batch, e.g. a dropout mask for the whole batch"
+          if draws else "")
+  return f"example {j}'s loss is {alone[j]:.6g} alone, {whole[j]:.6g} in a batch of {n}{what}"
+
+
+def _eqns(jaxpr):
+  """Every equation of jaxpr and of its sub-jaxprs."""
+  for eqn in jaxpr.eqns:
+    yield eqn
+    for v in eqn.params.values():
+      for sub in (v if isinstance(v, (tuple, list)) else (v,)):
+        if isinstance(sub, jcore.ClosedJaxpr):
+          yield from _eqns(sub.jaxpr)
+        elif isinstance(sub, jcore.Jaxpr):
+          yield from _eqns(sub)
+
+
+def _least_eps(jaxpr) -> float:
+  """The machine epsilon of the least precise float any operation of jaxpr produces."""
+  eps = [float(jnp.finfo(v.aval.dtype).eps) for e in _eqns(jaxpr) for v in e.outvars
+         if jnp.issubdtype(getattr(v.aval, "dtype", np.int32), jnp.floating)]
+  return max(eps, default=0.0)
+
+
+def _draws(jaxpr) -> bool:
+  return any(e.primitive.name in RANDOM for e in _eqns(jaxpr))
