@@ -6,8 +6,9 @@
 
 A run's key is the SHA-256 of its identity (`pergrad.config.plan.identity`, read through
 `pergrad.analysis`: its resolved config, the Hydra overrides composed against configs/ as the
-run itself resolves them, without the fields the schema marks `label()`: its tag and name, the output, data-cache and
-compile-cache directories, W&B, the progress bar, the figure, checkpoints kept), with the
+run itself resolves them, without the fields the schema marks `label()`: its tag and name,
+the output, data-cache and compile-cache directories, W&B, the progress bar, the figure,
+checkpoints kept), with the
 training version (`training_version`: the content of the code a run computes with and the
 installed versions of its dependencies): a run with any other difference (a seed, a step
 count, a logged statistic, a cadence, a line of the model or optimizer) is another run,
