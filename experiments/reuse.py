@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from pergrad.analysis import composed, identity
-from pergrad.analysis.runs import DONE, run_status
+from pergrad.analysis.runs import DONE, run_status, unreadable_checkpoint
 from pergrad.files import METRICS, SUMMARY, read_records
 
 INDEX = ".runs"
@@ -49,7 +49,7 @@ def is_whole(run_dir: Path, unreadable: Callable[[Path], str | None] | None = No
   """None when `run_dir` holds a whole finished run, else why not (a phrase): its summary
   says completed (or diverged: a finished outcome), its metrics.jsonl reaches the summary's
   last step, and its last checkpoint (of the last step, for a completed run) can be read
-  (`unreadable`: default `pergrad.train.checkpoint.unreadable`), unless a carry left the
+  (`unreadable`: default `pergrad.analysis.runs.unreadable_checkpoint`), unless a carry left the
   checkpoints out (`CARRIED`). A reused run's directory of links is whole when its source is."""
   run_dir = Path(run_dir)
   if is_reused(run_dir):
@@ -76,7 +76,7 @@ def is_whole(run_dir: Path, unreadable: Callable[[Path], str | None] | None = No
   if status == "completed" and last not in steps:
     return f"lists no checkpoint of its last step {last} in {SUMMARY}"
   if unreadable is None:
-    from pergrad.train.checkpoint import unreadable
+    unreadable = unreadable_checkpoint
   why = unreadable(run_dir / CHECKPOINTS / str(max(steps))) if steps else None
   return None if why is None else f"has a checkpoint that cannot be read: {why}"
 

@@ -46,7 +46,8 @@ import pytest
 sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).parents[1])]
 import any_models as am  # noqa: E402
 import numpy as np  # noqa: E402
-from fuzz_models import build, check, draw, refused  # noqa: E402
+from fuzz_check import check  # noqa: E402
+from fuzz_models import build, draw, refused  # noqa: E402
 
 from experiments.record import provenance  # noqa: E402
 

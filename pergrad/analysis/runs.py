@@ -48,6 +48,13 @@ def read_csv(path) -> pd.DataFrame:
   return pd.read_csv(path) if path.exists() and path.stat().st_size > 1 else pd.DataFrame()
 
 
+def unreadable_checkpoint(step_dir: Path) -> str | None:
+  """Why the checkpoint in `step_dir` cannot be read, or None (`pergrad.train.checkpoint`)."""
+  from pergrad.train.checkpoint import unreadable
+
+  return unreadable(step_dir)
+
+
 def run_status(run_dir: Path) -> str:
   """'completed' | a summary's other status (e.g. 'diverged') | 'partial' | 'missing'."""
   summ = run_dir / SUMMARY
