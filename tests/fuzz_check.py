@@ -10,6 +10,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
 sys.path.insert(0, str(Path(__file__).parent))
 import any_models as am  # noqa: E402
@@ -22,32 +23,35 @@ from pergrad.stats.surgery import Unsupported  # noqa: E402
 def check(seed: int) -> dict:
   """The outcome of one model: {"model", "surgery": "exact" | "refused", "expected",
   "mismatches": [...]} (module docstring); mismatches is empty unless something is wrong."""
-  m, loss_fn, params, batch = build(seed)
+  m, loss_spec, params, batch = build(seed)
   if m["mixing"]:
-    return dict(model=m, surgery="refused", mismatches=_refused_everywhere(loss_fn, params, batch))
+    return dict(model=m, surgery="refused", mismatches=_refused_everywhere(
+        reference_loss(loss_spec), params, batch))
   alone = not m.get("per_batch")  # each example's loss alone is its row: vmap may serve it
-  ref = (am.reference64 if alone else am.batch_reference64)(loss_fn, params, batch)
+  ref = (am.reference64 if alone else am.batch_reference64)(reference_loss(loss_spec), params,
+                                                            batch)
   norms = np.sqrt(sum(np.square(g).reshape(B, -1).sum(-1)
                       for g in jax.tree.leaves(ref["_samples"])))
   C = float(np.median(norms))
   cref = am.statistics64(ref["_samples"], clip=C)
-  accepted = _accepts(loss_fn, params, batch, "surgery")
+  call = lambda p, b, **kw: ps.compute(*as_module(loss_spec, p), b, **kw)
+  accepted = _accepts(call, params, batch, "surgery")
   bad = [f"surgery {'accepted' if accepted else 'refused'} it"] * (accepted == refused(m))
   if not alone:  # vmap and the loop refuse it, and auto where surgery does
     for be in ("vmap", "loop") + ("auto",) * (not accepted):
-      if _accepts(loss_fn, params, batch, be, "alone" if be != "auto" else "no backend"):
+      if _accepts(call, params, batch, be, "alone" if be != "auto" else "no backend"):
         bad.append(f"{be} did not refuse a loss whose examples alone are not its rows")
   # auto is surgery where surgery accepts (then vmap is checked beside it), vmap elsewhere.
   runs = {f"{be}/{clip}": (be, clip) for be in ("auto",) * (alone or accepted)
           + ("vmap",) * (accepted and alone) for clip in (None, C)}
 
   def every(p, b):
-    out = {k: ps.compute(loss_fn, p, b, want=ALL, backend=be, per_example_clip=clip)[1]
+    out = {k: call(p, b, want=ALL, backend=be, per_example_clip=clip)[1]
            for k, (be, clip) in runs.items()}
-    out["auto/mean"] = ps.compute(loss_fn, p, b)[1]
+    out["auto/mean"] = call(p, b)[1]
     if accepted and m["tokens"]:
-      out["surgery/token"] = ps.compute(loss_fn, p, b, want=("mean", "sq"),
-                                        granularity="token", backend="surgery")[1]
+      out["surgery/token"] = call(p, b, want=("mean", "sq"), granularity="token",
+                                  backend="surgery")[1]
     return out
 
   with warnings.catch_warnings():
@@ -65,14 +69,13 @@ def check(seed: int) -> dict:
   return dict(model=m, surgery="exact" if accepted else "refused", mismatches=bad)
 
 
-def _accepts(loss_fn, params, batch, backend: str, words: str = "") -> bool:
-  """Whether `backend` accepts the model (traced, as in a training step); an `Unsupported`
-  without `words` in it is raised."""
+def _accepts(call, params, batch, backend: str, words: str = "") -> bool:
+  """Whether `backend` accepts the model, `call`(params, batch, **compute's keywords)
+  (traced, as in a training step); an `Unsupported` without `words` in it is raised."""
   try:
     with warnings.catch_warnings():
       warnings.simplefilter("ignore")
-      jax.eval_shape(lambda p, b: ps.compute(loss_fn, p, b, want=ALL, backend=backend),
-                     params, batch)
+      jax.eval_shape(lambda p, b: call(p, b, want=ALL, backend=backend), params, batch)
     return True
   except Unsupported as e:
     if words not in str(e):
@@ -102,3 +105,20 @@ def _refused_everywhere(loss_fn, params, batch) -> list[str]:
 
 # XLA:CPU options that compile ~the same program several times faster (its speed is moot).
 FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
+
+
+def as_module(loss_fn, params):
+  """(loss_fn, params) as `compute` takes them: a module-style NNX model's (loss of the
+  module, graph) and state give (loss, the merged module); others unchanged."""
+  if isinstance(loss_fn, tuple):
+    fn, graphdef = loss_fn
+    return fn, nnx.merge(graphdef, params)
+  return loss_fn, params
+
+
+def reference_loss(loss_fn):
+  """A (params, batch) loss for the float64 reference: a module-style model merged."""
+  if isinstance(loss_fn, tuple):
+    fn, graphdef = loss_fn
+    return lambda p, b: fn(nnx.merge(graphdef, p), b)
+  return loss_fn

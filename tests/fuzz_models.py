@@ -19,6 +19,7 @@ import numpy as np
 from flax import nnx
 
 sys.path.insert(0, str(Path(__file__).parent))
+from fuzz_trees import as_passed  # noqa: E402
 
 from pergrad.loss import per_example_xent  # noqa: E402
 from pergrad.stats import taps  # noqa: E402
@@ -38,6 +39,11 @@ TREES = ("nested", "frozen", "extra")
 # in 6 of those that do not mix examples): divided by the batch's size; a dropout mask drawn
 # for the batch with one fixed key. vmap and the loop must refuse them; surgery is exact.
 PER_BATCH = ("batch_size", "dropout")
+# Tables looked up on ids without the example axis, drawn from their own stream (1 model in
+# 4): "positions" (added to h, broadcast against the batch: exact), "alibi" (a [D, 1] table
+# on arange(D), sliced to [D], scales h: surgery refuses that leaf alone, auto takes it from
+# vmap and the others from surgery).
+TABLES = ("positions", "alibi")
 
 
 def draw(seed: int) -> dict:
@@ -64,8 +70,15 @@ def draw(seed: int) -> dict:
   how = np.random.default_rng(seed + 30_000)
   tree = str(how.choice(TREES)) if how.random() < 1 / 3 else "as_is"
   per_batch = str(how.choice(PER_BATCH)) if how.random() < 1 / 6 and not mixing else None
+  tab = np.random.default_rng(seed + 50_000)
+  table = str(tab.choice(TABLES)) if tab.random() < 1 / 4 else None
+  # NNX as NNX users write it, 1 model in 2 of NNX's passed as they are: the module itself
+  # passed as params, loss_fn(model, batch) (the engine splits and merges it).
+  module = (frontend == "nnx" and tree == "as_is"
+            and np.random.default_rng(seed + 60_000).random() < 1 / 2)
   return dict(seed=seed, frontend=frontend, tokens=tokens, blocks=blocks, head=head,
-              hazard=hazard, mixing=mixing, tree=tree, per_batch=per_batch)
+              hazard=hazard, mixing=mixing, tree=tree, per_batch=per_batch, table=table,
+              module=module)
 
 
 def _has_params(block) -> bool:
@@ -80,6 +93,8 @@ def refused(m: dict) -> bool:
     return True
   if m.get("tree") == "frozen":  # the frozen layers are constants: no hazard in them counts
     return m["head"] == "raw_tie" or m["hazard"] in ("penalty", "scan")  # scan: copies
+  if m.get("table") == "alibi":
+    return True
   if m["hazard"] in ("vmapped", "remat"):
     return any(_has_params(b) for b in m["blocks"]) or m["head"] in REFUSED
   return m["hazard"] in REFUSED or m["head"] in REFUSED
@@ -106,6 +121,10 @@ def _dropout(h):
 
 def _forward(m, ops, x):
   h = ops.embed(x) if m["tokens"] else ops.dense("in", x)
+  if m.get("table") == "positions":  # [T, D] on arange(T), or [D] on a scalar id
+    h = h + ops.lookup(jnp.arange(T) if m["tokens"] else jnp.ones((), jnp.int32))
+  elif m.get("table") == "alibi":  # [D, 1] on arange(D), sliced: no broadcast of its own
+    h = h * ops.lookup(jnp.arange(D))[:, 0]
   if m.get("per_batch") == "dropout":
     h = _dropout(h)
   mixed = {"center": lambda a: a - a.mean(0), "sort": lambda a: jnp.sort(a, axis=0),
@@ -132,6 +151,11 @@ def _in(name):
   return F0 if name == "in" else D
 
 
+def _table_shape(m):
+  """(rows, width) of the fuzzed table (`TABLES`)."""
+  return (T if m["tokens"] else 2, D) if m["table"] == "positions" else (D, 1)
+
+
 def _keyword(layer, h):
   """layer(inputs=h), by the name of the layer's input argument (inputs, x)."""
   call = type(layer).__call__
@@ -147,6 +171,9 @@ class _Plain:
 
   def embed(self, ids):
     return taps.embed(ids, self.p["wte"]["embedding"])
+
+  def lookup(self, ids):
+    return taps.embed(ids, self.p["tab"]["embedding"])
 
   def table(self):
     return self.p["wte"]["embedding"]
@@ -192,6 +219,8 @@ def _plain_params(m, rng):
       p[key] = {"kernel": w(_in(name), _out(name)), "bias": w(_out(name))}
   if m["hazard"] == "scan":
     p["stack"] = {"kernel": w(2, D, D), "bias": w(2, D)}
+  if m.get("table"):
+    p["tab"] = {"embedding": w(*_table_shape(m))}
   return p
 
 
@@ -204,6 +233,9 @@ class _NnxOps:
 
   def embed(self, ids):
     return self.mod.wte(ids)
+
+  def lookup(self, ids):
+    return self.mod.tab(ids)
 
   def table(self):
     return self.mod.wte.embedding[...]
@@ -229,6 +261,8 @@ class _NnxModel(nnx.Module):
     self.m = m
     if m["tokens"] or m["head"] != "dense":
       self.wte = nnx.Embed(V, D, rngs=rngs)
+    if m.get("table"):
+      self.tab = nnx.Embed(*_table_shape(m), rngs=rngs)
     names = ["in"] * (not m["tokens"]) + ["shared"] * (m["hazard"] == "shared") + [
         "head"] * (m["head"] == "dense")
     for name in names:
@@ -269,6 +303,9 @@ class _LinenModel(nn.Module):
       def embed(self, ids):
         return self._layer("wte", lambda: nn.Embed(V, D, name="wte"))(ids)
 
+      def lookup(self, ids):
+        return self._layer("tab", lambda: nn.Embed(*_table_shape(m), name="tab"))(ids)
+
       def table(self):
         return self._layer("wte", lambda: nn.Embed(V, D, name="wte")).embedding
 
@@ -294,34 +331,6 @@ class _LinenModel(nn.Module):
 def _freeze(m):
   return {**m, "blocks": tuple(m["blocks"])}
 
-
-def _passed(m) -> str:
-  """The top-level name of the leaves a "frozen" model passes (its output layer's)."""
-  return "dhead" if m["head"] == "dense" else "wte"
-
-
-def _as_passed(m, model_loss, params, penalty, first, rng):
-  """(loss_fn, params) with params passed as m["tree"] says (module constants: TREES), the
-  penalty on the passed leaves."""
-  if m["tree"] == "as_is":
-    return lambda p, b: model_loss(p, b) + penalty(p, first), params
-  if m["tree"] == "frozen":
-    if m["frontend"] == "nnx":
-      passed, frozen = nnx.split_state(params, nnx.PathContains(_passed(m)), ...)
-      join = lambda hp: nnx.merge_state(frozen, hp)
-    else:
-      passed = {_passed(m): params[_passed(m)]}
-      frozen = {k: v for k, v in params.items() if k != _passed(m)}
-      join = lambda hp: {**frozen, **hp}
-    leaf0 = lambda p: jax.tree.leaves(p)[0]
-    return lambda hp, b: model_loss(join(hp), b) + penalty(hp, leaf0), passed
-  extra = {"unused": jnp.asarray(rng.standard_normal((2, 3)), np.float32)}
-  if m["tree"] == "extra" and m["frontend"] != "nnx":  # beside the model's own leaves
-    inner = lambda q: {k: v for k, v in q.items() if k != "unused"}
-    return (lambda q, b: model_loss(inner(q), b) + penalty(inner(q), first),
-            {**params, **extra})
-  wrapped = {"model": params, **(extra if m["tree"] == "extra" else {})}
-  return lambda q, b: model_loss(q["model"], b) + penalty(q["model"], first), wrapped
 
 @functools.lru_cache(maxsize=8)
 def build(seed: int):
@@ -369,6 +378,10 @@ def build(seed: int):
   params = jax.tree.map(lambda a: jnp.asarray(
       (1.0 if a.ndim == 1 and a.shape[0] == D else 0.0)
       + 0.5 * rng.standard_normal(a.shape), np.float32), params)
-  loss_fn, params = _as_passed(m, model_loss, params, penalty, first,
+  if m.get("module"):  # loss_fn(model, batch) on the merged module: `as_module`
+    loss_fn = lambda mod, b: xent(mod(b["inputs"]), b["targets"]) + penalty(
+        nnx.state(mod, nnx.Param), first)
+    return m, (loss_fn, graphdef), params, batch
+  loss_fn, params = as_passed(m, model_loss, params, penalty, first,
                                np.random.default_rng(seed + 40_000))
   return m, loss_fn, params, batch

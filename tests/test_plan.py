@@ -71,7 +71,7 @@ def test_toy_optimizer_through_the_recipe(toy_optimizer, tmp_path, tiny_override
                  "optimizer.lr=3e-3", "train.steps=6", "train.eval_every=3",
                  "stats.log_every=3", "stats.want=[mean,sq]"])
   plan = build_plan(cfg)
-  assert plan.optimizer.request.want == ("mean", "toy_abs") and plan.stats.backend == "surgery"
+  assert plan.optimizer.request.want == ("mean", "toy_abs") and plan.stats.backend == "auto"
   assert set(plan.stats.log_request.want) == {"mean", "sq", "toy_abs"}  # one request
   with pytest.raises(Exception, match="optimizer.powr"):  # typed like every optimizer's
     compose([*tiny_overrides, "optimizer=toy", "optimizer.powr=1"])

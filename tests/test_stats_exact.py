@@ -9,6 +9,7 @@ mean included; keyword inputs and taps under `jax.vmap` work or are refused, nev
 import warnings
 
 import any_models as am
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -144,16 +145,19 @@ def test_surgery_refuses_and_auto_falls_back_to_exact_vmap(name):
 
 
 def test_the_fallback_warns_once_naming_the_leaf_and_the_use(monkeypatch):
+  """One leaf refused: auto (off CPU) keeps surgery for the others (surgery_vmap), warning
+  once; on CPU it runs vmap for the whole model (cheaper there)."""
   monkeypatch.setattr(api, "_WARNED", set())
   loss_fn, params, _ = REFUSED["penalty"]
   batch = am.batch(3)
   with warnings.catch_warnings(record=True) as seen:
     warnings.simplefilter("always")
-    for _ in range(2):  # the fallback is decided while tracing: no need to run it
-      jax.eval_shape(lambda p, b: ps.compute(loss_fn, p, b, want=("sq",)), params, batch)
+    for _ in range(2):  # decided from an abstract trace: nothing runs
+      assert ps.decide(loss_fn, params, batch, ps.StatsRequest(("sq",)),
+                       platform="gpu") == "surgery_vmap"
   msgs = [str(w.message) for w in seen if "vmap" in str(w.message)]
   assert len(msgs) == 1, msgs
-  assert "up/kernel" in msgs[0] and "falls back to backend='vmap'" in msgs[0]
+  assert "up/kernel" in msgs[0] and "backend='surgery_vmap'" in msgs[0]
 
 
 def test_keyword_inputs_work_in_every_backend():
@@ -211,3 +215,121 @@ def test_layer_calls_inside_an_inner_jit_are_exact_or_refused():
     _, stats = jax.jit(lambda p, b, c=clip: ps.compute(
         _jitted_block, p, b, want=ALL, backend="surgery", per_example_clip=c))(params, batch)
     assert am.mismatches(stats, r) == [], clip
+
+
+class _BiasTableLM(nn.Module):
+  """Attention with a table looked up on ids without the example axis: ALiBi-style slopes
+  nn.Embed(H, 1)(arange(H))[:, 0] ("alibi"), a T5-style relative-position bias nn.Embed
+  on [T, T] bucket ids, transposed to [H, T, T] ("relative"), or learned positions added
+  to the tokens' embeddings ("positions": broadcast against the batch, exact)."""
+
+  table: str = "alibi"
+
+  @nn.compact
+  def __call__(self, ids):
+    x = nn.Embed(V, D, name="wte")(ids)
+    if self.table == "positions":
+      x = x + nn.Embed(T, D, name="wpe")(jnp.arange(T))
+    split = lambda a: a.reshape(a.shape[0], T, am.H, D // am.H)
+    q, k = split(nn.Dense(D, name="q")(x)), split(nn.Dense(D, use_bias=False, name="k")(x))
+    logits = jnp.einsum("bthd,bshd->bhts", q, k)
+    dist = jnp.arange(T)[None, :] - jnp.arange(T)[:, None]
+    if self.table == "alibi":
+      slopes_H = nn.Embed(am.H, 1, name="slopes")(jnp.arange(am.H))[:, 0]
+      logits = logits + slopes_H[:, None, None] * dist.astype(jnp.float32)
+    elif self.table == "relative":
+      bias_TxTxH = nn.Embed(7, am.H, name="rel")(jnp.clip(dist, -3, 3) + 3)
+      logits = logits + jnp.transpose(bias_TxTxH, (2, 0, 1))
+    h = jnp.einsum("bhts,bshd->bthd", jax.nn.softmax(logits), split(nn.Dense(D, name="v")(x)))
+    return nn.Dense(V, name="head")(h.reshape(h.shape[0], T, D))
+
+
+def _bias_table(table):
+  model = _BiasTableLM(table)
+  params = model.init(jax.random.PRNGKey(0), jnp.zeros((1, T), jnp.int32))["params"]
+  params = jax.tree.map(lambda a: a + 0.3, params)
+  return (lambda p, b: per_example_xent(model.apply({"params": p}, b["inputs"]), b["targets"]),
+          params)
+
+
+@pytest.mark.parametrize("table, leaf", [
+    pytest.param("alibi", "slopes/embedding", marks=pytest.mark.extended),
+    ("relative", "rel/embedding"), ("positions", None)])
+def test_a_table_looked_up_without_the_example_axis_is_exact_or_refused_by_name(table, leaf):
+  """Surgery never broadcasts a shared call's output where the model does not: the ALiBi
+  slopes and the relative bias are refused naming the table (no TypeError), the learned
+  positions are exact; auto gives the float64 loop's statistics on every leaf (surgery for
+  the proven ones, vmap for the refused table: `surgery_vmap`, off CPU)."""
+  loss_fn, params = _bias_table(table)
+  batch = am.batch(4)
+  ref = am.reference64(loss_fn, params, batch)
+  if leaf is None:
+    _, stats = ps.compute(loss_fn, params, batch, want=ALL, backend="surgery")
+    assert am.mismatches(stats, ref) == []
+    return
+  with pytest.raises(Unsupported, match=f"'{leaf}'.*without an example axis"):
+    ps.compute(loss_fn, params, batch, want=ALL, backend="surgery")
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    request = ps.StatsRequest(ALL)
+    assert ps.decide(loss_fn, params, batch, request, platform="gpu") == "surgery_vmap"
+    assert ps.decide(loss_fn, params, batch, request, platform="cpu") == "vmap"
+    for backend in ("auto", "surgery_vmap"):
+      _, stats = jax.jit(lambda p, b, be=backend: ps.compute(loss_fn, p, b, want=ALL,
+                                                             backend=be))(params, batch)
+      assert am.mismatches(stats, ref) == [], backend
+
+
+class _ScannedNnxLM(nnx.Module):
+  """NNX as NNX users write it: blocks stacked by nnx.vmap, run by nnx.scan with nnx.remat
+  inside, the head through nnx.jit."""
+
+  def __init__(self, rngs, n_layers=2):
+    self.wte = nnx.Embed(V, D, rngs=rngs)
+
+    @nnx.split_rngs(splits=n_layers)
+    @nnx.vmap(in_axes=(0,), out_axes=0)
+    def blocks(rngs):
+      return _NnxBlock(rngs)
+
+    self.blocks = blocks(rngs)
+    self.head = nnx.Linear(D, V, rngs=rngs)
+
+  def __call__(self, ids):
+    @nnx.scan(in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)
+    @nnx.remat
+    def body(x, block):
+      return block(x).astype(x.dtype)  # the carry keeps its dtype (float64 in the reference)
+
+    return nnx.jit(lambda head, h: head(h))(self.head, body(self.wte(ids), self.blocks))
+
+
+class _NnxBlock(nnx.Module):
+  def __init__(self, rngs):
+    self.ln = nnx.LayerNorm(D, rngs=rngs)
+    self.lin = nnx.Linear(D, D, rngs=rngs)
+
+  def __call__(self, x):
+    return x + jnp.tanh(self.lin(self.ln(x)))
+
+
+@pytest.mark.extended  # ~1 min: four backends on a scanned NNX model
+def test_an_nnx_module_passed_as_params_works_on_every_backend():
+  """compute(loss(model, batch), model, batch): the engine splits the module (nnx.scan,
+  nnx.remat, nnx.jit inside) and merges it inside the loss; vmap, auto and the loop give the
+  float64 loop's statistics, surgery refuses the scanned leaves by name; a loss closing over
+  the module is refused in one line saying how to pass it."""
+  model, batch = _ScannedNnxLM(nnx.Rngs(0)), am.batch(4)
+  loss_fn = lambda m, b: per_example_xent(m(b["inputs"]), b["targets"])
+  merged, state = api.nnx_split(loss_fn, model)
+  ref = am.reference64(merged, state, batch)
+  with pytest.raises(Unsupported, match="'blocks/.*scan"):
+    ps.compute(loss_fn, model, batch, want=ALL, backend="surgery")
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    for backend in ("auto", "vmap", "loop"):
+      _, stats = ps.compute(loss_fn, model, batch, want=ALL, backend=backend)
+      assert am.mismatches(stats, ref) == [], backend
+  closed = lambda p, b: per_example_xent(model(b["inputs"]), b["targets"])
+  with pytest.raises(ValueError, match="pass the model as params"):
+    ps.compute(closed, state, batch, want=ALL)

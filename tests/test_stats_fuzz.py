@@ -8,10 +8,12 @@ matmul x Eᵀ); and at most one hazard: a parameter penalty in the per-example l
 shared by two calls, the body `jax.vmap`-ed per example, a `lax.scan` over stacked layers,
 `jax.checkpoint`, or keyword inputs; and, one model in six, a way to mix examples (the
 hidden state centred, sorted or cumsummed over the batch, the loss normalised by the
-batch's mean loss or token count). One model in three passes params nested under a key,
-as its output layer's leaves alone (the rest a frozen constant closed over), or with unused
-extra leaves; one in six of the others has a loss whose examples alone are not its rows
-(divided by the batch's size; a dropout mask drawn for the batch). `check(seed)` runs
+batch's mean loss or token count); one in four, a table looked up on ids without the
+example axis (positions added to h: exact; an ALiBi-style [D, 1] table sliced: refused
+alone, its leaf taken from vmap by auto). One model in three passes params nested under a
+key, as its output layer's leaves alone (the rest a frozen constant closed over), or with
+unused extra leaves; one in six of the others has a loss whose examples alone are not its
+rows (divided by the batch's size; a dropout mask drawn for the batch). `check(seed)` runs
 backends surgery, auto and vmap on it (every statistic, with and without per-example
 clipping; surgery's per-token mean too) against a float64 per-example loop
 (`any_models.reference64`; `batch_reference64` for those losses):
@@ -52,7 +54,7 @@ from fuzz_models import build, draw, refused  # noqa: E402
 from experiments.record import provenance  # noqa: E402
 
 # A fixed set covering every frontend, hazard and head (found by `draw`), for the main suite.
-MAIN_SEEDS = (5, 14, 24, 29, 36, 38, 43, 44, 0, 13, 58)
+MAIN_SEEDS = (5, 14, 24, 29, 36, 38, 43, 44, 0, 13, 58, 9, 28)
 
 
 @pytest.mark.parametrize("seed", MAIN_SEEDS)
@@ -72,6 +74,8 @@ def test_the_main_seeds_cover_every_frontend_hazard_and_head():
   assert {m["tree"] for m in models} == {"as_is", "nested", "frozen", "extra"}
   assert {m["per_batch"] for m in models} == {None, "batch_size", "dropout"}
   assert any(m["per_batch"] and refused(m) for m in models)  # auto refuses: no backend exact
+  assert {m["table"] for m in models} > {"positions", "alibi"}  # tables without example axis
+  assert any(m["module"] and not m["mixing"] for m in models)  # an nnx.Module as params
 
 
 def test_the_round_off_allowance_passes_round_off_and_catches_more():
@@ -150,13 +154,15 @@ def summary(outs, seconds: float, prov: dict) -> dict:
       mixing=dict(count(o["model"].get("mixing") or "none" for o in outs)),
       trees=dict(count(o["model"].get("tree") or "as_is" for o in outs)),
       per_batch=dict(count(o["model"].get("per_batch") or "none" for o in outs)),
+      tables=dict(count(o["model"].get("table") or "none" for o in outs)),
       heads=dict(count(o["model"]["head"] for o in outs)),
       failures=[dict(seed=o["model"]["seed"], mismatches=o["mismatches"]) for o in outs
                 if o["mismatches"]],
       seconds=round(seconds, 1),
       rows=[[o["model"]["seed"], o["model"]["frontend"], o["model"]["tokens"],
              o["model"]["head"], o["model"]["hazard"], o["surgery"], len(o["mismatches"]),
-             o["model"].get("mixing"), o["model"].get("tree"), o["model"].get("per_batch")]
+             o["model"].get("mixing"), o["model"].get("tree"), o["model"].get("per_batch"),
+             o["model"].get("table")]
             for o in outs],
       command="python tests/test_stats_fuzz.py --models N --out results/stats_fuzz.json",
       **prov)  # the commit the record was run at, and whether the tree was clean
@@ -167,7 +173,8 @@ def merged(records: list[dict]) -> dict:
   outs = [dict(model=dict(seed=r[0], frontend=r[1], tokens=r[2], head=r[3], hazard=r[4],
                           mixing=r[7] if len(r) > 7 else None,
                           tree=r[8] if len(r) > 8 else None,
-                          per_batch=r[9] if len(r) > 9 else None),
+                          per_batch=r[9] if len(r) > 9 else None,
+                          table=r[10] if len(r) > 10 else None),
                surgery=r[5], mismatches=["?"] * r[6]) for rec in records for r in rec["rows"]]
   commits = {(r.get("commit"), r.get("clean")) for r in records}
   commit, clean = commits.pop() if len(commits) == 1 else ("mixed", False)

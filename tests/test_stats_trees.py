@@ -231,3 +231,25 @@ def test_vmaps_check_passes_a_model_in_lower_precision():
       return nn.Dense(V, dtype=jnp.bfloat16)(x).astype(jnp.float32)
   loss_fn, params, batch = _loss(Low()), _params(Low()), _batch()
   check_alone(loss_fn, params, batch)  # no refusal
+
+
+def test_the_per_leaf_fallback_checks_that_examples_alone_are_their_rows():
+  """surgery_vmap runs the refused leaves' examples alone: with one leaf refused (a penalty
+  on it) and a loss divided by the batch's size, it refuses, and auto refuses naming both
+  causes on every platform (not the fallback's wrong statistics); params given as shapes
+  alone (training decides so) too."""
+  def loss_fn(p, b):
+    return _size_mean(p, b) + 0.01 * jnp.sum(jnp.square(p["mlp"]["kernel"]))
+
+  params, batch = _params(_LM()), _batch()
+  with pytest.raises(Unsupported, match=r"surgery_vmap.*not the same alone.*divide by a "
+                     r"constant"):
+    jax.eval_shape(lambda p, b: ps.compute(loss_fn, p, b, want=ALL, backend="surgery_vmap"),
+                   params, batch)
+  for platform in ("cpu", "gpu"):  # auto's fallback: vmap on CPU, surgery_vmap elsewhere
+    with pytest.raises(Unsupported, match=r"no backend is exact.*'mlp/kernel'.*not the same "
+                       r"alone"):
+      ps.decide(loss_fn, params, batch, ps.StatsRequest(want=ALL), "auto", platform)
+  shapes = lambda t: jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), t)
+  with pytest.raises(Unsupported, match=r"no backend is exact.*not the same alone"):
+    ps.decide(loss_fn, shapes(params), shapes(batch), ps.StatsRequest(want=("sq",)))

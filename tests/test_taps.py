@@ -176,7 +176,8 @@ def test_a_transformed_parameter_is_refused_by_name():
   loss_fn = lambda p, b: per_example(p, b)
   per_example = lambda p, b: (taps.dense(b["x"], p["w"] * 2.0) ** 2).sum(-1)
   params, batch = {"w": jnp.ones((3, 2))}, {"x": jnp.ones((4, 3))}
-  with pytest.raises(ValueError, match="kernel of the taps.dense call is not a leaf"):
+  with pytest.raises(ValueError, match="'w': it reaches the loss outside its layer calls.*the "
+                     "kernel of the taps.dense call is not a leaf"):
     ps.compute(loss_fn, params, batch, want=("sq",), backend="surgery")
 
 

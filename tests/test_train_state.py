@@ -18,6 +18,7 @@ from pergrad.config import build_plan
 from pergrad.loss import make_loss_fn
 from pergrad.model import Transformer
 from pergrad.optim import GnsTrackerState, ScaleByAdamFamilyState, SnrTrackerState
+from pergrad.train import plain
 from pergrad.train.checkpoint import Checkpoints, IncompatibleCheckpoint
 from pergrad.train.heldout import heldout_stats
 from pergrad.train.state import TrainState, make_init_fn
@@ -83,6 +84,7 @@ def test_train_step_returns_state_and_metrics_in_every_variant(tiny_overrides, n
   loss_fn = make_loss_fn(Transformer(plan.model))
   state = _abstract_state(plan)
   batch = {k: jax.ShapeDtypeStruct((B, T), jnp.int32) for k in ("inputs", "targets")}
+  sp = plain.decided(sp, loss_fn, state.params, batch, jax.default_backend())  # "auto" decided
   options = sp.options
   heldout = jax.eval_shape(
       functools.partial(heldout_stats, loss_fn=loss_fn, backend=sp.sign_backend,

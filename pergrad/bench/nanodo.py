@@ -96,4 +96,4 @@ def versus_nanodo(plan, reps: int = 8, steps_per_rep: int = 5) -> dict:
           "self": {"ratio": ratio(wall, "self"), "cpu_ratio": ratio(cpu, "self")},
           "grad": {"ratio": ratio(wall, "grad"), "cpu_ratio": ratio(cpu, "grad")},
           "nanodo_s": float(np.median(wall["nanodo"])), "steps_per_rep": steps_per_rep,
-          "backend": plan.stats.backend}
+          "backend": steps.stats_plan.backend}

@@ -7,8 +7,9 @@
 `build_plan` turns the composed config into the schema's dataclasses once
 (`OmegaConf.to_object`: each node checks its own fields), checks the rules that span
 nodes, each with one ValueError line naming the key and the fix, resolves the
-statistics backends (a plugin's registered backend is chosen by name), and returns a
-frozen `RunPlan`.
+statistics backends (a plugin's registered backend is chosen by name; "auto" is kept, and
+decided once the model and the platform are known, by `pergrad.stats.decide`:
+`pergrad.train.plain.decided`), and returns a frozen `RunPlan`.
 
 `fingerprint(plan.config)` is what makes two runs "the same run" (`resume_decision`):
 the resolved config without the keys that may change when a run is resumed, declared on
@@ -56,7 +57,8 @@ HELDOUT_REQUEST = StatsRequest(want=("mean", "sq"))
 class StatsPlan:
   """What the train step asks the statistics engine for.
 
-  request/backend: every step (what the optimizer reads). log_request/log_backend: on
+  request/backend: every step (what the optimizer reads); each backend as asked ("auto"
+  until `pergrad.train.plain.decided` decides it for the model). log_request/log_backend: on
   statistics-logging steps, the union of the optimizer's request and the logged
   statistics, computed in the same backward pass as the update (None: none logged).
   options: how (stats.microbatch_size). sign_agreement/sign_backend/sign_lag: on logging
@@ -187,13 +189,16 @@ def _wandb_from_env(logging: LoggingSpec, config: dict) -> tuple[LoggingSpec, di
 
 
 def _stats_plan(request: StatsRequest, s: StatsSpec) -> StatsPlan:
-  backend = resolve_backend(request, s.backend)
+  """The statistics plan, each backend as asked, checked against its request
+  (`resolve_backend`: one ValueError line where it cannot serve it)."""
+  asked = lambda r: resolve_backend(r, s.backend) and s.backend
+  backend = asked(request)
   log_request = log_backend = None
   if s.log_every:
     # What is logged, plus 'sq', which the optimizer diagnostics read.
     log_request = request.union(s.want + ("sq",), s.granularity, s.layers)
-    log_backend = resolve_backend(log_request, s.backend)
-  sign_backend = resolve_backend(HELDOUT_REQUEST, s.backend) if s.sign_agreement else None
+    log_backend = asked(log_request)
+  sign_backend = asked(HELDOUT_REQUEST) if s.sign_agreement else None
   return StatsPlan(request=request, backend=backend,
                    options=StatsOptions(microbatch_size=s.microbatch_size),
                    log_request=log_request, log_backend=log_backend, log_every=s.log_every,

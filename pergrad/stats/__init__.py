@@ -29,29 +29,33 @@ loss divided by the batch's size or drawing randomness per batch is refused ther
 
 The mean alone (`want=("mean",)`) is the batch loss's gradient, exact for any model.
 
-Surgery is exact or refused, proved once per model from its jaxpr at trace time
-(`surgery/proof.py`):
+Surgery is exact or refused, leaf by leaf, proved once per model from its jaxpr at trace
+time (`surgery/proof.py`):
   supports: Dense / DenseGeneral / LinearGeneral (no batch axes), nnx.Einsum of a dense
     form, Embed (lookup, attend, one table tied by both), LayerNorm / RMSNorm over the last
-    axis, the `taps` functions; inputs positional or by keyword; a table looked up on
-    arange(T) (no example axis);
+    axis, the `taps` functions; inputs positional or by keyword; a table looked up on ids
+    without the example axis whose output is broadcast against the batch (x + E[arange(T)]);
   refuses (`surgery.Unsupported`, one line naming the leaf and the use): a parameter that
     reaches the loss outside its layer calls (x @ W.T, λ‖W‖² in the loss), a layer called
     twice on the same arrays (shared weights; but a tied table), a layer's parameter
     computed inside loss_fn (w.astype(...), a teacher on stop_gradient(params); a teacher
     closed over is a constant, exact), a layer call under jax.vmap, scan (nn.scan, nnx.scan),
     remat, cond or custom_vjp or differentiated inside loss_fn, a layer input whose
-    example axis cannot be found.
-backend="auto" then runs vmap for the whole model, warning once:
+    example axis cannot be found, a table on ids without the example axis whose output is
+    used otherwise (an ALiBi slope table sliced, a [T, T, H] relative bias transposed).
+backend="surgery" refuses such a model; backend="auto" (`decide`) keeps surgery for the
+proven leaves and takes the refused ones' per-example gradients from vmap
+("surgery_vmap"), or runs vmap for the whole model where no leaf is proven (or with
+per-example clipping), warning once:
 
     ps.compute(loss_fn_with_penalty, params, batch, want=("sq",))
-    # UserWarning: pergrad.stats: surgery is not exact for this model ('w/kernel' reaches
-    # the loss outside its layer calls (used by square), ...); backend='auto' falls back
-    # to backend='vmap'.
+    # UserWarning: pergrad.stats: surgery is not exact for this model ('w/kernel': it
+    # reaches the loss outside its layer calls (used by square), ...); backend='auto' takes
+    # the refused leaves' per-example gradients from vmap (backend='surgery_vmap', ...).
 """
 
 from pergrad.stats import backends, summaries, taps
-from pergrad.stats.api import check_microbatch, compute, resolve_backend
+from pergrad.stats.api import check_microbatch, compute, decide, resolve_backend
 from pergrad.stats.backends import Backend, register_backend, unregister_backend
 from pergrad.stats.options import StatsOptions
 from pergrad.stats.registry import Statistic, register, unregister
@@ -60,7 +64,7 @@ from pergrad.stats.types import STATISTICS, GradStats
 
 __all__ = [
     "Granularity", "STATISTICS", "Backend", "GradStats", "StatsOptions",
-    "StatsRequest", "Statistic", "backends", "check_microbatch", "compute", "register",
+    "StatsRequest", "Statistic", "backends", "check_microbatch", "compute", "decide", "register",
     "register_backend", "resolve_backend", "summaries", "taps", "unregister",
     "unregister_backend",
 ]

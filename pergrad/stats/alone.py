@@ -42,8 +42,9 @@ FIX = ("divide by a constant, not by the batch's size (x.shape[0]), and draw ran
 
 def refusal(reason: str) -> Unsupported:
   """The refusal, one line: the cause and the fix."""
-  err = Unsupported(f"pergrad.stats: backend 'vmap' (and 'loop') runs each example alone, and "
-                    f"this loss_fn's per-example losses are not the same alone ({reason}); {FIX}.")
+  err = Unsupported(f"pergrad.stats: backend 'vmap' (and 'loop', and 'surgery_vmap' for the "
+                    f"leaves surgery refuses) runs each example alone, and this loss_fn's "
+                    f"per-example losses are not the same alone ({reason}); {FIX}.")
   err.reason = reason
   return err
 

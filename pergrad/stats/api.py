@@ -6,7 +6,12 @@
 `loss_fn(params, batch) -> float32[B]` gives per-example losses (`pergrad.loss`); the
 batch loss is their mean, so the batch gradient ḡ is the mean of the per-example
 gradients g_1..g_B. `stats` is a `GradStats` (sums + count, see `types.py`); "mean" is
-always filled, "sq" / "sign" / "norms" when asked.
+always filled, "sq" / "sign" / "norms" when asked. Flax NNX as NNX users write it:
+`compute(lambda model, batch: ..., model, batch)` with an `nnx.Module` as params (its
+nnx.scan / nnx.remat / nnx.jit inside): the module is split into graph and parameter
+state here (`nnx.split`, merged inside the loss), before any transform of the engine's
+own, and the statistics are trees like that state. A loss_fn that does not read params
+(a model closed over) is refused in one line saying how to pass it.
 
 What to compute is a `StatsRequest` (or its shortcuts want / granularity /
 per_example_clip); how, a `StatsOptions` (microbatch size, surgery's dense method, scan
@@ -19,9 +24,12 @@ unrolling, vmap's layout); which backend, a name of the table `backends.REGISTRY
                from per-example records of the taps (`surgery/clip.py`). Any model of
                standard Flax Linen / NNX layers, or calling `pergrad.stats.taps`.
   - "loop":    a Python loop over examples (`reference.py`); a reference for tests.
-  - "auto":    the cheapest backend that can supply the request (`resolve_backend`):
-               surgery where its planner proves it exact for the model, else vmap with
-               a one-time warning (`surgery_or_vmap`).
+  - "surgery_vmap": surgery for the leaves its proof shows exact, vmap of the gradient
+               with respect to the refused leaves alone for the others.
+  - "auto":    the cheapest backend that can supply the request, decided once per model
+               and platform by `decide` (training decides with it too): surgery where its
+               proof shows every leaf exact, surgery_vmap where it shows some, else vmap,
+               with a one-time warning naming the refused leaf (`surgery_or_vmap`).
 A request for "mean" alone (example granularity, no clipping) takes a plain step whatever
 the backend asked, since the mean needs nothing more: "contraction" on CPU (the fast
 weight-gradient path), "value_and_grad" elsewhere, or whichever of the two is asked.
@@ -50,12 +58,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+from flax import nnx
 from optax import microbatching
 
 from pergrad.stats import alone, backends, registry, separable
 from pergrad.stats.options import StatsOptions
 from pergrad.stats.request import StatsRequest
-from pergrad.stats.surgery.sites import Unsupported, leaf_rules, make_plan
+from pergrad.stats.surgery.sites import Unsupported, leaf_rules, make_plan, memo
 from pergrad.stats.types import GradStats
 
 PyTree = Any
@@ -63,9 +72,23 @@ LossFn = Callable[[PyTree, dict], jax.Array]
 
 
 
-def resolve_backend(request: StatsRequest, backend: str = "auto") -> str:
-  """The backend that serves `request`: "contraction", "value_and_grad", "vmap", "surgery",
-  "loop" (or a registered one).
+def decide(loss_fn, params, batch, request: StatsRequest, backend: str = "auto",
+           platform: str | None = None) -> str:
+  """The backend that computes `request` for loss_fn on `platform` (default: JAX's): the
+  one decision of library calls (`compute`) and training (`pergrad.train.plain.decided`).
+  `resolve_backend`'s choice, where "auto" asks for surgery then `surgery_or_vmap`'s, which
+  reads the model (abstractly: params and batch may be shapes)."""
+  which = resolve_backend(request, backend, platform)
+  if backend == "auto" and which == "surgery":
+    which = surgery_or_vmap(loss_fn, params, batch, request, platform)
+  return which
+
+
+def resolve_backend(request: StatsRequest, backend: str = "auto",
+                    platform: str | None = None) -> str:
+  """The backend that serves `request` before the model is known (`decide` then reads the
+  model): "contraction", "value_and_grad", "vmap", "surgery", "loop" (or a registered
+  one); `platform` (default JAX's) picks the plain step.
 
   Rule for "auto" (from results/cpu/overhead and results/cpu/norm_cost,
   `scripts/reproduce.py overhead norm_cost --preset cpu`, measured on XLA:CPU):
@@ -89,7 +112,7 @@ def resolve_backend(request: StatsRequest, backend: str = "auto") -> str:
   if request.mean_only:  # a plain step, whatever backend serves statistics
     if backend in ("value_and_grad", "contraction"):
       return backend
-    return "contraction" if jax.default_backend() == "cpu" else "value_and_grad"
+    return "contraction" if (platform or jax.default_backend()) == "cpu" else "value_and_grad"
   which = backend
   if backend == "auto":
     which = "surgery"
@@ -97,34 +120,50 @@ def resolve_backend(request: StatsRequest, backend: str = "auto") -> str:
   return which
 
 
-_WARNED: set[str] = set()
+_WARNED: set[tuple[str, str]] = set()
 
 
-def surgery_or_vmap(loss_fn, params, batch, request: StatsRequest) -> str:
-  """"surgery" where its planner proves it exact for loss_fn (`surgery.proof`, at trace
-  time), else "vmap" with a one-time warning naming the leaf and the use that surgery
-  refused; the refusal itself where vmap cannot serve the request either (per-token
-  statistics), or both refusals where vmap's per-example losses are not the batch's
-  (`alone.check_alone`)."""
+def surgery_or_vmap(loss_fn, params, batch, request: StatsRequest,
+                    platform: str | None = None) -> str:
+  """"surgery" where its proof shows every leaf exact for loss_fn (`surgery.proof`, at
+  trace time); "surgery_vmap" where it shows some (the refused leaves' per-example
+  gradients from vmap; example granularity, no clipping) off CPU; else "vmap"; the last
+  two with a one-time warning naming the refused leaf and the use; the refusal itself
+  where no other backend serves the request (per-token statistics), or both refusals where
+  vmap's per-example losses are not the batch's (`alone.check_alone`: both fallbacks run
+  examples alone). On XLA:CPU whole-model vmap took less time and peak memory than
+  surgery_vmap on the tiny preset with one refused leaf (`scripts/bench_fallback.py`,
+  results/bench_fallback.json): its per-example activations, which the refused leaf's own
+  vmap pass replays, outweigh the per-example weight gradients that surgery saves there;
+  not yet measured on an accelerator."""
   try:
-    make_plan(loss_fn, params, batch, request)
-  except Unsupported as e:
+    plan = make_plan(loss_fn, params, batch, request)
+    if not plan.refused:
+      return "surgery"
+    e = plan.refusal()
+    partial = len(plan.refused) < len(plan.keys) and (platform or jax.default_backend()) != "cpu"
+  except Unsupported as err:
+    e, partial = err, False
+  for which in ("surgery_vmap",) * partial + ("vmap",):
     try:
-      check_support(request, "vmap")
+      check_support(request, which)
     except ValueError:
-      raise e from None
+      continue
     try:
       alone.check_alone(loss_fn, params, batch)
-    except Unsupported as e_vmap:
+    except Unsupported as e_alone:
       raise Unsupported(f"pergrad.stats: no backend is exact for this loss_fn: surgery refused "
-                        f"it ({e.reason}) and {str(e_vmap).removeprefix('pergrad.stats: ')}"
+                        f"it ({e.reason}) and {str(e_alone).removeprefix('pergrad.stats: ')}"
                         ) from None
-    if e.reason not in _WARNED:
-      _WARNED.add(e.reason)
+    if (e.reason, which) not in _WARNED:
+      _WARNED.add((e.reason, which))
+      how = ("takes the refused leaves' per-example gradients from vmap (backend="
+             "'surgery_vmap', the rest by surgery)" if which == "surgery_vmap" else
+             "falls back to backend='vmap'")
       warnings.warn(f"pergrad.stats: surgery is not exact for this model ({e.reason}); "
-                    "backend='auto' falls back to backend='vmap'.", stacklevel=3)
-    return "vmap"
-  return "surgery"
+                    f"backend='auto' {how}.", stacklevel=3)
+    return which
+  raise e
 
 
 def check_support(request: StatsRequest, backend: str) -> None:
@@ -215,6 +254,8 @@ def compute(
   Returns:
     (loss, stats): loss = (1/B) Σ_b loss_b (float32 scalar) and a `GradStats`.
   """
+  if nnx.graph.is_graph_node(params):  # an NNX module: its parameter state, merged inside
+    loss_fn, params = nnx_split(loss_fn, params)
   if request is None:
     request = StatsRequest(want=want, granularity=granularity,
                            per_example_clip=per_example_clip)
@@ -228,6 +269,7 @@ def compute(
   which = resolve_backend(request, backend)
   B = batch_size(batch)
   check_microbatch(options.microbatch_size, B)
+  reads_params(loss_fn, params, batch)
   out = jax.eval_shape(loss_fn, params, batch)
   if getattr(out, "shape", None) != (B,):
     raise ValueError(
@@ -235,8 +277,7 @@ def compute(
         f"{getattr(out, 'shape', out)}; use pergrad.loss.make_loss_fn (no mean over the batch).")
   if not request.mean_only:  # every backend's per-example statistics need separable losses
     separable.check(loss_fn, params, batch)
-  if backend == "auto" and which == "surgery":
-    which = surgery_or_vmap(loss_fn, params, batch, request)
+  which = decide(loss_fn, params, batch, request, backend)
   entry = backends.get(which)
   if entry.alone and not request.mean_only:
     alone.check_alone(loss_fn, params, batch)
@@ -252,6 +293,60 @@ def compute(
   if not entry.statistics:  # ḡ alone
     return loss, stats
   return loss, stats.replace(rules=rules, layers=request.layers)
+
+
+# (loss_fn, graphdef) -> (loss of the parameter state, its cell holding the other state).
+_MERGED: dict = {}
+
+
+def nnx_split(loss_fn, module):
+  """(loss of the parameter state, that state) of loss_fn(module, batch): `nnx.split`
+  into graph, nnx.Param state and the rest (held in a cell, read when traced), merged
+  inside the loss; one loss function per (loss_fn, graph), so plans are made once."""
+  graphdef, state, rest = nnx.split(module, nnx.Param, ...)
+  key = (loss_fn, graphdef)
+  try:
+    hash(key)
+  except TypeError:  # a graph with unhashable static attributes: a loss per call
+    key = object()
+  if key not in _MERGED:
+    cell: dict = {}
+    # tree.map: Variables made afresh in the trace that runs the loss (NNX's transforms
+    # inside, nnx.scan say, refuse Variables of another trace level)
+    _MERGED[key] = (lambda p, b: loss_fn(nnx.merge(graphdef, *jax.tree.map(
+        lambda a: a, (p, cell["rest"]))), b), cell)
+  merged, cell = _MERGED[key] if isinstance(key, tuple) else _MERGED.pop(key)
+  cell["rest"] = rest
+  return merged, state
+
+
+HOW_TO_PASS = ("pass the model as params: compute(lambda model, batch: ..., model, batch) "
+               "(an nnx.Module is split into graph and state here), or nnx.split it and "
+               "nnx.merge it inside loss_fn(params, batch)")
+
+
+@memo
+def reads_params(loss_fn, params, batch) -> None:
+  """ValueError (one line, `HOW_TO_PASS`) unless loss_fn's losses depend on some float
+  leaf of params (a model closed over would give zero gradients) or when loss_fn cannot
+  be traced with NNX modules closed over (another trace level)."""
+  try:
+    closed = jax.make_jaxpr(loss_fn)(params, batch)
+  except ValueError as e:
+    if "trace level" not in str(e) and "graph node" not in str(e):
+      raise
+    raise ValueError(f"loss_fn closes over an NNX module that a transform cannot enter "
+                     f"({str(e).splitlines()[0]}); {HOW_TO_PASS}.") from None
+  jaxpr, leaves = closed.jaxpr, jax.tree.leaves(params)
+  need = {v for v in jaxpr.outvars if isinstance(v, jax.extend.core.Var)}
+  for eqn in reversed(jaxpr.eqns):
+    if any(v in need for v in eqn.outvars):
+      need.update(v for v in eqn.invars if isinstance(v, jax.extend.core.Var))
+  floats = [v for v, x in zip(jaxpr.invars[:len(leaves)], leaves, strict=True)
+            if jax.numpy.issubdtype(getattr(x, "dtype", None) or float, jax.numpy.inexact)]
+  if floats and not any(v in need for v in floats):
+    raise ValueError(f"loss_fn's losses do not depend on params (a model closed over?); "
+                     f"{HOW_TO_PASS}.")
 
 
 def _microbatched(chunk_fn: Callable, params: PyTree, batch: PyTree, microbatch_size: int):

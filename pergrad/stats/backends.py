@@ -16,6 +16,8 @@ batch. Built in:
   vmap            per-example gradients by `jax.vmap(jax.grad)`, reduced in the same jit
   surgery         one backward pass with custom VJPs that emit the statistics (and
                   per-example clipping without a second backward: `surgery/clip.py`)
+  surgery_vmap    surgery for the leaves its proof shows exact, vmap of the gradient
+                  with respect to the refused leaves alone for those (`surgery/`)
   loop            a Python loop over examples: a reference for tests
 
 `register_backend` adds one (a user's, from a plugin module).
@@ -51,8 +53,9 @@ class Backend:
       `clip_power` only: it weights instead of clipping each g_b), "any".
     statistics: False for a backend that computes "mean" alone.
     microbatch: False where chunking changes nothing (already one example at a time).
-    alone: True where each example runs as a batch of one (its loss must then be its row
-      of the batch's: `alone.check_alone`, checked by the dispatcher).
+    alone: True where each example runs as a batch of one (vmap, the loop, surgery_vmap's
+      pass for the refused leaves): its loss must then be its row of the batch's
+      (`alone.check_alone`, checked by the dispatcher).
   """
 
   fn: BackendFn
@@ -91,6 +94,7 @@ REGISTRY.register("contraction", Backend(surgery.contraction_stats, statistics=F
 REGISTRY.register("vmap", Backend(vmap.vmap_stats, clip="clip_power", alone=True))
 REGISTRY.register("surgery", Backend(surgery.surgery_stats, granularities=("example", "token"),
                                      clip="any"))
+REGISTRY.register("surgery_vmap", Backend(surgery.surgery_vmap_stats, alone=True))
 REGISTRY.register("loop", Backend(reference.loop_stats, clip="any", microbatch=False,
                                   alone=True))
 REGISTRY.seal()

@@ -119,7 +119,8 @@ def _check_at(loss_fn, params, batch, n: int) -> None:
 
 
 def _concrete(x) -> bool:
-  return not isinstance(x, jax.core.Tracer)
+  """Whether x holds values (not a tracer, not a shape alone: `decide` reads shapes)."""
+  return not isinstance(x, (jax.core.Tracer, jax.ShapeDtypeStruct))
 
 
 def noise(shape, seed: int) -> jax.Array:

@@ -34,7 +34,7 @@ from pergrad.data.pipeline import TFDS_MODULES, check_length, local_tokens
 from pergrad.data.spec import TFDS_DATASETS
 from pergrad.loss import make_loss_fn
 from pergrad.model import Transformer
-from pergrad.train import compile_cache
+from pergrad.train import compile_cache, plain
 from pergrad.train.checkpoint import CHECKPOINTS, check_progress_kept
 from pergrad.train.run_dir import check_creatable, check_not_past, check_unlocked
 from pergrad.train.state import make_init_fn
@@ -151,10 +151,13 @@ def _trace(plan: RunPlan) -> list[str]:
   n_params = sum(math.prod(x.shape) for x in jax.tree.leaves(state.params))
   n_state = sum(math.prod(x.shape) for x in jax.tree.leaves(state))
   loss_fn = make_loss_fn(Transformer(plan.model))
+  sizes = plan.batch.sizes if plan.batch.kind != "fixed" else (plan.batch.max_batch_size,)
+  abstract = lambda B: {k: jax.ShapeDtypeStruct((B, plan.data.seq_len), jnp.int32)
+                        for k in ("inputs", "targets")}
+  sp = plain.decided(sp, loss_fn, state.params, abstract(max(sizes)), jax.default_backend())
   variants = {"plain": (None, None)}
   if sp.log_request is not None:
     variants["statistics-logging"] = (sp.log_request, sp.log_backend)
-  sizes = plan.batch.sizes if plan.batch.kind != "fixed" else (plan.batch.max_batch_size,)
   metrics = {}
   for log_request, log_backend in variants.values():
     step = functools.partial(train_step, loss_fn=loss_fn, opt=plan.optimizer,

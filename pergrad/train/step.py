@@ -16,6 +16,7 @@ of time over a 1-D ('data',) mesh, once per allowed batch size: no step of the l
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any
 
@@ -41,8 +42,8 @@ from pergrad.train.state import TrainState, make_init_fn
 def train_step(state: TrainState, batch: dict, heldout: GradStats | None = None, *, loss_fn,
                opt: Optimizer, request: pstats.StatsRequest, backend: str, hparams=None,
                options: pstats.StatsOptions, log_request: pstats.StatsRequest | None = None,
-               log_backend: str | None = None, sign_lag: float = 0.5
-               ) -> tuple[TrainState, dict[str, jax.Array]]:
+               log_backend: str | None = None, sign_lag: float = 0.5,
+               platform: str | None = None) -> tuple[TrainState, dict[str, jax.Array]]:
   """One update θ_{k+1} = θ_k + tx(ḡ_k, stats_k): (new state, metrics of step k).
 
   Metrics: loss (mean over the batch at θ_k), grad_norm ‖ḡ‖, update_norm,
@@ -55,7 +56,8 @@ def train_step(state: TrainState, batch: dict, heldout: GradStats | None = None,
   `TrainState.lag` such a step updates and every other step carries through
   (`pergrad.train.heldout`). The update and the metrics above are the same operations with
   or without them (module docstring). `hparams`: the optimizer's numbers as arrays
-  (`Optimizer.at`; None: the optimizer's own, compiled in).
+  (`Optimizer.at`; None: the optimizer's own, compiled in). `backend`/`log_backend`:
+  decided ones (`plain.decided`), not "auto"; `platform`: the mesh's (default JAX's).
 
   The update's statistics are those the optimizer and the trackers read (`plan.stats.request`;
   for "mean" alone the plain `jax.value_and_grad` path). The logging variant adds the
@@ -71,9 +73,10 @@ def train_step(state: TrainState, batch: dict, heldout: GradStats | None = None,
   B = batch["inputs"].shape[0]  # static: one compiled step per batch size
   if pstats.backends.get(backend).statistics:  # in chunks where faster (`plain.chunked`)
     loss, stats = pstats.compute(loss_fn, state.params, batch, request,
-                                 plain.chunked(options, B, backend), backend=backend)
+                                 plain.chunked(options, B, backend, platform), backend=backend)
   else:  # ḡ alone: the fastest exact path (microbatched on CPU)
-    loss, stats = plain.mean_gradient(loss_fn, state.params, batch, request, options, backend)
+    loss, stats = plain.mean_gradient(loss_fn, state.params, batch, request, options, backend,
+                                      platform)
   grads = stats.mean
   seen = state.examples_seen
   updates, opt_state = opt.tx.update(grads, state.opt_state, state.params, grad_stats=stats,
@@ -101,7 +104,8 @@ def train_step(state: TrainState, batch: dict, heldout: GradStats | None = None,
   if log_request is not None:
     if (log_request, log_backend) != (request, backend):
       stats = pstats.compute(loss_fn, params_k, batch_k, log_request,
-                             plain.chunked(options, B, log_backend), backend=log_backend)[1]
+                             plain.chunked(options, B, log_backend, platform),
+                             backend=log_backend)[1]
     metrics.update(pstats.summaries.layer_summaries(stats))
     metrics.update(diagnostics(stats, opt.moments(opt_state), snr))
   if heldout is not None:
@@ -127,10 +131,13 @@ class Steps:
   (`pergrad.train.batch_schedule`).
   """
 
-  def __init__(self, plan: RunPlan, mesh: Mesh):
+  def __init__(self, plan: RunPlan, mesh: Mesh, loss_fn=None):
+    """loss_fn: the per-example loss of the run's model (default: `plan.model`'s
+    Transformer); its statistics backends are decided for it here (`plain.decided`)."""
     self.mesh = mesh
     opt, sp = plan.optimizer, plan.stats
-    self.loss_fn = make_loss_fn(Transformer(plan.model))
+    self.loss_fn = make_loss_fn(Transformer(plan.model)) if loss_fn is None else loss_fn
+    platform = mesh.devices.flat[0].platform
     repl = mesh_lib.replicated(mesh)
     self.batch_sharding = mesh_lib.batch_sharding(mesh)
 
@@ -152,7 +159,10 @@ class Steps:
                                       sharding=self.batch_sharding)
               for k in ("inputs", "targets")}
 
-    options = sp.options
+    sp = plain.decided(sp, self.loss_fn, self.abstract_state.params,
+                       abstract_batch(plan.batch.max_batch_size), platform)
+    plan = dataclasses.replace(plan, stats=sp)
+    self.stats_plan, options = sp, sp.options
 
     self.logs_at = sp.logs_at
     self.sign = (SignLog(plan, self.loss_fn, mesh, self.abstract_sharded_state().params)
@@ -161,7 +171,8 @@ class Steps:
     def jit_step(log_request=None, log_backend=None, heldout=False):
       step = functools.partial(train_step, loss_fn=self.loss_fn, opt=opt, request=sp.request,
                                backend=sp.backend, options=options, log_request=log_request,
-                               log_backend=log_backend, sign_lag=sp.sign_lag)
+                               log_backend=log_backend, sign_lag=sp.sign_lag,
+                               platform=platform)
 
       def train_step_of(state, batch, hparams, *heldout):
         return step(state, batch, *heldout, hparams=hparams)

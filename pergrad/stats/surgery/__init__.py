@@ -58,7 +58,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from pergrad.stats import registry
+from pergrad.stats import registry, vmap
 from pergrad.stats.options import StatsOptions
 from pergrad.stats.request import StatsRequest
 from pergrad.stats.surgery import clip, dense, embed, frontends, norm, sites
@@ -87,8 +87,16 @@ def surgery_stats(loss_fn, params, batch, request: StatsRequest, options: StatsO
   Returns:
     (mean loss, GradStats) with sum = n · ∇(mean loss) and the requested sums.
   """
-  want, granularity = request.want, request.granularity
   plan = make_plan(loss_fn, params, batch, request)
+  if plan.refused:
+    raise plan.refusal()
+  return _surgery_pass(loss_fn, params, batch, request, options, plan)
+
+
+def _surgery_pass(loss_fn, params, batch, request: StatsRequest, options: StatsOptions, plan):
+  """`surgery_stats` on `plan`, whose refused leaves' calls run untouched (their
+  statistics zeros: `surgery_vmap_stats` fills them)."""
+  want, granularity = request.want, request.granularity
   if request.per_example_clip is not None:
     return clip.clipped_stats(loss_fn, params, batch, request, options, plan)
   B, token = plan.B, granularity == "token"
@@ -125,6 +133,33 @@ def surgery_stats(loss_fn, params, batch, request: StatsRequest, options: StatsO
       rules=plan.rules,
   )
 
+
+
+def surgery_vmap_stats(loss_fn, params, batch, request: StatsRequest, options: StatsOptions):
+  """Surgery for the leaves its proof shows exact, vmap for the others: one surgery pass
+  with the refused leaves' calls untouched, then their per-example gradients alone,
+  jax.vmap(jax.grad) of loss_b with respect to those leaves (the rest held constant),
+  reduced as the vmap backend does (`vmap.vmap_stats`). Exact on every leaf; example
+  granularity, no per-example clipping (the clip weights need every leaf's norm first)."""
+  plan = make_plan(loss_fn, params, batch, request)
+  loss, stats = _surgery_pass(loss_fn, params, batch, request, options, plan)
+  if not plan.refused:
+    return loss, stats
+  _, paths, _ = sites.leaf_keys(params)
+  flat = dict(zip(plan.keys, jax.tree.leaves(params), strict=True))
+  gone = {k for k, p in zip(plan.keys, paths, strict=True) if p in dict(plan.refused)}
+  alone = {k: flat[k] for k in plan.keys if k in gone}
+
+  def loss_alone(r, b):
+    return loss_fn(plan.tree({**flat, **r}), b)
+
+  _, part = vmap.vmap_stats(loss_alone, alone, batch, request, options)
+  swap = lambda tree, new: plan.tree({k: new[k] if k in gone else v for k, v in zip(
+      plan.keys, jax.tree.leaves(tree), strict=True)})
+  return loss, stats.replace(
+      coordinate_stats={k: swap(v, part.coordinate_stats[k])
+                        for k, v in stats.coordinate_stats.items()},
+      example_stats={k: swap(v, part.example_stats[k]) for k, v in stats.example_stats.items()})
 
 
 def plain_call(env: Env, site, layer):

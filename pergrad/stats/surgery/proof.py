@@ -1,23 +1,30 @@
-"""The planner's proof that surgery's statistics are exact for a model, or its refusal.
+"""The planner's proof that surgery's statistics are exact for a model, leaf by leaf.
 
 Surgery computes a leaf's per-example statistics from the layer calls that use it (the
 calls' inputs and output cotangents). That is exact when, and only when, each parameter
 leaf reaches the loss through those calls alone, and each call's input carries the
 example axis where the plan says so. `prove` shows both from the jaxpr of loss_fn, traced
 once (abstractly, at plan time: nothing runs per step) with every layer call that owns
-parameters replaced by an opaque primitive `layer_call_p`(x, *params):
+parameters replaced by an opaque primitive `layer_call_p`(x, *params), and returns the
+leaves it cannot show exact, each with its reason (the others are exact whatever those do:
+a leaf's statistics read only its own calls' inputs and output cotangents):
 
   - every use of a parameter leaf's value is a `layer_call_p` operand in a parameter slot,
     through views (reshape, transpose, squeeze, expand_dims, dtype casts, copies) and
     into `jax.jit` sub-jaxprs; any other use (a raw matmul `x @ W.T`, a penalty ‖W‖² in
     the loss, the input of a layer, an operand of scan / remat / cond / custom_vjp,
-    where the plan would see one call for many) is refused, naming the leaf and the use;
+    where the plan would see one call for many) refuses the leaf, naming the use;
   - a layer call under `jax.vmap` (a per-example model vmapped over the batch: its input
-    has no example axis there) or under differentiation inside loss_fn is refused;
-  - a call the plan takes as shared across the batch (input without an example axis, a
-    position table on arange(T)) must have an input independent of the batch.
+    has no example axis there) refuses its leaves; one differentiated inside loss_fn
+    refuses the model;
+  - a call the plan takes as shared across the batch (input without an example axis: a
+    position table on arange(T), an ALiBi slope table on arange(H)) must have an input
+    independent of the batch, and an output used only broadcast against the example
+    axis as a new leading axis (`x + table(arange(T))`), so that surgery's explicit
+    broadcast to B×... changes nothing; any other use of its output (a slice, a transpose
+    of a [T, T, H] bias table) refuses its leaves.
 
-A refusal is an `Unsupported` (`sites.unsupported`); backend="auto" then runs vmap.
+A model it cannot read at all raises `Unsupported` (`sites.unsupported`).
 """
 
 from __future__ import annotations
@@ -55,9 +62,21 @@ def _abstract(x, *params, index, name, leaves, shape, dtype):
   return jax.core.ShapedArray(shape, dtype)
 
 
-def _under_vmap(args, dims, *, name, leaves, **_):
-  raise unsupported(f"'{leaves[0]}': its layer call ({name}) is inside jax.vmap (a "
-                    "per-example model vmapped over the batch); call the model on the batch")
+# (index, leaves, reason) of the calls refused while tracing (under jax.vmap), per `prove`.
+_TRACE_REFUSALS: list = []
+
+
+def _under_vmap(args, dims, *, name, leaves, shape, **params):
+  """Records the refusal of the call's leaves and stands in for its batched output."""
+  _TRACE_REFUSALS.append((leaves, f"its layer call ({name}) is inside jax.vmap (a "
+                                  "per-example model vmapped over the batch); call the model "
+                                  "on the batch"))
+  n = next(a.shape[d] for a, d in zip(args, dims, strict=True) if d is not None)
+  moved = [a if d is None else jax.numpy.moveaxis(a, d, 0) for a, d in zip(args, dims,
+                                                                            strict=True)]
+  out = layer_call_p.bind(*moved, name=name, leaves=leaves, shape=(n,) + tuple(shape),
+                          **params)
+  return out, 0
 
 
 def _differentiated(primals, tangents, *, name, leaves, **_):
@@ -69,15 +88,16 @@ batching.primitive_batchers[layer_call_p] = _under_vmap
 ad.primitive_jvps[layer_call_p] = _differentiated
 
 
-def prove(loss_fn, params, batch, keys, paths, outs, shared, owners=None) -> None:
-  """Raises `Unsupported` unless surgery is exact for loss_fn (module docstring).
+def prove(loss_fn, params, batch, keys, paths, outs, shared, keys_of) -> dict[str, str]:
+  """{leaf path: reason} of the leaves surgery cannot show exact for loss_fn (module
+  docstring); {}: every leaf is exact. Raises `Unsupported` for a model it cannot read.
 
   Args:
     keys, paths: every parameter leaf's key and "a/b" path, in tree order.
-    outs: (shape, dtype) of each layer call with parameters, in call order, at this batch.
+    outs: (shape, dtype) of each layer call the plan counts, in call order, at this batch.
     shared: the indices of the calls whose input the plan takes as shared across the batch.
-    owners: {path: "<class> at '<module>'"}: the module other than a standard layer that
-      holds the leaf, named in a refusal of it.
+    keys_of: (LayerCall, {id(leaf): key}) -> {role: key}, {} for a call the plan does not
+      count (its parameters are not all leaves of params: a transformed copy, a slice).
   """
   path_of = dict(zip(keys, paths, strict=True))
   n_leaves = len(keys)
@@ -87,11 +107,17 @@ def prove(loss_fn, params, batch, keys, paths, outs, shared, owners=None) -> Non
     count = itertools.count()
 
     def handler(call):
-      roles = [r for r, v in call.params.items() if id(v) in ids]  # constants: no site
+      roles = [r for r, v in call.params.items()  # constants of loss_fn: no site
+               if v is not None and (id(v) in ids or isinstance(v, jax.core.Tracer))]
       if not roles:
         return call.run()
-      i = next(count)
-      shape, dtype = outs[i]
+      counted = bool(keys_of(call, ids))
+      i = next(count) if counted else -1
+      if counted:
+        shape, dtype = outs[i]
+      else:
+        out = jax.eval_shape(call.run)
+        shape, dtype = out.shape, out.dtype
       leaves = tuple(path_of.get(ids.get(id(call.params[r])), f"{call.name} {r}") for r in roles)
       return layer_call_p.bind(call.x, *(call.params[r] for r in roles), index=i,
                                name=call.name, leaves=leaves, shape=shape, dtype=dtype)
@@ -99,47 +125,65 @@ def prove(loss_fn, params, batch, keys, paths, outs, shared, owners=None) -> Non
     with frontends.route(handler):
       return loss_fn(p, b)
 
-  closed = jax.make_jaxpr(run)(params, batch)
+  _TRACE_REFUSALS.clear()
+  try:
+    closed = jax.make_jaxpr(run)(params, batch)
+    traced = list(_TRACE_REFUSALS)
+  finally:
+    _TRACE_REFUSALS.clear()
   invars = closed.jaxpr.invars
   leaf = {v: paths[i] for i, v in enumerate(invars[:n_leaves])}
   dep = set(invars[n_leaves:])
-  batch_fed: dict[int, bool] = {}
-  try:
-    _walk(closed.jaxpr, leaf, dep, batch_fed)
-  except Unsupported as e:
-    owner = (owners or {}).get(getattr(e, "leaf", None))
-    if owner is None:
-      raise
-    raise unsupported(f"cannot handle {owner}, which owns parameters: {e.reason}") from None
+  refused: dict[str, str] = {}
+  for leaves, reason in traced:
+    for name in leaves:
+      refused.setdefault(name, reason)
+  calls: dict[int, tuple] = {}
+  _walk(closed.jaxpr, leaf, dep, calls, refused)
+  B = next(x.shape[0] for x in jax.tree.leaves(batch) if x.ndim)
+  walk = _SharedUses(set(shared), calls, dep, refused, B)
+  walk(closed.jaxpr, {})
   for i in shared:
-    if batch_fed.get(i):
-      raise unsupported(f"layer call {i}'s input has no example axis but depends on the batch "
-                        "(mixes examples, or is inside a per-example transform)")
+    fed, leaves, name = calls.get(i, (False, (), ""))
+    if fed:
+      for n in leaves:
+        refused.setdefault(n, f"its layer call ({name}) has an input without an example axis "
+                              "that depends on the batch (mixes examples, or is inside a "
+                              "per-example transform)")
+  return refused
 
 
 def _vars(vs):
   return [v for v in vs if isinstance(v, jcore.Var)]
 
 
-def _walk(jaxpr, leaf: dict, dep: set, batch_fed: dict) -> None:
+def _walk(jaxpr, leaf: dict, dep: set, calls: dict, refused: dict) -> None:
   """Follows every leaf's value through `jaxpr` (module docstring); fills `dep` (the vars
-  that depend on the batch) and batch_fed[call index] = whether the call's input does."""
+  that depend on the batch), calls[call index] = (whether the call's input depends on the
+  batch, its leaves, its name), and refused[leaf path] = the first reason."""
   for eqn in jaxpr.eqns:
     name = eqn.primitive.name
     ins = _vars(eqn.invars)
     if eqn.primitive is layer_call_p:
-      x = eqn.invars[0]
+      x, i = eqn.invars[0], eqn.params["index"]
       if isinstance(x, jcore.Var) and x in leaf:
-        raise unsupported(f"'{leaf[x]}' is the input of a layer call ({eqn.params['name']}), "
-                          "not one of its parameters")
-      batch_fed[eqn.params["index"]] = isinstance(x, jcore.Var) and x in dep
+        refused.setdefault(leaf[x], f"it is the input of a layer call ({eqn.params['name']}), "
+                                    "not one of its parameters")
+      if i < 0:
+        for v in eqn.invars[1:]:
+          if isinstance(v, jcore.Var) and v in leaf:
+            refused.setdefault(leaf[v], f"its {eqn.params['name']} call gets it as a traced "
+                                        "argument or a transformed copy, not a leaf of params "
+                                        "(pass each parameter array as it is in params)")
+      calls[i] = (isinstance(x, jcore.Var) and x in dep, eqn.params["leaves"],
+                  eqn.params["name"])
     elif name in JIT:
       inner = eqn.params["jaxpr"].jaxpr
       inner_leaf = {iv: leaf[ov] for ov, iv in zip(eqn.invars, inner.invars, strict=True)
                     if isinstance(ov, jcore.Var) and ov in leaf}
       inner_dep = {iv for ov, iv in zip(eqn.invars, inner.invars, strict=True)
                    if isinstance(ov, jcore.Var) and ov in dep}
-      _walk(inner, inner_leaf, inner_dep, batch_fed)
+      _walk(inner, inner_leaf, inner_dep, calls, refused)
       for iv, ov in zip(inner.outvars, eqn.outvars, strict=True):
         if isinstance(iv, jcore.Var) and iv in inner_leaf:
           leaf[ov] = inner_leaf[iv]
@@ -151,12 +195,72 @@ def _walk(jaxpr, leaf: dict, dep: set, batch_fed: dict) -> None:
     else:
       for v in ins:
         if v in leaf:
-          err = unsupported(f"'{leaf[v]}' reaches the loss outside its layer calls (used by "
-                            f"{_what(eqn)}), so its per-example gradient is not the layer's")
-          err.leaf = leaf[v]
-          raise err
+          refused.setdefault(leaf[v], f"it reaches the loss outside its layer calls (used by "
+                                      f"{_what(eqn)}), so its per-example gradient is not the "
+                                      "layer's")
     if any(v in dep for v in ins):
       dep.update(eqn.outvars)
+
+
+# Elementwise operations through which a shared call's output, promoted by one leading
+# axis, meets the batch: y[None] + x_B... is what surgery's broadcast to B×... computes.
+ELEMENTWISE = frozenset({"add", "sub", "mul", "div", "max", "min", "select_n", "pow",
+                         "add_any"})
+
+
+class _SharedUses:
+  """Refuses the leaves of a shared call (input without an example axis) whose output is
+  used otherwise than broadcast against the example axis as a new leading axis: by a
+  `broadcast_in_dim` (or reshape) to (1 | B, *y.shape), whose result only meets batch
+  values in elementwise operations of leading size B (module docstring)."""
+
+  def __init__(self, shared: set, calls: dict, dep: set, refused: dict, B: int):
+    self.shared, self.calls, self.dep, self.refused, self.B = shared, calls, dep, refused, B
+
+  def refuse(self, i: int, use: str) -> None:
+    _, leaves, name = self.calls.get(i, (False, (), ""))
+    for n in leaves:
+      self.refused.setdefault(n, f"its layer call ({name}) has an input without an example "
+                                 f"axis and its output is used by {use}, not broadcast "
+                                 "against the batch, so surgery cannot give it the example axis")
+
+  def __call__(self, jaxpr, taint: dict) -> dict:
+    """taint: var -> (call index, "out" | "promoted"); returns the outvars' taints."""
+    for eqn in jaxpr.eqns:
+      name = eqn.primitive.name
+      if eqn.primitive is layer_call_p and eqn.params["index"] in self.shared:
+        taint[eqn.outvars[0]] = (eqn.params["index"], "out")
+      hits = [(v, taint[v]) for v in _vars(eqn.invars) if v in taint]
+      if not hits:
+        continue
+      if name in JIT:
+        inner = eqn.params["jaxpr"].jaxpr
+        inner_taint = {iv: taint[ov] for ov, iv in zip(eqn.invars, inner.invars, strict=True)
+                       if isinstance(ov, jcore.Var) and ov in taint}
+        out = self(inner, inner_taint)
+        for iv, ov in zip(inner.outvars, eqn.outvars, strict=True):
+          if isinstance(iv, jcore.Var) and iv in out:
+            taint[ov] = out[iv]
+        continue
+      for v, (i, state) in hits:
+        self._use(eqn, v, i, state, taint)
+    return {v: taint[v] for v in _vars(jaxpr.outvars) if v in taint}
+
+  def _use(self, eqn, v, i: int, state: str, taint: dict) -> None:
+    name, out = eqn.primitive.name, eqn.outvars[0]
+    y_shape = tuple(v.aval.shape)
+    if state == "out" and name in ("broadcast_in_dim", "reshape"):
+      shape = tuple(out.aval.shape)
+      dims = eqn.params.get("broadcast_dimensions", tuple(range(1, len(y_shape) + 1)))
+      if shape[1:] == y_shape and tuple(dims) == tuple(range(1, len(y_shape) + 1)):
+        taint[out] = (i, "promoted")
+        return
+    if state == "promoted" and name in ELEMENTWISE:
+      others = [u for u in _vars(eqn.invars) if u is not v]
+      if any(u in self.dep for u in others) and all(
+          tuple(o.aval.shape) == (self.B,) + y_shape[1:] for o in eqn.outvars):
+        return
+    self.refuse(i, _what(eqn))
 
 
 def _what(eqn) -> str:

@@ -8,10 +8,13 @@ any keys, a part of the model; a call on constants of loss_fn is no site), wheth
 request's layer selection covers it, the example axis of its input (the one axis whose
 size follows the batch; None for an input shared across the batch), the dense contraction
 axes, the tokens per example. A layer used twice (other than a tied embedding table,
-lookup then attend), a parameter computed inside loss_fn, a normalization over other axes,
-a dense layer with batch axes raise an `Unsupported` naming it; so does anything
+lookup then attend), a normalization over other axes, a dense layer with batch axes, an
+input whose example axis cannot be found refuse its leaves, as does anything
 `proof.prove` cannot show exact (one more abstract trace, at batch B), e.g. a leaf that
-reaches the loss outside layer calls; a leaf that never reaches it gets zero statistics.
+reaches the loss outside layer calls or through a parameter computed inside loss_fn; a
+refused leaf's calls run untouched (`site_router`) and `Plan.refused` names it with the
+reason (a model that cannot be traced raises `Unsupported`); a leaf that never reaches
+the loss gets zero statistics.
 Plans (and refusals) are remembered per (loss_fn, shapes, request): a step traced again,
 or `compute`'s auto check then the backend, trace the model once.
 
@@ -55,6 +58,7 @@ class Site:
   rows: int = 0  # tokens per example R
   out_features: int = 0  # dense: L, the product of the kernel's output axes
   plain_dot: bool = True  # dense: `LayerCall.forward` is the layer's own forward
+  proven: bool = True  # every leaf of the call shown exact (`proof`); else it runs untouched
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +73,9 @@ class Plan:
     treedef: the parameter tree's structure (for `keys`).
     rules: layer-type rules: the request's own, then each norm/embedding leaf's type
       from its layer's kind, then `TYPE_RULES` (names).
+    refused: (leaf path, reason) of the leaves surgery cannot show exact (refused for
+      their own use first, then for sharing a call with one), each in tree order; their
+      calls run untouched and their statistics need another backend.
   """
 
   sites: tuple[Site, ...]
@@ -77,6 +84,13 @@ class Plan:
   keys: tuple[tuple[str, ...], ...]
   treedef: object
   rules: tuple[tuple[str, str], ...] = TYPE_RULES
+  refused: tuple[tuple[str, str], ...] = ()
+
+  def refusal(self) -> Unsupported:
+    """The refusal of the first refused leaf (one line naming it and the reason)."""
+    path, reason = self.refused[0]
+    more = f" (and {len(self.refused) - 1} more leaves)" if len(self.refused) > 1 else ""
+    return unsupported(f"'{path}': {reason}{more}")
 
   def tree(self, flat: dict):
     """The parameter-shaped tree of {leaf path: value}."""
@@ -96,22 +110,33 @@ def call_keys(call, ids: dict) -> dict:
   """role -> leaf key of one `LayerCall`, by the identity of its parameter arrays with the
   leaves of params as passed (nested under any keys, a part of the model's variables);
   {} for a call whose parameters are all constants of loss_fn (a frozen part closed over:
-  no leaf, no statistics, it runs untouched)."""
+  no leaf, no statistics, it runs untouched) or one of which is computed inside loss_fn
+  (`copy_note`): the plan does not count that call, which runs untouched, and the proof
+  refuses the leaves it reaches."""
   given = {r: v for r, v in call.params.items() if v is not None}
   out = {r: ids[id(v)] for r, v in given.items() if id(v) in ids}
-  copies = [r for r, v in given.items() if id(v) not in ids and isinstance(v, jax.core.Tracer)]
-  where = f" at '{_name(call.path)}'" if call.path else ""
-  if copies:
-    raise unsupported(
-        f"the {copies[0]} of the {call.name} call{where} is not a leaf of params but computed "
-        "inside loss_fn (a transformed copy, e.g. w.astype(...); a slice in jax.lax.scan or "
-        "nn.scan; or a second model's parameters made from the leaves, e.g. a teacher on "
-        "stop_gradient(params)); pass each parameter array as it is in params, or close "
-        "over a frozen part as a constant")
+  if copy_note(call, ids):
+    return {}
   if out and len(out) != len(given):
+    where = f" at '{_name(call.path)}'" if call.path else ""
     raise unsupported(f"the {call.name} call{where} mixes leaves of params "
                       f"({'/'.join(out)}) with constants of loss_fn")
   return out
+
+
+def copy_note(call, ids: dict) -> str:
+  """Why a `LayerCall` whose parameter is computed inside loss_fn (a traced value that is
+  not a leaf of params) is not counted, in words; "" for any other call."""
+  copies = [r for r, v in call.params.items()
+            if v is not None and id(v) not in ids and isinstance(v, jax.core.Tracer)]
+  if not copies:
+    return ""
+  where = f" at '{_name(call.path)}'" if call.path else ""
+  return (f"the {copies[0]} of the {call.name} call{where} is not a leaf of params but "
+          "computed inside loss_fn (a transformed copy, e.g. w.astype(...); a slice in "
+          "jax.lax.scan or nn.scan; or a second model's parameters made from the leaves, e.g. "
+          "a teacher on stop_gradient(params)); pass each parameter array as it is in params, "
+          "or close over a frozen part as a constant")
 
 
 def array_ids(p, keys) -> dict:
@@ -134,6 +159,8 @@ def site_router(plan: Plan, p, handler, every: bool = False):
     state["i"] += 1
     if (site.keys, site.attend) != (tuple(keys.values()), layer.attend):
       raise RuntimeError(f"surgery: call order changed at {'/'.join(site.path)}")
+    if not site.proven:
+      return layer.run()
     return handler(site, layer) if site.selected or every else layer.run()
 
   return route
@@ -181,7 +208,7 @@ def leaf_rules(loss_fn, params, batch, request: StatsRequest) -> tuple[tuple[str
   `request.layers` selects no leaf."""
   keys, paths, _ = leaf_keys(params)
   try:
-    log, _ = _trace_calls(loss_fn, params, batch, keys)
+    log, _, _ = _trace_calls(loss_fn, params, batch, keys)
   except Exception:  # noqa: BLE001 - names then decide; the backend reports the model's error
     log = []
   by_key = dict(zip(keys, paths, strict=True))
@@ -200,13 +227,18 @@ def make_plan(loss_fn, params, batch, request: StatsRequest) -> Plan:
   B = next(x.shape[0] for x in jax.tree.leaves(batch) if np.ndim(x))
   keys, paths, treedef = leaf_keys(params)
   try:
-    calls, owners = _traced_sites(loss_fn, params, batch, B, keys)
+    calls, owners, notes = _traced_sites(loss_fn, params, batch, B, keys)
     by_key = dict(zip(keys, paths, strict=True))
-    sites = _sites(calls, B)
-    proof.prove(loss_fn, jax.tree.map(_struct, params), jax.tree.map(_struct, batch), keys, paths,
-                [(c1["y"], c1["dtype"]) for c1, _ in calls],
-                [i for i, s in enumerate(sites) if s.in_axis is None],
-                owners={by_key[k]: w for k, w in owners.items()})
+    sites, refused = _sites(calls, B)
+    refused = {by_key[k]: why for k, why in refused.items()}
+    owned = {by_key[k]: w for k, w in owners.items()}
+    for path, why in proof.prove(
+        loss_fn, jax.tree.map(_struct, params), jax.tree.map(_struct, batch), keys, paths,
+        [(c1["y"], c1["dtype"]) for c1, _ in calls],
+        [i for i, s in enumerate(sites) if s.in_axis is None and s.proven],
+        call_keys).items():
+      if path not in refused:
+        refused[path] = _in_words(why, owned.get(path), notes)
   except Unsupported:
     raise
   except Exception as e:  # noqa: BLE001 - the model's own error raises below, as it is
@@ -216,8 +248,9 @@ def make_plan(loss_fn, params, batch, request: StatsRequest) -> Plan:
   rules = call_rules({by_key[k]: c1["kind"] for c1, _ in calls for k in c1["keys"].values()},
                      request.type_rules)
   chosen = {k for k, p in zip(keys, paths, strict=True) if selects(request.layers, p, rules)}
+  sites, refused = _close(sites, refused, by_key)
   sites = [dataclasses.replace(s, selected=any(k in chosen for k in s.keys)) for s in sites]
-  rows = {s.rows for s in sites}
+  rows = {s.rows for s in sites if s.proven}
   if request.granularity == "token" and len(rows) > 1:
     raise unsupported(f"per-token statistics need every layer to see the same tokens per "
                       f"example, got {sorted(rows)}")
@@ -225,14 +258,45 @@ def make_plan(loss_fn, params, batch, request: StatsRequest) -> Plan:
     raise ValueError(f"layers={list(request.layers)} selects no parameter leaf; choose layer "
                      f"types {LAYER_TYPES} or path patterns of the model's leaves.")
   return Plan(sites=tuple(sites), B=B, T=rows.pop() if rows else 1, keys=keys,
-              treedef=treedef, rules=rules)
+              treedef=treedef, rules=rules,
+              refused=tuple(sorted(((p, refused[p]) for p in paths if p in refused),
+                                   key=lambda pr: pr[1].startswith("it shares"))))
+
+
+def _in_words(why: str, owner: str | None, notes: list) -> str:
+  """The proof's reason for refusing a leaf, with the module other than a standard layer
+  that owns it and, for a use outside layer calls, a layer call's parameter computed
+  inside loss_fn (`copy_note`) where there is one."""
+  if notes and why.startswith("it reaches the loss outside"):
+    why = f"{why}; {notes[0]}"
+  return f"cannot handle {owner}, which owns parameters: {why}" if owner else why
+
+
+def _close(sites, refused: dict, by_key: dict):
+  """(sites with `proven` False where a leaf is refused, refusals with every leaf of such
+  a call): a call runs tapped or untouched as a whole, and a leaf two calls share (a tied
+  table) is refused with either."""
+  refused = dict(refused)
+  changed = True
+  while changed:
+    changed = False
+    for s in sites:
+      paths = [by_key[k] for k in s.keys]
+      bad = next((p for p in paths if p in refused), None)
+      for p in paths:
+        if bad is not None and p not in refused:
+          refused[p] = f"it shares a layer call with the refused '{bad}'"
+          changed = True
+  sites = [dataclasses.replace(s, proven=not any(by_key[k] in refused for k in s.keys))
+           for s in sites]
+  return sites, refused
 
 
 def _trace_calls(loss_fn, params, batch, keys):
-  """(every layer call's record, {leaf key: its owner, "<class> at '<path>'"}) of loss_fn,
-  traced abstractly; owners are the Linen modules, other than standard layers, that hold
-  a leaf of params as their own parameter (for messages)."""
-  log, owners, ids = [], {}, {}
+  """(every layer call's record, {leaf key: its owner, "<class> at '<path>'"}, the calls'
+  `copy_note`s) of loss_fn, traced abstractly; owners are the Linen modules, other than
+  standard layers, that hold a leaf of params as their own parameter (for messages)."""
+  log, owners, ids, notes = [], {}, {}, []
 
   def linen_log(next_fun, args, kwargs, ctx):
     module = ctx.module
@@ -247,6 +311,9 @@ def _trace_calls(loss_fn, params, batch, keys):
 
     def rec(call):
       out = call.run()
+      note = copy_note(call, ids)
+      if note and note not in notes:
+        notes.append(note)
       log.append(dict(keys=call_keys(call, ids), kind=call.kind, attend=call.attend,
                       attrs=call.attrs, name=call.name, x=tuple(call.x.shape),
                       y=tuple(getattr(out, "shape", ())), dtype=getattr(out, "dtype", None)))
@@ -256,7 +323,7 @@ def _trace_calls(loss_fn, params, batch, keys):
       return loss_fn(p, b)
 
   jax.eval_shape(run, params, batch)
-  return log, owners
+  return log, owners, notes
 
 
 def _struct(x, lead=None):
@@ -280,31 +347,43 @@ def _name(key) -> str:
 
 
 def _traced_sites(loss_fn, params, batch, B: int, keys):
-  """([(call at B, call at B+1)] of the layer calls that own parameters, their owners)."""
+  """([(call at B, call at B+1)] of the layer calls that own parameters, their owners,
+  `copy_note`s)."""
   p_abs = jax.tree.map(_struct, params)
-  log1, owners = _trace_calls(loss_fn, p_abs, jax.tree.map(lambda a: _struct(a, B), batch),
-                                   keys)
-  log2, _ = _trace_calls(loss_fn, p_abs, jax.tree.map(lambda a: _struct(a, B + 1), batch),
+  log1, owners, notes = _trace_calls(loss_fn, p_abs,
+                                     jax.tree.map(lambda a: _struct(a, B), batch), keys)
+  log2, _, _ = _trace_calls(loss_fn, p_abs, jax.tree.map(lambda a: _struct(a, B + 1), batch),
                          keys)
-  return [(c1, c2) for c1, c2 in zip(log1, log2, strict=True) if c1["keys"]], owners
+  return [(c1, c2) for c1, c2 in zip(log1, log2, strict=True) if c1["keys"]], owners, notes
 
 
-def _sites(calls, B: int) -> list[Site]:
-  """One Site per layer call, none selected yet. A leaf no call uses is left to the proof
-  (refused where it reaches the loss otherwise; never reached: zero statistics)."""
+def _sites(calls, B: int) -> tuple[list[Site], dict]:
+  """(one Site per layer call, none selected yet; {leaf key: reason} of the leaves refused
+  here). A leaf no call uses is left to the proof (refused where it reaches the loss
+  otherwise; never reached: zero statistics)."""
   used: dict[tuple, list] = {}
+  refused: dict[tuple, str] = {}
   for c1, _ in calls:
     for k in c1["keys"].values():
       used.setdefault(k, []).append(c1)
   for k, cs in used.items():
     methods = ["attend" if c["attend"] else "__call__" for c in cs]
     if len(cs) > 1 and (methods != ["__call__", "attend"] or cs[0]["kind"] != "embed"):
-      raise unsupported(
+      refused[k] = (
           f"'{_name(k[:-1])}' is used {len(cs)} times ({methods}): one {cs[0]['name']} layer "
           "called more than once on the same parameter arrays (shared weights); surgery "
           "handles shared weights only for a tied embedding table (lookup then attend)")
-  return [_site(c1, c2, B, tied=len(used[next(iter(c1["keys"].values()))]) > 1)
-          for c1, c2 in calls]
+  sites = []
+  for c1, c2 in calls:
+    try:
+      sites.append(_site(c1, c2, B, tied=len(used[next(iter(c1["keys"].values()))]) > 1))
+    except Unsupported as e:
+      refused.update((k, e.reason) for k in c1["keys"].values() if k not in refused)
+      sites.append(Site(path=next(iter(c1["keys"].values()))[:-1], kind=c1["kind"],
+                        leaves=tuple(c1["keys"]), keys=tuple(c1["keys"].values()),
+                        selected=False, in_axis=None, out_axis=0, attend=c1["attend"],
+                        proven=False))
+  return sites, refused
 
 
 def _site(c1: dict, c2: dict, B: int, tied: bool) -> Site:
