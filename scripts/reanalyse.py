@@ -21,8 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from experiments import reanalysis as R  # noqa: E402
-from experiments.claims import OURS, PAPERS_TEST  # noqa: E402
-from experiments.record import provenance  # noqa: E402
+from experiments.record import get, provenance  # noqa: E402
 from experiments.verdict import md_table  # noqa: E402
 from pergrad.analysis import decide as D  # noqa: E402
 
@@ -44,7 +43,7 @@ def analyse(root: Path) -> list[dict]:
     fn = jobs.get(name)
     res = (R.do_lr_exponent(out, old, preset) if name == "lr_exponent" else fn(out, old))
     verdict, comps, note = (*res, "") if len(res) == 2 else res
-    claim = PAPERS_TEST.get(name) or OURS.get(name, name)
+    claim = get(name).row
     rows.append({"claim": claim + ("" if preset == "cpu" else f" (ladder {preset})"),
                  "experiment": name, "where": str(out.relative_to(root.parent.parent)),
                  "old_verdict": old["verdict"], "old_rule_verdict": old["rule_verdict"],

@@ -31,9 +31,9 @@ def rerender(d: Path, tmp: Path) -> list[str]:
     if f.is_file():
       shutil.copy(f, out / f.name)
   rep = exp.report(out)
-  root = REPO / "runs" / "sweeps"
-  needs = bool(exp.needs) and not any((root / n).exists() for n in exp.needs)
-  inputs = record.Inputs(root, info["preset"], (), dry_run=needs)  # no runs: placeholder lrs
+  runs = record.Inputs(REPO / "runs" / "sweeps", info["preset"], ())
+  needs = bool(exp.needs) and not all(runs.sweep_dir(n).is_dir() for n in exp.needs)
+  inputs = record.Inputs(runs.root, runs.preset, (), dry_run=needs)  # no runs: placeholder lrs
   report_md.write_readme(exp, out, rep, info, inputs)
   return [str((d / f).relative_to(REPO)) for f in ("README.md", "report.json")
           if (d / f).read_bytes() != (out / f).read_bytes()]

@@ -7,6 +7,7 @@ per-example losses) on every leaf, on every backend that accepts the model.
 
 from __future__ import annotations
 
+import itertools
 import sys
 import warnings
 from pathlib import Path
@@ -126,8 +127,8 @@ def test_params_as_passed_give_the_loops_statistics_on_every_backend(case, backe
     expected = am.statistics64(ref["_samples"], clip=C) if be == "auto/clip" else ref
     assert am.mismatches(stats, expected) == [], be
   if isinstance(params, dict) and "extra" in params:  # never reached: zero statistics
-    for name in ALL:
-      assert not np.any(np.asarray(got["auto"].get(name)["extra"]))
+    for be, name in itertools.product(got, ALL):
+      assert not np.any(np.asarray(got[be].get(name)["extra"])), be
 
 
 def test_shared_weights_are_refused_as_such():
