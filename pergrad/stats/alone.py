@@ -55,38 +55,24 @@ def refusal(reason: str) -> Unsupported:
 @memo
 def check_alone(loss_fn, params, batch) -> None:
   """Raises `refusal(...)` unless each example's loss computed alone (vmap over batches of
-  one) is its row of the batch's (module docstring). B = 1 passes; a loss_fn that cannot
-  run on B' < B examples is checked at B; one that cannot run alone is refused as
-  undetermined."""
-  B = next(x.shape[0] for x in jax.tree.leaves(batch) if np.ndim(x))
-  if B == 1:
-    return
-  for n in sorted({min(B, separable.N_EXAMPLES), B}):
-    try:
-      return _check_at(loss_fn, params, batch, n)
-    except Unsupported:
-      raise
-    except Exception as e:  # noqa: BLE001 - undetermined, refused below
-      error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-  err = Unsupported(f"pergrad.stats: undetermined whether each example's loss alone is its row "
-                    f"of the batch's: loss_fn did not run as a batch and as batches of one at "
-                    f"{B} examples ({error}); use backend='surgery' (or 'auto').")
-  err.reason = "undetermined"
-  raise err
+  one) is its row of the batch's (module docstring). B = 1 passes."""
+  separable.at_few_examples(
+      batch, lambda n: _check_at(loss_fn, params, batch, n),
+      "whether each example's loss alone is its row of the batch's: loss_fn did not run as a "
+      "batch and as batches of one at {B} examples ({error}); use backend='surgery' (or "
+      "'auto')")
 
 
 def _check_at(loss_fn, params, batch, n: int) -> None:
-  given = ([x for x in jax.tree.leaves(params) if separable._concrete(x)],
-           [np.asarray(x)[:n] for x in jax.tree.leaves(batch) if separable._concrete(x)])
+  given = separable.given_values(params, batch, n)
 
   def both(p_given, b_given):
-    p = separable._stand_in(params, p_given, None, seed=0)
-    b = separable._stand_in(batch, b_given, n, seed=1 << 20)
+    p, b = separable.stand_ins(params, batch, p_given, b_given, n)
     return loss_fn(p, b), jax.vmap(example_loss(loss_fn), in_axes=(None, 0))(p, b)
 
   traced = jax.jit(both).trace(*given)  # one trace: the program and its jaxpr
   whole, alone = (np.asarray(x, np.float64)
-                  for x in traced.lower().compile(separable._fast())(*given))
+                  for x in traced.lower().compile(separable.fast_options())(*given))
   closed = traced.jaxpr
   draws = _draws(closed.jaxpr)
   rtol = max(RTOL_FLOOR_DRAWS if draws else RTOL_FLOOR, 4 * _least_eps(closed.jaxpr))

@@ -55,7 +55,7 @@ FIX = ("compute batch statistics outside the per-example loss (e.g. the mean ove
        "BatchNorm with use_running_average=True)")
 
 
-def _fast() -> dict | None:
+def fast_options() -> dict | None:
   return FAST_CPU if jax.default_backend() == "cpu" else None
 
 
@@ -70,37 +70,54 @@ def mixes(reason: str) -> Unsupported:
 @memo
 def check(loss_fn, params, batch) -> None:
   """Raises `mixes(...)` unless loss_fn's per-example losses are separable (module
-  docstring). B = 1 passes: one example cannot be mixed with another. A loss_fn that
-  cannot run on B' < B examples is checked at B; one that cannot run alone (under
-  jax.jit, outside the caller's transforms) is refused as undetermined."""
+  docstring). B = 1 passes: one example cannot be mixed with another."""
+  at_few_examples(batch, lambda n: _check_at(loss_fn, params, batch, n),
+                  "whether the per-example losses are separable: loss_fn did not run on its "
+                  "own at {B} examples ({error}); per-example statistics need a loss_fn that "
+                  "jax.jit can run alone on a batch")
+
+
+def at_few_examples(batch, check_at, undetermined: str) -> None:
+  """Runs check_at(n) at n = B' = min(B, N_EXAMPLES), else (loss_fn could not run on B'
+  examples: a model bound to its batch size) at B; B = 1 passes. An `Unsupported` from
+  check_at is raised as is; if loss_fn runs at neither, `Unsupported("pergrad.stats:
+  undetermined " + undetermined.format(B=B, error=...))` with reason "undetermined"."""
   B = next(x.shape[0] for x in jax.tree.leaves(batch) if np.ndim(x))
   if B == 1:
     return
-  for n in sorted({min(B, N_EXAMPLES), B}):  # B: a model bound to its batch size
+  for n in sorted({min(B, N_EXAMPLES), B}):
     try:
-      return _check_at(loss_fn, params, batch, n)
+      return check_at(n)
     except Unsupported:
       raise
     except Exception as e:  # noqa: BLE001 - undetermined, refused below
       error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-  err = Unsupported(f"pergrad.stats: undetermined whether the per-example losses are separable: "
-                    f"loss_fn did not run on its own at {B} examples ({error}); per-example "
-                    "statistics need a loss_fn that jax.jit can run alone on a batch.")
+  err = Unsupported(f"pergrad.stats: undetermined {undetermined.format(B=B, error=error)}.")
   err.reason = "undetermined"
   raise err
 
 
+def given_values(params, batch, n: int) -> tuple[list, list]:
+  """The concrete leaves of params, and of batch its first n examples (traced leaves are
+  left out: `stand_in` draws them)."""
+  return ([x for x in jax.tree.leaves(params) if concrete(x)],
+          [np.asarray(x)[:n] for x in jax.tree.leaves(batch) if concrete(x)])
+
+
+def stand_ins(params, batch, p_given, b_given, n: int):
+  """(params, the batch's first n examples) rebuilt from `given_values`, traced leaves
+  drawn (`stand_in`)."""
+  return (stand_in(params, p_given, None, seed=0), stand_in(batch, b_given, n, seed=1 << 20))
+
+
 def _check_at(loss_fn, params, batch, n: int) -> None:
-  p_leaves, b_leaves = jax.tree.leaves(params), jax.tree.leaves(batch)
-  given = ([x for x in p_leaves if _concrete(x)],
-           [np.asarray(x)[:n] for x in b_leaves if _concrete(x)])
-  ranges = [(min(int(np.min(x)), 0), int(np.max(x))) if _concrete(x) and np.size(x)
-            else (0, 1) for x in b_leaves]
+  given = given_values(params, batch, n)
+  ranges = [(min(int(np.min(x)), 0), int(np.max(x))) if concrete(x) and np.size(x)
+            else (0, 1) for x in jax.tree.leaves(batch)]
   order = [(r, j) for r in (0, 1) for j in range(n)]
 
   def points(p_given, b_given):  # (params, the batch and its 2n variants stacked)
-    p = _stand_in(params, p_given, None, seed=0)
-    b = _stand_in(batch, b_given, n, seed=1 << 20)
+    p, b = stand_ins(params, batch, p_given, b_given, n)
     changed = [_others_changed(b, ranges, j, n, r, seed=(2 + r * n + j) << 20)
                for r, j in order]
     return p, jax.tree.map(lambda *xs: jnp.stack(xs), b, *changed)
@@ -110,7 +127,7 @@ def _check_at(loss_fn, params, batch, n: int) -> None:
     return jax.lax.map(lambda x: loss_fn(p, x), stacked)
 
   # lowered and run apart from any enclosing trace (compute may be called inside jax.jit)
-  got = np.asarray(jax.jit(losses).lower(*given).compile(_fast())(*given))
+  got = np.asarray(jax.jit(losses).lower(*given).compile(fast_options())(*given))
   for i, (_, j) in enumerate(order):
     if got[0, j].tobytes() != got[1 + i, j].tobytes():
       where = culprit(loss_fn, points, given, 1 + i, j, n)
@@ -118,7 +135,7 @@ def _check_at(loss_fn, params, batch, n: int) -> None:
                   + (f": first at {where}" if where else ""))
 
 
-def _concrete(x) -> bool:
+def concrete(x) -> bool:
   """Whether x holds values (not a tracer, not a shape alone: `decide` reads shapes)."""
   return not isinstance(x, (jax.core.Tracer, jax.ShapeDtypeStruct))
 
@@ -136,14 +153,14 @@ def noise(shape, seed: int) -> jax.Array:
   return ((x >> 8).astype(jnp.float32) * 2.0 ** -23 - 1.0).reshape(shape)
 
 
-def _stand_in(tree, given, n, seed: int):
+def stand_in(tree, given, n, seed: int):
   """tree with its concrete leaves taken from `given` (in order; the first n examples of
   the batch) and its traced ones drawn at random, same shape and dtype (floats
   uniform with variance ~1/fan-in, integers in {0, 1}, bools random; `noise`)."""
   leaves, treedef = jax.tree.flatten(tree)
   given, out = iter(given), []
   for i, x in enumerate(leaves):
-    if _concrete(x):
+    if concrete(x):
       out.append(next(given))
       continue
     shape = tuple(x.shape) if n is None else (n,) + tuple(x.shape)[1:]
@@ -202,7 +219,7 @@ def culprit(loss_fn, points, given, i: int, j: int, n: int) -> str:
       _replay(closed.jaxpr, closed.consts, flat(0), flat(i), j, n, eqns, out)
       return out
 
-    got = jax.jit(flags).lower(*given).compile(_fast())(*given)
+    got = jax.jit(flags).lower(*given).compile(fast_options())(*given)
     return next((_words(e) for e, (same_in, same_out) in zip(eqns, got, strict=True)
                  if bool(same_in) and not bool(same_out)), "")
   except Exception:  # noqa: BLE001 - the location is a hint; the refusal stands without it
