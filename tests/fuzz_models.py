@@ -41,9 +41,11 @@ TREES = ("nested", "frozen", "extra")
 PER_BATCH = ("batch_size", "dropout")
 # Tables looked up on ids without the example axis, drawn from their own stream (1 model in
 # 4): "positions" (added to h, broadcast against the batch: exact), "alibi" (a [D, 1] table
-# on arange(D), sliced to [D], scales h: surgery refuses that leaf alone, auto takes it from
-# vmap and the others from surgery).
-TABLES = ("positions", "alibi")
+# on arange(D), sliced to [D], scales h), "relative" (T5-style: a [2T-1, 1] table on the
+# [T, T] relative positions, a bias mixing h's tokens; features without a token axis take
+# "positions"): surgery refuses those two leaves alone, auto takes them from vmap and the
+# others from surgery.
+TABLES = ("positions", "alibi", "relative")
 
 
 def draw(seed: int) -> dict:
@@ -72,6 +74,7 @@ def draw(seed: int) -> dict:
   per_batch = str(how.choice(PER_BATCH)) if how.random() < 1 / 6 and not mixing else None
   tab = np.random.default_rng(seed + 50_000)
   table = str(tab.choice(TABLES)) if tab.random() < 1 / 4 else None
+  table = "positions" if table == "relative" and not tokens else table
   # NNX as NNX users write it, 1 model in 2 of NNX's passed as they are: the module itself
   # passed as params, loss_fn(model, batch) (the engine splits and merges it).
   module = (frontend == "nnx" and tree == "as_is"
@@ -93,7 +96,7 @@ def refused(m: dict) -> bool:
     return True
   if m.get("tree") == "frozen":  # the frozen layers are constants: no hazard in them counts
     return m["head"] == "raw_tie" or m["hazard"] in ("penalty", "scan")  # scan: copies
-  if m.get("table") == "alibi":
+  if m.get("table") in ("alibi", "relative"):
     return True
   if m["hazard"] in ("vmapped", "remat"):
     return any(_has_params(b) for b in m["blocks"]) or m["head"] in REFUSED
@@ -125,6 +128,9 @@ def _forward(m, ops, x):
     h = h + ops.lookup(jnp.arange(T) if m["tokens"] else jnp.ones((), jnp.int32))
   elif m.get("table") == "alibi":  # [D, 1] on arange(D), sliced: no broadcast of its own
     h = h * ops.lookup(jnp.arange(D))[:, 0]
+  elif m.get("table") == "relative":  # [T, T] ids: a bias over h's tokens, per example
+    rel = jnp.arange(T)[:, None] - jnp.arange(T)[None, :] + T - 1
+    h = h + jnp.einsum("ts,bsd->btd", ops.lookup(rel)[..., 0], h)
   if m.get("per_batch") == "dropout":
     h = _dropout(h)
   mixed = {"center": lambda a: a - a.mean(0), "sort": lambda a: jnp.sort(a, axis=0),
@@ -153,7 +159,8 @@ def _in(name):
 
 def _table_shape(m):
   """(rows, width) of the fuzzed table (`TABLES`)."""
-  return (T if m["tokens"] else 2, D) if m["table"] == "positions" else (D, 1)
+  return {"positions": (T if m["tokens"] else 2, D), "alibi": (D, 1),
+          "relative": (2 * T - 1, 1)}[m["table"]]
 
 
 def _keyword(layer, h):
