@@ -10,14 +10,9 @@ size follows the batch; None for an input shared across the batch), the dense co
 axes, the tokens per example. A layer used twice (other than a tied embedding table,
 lookup then attend), a normalization over other axes, a dense layer with batch axes, an
 input whose example axis cannot be found refuse its leaves, as does anything
-`proof.prove` cannot show exact (one more abstract trace, at batch B), e.g. a leaf that
-reaches the loss outside layer calls or through a parameter computed inside loss_fn; a
-refused leaf's calls run untouched (`site_router`) and `Plan.refused` names it with the
-reason (a model that cannot be traced raises `Unsupported`); a leaf that never reaches
-the loss gets zero statistics.
-Plans (and refusals) are remembered per (loss_fn, shapes, request): a step traced again,
-or `compute`'s auto check then the backend, trace the model once.
-
+`proof.prove` cannot show exact; a refused leaf's calls run untouched (`site_router`) and
+`Plan.refused` names it with the reason; a leaf that never reaches the loss gets zero
+statistics. Plans (and refusals) are remembered per (loss_fn, shapes, request) (`memo`).
 Layer types (`pergrad.layer_types.call_rules`, `leaf_rules`: the one classifier of every
 backend) of the leaves of a norm or embedding call come from that (class-derived) kind;
 the others' from their names (`Plan.rules`).
@@ -175,7 +170,8 @@ MEMO_SIZE = 32
 
 def memo(fn):
   """fn(loss_fn, params, batch, *rest), remembered (its result or its `Unsupported`) by
-  `loss_fn` (the object), the shapes and dtypes of params and batch, and rest (the request)."""
+  `loss_fn` (the object), the shapes and dtypes of params and batch, and rest (the request):
+  a step traced again, or `compute`'s auto check then the backend, trace the model once."""
   @functools.wraps(fn)
   def memoized(loss_fn, params, batch, *rest):
     shapes = lambda t: (jax.tree.structure(t), tuple(
@@ -223,7 +219,8 @@ def leaf_rules(loss_fn, params, batch, request: StatsRequest) -> tuple[tuple[str
 @memo
 def make_plan(loss_fn, params, batch, request: StatsRequest) -> Plan:
   """The plan of `loss_fn` on a batch shaped like `batch` (module docstring); the proof
-  that surgery is exact for it (`proof.prove`) or its `Unsupported`."""
+  that surgery is exact for it (`proof.prove`, one more abstract trace, at batch B) or its
+  `Unsupported` (a model that cannot be traced)."""
   B = next(x.shape[0] for x in jax.tree.leaves(batch) if np.ndim(x))
   keys, paths, treedef = leaf_keys(params)
   try:
