@@ -35,7 +35,7 @@ KEY, SCALING, SEED = "data.batch_size", "optimizer.lr_scaling", "train.seed"
 REF = "optimizer.ref_batch_size"
 SCALINGS = ("sqrt", "linear", "none")
 LONG, LONG_FACTOR = "sqrt_2x", 2  # √ scaling at twice the examples (the largest B only)
-SIZES = {"ci": [8, 32], "cpu": [4, 8, 16, 64, 128],  # cpu: B_simple measured ~5-30
+SIZES = {"ci": [8, 32], "cpu": [4, 8, 16, 64, 128],  # cpu: spans B_simple (its report's guard)
          "paper": [32, 64, 128, 256, 512, 1024, 2048]}
 LONG_SIZES = {"ci": [], "cpu": [128], "paper": [2048]}
 SEEDS = {"ci": [0], "cpu": [0, 1, 2, 3, 4], "paper": [0, 1, 2, 3, 4]}
@@ -91,7 +91,7 @@ def sweep(preset: str, inputs=None) -> Sweep:
       blocks.append(block(b, SCALINGS[1:], CONTRAST_SEEDS[preset][:2 if b < ref else None]))
   blocks += [block(b, ["sqrt"], SEEDS[preset][:3], LONG_FACTOR * ex)  # beside, not judged
              for b in LONG_SIZES[preset]]
-  # cpu: 57 runs of 12,800 examples (~46 min) + 3 of 25,600 at B = 128 (~3 min)
+  # cpu: 57 runs of 12,800 examples + 3 of 25,600 at B = 128
   return Sweep(base_for(NAME, preset, **lr_search.adam_lr(inputs, preset)), tuple(blocks),
                wall_estimate_min={"ci": 1.0, "cpu": 50}.get(preset))
 

@@ -9,16 +9,14 @@ archive: every sweep directory's own files (sweep.json with its training version
 logs, benchmarks' outputs), each finished run (`runs.DONE`) without its checkpoints, W&B
 folder and logs (a finished run is never resumed), the reuse index (`reuse.INDEX`) and the
 record (results/PRESET/reproduction.json) with the files it wrote beside it since it started
-(the reports of the experiments it completed: a continued reproduction does not make them
-again). Unfinished runs are left out: they start again.
-Paths inside are relative to the sweeps root (index entries, reused runs' links) or written
-as `<sweeps-root>` and `<repo>` (in the runs' text files: configs, summaries, Hydra's
-records), so the archive names no machine's path and unpacks under any root, for any
+(the reports of the experiments it completed). Unfinished runs are left out: they start
+again. Paths inside are relative to the sweeps root or written as `<sweeps-root>` and
+`<repo>`, so the archive names no machine's path and unpacks under any root, for any
 checkout. `unpack` refuses, before writing anything, an archive whose runs exist already
-under the root (nothing written is lost), that holds no record, or whose record would replace
-another unfinished one; the continued reproduction then checks the training version itself
-(`Record`, `record_sweep`). Each run it restores says what was left out (`reuse.CARRIED`), so
-that it counts as whole (`reuse.is_whole`) without its checkpoints.
+under the root, that holds no record, or whose record would replace another unfinished
+one; the continued reproduction then checks the training version itself (`Record`,
+`record_sweep`). Each run it restores says what was left out (`reuse.CARRIED`), so that it
+counts as whole (`reuse.is_whole`) without its checkpoints.
 """
 
 from __future__ import annotations
@@ -108,7 +106,9 @@ def _committed(folder: Path) -> set[Path]:
 
 def pack(sweeps_root: Path, record: Path, out: Path) -> dict:
   """Writes the archive `out` (xz tar); returns {"runs": finished runs, "results": files of
-  results/PRESET/, "bytes": size}."""
+  results/PRESET/, "bytes": size}. Paths inside are relative to the sweeps root (index
+  entries, reused runs' links) or written as `<sweeps-root>` and `<repo>` (in the runs' text
+  files: configs, summaries, Hydra's records)."""
   root = Path(sweeps_root).resolve()
   if not Path(record).exists():
     raise FileNotFoundError(f"{record}: no reproduction record to carry; run "

@@ -73,7 +73,7 @@ def sweep(preset: str, inputs: Inputs | None = None) -> Sweep:
   # Up to 4 extensions (4× past the first grid): a ladder rung's grid is centred on the
   # config's lr, not a tuned one, and its small models' lr* lie past 2 extensions at large B.
   search = LrSearch((KEY,), factor=math.sqrt(2), max_extend=0 if ci else 4, each_seed=True)
-  # cpu: 6 sizes × 5 lrs × 2 seeds = 60 runs of 12,800 examples (~40 min with the GNS)
+  # cpu: 6 sizes × 5 lrs × 2 seeds = 60 runs of 12,800 examples (with the GNS)
   return Sweep(base_for(NAME, preset), blocks, search,
                wall_estimate_min={"ci": 0.5, "cpu": 40}.get(preset))
 

@@ -59,7 +59,7 @@ def sweep(preset: str, inputs: Inputs | None = None) -> Sweep:
   blocks = tuple(Block({"optimizer.variant": ["adam"], "train.seed": list(SEEDS[fam]),
                         **({"data.batch_size": [b]} if b else {})},
                        fixed={"train.steps": examples // b} if b else {}) for b in sizes)
-  # cpu: 3 runs at B = 32 (400 steps) + 3 at B = 128 (100 steps: the same examples); ~6 min
+  # cpu: 3 runs at B = 32 (400 steps) + 3 at B = 128 (100 steps: the same examples)
   return Sweep(base, blocks, wall_estimate_min={"ci": 0.3, "cpu": 6}.get(preset))
 
 

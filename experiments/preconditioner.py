@@ -41,7 +41,7 @@ OPTIMUM = {"adam": 3e-2, "micro_adam": 3e-2, "micro_adam_var": 3e-2, "micro_adam
 EFFECT = declared(NAME, "effect")  # configs/experiment/preconditioner.yaml
 # The fresh seeds are a pilot (`more_seeds`): a pair under-powered there gets seeds up to
 # power 0.9 at the pilot's noises, at most 3× the pilot a side (≤ 40 more runs; the design's
-# power, simulated at the measured noises in tests/test_more_seeds.py: 0.87, 0.78 at 2×).
+# power at the measured noises is simulated in tests/test_more_seeds.py).
 MOST_SEEDS = 3 * len(SEEDS)
 RULE = (f"Each variant's lr is the best of a √2 grid on seeds {SELECT} (the same 3 lrs around "
         "each variant's optimum first, then extended past an edge until bracketed, so the grids "

@@ -10,10 +10,8 @@ the `optimizer` group). A plugin's optimizer that has no YAML is stored as
 plugin module once, before Hydra composes, and stores the schema.
 
 Every key of an override must be a field of the schema, with or without Hydra's `+`
-(`strict_overrides`: Hydra's `+key=value` would add an unknown key to a structured node,
-and its error for `key=value` recommends that form); the error is one line with the
-nearest field names; a config group's option that does not exist is one line with the
-choices and the closest one (`strict_choices`). The internal nodes cannot be the primary
+(`strict_overrides`), and a config group's option must exist (`strict_choices`): each
+error is one line with the nearest names. The internal nodes cannot be the primary
 config (`check_config_name`).
 
 The YAML lives in the repository's top-level `configs/`, shipped in the wheel as the

@@ -305,7 +305,7 @@ def _prepare_local(spec: DataSpec, key: str, cache: Path, meta_path: Path) -> No
   config = (builder_lib.SHAKESPEARE if spec.name == "shakespeare"
             else builder_lib.txt_folder_config(spec.path))
   assert config.name == key, (config.name, key)
-  builder = builder_lib.prepared_builder(config, spec.tfds_dir)  # ~1 s for Shakespeare
+  builder = builder_lib.prepared_builder(config, spec.tfds_dir)
   docs = {s: builder_lib.read_split(builder, s) for s in ("train", "validation")}
   tokenizer = _train_tokenizer(spec, cache, (text for _, text in docs["train"]))
   dtype = np.uint8 if tokenizer.vocab_size <= 256 else (

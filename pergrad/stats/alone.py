@@ -8,17 +8,11 @@ batch (`nn.Dropout` with one rng: a batch of one draws another mask than row b o
 batch's). Separability (`separable.check`) does not see either: ℓ_b does not change with
 the other examples.
 
-`check` compares, once per loss_fn and shapes (`sites.memo`), at B' = min(B, 4)
-examples (the first B' of the batch and the params where concrete, stand-ins where
-traced, as `separable` does), the batch's losses ℓ(θ; batch)_b with vmap's ℓ(θ; batch_b),
-in one compiled program (one forward of B' examples and one of B' batches of one), and
-refuses |Δ_b| > RTOL·(|ℓ_b| + mean_j |ℓ_j|): RTOL = max(floor, 4 ε) with ε the machine
-epsilon of the least precise float in loss_fn. The floor is 2⁻¹² (4096 float32 roundings,
-u = 2⁻²⁴: batches of one may sum in another order; a batch-size factor B' ≥ 2 moves ℓ_b by
-far more), and 2⁻¹⁶ when loss_fn draws random numbers: a dropout mask on one small layer
-can move ℓ_b by only ~3·10⁻⁴, and the fuzzer's deterministic losses agree bit for bit
-alone and in a batch. Caveat: randomness whose effect on every ℓ_b is below RTOL is not
-seen.
+`check_alone` compares, once per loss_fn and shapes, at B' = min(B, 4) examples, the
+batch's losses ℓ(θ; batch)_b with vmap's ℓ(θ; batch_b) and refuses
+|Δ_b| > RTOL·(|ℓ_b| + mean_j |ℓ_j|), RTOL = max(floor, 4 ε) with ε the machine epsilon of
+the least precise float in loss_fn. Caveat: randomness whose effect on every ℓ_b is below
+RTOL is not seen.
 """
 
 from __future__ import annotations
@@ -33,8 +27,12 @@ from pergrad.stats.surgery.proof import Unsupported
 from pergrad.stats.surgery.sites import memo
 from pergrad.stats.vmap import example_loss
 
+# Batches of one may sum in another order: 4096 float32 roundings (u = 2⁻²⁴); a batch-size
+# factor B' ≥ 2 moves ℓ_b by far more.
 RTOL_FLOOR = 2.0 ** -12
-RTOL_FLOOR_DRAWS = 2.0 ** -16  # loss_fn draws random numbers (module docstring)
+# loss_fn draws random numbers: a dropout mask on one small layer can move ℓ_b by less than
+# RTOL_FLOOR, while the fuzzer's deterministic losses agree bit for bit alone and in a batch.
+RTOL_FLOOR_DRAWS = 2.0 ** -16
 RANDOM = frozenset({"random_bits", "threefry2x32", "random_seed", "random_wrap",
                     "rng_bit_generator"})
 FIX = ("divide by a constant, not by the batch's size (x.shape[0]), and draw randomness per "
@@ -55,7 +53,11 @@ def refusal(reason: str) -> Unsupported:
 @memo
 def check_alone(loss_fn, params, batch) -> None:
   """Raises `refusal(...)` unless each example's loss computed alone (vmap over batches of
-  one) is its row of the batch's (module docstring). B = 1 passes."""
+  one) is its row of the batch's (module docstring). B = 1 passes. Once per loss_fn and
+  shapes (`sites.memo`), at B' = min(B, 4) examples: the first B' of the batch and the
+  params where concrete, stand-ins where traced, as `separable` does; one compiled program
+  (one forward of B' examples and one of B' batches of one). The floor of RTOL is
+  `RTOL_FLOOR`, or `RTOL_FLOOR_DRAWS` when loss_fn draws random numbers."""
   separable.at_few_examples(
       batch, lambda n: _check_at(loss_fn, params, batch, n),
       "whether each example's loss alone is its row of the batch's: loss_fn did not run as a "

@@ -6,48 +6,18 @@
 `loss_fn(params, batch) -> float32[B]` gives per-example losses (`pergrad.loss`); the
 batch loss is their mean, so the batch gradient ḡ is the mean of the per-example
 gradients g_1..g_B. `stats` is a `GradStats` (sums + count, see `types.py`); "mean" is
-always filled, "sq" / "sign" / "norms" when asked. Flax NNX as NNX users write it:
-`compute(lambda model, batch: ..., model, batch)` with an `nnx.Module` as params (its
-nnx.scan / nnx.remat / nnx.jit inside): the module is split into graph and parameter
-state here (`nnx.split`, merged inside the loss), before any transform of the engine's
-own, and the statistics are trees like that state. A loss_fn that does not read params
-(a model closed over) is refused in one line saying how to pass it.
+always filled, "sq" / "sign" / "norms" when asked. What to compute is a `StatsRequest`;
+how, a `StatsOptions`; which backend, a name of the table `backends.REGISTRY` (the
+built-in ones listed there), or "auto", decided once per model and platform by `decide`:
+surgery where its proof shows every leaf exact, surgery_vmap where it shows some, else
+vmap, with a one-time warning naming the refused leaf. A request for "mean" alone takes a
+plain step whatever the backend asked ("contraction" on CPU, "value_and_grad" elsewhere).
 
-What to compute is a `StatsRequest` (or its shortcuts want / granularity /
-per_example_clip); how, a `StatsOptions` (microbatch size, surgery's dense method, scan
-unrolling, vmap's layout); which backend, a name of the table `backends.REGISTRY`
-(every backend has the signature fn(loss_fn, params, batch, request, options)):
-  - "vmap":    per-example gradients by `jax.vmap(jax.grad)`, reduced in the same jit
-               (`vmap.py`); granularity "example" only; supports `per_example_clip`.
-  - "surgery": one backward pass with custom VJPs that emit the statistics
-               (`surgery/`); granularities "example" and "token"; `per_example_clip`
-               from per-example records of the taps (`surgery/clip.py`). Any model of
-               standard Flax Linen / NNX layers, or calling `pergrad.stats.taps`.
-  - "loop":    a Python loop over examples (`reference.py`); a reference for tests.
-  - "surgery_vmap": surgery for the leaves its proof shows exact, vmap of the gradient
-               with respect to the refused leaves alone for the others.
-  - "auto":    the cheapest backend that can supply the request, decided once per model
-               and platform by `decide` (training decides with it too): surgery where its
-               proof shows every leaf exact, surgery_vmap where it shows some, else vmap,
-               with a one-time warning naming the refused leaf (`surgery_or_vmap`).
-A request for "mean" alone (example granularity, no clipping) takes a plain step whatever
-the backend asked, since the mean needs nothing more: "contraction" on CPU (the fast
-weight-gradient path), "value_and_grad" elsewhere, or whichever of the two is asked.
-Everything is validated here, once, before the backend runs, including, for any request
-beyond the mean, that loss_fn's per-example losses are separable (`separable.check`: a
-model that mixes examples is refused on every backend, "auto" included), and, for a
-backend that runs each example alone (vmap, loop), that each example's loss alone is its
-row of the batch's (`alone.check_alone`: a loss divided by the batch's size, or drawing
-randomness per batch, is refused there; "auto" then keeps to surgery or refuses).
-
-`options.microbatch_size` splits the batch into chunks processed one after the other
-(`optax.microbatching.microbatch`, a `fori_loop`), bounding the memory of per-example
-quantities; chunk statistics merge by addition (sums, counts) and concatenation
-(per-example norms).
-
-Everything static (request, options, backend) is plain Python, so `compute` can be called
-inside `jax.jit`. With the batch sharded over a ('data',) mesh, sums over the batch axis
-are global sums, so the statistics are those of the whole global batch.
+Everything is validated here, once, before the backend runs: the backend's declared
+support, and for any request beyond the mean the preconditions (`separable.check`: a
+model that mixes examples is refused on every backend; `alone.check_alone` for a backend
+that runs each example alone). Everything static is plain Python, so `compute` can be
+called inside `jax.jit`.
 """
 
 from __future__ import annotations
@@ -90,21 +60,18 @@ def resolve_backend(request: StatsRequest, backend: str = "auto",
   model): "contraction", "value_and_grad", "vmap", "surgery", "loop" (or a registered
   one); `platform` (default JAX's) picks the plain step.
 
-  Rule for "auto" (from results/cpu/overhead and results/cpu/norm_cost,
-  `scripts/reproduce.py overhead norm_cost --preset cpu`, measured on XLA:CPU):
-    - "mean" only, example granularity, no clipping -> "contraction" on CPU (autodiff's
-      step takes 1.13-1.31x its time at equal FLOPs, `scripts/bench_stats.py`; a model the
-      planner cannot read falls back to autodiff inside it), "value_and_grad" elsewhere
-      (not measured on an accelerator);
+  Rule for "auto", read from the XLA:CPU benchmarks whose rows, clipping included, are
+  results/cpu/overhead/bench.json and results/cpu/norm_cost (`scripts/reproduce.py
+  overhead norm_cost --preset cpu`, `scripts/bench_stats.py`); not yet measured on an
+  accelerator:
+    - "mean" only, example granularity, no clipping -> "contraction" on CPU (faster than
+      autodiff's step at equal FLOPs; a model the planner cannot read falls back to
+      autodiff inside it), "value_and_grad" elsewhere;
     - token granularity -> "surgery" (the only backend with per-token statistics);
     - otherwise (example granularity, per-example clipping included) -> "surgery": with
-      the simultaneous methods it was the faster of surgery and vmap for sq+sign, norms
-      and all statistics on the tiny and medium presets (both timed against the same plain
-      step); with clipping (`scripts/bench_stats.py --stat-sets clip`, cpu presets, over the
-      plain step, FLOPs / peak / median time) surgery 1.02-1.08x / 1.05-1.10x / 1.00-1.05x
-      against vmap 1.005-1.011x / 1.09-1.24x / 1.17-1.47x. Surgery needs a model of
-      standard layers that it can prove exact (`surgery/proof.py`); `compute` sends any
-      other model to vmap (`surgery_or_vmap`). Not yet measured on an accelerator.
+      the simultaneous methods the faster of surgery and vmap, and with clipping the lower
+      in peak memory. Surgery needs a model of standard layers that it can prove exact
+      (`surgery/proof.py`); `compute` sends any other model to vmap (`surgery_or_vmap`).
   Raises ValueError when `backend` cannot serve the request, naming one that can.
   """
   if backend != "auto":
@@ -131,11 +98,10 @@ def surgery_or_vmap(loss_fn, params, batch, request: StatsRequest,
   two with a one-time warning naming the refused leaf and the use; the refusal itself
   where no other backend serves the request (per-token statistics), or both refusals where
   vmap's per-example losses are not the batch's (`alone.check_alone`: both fallbacks run
-  examples alone). On XLA:CPU whole-model vmap took less time and peak memory than
-  surgery_vmap on the tiny preset with one refused leaf (`scripts/bench_fallback.py`,
-  results/bench_fallback.json): its per-example activations, which the refused leaf's own
-  vmap pass replays, outweigh the per-example weight gradients that surgery saves there;
-  not yet measured on an accelerator."""
+  examples alone). On XLA:CPU whole-model vmap is the fallback: it took less time and peak
+  memory than surgery_vmap (results/bench_fallback.json, `scripts/bench_fallback.py`), the
+  per-example activations that the refused leaf's own vmap pass replays outweighing the
+  per-example weight gradients that surgery saves; not yet measured on an accelerator."""
   try:
     plan = make_plan(loss_fn, params, batch, request)
     if not plan.refused:
@@ -253,6 +219,17 @@ def compute(
 
   Returns:
     (loss, stats): loss = (1/B) Σ_b loss_b (float32 scalar) and a `GradStats`.
+
+  Flax NNX as NNX users write it: `compute(lambda model, batch: ..., model, batch)` with an
+  `nnx.Module` as params (its nnx.scan / nnx.remat / nnx.jit inside): the module is split
+  into graph and parameter state here (`nnx.split`, merged inside the loss), before any
+  transform of the engine's own, and the statistics are trees like that state. A loss_fn
+  that does not read params (a model closed over) is refused in one line saying how to
+  pass it. `options.microbatch_size` splits the batch into chunks processed one after the
+  other (`optax.microbatching.microbatch`, a `fori_loop`), bounding the memory of
+  per-example quantities; chunk statistics merge by addition (sums, counts) and
+  concatenation (per-example norms). With the batch sharded over a ('data',) mesh, sums
+  over the batch axis are global sums: the statistics are those of the whole global batch.
   """
   if nnx.graph.is_graph_node(params):  # an NNX module: its parameter state, merged inside
     loss_fn, params = nnx_split(loss_fn, params)

@@ -6,20 +6,17 @@
 `StatsOptions` (how). A backend may assume what `pergrad.stats.compute` checks before
 calling it, once, from the entry's declared support: a batch with one leading example
 axis B, per-example losses of shape (B,), a granularity it lists, per-example clipping
-only where it declares it, and (at granularity "token") multiplicative statistics. The
-dispatcher also applies `options.microbatch_size`: the backend sees one chunk as its
-batch. Built in:
+only where it declares it, and (at granularity "token") multiplicative statistics; it
+sees one chunk of `options.microbatch_size` examples as its batch. Built in:
 
   value_and_grad  the plain ḡ = ∇ (1/B) Σ_b loss_b; "mean" alone (sum = B ḡ, count = B)
-  contraction     the same ḡ on the fast weight-gradient path: each dense kernel's
-                  gradient as one contraction over (example, row) (`surgery.contraction_stats`)
+  contraction     the same ḡ, each dense kernel's gradient as one contraction over
+                  (example, row) (`surgery.contraction_stats`)
   vmap            per-example gradients by `jax.vmap(jax.grad)`, reduced in the same jit
   surgery         one backward pass with custom VJPs that emit the statistics (and
                   per-example clipping without a second backward: `surgery/clip.py`)
-  surgery_vmap    surgery for the leaves its proof shows exact, vmap of the gradient
-                  with respect to the refused leaves alone for those (`surgery/`)
+  surgery_vmap    surgery for the leaves its proof shows exact, vmap for the refused ones
   loop            a Python loop over examples: a reference for tests
-
 `register_backend` adds one (a user's, from a plugin module).
 """
 

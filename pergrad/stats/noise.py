@@ -2,44 +2,21 @@
 one helper that names a parameter leaf ("block_0/attn/query/kernel", `leaf_path`).
 
 Gradient noise scale (McCandlish et al. 2018, arXiv 1812.06162; per-example form of Gray
-et al., arXiv 2411.00999; conventions of their reference code CerebrasResearch/nanoGNS).
-For one optimizer batch of B per-example gradients g_1..g_B restricted to a block of
-parameters (a leaf, a layer type, the whole model), with P = (1/B) Σ_b ‖g_b‖² and ‖ḡ‖²
-the squared norm of the batch mean (`noise_terms`):
+et al., arXiv 2411.00999; conventions of CerebrasResearch/nanoGNS). For B per-example
+gradients g_b of a block of parameters, P = (1/B) Σ_b ‖g_b‖² and ḡ their mean (`noise_terms`):
 
     |G|²_est = (B‖ḡ‖² − P) / (B − 1)      unbiased for ‖E g‖²
     S_est    = (P − ‖ḡ‖²) / (1 − 1/B)     unbiased for tr Σ (Σ = Cov g_b)
+    B_simple = EMA_α(S_est) / EMA_α(|G|²_est)   in examples (T·B_simple in tokens)
 
-Both are sums over coordinates, so they ADD over disjoint blocks: a layer type's terms are
-the sums of its leaves' terms (`group_terms`). The two-batch form (`two_batch_terms`:
-small batches of b examples, e.g. microbatches or devices, inside a big batch of B) is
-
-    |G|²_est = (B‖G_B‖² − b·‖G_b‖²) / (B − b),   S_est = (‖G_b‖² − ‖G_B‖²) / (1/b − 1/B)
-
-with ‖G_b‖² averaged over the small batches; b = 1 is the per-example form.
-
-    B_simple = EMA_α(S_est) / EMA_α(|G|²_est)
-
-in examples (sequences), since g_b is one sequence's gradient; in tokens it is T·B_simple
-(T tokens per sequence). Each term is smoothed separately (never the EMA of the per-step
-ratio, whose denominator is noisy and can be ≤ 0) and debiased by its weight
-w_t = 1 − α^t, carried as the recurrence w_t = α w_{t−1} + (1 − α) (`ema`, `debiased`).
-`pergrad.analysis.smooth` runs the same float32 recurrences in NumPy on logged raw terms:
-it equals the online values to float32 rounding (the device may fuse a multiply-add).
-
-Groups (`groups_of`): each layer type present (`pergrad.layer_types`) and "total". A
-tied embedding is one parameter used twice: with tied="include" it counts once, as
-"embedding"; with tied="exclude" (nanoGNS's convention) it is left out of every group.
+Both terms are sums over coordinates, so they add over disjoint blocks (`group_terms`);
+each is smoothed separately and debiased (`ema`, `debiased`), never the per-step ratio.
+`two_batch_terms` is the form from small batches of b inside a big one (b = 1: the above).
 
 Signal-to-noise ratios (`snr_terms`), from one step's n samples with mean ḡ, unbiased
-variance σ̂² and μ̂² = ḡ² − σ̂²/n (unbiased for μ², since E ḡ² = μ² + σ²/n), each a RATIO
-OF SUMS over coordinates (`ratio`; signed, ≈ 0 without signal, consistent):
-
-    snr2_example = Σ μ̂² / Σ σ̂²        the SNR² of one sample
-    snr2_batch   = Σ μ̂² / Σ (σ̂²/n)    the SNR² of ḡ, = n · snr2_example by construction
-
-At example granularity Σ μ̂² = |G|²_est and Σ σ̂² = S_est over the same block, so a step's
-snr2_example is 1 / (S_est/|G|²_est), the unsmoothed B_simple's inverse.
+variance σ̂² and μ̂² = ḡ² − σ̂²/n (unbiased for μ²), as ratios of sums over coordinates:
+snr2_example = Σ μ̂² / Σ σ̂² (one sample), snr2_batch = Σ μ̂² / Σ (σ̂²/n) = n·snr2_example.
+At example granularity snr2_example = |G|²_est / S_est, the unsmoothed B_simple's inverse.
 """
 
 from __future__ import annotations
@@ -72,7 +49,8 @@ def leaf_paths(tree: Any) -> list[str]:
 def groups_of(paths: Sequence[str], *, tied_leaf: str | None = None, tied: str = "include",
               rules: Sequence[tuple[str, str]] = TYPE_RULES, layers: Sequence[str] = ()
               ) -> dict[str, tuple[int, ...]]:
-  """{group: leaf indices}: each layer type present, and "total" (every counted leaf).
+  """{group: leaf indices}: each layer type present (`pergrad.layer_types`), and "total"
+  (every counted leaf). A tied embedding is one parameter used twice, so it counts once.
 
   tied_leaf: the path of a tied embedding table (None: untied); `tied` says whether it is
   counted ("include", as "embedding") or left out of every group ("exclude", nanoGNS).
@@ -126,7 +104,11 @@ def group_terms(stats: GradStats, groups: Mapping[str, Sequence[int]]
 
 def two_batch_terms(small_sq_norms, big_sq_norm, b_small: float, b_big: float):
   """(|G|²_est, S_est) from ‖G_b‖² of small batches of b_small examples (averaged over
-  them) and ‖G_B‖² of the big batch of b_big (McCandlish et al. 2018, App. A.1)."""
+  them) and ‖G_B‖² of the big batch of b_big (McCandlish et al. 2018, App. A.1):
+
+      |G|²_est = (B‖G_B‖² − b·‖G_b‖²) / (B − b),   S_est = (‖G_b‖² − ‖G_B‖²) / (1/b − 1/B)
+
+  small batches being e.g. microbatches or devices; b = 1 is the per-example form."""
   if not b_big > b_small >= 1:
     raise ValueError(f"two-batch GNS needs b_big > b_small >= 1, got {b_big}, {b_small}.")
   small = jnp.mean(jnp.asarray(small_sq_norms, jnp.float32))
@@ -137,12 +119,16 @@ def two_batch_terms(small_sq_norms, big_sq_norm, b_small: float, b_big: float):
 
 
 def ema(alpha: float, old, new):
-  """α·old + (1 − α)·new in float32 (un-debiased)."""
+  """α·old + (1 − α)·new in float32 (un-debiased). Each GNS term is smoothed separately,
+  never the EMA of the per-step ratio, whose denominator is noisy and can be ≤ 0.
+  `pergrad.analysis.smooth` runs the same float32 recurrences in NumPy on logged raw terms:
+  it equals the online values to float32 rounding (the device may fuse a multiply-add)."""
   return jnp.float32(alpha) * old + jnp.float32(1.0 - alpha) * new
 
 
 def debiased(ema_value, weight):
-  """ema / w_t, w_t = 1 − α^t the EMA of ones (guarded at w = 0)."""
+  """ema / w_t, w_t = 1 − α^t the EMA of ones, carried as the recurrence
+  w_t = α w_{t−1} + (1 − α) (guarded at w = 0)."""
   return ema_value / jnp.maximum(weight, _TINY)
 
 
@@ -153,7 +139,9 @@ def ratio(num, den):
 
 
 def snr_terms(stats: GradStats) -> tuple[Any, Any, Any]:
-  """(μ̂², σ̂², σ̂²/n): float32 trees like the parameters (needs the 'sq' statistic)."""
+  """(μ̂², σ̂², σ̂²/n): float32 trees like the parameters (needs the 'sq' statistic).
+  μ̂² = ḡ² − σ̂²/n is unbiased for μ² since E ḡ² = μ² + σ²/n. The ratios built on them are
+  RATIOS OF SUMS over coordinates (`ratio`; signed, ≈ 0 without signal, consistent)."""
   n = stats.count
   f32 = lambda t: jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), t)
   mean, var = f32(stats.mean), f32(stats.variance)

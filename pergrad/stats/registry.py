@@ -1,25 +1,11 @@
 """The registry of gradient statistics: each statistic is defined once, here (or in user code).
 
-How to add a statistic
-----------------------
-1. Register it, in this file (next to the built-ins at the bottom) or from your own code
-   before `compute` is called:
+    ps.register(ps.Statistic(name="abs", kind="coordinate", phi=jnp.abs, clip_power=1,
+                             multiplicative=True, doc="Σ_n |g_n| per coordinate"))
 
-       import jax.numpy as jnp
-       import pergrad.stats as ps
-       ps.register(ps.Statistic(
-           name="abs", kind="coordinate", phi=jnp.abs, clip_power=1, multiplicative=True,
-           doc="Σ_n |g_n| per coordinate"))
-
-   Every backend then computes it: `ps.compute(..., want=("mean", "abs"))` with backend
-   "vmap", "loop" or "surgery" (per token too, when φ is multiplicative), with
-   microbatching, per-example clipping (when `clip_power` is set) and `GradStats.merge`;
-   `summaries.layer_summaries` logs `stats/<leaf>/abs_mean` (or what `summarize` returns).
-2. Read it where it is used, e.g. in an optimizer: `grad_stats.coord("abs")` (a tree like
-   params, Σ_n φ(g_n)), `grad_stats.per_example("l1")` (leaves float32[B]), or
-   `grad_stats.get(name)`; `pergrad.optim.common.require_stats(..., need=("abs",))`
-   checks that it was computed.
-3. Optionally, a dedicated summary: pass `summarize=` to the `Statistic`.
+Every backend then computes it (`want=("mean", "abs")`), with microbatching, per-example
+clipping and `GradStats.merge`; it is read as `grad_stats.coord("abs")`. The recipe:
+README.md, "How to add ...".
 
 Kinds (n samples g_1..g_n: examples, or tokens at granularity "token"):
   - "coordinate": Σ_n φ(g_n) per parameter coordinate, a tree like params; merged over
@@ -27,12 +13,10 @@ Kinds (n samples g_1..g_n: examples, or tokens at granularity "token"):
   - "example": Σ_coords φ(g_b) per example and per parameter leaf, leaves float32[B];
     merged by concatenation along the example axis (granularity "example" only).
 
-Requirements on φ (elementwise, float32 -> float32): φ(0) = 0 (the sparse embedding and
-padding paths of the surgery backend rely on it). `clip_power` p states φ(w·g) = w^p φ(g)
-for w ≥ 0 (per-example clipping in the vmap backend; None: not expressible, only the loop
-backend clips such a statistic). `multiplicative` states φ(a·b) = φ(a)·φ(b), which the
-surgery backend's per-token trick Σ_t φ(a_t δ_tᵀ) = φ(A)ᵀφ(Δ) needs.
-
+Requirements on φ (elementwise, float32 -> float32): φ(0) = 0 (surgery's sparse embedding
+and padding paths rely on it). `clip_power` p states φ(w·g) = w^p φ(g) for w ≥ 0 (vmap's
+per-example clipping; None: only the loop backend clips it). `multiplicative` states
+φ(a·b) = φ(a)·φ(b), which surgery's per-token Σ_t φ(a_t δ_tᵀ) = φ(A)ᵀφ(Δ) needs.
 "mean" is not a registered statistic: the gradient sum is always computed.
 """
 

@@ -5,29 +5,17 @@ pooling over the batch axis, a loss normalised by a batch statistic, a sort or c
 over the batch) has per-example losses ℓ_b(θ; whole batch) whose gradients no backend
 computes: vmap and the loop run each example as a batch of one (other statistics),
 surgery reads layer inputs and cotangents that carry cross-example terms. `check` refuses
-such a model, on every backend, before any statistic is computed.
+such a model, on every backend, before any statistic is computed: at B' = min(B, 4)
+examples, every ℓ_j must be bit for bit the same when every OTHER example changes. It is a
+value dependence, so mixing through integer inputs (a loss normalised by the batch's token
+count) or under `stop_gradient` is seen too; on a refusal `culprit` names the first
+operation where the mixing is (its primitive, user line and name stack).
 
-What `check` shows, once per loss_fn and shapes (`sites.memo`), at B' = min(B, 4)
-examples (the first B' of the batch and the params where concrete, pseudo-random
-stand-ins of their shapes where traced): for every j, ℓ_j is bit for bit the same when
-every OTHER example changes, in two rounds (float leaves: fresh random values; integer
-leaves: to the other end of their range [min(0, least id in the batch), greatest], then
-up by a random step within it, so that a count over the batch changes too; bool leaves:
-negated). The batch and its 2B' variants run through one compiled program
-(`jax.lax.map`: one executable, so a separable loss_fn computes ℓ_j of bit-identical
-inputs identically and always passes). It is a value dependence, so mixing through
-integer inputs (a loss normalised by the batch's token count) or under `stop_gradient`
-is seen too. Its cost: one compile and 2B'+1 forward passes of B' examples, once.
 Caveats: a dependence that is inactive at the point checked (a branch no example takes
-there) is not seen, and a coincidental equality with random values is measure-zero; the
-executable is assumed deterministic (XLA:CPU is; on GPU, XLA's reductions are,
-scatter-adds may not be: a false refusal, never a silent acceptance); an integer leaf
-that holds only zeros has no range to vary within and is not varied; a model whose
-mixing needs more than 4 examples to show is not seen at B' = 4.
-
-On a refusal, `culprit` replays the jaxpr on the batch and the failing variant (one
-compiled program) and names the first operation whose inputs agree on example j and
-whose output does not (its primitive, user line and name stack: where the mixing is).
+there) is not seen, nor one that needs more than 4 examples to show; a coincidental
+equality with random values is measure-zero; an integer leaf that holds only zeros has no
+range to vary within; the executable is assumed deterministic (XLA:CPU is; on GPU, XLA's
+reductions are, scatter-adds may not be: a false refusal, never a silent acceptance).
 """
 
 from __future__ import annotations
@@ -70,7 +58,17 @@ def mixes(reason: str) -> Unsupported:
 @memo
 def check(loss_fn, params, batch) -> None:
   """Raises `mixes(...)` unless loss_fn's per-example losses are separable (module
-  docstring). B = 1 passes: one example cannot be mixed with another."""
+  docstring). B = 1 passes: one example cannot be mixed with another.
+
+  Once per loss_fn and shapes (`sites.memo`), at B' = min(B, 4) examples (the first B' of
+  the batch and the params where concrete, pseudo-random stand-ins of their shapes where
+  traced): for every j, ℓ_j is bit for bit the same when every OTHER example changes, in
+  two rounds (`_others_changed`: float leaves to fresh random values; integer leaves to the
+  other end of their range [min(0, least id in the batch), greatest], then up by a random
+  step within it, so that a count over the batch changes too; bool leaves negated). The
+  batch and its 2B' variants run through one compiled program (`jax.lax.map`: one
+  executable, so a separable loss_fn computes ℓ_j of bit-identical inputs identically and
+  always passes). Its cost: one compile and 2B'+1 forward passes of B' examples, once."""
   at_few_examples(batch, lambda n: _check_at(loss_fn, params, batch, n),
                   "whether the per-example losses are separable: loss_fn did not run on its "
                   "own at {B} examples ({error}); per-example statistics need a loss_fn that "
@@ -176,7 +174,7 @@ def stand_in(tree, given, n, seed: int):
 
 
 def _others_changed(batch, ranges, j: int, n: int, round_: int, seed: int):
-  """batch with every example but j changed (module docstring): round 0 takes float leaves
+  """batch with every example but j changed (`check`): round 0 takes float leaves
   to fresh values, integer leaves to the other end of their range (lo <-> hi, the rest to
   lo), bools negated; round 1 takes floats to other fresh values, integers up by a random
   step within their range (each value changes). ranges: each leaf's (lo, hi): [min(0,
@@ -202,9 +200,10 @@ def _others_changed(batch, ranges, j: int, n: int, round_: int, seed: int):
 
 def culprit(loss_fn, points, given, i: int, j: int, n: int) -> str:
   """The first operation of loss_fn whose inputs agree on example j between the batch and
-  its variant i (`points`) and whose output does not ("" if none is found), in words.
-  One compiled program runs both and returns two flags per operation (jit-nested ones
-  inlined)."""
+  its variant i (`points`) and whose output does not ("" if none is found), in words: its
+  primitive, user line and name stack. It replays the jaxpr on the batch and the failing
+  variant: one compiled program runs both and returns two flags per operation (jit-nested
+  ones inlined)."""
   try:
     p, stacked = jax.eval_shape(points, *given)
     base = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape[1:], s.dtype), stacked)

@@ -6,59 +6,17 @@ per-example signs, ...), the sign agreement is
 
     p_j = P(sign u_j = sign μ_j)          (1/2 where μ_j = 0),
 
-e.g. p_j = Φ(|μ_j| √B / σ_j) for the mean of B Gaussian samples, and Φ(|E m_j| / √Var m_j)
-for an EMA. A sign step moves coordinate j downhill with probability p_j: its expected
+e.g. p_j = Φ(|μ_j| √B / σ_j) for the mean of B Gaussian samples, Φ(|E m_j| / √Var m_j) for
+an EMA. A sign step moves coordinate j downhill with probability p_j: its expected
 first-order progress is ⟨E sign u, μ⟩ = Σ_j |μ_j| (2p_j − 1).
 
-E g is unknown. It is estimated by the mean h of a HELD-OUT set of n_h samples (examples
-that no term of u has seen; so h ⟂ u given μ) with unbiased per-coordinate variance v̂ and
-t_j = h_j / √(v̂_j / n_h). With c_u = 2p − 1 and c_h = 2 P(sign h = sign μ) − 1:
-
-  same-batch (naive)  h = the batch u was made from: sign u and sign h share the batch's
-                      noise, so they agree more often than sign u and sign μ (always, when
-                      u = ḡ itself). Biased up; not computed here.
-  raw                 mean_j 1[sign u_j = sign h_j], all coordinates. Independence gives
-                      E = 1/2 + (1/2) mean_j c_u,j c_h,j: attenuated toward 1/2 by the
-                      held-out mean's own sign errors (c_h < 1).
-  agreement           the same over the coordinates the held-out mean resolves,
-                      S = {j : |t_j| ≥ z}: A_S = mean_{j∈S} 1[sign u_j = sign h_j].
-                      Given S (a function of h alone) it estimates mean_{j∈S} p_j. It
-                      differs only at selected coordinates whose held-out sign is wrong,
-                      where the indicator reads 1 − p_j instead of p_j; a coordinate with
-                      μ_j = 0 contributes 1/2 either way. So the bias is at most the
-                      expected share of wrong-sign selections, ≤ D Φ(−z) / |S| over D
-                      coordinates (`bias_bound`; Gaussian h: a wrong sign needs t beyond
-                      −z on the wrong side), and in practice far less (a coordinate whose
-                      sign h gets wrong has |μ| small, so p_j ≈ 1/2 there). The target is
-                      the agreement over the coordinates with a detectable mean, reported
-                      with their share |S|/D (more held-out samples: a larger S). It
-                      saturates: a resolved coordinate has |μ_j|√n_h/σ_j ≳ z, so an update
-                      of effective sample size n_u (B for a batch mean, ≈ B(1+β)/(1−β)
-                      for an EMA) has SNR ≳ z√(n_u/n_h) there, and p_j ≈ 1 unless
-                      n_h ≫ z² n_u. With a held-out set of a few batches, compare
-                      placements by `alignment`, which does not saturate.
-  alignment           Σ_j sign(u_j) h_j / √(D Σ_j (h_j² − v̂_j/n_h)): the cosine between
-                      the sign step and E g over all coordinates, as a ratio of sums whose
-                      numerator is unbiased for Σ|μ_j| c_u,j (h enters linearly and is
-                      independent of u) and whose denominator's square is unbiased for
-                      D Σμ² (`GradStats.mean_sq_unbiased`).
-
-`counts` returns the sums behind these (so leaves pool into a whole-model value by adding
-counts), `per_leaf` maps it over a tree and adds the total. Its target is a `Target`
-(h, v̂, n_h): the held-out statistics (`current`) or the lagged one below.
-
-Lagged target. An update made of past batches (an EMA) points along past expected
-gradients, so it is also compared with a trailing mean of the held-out means h_k of the
-logging steps k = 1, 2, ... (`lag_update`, the one home of this EMA; ρ = stats.sign_lag):
-
-    h̄_k = ρ h̄_{k−1} + (1−ρ) h_k,    w_k = ρ² w_{k−1} + (1−ρ)² v̂_k/n_h,    a_k = ρ a_{k−1} + (1−ρ)
-
-from h̄_0 = w_0 = a_0 = 0. The held-out draws are independent across logging steps, so
-w_k / a_k² is the variance of the debiased mean h̄_k / a_k, a weighted mean of the h_i with
-weights summing to 1 (`lagged`): the target (h̄/a, w/a², 1), so that `counts` reads
-t² = h̄²/w (a cancels). At the first logging step it is the current target. Each term of h̄ is
-independent of the update, so every estimator above holds with E h̄/a (a trailing mean of
-E g) in place of E g.
+E g is estimated by the mean h of a HELD-OUT set of n_h samples (that no term of u has
+seen, so h ⟂ u given μ), with unbiased variance v̂ and t_j = h_j / √(v̂_j / n_h); the
+same-batch comparison is biased up and not computed. `counts` returns the sums behind
+`raw_agreement` (all coordinates), `agreement` (those the held-out mean resolves,
+|t_j| ≥ z, with `bias_bound`) and `alignment` (the cosine of the sign step with E g), so
+leaves pool by adding counts (`per_leaf`). The target is a `Target` (h, v̂, n_h): the
+held-out statistics (`current`) or a trailing mean of past ones (`lag_update`, `lagged`).
 """
 
 from __future__ import annotations
@@ -100,7 +58,7 @@ class Target(NamedTuple):
 
 
 class LagState(NamedTuple):
-  """The un-debiased trailing mean of held-out means (module docstring), float32."""
+  """The un-debiased trailing mean of held-out means, float32 (`lag_update`)."""
 
   mean: PyTree  # h̄, like params
   var: PyTree  # w, like params
@@ -120,7 +78,13 @@ def lag_init(params: PyTree) -> LagState:
 
 
 def lag_update(state: LagState, target: Target, rho: float) -> LagState:
-  """One logging step of the trailing mean: h̄, w, a of the module docstring."""
+  """One logging step of the trailing mean of the held-out means h_k of the logging steps
+  k = 1, 2, ... (the one home of this EMA; ρ = stats.sign_lag):
+
+      h̄_k = ρ h̄_{k−1} + (1−ρ) h_k,   w_k = ρ² w_{k−1} + (1−ρ)² v̂_k/n_h,   a_k = ρ a_{k−1} + (1−ρ)
+
+  from h̄_0 = w_0 = a_0 = 0. An update made of past batches (an EMA) points along past
+  expected gradients, so it is also compared with this lagged target (`lagged`)."""
   f = lambda a, b: rho * a + (1.0 - rho) * jnp.asarray(b, jnp.float32)
   return LagState(mean=jax.tree.map(f, state.mean, target.mean),
                   var=jax.tree.map(lambda w, v: rho**2 * w + (1.0 - rho)**2
@@ -130,7 +94,11 @@ def lag_update(state: LagState, target: Target, rho: float) -> LagState:
 
 
 def lagged(state: LagState) -> Target:
-  """The lagged target (h̄/a, w/a², 1) (module docstring)."""
+  """The lagged target (h̄/a, w/a², 1) (`lag_update`). The held-out draws are independent
+  across logging steps, so w/a² is the variance of the debiased mean h̄/a, a weighted mean
+  of the h_i with weights summing to 1; `counts` reads t² = h̄²/w (a cancels). At the first
+  logging step it is the current target. Each term of h̄ is independent of the update, so
+  every estimator holds with E h̄/a (a trailing mean of E g) in place of E g."""
   a = jnp.maximum(state.weight, jnp.finfo(jnp.float32).tiny)
   return Target(jax.tree.map(lambda m: m / a, state.mean),
                 jax.tree.map(lambda w: w / (a * a), state.var), jnp.float32(1.0))
@@ -151,8 +119,21 @@ def counts(u, h, v, n_h, z: float = Z) -> SignCounts:
 
 
 def agreement(c: SignCounts) -> jax.Array:
-  """A_S: the share of resolved coordinates (|t| ≥ z) whose update sign agrees with the
-  held-out sign; NaN when none is resolved."""
+  """A_S: the share of resolved coordinates, S = {j : |t_j| ≥ z}, whose update sign agrees
+  with the held-out sign; NaN when none is resolved.
+
+  Given S (a function of h alone) it estimates mean_{j∈S} p_j. It differs only at selected
+  coordinates whose held-out sign is wrong, where the indicator reads 1 − p_j instead of
+  p_j; a coordinate with μ_j = 0 contributes 1/2 either way. So the bias is at most the
+  expected share of wrong-sign selections, ≤ D Φ(−z) / |S| over D coordinates
+  (`bias_bound`; Gaussian h: a wrong sign needs t beyond −z on the wrong side), and in
+  practice far less (a coordinate whose sign h gets wrong has |μ| small, so p_j ≈ 1/2
+  there). The target is the agreement over the coordinates with a detectable mean, reported
+  with their share |S|/D (`share_resolved`; more held-out samples: a larger S). It
+  saturates: a resolved coordinate has |μ_j|√n_h/σ_j ≳ z, so an update of effective
+  sample size n_u (B for a batch mean, ≈ B(1+β)/(1−β) for an EMA) has SNR ≳ z√(n_u/n_h)
+  there, and p_j ≈ 1 unless n_h ≫ z² n_u. With a held-out set of a few batches, compare
+  placements by `alignment`, which does not saturate."""
   return jnp.where(c.selected > 0, c.agree / jnp.maximum(c.selected, 1.0), jnp.nan)
 
 
@@ -162,7 +143,10 @@ def share_resolved(c: SignCounts) -> jax.Array:
 
 
 def raw_agreement(c: SignCounts) -> jax.Array:
-  """mean_j 1[sign u = sign h] over all coordinates (attenuated toward 1/2; module doc)."""
+  """mean_j 1[sign u = sign h] over all coordinates. With c_u = 2p − 1 and
+  c_h = 2 P(sign h = sign μ) − 1, independence gives E = 1/2 + (1/2) mean_j c_u,j c_h,j:
+  attenuated toward 1/2 by the held-out mean's own sign errors (c_h < 1). (The same
+  comparison with h from u's own batch shares its noise and is biased up: not computed.)"""
   return c.agree_all / c.coords
 
 
@@ -172,7 +156,10 @@ def bias_bound(c: SignCounts, z: float = Z) -> jax.Array:
 
 
 def alignment(c: SignCounts) -> jax.Array:
-  """Σ sign(u) h / √(D Σ μ̂²): the cosine of the sign step with E g; NaN when Σ μ̂² ≤ 0."""
+  """Σ_j sign(u_j) h_j / √(D Σ_j (h_j² − v̂_j/n_h)): the cosine between the sign step and
+  E g over all coordinates; NaN when Σ μ̂² ≤ 0. A ratio of sums whose numerator is unbiased
+  for Σ|μ_j| c_u,j (h enters linearly and is independent of u) and whose denominator's
+  square is unbiased for D Σμ² (`GradStats.mean_sq_unbiased`)."""
   return jnp.where(c.mu2 > 0, c.progress / jnp.sqrt(c.coords * jnp.maximum(c.mu2, 1e-30)),
                    jnp.nan)
 

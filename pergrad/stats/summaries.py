@@ -9,23 +9,14 @@ coordinates:
   var_mean              (1/D) Σ σ̂²           unbiased for mean σ²             (needs "sq")
   frac_mean_dominated   fraction of coordinates with ḡ² > σ̂²/n               (needs "sq")
   norm_p10/p50/p90      percentiles over examples of ‖g_b‖ in this leaf   (needs "norms")
-The ratios of sums Σ μ̂² / Σ σ̂² and Σ μ̂² / Σ (σ̂²/n) are logged once, by the optimizer
-diagnostics ("opt/<leaf>/snr2_example", "opt/<leaf>/snr2_batch", `pergrad.optim.
-diagnostics`), and the gradient noise scale by the GNS tracker ("gns/<group>/...").
 frac_mean_dominated has a floor: with μ = 0 it is P(|t_{n−1}| > 1) (0.325 at n = 32,
-0.317 for large n); read it as descriptive only.
-A leaf outside the request's layer selection (`GradStats.layers`) gets gbar2_mean only.
-Whole model (key "stats/total/<name>", over the selected leaves): frac_mean_dominated over
-all coordinates and norm_p10/p50/p90 of the whole-model ‖g_b‖.
-No per-coordinate median is logged: every summary above is a sum or a count (medians of
-noisy per-coordinate ratios sit on a noise floor, and a sort of every coordinate made a
-logging step of the cpu preset cost about 35 plain steps).
-Any other registered statistic present in the GradStats (`pergrad.stats.registry`;
-"sq", "sign", "norms" have the dedicated summaries above, "sign" none), per leaf:
-  <name>_mean           kind "coordinate": mean over coordinates of (1/n) Σ_n φ(g_n);
-                        kind "example": mean over examples of Σ_coords φ(g_b);
-or, if the statistic has a `summarize` callable, "stats/<leaf>/<suffix>" for each
-entry of summarize(leaf value, n).
+0.317 for large n); read it as descriptive only. Whole model ("stats/total/<name>", over
+the selected leaves): frac_mean_dominated and norm_p10/p50/p90 of the whole-model ‖g_b‖;
+a leaf outside the layer selection gets gbar2_mean only. Other registered statistics:
+`registered_summaries`. Every summary is a sum or a count: no per-coordinate median
+(medians of noisy per-coordinate ratios sit on a noise floor, and a sort of every
+coordinate is costly). The SNR ratios of sums are logged by `pergrad.optim.diagnostics`
+("opt/<leaf>/snr2_example", "opt/<leaf>/snr2_batch"), the GNS by its tracker ("gns/...").
 """
 
 from __future__ import annotations
@@ -82,7 +73,14 @@ def layer_summaries(stats: GradStats) -> dict[str, jax.Array]:
 
 
 def registered_summaries(stats: GradStats) -> dict[str, jax.Array]:
-  """Per-leaf summaries of the registered statistics without a dedicated one (see above)."""
+  """Per-leaf summaries of the registered statistics (`pergrad.stats.registry`) present in
+  `stats` without a dedicated one ("sq", "sign", "norms": `layer_summaries`; "sign" none):
+
+    stats/<leaf>/<name>_mean   kind "coordinate": mean over coordinates of (1/n) Σ_n φ(g_n);
+                               kind "example": mean over examples of Σ_coords φ(g_b);
+
+  or, if the statistic has a `summarize` callable, "stats/<leaf>/<suffix>" for each entry
+  of summarize(leaf value, n)."""
   out: dict[str, jax.Array] = {}
   n = stats.count
   present = [(k, v) for k, v in (*stats.coordinate_stats.items(), *stats.example_stats.items())

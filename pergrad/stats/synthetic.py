@@ -13,27 +13,10 @@ mean-reverting AR(1) drift around μ (ρ < 1; d_0 drawn from its stationary law
 N(0, τ²/(1-ρ²)), so the drift has std s = τ/√(1-ρ²) and correlation time 1/(1-ρ) steps).
 μ, σ, τ may differ per leaf, and μ may be 0 (a leaf with no signal). NumPy RNG, seeded.
 
-`grad_stats(samples, want)` turns one step's samples into the `GradStats` the real
-engine would give, summed as the reference backend sums (`pergrad.stats.reference`):
-Σ_i g_i, Σ_i φ(g_i) per coordinate for each requested coordinate statistic and
-Σ_coords φ(g_i) per example and leaf for each example statistic ("norms": ‖g_i‖²), in
-float32. The real optimizer, tracker, diagnostics and summaries are then run on it.
-
-Known truth for the ratio-of-sums estimators (`ratio_truth`): every SNR / share logged by
-`pergrad.optim.diagnostics` and `pergrad.stats.summaries` has the form
-
-    R̂ = Σ_j (X_j² − Y_j) / Σ_j c·Y_j,   X_j ~ N(M_j, W_j),  Y_j ⟂ X_j,  E Y_j = W_j,
-                                                            Var Y_j = U_j,
-
-(X = ḡ, Y = σ̂²/n for the batch stage; X = m, Y = V for the EMA stage), estimating
-R = Σ M² / Σ c·W. For Gaussian samples, ḡ and σ̂² are independent and
-Var(σ̂²) = 2σ⁴/(n−1). The delta method gives the standard error of R̂
-(Var(X²) = 4M²W + 2W², Cov(X² − Y, Y) = −U):
-
-    Var R̂ ≈ [Σ(4M²W + 2W² + U) + 2R Σ c·U + R² Σ c²·U] / (Σ c·W)²,
-
-with a relative bias O(1/D) over D coordinates, negligible next to it.
-`ema_gain2` gives the stationary (and finite-t) EMA gain of the SNR² for this source.
+`grad_stats` turns one step's samples into the `GradStats` the real engine would give, so
+the real optimizer, tracker, diagnostics and summaries run on it; `ratio_truth` gives the
+truth and standard error of every ratio-of-sums estimator they log, `EmaTruth` and
+`ema_gain2` those of the EMA stage.
 """
 
 from __future__ import annotations
@@ -110,8 +93,9 @@ class GaussianSource:
 
 def grad_stats(samples: PyTree, want: Sequence[str] = ("mean", "sq", "norms")) -> GradStats:
   """The `GradStats` of one step's samples (leaves [n, *shape]), as the reference backend
-  sums them: Σ_i g_i; Σ_i φ(g_i) per coordinate (kind "coordinate"); Σ_coords φ(g_i) per
-  example and leaf (kind "example"), for the registered statistics in `want`."""
+  sums them (`pergrad.stats.reference`), in float32: Σ_i g_i; Σ_i φ(g_i) per coordinate
+  (kind "coordinate"); Σ_coords φ(g_i) per example and leaf (kind "example"; "norms":
+  ‖g_i‖²), for the registered statistics in `want`."""
   g = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), samples)
   n = jax.tree.leaves(g)[0].shape[0]
   phis = {k: registry.get(k).phi for k in registry.select(want)}
@@ -129,8 +113,23 @@ def var_of_variance(sigma2, n: int):
 
 
 def ratio_truth(M, W, U, c=1.0) -> tuple[float, float]:
-  """(R, standard error of R̂) for R̂ = Σ(X² − Y)/Σ c·Y (module doc); arrays of any shape
-  (c broadcastable), summed over all their entries."""
+  """(R, standard error of R̂) for R̂ = Σ(X² − Y)/Σ c·Y; arrays of any shape (c
+  broadcastable), summed over all their entries.
+
+  Every SNR / share logged by `pergrad.optim.diagnostics` and `pergrad.stats.summaries` has
+  the form
+
+      R̂ = Σ_j (X_j² − Y_j) / Σ_j c·Y_j,   X_j ~ N(M_j, W_j),  Y_j ⟂ X_j,  E Y_j = W_j,
+                                                              Var Y_j = U_j,
+
+  (X = ḡ, Y = σ̂²/n for the batch stage; X = m, Y = V for the EMA stage), estimating
+  R = Σ M² / Σ c·W. For Gaussian samples, ḡ and σ̂² are independent and
+  Var(σ̂²) = 2σ⁴/(n−1). The delta method gives the standard error of R̂
+  (Var(X²) = 4M²W + 2W², Cov(X² − Y, Y) = −U):
+
+      Var R̂ ≈ [Σ(4M²W + 2W² + U) + 2R Σ c·U + R² Σ c²·U] / (Σ c·W)²,
+
+  with a relative bias O(1/D) over D coordinates, negligible next to it."""
   M, W, U = (np.asarray(x, np.float64).ravel() for x in (M, W, U))
   c = np.broadcast_to(np.asarray(c, np.float64).ravel(), W.shape)
   den = np.sum(c * W)

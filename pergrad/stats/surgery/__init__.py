@@ -1,54 +1,23 @@
 """Surgery backend: per-example / per-token gradient statistics in ONE backward pass.
 
-The model stays as written: Flax Linen, Flax NNX, or plain JAX calling
-`pergrad.stats.taps` (`frontends.route`). The output y of every standard layer call
-(dense, embedding lookup / attend, LayerNorm, RMSNorm) goes through an identity
-`jax.custom_vjp` "tap" whose residual is the layer input and whose extra zero-valued
-"probe" inputs receive the statistics as cotangents. The layer's own forward and the
-parameter gradient are untouched (plain autodiff); in the backward pass each tap sees
-its layer's input A and output cotangent Δ and computes the requested statistics of
-the samples (`surgery.formulas`). One `jax.value_and_grad` w.r.t. (params,
-probes) yields the batch-mean gradient and all statistics. Probes are keyed by the
-parameter leaves' paths, so their cotangents land on the params tree. A parameter that
-reaches the loss outside standard layer calls is refused (`proof`); one that never reaches
-it gets zero statistics. Per-example clipping: `clip.py`.
-
-Samples (GradStats.count = n):
-- granularity "example" (n = B): g_b = ∇ loss_b. With the batch-mean loss each
-  cotangent carries 1/B, so g_b = B · A_bᵀ Δ_b.
-- granularity "token" (n = B·T): the contribution of token (b, t) THROUGH THAT
-  TOKEN'S ACTIVATIONS at each layer, g_bt = B·T · a_bt δ_btᵀ, scaled so that the mean
-  over tokens is the batch gradient. It is not the gradient of token t's loss: δ_bt
-  carries the loss of every later token that attends to t.
-  Tied embedding (one Embed used by `__call__` and `attend`): token (b, t)'s sample is
-  the sum of its two uses, e_{id_bt} δin_btᵀ + δout_bt x_btᵀ, before φ.
-  A position embedding called on arange(T) (no example axis) has sample δ_bt at row t.
-
-Every registered statistic (`pergrad.stats.registry`) is computed: at granularity
-"example" any of them; at granularity "token" the coordinate statistics whose φ is
-multiplicative (φ(A)ᵀφ(Δ) per dense layer).
-Per-example statistics of a dense layer come from the "simultaneous" method where it
-pays (`dense.simultaneous_is_used`: the layer's own custom VJP forms the B×K×L
-per-example gradients once and the weight gradient as their sum), else from the tap
-(materialised B×K×L, or for norms only the Gram "ghost norm" when it takes fewer FLOPs).
-Those of a normalization layer come from its own custom VJP likewise
-(`norm.simultaneous_norm`: x̂ kept from the forward pass, per-example row sums formed
-once); per token, from the tap. Embedding tables use a per-example sort-based
-segment-sum (repeated ids combine before φ). Statistics are computed in float32 whatever
-the compute dtype. `StatsOptions.dense_method` forces a method; `StatsOptions.scan_unroll`
-unrolls the scans.
-
-Structure: `sites.make_plan` (the planner) traces the model into `Site`s, one per layer
-call; `HANDLERS` maps each layer kind to the module that computes its statistics
-(`dense`, `embed`, `norm`, all built on `tap`); `surgery_stats` runs the one backward
-pass, sending each layer call (`site_router`) to its handler, and each call none of whose
-leaves is selected to the fast weight-gradient path (`plain_call`: a dense kernel's
-gradient as one contraction over (example, row), a norm's backward from x̂ kept, no
-statistic), the path of `contraction_stats` (the "contraction" backend: ḡ alone).
-
-A layer whose input has no example axis (found by tracing at two batch sizes) is taken
-to be broadcast against the batch along a new leading axis; its output is broadcast
-explicitly to B×... so that its cotangent keeps the example axis.
+The model stays as written (Flax Linen, Flax NNX, or plain JAX calling `pergrad.stats.taps`:
+`frontends.route`). The output y of every standard layer call goes through an identity
+`jax.custom_vjp` "tap" whose extra zero-valued "probe" inputs, keyed by the parameter
+leaves' paths, receive the statistics as cotangents: in the backward pass each tap sees its
+layer's input A and output cotangent Δ, and one `jax.value_and_grad` w.r.t. (params,
+probes) yields the batch-mean gradient and all statistics, in float32 whatever the
+compute dtype. Samples (GradStats.count = n):
+- granularity "example" (n = B): g_b = ∇ loss_b = B · A_bᵀ Δ_b (each cotangent carries 1/B);
+- granularity "token" (n = B·T): g_bt = B·T · a_bt δ_btᵀ, the contribution of token (b, t)
+  THROUGH THAT TOKEN'S ACTIVATIONS, scaled so that the mean over tokens is the batch
+  gradient; not the gradient of token t's loss (δ_bt carries every later token's loss).
+  Every coordinate statistic whose φ is multiplicative: φ(A)ᵀφ(Δ) per dense layer.
+`sites.make_plan` traces the model into `Site`s, one per layer call, and `proof` refuses a
+parameter that reaches the loss outside them; `HANDLERS` maps each layer kind to the module
+that computes its statistics (`dense`, `embed`, `norm`: each states its methods);
+`surgery_stats` runs the pass, sending each call whose leaves are not selected to the fast
+weight-gradient path (`plain_call`, also the "contraction" backend); per-example clipping:
+`clip.py`.
 """
 
 from __future__ import annotations

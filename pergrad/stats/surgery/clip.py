@@ -3,40 +3,20 @@
 The backward pass differentiates the probes only (the parameters are constants), so
 autodiff forms the input cotangents and no weight gradient. Each layer's tap hands over
 what its leaves' per-example gradients are made of, as they are (no copy; g_b carries a
-factor B, the batch mean's 1/B taken back, applied in `finish`), and no per-example
-gradient tensor:
+factor B, the batch mean's 1/B taken back in `finish`), and no per-example gradient tensor
+unless `keeps_g` chooses it (`record_shapes`):
   - outer-product leaf, g_b = B·L_bᵀR_b (P×Q): its two factors, dense kernel
     L = A (input rows B×R×K), R = Δ (output cotangent rows B×R×L); an embedding's
-    `attend` L = Δ (B×R×V), R = A (B×R×D);
+    `attend` L = Δ (B×R×V), R = A (B×R×D); or G_b = A_bᵀΔ_b itself (`keeps_g`);
   - bias: Σ_r Δ_br; norm scale: Σ_r Δ_br ⊙ x̂_br; norm bias: Σ_r Δ_br (rows B×D);
   - embedding lookup: the rows Δ_br themselves with their ids (sparse, B×R×D).
-After the pass (`finish`), per leaf, ‖g_b‖² (`_sq_norms`):
-  - factors: ⟨L_bL_bᵀ, R_bR_bᵀ⟩ (two R×R Grams, the "ghost norm") where it takes fewer
-    FLOPs, `sm.ghost_norm_is_cheaper(R, P, Q, slack=1)`: 2R²(P+Q) + R² against
-    2RPQ + PQ, about R(P+Q) < PQ; else Σ_coords (L_bᵀR_b)² from the per-example
-    contraction, whose B×P×Q transient is then no larger than about the factors
-    B×R×(P+Q) kept anyway. Either waits for the end of the pass;
-  - tied table (lookup + attend, both uses summed before the norm):
-    ‖L_bᵀR_b‖² + 2 Σ_{s,r} L_b[s, id_br] ⟨R_bs, row_br⟩ + ‖scatter(ids_b, rows_b)‖²
-    (`sm.tied_example_stats`);
-  - rows: Σ squares; lookup: sparse segment-sum (`sm.lookup_example_stats`).
-Summed over leaves they give w_b (`clipping.clip_weights`); then Σ_b w_b g_b: for factors
-ONE contraction over (example, row), Lᵀ(w⊙R) (w on the narrower factor), which is the
-plain step's weight-gradient contraction; wᵀrows; scatter(ids, w·rows); and every
-requested statistic of ĝ_b = w_b g_b: Σ_b φ(ĝ_b), Σ_coords φ(ĝ_b) (no `clip_power`).
-Cost over a plain step with factors: the norms, Σ_layers B·min(2R²(P+Q), 2RPQ), one
-more weight-gradient-sized contraction per layer where R ≥ PQ/(P+Q) (+29% FLOPs on the
-cpu presets, where every layer has R ≥ R*), which `keeps_g` avoids.
-
-Which record a dense kernel keeps (`keeps_g`), per layer, for `dense_method="auto"`:
-G_b = A_bᵀΔ_b (B×K×L, formed once in its tap; norm and wᵀG from it, no second
-contraction) where it is no larger than its factors, KL ≤ R(K+L); that is also where the
-Gram norm would cost more than the contraction, so one threshold R* = KL/(K+L) picks the
-smaller record and the fewer FLOPs (mixed ghost clipping, Bu et al. 2022). The output
-layer (the last outer-product call) always keeps its factors: they are live anyway at the
-start of the backward pass, the step's peak, where G_b would add B·K·L. "separate":
-factors everywhere (no per-example tensor, +1 contraction per layer where R ≥ R*);
-"simultaneous": G_b for every dense kernel but the output layer's, whatever its size.
+After the pass (`finish`): per leaf ‖g_b‖² (`_sq_norms`), summed over leaves into w_b
+(`clipping.clip_weights`); then Σ_b w_b g_b, for factors ONE contraction over (example,
+row), Lᵀ(w⊙R), which replaces the plain step's weight-gradient contraction; and every
+requested statistic of ĝ_b: Σ_b φ(ĝ_b), Σ_coords φ(ĝ_b) (no `clip_power` needed).
+Cost over a plain step with factors: the norms, Σ_layers B·min(2R²(P+Q), 2RPQ), and one
+more weight-gradient-sized contraction per layer where R ≥ PQ/(P+Q), which `keeps_g`
+avoids.
 """
 
 from __future__ import annotations
@@ -87,7 +67,17 @@ def _kernel_kl(site: Site, shape) -> tuple[int, int]:
 
 
 def keeps_g(site: Site, sites, method: str, leaf_shapes: dict) -> bool:
-  """Whether a dense call's kernel record is G_b rather than its factors (docstring)."""
+  """Whether a dense call's kernel record is G_b rather than its factors.
+
+  For `dense_method="auto"`, per layer: G_b = A_bᵀΔ_b (B×K×L, formed once in its tap; norm
+  and wᵀG from it, no second contraction) where it is no larger than its factors,
+  KL ≤ R(K+L); that is also where the Gram norm would cost more than the contraction, so
+  one threshold R* = KL/(K+L) picks the smaller record and the fewer FLOPs (mixed ghost
+  clipping, Bu et al. 2022). The output layer (the last outer-product call) always keeps
+  its factors: they are live anyway at the start of the backward pass, the step's peak,
+  where G_b would add B·K·L. "separate": factors everywhere (no per-example tensor, +1
+  contraction per layer where R ≥ R*); "simultaneous": G_b for every dense kernel but the
+  output layer's, whatever its size."""
   last = [s for s in sites if s.kind == "dense" or s.attend][-1:]
   if method == "separate" or site.kind != "dense" or [site] == last:
     return False
@@ -205,7 +195,16 @@ def _on_narrower(factors, fn):
 
 
 def _sq_norms(p: dict, shape, z):
-  """‖g_b‖²/B² of one leaf (float32[B]) from its unscaled records (module docstring).
+  """‖g_b‖²/B² of one leaf (float32[B]) from its unscaled records (module docstring):
+    - factors: ⟨L_bL_bᵀ, R_bR_bᵀ⟩ (two R×R Grams, the "ghost norm") where it takes fewer
+      FLOPs, `sm.ghost_norm_is_cheaper(R, P, Q, slack=1)`: 2R²(P+Q) + R² against
+      2RPQ + PQ, about R(P+Q) < PQ; else Σ_coords (L_bᵀR_b)² from the per-example
+      contraction, whose B×P×Q transient is then no larger than about the factors
+      B×R×(P+Q) kept anyway;
+    - tied table (lookup + attend, both uses summed before the norm):
+      ‖L_bᵀR_b‖² + 2 Σ_{s,r} L_b[s, id_br] ⟨R_bs, row_br⟩ + ‖scatter(ids_b, rows_b)‖²
+      (`sm.tied_example_stats`);
+    - rows: Σ squares; lookup: sparse segment-sum (`sm.lookup_example_stats`).
   The narrower factor + z (a zero computed from every record, `sm.zero_after`): the
   per-example contraction or Gram waits for the end of the backward pass, instead of
   being formed while every activation is live."""
@@ -223,7 +222,9 @@ def _sq_norms(p: dict, shape, z):
 
 
 def _weighted(p: dict, w_B, shape, want, unroll):
-  """(Σ_b w_b g_b like the leaf, {statistic: value} of w_b g_b), g_b from the records."""
+  """(Σ_b w_b g_b like the leaf, {statistic: value} of w_b g_b), g_b from the records:
+  for factors one contraction Lᵀ(w⊙R) (w on the narrower factor); for rows (a kept G_b
+  among them) wᵀrows; for a lookup scatter(ids, w·rows)."""
   stats = registry.select(want)
   if "rows" in p:  # wᵀg: a GEMV, no weighted copy of g unless a statistic needs it
     g = p["rows"]

@@ -7,23 +7,14 @@ example axis where the plan says so. `prove` shows both from the jaxpr of loss_f
 once (abstractly, at plan time: nothing runs per step) with every layer call that owns
 parameters replaced by an opaque primitive `layer_call_p`(x, *params), and returns the
 leaves it cannot show exact, each with its reason (the others are exact whatever those do:
-a leaf's statistics read only its own calls' inputs and output cotangents):
-
-  - every use of a parameter leaf's value is a `layer_call_p` operand in a parameter slot,
-    through views (reshape, transpose, squeeze, expand_dims, dtype casts, copies) and
-    into `jax.jit` sub-jaxprs; any other use (a raw matmul `x @ W.T`, a penalty ‖W‖² in
-    the loss, the input of a layer, an operand of scan / remat / cond / custom_vjp,
-    where the plan would see one call for many) refuses the leaf, naming the use;
-  - a layer call under `jax.vmap` (a per-example model vmapped over the batch: its input
-    has no example axis there) refuses its leaves; one differentiated inside loss_fn
-    refuses the model;
+a leaf's statistics read only its own calls' inputs and output cotangents). Refused:
+  - a leaf used otherwise than as a `layer_call_p` parameter operand, through views and
+    into `jax.jit` (`_walk`: a raw matmul, a penalty, scan / remat / cond / custom_vjp);
+  - a layer call under `jax.vmap` (its leaves), or differentiated inside loss_fn (the model);
   - a call the plan takes as shared across the batch (input without an example axis: a
-    position table on arange(T), an ALiBi slope table on arange(H)) must have an input
-    independent of the batch, and an output used only broadcast against the example
-    axis as a new leading axis (`x + table(arange(T))`), so that surgery's explicit
-    broadcast to B×... changes nothing; any other use of its output (a slice, a transpose
-    of a [T, T, H] bias table) refuses its leaves.
-
+    position table on arange(T)) whose input depends on the batch, or whose output is used
+    otherwise than broadcast against the example axis as a new leading axis
+    (`_SharedUses`), so that surgery's explicit broadcast to B×... changes nothing.
 A model it cannot read at all raises `Unsupported` (`sites.unsupported`).
 """
 
@@ -160,7 +151,13 @@ def _vars(vs):
 def _walk(jaxpr, leaf: dict, dep: set, calls: dict, refused: dict) -> None:
   """Follows every leaf's value through `jaxpr` (module docstring); fills `dep` (the vars
   that depend on the batch), calls[call index] = (whether the call's input depends on the
-  batch, its leaves, its name), and refused[leaf path] = the first reason."""
+  batch, its leaves, its name), and refused[leaf path] = the first reason.
+
+  Every use of a parameter leaf's value must be a `layer_call_p` operand in a parameter
+  slot, through views (reshape, transpose, squeeze, expand_dims, dtype casts, copies:
+  `VIEWS`) and into `jax.jit` sub-jaxprs; any other use (a raw matmul `x @ W.T`, a penalty
+  ‖W‖² in the loss, the input of a layer, an operand of scan / remat / cond / custom_vjp,
+  where the plan would see one call for many) refuses the leaf, naming the use."""
   for eqn in jaxpr.eqns:
     name = eqn.primitive.name
     ins = _vars(eqn.invars)
@@ -212,7 +209,9 @@ class _SharedUses:
   """Refuses the leaves of a shared call (input without an example axis) whose output is
   used otherwise than broadcast against the example axis as a new leading axis: by a
   `broadcast_in_dim` (or reshape) to (1 | B, *y.shape), whose result only meets batch
-  values in elementwise operations of leading size B (module docstring)."""
+  values in elementwise operations of leading size B (module docstring); any other use of
+  its output (a slice of an ALiBi slope table on arange(H), a transpose of a [T, T, H] bias
+  table) refuses its leaves."""
 
   def __init__(self, shared: set, calls: dict, dep: set, refused: dict, B: int):
     self.shared, self.calls, self.dep, self.refused, self.B = shared, calls, dep, refused, B

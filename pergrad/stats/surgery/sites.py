@@ -1,26 +1,14 @@
 """The surgery planner: which layer calls get statistics, on which leaves, along which axis.
 
 `make_plan` traces loss_fn abstractly at batch sizes B and B+1 with every frontend routed
-(`frontends.route`: Linen, NNX, `pergrad.stats.taps`) and records one `Site` per
-standard layer call, in forward order: its kind (from the layer's class or tap function),
-its parameter leaves (by array identity with the leaves of params as passed: nested under
-any keys, a part of the model; a call on constants of loss_fn is no site), whether the
-request's layer selection covers it, the example axis of its input (the one axis whose
-size follows the batch; None for an input shared across the batch), the dense contraction
-axes, the tokens per example. A layer used twice (other than a tied embedding table,
-lookup then attend), a normalization over other axes, a dense layer with batch axes, an
-input whose example axis cannot be found refuse its leaves, as does anything
-`proof.prove` cannot show exact (one more abstract trace, at batch B), e.g. a leaf that
-reaches the loss outside layer calls or through a parameter computed inside loss_fn; a
-refused leaf's calls run untouched (`site_router`) and `Plan.refused` names it with the
-reason (a model that cannot be traced raises `Unsupported`); a leaf that never reaches
-the loss gets zero statistics.
-Plans (and refusals) are remembered per (loss_fn, shapes, request): a step traced again,
-or `compute`'s auto check then the backend, trace the model once.
-
-Layer types (`pergrad.layer_types.call_rules`, `leaf_rules`: the one classifier of every
-backend) of the leaves of a norm or embedding call come from that (class-derived) kind;
-the others' from their names (`Plan.rules`).
+(`frontends.route`) and records one `Site` per standard layer call, in forward order: its
+leaves by array identity with those of params as passed (`call_keys`), its example axis the
+one input axis whose size follows the batch. A layer used twice (but a tied table), a
+normalization over other axes, a dense layer with batch axes, an input whose example axis
+cannot be found refuse its leaves, as does anything `proof.prove` cannot show exact; a
+refused leaf's calls run untouched and `Plan.refused` names it with the reason; a leaf that
+never reaches the loss gets zero statistics. Plans are remembered (`memo`); layer types come
+from a norm or embedding call's kind, else from leaf names (`Plan.rules`, `layer_types`).
 """
 
 from __future__ import annotations
@@ -71,8 +59,7 @@ class Plan:
     T: tokens per example (rows seen by every layer; 1 for a model without sites).
     keys: every parameter leaf's path (tuple of names), in tree order.
     treedef: the parameter tree's structure (for `keys`).
-    rules: layer-type rules: the request's own, then each norm/embedding leaf's type
-      from its layer's kind, then `TYPE_RULES` (names).
+    rules: layer-type rules: the request's, then norm/embedding leaves' kinds, then `TYPE_RULES`.
     refused: (leaf path, reason) of the leaves surgery cannot show exact (refused for
       their own use first, then for sharing a call with one), each in tree order; their
       calls run untouched and their statistics need another backend.
@@ -108,11 +95,10 @@ def leaf_keys(params) -> tuple[tuple[tuple[str, ...], ...], tuple[str, ...], obj
 
 def call_keys(call, ids: dict) -> dict:
   """role -> leaf key of one `LayerCall`, by the identity of its parameter arrays with the
-  leaves of params as passed (nested under any keys, a part of the model's variables);
-  {} for a call whose parameters are all constants of loss_fn (a frozen part closed over:
-  no leaf, no statistics, it runs untouched) or one of which is computed inside loss_fn
-  (`copy_note`): the plan does not count that call, which runs untouched, and the proof
-  refuses the leaves it reaches."""
+  leaves of params as passed (nested under any keys, a part of the model's variables); {}
+  for a call whose parameters are all constants of loss_fn (a frozen part closed over: no
+  leaf, no statistics) or one of which is computed inside loss_fn (`copy_note`): the plan
+  does not count it, it runs untouched, and the proof refuses the leaves it reaches."""
   given = {r: v for r, v in call.params.items() if v is not None}
   out = {r: ids[id(v)] for r, v in given.items() if id(v) in ids}
   if copy_note(call, ids):
@@ -166,7 +152,6 @@ def site_router(plan: Plan, p, handler, every: bool = False):
   return route
 
 
-
 # (what, loss_fn, params' and batch's shapes, request) -> a plan, rules, separability or
 # refusal: the traces run once per model and shape, not once per backend or `compute` call.
 _MEMO: collections.OrderedDict = collections.OrderedDict()
@@ -175,7 +160,8 @@ MEMO_SIZE = 32
 
 def memo(fn):
   """fn(loss_fn, params, batch, *rest), remembered (its result or its `Unsupported`) by
-  `loss_fn` (the object), the shapes and dtypes of params and batch, and rest (the request)."""
+  `loss_fn` (the object), the shapes and dtypes of params and batch, and rest (the request):
+  a step traced again, or `compute`'s auto check then the backend, trace the model once."""
   @functools.wraps(fn)
   def memoized(loss_fn, params, batch, *rest):
     shapes = lambda t: (jax.tree.structure(t), tuple(
@@ -223,7 +209,8 @@ def leaf_rules(loss_fn, params, batch, request: StatsRequest) -> tuple[tuple[str
 @memo
 def make_plan(loss_fn, params, batch, request: StatsRequest) -> Plan:
   """The plan of `loss_fn` on a batch shaped like `batch` (module docstring); the proof
-  that surgery is exact for it (`proof.prove`) or its `Unsupported`."""
+  that surgery is exact for it (`proof.prove`, one more abstract trace, at batch B) or its
+  `Unsupported` (a model that cannot be traced)."""
   B = next(x.shape[0] for x in jax.tree.leaves(batch) if np.ndim(x))
   keys, paths, treedef = leaf_keys(params)
   try:
@@ -396,8 +383,7 @@ def _site(c1: dict, c2: dict, B: int, tied: bool) -> Site:
   ax = _example_axis(c1["x"], c2["x"], B, B + 1)
   nx = len(c1["x"])
   kw = dict(path=first[:-1], kind=kind, attend=attend, in_axis=ax, tied=tied, leaves=roles,
-            keys=tuple(c1["keys"][r] for r in roles),
-            selected=False)
+            keys=tuple(c1["keys"][r] for r in roles), selected=False)
   contract = ()
   if kind == "dense":
     contract = kw["contract"] = a["contract"]
