@@ -42,10 +42,36 @@ def parse_dirname(name: str) -> dict:
   return dict(item.partition("=")[::2] for item in name.split(","))
 
 
-def read_csv(path) -> pd.DataFrame:
-  """A CSV as a DataFrame; empty when the file is missing or holds no column."""
+LONG_ROWS = 2000  # a table with more rows is written gzip-compressed (`write_csv`)
+
+
+def gzipped(path) -> Path:
+  """Where `write_csv` puts a long table named `path` (x.csv -> x.csv.gz)."""
+  return Path(path).with_name(Path(path).name + ".gz")
+
+
+def write_csv(df: pd.DataFrame, path) -> Path:
+  """df to `path` (x.csv), or to x.csv.gz when it has more than LONG_ROWS rows (per-step or
+  per-leaf tables: results/ stays small); the other form, if present, is removed so a reader
+  never finds a stale one. The gzip header carries no time: the bytes are reproducible."""
   path = Path(path)
-  return pd.read_csv(path) if path.exists() and path.stat().st_size > 1 else pd.DataFrame()
+  long = len(df) > LONG_ROWS
+  target, other = (gzipped(path), path) if long else (path, gzipped(path))
+  df.to_csv(target, index=False,
+            compression={"method": "gzip", "mtime": 0} if long else None)
+  other.unlink(missing_ok=True)
+  return target
+
+
+def read_csv(path) -> pd.DataFrame:
+  """The table `write_csv` wrote as `path` (x.csv or x.csv.gz) as a DataFrame; empty when
+  neither exists or it holds no column."""
+  path = Path(path)
+  path = path if path.exists() or not gzipped(path).exists() else gzipped(path)
+  try:
+    return pd.read_csv(path) if path.exists() else pd.DataFrame()
+  except pd.errors.EmptyDataError:
+    return pd.DataFrame()
 
 
 def unreadable_checkpoint(step_dir: Path) -> str | None:
