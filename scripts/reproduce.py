@@ -100,8 +100,7 @@ def _check_overrides(extra: list[str], preset: str) -> None:
     raise ValueError(f"--hydra-arg {' '.join(said)}: {first}") from None
 
 
-def main(argv=None) -> int:
-  argv = list(sys.argv[1:] if argv is None else argv)
+def _parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("experiment", nargs="*",
                  help=f"one or more of {rec.builtin()} (or a plugin's), or 'all'")
@@ -135,30 +134,26 @@ def main(argv=None) -> int:
                  "preset's record first, then continue as asked (`all`: the same record)")
   p.add_argument("--hydra-arg", action="append", default=[],
                  help="extra override passed to every run (e.g. logging.wandb.mode=offline)")
-  a = p.parse_args(argv)
-  for plugin in a.plugin:
-    rec.load_plugin(plugin)
-  if a.carry_out and a.experiment:
-    p.error("--carry-out packs a stopped reproduction: give it alone, without an experiment")
-  if a.carry_in or a.carry_out:
-    from experiments import carry
-    root = a.sweeps_root or report_md.REPO / "runs" / "sweeps"
-    record = sweeps.RESULTS / a.preset / report_md.REPRODUCTION
-    try:
-      if a.carry_in:
-        print(f"[carry] {a.carry_in} -> {root}: {carry.unpack(a.carry_in, root, record)}")
-      if a.carry_out:
-        print(f"[carry] {root} -> {a.carry_out}: {carry.pack(root, record, a.carry_out)}")
-    except (FileNotFoundError, ValueError) as e:
-      sys.exit(f"error: {e}")
-    if not a.experiment:
-      return 0
-  if not a.experiment:
-    if not a.render_readme:
-      p.error("name an experiment (or 'all'), or pass --render-readme, --carry-in or "
-              "--carry-out")
-    _render(a.preset)
-    return 0
+  return p
+
+
+def _carry(a) -> None:
+  """--carry-in / --carry-out (`experiments.carry`); exits with one line on a bad archive."""
+  from experiments import carry
+  root = a.sweeps_root or report_md.REPO / "runs" / "sweeps"
+  record = sweeps.RESULTS / a.preset / report_md.REPRODUCTION
+  try:
+    if a.carry_in:
+      print(f"[carry] {a.carry_in} -> {root}: {carry.unpack(a.carry_in, root, record)}")
+    if a.carry_out:
+      print(f"[carry] {root} -> {a.carry_out}: {carry.pack(root, record, a.carry_out)}")
+  except (FileNotFoundError, ValueError) as e:
+    sys.exit(f"error: {e}")
+
+
+def _experiments(p: argparse.ArgumentParser, a) -> tuple[str, ...]:
+  """The experiments asked for, in dependency order, every check that needs no run done
+  (names, preset, --results-dir, --hydra-arg): a bad one exits with one line."""
   known = tuple(rec.experiments())
   names = known if a.experiment == ["all"] else tuple(a.experiment)
   for n in names:
@@ -177,19 +172,71 @@ def main(argv=None) -> int:
       _check_overrides(a.hydra_arg, a.preset)
   except ValueError as e:
     sys.exit(f"error: {e}")
-  failed, errors = [], []
-  wrote_results = False
-  record = None
-  if a.experiment == ["all"] and not (a.dry_run or a.analyze_only) and a.preset != "ci" \
-      and not a.results_dir:
-    root = a.sweeps_root or report_md.REPO / "runs" / "sweeps"
-    fresh = not any(any(sweeps.default_sweep_dir(n, a.preset, root, tuple(a.hydra_arg)).glob(
-        "*/summary.json")) for n in names)
-    said = [x for i, x in enumerate(argv)  # a carried-in record continues the same command
-            if not (x.startswith("--carry-in") or i and argv[i - 1] == "--carry-in")]
-    command = "python scripts/reproduce.py all --preset " + a.preset + "".join(
-        f" {x}" for x in said if x not in ("all", "--preset", a.preset))
-    record = Record(sweeps.RESULTS / a.preset / report_md.REPRODUCTION, command, fresh)
+  return names
+
+
+def _reproduction(a, names: tuple[str, ...], argv: list[str]) -> Record | None:
+  """The record of `all` at a real preset (resumable across invocations of one command)."""
+  if not (a.experiment == ["all"] and not (a.dry_run or a.analyze_only) and a.preset != "ci"
+          and not a.results_dir):
+    return None
+  root = a.sweeps_root or report_md.REPO / "runs" / "sweeps"
+  fresh = not any(any(sweeps.default_sweep_dir(n, a.preset, root, tuple(a.hydra_arg)).glob(
+      "*/summary.json")) for n in names)
+  said = [x for i, x in enumerate(argv)  # a carried-in record continues the same command
+          if not (x.startswith("--carry-in") or i and argv[i - 1] == "--carry-in")]
+  command = "python scripts/reproduce.py all --preset " + a.preset + "".join(
+      f" {x}" for x in said if x not in ("all", "--preset", a.preset))
+  return Record(sweeps.RESULTS / a.preset / report_md.REPRODUCTION, command, fresh)
+
+
+def _run(n: str, a):
+  """Experiment n's sweep and report (`runner.run_experiment`); a dry run also checks every
+  point it would launch (ValueError naming the refused ones)."""
+  out = runner.run_experiment(
+      n, a.preset, launcher=a.launcher, n_jobs=a.n_jobs, dry_run=a.dry_run,
+      sweeps_root=a.sweeps_root, results_dir=a.results_dir,
+      extra=tuple(a.hydra_arg), analyze_only=a.analyze_only,
+      command=f"python scripts/reproduce.py {n} --preset {a.preset}"
+      + (f" --launcher {a.launcher}" if a.launcher != "basic" else "")
+      + "".join(f" --hydra-arg {shlex.quote(x)}" for x in a.hydra_arg))
+  refused = (_refused_points(out.log.commands, remote=a.launcher == "submitit")
+             if a.dry_run else [])
+  if refused:
+    raise ValueError(f"{len(refused)} point(s) a real run would refuse: " + " | ".join(refused))
+  return out
+
+
+def _outcome(out) -> dict:
+  """An experiment's line in the reproduction's record."""
+  return {"launch_wall_s": round(out.log.wall_s, 1), "launched": len(out.log.launched),
+          "skipped": len(out.log.skipped), "reused": len(out.log.reused),
+          "status": (f"{len(out.log.failed)} run(s) failed" if out.log.failed else "completed")
+          + (f" ({len(out.log.diverged)} diverged)" if out.log.diverged else "")
+          + (f", verdict: {out.report.verdict}" if out.report else "")}
+
+
+def main(argv=None) -> int:
+  argv = list(sys.argv[1:] if argv is None else argv)
+  p = _parser()
+  a = p.parse_args(argv)
+  for plugin in a.plugin:
+    rec.load_plugin(plugin)
+  if a.carry_out and a.experiment:
+    p.error("--carry-out packs a stopped reproduction: give it alone, without an experiment")
+  if a.carry_in or a.carry_out:
+    _carry(a)
+    if not a.experiment:
+      return 0
+  if not a.experiment:
+    if not a.render_readme:
+      p.error("name an experiment (or 'all'), or pass --render-readme, --carry-in or "
+              "--carry-out")
+    _render(a.preset)
+    return 0
+  names = _experiments(p, a)
+  record = _reproduction(a, names, argv)
+  failed, errors, wrote_results = [], [], record is not None
   for n in names:
     t0 = time.time()
     if record is not None and record.finished_before(n):
@@ -198,18 +245,7 @@ def main(argv=None) -> int:
     if record is not None:
       record.begin(n)
     try:
-      out = runner.run_experiment(
-          n, a.preset, launcher=a.launcher, n_jobs=a.n_jobs, dry_run=a.dry_run,
-          sweeps_root=a.sweeps_root, results_dir=a.results_dir,
-          extra=tuple(a.hydra_arg), analyze_only=a.analyze_only,
-          command=f"python scripts/reproduce.py {n} --preset {a.preset}"
-          + (f" --launcher {a.launcher}" if a.launcher != "basic" else "")
-          + "".join(f" --hydra-arg {shlex.quote(x)}" for x in a.hydra_arg))
-      refused = (_refused_points(out.log.commands, remote=a.launcher == "submitit")
-                 if a.dry_run else [])
-      if refused:
-        raise ValueError(f"{len(refused)} point(s) a real run would refuse: "
-                         + " | ".join(refused))
+      out = _run(n, a)
     except (FileNotFoundError, RuntimeError, ValueError) as e:
       print(f"[error] {n}: {e}")
       errors.append(n)
@@ -218,13 +254,7 @@ def main(argv=None) -> int:
                               "launched": 0, "skipped": 0, "status": f"error: {e}"})
       continue
     if record is not None:
-      record.experiment(n, {
-          "wall_s": round(time.time() - t0, 1),
-          "launch_wall_s": round(out.log.wall_s, 1), "launched": len(out.log.launched),
-          "skipped": len(out.log.skipped), "reused": len(out.log.reused),
-          "status": (f"{len(out.log.failed)} run(s) failed" if out.log.failed else "completed")
-          + (f" ({len(out.log.diverged)} diverged)" if out.log.diverged else "")
-          + (f", verdict: {out.report.verdict}" if out.report else "")})
+      record.experiment(n, {"wall_s": round(time.time() - t0, 1), **_outcome(out)})
     if out.report:
       print(f"[{n}] {out.report.finding}")  # the verdict first
       print(f"[{n}] results in {out.results_dir}")
@@ -233,7 +263,6 @@ def main(argv=None) -> int:
   if record is not None:
     d = record.finish()
     print(f"[all] {d['wall_s'] / 60:.1f} min at commit {d['commit']}")
-    wrote_results = True
   if wrote_results or a.render_readme:
     _render(a.preset)
   if failed:
