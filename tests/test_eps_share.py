@@ -17,8 +17,7 @@ from pergrad.stats.types import GradStats
 
 
 def _stats(tree) -> GradStats:
-  return GradStats(count=jnp.float32(4), sum=tree, sum_sq=None, sum_sign=None,
-                   granularity="example")
+  return GradStats(count=jnp.float32(4), sum=tree, granularity="example")
 
 
 def test_eps_share_matches_numpy_on_a_constructed_state():
@@ -60,7 +59,7 @@ def test_build_optimizer_holds_eps_for_the_adam_family(eps, want):
   state = opt.tx.init(params)
   g = {"w": jnp.full((4, 3), 0.5)}
   stats = GradStats(count=jnp.float32(4), sum={"w": 4 * g["w"]},
-                    sum_sq={"w": 4 * g["w"] ** 2}, sum_sign=None, granularity="example")
+                    coordinate_stats={"sq": {"w": 4 * g["w"] ** 2}}, granularity="example")
   _, state = opt.tx.update(g, state, params, grad_stats=stats, examples_seen=jnp.int32(0),
                            batch_size=4)
   assert opt.moments(state).eps == eps  # the hparams' ε, not a copy held in the chain
@@ -115,7 +114,7 @@ def test_eps_share_weighted_reads_the_directions_own_update():
     g = {k: rng.normal(size=(16, *v.shape)).astype(np.float32) * 0.02 + 0.01
          for k, v in params.items()}
     stats = GradStats(count=jnp.float32(16), sum={k: jnp.sum(x, 0) for k, x in g.items()},
-                      sum_sq={k: jnp.sum(x**2, 0) for k, x in g.items()}, sum_sign=None,
+                      coordinate_stats={"sq": {k: jnp.sum(x**2, 0) for k, x in g.items()}},
                       granularity="example")
     u, state = tx.update(stats.mean, state, params, grad_stats=stats)
   got = diagnostics(stats, Moments(state, eps=eps, eps_root=0.0))

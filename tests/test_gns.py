@@ -352,7 +352,7 @@ def test_training_with_norm_layers_only_tracks_their_gns(tmp_path):
   from pergrad.config import build_plan
   from pergrad.train.loop import run
   plan = build_plan(compose(["scale=ci", "stats=gns_norm", "train.steps=6"]))
-  assert plan.stats.request.layers == ("norm",) and plan.stats.backend == "auto"
+  assert plan.stats.request.layers == ("norm",) and plan.stats.backend == "surgery"
   run(plan, tmp_path)
   terms = resmooth(tmp_path, 0.95)
   assert set(terms) == {"norm", noise.TOTAL} and len(terms["norm"]["step"]) == 6

@@ -52,9 +52,10 @@ def _stats(leaves, granularity="example", want=("mean", "sq", "sign")):
   return GradStats(
       count=jnp.float32(leaves[0].shape[0]),
       sum=tree(lambda g: g.sum(0)),
-      sum_sq=tree(lambda g: (g.astype(np.float64)**2).sum(0).astype(np.float32))
-      if "sq" in want else None,
-      sum_sign=tree(lambda g: np.sign(g).sum(0)) if "sign" in want else None,
+      coordinate_stats={
+          **({"sq": tree(lambda g: (g.astype(np.float64)**2).sum(0).astype(np.float32))}
+             if "sq" in want else {}),
+          **({"sign": tree(lambda g: np.sign(g).sum(0))} if "sign" in want else {})},
       granularity=granularity)
 
 

@@ -162,7 +162,8 @@ def test_merge_of_two_parts_equals_whole():
   merged = part(slice(0, 1)).merge(part(slice(1, 4)))
   _check_against(merged, whole, ("sq", "abs", "relu", "l1", "norms"))
   with pytest.raises(ValueError, match="different statistics"):
-    merged.merge(ps.GradStats(count=merged.count, sum=merged.sum, sum_sq=merged.sum_sq))
+    merged.merge(ps.GradStats(count=merged.count, sum=merged.sum,
+                              coordinate_stats={"sq": merged.sum_sq}))
 
 
 def test_summaries_log_registered_statistics():

@@ -51,8 +51,9 @@ def test_a_model_the_proof_refuses_in_part_trains_on_auto(tiny_overrides, monkey
   ref = am.reference64(penalised, params, host)
   f32 = lambda t: jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), t)
   want = summaries.layer_summaries(GradStats(
-      count=jnp.float32(B), sum=f32(ref["mean"]), sum_sq=f32(ref["sq"]),
-      sum_sign=f32(ref["sign"]), sq_norms=f32(ref["norms"])))
+      count=jnp.float32(B), sum=f32(ref["mean"]),
+      coordinate_stats={"sq": f32(ref["sq"]), "sign": f32(ref["sign"])},
+      example_stats={"norms": f32(ref["norms"])}))
   leaf = [k for k in want if "pos_embed" in k]
   assert leaf and all(k in metrics for k in want)
   for k, v in want.items():

@@ -15,7 +15,7 @@ Every other statistic comes from the registry (`pergrad.stats.registry`), stored
 name: `coordinate_stats[name]` = Σ_n φ(g_n), a tree like params (kind "coordinate",
 merged by addition), and `example_stats[name]` = Σ_coords φ(g_b) per parameter leaf,
 leaves float32[B] (kind "example", examples never tokens, merged by concatenation).
-`sum_sq`, `sum_sign` and `sq_norms` read the built-ins "sq", "sign", "norms".
+The properties `sum_sq`, `sum_sign` and `sq_norms` read the built-ins "sq", "sign", "norms".
 """
 
 from __future__ import annotations
@@ -54,24 +54,6 @@ class GradStats:
   # The layer-type rules of the leaves (the surgery backend's class-derived types first;
   # () = `pergrad.layer_types.TYPE_RULES`), for `selects` and `noise.groups_of(rules=...)`.
   rules: tuple = flax.struct.field(pytree_node=False, default=())
-
-  def __init__(self, count, sum=None, coordinate_stats=None, example_stats=None,
-               granularity: str = "example", layers: tuple = (), rules: tuple = (), *,
-               sum_sq=None, sum_sign=None, sq_norms=None):
-    """Also takes the built-ins by field name: sum_sq, sum_sign, sq_norms."""
-    coord = dict(coordinate_stats or {})
-    example = dict(example_stats or {})
-    for name, value, into in (("sq", sum_sq, coord), ("sign", sum_sign, coord),
-                              ("norms", sq_norms, example)):
-      if value is not None:
-        into[name] = value
-    object.__setattr__(self, "count", count)
-    object.__setattr__(self, "sum", sum)
-    object.__setattr__(self, "coordinate_stats", coord)
-    object.__setattr__(self, "example_stats", example)
-    object.__setattr__(self, "granularity", granularity)
-    object.__setattr__(self, "layers", tuple(layers))
-    object.__setattr__(self, "rules", tuple(rules))
 
   # --- generic access ---------------------------------------------------------
   def selects(self, path: str) -> bool:
