@@ -24,6 +24,7 @@ from experiments.sweep import Block, Sweep, base_for, scale_value
 from experiments.verdict import gated, outcomes, pairs_md
 from pergrad.analysis import calibrate, guards, rules
 from pergrad.analysis.plots import plot_curves, plt, savefig, style
+from pergrad.analysis.runs import read_csv, write_csv
 
 NAME = "batch_scaling"
 TITLE = "square-root learning-rate scaling with batch size"
@@ -98,7 +99,7 @@ def sweep(preset: str, inputs=None) -> Sweep:
 
 def analyze(runs, out_dir):
   t, fin = runs.table.copy(), lr_search.with_warmup(runs.finals, runs.sweep_dir)
-  fin.to_csv(Path(out_dir) / "finals.csv", index=False)
+  write_csv(fin, Path(out_dir) / "finals.csv")
   t["examples_seen"] = t["step"] * t[KEY]
   t["diverged"] = t["run"].map(dict(zip(fin["run"], fin["diverged"], strict=False))).fillna(False)
   if "train.steps" in t:  # only the long arm has it in its run name
@@ -106,7 +107,7 @@ def analyze(runs, out_dir):
   t.insert(1, "ref", int(t[REF].dropna().iloc[0]))
   cols = ["run", "ref", KEY, SCALING, SEED, "step", "examples_seen", "diverged", "eval/loss",
           "train/lr", B_SIMPLE]
-  t[[c for c in cols if c in t]].to_csv(Path(out_dir) / "curves.csv", index=False)
+  write_csv(t[[c for c in cols if c in t]], Path(out_dir) / "curves.csv")
 
 
 def _seed_curves(g: pd.DataFrame, xs) -> np.ndarray:
@@ -194,7 +195,7 @@ def judge(col: pd.DataFrame, mis: pd.DataFrame) -> tuple[str, dict, list, int | 
 
 
 def figures(out_dir):
-  curves = pd.read_csv(Path(out_dir) / "curves.csv")
+  curves = read_csv(Path(out_dir) / "curves.csv")
   scalings = [s for s in (*SCALINGS, LONG) if s in set(curves[SCALING])]
   fig = plt().figure(figsize=(4.6 * len(scalings), 4.2))
   y = curves["eval/loss"].replace([np.inf, -np.inf], np.nan).dropna()
@@ -211,8 +212,8 @@ def figures(out_dir):
 def arm_guards(out_dir) -> tuple:
   """(stable, warm) of the √ arms: no seed diverged at an arm's (√-scaled) lr, and every arm
   (√ and the contrasts) warmed up ≥ `guards.MIN_WARMUP` steps (finals.csv, from the configs)."""
-  fin = pd.read_csv(Path(out_dir) / "finals.csv")
-  curves = pd.read_csv(Path(out_dir) / "curves.csv")
+  fin = read_csv(Path(out_dir) / "finals.csv")
+  curves = read_csv(Path(out_dir) / "curves.csv")
   name = lambda r: f"{r[SCALING]} at B={int(r[KEY])}"
   lr = curves.groupby("run")["train/lr"].max() if "train/lr" in curves else pd.Series(dtype=float)
   sq = fin[fin[SCALING] == "sqrt"] if SCALING in fin else fin.iloc[:0]
@@ -240,7 +241,7 @@ def regime(curves: pd.DataFrame) -> guards.Guard:
 
 
 def report(out_dir):
-  col, mis, m = collapse(pd.read_csv(Path(out_dir) / "curves.csv"))
+  col, mis, m = collapse(read_csv(Path(out_dir) / "curves.csv"))
   verdict, by, pairs, at = judge(col, mis)
   ref = col[col["outcome"] == "reference"].iloc[0]
   # each √ arm's equivalence at its own and B_ref's spread of curve averages, and each pair
@@ -256,7 +257,7 @@ def report(out_dir):
                    for sc in by) + (f" (margin ±{m:.3g})" if math.isfinite(m) else
                                     " (no margin: a margin seed diverged or stopped early)"
                                     ) + f"; at B={at}: {outcomes(pairs)}"
-  checked = (*arm_guards(out_dir), regime(pd.read_csv(Path(out_dir) / "curves.csv")))
+  checked = (*arm_guards(out_dir), regime(read_csv(Path(out_dir) / "curves.csv")))
   return gated(verdict, cals, checked, rule=RULE, paper=PAPER, ours=ours,
                checks=(*(p.sentence() for p in pairs),
                        declared_text(MIN_MARGIN_D, FALLBACK_D, BELOW, ABOVE)),

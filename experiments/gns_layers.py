@@ -26,7 +26,7 @@ from pergrad.analysis import GNS_TOTAL, calibrate, layer_type, leafwise, smooth
 from pergrad.analysis.gns_terms import part_whole
 from pergrad.analysis.plots import plot_curves, plt, savefig, style
 from pergrad.analysis.rules import NOT_REPRODUCED, PARTLY, REPRODUCED, UNDETERMINED
-from pergrad.analysis.runs import read_csv, x_examples
+from pergrad.analysis.runs import read_csv, write_csv, x_examples
 
 NAME = "gns_layers"
 TITLE = "gradient noise scale per layer type; the normalization layers as predictor"
@@ -98,21 +98,20 @@ def regression(sm: pd.DataFrame, alpha: float) -> pd.DataFrame:
 
 
 def analyze(runs, out_dir: Path) -> None:
-  """gns_terms.csv (raw terms), gns_smoothed.csv (α = ALPHA), gns_part_whole.csv (every α),
+  """gns_terms.csv (raw terms; smoothed at α = ALPHA on reading), gns_part_whole.csv (every α),
   leaf_params.csv."""
   out_dir, table, fin = Path(out_dir), runs.table, runs.finals
   t = terms(table)
-  t.to_csv(out_dir / "gns_terms.csv", index=False)
-  smoothed(t, ALPHA).to_csv(out_dir / "gns_smoothed.csv", index=False)
-  pd.concat([regression(smoothed(t, a), a) for a in ALPHAS], ignore_index=True).to_csv(
-      out_dir / PART_WHOLE, index=False)
+  write_csv(t, out_dir / "gns_terms.csv")
+  write_csv(pd.concat([regression(smoothed(t, a), a) for a in ALPHAS], ignore_index=True),
+            out_dir / PART_WHOLE)
   leafwise.write_sizes(table, out_dir)
-  lr_search.with_warmup(fin, runs.sweep_dir).to_csv(out_dir / "finals.csv", index=False)
+  write_csv(lr_search.with_warmup(fin, runs.sweep_dir), out_dir / "finals.csv")
 
 
 def figures(out_dir: Path) -> list[Path]:
   out_dir = Path(out_dir)
-  sm = pd.read_csv(out_dir / "gns_smoothed.csv")
+  sm = smoothed(read_csv(out_dir / "gns_terms.csv"), ALPHA)
   fig, axes = plt().subplots(1, 2, figsize=(12, 4.2))
   if len(sm):
     late = sm[sm["step"] >= 1.0 / (1.0 - ALPHA)]
@@ -182,7 +181,7 @@ def report(out_dir: Path) -> Report:
                                    "share_s"]].agg(["mean", "std"]).reset_index()
   by_alpha.columns = ["_".join(c).rstrip("_") for c in by_alpha.columns]
   warm = lr_search.warm_of(read_csv(Path(out_dir) / "finals.csv"), lambda r: "adam", {"adam"})
-  sm = read_csv(Path(out_dir) / "gns_smoothed.csv")
+  sm = smoothed(read_csv(Path(out_dir) / "gns_terms.csv"), ALPHA)
   cross = cross_seed_r(b_simple_pairs(sm, ALPHA)) if len(sm) else float("nan")
   null = (f"ours, beside: the same r between one seed's norm layers and another seed's rest "
           f"(a shared drift alone) is {fmt_num(cross)}; the within-seed r exceeds it in "

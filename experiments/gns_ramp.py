@@ -43,13 +43,15 @@ from pergrad.analysis.runs import (
   seed_mean,
   seed_mean_to_target,
   to_target,
+  write_csv,
 )
 
 NAME = "gns_ramp"
 TITLE = "the paper's test: a linear batch-size ramp against the fixed B_max run"
-CLAIM = ("A batch-size ramp linear in tokens from B_max/7.5 to B_max, at the fixed B_max run's "
-         "lr, reaches that run's final loss with 18% fewer tokens on a Chinchilla-optimal "
-         "model (Gray et al., arXiv 2411.00999).")
+CLAIM = ("A batch-size ramp linear in tokens from B_max/7.5 (the paper's 2 to 15 accumulation "
+         "steps; B_max/8 here) to B_max, at the fixed B_max run's lr, reaches that run's final "
+         "loss with 18% fewer tokens on a Chinchilla-optimal model (Gray et al., arXiv "
+         "2411.00999).")
 PAPER = "18% fewer tokens to the fixed B_max run's final loss"
 EFFECT, TPP = declared(NAME, "effect"), declared(NAME, "tokens_per_param")
 SPAN = declared(NAME, "tokens_per_param_span")
@@ -136,18 +138,18 @@ def analyze(runs, out_dir: Path) -> None:
   runs at the chosen lr, fresh seeds), regime.csv (tokens per parameter)."""
   out_dir, table = Path(out_dir), runs.table
   fin = lr_search.with_warmup(runs.finals, runs.sweep_dir)
-  fin.to_csv(out_dir / "finals.csv", index=False)
+  write_csv(fin, out_dir / "finals.csv")
   best = lr_search.best_lr(fin[fin["batch.kind"] == "fixed"], GROUP, "optimizer.lr",
                            select_seed=SELECT_SEED)
-  best.to_csv(out_dir / "best.csv", index=False)
+  write_csv(best, out_dir / "best.csv")
   if best.empty:
     return
   lr, steps = float(best["optimizer.lr"].iloc[0]), float(best[STEPS].iloc[0])
   judged = table[np.isclose(table["optimizer.lr"].astype(float), lr)  # finished runs only
                  & (table["train.seed"] != SELECT_SEED) & table["status"].isin(DONE)]
   cur = eval_curves(judged, lambda g: arm(g.iloc[0].to_dict(), steps))
-  cur.to_csv(out_dir / "curves.csv", index=False)
-  to_target(cur, "fixed", fin).to_csv(out_dir / "to_target.csv", index=False)
+  write_csv(cur, out_dir / "curves.csv")
+  write_csv(to_target(cur, "fixed", fin), out_dir / "to_target.csv")
   write_regime(table, float(cur.loc[cur["arm"] == "fixed", "tokens"].max()), out_dir, NAME)
 
 
@@ -157,8 +159,8 @@ def write_regime(table: pd.DataFrame, tokens: float, out_dir: Path, name: str) -
   from pergrad.analysis import n_params
 
   n = n_params(table.attrs.get("overrides") or [f"experiment={name}"])
-  pd.DataFrame([{"n_params": n, "tokens": tokens, "tokens_per_param": tokens / n}]).to_csv(
-      Path(out_dir) / "regime.csv", index=False)
+  write_csv(pd.DataFrame([{"n_params": n, "tokens": tokens, "tokens_per_param": tokens / n}]),
+            Path(out_dir) / "regime.csv")
 
 
 def regime_guard(out_dir: Path) -> tuple[guards.Guard, float]:

@@ -44,6 +44,7 @@ from pergrad.analysis.runs import (
   seed_mean,
   seed_mean_to_target,
   to_target,
+  write_csv,
 )
 
 NAME = "gns_schedule"
@@ -272,36 +273,36 @@ def analyze(runs, out_dir: Path) -> None:
   judged), gns.csv (tracked B_simple at the logged steps), ramp_fit.csv."""
   out_dir, table = Path(out_dir), runs.table
   fin = lr_search.with_warmup(runs.finals, runs.sweep_dir)
-  fin.to_csv(out_dir / "finals.csv", index=False)
+  write_csv(fin, out_dir / "finals.csv")
   search, best = fixed_search(fin)
   search["best_arm"] = [best is not None and r[SIZE] == best[SIZE]
                         for _, r in search.iterrows()]
-  search.to_csv(out_dir / "best.csv", index=False)
+  write_csv(search, out_dir / "best.csv")
   judged = compared(table, search, best)
   cur = curves(judged)
-  cur.to_csv(out_dir / "curves.csv", index=False)
+  write_csv(cur, out_dir / "curves.csv")
   best_arm = f"fixed_{int(best[SIZE])}" if best is not None else ""
-  to_target(cur, best_arm, fin).to_csv(out_dir / "to_target.csv", index=False)
+  write_csv(to_target(cur, best_arm, fin), out_dir / "to_target.csv")
   keys = [k for k in ("gns/total/b_simple", "gns/norm/b_simple") if k in judged]
   if keys:
     t = judged.dropna(subset=["train/tokens_seen"]).dropna(subset=keys, how="all")  # log steps
     arms = dict(zip(cur["run"], cur["arm"], strict=True))
-    pd.DataFrame({"run": t["run"], "arm": t["run"].map(arms),
+    write_csv(pd.DataFrame({"run": t["run"], "arm": t["run"].map(arms),
                   "train.seed": t["train.seed"], "step": t["step"],
                   "tokens": t["train/tokens_seen"], **{k.split("/")[1]: t[k] for k in keys}}
-                 ).to_csv(out_dir / "gns.csv", index=False)
+                 ), out_dir / "gns.csv")
   max_batch_size = int(table["train/batch_size"].max())
   fit = fit_ramp(table, best, max_batch_size) if best is not None else None
   budget = float(full_fixed(table)["train/tokens_seen"].max())
   why = fitted_arm(fit, budget, max_batch_size)[1]
-  pd.DataFrame([{**(fit or {}), "linear_fit": why}]).to_csv(out_dir / "ramp_fit.csv", index=False)
+  write_csv(pd.DataFrame([{**(fit or {}), "linear_fit": why}]), out_dir / "ramp_fit.csv")
   gns_ramp.write_regime(table, budget, out_dir, NAME)  # the paper's 18 %: a Chinchilla budget
 
 
 def figures(out_dir: Path) -> list[Path]:
   """Seed-mean eval loss, batch size and tracked B_simple (total —, norm layers --) vs tokens."""
   out_dir = Path(out_dir)
-  cur = pd.read_csv(out_dir / "curves.csv")
+  cur = read_csv(out_dir / "curves.csv")
   fig, axes = plt().subplots(1, 3, figsize=(16, 4.2))
   colors = {a: f"C{i}" for i, a in enumerate(sorted(set(cur["arm"])))}
   for name, g in cur.groupby("arm", sort=True):
@@ -334,7 +335,7 @@ def arm_guards(out_dir: Path, search: pd.DataFrame, best, guided) -> tuple:
   base = f"fixed_{int(best[SIZE])}"
   lr, stable, _ = lr_search.guards_of(search, label, {base})
   sizes_b = guards.bracketed({base: (search[SIZE].astype(float), float(best[SIZE]))}, "B")
-  fin = pd.read_csv(out_dir / "finals.csv")
+  fin = read_csv(out_dir / "finals.csv")
   fin = fin[(fin["train.seed"] != SELECT_SEED) & ~is_short(fin)]
   warm = lr_search.warm_of(fin, label, {base, *(k.split("_")[0] for k in guided)})  # gns, linear
   return lr, sizes_b, stable, warm, gns_ramp.regime_guard(out_dir)[0]
@@ -358,7 +359,7 @@ def report(out_dir: Path) -> Report:
   delta = float(np.mean(short) - np.mean(full)) if len(short) and len(full) else math.nan
   cals = {f"{k} vs {base}": calibrate.of_arms(losses.get(k, []), full, EFFECT.value)
           for k in guided}
-  mean_tt = seed_mean_to_target(pd.read_csv(out_dir / "curves.csv"), base, target)
+  mean_tt = seed_mean_to_target(read_csv(out_dir / "curves.csv"), base, target)
   by_arm = tt.groupby("arm").agg(
       final_eval_loss=("final_eval_loss", "mean"), final_std=("final_eval_loss", "std"),
       updates=("updates", "mean"), time_total_s=("time_total_s", "mean"), seeds=("run", "count"),

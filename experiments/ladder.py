@@ -40,7 +40,7 @@ from experiments.sweep import (
   scale_value,
 )
 from pergrad.analysis.plots import plt, savefig, style
-from pergrad.analysis.runs import read_csv
+from pergrad.analysis.runs import read_csv, write_csv
 
 NAME = "ladder"
 RUNGS = {  # model overrides per family; each family's last rung is its own scale's model
@@ -235,8 +235,8 @@ def analyze(runs, out_dir: Path) -> None:
   d = json.loads(f.read_text())
   fam = family(d["preset"])
   dirs = rung_dirs(fam, Path(d["sweeps_root"]), tuple(d["extra"]))
-  pd.concat([collect(dirs, plan(fam)), family_points(fam, Path(out_dir).parent)],
-            ignore_index=True).to_csv(Path(out_dir) / LADDER_CSV, index=False)
+  write_csv(pd.concat([collect(dirs, plan(fam)), family_points(fam, Path(out_dir).parent)],
+            ignore_index=True), Path(out_dir) / LADDER_CSV)
 
 
 def decided(verdict: str) -> bool:

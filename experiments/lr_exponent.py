@@ -32,7 +32,7 @@ from experiments.sweep import Block, LrSearch, Sweep, base_for, family, is_rung,
 from experiments.verdict import gated
 from pergrad.analysis import calibrate, guards, rules
 from pergrad.analysis.plots import plt, savefig, style
-from pergrad.analysis.runs import finished, read_csv
+from pergrad.analysis.runs import finished, read_csv, write_csv
 
 NAME = "lr_exponent"
 TITLE = "the exponent of the tuned learning rate in the batch size"
@@ -159,10 +159,10 @@ def analyze(runs, out_dir: Path) -> None:
   the preset's B_ref at its seed's lowest-loss lr, those the regime reads)."""
   out_dir = Path(out_dir)
   fin = lr_search.with_warmup(runs.finals, runs.sweep_dir)
-  fin.to_csv(out_dir / "finals.csv", index=False)
-  lr_search.best_lr(fin, (KEY,), LR, select_seed=SELECT).to_csv(out_dir / "best.csv", index=False)
+  write_csv(fin, out_dir / "finals.csv")
+  write_csv(lr_search.best_lr(fin, (KEY,), LR, select_seed=SELECT), out_dir / "best.csv")
   star = lr_star(fin)
-  star.to_csv(out_dir / "lr_star.csv", index=False)
+  write_csv(star, out_dir / "lr_star.csv")
   t, ref = runs.table, reference_batch_size(runs.table.attrs.get("overrides") or [])
   at_ref = {(int(r[SEED]), float(r["lr_grid_best"])) for r in star.to_dict("records")
             if ref is not None and int(r[KEY]) == ref}
@@ -172,8 +172,8 @@ def analyze(runs, out_dir: Path) -> None:
                int(g[SEED].iloc[0]) == s and np.isclose(float(g[LR].iloc[0]), lr)
                for s, lr in at_ref)}
           for r, g in t.groupby("run")] if B_SIMPLE in t else []
-  pd.DataFrame(rows, columns=["run", KEY, LR, SEED, "b_simple", "at_ref"]).to_csv(
-      out_dir / "b_simple.csv", index=False)
+  write_csv(pd.DataFrame(rows, columns=["run", KEY, LR, SEED, "b_simple", "at_ref"]),
+            out_dir / "b_simple.csv")
 
 
 def reference_batch_size(overrides) -> int | None:

@@ -29,7 +29,16 @@ from experiments.markdown import md_table
 from experiments.sweep import Block, Sweep, config_extras, family, is_rung, scale_value
 from pergrad.analysis import guards, rules
 from pergrad.analysis import plots as F
-from pergrad.analysis.runs import curves_at, finals, finished, fmt, from_table, run_setting
+from pergrad.analysis.runs import (
+  curves_at,
+  finals,
+  finished,
+  fmt,
+  from_table,
+  read_csv,
+  run_setting,
+  write_csv,
+)
 
 
 @functools.lru_cache(maxsize=32)
@@ -219,7 +228,7 @@ def follow_up_blocks(sweep: Sweep, fin: pd.DataFrame) -> tuple[list[Block], str]
 
 def load_best(out_dir: Path) -> pd.DataFrame:
   """best.csv with `values`: the fresh seeds' losses, [inf] for a group diverged at every lr."""
-  best = pd.read_csv(Path(out_dir) / "best.csv")
+  best = read_csv(Path(out_dir) / "best.csv")
   best["values"] = [_floats(v) or ([math.inf] if r else [])  # a cell "4.01 inf", empty or NaN
                     for v, r in zip(best["fresh_losses"], best["all_diverged"], strict=True)]
   return best
@@ -313,9 +322,9 @@ def analyze(runs, out_dir: Path, group_keys: Sequence[str], lr_key: str = "optim
   """finals.csv (each run's warmup from its config), best.csv (`best_lr`) and curves.csv (at
   the chosen lr: the fresh seeds', else the selection seeds')."""
   out_dir, table, fin = Path(out_dir), runs.table, with_warmup(runs.finals, runs.sweep_dir)
-  fin.to_csv(out_dir / "finals.csv", index=False)
+  write_csv(fin, out_dir / "finals.csv")
   best = best_lr(fin, group_keys, lr_key, seed_key, select_seed=select_seed)
-  best.to_csv(out_dir / "best.csv", index=False)
+  write_csv(best, out_dir / "best.csv")
   own = ["select_seed", "n_seeds"]  # the group's, carried to its curves
   cols = ["train/loss", "eval/loss", "train/lr", "train/grad_norm", *own]
   curves = curves_at(table, best, [*group_keys, lr_key], cols)
@@ -323,15 +332,15 @@ def analyze(runs, out_dir: Path, group_keys: Sequence[str], lr_key: str = "optim
     selection = [fmt(from_table(x)) in fmt(from_table(s)).split()
                  for x, s in zip(curves[seed_key], curves["select_seed"], strict=True)]
     curves = curves[~((curves["n_seeds"] > 0) & np.array(selection, bool))]
-  curves.drop(columns=own, errors="ignore").to_csv(out_dir / "curves.csv", index=False)
+  write_csv(curves.drop(columns=own, errors="ignore"), out_dir / "curves.csv")
 
 
 def figures(out_dir: Path, group_keys: Sequence[str], title: str,
             lr_key: str = "optimizer.lr", labeler=F.label) -> list[Path]:
   """u_curves.png (final eval loss vs lr) and curves_at_best.png, from the CSVs."""
   out_dir = Path(out_dir)
-  fin = pd.read_csv(out_dir / "finals.csv")
-  curves = pd.read_csv(out_dir / "curves.csv")
+  fin = read_csv(out_dir / "finals.csv")
+  curves = read_csv(out_dir / "curves.csv")
   pyplot = F.plt()
   fig, ax = pyplot.subplots(figsize=(6.5, 4.2))
   F.plot_u_curves(ax, fin, group_keys, lr_key, labeler=labeler)

@@ -24,7 +24,7 @@ from pergrad.analysis import calibrate, leafwise
 from pergrad.analysis.leafwise import is_norm_leaf
 from pergrad.analysis.plots import plot_curves, plt, savefig, style
 from pergrad.analysis.rules import PAIR_WIN, PAIRS_VERDICT
-from pergrad.analysis.runs import DONE, fmt, from_table, read_csv, x_examples
+from pergrad.analysis.runs import DONE, fmt, from_table, read_csv, write_csv, x_examples
 
 NAME = "moments"
 TITLE = "μ², σ²/B and σ² in Adam's second moment over training"
@@ -71,10 +71,10 @@ def analyze(runs, out_dir: Path) -> None:
   long = leafwise.long_stats(t, IDS, names, "quantity", "value")[[*IDS, "value", "quantity",
                                                                     "leaf"]]
   whole = long["leaf"].isin(leafwise.WHOLE)
-  long[~whole].to_csv(out_dir / "moments_per_leaf.csv", index=False)
-  long[whole].drop(columns="leaf").to_csv(out_dir / "moments_all.csv", index=False)
+  write_csv(long[~whole], out_dir / "moments_per_leaf.csv")
+  write_csv(long[whole].drop(columns="leaf"), out_dir / "moments_all.csv")
   leafwise.write_sizes(table, out_dir)
-  lr_search.with_warmup(fin, runs.sweep_dir).to_csv(out_dir / "finals.csv", index=False)
+  write_csv(lr_search.with_warmup(fin, runs.sweep_dir), out_dir / "finals.csv")
 
 
 def at_ref(df: pd.DataFrame) -> pd.DataFrame:
@@ -107,13 +107,13 @@ def leaf_views(out_dir: Path, window: str = "second", b=None) -> pd.DataFrame | 
   `window` half of mu2_mean · D and var_mean · D / n) of the runs at batch size `b` (None: the
   scale's); None without them or leaf_params.csv."""
   sizes = leafwise.read_sizes(out_dir)
-  path = Path(out_dir) / "moments_per_leaf.csv"
-  if sizes is None or not path.exists():
+  per_leaf = read_csv(Path(out_dir) / "moments_per_leaf.csv")
+  if sizes is None or per_leaf.empty:
     return None
-  per_leaf = at_size(pd.read_csv(path), b)
+  per_leaf = at_size(per_leaf, b)
   if not {"mu2_mean", "var_mean"} <= set(per_leaf["quantity"]):
     return None
-  n = sample_count(at_size(pd.read_csv(Path(out_dir) / "moments_all.csv"), b))
+  n = sample_count(at_size(read_csv(Path(out_dir) / "moments_all.csv"), b))
   half = leafwise.first_half if window == "first" else leafwise.second_half
   late = half(per_leaf[per_leaf["quantity"].isin(("mu2_mean", "var_mean"))])
   p = late.pivot_table(index=["train.seed", "leaf"], columns="quantity", values="value",
@@ -126,8 +126,8 @@ def leaf_views(out_dir: Path, window: str = "second", b=None) -> pd.DataFrame | 
 def figures(out_dir: Path) -> list[Path]:
   """moments_over_training.png: the whole-model ratios and shares, and each leaf's ratio."""
   out_dir = Path(out_dir)
-  all_df = pd.read_csv(out_dir / "moments_all.csv")
-  leaf = pd.read_csv(out_dir / "moments_per_leaf.csv").query("quantity == 'snr2_batch'")
+  all_df = read_csv(out_dir / "moments_all.csv")
+  leaf = read_csv(out_dir / "moments_per_leaf.csv").query("quantity == 'snr2_batch'")
   fig, axes = plt().subplots(1, 3, figsize=(16, 4.2))
   labels = {"snr2_batch": "Σμ̂² / Σσ̂²/B (Adam)", "snr2_example": "Σμ̂² / Σσ̂² (MicroAdam)"}
   panels = ((RATIOS, "ratio of sums over all coordinates",

@@ -32,7 +32,7 @@ from pergrad.analysis.rules import (
   compare,
   noninferior,
 )
-from pergrad.analysis.runs import fmt, from_table, read_csv, stat_columns
+from pergrad.analysis.runs import fmt, from_table, read_csv, stat_columns, write_csv
 
 NAME = "msq_eps"
 TITLE = "MicroAdamMSQ: its μ² preconditioner or its ε floor?"
@@ -104,7 +104,7 @@ def eps_share(table: pd.DataFrame) -> pd.DataFrame:
 
 def analyze(runs, out_dir):
   lr_search.analyze(runs, out_dir, GROUP, select_seed=SELECT)
-  eps_share(runs.table).to_csv(Path(out_dir) / "eps_share.csv", index=False)
+  write_csv(eps_share(runs.table), Path(out_dir) / "eps_share.csv")
 
 
 figures = functools.partial(lr_search.figures, group_keys=GROUP, labeler=label,
@@ -114,7 +114,7 @@ figures = functools.partial(lr_search.figures, group_keys=GROUP, labeler=label,
 def arms(out_dir: Path) -> dict[str, tuple[list[float], list[float]]]:
   """{label: (fresh seeds, their final eval losses)}, in seed order: the searched groups' fresh
   seeds, the fixed runs."""
-  fin = pd.read_csv(Path(out_dir) / "finals.csv")
+  fin = read_csv(Path(out_dir) / "finals.csv")
   best = lr_search.load_best(out_dir)
   seeds = lr_search.seeds_by_label(best, label)
   out = {k: (seeds[k], v) for k, v in lr_search.by_label(best, label).items()}
@@ -191,7 +191,7 @@ def report(out_dir):
   best = lr_search.load_best(out_dir)  # the controls' searches; MicroAdamMSQ's and Adam's lr
   bracket, stable, _ = lr_search.guards_of(best, label, used)  # the controls'; the others'
   # lrs and MicroAdamMSQ's ε were the preconditioner's: its guards on them (`inherited`)
-  fin = pd.read_csv(Path(out_dir) / "finals.csv")
+  fin = read_csv(Path(out_dir) / "finals.csv")
   fixed = lr_search.stable_of(fin[fin["train.seed"].isin(SEEDS)], label, {msq, adam})
   ran = {arm_of(r) for r in fin[fin["train.seed"].isin(SEEDS)].to_dict("records")
          if label(r) in (msq, adam)}

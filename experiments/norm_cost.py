@@ -28,6 +28,7 @@ from pergrad.analysis.rules import (
   REPRODUCED,
   quartiles,
 )
+from pergrad.analysis.runs import read_csv, write_csv
 
 NAME = "norm_cost"
 TITLE = "the cost of per-example gradient norms (all layers, normalization layers only)"
@@ -53,13 +54,13 @@ describe_setup = functools.partial(overhead.describe_setup, benches=BENCH)
 
 
 def analyze(runs, out_dir):
-  overhead.bench_table(runs, out_dir).to_csv(Path(out_dir) / "norm_cost.csv", index=False)
-  df = pd.read_csv(Path(out_dir) / "norm_cost.csv")  # the time ratios as the CSV holds them
+  write_csv(overhead.bench_table(runs, out_dir), Path(out_dir) / "norm_cost.csv")
+  df = read_csv(Path(out_dir) / "norm_cost.csv")  # the time ratios as the CSV holds them
   rows = [{"preset": r["preset"], "B": r["B"], "variant": f"{r['backend']}/{r['stats']}",
            "baseline": r["baseline"], "rep": i, "time_ratio": x, "flops_ratio": r["flops_ratio"],
            "peak_ratio": r["peak_ratio"]}
           for r in df.to_dict("records") for i, x in enumerate(eval(str(r["time_ratios"])))]  # noqa: S307
-  pd.DataFrame(rows).to_csv(Path(out_dir) / "paired.csv", index=False)
+  write_csv(pd.DataFrame(rows), Path(out_dir) / "paired.csv")
 
 
 def summary(pairs: pd.DataFrame) -> pd.DataFrame:
@@ -72,7 +73,7 @@ def summary(pairs: pd.DataFrame) -> pd.DataFrame:
 
 
 def figures(out_dir):
-  pairs = pd.read_csv(Path(out_dir) / "paired.csv")
+  pairs = read_csv(Path(out_dir) / "paired.csv")
   fig, ax = plt().subplots(figsize=(9, 4.5))
   groups = list(pairs.groupby(["preset", "B", "variant"], sort=False))
   ax.boxplot([g["time_ratio"] for _, g in groups], orientation="horizontal")
@@ -85,7 +86,7 @@ def figures(out_dir):
 
 
 def report(out_dir):
-  s = summary(pd.read_csv(Path(out_dir) / "paired.csv"))
+  s = summary(read_csv(Path(out_dir) / "paired.csv"))
   t = s.rename(columns={"time_median": "time_ratio", "time_q25": "time_ratio_q25",
                         "time_q75": "time_ratio_q75"})
   t["backend"] = t["variant"].str.split("/").str[0]

@@ -36,6 +36,7 @@ from pergrad.analysis.rules import (
   bound,
   quartiles,
 )
+from pergrad.analysis.runs import read_csv, write_csv
 
 NAME = "overhead"
 TITLE = "the cost of per-example gradient statistics"
@@ -110,11 +111,11 @@ def bench_table(runs, out_dir) -> pd.DataFrame:
 
 
 def analyze(runs, out_dir):
-  bench_table(runs, out_dir).to_csv(Path(out_dir) / "overhead.csv", index=False)
+  write_csv(bench_table(runs, out_dir), Path(out_dir) / "overhead.csv")
 
 
 def figures(out_dir):
-  df = pd.read_csv(Path(out_dir) / "overhead.csv")
+  df = read_csv(Path(out_dir) / "overhead.csv")
   fig, axes = plt().subplots(1, 3, figsize=(15, 5))
   lab = df[["preset", "B", "backend", "granularity", "stats"]].astype(str).agg(" ".join, axis=1)
   for ax, c in zip(axes, ("time_ratio", "peak_ratio", "flops_ratio"), strict=True):
@@ -193,7 +194,7 @@ def time_calibration(m: dict, reps: int, effect: float = EFFECT) -> calibrate.Ca
 
 
 def report(out_dir):
-  df = pd.read_csv(Path(out_dir) / "overhead.csv")
+  df = read_csv(Path(out_dir) / "overhead.csv")
   if "time_ratio_q25" not in df or "backend" not in df:
     return not_measured(RULE, "the benchmark has no paired time ratios")
   tok = df[(df["backend"] == "surgery") & (df["granularity"] == "token")

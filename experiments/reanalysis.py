@@ -31,6 +31,7 @@ from experiments import (
   snr,
 )
 from pergrad.analysis import budget, decide, guards, leafwise, rules, timing
+from pergrad.analysis.runs import read_csv
 
 D = decide
 REPRODUCED, NOT_REPRODUCED, PARTLY = rules.REPRODUCED, rules.NOT_REPRODUCED, rules.PARTLY
@@ -147,7 +148,7 @@ def do_msq_eps(out, old):
 
 
 def do_gns_ramp(out, old):
-  tt = pd.read_csv(out / "to_target.csv")
+  tt = read_csv(out / "to_target.csv")
   arms = {k: by_seed(g["train.seed"], g["final_eval_loss"]) for k, g in tt.groupby("arm")}
   eff = old_effect(old, "ramp vs fixed", gns_ramp.EFFECT.value)
   p = D.compare(arms.get("ramp", {}), arms.get("fixed", {}), ("ramp", "fixed"), effect=eff,
@@ -158,7 +159,7 @@ def do_gns_ramp(out, old):
 
 
 def do_gns_schedule(out, old):
-  tt = pd.read_csv(out / "to_target.csv")
+  tt = read_csv(out / "to_target.csv")
   search = lr_search.load_best(out)
   base = f"fixed_{int(search[search['best_arm']].iloc[0][gns_schedule.SIZE])}"
   arms = {k: by_seed(g["train.seed"], g["final_eval_loss"]) for k, g in tt.groupby("arm")}
@@ -167,7 +168,7 @@ def do_gns_schedule(out, old):
 
 
 def do_snr(out, old):
-  per_leaf = pd.read_csv(out / "snr_per_leaf.csv")
+  per_leaf = read_csv(out / "snr_per_leaf.csv")
   sizes = leafwise.read_sizes(out)
   keys = snr._by(per_leaf) + ["train.seed", "stage", "leaf"]
   means = leafwise.second_half(per_leaf).groupby(keys, dropna=False)["snr2"].mean().reset_index()
@@ -186,7 +187,7 @@ def do_snr(out, old):
 
 
 def do_moments(out, old):
-  raw = pd.read_csv(out / "moments_all.csv")
+  raw = read_csv(out / "moments_all.csv")
   big = raw[raw["B"].notna()] if "B" in raw else raw[:0]
   sizes = [None, *sorted(int(b) for b in big["B"].unique())] if len(big) else [None]
   ps = []
@@ -204,7 +205,7 @@ def do_moments(out, old):
 
 
 def do_batch_scaling(out, old):
-  curves = pd.read_csv(out / "curves.csv")
+  curves = read_csv(out / "curves.csv")
   key, seed, sc_key = batch_scaling.KEY, batch_scaling.SEED, batch_scaling.SCALING
   ref_b = int(curves["ref"].iloc[0])
   ref = curves[curves[key] == ref_b]
@@ -278,7 +279,7 @@ def shapes_side(shapes, limit, peak_limit=math.inf, flops=True):
 
 
 def do_overhead(out, old):
-  df = pd.read_csv(out / "overhead.csv")
+  df = read_csv(out / "overhead.csv")
   base = df[(df["backend"] == overhead.PAPER_BASE) & (df["stats"] == "mean")].drop_duplicates(
       ["preset", "B"]).set_index(["preset", "B"])
   ratios = lambda r, b: (np.asarray(json.loads(r["time_ratios"]), float)
@@ -300,7 +301,7 @@ def do_overhead(out, old):
 def do_norm_cost(out, old):
   from experiments import norm_cost
 
-  df = pd.read_csv(out / "paired.csv")
+  df = read_csv(out / "paired.csv")
   rows_, outs = [], {}
   for variant, what, lim in norm_cost.BOUNDS:
     shapes = [(f"{what} ({variant}) at {p} B={b} vs the fastest plain step",
@@ -331,7 +332,7 @@ def declared_budget(fin: pd.DataFrame, preset: str) -> dict:
 
 
 def do_lr_exponent(out, old, preset: str):
-  fin = pd.read_csv(out / "finals.csv")
+  fin = read_csv(out / "finals.csv")
   recs = {r["run"]: budget.of_finals(r, int(r[lr_exponent.KEY])) for r in fin.to_dict("records")}
   g = budget.same_budget(recs, declared_budget(fin, preset))
   bad = {r.split(":")[0] for r in g.why.split("; ")} if not g.ok else set()

@@ -104,7 +104,7 @@ def write_readme(exp: Experiment, out_dir: Path, report: Report, info: dict,
           exp, info["preset"], inputs), launch_min=info["launch_wall_s"] / 60,
       figures="".join(f"![{p.name}]({p.name})\n" for p in sorted(out_dir.glob("*.png"))),
       compute_min=info["runs_compute_s"] / 60,
-      files=", ".join(f"`{p.name}`" for p in sorted(out_dir.glob("*.csv")))))
+      files=", ".join(f"`{p.name}`" for p in sorted(out_dir.glob("*.csv*")))))
   prov = {k: info[k] for k in ("commit", "clean")}
   (out_dir / "report.json").write_text(json.dumps(report.to_json(prov), indent=1))
 

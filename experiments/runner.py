@@ -26,7 +26,7 @@ from experiments.sweep import (
   is_rung,
   record_sweep,
 )
-from pergrad.analysis.runs import aggregate, fmt, run_status
+from pergrad.analysis.runs import aggregate, fmt, run_status, write_csv
 from pergrad.files import METRICS, SUMMARY
 
 
@@ -121,7 +121,7 @@ def launch_sweep(exp: Experiment, preset: str, sdir: Path, inputs: Inputs, how: 
   table = aggregate(sdir)
   log.diverged = diverged_runs(sdir)
   if not how.dry_run:
-    table.to_csv(sdir / "table.csv", index=False)
+    write_csv(table, sdir / "table.csv")
   return sweep, log, table
 
 
@@ -162,7 +162,7 @@ def clear_outputs(out_dir: Path) -> list[Path]:
   out_dir = Path(out_dir)
   if not (out_dir / "report.json").exists():
     return []
-  old = sorted([*out_dir.glob("*.csv"), *out_dir.glob("*.png")])
+  old = sorted([*out_dir.glob("*.csv"), *out_dir.glob("*.csv.gz"), *out_dir.glob("*.png")])
   for p in old:
     p.unlink()
   return old

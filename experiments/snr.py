@@ -23,7 +23,7 @@ from experiments.sweep import SEEDS, Block, Sweep, base_for, experiment_value
 from experiments.verdict import pairs_report
 from pergrad.analysis import calibrate, ema_gain, leafwise, rules
 from pergrad.analysis.plots import plot_curves, plt, savefig, style
-from pergrad.analysis.runs import read_csv, x_examples
+from pergrad.analysis.runs import read_csv, write_csv, x_examples
 
 NAME = "snr"
 TITLE = "measured SNR at each stage of the sign chain"
@@ -66,13 +66,13 @@ def analyze(runs, out_dir: Path) -> None:
   ids = IDS + _by(t)
   long = leafwise.long_stats(t, ids, dict.fromkeys(STAGES, "opt"), "stage", "snr2")
   whole = long["leaf"] == "all"
-  long[~whole].to_csv(out_dir / "snr_per_leaf.csv", index=False)
-  long[whole].drop(columns="leaf").to_csv(out_dir / "snr_all.csv", index=False)
+  write_csv(long[~whole], out_dir / "snr_per_leaf.csv")
+  write_csv(long[whole].drop(columns="leaf"), out_dir / "snr_all.csv")
   signs = leafwise.sign_pools(leafwise.sign_long(t, ids))
   if len(signs):
-    signs.to_csv(out_dir / SIGN_CSV, index=False)
+    write_csv(signs, out_dir / SIGN_CSV)
   leafwise.write_sizes(table, out_dir)
-  lr_search.with_warmup(runs.finals, runs.sweep_dir).to_csv(out_dir / "finals.csv", index=False)
+  write_csv(lr_search.with_warmup(runs.finals, runs.sweep_dir), out_dir / "finals.csv")
 
 
 def _placements(df: pd.DataFrame) -> list:

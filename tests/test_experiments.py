@@ -15,11 +15,12 @@ import sys
 import textwrap
 from pathlib import Path
 
-import pandas as pd
 import pytest
 from conftest import ALONE, kill_and_restart
 from omegaconf import OmegaConf
 from test_record import needed_runs
+
+from pergrad.analysis.runs import read_csv
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -27,7 +28,7 @@ sys.path.insert(0, str(REPO))
 from experiments import launch, lr_search, record, runner  # noqa: E402
 from experiments.sweep import PRESETS, SWEEP_JSON, Block, LrSearch, Sweep, record_sweep  # noqa: E402
 from pergrad.analysis import runs  # noqa: E402
-from pergrad.analysis.runs import run_dirname  # noqa: E402
+from pergrad.analysis.runs import run_dirname  # noqa: E402, read_csv
 
 PY = sys.executable
 
@@ -291,7 +292,7 @@ def test_ci_preset_end_to_end(ci_sweeps, name):
     bench = json.loads((sweep_dir / "bench.json").read_text())
     assert bench["rows"] and "checks" in bench and "--presets" in bench["argv"]
     return
-  table = pd.read_csv(sweep_dir / "table.csv")
+  table = read_csv(sweep_dir / "table.csv")
   sweep = exp.sweep_at("ci")
   expected = {run_dirname(p) for b in sweep.blocks for p in b.points()}
   assert expected <= set(table["run"])  # every first-stage point ran and is in the table

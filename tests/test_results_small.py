@@ -1,5 +1,6 @@
 """results/ stays small: long tables are written gzip-compressed with reproducible bytes and
-read back as they were written (`pergrad.analysis.runs.write_csv` / `read_csv`)."""
+read back as they were written (`pergrad.analysis.runs.write_csv` / `read_csv`); the committed
+results/ stays under its bounds."""
 
 from __future__ import annotations
 
@@ -31,3 +32,13 @@ def test_a_short_table_stays_plain_and_replaces_a_stale_long_one(tmp_path):
   assert read_csv(tmp_path / "missing.csv").empty
   (tmp_path / "empty.csv").write_text("\n")
   assert read_csv(tmp_path / "empty.csv").empty
+
+
+def test_committed_results_stay_small():
+  """Issue 53's bound on results/: no file over 1 MB, all of it under 8 MB."""
+  from pathlib import Path
+
+  files = [p for p in (Path(__file__).resolve().parents[1] / "results").rglob("*") if p.is_file()]
+  big = [str(p) for p in files if p.stat().st_size > 1_000_000]
+  assert not big, f"over 1 MB in results/: {big}"
+  assert sum(p.stat().st_size for p in files) < 8_000_000

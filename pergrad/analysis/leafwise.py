@@ -18,7 +18,7 @@ from typing import Callable, Mapping
 import numpy as np
 import pandas as pd
 
-from pergrad.analysis.runs import leaf_of, read_csv, stat_columns
+from pergrad.analysis.runs import leaf_of, read_csv, stat_columns, write_csv
 from pergrad.layer_types import layer_type
 
 SIZES_CSV = "leaf_params.csv"
@@ -89,8 +89,8 @@ def sizes_from_table(table: pd.DataFrame) -> dict[str, int] | None:
 
 def write_sizes(table: pd.DataFrame, out_dir: Path) -> None:
   if sizes := sizes_from_table(table):
-    pd.DataFrame({"leaf": list(sizes), "n_params": list(sizes.values())}).to_csv(
-        Path(out_dir) / SIZES_CSV, index=False)
+    write_csv(pd.DataFrame({"leaf": list(sizes), "n_params": list(sizes.values())}),
+              Path(out_dir) / SIZES_CSV)
 
 
 def read_sizes(out_dir: Path) -> dict[str, int] | None:

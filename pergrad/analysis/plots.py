@@ -76,6 +76,6 @@ def style(ax, *, legend=None, grid=False, **labels):
 
 def savefig(fig, path: Path) -> Path:
   fig.tight_layout()
-  fig.savefig(path, dpi=110)
+  fig.savefig(path, dpi=80)
   plt().close(fig)
   return path

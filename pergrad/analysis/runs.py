@@ -42,7 +42,7 @@ def parse_dirname(name: str) -> dict:
   return dict(item.partition("=")[::2] for item in name.split(","))
 
 
-LONG_ROWS = 2000  # a table with more rows is written gzip-compressed (`write_csv`)
+LONG_ROWS = 500  # a table with more rows is written gzip-compressed (`write_csv`)
 
 
 def gzipped(path) -> Path:
