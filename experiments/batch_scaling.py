@@ -20,11 +20,11 @@ from experiments import lr_search
 from experiments.declared import declared, declared_text
 from experiments.markdown import md_table
 from experiments.record import Experiment, register
-from experiments.sweep import Block, Sweep, base_for, scale_value
 from experiments.verdict import gated, outcomes, pairs_md
 from pergrad.analysis import calibrate, guards, rules
 from pergrad.analysis.plots import plot_curves, plt, savefig, style
 from pergrad.analysis.runs import read_csv, write_csv
+from pergrad.sweep import Block, Sweep, base_for, scale_value
 
 NAME = "batch_scaling"
 TITLE = "square-root learning-rate scaling with batch size"

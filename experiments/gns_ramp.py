@@ -23,16 +23,6 @@ from experiments.declared import declared, declared_text
 from experiments.markdown import listing, sections
 from experiments.record import Experiment, Rung, register
 from experiments.report import not_measured
-from experiments.sweep import (
-  Block,
-  LrSearch,
-  Sweep,
-  base_for,
-  experiment_value,
-  family,
-  is_rung,
-  scale_value,
-)
 from experiments.verdict import gated
 from pergrad.analysis import calibrate, guards, rules
 from pergrad.analysis.plots import plt, savefig, style
@@ -44,6 +34,16 @@ from pergrad.analysis.runs import (
   seed_mean_to_target,
   to_target,
   write_csv,
+)
+from pergrad.sweep import (
+  Block,
+  LrSearch,
+  Sweep,
+  base_for,
+  experiment_value,
+  family,
+  is_rung,
+  scale_value,
 )
 
 NAME = "gns_ramp"

@@ -23,15 +23,6 @@ from experiments.declared import declared, declared_text
 from experiments.markdown import listing, sections
 from experiments.record import Experiment, register
 from experiments.report import Report, not_measured
-from experiments.sweep import (
-  Block,
-  LrSearch,
-  Sweep,
-  Tuned,
-  base_for,
-  experiment_value,
-  scale_value,
-)
 from pergrad.analysis import calibrate, guards, rules
 from pergrad.analysis.plots import plt, savefig, style
 from pergrad.analysis.runs import (
@@ -45,6 +36,15 @@ from pergrad.analysis.runs import (
   seed_mean_to_target,
   to_target,
   write_csv,
+)
+from pergrad.sweep import (
+  Block,
+  LrSearch,
+  Sweep,
+  Tuned,
+  base_for,
+  experiment_value,
+  scale_value,
 )
 
 NAME = "gns_schedule"

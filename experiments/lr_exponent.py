@@ -28,11 +28,11 @@ from experiments.declared import declared, declared_text
 from experiments.markdown import md_table
 from experiments.record import Experiment, Inputs, Rung, register
 from experiments.report import not_measured
-from experiments.sweep import Block, LrSearch, Sweep, base_for, family, is_rung, scale_value
 from experiments.verdict import gated
 from pergrad.analysis import calibrate, guards, rules
 from pergrad.analysis.plots import plt, savefig, style
 from pergrad.analysis.runs import finished, read_csv, write_csv
+from pergrad.sweep import Block, LrSearch, Sweep, base_for, family, is_rung, scale_value
 
 NAME = "lr_exponent"
 TITLE = "the exponent of the tuned learning rate in the batch size"

@@ -26,7 +26,6 @@ from experiments.grids import (
   tuned_blocks,
 )
 from experiments.markdown import md_table
-from experiments.sweep import Block, Sweep, config_extras, family, is_rung, scale_value
 from pergrad.analysis import guards, rules
 from pergrad.analysis import plots as F
 from pergrad.analysis.runs import (
@@ -39,6 +38,7 @@ from pergrad.analysis.runs import (
   run_setting,
   write_csv,
 )
+from pergrad.sweep import Block, Sweep, config_extras, family, is_rung, scale_value
 
 
 @functools.lru_cache(maxsize=32)

@@ -18,13 +18,13 @@ from experiments.declared import declared, declared_text
 from experiments.markdown import listing, sections
 from experiments.record import Experiment, Inputs, Rung, register
 from experiments.report import not_measured
-from experiments.sweep import SEEDS, Block, Sweep, base_for, family, scale_value
 from experiments.verdict import pairs_report
 from pergrad.analysis import calibrate, leafwise
 from pergrad.analysis.leafwise import is_norm_leaf
 from pergrad.analysis.plots import plot_curves, plt, savefig, style
 from pergrad.analysis.rules import PAIR_WIN, PAIRS_VERDICT
 from pergrad.analysis.runs import DONE, fmt, from_table, read_csv, write_csv, x_examples
+from pergrad.sweep import SEEDS, Block, Sweep, base_for, family, scale_value
 
 NAME = "moments"
 TITLE = "μ², σ²/B and σ² in Adam's second moment over training"

@@ -20,9 +20,9 @@ import numpy as np
 import pandas as pd
 
 from experiments.grids import first_stage_fixed, same
-from experiments.sweep import Block, MoreSeeds, Sweep
 from pergrad.analysis import calibrate
 from pergrad.analysis.runs import finished
+from pergrad.sweep import Block, MoreSeeds, Sweep
 
 
 def pilot(fin: pd.DataFrame, arm: dict, seeds) -> list[float] | None:

@@ -17,7 +17,6 @@ from experiments import lr_search, preconditioner
 from experiments.declared import declared, declared_text
 from experiments.markdown import sections
 from experiments.record import Experiment, register
-from experiments.sweep import Block, LrSearch, MoreSeeds, Sweep, base_for
 from experiments.verdict import pairs_report
 from pergrad.analysis import calibrate, guards
 from pergrad.analysis.rules import (
@@ -33,6 +32,7 @@ from pergrad.analysis.rules import (
   noninferior,
 )
 from pergrad.analysis.runs import fmt, from_table, read_csv, stat_columns, write_csv
+from pergrad.sweep import Block, LrSearch, MoreSeeds, Sweep, base_for
 
 NAME = "msq_eps"
 TITLE = "MicroAdamMSQ: its μ² preconditioner or its ε floor?"

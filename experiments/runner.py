@@ -11,23 +11,30 @@ import time
 from pathlib import Path
 
 from experiments import lr_search, report_md
-from experiments import sweep as sweeps
-from experiments.launch import LAUNCHERS, How, LaunchLog, launch_blocks
 from experiments.record import Experiment, Inputs, Report, Runs, get, provenance
-from experiments.reuse import INDEX, RunIndex, is_reused, recorded_version, training_version
-from experiments.sweep import (
+from pergrad import sweep as sweeps
+from pergrad.analysis.runs import aggregate, fmt, run_status, write_csv
+from pergrad.files import METRICS, SUMMARY
+from pergrad.sweep import (
+  INDEX,
+  LAUNCHERS,
   REPO,
   RESULTS,
   SWEEP_JSON,
+  How,
+  LaunchLog,
+  RunIndex,
   config_extras,
   default_results_dir,
   default_sweep_dir,
   family,
+  is_reused,
   is_rung,
+  launch_blocks,
   record_sweep,
+  recorded_version,
+  training_version,
 )
-from pergrad.analysis.runs import aggregate, fmt, run_status, write_csv
-from pergrad.files import METRICS, SUMMARY
 
 
 def check_preset(preset: str, name: str) -> None:

@@ -19,11 +19,11 @@ from experiments.declared import declared, declared_text
 from experiments.markdown import fmt_num, listing, sections
 from experiments.record import Experiment, Inputs, register
 from experiments.report import not_measured
-from experiments.sweep import SEEDS, Block, Sweep, base_for, experiment_value
 from experiments.verdict import pairs_report
 from pergrad.analysis import calibrate, ema_gain, leafwise, rules
 from pergrad.analysis.plots import plot_curves, plt, savefig, style
 from pergrad.analysis.runs import read_csv, write_csv, x_examples
+from pergrad.sweep import SEEDS, Block, Sweep, base_for, experiment_value
 
 NAME = "snr"
 TITLE = "measured SNR at each stage of the sign chain"

@@ -25,10 +25,18 @@ from pergrad.analysis.runs import read_csv
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from experiments import launch, lr_search, record, runner  # noqa: E402
-from experiments.sweep import PRESETS, SWEEP_JSON, Block, LrSearch, Sweep, record_sweep  # noqa: E402
+from experiments import lr_search, record, runner  # noqa: E402
 from pergrad.analysis import runs  # noqa: E402
 from pergrad.analysis.runs import run_dirname  # noqa: E402, read_csv
+from pergrad.sweep import (  # noqa: E402
+  PRESETS,
+  SWEEP_JSON,
+  Block,
+  LrSearch,
+  Sweep,
+  launch,
+  record_sweep,
+)
 
 PY = sys.executable
 
@@ -161,8 +169,7 @@ def test_killed_sweep_restarts_only_missing_runs_fake(tmp_path, fake_train):
   code = textwrap.dedent(f"""
       import sys; sys.path.insert(0, {str(REPO)!r})
       from pathlib import Path
-      from experiments.launch import launch_blocks
-      from experiments.sweep import Block
+      from pergrad.sweep import Block, launch_blocks
       blocks = (Block({{"optimizer.placement": ["example", "ema"],
                         "optimizer.lr": [0.03, 0.1, 0.3], "seed": [0]}}),)
       log = launch_blocks(Path({str(d)!r}), {{"steps": 3}}, blocks,

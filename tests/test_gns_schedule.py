@@ -221,8 +221,8 @@ def test_gns_schedule_follow_up_runs_every_arm_and_each_composes(monkeypatch):
   # arm's other seeds, gns_norm, the short arm, the paper's ramp, warmup, Seesaw (from the
   # best arm's B and lr, step schedule) and the fitted ramp; every run's config builds a plan.
   from experiments import gns_schedule as gs
-  from experiments.sweep import scale_value
   from pergrad.config import build_plan, compose
+  from pergrad.sweep import scale_value
 
   monkeypatch.setattr(gs, "aggregate", lambda _: _schedule_table({}))
   blocks = gs.follow_up("cpu", None)

@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from experiments import lr_search, sign_placement  # noqa: E402
-from experiments.sweep import Block, LrSearch, Sweep  # noqa: E402
+from pergrad.sweep import Block, LrSearch, Sweep  # noqa: E402
 from tests.test_reports import GRID, INF, _row, group_runs, write  # noqa: E402
 
 

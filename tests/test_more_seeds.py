@@ -17,8 +17,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from experiments import lr_search, more_seeds, preconditioner  # noqa: E402
-from experiments.sweep import MIN_PILOT, Block, LrSearch, MoreSeeds, Sweep  # noqa: E402
 from pergrad.analysis import calibrate, rules  # noqa: E402
+from pergrad.sweep import MIN_PILOT, Block, LrSearch, MoreSeeds, Sweep  # noqa: E402
 from tests.test_reports import GRID, _row, group_runs  # noqa: E402
 
 PILOT = (1, 2, 3, 4, 5)

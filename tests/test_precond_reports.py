@@ -17,8 +17,8 @@ sys.path.insert(0, str(REPO))
 
 from experiments import lr_search, msq_eps, preconditioner  # noqa: E402
 from experiments.record import Inputs, Runs  # noqa: E402
-from experiments.sweep import Block, LrSearch, Sweep  # noqa: E402
 from pergrad.analysis.runs import aggregate, run_dirname  # noqa: E402
+from pergrad.sweep import Block, LrSearch, Sweep  # noqa: E402
 
 INF = math.inf
 LN_V = math.log(1024)  # the cpu preset's BPE vocabulary

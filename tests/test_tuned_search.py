@@ -1,4 +1,4 @@
-"""A value tuned beside the lr (`experiments.sweep.Tuned`: MicroAdamMSQ's ε, gns_schedule's
+"""A value tuned beside the lr (`pergrad.sweep.Tuned`: MicroAdamMSQ's ε, gns_schedule's
 fixed batch size) extends its grid past an edge until the chosen value is bracketed, within its
 declared limits, and the search reaches the same runs however often it is stopped and resumed
 (on constructed losses, no training runs)."""
@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from experiments import gns_schedule, grids, lr_search, preconditioner  # noqa: E402
-from experiments.sweep import Block, LrSearch, Sweep, Tuned  # noqa: E402
+from pergrad.sweep import Block, LrSearch, Sweep, Tuned  # noqa: E402
 from tests.test_reports import GRID, _row  # noqa: E402
 
 EPS_KEYS = ("optimizer.variant", "optimizer.eps")
