@@ -81,7 +81,7 @@ def pairs_report(values: dict, expected: list, *, rule: str, paper: str, effect:
   the experiment's own rules), after the guards `checked` and `powered`: each pair's rule at
   its own arms' noise and seeds for `effect` (or `cals`, {"a vs b": Calibration}); names
   `planned` groups not run. `pilot`: the seeds that chose how many followed
-  (`experiments.more_seeds`), `rules.compare`'s."""
+  (`pergrad.sweep.more_seeds`), `rules.compare`'s."""
   verdict, pairs = (rules.decide(values, expected, lower_is_better=lower_is_better, pilot=pilot)
                     if expected else ("not tested", []))
   if comparisons is not None:

@@ -1,4 +1,4 @@
-"""More seeds for an under-powered comparison (`experiments.more_seeds`): which seeds the
+"""More seeds for an under-powered comparison (`pergrad.sweep.more_seeds`): which seeds the
 search adds after its pilot, that a resumed search adds the same, and the two-stage design's
 false-alarm rate and power, simulated at the noises the clean run measured."""
 
@@ -16,9 +16,9 @@ from scipy import stats
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from experiments import lr_search, more_seeds, preconditioner  # noqa: E402
+from experiments import preconditioner  # noqa: E402
 from pergrad.analysis import calibrate, rules  # noqa: E402
-from pergrad.sweep import MIN_PILOT, Block, LrSearch, MoreSeeds, Sweep  # noqa: E402
+from pergrad.sweep import MIN_PILOT, Block, LrSearch, MoreSeeds, Sweep, follow_up_blocks, more_seeds  # noqa: E402
 from tests.test_reports import GRID, _row, group_runs  # noqa: E402
 
 PILOT = (1, 2, 3, 4, 5)
@@ -52,19 +52,19 @@ def _added(blocks, sweep) -> dict:
 
 
 def test_a_powered_pair_gets_no_more_seeds():
-  blocks, kind = lr_search.follow_up_blocks(_sweep(), _fin())
+  blocks, kind = follow_up_blocks(_sweep(), _fin())
   assert kind == "seeds" and _added(blocks, _sweep()) == {}
 
 
 def test_the_pilot_is_awaited_then_the_noisier_arm_alone_gets_seeds():
   sweep = _sweep()
-  blocks, kind = lr_search.follow_up_blocks(sweep, _fin(batch=(4.00,)))  # pilot unfinished
+  blocks, kind = follow_up_blocks(sweep, _fin(batch=(4.00,)))  # pilot unfinished
   assert kind == "pilot" and _added(blocks, sweep) == {}
   noisy = (3.96, 4.0, 4.06, 3.98, 4.04)  # std 0.04: power < 0.8 at 5 seeds for effect 0.05
   fin = _fin(ema=(3.90, 3.905, 3.91, 3.905, 3.90), batch=noisy)
   a, b = [3.90, 3.905, 3.91, 3.905, 3.90], list(noisy)
   assert calibrate.of_arms(a, b, 0.05).power < calibrate.MIN_POWER
-  blocks, kind = lr_search.follow_up_blocks(sweep, fin)
+  blocks, kind = follow_up_blocks(sweep, fin)
   added = _added(blocks, sweep)
   assert kind == "seeds" and list(added) == ["batch"]
   n = len(PILOT) + len(added["batch"])
@@ -77,7 +77,7 @@ def test_the_pilot_is_awaited_then_the_noisier_arm_alone_gets_seeds():
   for k in range(1, len(added["batch"]) + 1):
     done = pd.concat([fin, pd.DataFrame([_row({"optimizer.placement": "batch"}, 3e-3, s, 9.0)
                                          for s in added["batch"][:k]])])
-    assert _added(lr_search.follow_up_blocks(sweep, done)[0], sweep) == added
+    assert _added(follow_up_blocks(sweep, done)[0], sweep) == added
 
 
 def test_both_arms_when_one_alone_cannot_and_none_past_the_cap():
@@ -88,7 +88,7 @@ def test_both_arms_when_one_alone_cannot_and_none_past_the_cap():
   sd = np.std(noisy, ddof=1)
   power = lambda k: calibrate.calibrate("pair", sd, k, 0.05, n_b=k, noise_b=sd, pilot=5).power
   assert power(both[0]) >= 0.9 > power(both[0] - 1)
-  blocks, _ = lr_search.follow_up_blocks(_sweep(most=6), _fin(ema=noisy, batch=noisy))
+  blocks, _ = follow_up_blocks(_sweep(most=6), _fin(ema=noisy, batch=noisy))
   assert _added(blocks, _sweep()) == {}  # past the declared cap: left to guards.powered
   diverged = more_seeds.needed([3.9, math.inf, 4.0, 3.9, 3.9], list(noisy), ls.more)
   assert diverged == {}  # decided by the diverged seed (guards.stable), not by noise
@@ -157,9 +157,9 @@ def test_an_arm_run_at_a_fixed_lr_is_read_from_the_finals():
   pairs = lambda best: [({"optimizer.placement": "ema", "optimizer.lr": 3e-3}, fixed)]
   sweep = Sweep({"steps": 3}, _sweep().blocks, LrSearch(
       ("optimizer.placement",), max_extend=0, seeds=PILOT, more=MoreSeeds(pairs, 0.05, 24)))
-  blocks, kind = lr_search.follow_up_blocks(sweep, fin)
+  blocks, kind = follow_up_blocks(sweep, fin)
   assert kind == "seeds" and list(_added(blocks, sweep)) == ["fixed"]
   assert [b.grid["optimizer.lr"] for b in blocks if "fixed" in b.grid["optimizer.placement"]
           ] == [[5e-3]]
-  _, kind = lr_search.follow_up_blocks(sweep, fin[fin["train.seed"] != 5])  # pilot unfinished
+  _, kind = follow_up_blocks(sweep, fin[fin["train.seed"] != 5])  # pilot unfinished
   assert kind == "pilot"

@@ -1,6 +1,6 @@
 """The lr search a sweep declares (`LrSearch`, the policy `POLICY`): its groups, how its grid
 extends past an edge, a value tuned beside the lr (`Tuned`), more seeds for an under-powered
-comparison (`MoreSeeds`). The search itself runs in `experiments.lr_search`."""
+comparison (`MoreSeeds`). The search runs in `rounds`."""
 
 from __future__ import annotations
 
@@ -45,8 +45,8 @@ class Tuned:
 
 @dataclasses.dataclass(frozen=True)
 class MoreSeeds:
-  """More seeds for an under-powered comparison (`experiments.more_seeds`): `pairs(best)`, the
-  pairs of arms, each {key: value} of its group keys and lr (from `best`, `lr_search.best_lr`'s
+  """More seeds for an under-powered comparison (`pergrad.sweep.more_seeds`): `pairs(best)`, the
+  pairs of arms, each {key: value} of its group keys and lr (from `best`, `rounds.best_lr`'s
   table, or an arm run at a fixed lr), that the report compares with the pair rule
   (`rules.compare`) at the declared `effect`; `most`, the seeds a side never exceeded
   (declared with the experiment); `target`, the power aimed at, above the guard's

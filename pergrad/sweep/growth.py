@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from pergrad.analysis.runs import fmt, from_table
-from pergrad.sweep import Block, Sweep
+from pergrad.sweep.grid import Block, Sweep
 
 
 def in_seeds(col: pd.Series, seeds) -> pd.Series:

@@ -2,7 +2,7 @@
 (an "internal pilot", Wittes & Brittain 1990; our design, not the papers').
 
 The fresh seeds of an lr search (`LrSearch.seeds`) are the pilot. A comparison of two groups
-(`sweep.MoreSeeds.pairs`) whose rule has power below `calibrate.MIN_POWER` at the two arms' pilot
+(`MoreSeeds.pairs`) whose rule has power below `calibrate.MIN_POWER` at the two arms' pilot
 noises and the declared effect gets seeds up to the count at which the rule reaches
 `MoreSeeds.target`: the noisier arm's alone where that suffices, else both arms' alike, at
 most `MoreSeeds.most` a side; past that it is left as it is, and `guards.powered` says how many
@@ -19,10 +19,11 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from experiments.grids import first_stage_fixed, same
 from pergrad.analysis import calibrate
 from pergrad.analysis.runs import finished
-from pergrad.sweep import Block, MoreSeeds, Sweep
+from pergrad.sweep.grid import Block, Sweep
+from pergrad.sweep.growth import first_stage_fixed, same
+from pergrad.sweep.search import MoreSeeds
 
 
 def pilot(fin: pd.DataFrame, arm: dict, seeds) -> list[float] | None:
