@@ -67,16 +67,23 @@ from pergrad.sweep.reuse import (
   run_key,
   training_version,
 )
-from pergrad.sweep.rounds import WARMUP, best_lr, follow_up_blocks, marked_finals, with_warmup
+from pergrad.sweep.rounds import (
+  WARMUP,
+  best_lr,
+  factor_of,
+  follow_up_blocks,
+  marked_finals,
+  with_warmup,
+)
 from pergrad.sweep.search import MIN_PILOT, POLICY, LrSearch, MoreSeeds, Tuned
 
 __all__ = [
-    "CARRIED", "INDEX", "LAUNCHERS", "MIN_PILOT", "POLICY", "PRESETS", "REPO", "RESULTS",
-    "REUSED", "RUNG_PRESETS", "SEEDS", "SWEEP_JSON", "TRAIN_CMD", "WARMUP", "Block", "How",
-    "LaunchLog", "LrSearch", "MoreSeeds", "RunIndex", "Sweep", "Tuned", "base_for", "best_lr",
-    "carry", "check_preset", "config_extras", "config_value", "default_results_dir",
-    "default_sweep_dir", "drop_broken_link", "experiment_value", "family", "follow_up_blocks",
-    "growth", "is_reused", "is_rung", "is_whole", "launch_blocks", "marked_finals", "more_seeds",
+    "CARRIED", "INDEX", "LAUNCHERS", "MIN_PILOT", "POLICY", "PRESETS", "REPO", "RESULTS", "REUSED",
+    "RUNG_PRESETS", "SEEDS", "SWEEP_JSON", "TRAIN_CMD", "WARMUP", "Block", "How", "LaunchLog",
+    "LrSearch", "MoreSeeds", "RunIndex", "Sweep", "Tuned", "base_for", "best_lr", "carry",
+    "check_preset", "config_extras", "config_value", "default_results_dir", "default_sweep_dir",
+    "drop_broken_link", "experiment_value", "factor_of", "family", "follow_up_blocks", "growth",
+    "is_reused", "is_rung", "is_whole", "launch_blocks", "marked_finals", "more_seeds",
     "multirun_command", "override_key", "record_sweep", "recorded_version", "rounds", "run_key",
     "run_overrides", "scale_file", "scale_value", "sweep_dir", "training_version", "waves",
     "with_warmup",
