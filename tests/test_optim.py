@@ -75,12 +75,13 @@ def _run(tx, samples, granularity="example", want=("mean", "sq", "sign"), params
   return out, state
 
 
-def _track(tracker, samples, want=("mean", "sq", "sign")):
-  """The state of `tracker` (`pergrad.optim.tracker.Tracker`) after len(samples) steps."""
+def _track(tracker, samples, want=("mean", "sq", "sign"), hparams=None):
+  """The state of `tracker` (`pergrad.optim.tracker.Tracker`) after len(samples) steps;
+  `hparams`: the optimizer's numbers it may read (`Optimizer.hparams`)."""
   state = tracker.init(_params())
   update = jax.jit(tracker.update)
   for leaves in samples:
-    state = update(state, _stats(leaves, "example", want))
+    state = update(state, _stats(leaves, "example", want), hparams)
   return state
 
 

@@ -69,7 +69,7 @@ def test_sde_scaling():
   cfg = optimizer_config(name="adam", lr=1e-3, b1=0.9, b2=0.99, eps=1e-8, eps_root=1e-10,
                         lr_scaling="sqrt", sde_scaling=True, ref_batch_size=16)
   hp = scaled_hparams(cfg, batch_size=64)
-  np.testing.assert_allclose([hp.peak_lr, hp.b1, hp.b2, hp.eps, hp.eps_root],
+  np.testing.assert_allclose([hp.lr, hp.b1, hp.b2, hp.eps, hp.eps_root],
                              [2e-3, 0.6, 0.96, 5e-9, 2.5e-11], rtol=1e-9)
   assert scaled_hparams(cfg, batch_size=16 * 20).b1 == 0.0  # 1 - b clipped at 1
   hp = scaled_hparams(cfg, batch_size=4)
@@ -114,7 +114,8 @@ def test_build_optimizer_every_option(track):
       assert req.per_example_clip == cfg.per_example_clip
       (updates, *_), state = _run(opt.tx, _samples(seed=11, n=n, steps=2), req.granularity,
                                   req.want, params)
-      snr = _track(opt.snr, _samples(seed=11, n=n, steps=2), req.want) if track else None
+      snr = (_track(opt.snr, _samples(seed=11, n=n, steps=2), req.want, opt.hparams)
+             if track else None)
       assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(state)
                  if jnp.issubdtype(x.dtype, jnp.floating)), cfg
       for u, shape in zip(updates, _shape_leaves(), strict=True):

@@ -188,8 +188,9 @@ class Steps:
       return fn.lower(self.abstract_sharded_state(), abstract_batch(B), *heldout).compile()
 
     self.train_jit = jit_step()
-    logged_jit = (jit_step(sp.log_request, sp.log_backend, self.sign is not None)
-                  if sp.log_request is not None else None)
+    self.logged_jit = logged_jit = (
+        jit_step(sp.log_request, sp.log_backend, self.sign is not None)
+        if sp.log_request is not None else None)
     heldout = (self.sign.abstract_stats,) if self.sign is not None else ()
     sizes = plan.batch.sizes if plan.batch.kind != "fixed" else (plan.batch.max_batch_size,)
     # One compiled pair per allowed batch size (buckets), so a batch schedule never
