@@ -18,7 +18,6 @@ from typing import Any, NamedTuple
 
 import optax
 
-from pergrad.stats.types import GradStats
 
 
 class Tracker(NamedTuple):
