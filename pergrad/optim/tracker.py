@@ -19,7 +19,6 @@ from typing import Any, NamedTuple
 import optax
 
 
-
 class Tracker(NamedTuple):
   """A diagnostic beside the optimizer: pure functions of its state (module docstring)."""
 
