@@ -95,7 +95,7 @@ def decay_steps(sched: ScheduleConfig, total_steps: int, *, cut: bool = True
   """The step schedule's halving points d_i (module docstring): schedule.decay_steps, or
   the first steps at which the cosine of `sched` over `total_steps` is ≤ 2^−i, before
   `total_steps` (`cut`) or all of them (one per level 2^−i > f whatever the run's length,
-  those from total_steps on never reached: the compiled step's argument).
+  those from total_steps on never reached: what the optimizer state holds).
 
   The step schedule halves the lr at the full-batch steps d_1 < d_2 < ...
   (schedule.decay_steps, i.e. at d_i · B_max examples); with none given, where the cosine of
