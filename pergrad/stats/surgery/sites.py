@@ -120,9 +120,9 @@ def copy_note(call, ids: dict) -> str:
     return ""
   where = f" at '{_name(call.path)}'" if call.path else ""
   return (f"the {copies[0]} of the {call.name} call{where} is not a leaf of params but "
-          "computed inside loss_fn (a transformed copy, e.g. w.astype(...); a slice in "
-          "jax.lax.scan or nn.scan; or a second model's parameters made from the leaves, e.g. "
-          "a teacher on stop_gradient(params)); pass each parameter array as it is in params, "
+          "computed inside loss_fn (a transformed copy, e.g. w.astype(...); a slice of a "
+          "reshaped stack in jax.lax.scan; or a second model's parameters made from the "
+          "leaves, e.g. a teacher on stop_gradient(params)); pass each parameter array as it is in params, "
           "or close over a frozen part as a constant")
 
 
@@ -279,7 +279,7 @@ def _trace_calls(loss_fn, params, batch, keys):
     def rec(call):
       out = call.run()
       lift = next(serials) if lifted.lifts(call, ids) else -1
-      note = "" if lift >= 0 else copy_note(call, ids)
+      note = copy_note(call, ids)
       if note and note not in notes:
         notes.append(note)
       log.append(dict(keys=call_keys(call, ids), lifted=lift, kind=call.kind, attend=call.attend,
