@@ -131,7 +131,7 @@ def _check(stats, g):
   for kp, x in flat:
     get = lambda t, kp=kp: _at(t, kp)
     name = jax.tree_util.keystr(kp)
-    close = lambda a, b, s, what: np.testing.assert_allclose(
+    close = lambda a, b, s, what, name=name: np.testing.assert_allclose(
         a, b, rtol=1e-4, atol=1e-6 * s, err_msg=f"{what} {name}")
     close(get(stats.sum), x.sum(0), scale, "sum")
     close(get(stats.coordinate_stats["sq"]), np.square(x).sum(0), scale**2, "sq")

@@ -23,8 +23,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from pergrad.stats import separable
-from pergrad.stats.surgery.proof import Unsupported
 from pergrad.stats.surgery.memo import memo
+from pergrad.stats.surgery.proof import Unsupported
 from pergrad.stats.vmap import example_loss
 
 # Batches of one may sum in another order: 4096 float32 roundings (u = 2⁻²⁴); a batch-size

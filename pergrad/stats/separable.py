@@ -29,8 +29,8 @@ import jax.extend.core as jcore
 import jax.numpy as jnp
 import numpy as np
 
-from pergrad.stats.surgery.proof import JIT, Unsupported
 from pergrad.stats.surgery.memo import memo
+from pergrad.stats.surgery.proof import JIT, Unsupported
 
 N_EXAMPLES = 4  # B': the examples the check uses
 # XLA:CPU options that compile the check's programs several times faster (they run a few

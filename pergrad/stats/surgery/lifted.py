@@ -95,8 +95,8 @@ def evaluate(jaxpr, consts, args, probes: dict) -> list:
   remat: passed as arguments; jit: inlined), every other equation bound as it is."""
   env = {}
   read = lambda v: v.val if isinstance(v, jcore.Literal) else env[v]
-  env.update(zip(jaxpr.constvars, consts))
-  env.update(zip(jaxpr.invars, args))
+  env.update(zip(jaxpr.constvars, consts, strict=True))
+  env.update(zip(jaxpr.invars, args, strict=True))
   for eqn in jaxpr.eqns:
     ins, name = [read(v) for v in eqn.invars], eqn.primitive.name
     inner = _inner(eqn)
@@ -107,7 +107,8 @@ def evaluate(jaxpr, consts, args, probes: dict) -> list:
     elif inner and name in REMAT:
       tags = sorted(inner, key=repr)
       body = eqn.params["jaxpr"]
-      fn = lambda a, z, body=body, tags=tags: evaluate(*_closed(body), a, dict(zip(tags, z)))
+      fn = lambda a, z, body=body, tags=tags: evaluate(*_closed(body), a,
+                                                       dict(zip(tags, z, strict=True)))
       outs = jax.checkpoint(fn, prevent_cse=eqn.params["prevent_cse"],
                             policy=eqn.params["policy"])(ins, [probes[t] for t in tags])
     elif inner:
@@ -141,7 +142,7 @@ def _scan(eqn, ins, probes: dict) -> list:
 
   def step(carry, sl):
     x, z = sl
-    outs = evaluate(body, body_consts, [*consts, *carry, *x], dict(zip(tags, z)))
+    outs = evaluate(body, body_consts, [*consts, *carry, *x], dict(zip(tags, z, strict=True)))
     return outs[:nk], outs[nk:]
 
   carry, ys = jax.lax.scan(step, list(init), (list(xs), [probes[t] for t in tags]),

@@ -122,8 +122,8 @@ def copy_note(call, ids: dict) -> str:
   return (f"the {copies[0]} of the {call.name} call{where} is not a leaf of params but "
           "computed inside loss_fn (a transformed copy, e.g. w.astype(...); a slice of a "
           "reshaped stack in jax.lax.scan; or a second model's parameters made from the "
-          "leaves, e.g. a teacher on stop_gradient(params)); pass each parameter array as it is in params, "
-          "or close over a frozen part as a constant")
+          "leaves, e.g. a teacher on stop_gradient(params)); pass each parameter array as it is "
+          "in params, or close over a frozen part as a constant")
 
 
 def array_ids(p, keys) -> dict:
