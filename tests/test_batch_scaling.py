@@ -22,7 +22,7 @@ sys.path.insert(0, str(REPO))
 from experiments import batch_scaling as bs  # noqa: E402
 from experiments import lr_search, record  # noqa: E402
 from pergrad.analysis import calibrate, rules, runs  # noqa: E402
-from pergrad.analysis.runs import run_dirname  # noqa: E402
+from pergrad.analysis.runs import read_csv, run_dirname  # noqa: E402
 
 REF, EXAMPLES, EVAL_EXAMPLES, SIZES = bs.budget("cpu")
 
@@ -131,7 +131,7 @@ def _run_rule(tmp_path, table, warmup=lambda b: 20):
     (tmp_path / r["run"] / ".hydra" / "config.yaml").write_text(
         f"schedule:\n  warmup_steps: {warmup(r[bs.KEY])}\n")
   bs.analyze(record.Runs(tmp_path, table, fin), tmp_path)
-  col, mis, _ = bs.collapse(pd.read_csv(tmp_path / "curves.csv"))
+  col, mis, _ = bs.collapse(read_csv(tmp_path / "curves.csv"))
   return bs.report(tmp_path), bs.judge(col, mis), col
 
 

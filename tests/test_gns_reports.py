@@ -15,6 +15,7 @@ sys.path.insert(0, str(REPO))
 
 from experiments import gns_layers, norm_cost  # noqa: E402
 from experiments.record import Runs  # noqa: E402
+from pergrad.analysis.runs import read_csv  # noqa: E402
 
 # --- norm_cost ---------------------------------------------------------------------------------
 
@@ -91,7 +92,7 @@ def test_norm_cost_paired_rows_and_summary(tmp_path):
   doc = _bench({"surgery/norms": [1.0, 1.1, 1.2, 1.3, 1.4]}, {"surgery/norms": 1.01})
   (d / "sweep" / "bench.json").write_text(json.dumps(doc))
   norm_cost.analyze(Runs(d / "sweep"), d)
-  pairs = pd.read_csv(d / "paired.csv")
+  pairs = read_csv(d / "paired.csv")
   assert len(pairs) == REPS + 5 and set(pairs["baseline"]) == {"contraction"}
   s = norm_cost.summary(pairs).set_index("variant")
   assert s.loc["surgery/norms", "time_median"] == 1.2
@@ -134,7 +135,7 @@ def _gns_report(tmp_path, name, table):
     (d / r / ".hydra" / "config.yaml").write_text("schedule:\n  warmup_steps: 20\n")
   gns_layers.analyze(Runs(d, table, pd.DataFrame({"run": table["run"].unique()})), d)
   assert gns_layers.figures(d)[0].exists()
-  return gns_layers.report(d), pd.read_csv(d / gns_layers.PART_WHOLE)
+  return gns_layers.report(d), read_csv(d / gns_layers.PART_WHOLE)
 
 
 def test_gns_layers_verdicts(tmp_path):

@@ -18,7 +18,11 @@ sys.path.insert(0, str(REPO))
 from experiments import lr_search, msq_eps, preconditioner  # noqa: E402
 from experiments.record import Inputs, Runs  # noqa: E402
 from experiments.sweep import Block, LrSearch, Sweep  # noqa: E402
-from pergrad.analysis.runs import aggregate, run_dirname  # noqa: E402
+from pergrad.analysis.runs import (  # noqa: E402
+  aggregate,
+  read_csv,  # noqa: E402
+  run_dirname,
+)
 
 INF = math.inf
 LN_V = math.log(1024)  # the cpu preset's BPE vocabulary
@@ -75,8 +79,8 @@ def test_a_loss_above_ln_v_counts_as_diverged_in_the_search(tmp_path):
     (out / r / ".hydra").mkdir(parents=True)
     (out / r / ".hydra" / "config.yaml").write_text("schedule:\n  warmup_steps: 20\n")
   preconditioner.analyze(Runs(out, table, fin), out)
-  assert (pd.read_csv(out / "finals.csv")[lr_search.WARMUP] == 20).all()
-  best = pd.read_csv(out / "best.csv")
+  assert (read_csv(out / "finals.csv")[lr_search.WARMUP] == 20).all()
+  best = read_csv(out / "best.csv")
   assert set(best["select_seed"]) == {0}  # one selection seed
   msq = best[best["optimizer.variant"] == "micro_adam_msq"].set_index("optimizer.eps")
   assert msq.loc[1e-5, "all_diverged"] and not msq.loc[1e-4, "all_diverged"]
@@ -156,7 +160,7 @@ def test_an_eps_chosen_over_one_whose_lr_search_ended_at_an_edge_is_not_brackete
   _precond_best(tmp_path)
   assert msq_eps.report(tmp_path / "me").verdict != "undetermined: bracketed"
   # ...for the arms it ran only: a preconditioner search re-run since, choosing another lr
-  best = pd.read_csv(tmp_path / preconditioner.NAME / "best.csv")
+  best = read_csv(tmp_path / preconditioner.NAME / "best.csv")
   best.loc[best["optimizer.variant"] == "adam", "optimizer.lr"] = 0.06
   best.to_csv(tmp_path / preconditioner.NAME / "best.csv", index=False)
   rep = msq_eps.report(tmp_path / "me")
@@ -245,7 +249,7 @@ def test_an_arm_past_its_pilot_is_read_only_when_the_pilot_comes_first(tmp_path,
   five = [4.001, 4.002, 4.003, 4.002, 4.001]
   out = _msq_out(tmp_path, five, [x - 0.001 for x in five], [x + 0.3 for x in five],
                  matched=[x + 0.3 for x in five])
-  fin = pd.read_csv(out / "finals.csv")
+  fin = read_csv(out / "finals.csv")
   fin = fin[fin["train.seed"] != 1]  # (the fixture searches on seeds 0 and 1; SELECT is 0)
   ctrl = (fin["optimizer.eps"] == 1.0) & (fin["optimizer.lr"] == 1.0)
   added = fin[ctrl & (fin["train.seed"] == 2)]
