@@ -20,11 +20,11 @@ from experiments import lr_search
 from experiments.declared import declared, declared_text
 from experiments.markdown import md_table
 from experiments.record import Experiment, register
-from experiments.sweep import Block, Sweep, base_for, scale_value
 from experiments.verdict import calibration_of, gated, key, outcomes, pairs_md
 from pergrad.analysis import calibrate, decide, guards, rules
 from pergrad.analysis.plots import plot_curves, plt, savefig, style
 from pergrad.analysis.runs import read_csv, write_csv
+from pergrad.sweep import WARMUP, Block, Sweep, base_for, scale_value, with_warmup
 
 NAME = "batch_scaling"
 TITLE = "square-root learning-rate scaling with batch size"
@@ -100,7 +100,7 @@ def sweep(preset: str, inputs=None) -> Sweep:
 
 
 def analyze(runs, out_dir):
-  t, fin = runs.table.copy(), lr_search.with_warmup(runs.finals, runs.sweep_dir)
+  t, fin = runs.table.copy(), with_warmup(runs.finals, runs.sweep_dir)
   write_csv(fin, Path(out_dir) / "finals.csv")
   t["examples_seen"] = t["step"] * t[KEY]
   t["diverged"] = t["run"].map(dict(zip(fin["run"], fin["diverged"], strict=False))).fillna(False)
@@ -237,7 +237,7 @@ def arm_guards(out_dir) -> tuple:
     div[name(r)] = (div[name(r)][0], [div[name(r)][0]])
   warm = {}
   for r in fin.to_dict("records"):
-    w = float(r.get(lr_search.WARMUP, math.nan))
+    w = float(r.get(WARMUP, math.nan))
     warm[name(r)] = min(warm.get(name(r), math.inf), w) if math.isfinite(w) else math.nan
   return guards.stable(div, 1.0), guards.warm(warm)
 

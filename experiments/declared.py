@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from experiments.sweep import experiment_value
+from pergrad.sweep import experiment_value
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,13 +20,13 @@ from experiments.declared import declared, declared_text
 from experiments.markdown import fmt_num, listing, sections
 from experiments.record import Experiment, Inputs, Rung, register
 from experiments.report import Report, not_measured
-from experiments.sweep import SEEDS, Block, Sweep, base_for, experiment_value, family
 from experiments.verdict import gated
 from pergrad.analysis import GNS_TOTAL, calibrate, layer_type, leafwise, smooth
 from pergrad.analysis.gns_terms import part_whole
 from pergrad.analysis.plots import plot_curves, plt, savefig, style
 from pergrad.analysis.rules import NOT_REPRODUCED, PARTLY, REPRODUCED, UNDETERMINED
 from pergrad.analysis.runs import read_csv, write_csv, x_examples
+from pergrad.sweep import SEEDS, Block, Sweep, base_for, experiment_value, family, with_warmup
 
 NAME = "gns_layers"
 TITLE = "gradient noise scale per layer type; the normalization layers as predictor"
@@ -106,7 +106,7 @@ def analyze(runs, out_dir: Path) -> None:
   write_csv(pd.concat([regression(smoothed(t, a), a) for a in ALPHAS], ignore_index=True),
             out_dir / PART_WHOLE)
   leafwise.write_sizes(table, out_dir)
-  write_csv(lr_search.with_warmup(fin, runs.sweep_dir), out_dir / "finals.csv")
+  write_csv(with_warmup(fin, runs.sweep_dir), out_dir / "finals.csv")
 
 
 def figures(out_dir: Path) -> list[Path]:

@@ -23,16 +23,6 @@ from experiments.declared import declared, declared_text
 from experiments.markdown import listing, sections
 from experiments.record import Experiment, Rung, register
 from experiments.report import not_measured
-from experiments.sweep import (
-  Block,
-  LrSearch,
-  Sweep,
-  base_for,
-  experiment_value,
-  family,
-  is_rung,
-  scale_value,
-)
 from experiments.verdict import calibration_of, gated
 from pergrad.analysis import decide, guards
 from pergrad.analysis.plots import plt, savefig, style
@@ -44,6 +34,18 @@ from pergrad.analysis.runs import (
   seed_mean_to_target,
   to_target,
   write_csv,
+)
+from pergrad.sweep import (
+  Block,
+  LrSearch,
+  Sweep,
+  base_for,
+  best_lr,
+  experiment_value,
+  family,
+  is_rung,
+  scale_value,
+  with_warmup,
 )
 
 NAME = "gns_ramp"
@@ -118,9 +120,9 @@ def follow_up(preset: str, sweep_dir: Path) -> tuple[Block, ...]:
 
 
 def fixed_best(fin: pd.DataFrame) -> dict | None:
-  """The fixed B_max run's `lr_search.best_lr` row (the short arm, without a selection seed,
+  """The fixed B_max run's `best_lr` row (the short arm, without a selection seed,
   has no row), None before it."""
-  best = lr_search.best_lr(fin[fin["batch.kind"] == "fixed"], GROUP, "optimizer.lr",
+  best = best_lr(fin[fin["batch.kind"] == "fixed"], GROUP, "optimizer.lr",
                            select_seed=SELECT_SEED)
   return None if best.empty else best.iloc[0].to_dict()
 
@@ -136,9 +138,9 @@ def analyze(runs, out_dir: Path) -> None:
   """finals.csv, best.csv (the fixed run's lr search), curves.csv, to_target.csv (the judged
   runs at the chosen lr, fresh seeds), regime.csv (tokens per parameter)."""
   out_dir, table = Path(out_dir), runs.table
-  fin = lr_search.with_warmup(runs.finals, runs.sweep_dir)
+  fin = with_warmup(runs.finals, runs.sweep_dir)
   write_csv(fin, out_dir / "finals.csv")
-  best = lr_search.best_lr(fin[fin["batch.kind"] == "fixed"], GROUP, "optimizer.lr",
+  best = best_lr(fin[fin["batch.kind"] == "fixed"], GROUP, "optimizer.lr",
                            select_seed=SELECT_SEED)
   write_csv(best, out_dir / "best.csv")
   if best.empty:

@@ -23,15 +23,6 @@ from experiments.declared import declared, declared_text
 from experiments.markdown import listing, sections
 from experiments.record import Experiment, register
 from experiments.report import Report, not_measured
-from experiments.sweep import (
-  Block,
-  LrSearch,
-  Sweep,
-  Tuned,
-  base_for,
-  experiment_value,
-  scale_value,
-)
 from pergrad.analysis import decide, guards
 from pergrad.analysis.plots import plt, savefig, style
 from pergrad.analysis.runs import (
@@ -45,6 +36,17 @@ from pergrad.analysis.runs import (
   seed_mean_to_target,
   to_target,
   write_csv,
+)
+from pergrad.sweep import (
+  Block,
+  LrSearch,
+  Sweep,
+  Tuned,
+  base_for,
+  best_lr,
+  experiment_value,
+  scale_value,
+  with_warmup,
 )
 
 NAME = "gns_schedule"
@@ -121,13 +123,13 @@ def sweep(preset: str) -> Sweep:
 
 
 def fixed_search(fin: pd.DataFrame) -> tuple[pd.DataFrame, dict | None]:
-  """`lr_search.best_lr` of the fixed arms (short arm left out) on their `common_seeds` (none:
+  """`best_lr` of the fixed arms (short arm left out) on their `common_seeds` (none:
   all; `report` says so), its row of lowest fresh-seed mean (None: no fresh seeds). The best
   arm's follow-up seeds are left out: a resumed follow-up chooses as the first did."""
   full = full_fixed(fin)
-  search = lr_search.best_lr(full, GROUP, "optimizer.lr", select_seed=SELECT_SEED)
+  search = best_lr(full, GROUP, "optimizer.lr", select_seed=SELECT_SEED)
   if len(common := common_seeds(search)):
-    search = lr_search.best_lr(full[full["train.seed"].isin([SELECT_SEED, *common])], GROUP,
+    search = best_lr(full[full["train.seed"].isin([SELECT_SEED, *common])], GROUP,
                                "optimizer.lr", select_seed=SELECT_SEED)
   best = search[search["n_seeds"] > 0] if len(search) else search
   return search, None if best.empty else lr_search.ranked(best).iloc[0].to_dict()
@@ -273,7 +275,7 @@ def analyze(runs, out_dir: Path) -> None:
   """best.csv (the fixed arms' search; `best_arm`), curves.csv and to_target.csv (the runs
   judged), gns.csv (tracked B_simple at the logged steps), ramp_fit.csv."""
   out_dir, table = Path(out_dir), runs.table
-  fin = lr_search.with_warmup(runs.finals, runs.sweep_dir)
+  fin = with_warmup(runs.finals, runs.sweep_dir)
   write_csv(fin, out_dir / "finals.csv")
   search, best = fixed_search(fin)
   search["best_arm"] = [best is not None and r[SIZE] == best[SIZE]

@@ -27,20 +27,21 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from experiments.launch import How, LaunchLog
 from experiments.markdown import md_table, sections
 from experiments.record import Experiment, Rung, experiments, in_order, register
 from experiments.report import Report
-from experiments.sweep import (
+from pergrad.analysis.plots import plt, savefig, style
+from pergrad.analysis.runs import read_csv, write_csv
+from pergrad.sweep import (
   RUNG_PRESETS,
+  How,
+  LaunchLog,
   default_results_dir,
   default_sweep_dir,
   family,
   scale_file,
   scale_value,
 )
-from pergrad.analysis.plots import plt, savefig, style
-from pergrad.analysis.runs import read_csv, write_csv
 
 NAME = "ladder"
 RUNGS = {  # model overrides per family; each family's last rung is its own scale's model

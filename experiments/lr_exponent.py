@@ -28,11 +28,22 @@ from experiments.declared import declared, declared_text
 from experiments.markdown import md_table
 from experiments.record import Experiment, Inputs, Rung, register
 from experiments.report import not_measured
-from experiments.sweep import Block, LrSearch, Sweep, base_for, family, is_rung, scale_value
 from experiments.verdict import gated
 from pergrad.analysis import calibrate, guards, rules
 from pergrad.analysis.plots import plt, savefig, style
 from pergrad.analysis.runs import finished, read_csv, write_csv
+from pergrad.sweep import (
+  Block,
+  LrSearch,
+  Sweep,
+  base_for,
+  best_lr,
+  factor_of,
+  family,
+  is_rung,
+  scale_value,
+  with_warmup,
+)
 
 NAME = "lr_exponent"
 TITLE = "the exponent of the tuned learning rate in the batch size"
@@ -122,7 +133,7 @@ def star_guards(star: pd.DataFrame, fin: pd.DataFrame) -> tuple[guards.Guard, gu
     bad = at_b["diverged"].astype(bool) | ~np.isfinite(at_b["final_eval_loss"].astype(float))
     div[arm] = (float(r["lr_star"]), sorted(set(at_b.loc[bad, LR].astype(float))))
     if len(lrs) > 1:
-      steps.append(lr_search.factor_of(lrs))
+      steps.append(factor_of(lrs))
   return guards.bracketed(grid), guards.stable(div, min(steps, default=1.0))
 
 
@@ -154,13 +165,13 @@ def judge(f: dict) -> str:
 
 
 def analyze(runs, out_dir: Path) -> None:
-  """finals.csv (warmup from the configs), best.csv (`lr_search.best_lr` per B), lr_star.csv,
+  """finals.csv (warmup from the configs), best.csv (`best_lr` per B), lr_star.csv,
   b_simple.csv (each run's median tracked B_simple over its second half; `at_ref`: a run at
   the preset's B_ref at its seed's lowest-loss lr, those the regime reads)."""
   out_dir = Path(out_dir)
-  fin = lr_search.with_warmup(runs.finals, runs.sweep_dir)
+  fin = with_warmup(runs.finals, runs.sweep_dir)
   write_csv(fin, out_dir / "finals.csv")
-  write_csv(lr_search.best_lr(fin, (KEY,), LR, select_seed=SELECT), out_dir / "best.csv")
+  write_csv(best_lr(fin, (KEY,), LR, select_seed=SELECT), out_dir / "best.csv")
   star = lr_star(fin)
   write_csv(star, out_dir / "lr_star.csv")
   t, ref = runs.table, reference_batch_size(runs.table.attrs.get("overrides") or [])

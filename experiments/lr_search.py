@@ -1,12 +1,9 @@
-"""Learning-rate sweeps (`sweep.POLICY`): the best lr per group, follow-up stages, CSVs, figures.
-
-A diverged run (`rules.DIVERGED_RULE`) counts as +inf. Only the fresh seeds at the chosen lr
-are reported (`loss_mean`, `loss_std`, `n_seeds`); the selection seeds' mean is `select_loss`.
-"""
+"""Learning-rate searches in the experiments' reports: the validity guards of the chosen lrs,
+the lrs another experiment's search chose, its CSVs, figures and Markdown. The search itself
+(`best_lr`, the follow-up rounds) is `pergrad.sweep.rounds`."""
 
 from __future__ import annotations
 
-import functools
 import math
 from pathlib import Path
 from typing import Callable, Sequence
@@ -14,126 +11,19 @@ from typing import Callable, Sequence
 import numpy as np
 import pandas as pd
 
-from experiments import more_seeds
-from experiments.grids import (
-  extensions,
-  first_stage_fixed,
-  first_stage_lrs,
-  in_seeds,
-  missing_lrs,
-  same,
-  select_seeds,
-  tuned_blocks,
-)
 from experiments.markdown import md_table
-from experiments.sweep import Block, Sweep, config_extras, family, is_rung, scale_value
-from pergrad.analysis import guards, rules
+from pergrad.analysis import guards
 from pergrad.analysis import plots as F
 from pergrad.analysis.runs import (
   curves_at,
-  finals,
-  finished,
   fmt,
   from_table,
   read_csv,
-  run_setting,
   write_csv,
 )
-
-
-@functools.lru_cache(maxsize=32)
-def vocab_size(overrides: tuple) -> int:
-  """V of the config that `overrides` compose."""
-  from pergrad.analysis import scale_summary
-
-  return int(scale_summary(list(overrides))["vocab_size"])
-
-
-def marked_finals(table: pd.DataFrame, base: dict, extra: Sequence[str] = ()) -> pd.DataFrame:
-  """`runs.finals` with `rules.mark_diverged` on each run's eval history (V of the config that
-  `base` and the config-changing `extra` overrides compose)."""
-  fin = finals(table)
-  if fin.empty or "eval/loss" not in table:
-    return fin
-  overrides = tuple(f"{k}={fmt(v)}" for k, v in base.items()) + tuple(config_extras(extra))
-  return rules.mark_diverged(fin, vocab_size(overrides), table)
-
-
-def best_lr(fin: pd.DataFrame, group_keys: Sequence[str], lr_key: str,
-            seed_key: str = "train.seed", metric: str = "final_eval_loss",
-            select_seed=None, each_seed: bool = False) -> pd.DataFrame:
-  """Per group (a missing key reads as None): the lr chosen on the selection seeds (`select_seed`,
-  one or a tuple; else the group's lowest), `select_loss` there, the fresh seeds' losses at it
-  (a diverged seed makes the mean inf), the lr grid, its edges (`each_seed`: also where one
-  selection seed's own lowest loss is at an edge) and divergences."""
-  rows = []
-  completed = finished(fin)
-  completed = completed.assign(**{k: None for k in group_keys if k not in completed})
-  has_seed = seed_key in completed
-  if select_seed is not None:
-    select_seed = tuple(select_seed) if isinstance(select_seed, (tuple, list)) else (select_seed,)
-  for gvals, g in completed.groupby(list(group_keys), sort=False, dropna=False):  # keys: tuples
-    sel = (select_seed if select_seed is not None else (g[seed_key].min(),)) if has_seed else ()
-    s0 = g[in_seeds(g[seed_key], sel)] if has_seed else g
-    if s0.empty:  # no selection run in this group: nothing was selected
-      continue
-    per_lr = s0.groupby(lr_key)[metric].mean().sort_index()
-    lrs = list(per_lr.index)
-    finite = np.isfinite(per_lr.to_numpy(dtype=float))
-    best = per_lr.idxmin() if finite.any() else lrs[0]
-    i = lrs.index(best)
-    edge = "low" if i == 0 else ("high" if i == len(lrs) - 1 else "")
-    for _, d in (s0.groupby(seed_key) if each_seed and finite[i] and has_seed else ()):
-      own = d.groupby(lr_key)[metric].mean().astype(float)  # a seed's own best at an edge
-      own = own[np.isfinite(own)]
-      j = lrs.index(own.idxmin()) if len(own) else -1
-      edge = edge or ("low" if j == 0 else "high" if j == len(lrs) - 1 else "")
-    fresh = (g[~in_seeds(g[seed_key], sel) & np.isclose(g[lr_key].astype(float), float(best),
-                                                   rtol=1e-9)].sort_values(seed_key)
-             if has_seed else g.iloc[:0])
-    vals = [float(v) if np.isfinite(v) else math.inf for v in fresh[metric]]
-    finite_vals = all(np.isfinite(vals))
-    rows.append({
-        **dict(zip(group_keys, gvals, strict=False)),
-        lr_key: best,
-        "select_seed": (from_table(sel[0]) if len(sel) == 1
-                        else " ".join(fmt(from_table(x)) for x in sel)) if has_seed else None,
-        "select_loss": float(per_lr.loc[best]),
-        "loss_mean": (float(np.mean(vals)) if finite_vals else math.inf) if vals else math.nan,
-        "loss_std": float(np.std(vals, ddof=1)) if len(vals) > 1 and finite_vals else math.nan,
-        "n_seeds": len(vals),
-        "fresh_seeds": " ".join(fmt(from_table(x)) for x in fresh[seed_key]) if has_seed else "",
-        "fresh_losses": " ".join(repr(v) for v in vals),
-        "at_edge": bool(finite[i] and edge),
-        "edge": edge,
-        "grid": " ".join(fmt(float(x)) for x in lrs),
-        "n_diverged": int((~finite).sum()),
-        "all_diverged": bool(not finite.any()),
-        "diverged_lrs": " ".join(fmt(float(x)) for x in sorted(set(
-            g.loc[~np.isfinite(g[metric].astype(float)), lr_key].astype(float)))),
-        WARMUP: float(g[WARMUP].min()) if WARMUP in g else math.nan,
-    })
-  return pd.DataFrame(rows)
-
-
-WARMUP = "warmup_steps"  # a run's warmup in optimizer steps, read from its Hydra config
-
-
-def with_warmup(fin: pd.DataFrame, sweep_dir: Path) -> pd.DataFrame:
-  """`fin` with WARMUP: each run's schedule.warmup_steps as its config records it, else as its
-  name does (a swept value), else NaN (never guessed)."""
-  if fin.empty:
-    return fin.assign(**{WARMUP: []})
-  named = fin.get("schedule.warmup_steps", pd.Series(math.nan, index=fin.index))
-  w = [run_setting(Path(sweep_dir) / r, "schedule.warmup_steps") for r in fin["run"]]
-  return fin.assign(**{WARMUP: [float(n) if x is None else float(x)
-                                for x, n in zip(w, named, strict=True)]})
-
-
-def factor_of(grid: Sequence[float]) -> float:
-  """The grid's step: the smallest ratio of neighbouring values (1 with < 2 values)."""
-  g = sorted(set(grid))
-  return min((b / a for a, b in zip(g, g[1:], strict=False) if a > 0), default=1.0)
+from pergrad.sweep import Block, Sweep, family, is_rung, scale_value
+from pergrad.sweep.growth import same, select_seeds
+from pergrad.sweep.rounds import WARMUP, best_lr, factor_of, marked_finals, with_warmup
 
 
 def guards_of(best: pd.DataFrame, labeler: Callable[[dict], str], used=None) -> tuple:
@@ -172,58 +62,6 @@ def stable_of(fin: pd.DataFrame, labeler: Callable[[dict], str], labels) -> guar
       bad = bool(r.get("diverged")) or not np.isfinite(float(r["final_eval_loss"]))
       arms[k] = (lr, [*div, float(r["optimizer.lr"])] if bad else div)
   return guards.stable(arms, 1.0)
-
-
-def follow_up_blocks(sweep: Sweep, fin: pd.DataFrame) -> tuple[list[Block], str]:
-  """(blocks, kind) of the next follow-up round: per group the next lr past its edge (while the
-  grid holds fewer than `max_extend` lrs past its first-stage grid on that side) or below an
-  all-diverged grid (down to `diverged_floor`), else its fresh seeds; with `tuned`, the values
-  added past an edge of a tuned value (`grids.tuned_blocks`); with `more`, once the fresh
-  seeds (the pilot) have finished, the seeds that power an under-powered comparison
-  (`more_seeds.blocks`). kind: "extend" (the settled groups' seeds come along), "pilot" (the
-  fresh seeds, more may follow), "seeds" or "none". A function of the finished runs alone: a
-  search stopped and resumed any number of times reaches the grid of one run through."""
-  ls = sweep.lr_search
-  if ls is None or fin.empty:
-    return [], "none"
-  seed0 = list(select_seeds(sweep))
-  best = best_lr(fin, ls.group_keys, ls.lr_key, ls.seed_key, select_seed=tuple(seed0),
-                 each_seed=ls.each_seed)
-  extend, seeds, moving = [], [], []  # moving: the groups whose lr grid grows this round
-  for _, b in best.iterrows():
-    group = {k: from_table(b[k]) for k in ls.group_keys}
-    if missing_lrs(sweep, group, b["grid"]):  # an added value's group, stopped: completed first
-      continue
-    one = {k: [v] for k, v in group.items()}
-    grid, lr = [float(x) for x in b["grid"].split()], None
-    first = first_stage_lrs(sweep, group)  # none: a group no first-stage block made, not extended
-    if b["all_diverged"]:  # the floor: below the lowest lr of the first-stage blocks
-      if grid[0] > min(first, default=grid[-1]) / ls.diverged_floor * (1 + 1e-6):
-        lr = grid[0] / ls.factor
-    elif b["at_edge"] and first and extensions(grid, first, b["edge"]) < ls.max_extend:
-      lr = grid[0] / ls.factor if b["edge"] == "low" else grid[-1] * ls.factor
-    elif ls.seeds and np.isfinite(b["select_loss"]):
-      seeds.append(Block({**one, ls.lr_key: [float(b[ls.lr_key])],
-                          ls.seed_key: list(ls.seeds)}, fixed=first_stage_fixed(sweep, group)))
-    if lr is not None:  # the group's budget (its first-stage `fixed`) comes along
-      extend.append(Block({**one, ls.lr_key: [float(f"{lr:.3g}")], ls.seed_key: seed0},
-                          fixed=first_stage_fixed(sweep, group)))
-      moving.append(group)
-  waiting = False
-  if ls.tuned is not None:  # "loss_mean": the search's own fresh seeds, as at its seeds round
-    score = best if ls.tuned.metric == "select_loss" else best_lr(
-        fin[in_seeds(fin[ls.seed_key], [*seed0, *ls.seeds])], ls.group_keys, ls.lr_key,
-        ls.seed_key, select_seed=tuple(seed0))
-    more, waiting = tuned_blocks(sweep, best, score, moving)
-    extend += more
-  if extend or waiting:
-    return extend + seeds, "extend"
-  if ls.more is not None:  # the fresh seeds were a pilot: more where under-powered
-    more, waiting = more_seeds.blocks(sweep, fin, best, seed0)
-    if waiting:
-      return seeds, "pilot"
-    seeds += more
-  return seeds, "seeds" if seeds else "none"
 
 
 def load_best(out_dir: Path) -> pd.DataFrame:

@@ -18,13 +18,13 @@ from experiments.declared import declared, declared_text
 from experiments.markdown import listing, sections
 from experiments.record import Experiment, Inputs, Rung, register
 from experiments.report import not_measured
-from experiments.sweep import SEEDS, Block, Sweep, base_for, family, scale_value
 from experiments.verdict import pairs_report
 from pergrad.analysis import leafwise
 from pergrad.analysis.decide import READING, VERDICT
 from pergrad.analysis.leafwise import is_norm_leaf
 from pergrad.analysis.plots import plot_curves, plt, savefig, style
 from pergrad.analysis.runs import DONE, fmt, from_table, read_csv, write_csv, x_examples
+from pergrad.sweep import SEEDS, Block, Sweep, base_for, family, scale_value, with_warmup
 
 NAME = "moments"
 TITLE = "μ², σ²/B and σ² in Adam's second moment over training"
@@ -74,7 +74,7 @@ def analyze(runs, out_dir: Path) -> None:
   write_csv(long[~whole], out_dir / "moments_per_leaf.csv")
   write_csv(long[whole].drop(columns="leaf"), out_dir / "moments_all.csv")
   leafwise.write_sizes(table, out_dir)
-  write_csv(lr_search.with_warmup(fin, runs.sweep_dir), out_dir / "finals.csv")
+  write_csv(with_warmup(fin, runs.sweep_dir), out_dir / "finals.csv")
 
 
 def at_ref(df: pd.DataFrame) -> pd.DataFrame:

@@ -19,7 +19,6 @@ import numpy as np
 import pandas as pd
 
 from experiments.declared import declared, declared_text
-from experiments.launch import How, LaunchLog
 from experiments.markdown import fmt_num, md_table
 from experiments.record import Experiment, register
 from experiments.report import not_measured
@@ -36,6 +35,7 @@ from pergrad.analysis.rules import (
   quartiles,
 )
 from pergrad.analysis.runs import read_csv, write_csv
+from pergrad.sweep import How, LaunchLog
 
 NAME = "overhead"
 TITLE = "the cost of per-example gradient statistics"

@@ -16,11 +16,11 @@ import numpy as np
 from experiments import lr_search
 from experiments.declared import declared, declared_text
 from experiments.record import Experiment, register
-from experiments.sweep import Block, LrSearch, MoreSeeds, Sweep, Tuned, base_for
 from experiments.verdict import pairs_report
 from pergrad.analysis import guards
 from pergrad.analysis.decide import READING, VERDICT
 from pergrad.analysis.runs import fmt, from_table
+from pergrad.sweep import Block, LrSearch, MoreSeeds, Sweep, Tuned, base_for
 
 NAME = "preconditioner"
 TITLE = "mean- vs variance-dominated Adam preconditioners"

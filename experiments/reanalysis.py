@@ -317,7 +317,7 @@ def do_norm_cost(out, old):
 
 def declared_budget(fin: pd.DataFrame, preset: str) -> dict:
   """run -> its B's declared budget, as `lr_exponent.sweep` plans each B's first-stage block."""
-  from experiments.sweep import family, scale_value
+  from pergrad.sweep import family, scale_value
 
   rb = int(scale_value(preset, "data.batch_size"))
   examples = rb * int(scale_value(preset, "train.steps"))

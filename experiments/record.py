@@ -14,8 +14,8 @@ from typing import Callable
 import pandas as pd
 
 from experiments.report import Report
-from experiments.sweep import REPO, sweep_dir
 from pergrad.registry import Registry
+from pergrad.sweep import REPO, sweep_dir
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,7 +169,7 @@ def in_order(names) -> tuple:
 
 def same_code(a: str | None, b: str | None, repo: Path = REPO) -> bool:
   """Whether commits `a` and `b` hold the same files outside results/ (what a reproduction
-  writes, and what a carried one commits, `experiments.carry`): a report made at `a` is what
+  writes, and what a carried one commits, `pergrad.sweep.carry`): a report made at `a` is what
   `b` would make. False for an unknown commit."""
   if not a or not b or "unknown" in (a, b):
     return False

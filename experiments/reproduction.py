@@ -10,14 +10,13 @@ from pathlib import Path
 
 from experiments import record
 from experiments.report_md import portable_command
-from experiments.reuse import recorded_version, training_version
-from experiments.sweep import REPO
+from pergrad.sweep import REPO, recorded_version, training_version
 
 
 class Record:
   """results/PRESET/reproduction.json of `all`, rewritten after each experiment and every
   minute, so an invocation that is stopped leaves its record. An unfinished record of the
-  same command at the same training version (`experiments.reuse.training_version`: the runs
+  same command at the same training version (`pergrad.sweep.reuse.training_version`: the runs
   are the same runs) is continued, whatever its commit: its invocations listed with their
   commits, their wall times summed; a stopped reproduction resumes where it was, skipping
   the runs that finished, and an experiment completed at an older commit is analysed again

@@ -10,24 +10,33 @@ import json
 import time
 from pathlib import Path
 
-from experiments import lr_search, report_md
-from experiments import sweep as sweeps
-from experiments.launch import LAUNCHERS, How, LaunchLog, launch_blocks
+from experiments import report_md
 from experiments.record import Experiment, Inputs, Report, Runs, get, provenance
-from experiments.reuse import INDEX, RunIndex, is_reused, recorded_version, training_version
-from experiments.sweep import (
+from pergrad import sweep as sweeps
+from pergrad.analysis.runs import aggregate, fmt, run_status, write_csv
+from pergrad.files import METRICS, SUMMARY
+from pergrad.sweep import (
+  INDEX,
+  LAUNCHERS,
   REPO,
   RESULTS,
   SWEEP_JSON,
+  How,
+  LaunchLog,
+  RunIndex,
   config_extras,
   default_results_dir,
   default_sweep_dir,
   family,
+  follow_up_blocks,
+  is_reused,
   is_rung,
+  launch_blocks,
+  marked_finals,
   record_sweep,
+  recorded_version,
+  training_version,
 )
-from pergrad.analysis.runs import aggregate, fmt, run_status, write_csv
-from pergrad.files import METRICS, SUMMARY
 
 
 def check_preset(preset: str, name: str) -> None:
@@ -109,8 +118,8 @@ def launch_sweep(exp: Experiment, preset: str, sdir: Path, inputs: Inputs, how: 
     launch_blocks(sdir, sweep.base, sweep.blocks, **kw)
   rounds = sweep.lr_search.rounds if sweep.lr_search else 0
   for r in range(0 if how.dry_run or analyze_only else rounds):
-    fin = lr_search.marked_finals(aggregate(sdir), sweep.base, how.extra)
-    blocks, kind = lr_search.follow_up_blocks(sweep, fin)
+    fin = marked_finals(aggregate(sdir), sweep.base, how.extra)
+    blocks, kind = follow_up_blocks(sweep, fin)
     if blocks:
       how.echo(f"{tag} follow-up round {r}: {kind}")
       launch_blocks(sdir, sweep.base, blocks, **kw)
@@ -151,7 +160,7 @@ def write_results(exp: Experiment, sdir: Path, out_dir: Path, sweep, table, extr
       raise RuntimeError(f"no run of {sdir} wrote {METRICS}; see the log above.")
     table.attrs["overrides"] = [f"{k}={fmt(v)}" for k, v in sweep.base.items()] + list(
         config_extras(extra))
-    exp.analyze(Runs(sdir, table, lr_search.marked_finals(table, sweep.base, extra)), out_dir)
+    exp.analyze(Runs(sdir, table, marked_finals(table, sweep.base, extra)), out_dir)
   else:
     exp.analyze(Runs(sdir), out_dir)
   exp.figures(out_dir)

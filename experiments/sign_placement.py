@@ -11,10 +11,10 @@ import functools
 from experiments import lr_search
 from experiments.declared import declared, declared_text
 from experiments.record import Experiment, register
-from experiments.sweep import Block, LrSearch, Sweep, base_for
 from experiments.verdict import pairs_report
 from pergrad.analysis.decide import READING, VERDICT
 from pergrad.analysis.rules import adjacent
+from pergrad.sweep import Block, LrSearch, Sweep, base_for
 
 NAME = "sign_placement"
 TITLE = "where to put the sign in signSGD"

@@ -19,11 +19,11 @@ from experiments.declared import declared, declared_text
 from experiments.markdown import fmt_num, listing, sections
 from experiments.record import Experiment, Inputs, register
 from experiments.report import not_measured
-from experiments.sweep import SEEDS, Block, Sweep, base_for, experiment_value
 from experiments.verdict import pairs_report
 from pergrad.analysis import decide, ema_gain, leafwise
 from pergrad.analysis.plots import plot_curves, plt, savefig, style
 from pergrad.analysis.runs import read_csv, write_csv, x_examples
+from pergrad.sweep import SEEDS, Block, Sweep, base_for, experiment_value, with_warmup
 
 NAME = "snr"
 TITLE = "measured SNR at each stage of the sign chain"
@@ -72,7 +72,7 @@ def analyze(runs, out_dir: Path) -> None:
   if len(signs):
     write_csv(signs, out_dir / SIGN_CSV)
   leafwise.write_sizes(table, out_dir)
-  write_csv(lr_search.with_warmup(runs.finals, runs.sweep_dir), out_dir / "finals.csv")
+  write_csv(with_warmup(runs.finals, runs.sweep_dir), out_dir / "finals.csv")
 
 
 def _placements(df: pd.DataFrame) -> list:

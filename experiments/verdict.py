@@ -73,7 +73,7 @@ def groups(values: dict) -> str:
 def sequential_reading(p: decide.Paired, a, b, design: sequential.Design,
                        lower_is_better: bool = True) -> decide.Paired:
   """`p` read by the group-sequential `design` its seeds were added under
-  (`experiments.more_seeds`) at its last look reached; a divergence or too few seeds keep
+  (`pergrad.sweep.more_seeds`) at its last look reached; a divergence or too few seeds keep
   `decide.compare`'s reading."""
   _, xa, xb, _ = decide.shared(a, b)
   if p.why:
@@ -90,8 +90,8 @@ def pairs_report(values: dict, expected: list, *, rule: str, paper: str, effect:
   {seed: value}}) on their shared seeds, absence by TOST at ±`margin` (default `effect`), power
   reported for `effect`; read by the sequential `design` where seeds were added under one; or
   the experiment's own `comparisons`. The verdict is `verdict_fn` (default `decide.verdict_of`)
-  of them, after the guards `checked` and `powered` (required of none decided). Names
-  `planned` groups not run."""
+  of them, after the guards `checked` and `powered` (reported: an open pair reads "not
+  separable" in the verdict itself). Names `planned` groups not run."""
   margin = effect if margin is None else margin
   pairs = list(comparisons) if comparisons is not None else [
       decide.compare(values.get(a, {}), values.get(b, {}), (a, b), effect=effect, margin=margin,

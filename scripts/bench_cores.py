@@ -5,7 +5,7 @@ one JSON object (and writes it with --out).
     python scripts/bench_cores.py --steps 40 --out results/cpu/bench_cores.json
 
 Each layout trains the same small sweep of the cpu preset (an lr grid x seeds, fresh sweep
-directories) through `experiments.launch.launch_blocks` with Hydra's joblib launcher, as
+directories) through `pergrad.sweep.launch_blocks` with Hydra's joblib launcher, as
 `reproduce.py --launcher joblib --n-jobs N` does:
   NxT    N parallel jobs, each with XLA:CPU's intra-op threads at T (T = 1:
          `XLA_FLAGS=--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1`;
@@ -34,8 +34,7 @@ ONE_THREAD = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
 
 def sweep_wall(layout: str, root: Path, args, tag: str) -> float:
   """Seconds to train the sweep (module docstring) with `layout` ("NxT")."""
-  from experiments.launch import launch_blocks
-  from experiments.sweep import Block
+  from pergrad.sweep import Block, launch_blocks
 
   n_jobs, threads = (int(x) for x in layout.split("x"))
   base = {"scale": "cpu", "train.steps": args.steps, "train.eval_batches": 1,

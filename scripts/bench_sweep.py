@@ -6,7 +6,7 @@
 
 For each code version (`--before`: another checkout; `after`: this one), in turns over
 `--rounds`, a subprocess launches with that version's own launcher
-(`experiments.launch.launch_blocks`) a small sweep of the cpu preset (an lr grid x seeds of
+(`pergrad.sweep.launch_blocks`) a small sweep of the cpu preset (an lr grid x seeds of
 one experiment, then a second experiment asking for some of the same runs), from empty sweep
 directories and compilation cache. Reported per version (`summarize`): runs trained and
 reused, the fixed cost (wall time less the steps' time) of the first and the later runs,
@@ -39,13 +39,16 @@ DRIVER = r"""
 import json, sys, time
 from pathlib import Path
 sys.path.insert(0, sys.argv[1])
-from experiments.launch import launch_blocks
-from experiments.sweep import Block
 try:
-  from experiments.reuse import RunIndex
-  index = RunIndex.at(sys.argv[3])
-except ImportError:  # a version without run reuse
-  index = None
+  from pergrad.sweep import Block, RunIndex, launch_blocks
+except ImportError:  # a version before pergrad.sweep: its launcher in experiments/
+  from experiments.launch import launch_blocks
+  from experiments.sweep import Block
+  try:
+    from experiments.reuse import RunIndex
+  except ImportError:  # a version without run reuse
+    RunIndex = None
+index = RunIndex.at(sys.argv[3]) if RunIndex is not None else None
 spec = json.loads(sys.argv[2])
 out = {}
 for exp, grid in spec["experiments"]:
@@ -194,9 +197,11 @@ def turn(repo: Path, args, root: Path) -> dict:
   experiments = [("grid", {"optimizer.lr": lrs, "train.seed": seeds}),
                  ("second", {"optimizer.lr": [lrs[len(lrs) // 2]], "train.seed": seeds})]
   extra = [f"train.compile_cache={root / 'jax_cache'}"] if has_compile_cache(repo) else []
-  # as that version's experiments launch their runs (experiments.sweep.base_for)
-  figure = ({"logging.figure": False} if "logging.figure" in (
-      repo / "experiments" / "sweep.py").read_text() else {})
+  # as that version's experiments launch their runs (its base_for: pergrad/sweep/presets.py,
+  # or experiments/sweep.py before pergrad.sweep)
+  base_for = next(p for p in (repo / "pergrad" / "sweep" / "presets.py",
+                              repo / "experiments" / "sweep.py") if p.exists())
+  figure = {"logging.figure": False} if "logging.figure" in base_for.read_text() else {}
   spec = {"root": str(root), "experiments": experiments, "extra": extra,
           "base": {"experiment": args.experiment, "scale": "cpu", "train.steps": args.steps,
                    "logging.log_every": 5, **figure}}  # tokens/s needs two metric pulls

@@ -52,14 +52,14 @@ def bare_step(plan, steps: int, warmup: int) -> dict:
   state = st.init(jnp.int32(0))
   t0 = time.perf_counter()
   # The trainer's plain step, compiled once more to read XLA's buffer-liveness peak.
-  compiled, peak_bytes = compile_with_peak(st.train_jit.lower(state, batch, st.hparams))
+  compiled, peak_bytes = compile_with_peak(st.train_jit.lower(state, batch))
   compile_s = time.perf_counter() - t0
   for _ in range(warmup):
-    state, m = compiled(state, batch, st.hparams)
+    state, m = compiled(state, batch)
   jax.block_until_ready((state, m))
   t0 = time.perf_counter()
   for _ in range(steps):
-    state, m = compiled(state, batch, st.hparams)
+    state, m = compiled(state, batch)
   jax.block_until_ready((state, m))
   dt = time.perf_counter() - t0
   return {"xla_flops_per_step": flops_of(compiled),

@@ -35,10 +35,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from experiments import record as rec  # noqa: E402
 from experiments import report_md, runner  # noqa: E402
-from experiments import sweep as sweeps  # noqa: E402
-from experiments.launch import LAUNCHERS  # noqa: E402
 from experiments.reproduction import Record  # noqa: E402
-from experiments.sweep import PRESETS, RUNG_PRESETS  # noqa: E402
+from pergrad import sweep as sweeps  # noqa: E402
+from pergrad.sweep import LAUNCHERS, PRESETS, RUNG_PRESETS  # noqa: E402
 
 
 def _render(preset: str) -> None:
@@ -87,8 +86,8 @@ def _check_overrides(extra: list[str], preset: str) -> None:
   """ValueError (one line) when the --hydra-arg overrides that change the runs' config do not
   compose with the preset (an unknown key, a wrong type, no such config group option), before
   any run is launched."""
-  from experiments.sweep import config_extras
   from pergrad.config import compose
+  from pergrad.sweep import config_extras
 
   said = config_extras(extra)
   if not said:
@@ -138,8 +137,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _carry(a) -> None:
-  """--carry-in / --carry-out (`experiments.carry`); exits with one line on a bad archive."""
-  from experiments import carry
+  """--carry-in / --carry-out (`pergrad.sweep.carry`); exits with one line on a bad archive."""
+  from pergrad.sweep import carry
   root = a.sweeps_root or report_md.REPO / "runs" / "sweeps"
   record = sweeps.RESULTS / a.preset / report_md.REPRODUCTION
   try:

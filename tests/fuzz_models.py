@@ -27,7 +27,7 @@ from pergrad.stats import taps  # noqa: E402
 B, T, D, F0, V = 3, 3, 4, 5, 7
 ALL = ("mean", "sq", "sign", "norms")
 # Hazards surgery cannot prove exact (refused) and those it must accept.
-REFUSED = ("penalty", "shared", "vmapped", "scan", "remat", "raw_tie")
+REFUSED = ("penalty", "shared", "vmapped", "raw_tie")
 HAZARDS = ("none", "none", "penalty", "shared", "vmapped", "scan", "remat", "keyword")
 # Ways to mix examples (refused by every backend as not separable), drawn apart from the
 # hazards (their own stream, 1 model in 6): the earlier seeds keep their models otherwise.
@@ -90,15 +90,15 @@ def _has_params(block) -> bool:
 
 
 def refused(m: dict) -> bool:
-  """Whether surgery must refuse the model (a vmapped or rematerialised body refused only
-  where a layer call in it owns parameters: a body of parameter-free norms is exact)."""
+  """Whether surgery must refuse the model (a vmapped body refused only where a layer call
+  in it owns parameters: a body of parameter-free norms is exact; scan and remat: exact)."""
   if m.get("mixing"):
     return True
   if m.get("tree") == "frozen":  # the frozen layers are constants: no hazard in them counts
-    return m["head"] == "raw_tie" or m["hazard"] in ("penalty", "scan")  # scan: copies
+    return m["head"] == "raw_tie" or m["hazard"] == "penalty"
   if m.get("table") in ("alibi", "relative"):
     return True
-  if m["hazard"] in ("vmapped", "remat"):
+  if m["hazard"] == "vmapped":
     return any(_has_params(b) for b in m["blocks"]) or m["head"] in REFUSED
   return m["hazard"] in REFUSED or m["head"] in REFUSED
 

@@ -18,10 +18,10 @@ from pergrad.config.batch import BatchConfig, BatchSchedule, default_sizes, reso
 from pergrad.config.schema import TrainSpec
 from pergrad.optim.schedule import (
   ScheduleConfig,
+  by_examples,
   decay_steps,
   make_schedule,
   scale_by_token_schedule,
-  token_lr,
 )
 from pergrad.train.batch_schedule import next_batch_size
 from pergrad.train.loop import run
@@ -75,7 +75,7 @@ def test_token_schedule_equals_optax_for_a_fixed_batch():
 def test_token_schedule_follows_examples_seen_with_lr_scaling(scaling, kappa):
   sched = make_schedule(ScheduleConfig(warmup_steps=4, final_lr_frac=0.1), 0.1, total_steps=20)
   tx = scale_by_token_schedule(sched, 16, scaling)
-  lr_of = token_lr(sched, 16, scaling)
+  lr_of = by_examples(sched, 16, scaling)
   u = {"w": jnp.ones(3)}
   state, seen = tx.init(u), 0
   for B in (4, 4, 8, 8, 8, 16, 16, 4):
@@ -230,7 +230,7 @@ def test_seesaw_doubles_b_and_scales_the_lr_by_one_over_sqrt2():
   assert sched.lr_scaling == "sqrt" and sched.lr_ref == 2
   step = make_schedule(ScheduleConfig(name="step", warmup_steps=0, decay_steps=(3, 5, 7)),
                        0.1, total_steps=10)
-  lr_of = token_lr(step, 8, sched.lr_scaling, sched.lr_ref, exact_floor=True)
+  lr_of = by_examples(step, 8, sched.lr_scaling, sched.lr_ref, exact_floor=True)
   seen, k, B, rows = 0, 0, 0, []
   while seen < 80:
     B = next_batch_size(sched, k, seen, B, _never)

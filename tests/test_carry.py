@@ -1,4 +1,4 @@
-"""A stopped reproduction carried to another machine (`experiments.carry`): packed where it
+"""A stopped reproduction carried to another machine (`pergrad.sweep.carry`): packed where it
 stopped, unpacked under another sweeps root, it continues there without training a finished
 run again; an unfinished run starts again; nothing already there is overwritten. The sweeps
 use test_experiments' fake training entry (no JAX)."""
@@ -15,8 +15,7 @@ import pytest
 from test_experiments import FAKE_TRAIN, REPO, _fake_cmd
 from test_reuse import _fake_index
 
-from experiments import carry, launch
-from experiments.sweep import Block
+from pergrad.sweep import Block, carry, launch
 
 BASE = {"steps": 3}
 A = (Block({"optimizer.placement": ["ema"], "optimizer.lr": [0.1, 0.3], "seed": [0]}),)
@@ -196,8 +195,8 @@ def test_a_commit_that_adds_only_results_keeps_the_experiments_it_finished(tmp_p
 
 
 def test_the_run_layout_carry_reads_is_the_one_training_writes():
-  from experiments import reuse
   from pergrad.config.plan import CONFIG
+  from pergrad.sweep import reuse
   from pergrad.train.checkpoint import CHECKPOINTS
   from pergrad.train.run_dir import RECORD
 

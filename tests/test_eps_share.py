@@ -62,8 +62,10 @@ def test_build_optimizer_holds_eps_for_the_adam_family(eps, want):
                     coordinate_stats={"sq": {"w": 4 * g["w"] ** 2}}, granularity="example")
   _, state = opt.tx.update(g, state, params, grad_stats=stats, examples_seen=jnp.int32(0),
                            batch_size=4)
-  assert opt.moments(state).eps == eps  # the hparams' ε, not a copy held in the chain
-  assert len(jax.tree.leaves(state)) == 4  # count, m, v, v's weight: no ε held in the chain
+  # The ε the optimizer state holds (its numbers, `pergrad.optim.hparams`), once: the
+  # chain's own state is count, m, v, v's weight.
+  assert opt.moments(state).eps is state.hyperparams["eps"] and state.hyperparams["eps"] == eps
+  assert len(jax.tree.leaves(state.inner_state)) == 4
   got = diagnostics(stats, opt.moments(state))
   assert float(got["opt/all/eps_share"]) == want and float(got["opt/w/eps_share"]) == want
 

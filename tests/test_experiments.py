@@ -25,10 +25,20 @@ from pergrad.analysis.runs import read_csv
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from experiments import launch, lr_search, record, runner  # noqa: E402
-from experiments.sweep import PRESETS, SWEEP_JSON, Block, LrSearch, Sweep, record_sweep  # noqa: E402
+from experiments import record, runner  # noqa: E402
 from pergrad.analysis import runs  # noqa: E402
 from pergrad.analysis.runs import run_dirname  # noqa: E402, read_csv
+from pergrad.sweep import (  # noqa: E402
+  PRESETS,
+  SWEEP_JSON,
+  Block,
+  LrSearch,
+  Sweep,
+  best_lr,  # noqa: E402
+  follow_up_blocks,
+  launch,
+  record_sweep,
+)
 
 PY = sys.executable
 
@@ -120,14 +130,14 @@ def test_run_dirname_matches_hydra_and_aggregate(tmp_path, fake_train):
   assert {"train/loss", "eval/loss", "stats/dense/kernel/snr_median", "optimizer.lr",
           "optimizer.placement", "seed"} <= set(table.columns)
   fin = runs.finals(table)
-  best = lr_search.best_lr(fin, ["optimizer.placement"], "optimizer.lr", seed_key="seed")
+  best = best_lr(fin, ["optimizer.placement"], "optimizer.lr", seed_key="seed")
   assert set(best["optimizer.lr"]) == {0.1} and not best["at_edge"].any()
   # Second launch: everything is skipped, nothing is re-run.
   log2 = launch.launch_blocks(tmp_path / "s", sweep.base, sweep.blocks,
                               train_cmd=_fake_cmd(fake_train), echo=lambda *_: None)
   assert sorted(log2.skipped) == expect and not log2.launched
   # Follow-up stage: best lr not at an edge -> seeds at the best lr.
-  blocks, kind = lr_search.follow_up_blocks(sweep, fin)
+  blocks, kind = follow_up_blocks(sweep, fin)
   assert kind == "seeds"
   assert sorted(run_dirname(p) for b in blocks for p in b.points()) == sorted(
       f"optimizer.lr=0.1,optimizer.placement={p},seed=1" for p in ("ema", "example"))
@@ -148,7 +158,7 @@ def test_follow_up_extends_grid_past_edge_and_flags_divergence(tmp_path, fake_tr
   again = launch.launch_blocks(d, sweep.base, sweep.blocks, train_cmd=_fake_cmd(fake_train),
                                echo=lambda *_: None)  # resumed: nothing run again
   assert (again.failed, again.launched) == ([], [])
-  new, kind = lr_search.follow_up_blocks(sweep, fin)
+  new, kind = follow_up_blocks(sweep, fin)
   assert kind == "extend"
   pts = [p for b in new for p in b.points()]
   assert pts == [{"optimizer.placement": "ema", "optimizer.lr": 0.09, "seed": 0},
@@ -161,8 +171,7 @@ def test_killed_sweep_restarts_only_missing_runs_fake(tmp_path, fake_train):
   code = textwrap.dedent(f"""
       import sys; sys.path.insert(0, {str(REPO)!r})
       from pathlib import Path
-      from experiments.launch import launch_blocks
-      from experiments.sweep import Block
+      from pergrad.sweep import Block, launch_blocks
       blocks = (Block({{"optimizer.placement": ["example", "ema"],
                         "optimizer.lr": [0.03, 0.1, 0.3], "seed": [0]}}),)
       log = launch_blocks(Path({str(d)!r}), {{"steps": 3}}, blocks,

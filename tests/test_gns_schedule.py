@@ -189,11 +189,11 @@ def test_gns_schedule_short_arm_resolves_a_tie(tmp_path):
   assert rep.verdict == "not reproduced", rep.finding  # the declared effect: powered
   # The short arm runs in the follow-up, beside the schedules, and no lr-search stage
   # launches anything for it.
-  from experiments import lr_search
   from pergrad.analysis import runs
+  from pergrad.sweep import follow_up_blocks
 
   fin = runs.finals(table)
-  blocks, kind = lr_search.follow_up_blocks(gs.sweep("cpu"), fin)
+  blocks, kind = follow_up_blocks(gs.sweep("cpu"), fin)
   assert all(p["train.steps"] in (200, 400, 800, 1600) for b in blocks for p in b.points())
 
 
@@ -223,8 +223,8 @@ def test_gns_schedule_follow_up_runs_every_arm_and_each_composes(monkeypatch):
   # arm's other seeds, gns_norm, the short arm, the paper's ramp, warmup, Seesaw (from the
   # best arm's B and lr, step schedule) and the fitted ramp; every run's config builds a plan.
   from experiments import gns_schedule as gs
-  from experiments.sweep import scale_value
   from pergrad.config import build_plan, compose
+  from pergrad.sweep import scale_value
 
   monkeypatch.setattr(gs, "aggregate", lambda _: _schedule_table({}))
   blocks = gs.follow_up("cpu", None)
@@ -292,13 +292,14 @@ def test_gns_schedule_choice_and_fit_ignore_the_best_arms_follow_up_seeds(tmp_pa
   from experiments import gns_schedule as gs
   from experiments import lr_search
   from pergrad.analysis import runs
+  from pergrad.sweep import best_lr
 
   table = _schedule_table({}, judged=())  # B = 16 best on seeds 1-3; its seeds 4-6 below
   more = _schedule_table({}, seeds=(4, 5, 6), fixed={**FIXED, 16: 0.5}, judged=())
   more = more[(more["data.batch_size"] == 16) & (more["train.seed"] >= 4)].assign(
       **{"gns/total/b_simple": lambda d: 3 * d["gns/total/b_simple"]})
   after = pd.concat([table, more], ignore_index=True)
-  every_seed = lr_search.ranked(lr_search.best_lr(gs.full_fixed(runs.finals(after)), gs.GROUP,
+  every_seed = lr_search.ranked(best_lr(gs.full_fixed(runs.finals(after)), gs.GROUP,
                                                   "optimizer.lr", select_seed=gs.SELECT_SEED))
   assert int(every_seed.iloc[0]["data.batch_size"]) == 32  # what choosing on all seeds did
 

@@ -13,6 +13,7 @@ from experiments import lr_search
 from experiments.report import Report
 from experiments.verdict import gated, pairs_report
 from pergrad.analysis import calibrate, guards, rules
+from pergrad.sweep import WARMUP
 
 R = rules.REPRODUCED
 
@@ -85,7 +86,7 @@ def test_several_failed_guards_are_all_listed_and_not_measured_stays():
 
 def _best(rows) -> pd.DataFrame:
   return pd.DataFrame([{"optimizer.placement": p, "optimizer.lr": lr, "grid": grid,
-                        "diverged_lrs": div, lr_search.WARMUP: w}
+                        "diverged_lrs": div, WARMUP: w}
                        for p, lr, grid, div, w in rows])
 
 

@@ -51,7 +51,7 @@ def test_readme_slurm_command_is_what_reproduce_runs():
 
 
 def test_small_blocks_run_side_by_side_in_waves_that_share_no_run():
-  from experiments.launch import waves
+  from pergrad.sweep import waves
 
   item = lambda *names: (None, list(names), {}, ["cmd", *names])
   a, b, c, d = item("a"), item("b"), item("c", "d", "e"), item("f")
@@ -64,8 +64,7 @@ def test_a_round_of_single_runs_launched_side_by_side_finishes_each_once(tmp_pat
   from test_experiments import FAKE_TRAIN, _fake_cmd
   from test_reuse import _fake_index
 
-  from experiments import launch
-  from experiments.sweep import Block
+  from pergrad.sweep import Block, launch
 
   fake = tmp_path / "fake_train.py"
   fake.write_text(FAKE_TRAIN)

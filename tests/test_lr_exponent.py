@@ -16,9 +16,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from experiments import lr_exponent as le  # noqa: E402
-from experiments import lr_search  # noqa: E402
 from pergrad.analysis import calibrate  # noqa: E402
 from pergrad.analysis.runs import read_csv, run_dirname  # noqa: E402
+from pergrad.sweep import WARMUP, best_lr, follow_up_blocks  # noqa: E402
 
 SIZES = (4, 8, 16, 32, 64, 128)
 
@@ -39,12 +39,12 @@ def _out(tmp_path, alpha: float, *, b_simple: float = 16.0, centre_alpha: float 
         loss = 4 + 0.2 * math.log(lr / star) ** 2 + 0.001 * s
         point = {le.KEY: b, le.LR: lr, le.SEED: s}
         rows.append({"run": run_dirname(point), "status": "completed", **point,
-                     "final_eval_loss": loss, "diverged": False, lr_search.WARMUP: 20.0})
+                     "final_eval_loss": loss, "diverged": False, WARMUP: 20.0})
   d = tmp_path / f"a{alpha}_{b_simple}_{centre_alpha}"
   d.mkdir()
   fin = pd.DataFrame(rows)
   fin.to_csv(d / "finals.csv", index=False)
-  lr_search.best_lr(fin, (le.KEY,), le.LR, select_seed=le.SELECT).to_csv(d / "best.csv",
+  best_lr(fin, (le.KEY,), le.LR, select_seed=le.SELECT).to_csv(d / "best.csv",
                                                                          index=False)
   le.lr_star(fin).to_csv(d / "lr_star.csv", index=False)
   pd.DataFrame({"run": ["r", "far"], le.KEY: [32, 128], le.LR: [0.01, 0.02], le.SEED: [0, 0],
@@ -169,11 +169,11 @@ def test_a_seed_whose_best_lr_is_at_its_grid_edge_extends_the_grid(tmp_path):
       rows.append({**p, "run": run_dirname(p), "status": "completed",
                    "final_eval_loss": own[k], "diverged": False})
   fin = pd.DataFrame(rows)
-  blocks, kind = lr_search.follow_up_blocks(sw, fin)
+  blocks, kind = follow_up_blocks(sw, fin)
   low = min(next(b for b in sw.blocks if b.grid[le.KEY] == [16]).grid[le.LR])
   assert kind == "extend" and [b.grid[le.KEY] for b in blocks] == [[16]]
   assert blocks[0].grid[le.LR] == [float(f"{low / math.sqrt(2):.3g}")]
-  mean_only = lr_search.best_lr(fin, (le.KEY,), le.LR, select_seed=le.SELECT)
+  mean_only = best_lr(fin, (le.KEY,), le.LR, select_seed=le.SELECT)
   assert not mean_only["at_edge"].any()  # the seeds' mean alone would not have extended it
 
 
@@ -212,7 +212,7 @@ def test_extension_blocks_train_on_the_extended_blocks_budget(tmp_path):
       own = [4.0, 4.1, 4.2, 4.3, 4.4] if p[le.KEY] in (4, 128) else [4.3, 4.1, 4.0, 4.1, 4.3]
       rows.append({**p, "run": run_dirname(p), "status": "completed",
                    "final_eval_loss": own[lrs.index(p[le.LR])], "diverged": False})
-  blocks, kind = lr_search.follow_up_blocks(sw, pd.DataFrame(rows))
+  blocks, kind = follow_up_blocks(sw, pd.DataFrame(rows))
   assert kind == "extend" and sorted(b.grid[le.KEY][0] for b in blocks) == [4, 128]
   for bl in blocks:
     first = next(f for f in sw.blocks if f.grid[le.KEY] == bl.grid[le.KEY])

@@ -12,8 +12,8 @@ import pandas as pd
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from experiments import lr_search, sign_placement  # noqa: E402
-from experiments.sweep import Block, LrSearch, Sweep  # noqa: E402
+from experiments import sign_placement  # noqa: E402
+from pergrad.sweep import Block, LrSearch, Sweep, best_lr, follow_up_blocks, growth  # noqa: E402
 from tests.test_reports import GRID, INF, _row, group_runs, write  # noqa: E402
 
 
@@ -31,7 +31,7 @@ def test_all_diverged_group_extends_downward_then_stops_at_100x(tmp_path):
                      + group_runs({"optimizer.placement": "example"}, diverged_all=True))
   lows = []
   for r in range(sweep.lr_search.rounds):  # what the runner does with `LrSearch.rounds`
-    blocks, kind = lr_search.follow_up_blocks(sweep, fin)
+    blocks, kind = follow_up_blocks(sweep, fin)
     pts = [p for b in blocks for p in b.points()]
     down = [p for p in pts if p["optimizer.placement"] == "example"]
     if r == 0:  # the trained group gets its fresh seeds beside the downward extension
@@ -59,12 +59,12 @@ def test_downward_search_stops_when_a_run_trains(tmp_path):
                      + group_runs({"optimizer.placement": "example"}, diverged_all=True)
                      + [_row({"optimizer.placement": "example"}, 3.33e-4, 0, INF),
                         _row({"optimizer.placement": "example"}, 1.11e-4, 0, 5.0)])
-  blocks, kind = lr_search.follow_up_blocks(sweep, fin)
+  blocks, kind = follow_up_blocks(sweep, fin)
   pts = [p for b in blocks for p in b.points()]
   assert kind == "seeds"
   assert [(p["optimizer.lr"], p["train.seed"]) for p in pts
           if p["optimizer.placement"] == "example"] == [(1.11e-4, 1), (1.11e-4, 2), (1.11e-4, 3)]
-  best = lr_search.best_lr(fin, sign_placement.GROUP, "optimizer.lr").set_index(
+  best = best_lr(fin, sign_placement.GROUP, "optimizer.lr").set_index(
       "optimizer.placement")
   assert not best.loc["example", "all_diverged"] and best.loc["example", "n_diverged"] == 4
 
@@ -98,7 +98,7 @@ def _searched(sweep: Sweep, loss, stops: tuple = ()) -> list[tuple]:
 
 def _rounds(sweep: Sweep, done: dict):
   for _ in range(sweep.lr_search.rounds):
-    blocks, kind = lr_search.follow_up_blocks(sweep, pd.DataFrame(list(done.values())))
+    blocks, kind = follow_up_blocks(sweep, pd.DataFrame(list(done.values())))
     yield blocks
     if kind != "extend":
       return
@@ -125,13 +125,13 @@ def test_edge_extension_and_rounds_budget():
   sweep = _sweep(seeds=(1, 2, 3), max_extend=1)
   fin = pd.DataFrame(group_runs({"optimizer.placement": "ema"}, best=1e-1)  # high edge
                      + group_runs({"optimizer.placement": "example"}, best=3e-3))
-  blocks, kind = lr_search.follow_up_blocks(sweep, fin)
+  blocks, kind = follow_up_blocks(sweep, fin)
   pts = [p for b in blocks for p in b.points()]
   assert kind == "extend"
   assert {"optimizer.placement": "ema", "optimizer.lr": 0.03, "train.seed": 0} in pts
   fin = pd.concat([fin, pd.DataFrame([_row({"optimizer.placement": "ema"}, 0.03, 0, 3.9)])])
-  blocks, kind = lr_search.follow_up_blocks(sweep, fin)  # at the edge again: budget spent
+  blocks, kind = follow_up_blocks(sweep, fin)  # at the edge again: budget spent
   assert kind == "seeds" and len([p for b in blocks for p in b.points()]) == 6
-  assert lr_search.extensions([1e-3, 3e-3, 1e-2, 0.03], list(GRID), "high") == 1
-  assert lr_search.extensions([3e-4, 1e-3, 3e-3, 1e-2], list(GRID), "high") == 0
+  assert growth.extensions([1e-3, 3e-3, 1e-2, 0.03], list(GRID), "high") == 1
+  assert growth.extensions([3e-4, 1e-3, 3e-3, 1e-2], list(GRID), "high") == 0
   assert LrSearch(("a",)).rounds == 6 and LrSearch(("a",), max_extend=7).rounds == 8

@@ -1,4 +1,4 @@
-"""More seeds for a comparison still open after the pilot (`experiments.more_seeds`): which
+"""More seeds for a comparison still open after the pilot (`pergrad.sweep.more_seeds`): which
 seeds the search adds, that a resumed search adds the same, and the sequential design's
 false-alarm rate and power, simulated at the preconditioner's scale."""
 
@@ -15,14 +15,17 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from experiments import (  # noqa: E402
-  lr_search,
-  more_seeds,
-  preconditioner,
-  verdict,  # noqa: E402
-)
-from experiments.sweep import MIN_PILOT, Block, LrSearch, MoreSeeds, Sweep  # noqa: E402
+from experiments import preconditioner, verdict  # noqa: E402
 from pergrad.analysis import decide, sequential  # noqa: E402
+from pergrad.sweep import (  # noqa: E402
+  MIN_PILOT,
+  Block,
+  LrSearch,
+  MoreSeeds,
+  Sweep,
+  follow_up_blocks,
+  more_seeds,
+)
 from tests.test_reports import GRID, _row, group_runs  # noqa: E402
 
 PILOT = (1, 2, 3, 4, 5)
@@ -56,20 +59,20 @@ def _added(blocks, sweep) -> dict:
 
 
 def test_a_powered_pair_gets_no_more_seeds():
-  blocks, kind = lr_search.follow_up_blocks(_sweep(), _fin())
+  blocks, kind = follow_up_blocks(_sweep(), _fin())
   assert kind == "seeds" and _added(blocks, _sweep()) == {}
 
 
 def test_the_pilot_is_awaited_then_an_open_pair_gets_seeds_on_both_arms():
   sweep = _sweep()
-  blocks, kind = lr_search.follow_up_blocks(sweep, _fin(batch=(4.00,)))  # pilot unfinished
+  blocks, kind = follow_up_blocks(sweep, _fin(batch=(4.00,)))  # pilot unfinished
   assert kind == "pilot" and _added(blocks, sweep) == {}
   noisy = (3.96, 4.0, 4.06, 3.98, 4.04)  # gaps to ema (~0.09 ± 0.04): open at the first look
   ema = (3.90, 3.905, 3.91, 3.905, 3.90)
   fin = _fin(ema=ema, batch=noisy)
   out, add = sequential.read(np.subtract(noisy, ema), sweep.lr_search.more.design(5), 0.05)
   assert out == decide.NOT_SEPARABLE and add == 24 - 5
-  blocks, kind = lr_search.follow_up_blocks(sweep, fin)
+  blocks, kind = follow_up_blocks(sweep, fin)
   added = _added(blocks, sweep)
   assert kind == "seeds" and sorted(added) == ["batch", "ema"]
   assert added["batch"] == added["ema"] == list(range(6, 6 + 24 - len(PILOT)))  # past the used
@@ -77,7 +80,7 @@ def test_the_pilot_is_awaited_then_an_open_pair_gets_seeds_on_both_arms():
   for k in range(1, len(added["batch"]) + 1):
     done = pd.concat([fin, pd.DataFrame([_row({"optimizer.placement": "batch"}, 3e-3, s, 9.0)
                                          for s in added["batch"][:k]])])
-    assert _added(lr_search.follow_up_blocks(sweep, done)[0], sweep) == added
+    assert _added(follow_up_blocks(sweep, done)[0], sweep) == added
 
 
 def test_none_for_a_decided_pair_a_divergence_or_a_pilot_at_the_cap():
@@ -140,9 +143,9 @@ def test_an_arm_run_at_a_fixed_lr_is_read_from_the_finals():
   pairs = lambda best: [({"optimizer.placement": "ema", "optimizer.lr": 3e-3}, fixed)]
   sweep = Sweep({"steps": 3}, _sweep().blocks, LrSearch(
       ("optimizer.placement",), max_extend=0, seeds=PILOT, more=MoreSeeds(pairs, 0.05, 24)))
-  blocks, kind = lr_search.follow_up_blocks(sweep, fin)
+  blocks, kind = follow_up_blocks(sweep, fin)
   assert kind == "seeds" and sorted(_added(blocks, sweep)) == ["ema", "fixed"]
   assert [b.grid["optimizer.lr"] for b in blocks if "fixed" in b.grid["optimizer.placement"]
           ] == [[5e-3]]
-  _, kind = lr_search.follow_up_blocks(sweep, fin[fin["train.seed"] != 5])  # pilot unfinished
+  _, kind = follow_up_blocks(sweep, fin[fin["train.seed"] != 5])  # pilot unfinished
   assert kind == "pilot"

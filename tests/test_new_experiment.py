@@ -25,7 +25,7 @@ from pathlib import Path
 import pandas as pd
 
 from experiments.record import Experiment, Report, register
-from experiments.sweep import Block, Sweep, base_for
+from pergrad.sweep import Block, Sweep, base_for
 
 
 def sweep(preset):

@@ -75,12 +75,13 @@ def _run(tx, samples, granularity="example", want=("mean", "sq", "sign"), params
   return out, state
 
 
-def _track(tracker, samples, want=("mean", "sq", "sign")):
-  """The state of `tracker` (`pergrad.optim.tracker.Tracker`) after len(samples) steps."""
+def _track(tracker, samples, want=("mean", "sq", "sign"), hparams=None):
+  """The state of `tracker` (`pergrad.optim.tracker.Tracker`) after len(samples) steps;
+  `hparams`: the optimizer's numbers it may read (`Optimizer.hparams`)."""
   state = tracker.init(_params())
   update = jax.jit(tracker.update)
   for leaves in samples:
-    state = update(state, _stats(leaves, "example", want))
+    state = update(state, _stats(leaves, "example", want), hparams)
   return state
 
 
@@ -210,17 +211,18 @@ def test_adam_variant_equals_optax_adam_exactly():
   kw = dict(b1=0.8, b2=0.9, eps=1e-6)
   mine = optax.chain(scale_by_adam_family("adam", **kw), optax.scale_by_learning_rate(0.01))
   _assert_equal(_run(mine, samples)[0], _optax_run(optax.adam(0.01, **kw), samples))
-  # Through build_optimizer: AdamW with weight decay, and Adam with global-norm clipping.
+  # Through build_optimizer, whose state holds its numbers (float32): AdamW with weight
+  # decay, and Adam with global-norm clipping, equal optax's with its numbers injected.
   const = ScheduleConfig(name="constant", warmup_steps=0)
+  held = optax.inject_hyperparams
   adamw = build_optimizer(optimizer_config(name="adamw", lr=0.01, weight_decay=0.1, **kw), const,
                           total_steps=STEPS, batch_size=B)
   _assert_equal(_run(adamw.tx, samples)[0],
-                _optax_run(optax.adamw(0.01, weight_decay=0.1, **kw), samples))
+                _optax_run(held(optax.adamw)(0.01, weight_decay=0.1, **kw), samples))
   clipped = build_optimizer(optimizer_config(name="adam", lr=0.01, clip_norm=0.5, **kw), const,
                             total_steps=STEPS, batch_size=B)
-  _assert_equal(_run(clipped.tx, samples)[0],
-                _optax_run(optax.chain(optax.clip_by_global_norm(0.5), optax.adam(0.01, **kw)),
-                           samples))
+  ref = optax.chain(optax.clip_by_global_norm(0.5), held(optax.adam)(0.01, **kw))
+  _assert_equal(_run(clipped.tx, samples)[0], _optax_run(ref, samples))
 
 
 def test_micro_adam_with_batch_of_one_equals_adam():

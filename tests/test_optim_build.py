@@ -17,6 +17,7 @@ from test_optim import (
   B,
   T,
   _assert_close,
+  _assert_equal,
   _optax_run,
   _params,
   _run,
@@ -69,7 +70,7 @@ def test_sde_scaling():
   cfg = optimizer_config(name="adam", lr=1e-3, b1=0.9, b2=0.99, eps=1e-8, eps_root=1e-10,
                         lr_scaling="sqrt", sde_scaling=True, ref_batch_size=16)
   hp = scaled_hparams(cfg, batch_size=64)
-  np.testing.assert_allclose([hp.peak_lr, hp.b1, hp.b2, hp.eps, hp.eps_root],
+  np.testing.assert_allclose([hp.lr, hp.b1, hp.b2, hp.eps, hp.eps_root],
                              [2e-3, 0.6, 0.96, 5e-9, 2.5e-11], rtol=1e-9)
   assert scaled_hparams(cfg, batch_size=16 * 20).b1 == 0.0  # 1 - b clipped at 1
   hp = scaled_hparams(cfg, batch_size=4)
@@ -82,6 +83,35 @@ def test_sde_scaling():
   _assert_close(_run(opt.tx, samples)[0], _optax_run(ref, samples), rtol=1e-6)
   with pytest.raises(ValueError, match="sde_scaling"):
     scaled_hparams(dataclasses.replace(cfg, lr_scaling="linear"), batch_size=64)
+
+
+@pytest.mark.parametrize("name", ["adamw", "momentum", "sgd"])
+@pytest.mark.parametrize("sched", [ScheduleConfig(name="constant", warmup_steps=0),
+                                   ScheduleConfig(), ScheduleConfig(name="step")])
+def test_the_chain_is_optax_own(name, sched):
+  """adamw (clipped, weight decay), momentum (clipped) and sgd, their numbers held in the
+  state (`pergrad.optim.hparams`), are optax's own adamw and sgd with the same schedule and
+  their numbers injected too (float32 in the state): to the bit where the schedule is a
+  constant lr (optax's schedule of Python numbers lets XLA fold its constants, e.g. a
+  division by W); with optax's Python constants, to float32 rounding (1 − β of a float32 β
+  vs of a Python float)."""
+  kw = {"adamw": dict(b1=0.8, b2=0.9, eps=1e-6, weight_decay=0.1, clip_norm=0.05),
+        "momentum": dict(b1=0.8, clip_norm=0.05), "sgd": {}}[name]
+  opt = build_optimizer(optimizer_config(name, lr=3e-2, **kw), sched, total_steps=STEPS,
+                        batch_size=B)
+  lr, clip = opt.learning_rate, kw.pop("clip_norm", None)
+  if name == "adamw":
+    own = lambda inject: inject(optax.adamw)(lr, **kw)
+  else:
+    own = lambda inject: inject(optax.sgd)(lr, momentum=kw.get("b1"))
+  refs = [own(optax.inject_hyperparams), own(lambda f: f)]
+  if clip is not None:
+    refs = [optax.chain(optax.clip_by_global_norm(clip), ref) for ref in refs]
+  samples = _samples(seed=13, n=B, steps=STEPS)
+  got = _run(opt.tx, samples, want=("mean",))[0]
+  if sched.warmup_steps == 0:  # else XLA may fold the schedule's constants (lr/W) in refs
+    _assert_equal(got, _optax_run(refs[0], samples))
+  _assert_close(got, _optax_run(refs[1], samples), rtol=1e-5, atol=1e-9)
 
 
 # --- build_optimizer over every option ------------------------------------------
@@ -114,7 +144,8 @@ def test_build_optimizer_every_option(track):
       assert req.per_example_clip == cfg.per_example_clip
       (updates, *_), state = _run(opt.tx, _samples(seed=11, n=n, steps=2), req.granularity,
                                   req.want, params)
-      snr = _track(opt.snr, _samples(seed=11, n=n, steps=2), req.want) if track else None
+      snr = (_track(opt.snr, _samples(seed=11, n=n, steps=2), req.want, opt.hparams)
+             if track else None)
       assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(state)
                  if jnp.issubdtype(x.dtype, jnp.floating)), cfg
       for u, shape in zip(updates, _shape_leaves(), strict=True):

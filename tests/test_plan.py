@@ -144,7 +144,7 @@ def test_resumable_keys_are_declared_on_the_fields():
 
 
 def test_a_runs_identity_leaves_out_the_label_fields_only():
-  """What a finished run is reused for (`experiments.reuse`): every key but those marked
+  """What a finished run is reused for (`pergrad.sweep.reuse`): every key but those marked
   `label()`, each of which is also resumable; cadences and steps stay in."""
   labels = set(marked_keys(LABEL))
   assert labels == {"experiment", "name", "train.out_dir", "train.restart",

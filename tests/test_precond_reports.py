@@ -17,17 +17,22 @@ sys.path.insert(0, str(REPO))
 
 from experiments import lr_search, msq_eps, preconditioner  # noqa: E402
 from experiments.record import Inputs, Runs  # noqa: E402
-from experiments.sweep import Block, LrSearch, Sweep  # noqa: E402
-from pergrad.analysis.runs import (  # noqa: E402
-  aggregate,
-  read_csv,  # noqa: E402
-  run_dirname,
+from pergrad.analysis.runs import aggregate, read_csv, run_dirname  # noqa: E402
+from pergrad.sweep import (  # noqa: E402
+  WARMUP,
+  Block,
+  LrSearch,
+  Sweep,
+  best_lr,
+  follow_up_blocks,
+  growth,
+  marked_finals,
 )
 
 INF = math.inf
 LN_V = math.log(1024)  # the cpu preset's BPE vocabulary
 CPU = {"experiment": "preconditioner", "scale": "cpu"}
-W = lr_search.WARMUP
+W = WARMUP
 
 
 def _table(runs: dict) -> pd.DataFrame:
@@ -64,12 +69,12 @@ def test_a_loss_above_ln_v_counts_as_diverged_in_the_search(tmp_path):
            for lr in (1e-3, 3e-3, 1e-2) for s in preconditioner.SELECT}
   runs |= {_point("micro_adam", 1e-8, 3e-3, s): [7.5, 5.0, 4.3 + 0.001 * s] for s in (2, 3, 4)}
   table = _table(runs)
-  fin = lr_search.marked_finals(table, CPU)
+  fin = marked_finals(table, CPU)
   msq5 = fin[fin["optimizer.eps"] == 1e-5]
   assert msq5["diverged"].all() and (msq5["final_eval_loss"] == INF).all()
   assert not fin[fin["optimizer.eps"] != 1e-5]["diverged"].any()
   # A spike above ln V after the run was below it diverges too, even if it recovers.
-  spike = lr_search.marked_finals(_table({_point("adam", 1e-8, 0.1, 0): [7.5, 5.0, 9.0, 4.5]}),
+  spike = marked_finals(_table({_point("adam", 1e-8, 0.1, 0): [7.5, 5.0, 9.0, 4.5]}),
                                   CPU)
   assert spike["diverged"].all()
 
@@ -79,7 +84,7 @@ def test_a_loss_above_ln_v_counts_as_diverged_in_the_search(tmp_path):
     (out / r / ".hydra").mkdir(parents=True)
     (out / r / ".hydra" / "config.yaml").write_text("schedule:\n  warmup_steps: 20\n")
   preconditioner.analyze(Runs(out, table, fin), out)
-  assert (read_csv(out / "finals.csv")[lr_search.WARMUP] == 20).all()
+  assert (read_csv(out / "finals.csv")[WARMUP] == 20).all()
   best = read_csv(out / "best.csv")
   assert set(best["select_seed"]) == {0}  # one selection seed
   msq = best[best["optimizer.variant"] == "micro_adam_msq"].set_index("optimizer.eps")
@@ -109,7 +114,7 @@ def test_lr_is_chosen_on_the_mean_of_two_selection_seeds():
                            (1e-2, 0, 4.50), (1e-2, 1, 4.50), (3e-3, 2, 4.2), (3e-3, 3, 4.3),
                            (1e-3, 2, 3.0))]
   fin = pd.DataFrame(rows)
-  best = lr_search.best_lr(fin, ("optimizer.placement",), "optimizer.lr", select_seed=(0, 1))
+  best = best_lr(fin, ("optimizer.placement",), "optimizer.lr", select_seed=(0, 1))
   r = best.iloc[0]
   assert r["optimizer.lr"] == 3e-3  # seed 0 alone would pick 1e-3
   assert r["select_loss"] == pytest.approx(4.075) and r["fresh_seeds"] == "2 3"
@@ -118,8 +123,8 @@ def test_lr_is_chosen_on_the_mean_of_two_selection_seeds():
   sw = Sweep({}, (Block({**{k: [v] for k, v in g.items()}, "optimizer.lr": [1e-3, 3e-3],
                          "train.seed": [0, 1]}),),
              LrSearch(("optimizer.placement",), max_extend=1, seeds=(2, 3)))
-  assert lr_search.select_seeds(sw) == (0, 1)
-  blocks, kind = lr_search.follow_up_blocks(sw, fin[fin["optimizer.lr"] < 5e-3])
+  assert growth.select_seeds(sw) == (0, 1)
+  blocks, kind = follow_up_blocks(sw, fin[fin["optimizer.lr"] < 5e-3])
   assert kind == "extend" and blocks[0].grid["train.seed"] == [0, 1]
   assert blocks[0].grid["optimizer.lr"] == [0.009]
 
@@ -197,7 +202,7 @@ def _msq_out(tmp_path, msq, adam, control, share_msq=0.9, matched=None) -> Path:
   out.mkdir(exist_ok=True)
   fin = pd.DataFrame(rows)
   fin.to_csv(out / "finals.csv", index=False)
-  lr_search.best_lr(fin, msq_eps.GROUP, "optimizer.lr", select_seed=msq_eps.SELECT).to_csv(
+  best_lr(fin, msq_eps.GROUP, "optimizer.lr", select_seed=msq_eps.SELECT).to_csv(
       out / "best.csv", index=False)
   pd.DataFrame([{"optimizer.variant": v, "optimizer.eps": e, "train.seed": s, "eps_share": sh}
                 for v, e, sh in (("micro_adam_msq", 1e-4, share_msq), ("adam", 1e-8, 0.01),
@@ -258,7 +263,7 @@ def test_an_arm_past_its_pilot_is_read_only_when_the_pilot_comes_first(tmp_path,
   if drop is not None:
     fin = fin[~((fin["optimizer.eps"] == 1.0) & (fin["train.seed"] == drop))]
   fin.to_csv(out / "finals.csv", index=False)
-  lr_search.best_lr(fin, msq_eps.GROUP, "optimizer.lr", select_seed=msq_eps.SELECT).to_csv(
+  best_lr(fin, msq_eps.GROUP, "optimizer.lr", select_seed=msq_eps.SELECT).to_csv(
       out / "best.csv", index=False)
   rep = msq_eps.report(out)
   assert rep.verdict == verdict, rep.finding
@@ -326,7 +331,7 @@ def test_msq_eps_runs_at_the_eps_and_lr_preconditioner_chose(tmp_path):
   matched = [p for p in pts if p["optimizer.variant"] == "adam" and p["optimizer.eps"] == 1e-4]
   assert sorted({p["optimizer.lr"] for p in matched}) == preconditioner.grid(3e-2, 1)
   assert {p["train.seed"] for p in matched} == set(msq_eps.SELECT)
-  assert lr_search.select_seeds(sw) == msq_eps.SELECT == (0,) and sw.base["stats.log_every"] == 50
+  assert growth.select_seeds(sw) == msq_eps.SELECT == (0,) and sw.base["stats.log_every"] == 50
   # 2 fixed arms x 5 fresh seeds + 2 controls x 3 lrs x 1 selection seed (their 5 fresh
   # seeds each come in the follow-up: 26 runs without extensions)
   assert len(pts) == 2 * 5 + 2 * 3

@@ -57,7 +57,7 @@ def finished(tmp_path_factory, tiny_overrides, compilation_cache):
 def test_a_run_is_whole_only_with_its_metrics_and_last_checkpoint(finished, tmp_path):
   import shutil
 
-  from experiments.reuse import is_whole
+  from pergrad.sweep import is_whole
 
   assert is_whole(finished) is None
   cut = shutil.copytree(finished, tmp_path / "cut")
@@ -274,7 +274,7 @@ def test_reproduce_ends_a_bad_override_or_a_garbage_archive_in_one_line(tmp_path
   failed); a garbage carry-in archive in tarfile.ReadError."""
   from test_record import _reproduce_module
 
-  from experiments import carry
+  from pergrad.sweep import carry
 
   repro = _reproduce_module()
   root = tmp_path / "sweeps"

@@ -18,11 +18,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from experiments import record, report_md, runner  # noqa: E402
-from experiments.launch import LaunchLog  # noqa: E402
 from experiments.record import Experiment, Inputs, Report  # noqa: E402
-from experiments.sweep import sweep_dir  # noqa: E402
 from pergrad.analysis.runs import run_dirname  # noqa: E402
 from pergrad.registry import Registry  # noqa: E402
+from pergrad.sweep import LaunchLog, sweep_dir  # noqa: E402
 
 PLUGIN = textwrap.dedent('''\
     """A toy experiment: one ci-sized run, its final eval loss."""
@@ -31,7 +30,7 @@ PLUGIN = textwrap.dedent('''\
     import pandas as pd
 
     from experiments.record import Experiment, Report, register
-    from experiments.sweep import Block, Sweep
+    from pergrad.sweep import Block, Sweep
 
 
     def sweep(preset):

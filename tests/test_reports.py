@@ -18,9 +18,10 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from experiments import lr_search, overhead, preconditioner, sign_placement  # noqa: E402
+from experiments import overhead, preconditioner, sign_placement  # noqa: E402
 from pergrad.analysis.rules import bound  # noqa: E402
 from pergrad.analysis.runs import read_csv, run_dirname  # noqa: E402
+from pergrad.sweep import WARMUP, best_lr  # noqa: E402
 
 INF = math.inf
 GRID = (1e-3, 3e-3, 1e-2)
@@ -30,7 +31,7 @@ def _row(group: dict, lr: float, seed: int, loss: float) -> dict:
   point = {**group, "optimizer.lr": lr, "train.seed": seed}
   return {"run": run_dirname(point), "status": "completed" if math.isfinite(loss) else "diverged",
           **point, "final_eval_loss": loss, "diverged": not math.isfinite(loss),
-          lr_search.WARMUP: 20.0}
+          WARMUP: 20.0}
 
 
 def group_runs(group: dict, fresh=(), *, seed0: float = 4.0, best: float = 3e-3,
@@ -49,7 +50,7 @@ def write(out: Path, rows: list[dict], group_keys) -> Path:
   out.mkdir(parents=True, exist_ok=True)
   fin = pd.DataFrame(rows)
   fin.to_csv(out / "finals.csv", index=False)
-  lr_search.best_lr(fin, group_keys, "optimizer.lr").to_csv(out / "best.csv", index=False)
+  best_lr(fin, group_keys, "optimizer.lr").to_csv(out / "best.csv", index=False)
   return out
 
 
@@ -173,7 +174,7 @@ def test_best_lr_is_chosen_on_seed_0_only():
   # nor enter the numbers.
   rows = (group_runs({"optimizer.placement": "ema"}, [4.1, 4.2], best=3e-3)
           + [_row({"optimizer.placement": "ema"}, 1e-2, 1, 3.0)])
-  best = lr_search.best_lr(pd.DataFrame(rows), sign_placement.GROUP, "optimizer.lr")
+  best = best_lr(pd.DataFrame(rows), sign_placement.GROUP, "optimizer.lr")
   assert best.loc[0, "optimizer.lr"] == 3e-3
   assert best.loc[0, "loss_mean"] == pytest.approx(4.15) and best.loc[0, "n_seeds"] == 2
 

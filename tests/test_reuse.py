@@ -1,4 +1,4 @@
-"""No run trained twice (`experiments.reuse`): a run another sweep of the sweeps root has
+"""No run trained twice (`pergrad.sweep.reuse`): a run another sweep of the sweeps root has
 finished is linked, not trained; the key is what the run computes and the training version.
 The sweeps use test_experiments' fake training entry (no JAX)."""
 
@@ -14,10 +14,9 @@ from test_record import _reproduce_module
 
 sys.path.insert(0, str(REPO))
 
-from experiments import launch, record, report_md, reproduction, runner  # noqa: E402
-from experiments.launch import LaunchLog  # noqa: E402
-from experiments.sweep import Block, default_sweep_dir  # noqa: E402
+from experiments import record, report_md, reproduction, runner  # noqa: E402
 from pergrad.analysis import runs  # noqa: E402
+from pergrad.sweep import Block, LaunchLog, default_sweep_dir, launch  # noqa: E402
 
 
 @pytest.fixture()
@@ -30,13 +29,13 @@ def fake_train(tmp_path):
 
 def fake_whole(run_dir: Path) -> str | None:
   """`reuse.is_whole` for the fake entry's runs, whose checkpoints are empty folders."""
-  from experiments.reuse import is_whole
+  from pergrad.sweep import is_whole
 
   return is_whole(run_dir, lambda d: None if d.is_dir() else f"{d} does not exist")
 
 
 def _fake_index(root: Path, code: str = "c0"):
-  from experiments.reuse import RunIndex
+  from pergrad.sweep import RunIndex
 
   # The fake entry's keys are not pergrad's: the config is the overrides themselves.
   return RunIndex(root / ".runs", code, resolve=lambda ov: dict(o.split("=", 1) for o in ov),
@@ -44,7 +43,7 @@ def _fake_index(root: Path, code: str = "c0"):
 
 
 def test_a_run_another_sweep_finished_is_linked_not_trained(tmp_path, fake_train):
-  from experiments.reuse import REUSED, is_reused
+  from pergrad.sweep import REUSED, is_reused
 
   root, cmd = tmp_path / "root", _fake_cmd(fake_train)
   quiet = dict(train_cmd=cmd, echo=lambda *_: None)
@@ -85,7 +84,7 @@ def test_a_run_another_sweep_finished_is_linked_not_trained(tmp_path, fake_train
 
 
 def test_run_key_reads_what_the_run_computes():
-  from experiments.reuse import run_key
+  from pergrad.sweep import run_key
 
   cfg = {"experiment": "a", "name": "a", "optimizer": {"lr": 0.1}, "train": {
       "seed": 0, "steps": 400, "out_dir": "/x", "compile_cache": "/c"},
@@ -108,12 +107,13 @@ def test_run_key_reads_what_the_run_computes():
 def test_training_version_follows_the_training_code_only(tmp_path):
   import subprocess
 
-  from experiments.reuse import training_version
+  from pergrad.sweep import training_version
 
   assert training_version(tmp_path) is None  # not a git checkout: nothing reused
   git = lambda *a: subprocess.run(["git", *a], cwd=tmp_path, check=True, capture_output=True)
   git("init", "-q")
   files = {"pergrad/model.py": "x = 1\n", "pergrad/analysis/rules.py": "r = 1\n",
+           "pergrad/sweep/launch.py": "l = 1\n",
            "configs/config.yaml": "a: 1\n", "experiments/snr.py": "s = 1\n",
            "tests/test_a.py": "t = 1\n", "README.md": "# r\n"}
   for path, text in files.items():
@@ -123,8 +123,8 @@ def test_training_version_follows_the_training_code_only(tmp_path):
   git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "a")
   v0 = training_version(tmp_path)
   assert len(v0) == 24 and training_version(tmp_path, "HEAD") == v0
-  for path in ("pergrad/analysis/rules.py", "experiments/snr.py", "tests/test_a.py",
-               "README.md"):  # the reports, experiments, tests, docs: the same runs
+  for path in ("pergrad/analysis/rules.py", "pergrad/sweep/launch.py", "experiments/snr.py",
+               "tests/test_a.py", "README.md"):  # reports, sweeps, experiments, tests, docs
     (tmp_path / path).write_text("changed = 2\n")
   (tmp_path / "experiments/new.py").write_text("n = 1\n")
   assert training_version(tmp_path) == v0
@@ -145,7 +145,7 @@ def test_training_imports_nothing_the_version_leaves_out():
   # never imports it.
   import subprocess
 
-  from experiments.reuse import NOT_TRAINING
+  from pergrad.sweep.reuse import NOT_TRAINING
 
   mods = [p.replace("/", ".") for p in NOT_TRAINING]
   code = ("import sys, pergrad.train.cli, pergrad.train.loop; "
@@ -159,7 +159,7 @@ def test_training_imports_nothing_the_version_leaves_out():
 def test_a_sweep_of_other_training_code_is_refused_before_any_run(tmp_path):
   # A sweeps root resumed (or analysed) by a checkout whose training code differs from the one
   # its runs were trained with: one line, nothing launched or written.
-  from experiments.sweep import SWEEP_JSON, record_sweep
+  from pergrad.sweep import SWEEP_JSON, record_sweep
 
   sdir = default_sweep_dir("snr", "ci", tmp_path)
   record_sweep(sdir, "ci", record.get("snr").sweep_at("ci", None).base, (), "another")

@@ -14,8 +14,8 @@ from omegaconf import OmegaConf
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from experiments import launch, record  # noqa: E402
-from experiments.sweep import PRESETS, RUNG_PRESETS, scale_file  # noqa: E402
+from experiments import record  # noqa: E402
+from pergrad.sweep import PRESETS, RUNG_PRESETS, launch, scale_file  # noqa: E402
 
 # The scale of every preset as it was set before configs/scale/ (command-line overrides
 # of every run): `scale=<preset>` must resolve to exactly these values.

@@ -204,7 +204,7 @@ def test_logged_counts_equal_numpy_from_the_update_and_heldout_stats(runs, tiny_
   stats = steps.sign.stats(state.params, steps.put_batch(host))
   before = jax.device_get(state.params)
   after, metrics = steps.train_logged[B](state, steps.put_batch(data.train_examples(0, B)),
-                                         steps.hparams, stats)
+                                         stats)
   n = float(stats.count)
   assert n == N_H * B
   # u = −update = θ_0 − θ_1: SignEMA's first update is −lr·sign(ḡ), |u| = lr (or 0) far

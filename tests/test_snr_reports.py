@@ -292,7 +292,7 @@ def test_experiment_configs_match_the_modules(tmp_path):
   from test_record import needed_runs
 
   from experiments import moments, snr
-  from experiments.sweep import experiment_value
+  from pergrad.sweep import experiment_value
   assert snr.BETA == float(experiment_value("snr", "optimizer.b1"))
   assert experiment_value("snr", "stats.track_snr")
   for preset in ("cpu", "ci"):

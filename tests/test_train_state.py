@@ -122,11 +122,11 @@ def test_a_checkpoint_whose_chain_held_eps_is_refused_in_one_line(tiny_overrides
   plan = _plan(tiny_overrides, "off")
   init = make_init_fn(plan.model, plan.optimizer, plan.data.seq_len)
   state = jax.jit(init)(jnp.int32(plan.train.seed))
-  parts = list(state.opt_state)
+  parts = list(state.opt_state.inner_state)
   i = next(i for i, p in enumerate(parts) if isinstance(p, ScaleByAdamFamilyState))
   parts[i] = (parts[i], (jnp.float32(1e-8), jnp.float32(0.0)))  # the old chain: (adam, ε)
   ckpt = Checkpoints(tmp_path / "checkpoints", keep=1)
-  ckpt.save(4, state.replace(opt_state=tuple(parts)))
+  ckpt.save(4, state.replace(opt_state=state.opt_state._replace(inner_state=tuple(parts))))
   ckpt.wait()
   with pytest.raises(IncompatibleCheckpoint) as e:
     ckpt.restore_latest(jax.eval_shape(init, jnp.int32(0)), fresh={})
@@ -135,3 +135,23 @@ def test_a_checkpoint_whose_chain_held_eps_is_refused_in_one_line(tiny_overrides
   assert "\n" not in message and "step 4" in message and "eps" in message
   assert "another train.out_dir" in message
   assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["4"]  # not moved aside
+
+
+def test_a_checkpoint_whose_optimizer_state_held_no_numbers_is_refused_in_one_line(
+    tiny_overrides, tmp_path):
+  """Before issue 55 the optimizer state was the chain's alone (its lr, β's and ε were
+  the step's arguments): such a checkpoint is refused with one line, and left where it is."""
+  plan = _plan(tiny_overrides, "off")
+  init = make_init_fn(plan.model, plan.optimizer, plan.data.seq_len)
+  state = jax.jit(init)(jnp.int32(plan.train.seed))
+  assert float(state.opt_state.hyperparams["lr"]) == pytest.approx(plan.optimizer.hparams.lr)
+  ckpt = Checkpoints(tmp_path / "checkpoints", keep=1)
+  ckpt.save(6, state.replace(opt_state=state.opt_state.inner_state))  # the old layout
+  ckpt.wait()
+  with pytest.raises(IncompatibleCheckpoint) as e:
+    ckpt.restore_latest(jax.eval_shape(init, jnp.int32(0)), fresh={})
+  ckpt.close()
+  message = str(e.value)
+  assert "\n" not in message and "step 6" in message and "lr, betas and eps" in message
+  assert "another train.out_dir" in message
+  assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["6"]  # not moved aside

@@ -1,4 +1,4 @@
-"""A value tuned beside the lr (`experiments.sweep.Tuned`: MicroAdamMSQ's ε, gns_schedule's
+"""A value tuned beside the lr (`pergrad.sweep.Tuned`: MicroAdamMSQ's ε, gns_schedule's
 fixed batch size) extends its grid past an edge until the chosen value is bracketed, within its
 declared limits, and the search reaches the same runs however often it is stopped and resumed
 (on constructed losses, no training runs)."""
@@ -14,8 +14,8 @@ import pandas as pd
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from experiments import gns_schedule, grids, lr_search, preconditioner  # noqa: E402
-from experiments.sweep import Block, LrSearch, Sweep, Tuned  # noqa: E402
+from experiments import gns_schedule, preconditioner  # noqa: E402
+from pergrad.sweep import Block, LrSearch, Sweep, Tuned, best_lr, follow_up_blocks, growth  # noqa: E402
 from tests.test_reports import GRID, _row  # noqa: E402
 
 EPS_KEYS = ("optimizer.variant", "optimizer.eps")
@@ -56,7 +56,7 @@ def _searched(sweep: Sweep, loss, stops: tuple = ()) -> list[tuple]:
 
   def rounds():
     for _ in range(ls.rounds):
-      blocks, kind = lr_search.follow_up_blocks(sweep, pd.DataFrame(list(done.values())))
+      blocks, kind = follow_up_blocks(sweep, pd.DataFrame(list(done.values())))
       yield blocks
       if kind != "extend":
         return
@@ -90,7 +90,7 @@ def test_an_eps_chosen_at_the_edge_extends_until_bracketed_and_resumes_anywhere(
                       for v, e, lr, s in through])
   fin["final_eval_loss"] = [_eps_loss(1e-3)(r, r["optimizer.lr"], r["train.seed"])
                             for r in fin.to_dict("records")]
-  best = preconditioner.chosen(lr_search.best_lr(fin, preconditioner.GROUP, "optimizer.lr",
+  best = preconditioner.chosen(best_lr(fin, preconditioner.GROUP, "optimizer.lr",
                                                  select_seed=0))  # as the experiment chooses
   assert float(best.set_index("optimizer.variant").loc["msq", "optimizer.eps"]) == 1e-3
   for stops in [(k,) for k in range(1, len(through))] + [(8, 16, 24, 32), (21, 22, 23, 29)]:
@@ -142,6 +142,6 @@ def test_gns_schedule_adds_sizes_as_its_first_stage_makes_them():
   four = {"batch.kind": "fixed", **t.point(t.next(8, "low"))}
   assert four["data.batch_size"] == 4 and four["train.steps"] == 2 * t.point(8)["train.steps"]
   assert four["schedule.warmup_steps"] >= 20
-  assert grids.first_stage_lrs(sw, four) == gns_schedule.lr_grid("cpu", 8)  # nearest B's
+  assert growth.first_stage_lrs(sw, four) == gns_schedule.lr_grid("cpu", 8)  # nearest B's
   assert t.next(2, "low") is None and t.next(128, "high") is None  # B_LIMITS: 2 ... 2·B_max
   assert gns_schedule.sweep("ci").lr_search.tuned.point(32)["train.steps"] > 0

@@ -78,7 +78,7 @@ def versus_nanodo(plan, reps: int = 8, steps_per_rep: int = 5) -> dict:
 
   def ours():
     nonlocal state
-    state, m = steps.train[B](state, batch, steps.hparams)
+    state, m = steps.train[B](state, batch)
     return m
 
   programs = {"nanodo": theirs(nanodo_step), "ours": ours, "self": theirs(nanodo_step),

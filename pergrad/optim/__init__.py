@@ -12,7 +12,7 @@ IST-DASLab's compression optimizer), `schedule` (warmup + cosine, batch-size sca
 `dp_noise` (DP-SGD's noise link), `configs` (one config dataclass per optimizer and the
 registry: how to add an optimizer), `builders` (the built-ins' directions), `build`
 (config -> Optimizer: the chain), `types` (Direction, Optimizer), `hparams` (the numbers a
-sweep varies, the compiled step's arguments); beside the optimizer: `tracker` (the
+sweep varies, held in the optimizer state); beside the optimizer: `tracker` (the
 trackers' interface), `snr` (the SNRs and `track_snr`), `noise_scale` (`track_gns`,
 `gns_metrics`), `moments` (the Adam family's shares and eps_share), `diagnostics` (what
 is logged of them, ratios of sums).

@@ -14,7 +14,8 @@ The direction and the statistics it reads come from the optimizer's registry ent
 (`pergrad.optim.configs.REGISTRY`; the built-ins: `pergrad.optim.builders`). The last link
 (`scale_by_token_schedule`) is stateless: it indexes the lr schedule by the examples seen
 (`pergrad.optim.schedule`). Weight decay is decoupled and multiplied by the lr (optax.adamw's
-convention), on every parameter.
+convention), on every parameter. The chain is built once; its numbers (lr, β's, ε, ...) enter
+by `optax.inject_hyperparams` and live in its state (`pergrad.optim.hparams`).
 """
 
 from __future__ import annotations
@@ -26,16 +27,16 @@ import optax
 from pergrad.optim import configs
 from pergrad.optim.common import with_float32_state
 from pergrad.optim.dp_noise import add_clipped_noise
-from pergrad.optim.hparams import Hparams
+from pergrad.optim.hparams import Hparams, inject, numbers
 from pergrad.optim.moments import Moments
 from pergrad.optim.schedule import (
   ScaledHparams,
   ScheduleConfig,
+  by_examples,
   decay_steps,
   scale_by_token_schedule,
   scale_hparams,
   schedule_of,
-  token_lr,
 )
 from pergrad.optim.snr import track_snr as snr_tracker
 from pergrad.optim.tracker import OFF, Tracker
@@ -75,8 +76,9 @@ def build_optimizer(opt: configs.OptimizerConfig, sched: ScheduleConfig, *, tota
     total_steps: number of updates (the cosine decays over it).
     batch_size: global batch size B (for lr_scaling); with a batch-size schedule, the
       largest size, B_max (the schedule is indexed by examples seen / B_max).
-    track_snr: the tracker `track_snr(b1)` beside the chain (Optimizer.snr), so that
-      `pergrad.optim.diagnostics` can report the EMA SNR; it adds 'sq' to the request.
+    track_snr: the tracker `track_snr()` of the optimizer's b1 beside the chain
+      (Optimizer.snr), so that `pergrad.optim.diagnostics` can report the EMA SNR; it adds
+      'sq' to the request.
     gns: a GNS tracker (`pergrad.optim.noise_scale.track_gns`) beside the chain
       (Optimizer.gns); it adds 'norms' (per-example squared norms, every step) of the
       leaves `gns_layers` (layer types or path patterns; (): all) to the request.
@@ -85,58 +87,67 @@ def build_optimizer(opt: configs.OptimizerConfig, sched: ScheduleConfig, *, tota
     seed: seeds the DP-SGD noise (`add_clipped_noise`) when optimizer.noise_multiplier > 0.
 
   Returns:
-    Optimizer(tx, request, learning_rate, token_lr, snr, gns, hparams, at, moments); raises
+    Optimizer(tx, request, learning_rate, schedule, snr, gns, hparams, moments); raises
     ValueError on a bad setting, before any compute.
 
-  Beside the chain, not in it, sit the diagnostics' trackers (`Optimizer.snr`, `Optimizer.gns`:
-  `pergrad.optim.snr.track_snr(b1)`, `pergrad.optim.noise_scale.track_gns`), whose states the
-  train state holds (the optimizer state is the same with or without them); they add to the
-  request what they read ('sq'; per-example 'norms'). An Adam-family direction says where its
-  state is (`Direction.moments`), and `Optimizer.moments(opt_state)` hands it to the
-  diagnostics with the hparams' ε. A builder may return a direction that clips ḡ itself
-  (`clips=True`), so that the statistics follow the clipping.
+  The chain is built once, its numbers (`Optimizer.hparams`) held in its state
+  (`pergrad.optim.hparams.inject`): `Optimizer.lr(opt_state, seen, B)` is the lr an update
+  applies. Beside the chain, not in it, sit the diagnostics' trackers (`Optimizer.snr`,
+  `Optimizer.gns`: `pergrad.optim.snr.track_snr`, `pergrad.optim.noise_scale.track_gns`),
+  whose states the train state holds (the optimizer state is the same with or without
+  them); they add to the request what they read ('sq'; per-example 'norms'). An Adam-family
+  direction says where its state is (`Direction.moments`), and `Optimizer.moments(opt_state)`
+  hands it to the diagnostics with the ε held. A builder may return a direction that clips ḡ
+  itself (`clips=True`), so that the statistics follow the clipping.
   """
   build = _builder(opt.name)
   if total_steps < 1:
     raise ValueError(f"total_steps={total_steps} must be >= 1")
   by_tokens = (batch_size, batch_lr_scaling, batch_lr_ref, sched.name == "step")
-  token_lr(lambda tau: tau, *by_tokens)  # checks batch_lr_scaling before any compute
+  by_examples(lambda tau: tau, *by_tokens)  # checks batch_lr_scaling before any compute
+  hp = hparams_of(opt, sched, total_steps=total_steps, batch_size=batch_size, seed=seed)
 
-  def at(hp: Hparams) -> Optimizer:
-    """The optimizer of `hp` (numbers, arrays or tracers; `pergrad.optim.hparams`)."""
-    lr = schedule_of(sched.name, hp.peak_lr, total_steps=hp.total_steps,
-                     warmup_steps=hp.warmup_steps, final_lr_frac=hp.final_lr_frac,
-                     halvings=hp.halvings)
-    direction = build(opt, hp)
-    request = StatsRequest(want=direction.request.want + (("sq",) if track_snr else ()),
-                           granularity=direction.request.granularity,
-                           per_example_clip=opt.per_example_clip)
-    if gns is not None:
-      if request.granularity != "example":
-        raise ValueError(
-            f"stats.gns needs per-example norms but the optimizer reads "
-            f"{request.granularity}-level statistics; turn stats.gns off for this optimizer.")
-      request = request.union(("norms",), "example", gns_layers)
+  def lr_schedule(hp: Hparams) -> optax.Schedule:
+    return schedule_of(sched.name, hp.lr, total_steps=hp.total_steps,
+                       warmup_steps=hp.warmup_steps, final_lr_frac=hp.final_lr_frac,
+                       halvings=hp.halvings)
+
+  direction = build(opt, hp)  # checks the numbers, on their Python values
+  clips = opt.clip_norm is not None and not direction.clips
+  at_direction = (opt.noise_multiplier > 0) + clips  # the direction's state in the chain's
+
+  def chain(hp: Hparams) -> optax.GradientTransformationExtraArgs:
+    """The chain of the module docstring, of the numbers `hp` (arrays or tracers)."""
     parts = []
     if opt.noise_multiplier > 0:
       parts.append(add_clipped_noise(opt.noise_multiplier, opt.per_example_clip, batch_size,
                                      hp.noise_seed))
-    if opt.clip_norm is not None and not direction.clips:
+    if clips:
       parts.append(optax.clip_by_global_norm(hp.clip_norm))
-    at_direction = len(parts)  # the direction's state: opt_state[at_direction]
-    parts.append(direction.tx)
+    parts.append(build(opt, hp).tx)
     if opt.weight_decay > 0:
       parts.append(optax.add_decayed_weights(hp.weight_decay))
-    parts.append(scale_by_token_schedule(lr, *by_tokens))
-    moments = (None if direction.moments is None else lambda opt_state: Moments(
-        direction.moments(opt_state[at_direction]), eps=hp.eps, eps_root=hp.eps_root))
-    return Optimizer(tx=with_float32_state(optax.chain(*parts)), request=request,
-                     learning_rate=lr, token_lr=token_lr(lr, *by_tokens),
-                     snr=snr_tracker(hp.b1) if track_snr else OFF,
-                     gns=gns if gns is not None else OFF, hparams=hp, at=at,
-                     moments=moments or no_moments)
+    parts.append(scale_by_token_schedule(lr_schedule(hp), *by_tokens))
+    return optax.chain(*parts)
 
-  return at(hparams_of(opt, sched, total_steps=total_steps, batch_size=batch_size, seed=seed))
+  request = StatsRequest(want=direction.request.want + (("sq",) if track_snr else ()),
+                         granularity=direction.request.granularity,
+                         per_example_clip=opt.per_example_clip)
+  if gns is not None:
+    if request.granularity != "example":
+      raise ValueError(
+          f"stats.gns needs per-example norms but the optimizer reads "
+          f"{request.granularity}-level statistics; turn stats.gns off for this optimizer.")
+    request = request.union(("norms",), "example", gns_layers)
+  moments = (None if direction.moments is None else lambda opt_state: Moments(
+      direction.moments(opt_state.inner_state[at_direction]), eps=numbers(opt_state).eps,
+      eps_root=numbers(opt_state).eps_root))
+  return Optimizer(tx=with_float32_state(inject(chain, hp)), request=request,
+                   learning_rate=lr_schedule(hp),
+                   schedule=lambda hp: by_examples(lr_schedule(hp), *by_tokens),
+                   snr=snr_tracker(None) if track_snr else OFF,
+                   gns=gns if gns is not None else OFF, hparams=hp,
+                   moments=moments or no_moments)
 
 
 def hparams_of(opt: configs.OptimizerConfig, sched: ScheduleConfig, *, total_steps: int,
@@ -144,8 +155,8 @@ def hparams_of(opt: configs.OptimizerConfig, sched: ScheduleConfig, *, total_ste
   """The numbers of `opt` and `sched` that `build_optimizer` reads, as Python numbers
   (`pergrad.optim.hparams`): β's and ε after batch-size scaling (`scaled_hparams`)."""
   hp = scaled_hparams(opt, batch_size)
-  return Hparams(peak_lr=hp.peak_lr, b1=hp.b1, b2=hp.b2, eps=hp.eps, eps_root=hp.eps_root,
-                 batch_ratio=hp.batch_ratio, weight_decay=opt.weight_decay,
+  return Hparams(lr=hp.lr, b1=hp.b1, b2=hp.b2, eps=hp.eps, eps_root=hp.eps_root,
+                 weight_decay=opt.weight_decay,
                  clip_norm=opt.clip_norm, total_steps=total_steps,
                  warmup_steps=sched.warmup_steps, final_lr_frac=sched.final_lr_frac,
                  halvings=(decay_steps(sched, total_steps, cut=False) if sched.name == "step"

@@ -48,7 +48,8 @@ def track_gns(alpha: float, *, tied_leaf: str | None = None, tied: str = "includ
     return GnsTrackerState(G2=zero, S=dict(zero), ema_G2=dict(zero), ema_S=dict(zero),
                            weight=jnp.float32(0.0))
 
-  def update(state, grad_stats):
+  def update(state, grad_stats, hparams=None):
+    del hparams
     if grad_stats is None:
       raise ValueError("track_gns needs grad_stats with per-example 'norms' (stats.gns).")
     G2, S = noise.group_terms(grad_stats, groups(grad_stats.mean))

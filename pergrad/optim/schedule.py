@@ -8,12 +8,12 @@ eps_root -> eps_root / κ_B.
 Schedules (`schedule_of`; step k = 0 the first update, W warmup steps, N total, f =
 final_lr_frac):
 
-    warmup   lr_k = peak · (k + 1) / W                        for k < W
-    cosine   lr_k = peak · (f + (1 - f) · (1 + cos(π t)) / 2), t = (k - W) / (N - W)
-    constant lr_k = peak                                     for k >= W
-    step     lr_k = peak · 2^(−#{i : k >= d_i})              for k >= W
+    warmup   lr_k = lr · (k + 1) / W                        for k < W
+    cosine   lr_k = lr · (f + (1 - f) · (1 + cos(π t)) / 2), t = (k - W) / (N - W)
+    constant lr_k = lr                                     for k >= W
+    step     lr_k = lr · 2^(−#{i : k >= d_i})              for k >= W
 
-Indexed by examples (`token_lr`, `scale_by_token_schedule`, every chain's last link): k is
+Indexed by examples (`by_examples`, `scale_by_token_schedule`, every chain's last link): k is
 τ = seen / B_max, and an update of B examples uses lr = schedule(τ) · (B / B_ref)^κ'
 (κ' of batch.lr_scaling), so the lr follows the tokens seen whatever the batch sizes.
 """
@@ -43,8 +43,8 @@ class ScheduleConfig:
   """The learning-rate schedule's shape (the `schedule` config node)."""
 
   name: ScheduleName = ScheduleName.cosine  # warmup then cosine decay, constant, or step
-  warmup_steps: int = 20  # steps of linear warmup from peak/warmup_steps
-  final_lr_frac: float = 0.1  # cosine decays to final_lr_frac * peak
+  warmup_steps: int = 20  # steps of linear warmup from lr/warmup_steps
+  final_lr_frac: float = 0.1  # cosine decays to final_lr_frac * lr
   # step: the full-batch steps at which the lr is halved, ascending; []: where the cosine
   # (warmup_steps, final_lr_frac) would halve it
   decay_steps: tuple[int, ...] = ()
@@ -65,7 +65,7 @@ class ScheduleConfig:
 class ScaledHparams:
   """Hyper-parameters after batch-size scaling (log these with the run)."""
 
-  peak_lr: float
+  lr: float  # the schedule's peak
   b1: float
   b2: float
   eps: float
@@ -82,11 +82,11 @@ def scale_hparams(*, lr: float, b1: float, b2: float, eps: float, eps_root: floa
     raise ValueError(
         f"batch_size={batch_size} and ref_batch_size={ref_batch_size} must be positive")
   kappa_b = batch_size / ref_batch_size
-  peak = lr * kappa_b ** LrScaling(lr_scaling).exponent
+  lr = lr * kappa_b ** LrScaling(lr_scaling).exponent
   if sde_scaling:
     b1, b2 = (1.0 - min(kappa_b * (1.0 - b), 1.0) for b in (b1, b2))
     eps, eps_root = eps / math.sqrt(kappa_b), eps_root / kappa_b
-  return ScaledHparams(peak_lr=peak, b1=b1, b2=b2, eps=eps, eps_root=eps_root,
+  return ScaledHparams(lr=lr, b1=b1, b2=b2, eps=eps, eps_root=eps_root,
                        batch_ratio=kappa_b)
 
 
@@ -95,13 +95,13 @@ def decay_steps(sched: ScheduleConfig, total_steps: int, *, cut: bool = True
   """The step schedule's halving points d_i (module docstring): schedule.decay_steps, or
   the first steps at which the cosine of `sched` over `total_steps` is ≤ 2^−i, before
   `total_steps` (`cut`) or all of them (one per level 2^−i > f whatever the run's length,
-  those from total_steps on never reached: the compiled step's argument).
+  those from total_steps on never reached: what the optimizer state holds).
 
   The step schedule halves the lr at the full-batch steps d_1 < d_2 < ...
   (schedule.decay_steps, i.e. at d_i · B_max examples); with none given, where the cosine of
   the same warmup and final_lr_frac over N steps would have halved it: d_i is the first step k
   with cosine shape ≤ 2^−i, for every 2^−i > f, before N. Without warmup it equals
-  `optax.piecewise_constant_schedule(peak, {d_i: 0.5})`. The warmup starts at peak/W, not 0;
+  `optax.piecewise_constant_schedule(lr, {d_i: 0.5})`. The warmup starts at lr/W, not 0;
   a run shorter than its warmup ends during it.
   """
   if sched.decay_steps:
@@ -119,24 +119,24 @@ def decay_steps(sched: ScheduleConfig, total_steps: int, *, cut: bool = True
   return tuple(points)
 
 
-def make_schedule(sched: ScheduleConfig, peak_lr: float, *, total_steps: int
+def make_schedule(sched: ScheduleConfig, lr: float, *, total_steps: int
                   ) -> optax.Schedule:
   """Linear warmup then cosine decay, constant or step halvings of `sched` (checked by
   ScheduleConfig); see the module docstring."""
   if total_steps < 1:
     raise ValueError(f"total_steps={total_steps} must be >= 1")
   halvings = decay_steps(sched, total_steps) if sched.name == "step" else ()
-  return schedule_of(sched.name, peak_lr, total_steps=total_steps,
+  return schedule_of(sched.name, lr, total_steps=total_steps,
                      warmup_steps=sched.warmup_steps, final_lr_frac=sched.final_lr_frac,
                      halvings=halvings)
 
 
-def schedule_of(name: str, peak_lr, *, total_steps, warmup_steps, final_lr_frac,
+def schedule_of(name: str, lr, *, total_steps, warmup_steps, final_lr_frac,
                 halvings=()) -> optax.Schedule:
   """The schedule `name` (module docstring) of numbers that may be traced
-  (`pergrad.optim.hparams`: checked where they were built): the peak, N, W, f and the
-  step schedule's halving points d_i (a vector)."""
-  halvings = jnp.asarray(halvings, jnp.float32).reshape(-1)
+  (`pergrad.optim.hparams`: checked where they were built): the peak lr, N, W, f and the
+  step schedule's halving points d_i (a vector; None: none)."""
+  halvings = jnp.asarray(() if halvings is None else halvings, jnp.float32).reshape(-1)
 
   def schedule(step):
     k = jnp.asarray(step, jnp.float32)
@@ -150,12 +150,12 @@ def schedule_of(name: str, peak_lr, *, total_steps, warmup_steps, final_lr_frac,
       span = jnp.maximum(jnp.asarray(total_steps, jnp.float32) - W, 1.0)
       t = jnp.clip((k - W) / span, 0.0, 1.0)
       shape = final_lr_frac + (1.0 - final_lr_frac) * 0.5 * (1.0 + jnp.cos(jnp.pi * t))
-    return jnp.asarray(peak_lr * warm * shape, jnp.float32)
+    return jnp.asarray(lr * warm * shape, jnp.float32)
 
   return schedule
 
 
-def token_lr(schedule: optax.Schedule, max_batch_size: int, lr_scaling: str = "none",
+def by_examples(schedule: optax.Schedule, max_batch_size: int, lr_scaling: str = "none",
              ref_batch: int | None = None, exact_floor: bool = False
              ) -> Callable[[jax.Array, int], jax.Array]:
   """(seen, B) -> lr = schedule(seen / max_batch_size) · (B / B_ref)^κ' (module docstring),
@@ -200,14 +200,14 @@ def scale_by_token_schedule(schedule: optax.Schedule, max_batch_size: int,
                             lr_scaling: str = "none", ref_batch: int | None = None,
                             exact_floor: bool = False
                             ) -> optax.GradientTransformationExtraArgs:
-  """u -> −lr · u with lr = `token_lr(schedule, max_batch_size, ...)(seen, B)`.
+  """u -> −lr · u with lr = `by_examples(schedule, max_batch_size, ...)(seen, B)`.
 
   Stateless; `update` takes the extra arguments `examples_seen` (int32: examples seen
   before this update) and `batch_size` (a Python int: the compiled step's static batch
   dimension; None: max_batch_size). With a constant B = max_batch_size and examples_seen =
   k · B it equals `optax.scale_by_learning_rate(schedule)` at update k.
   """
-  lr_of = token_lr(schedule, max_batch_size, lr_scaling, ref_batch, exact_floor)
+  lr_of = by_examples(schedule, max_batch_size, lr_scaling, ref_batch, exact_floor)
 
   def update_fn(updates, state, params=None, **extra_args):
     del params

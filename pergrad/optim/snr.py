@@ -36,21 +36,24 @@ class SnrTrackerState(NamedTuple):
   var_mu: Any  # V = β² V + (1-β)² σ̂²/n, float32 like params
 
 
-def track_snr(beta: float) -> Tracker:
+def track_snr(beta: float | None = None) -> Tracker:
   """Tracks (m, V) of the module docstring from `grad_stats`, which needs the 'sq'
-  statistic, so that the EMA SNR can be logged."""
-  if not traced(beta):  # else checked where built
+  statistic, so that the EMA SNR can be logged; β = `beta`, or with None the optimizer's b1
+  that `update(state, grad_stats, hparams)` reads from `hparams` (the numbers the optimizer
+  state holds: `pergrad.optim.hparams.numbers`)."""
+  if beta is not None and not traced(beta):  # else checked where built
     check_decay(beta)
 
   def init(params):
     zeros = lambda: optax.tree.zeros_like(params, dtype=jnp.float32)
     return SnrTrackerState(mu=zeros(), var_mu=zeros())
 
-  def update(state, grad_stats):
+  def update(state, grad_stats, hparams=None):
     stats = require_stats(grad_stats, "the SNR tracker (track_snr)", need=("sq",))
+    b = hparams.b1 if beta is None else beta
     n = stats.count
-    mu = jax.tree.map(lambda m, g: beta * m + (1.0 - beta) * g, state.mu, f32(stats.mean))
-    var_mu = jax.tree.map(lambda w, v: beta**2 * w + (1.0 - beta)**2 * v / n,
+    mu = jax.tree.map(lambda m, g: b * m + (1.0 - b) * g, state.mu, f32(stats.mean))
+    var_mu = jax.tree.map(lambda w, v: b**2 * w + (1.0 - b)**2 * v / n,
                           state.var_mu, f32(stats.variance))
     return SnrTrackerState(mu=mu, var_mu=var_mu)
 

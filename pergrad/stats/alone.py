@@ -24,7 +24,7 @@ import numpy as np
 
 from pergrad.stats import separable
 from pergrad.stats.surgery.proof import Unsupported
-from pergrad.stats.surgery.sites import memo
+from pergrad.stats.surgery.memo import memo
 from pergrad.stats.vmap import example_loss
 
 # Batches of one may sum in another order: 4096 float32 roundings (u = 2⁻²⁴); a batch-size
@@ -54,7 +54,7 @@ def refusal(reason: str) -> Unsupported:
 def check_alone(loss_fn, params, batch) -> None:
   """Raises `refusal(...)` unless each example's loss computed alone (vmap over batches of
   one) is its row of the batch's (module docstring). B = 1 passes. Once per loss_fn and
-  shapes (`sites.memo`), at B' = min(B, 4) examples: the first B' of the batch and the
+  shapes (`memo.memo`), at B' = min(B, 4) examples: the first B' of the batch and the
   params where concrete, stand-ins where traced, as `separable` does; one compiled program
   (one forward of B' examples and one of B' batches of one). The floor of RTOL is
   `RTOL_FLOOR`, or `RTOL_FLOOR_DRAWS` when loss_fn draws random numbers."""

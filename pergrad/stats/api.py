@@ -34,7 +34,8 @@ from optax import microbatching
 from pergrad.stats import alone, backends, registry, separable
 from pergrad.stats.options import StatsOptions
 from pergrad.stats.request import StatsRequest
-from pergrad.stats.surgery.sites import Unsupported, leaf_rules, make_plan, memo
+from pergrad.stats.surgery.memo import memo
+from pergrad.stats.surgery.sites import Unsupported, leaf_rules, make_plan
 from pergrad.stats.types import GradStats
 
 PyTree = Any

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pergrad.stats.surgery.proof import JIT, Unsupported
-from pergrad.stats.surgery.sites import memo
+from pergrad.stats.surgery.memo import memo
 
 N_EXAMPLES = 4  # B': the examples the check uses
 # XLA:CPU options that compile the check's programs several times faster (they run a few
@@ -60,7 +60,7 @@ def check(loss_fn, params, batch) -> None:
   """Raises `mixes(...)` unless loss_fn's per-example losses are separable (module
   docstring). B = 1 passes: one example cannot be mixed with another.
 
-  Once per loss_fn and shapes (`sites.memo`), at B' = min(B, 4) examples (the first B' of
+  Once per loss_fn and shapes (`memo.memo`), at B' = min(B, 4) examples (the first B' of
   the batch and the params where concrete, pseudo-random stand-ins of their shapes where
   traced): for every j, ℓ_j is bit for bit the same when every OTHER example changes, in
   two rounds (`_others_changed`: float leaves to fresh random values; integer leaves to the

@@ -26,13 +26,21 @@ import contextlib
 import contextvars
 import dataclasses
 import functools
+import itertools
 from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+from jax._src import config as jax_config
 
 KINDS = ("dense", "embed", "norm")
 _ROUTE: contextvars.ContextVar = contextvars.ContextVar("pergrad_taps_route", default=None)
+# A number per `routed` entry in JAX's trace context (thread-local): JAX's caches of traced
+# bodies (lax.scan, jax.checkpoint, jit) then never give one routed trace another's layers.
+_ROUTE_NUMBER = jax_config.int_state(
+    "pergrad_taps_route", 0, "pergrad: the surgery routing in force (0: none)",
+    include_in_trace_context=True)
+_NUMBERS = itertools.count(1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,7 +81,8 @@ def routed(handler: Callable[[LayerCall], jax.Array]):
   """While active, every tap call returns handler(LayerCall) (the surgery backend)."""
   token = _ROUTE.set(handler)
   try:
-    yield
+    with _ROUTE_NUMBER(next(_NUMBERS)):
+      yield
   finally:
     _ROUTE.reset(token)
 

@@ -277,8 +277,9 @@ class Checkpoints:
       raise IncompatibleCheckpoint(
           f"the checkpoint of step {step} in {self.directory} holds an optimizer state of "
           f"{n(saved['opt_state'])} arrays where this pergrad's optimizer has {n(mine)} (written "
-          "by another version, e.g. one whose Adam-family chain also held its eps); resume "
-          "it with the pergrad that wrote it, or set another train.out_dir.")
+          "by another version, e.g. one whose optimizer state did not hold its lr, betas and "
+          "eps yet, or whose Adam-family chain held its eps); resume it with the pergrad that "
+          "wrote it, or set another train.out_dir.")
     if not fresh:
       return abstract_state, []
     redo = [f for f in fresh

@@ -3,7 +3,7 @@
     with using(plan.train.compile_cache):   # "~/.cache/pergrad/jax" (default); None: off
       before = counts(); ...; counts() - before   # Counts(hits, misses, seconds) since
 
-A run's train step takes the optimizer's numbers as arguments (`pergrad.optim.hparams`),
+A run's train step reads the optimizer's numbers from its state (`pergrad.optim.hparams`),
 so every point of an lr grid and every seed of a sweep is the same program; JAX's
 persistent cache (keyed by the program, its compile options and the backend, never by
 the numbers) serves it to every run after the first, in any process, and so do the init

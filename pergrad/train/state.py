@@ -2,7 +2,8 @@
 
     step           int32: updates done
     params         the model's parameters θ_k
-    opt_state      the optimizer chain's state (`pergrad.optim.build`)
+    opt_state      the optimizer chain's state (`pergrad.optim.build`), which holds the
+                   optimizer's numbers: lr, β's, ε, ... (`pergrad.optim.hparams`)
     examples_seen  int32: examples seen by the updates so far (the learning-rate
                    schedule is indexed by it, `pergrad.optim.schedule`)
     batch_size     int32: B of the last update (0 before the first)
@@ -48,16 +49,15 @@ class TrainState:
 def make_init_fn(spec: ModelSpec, opt: Optimizer, seq_len: int,
                  lag: bool = False) -> Callable[..., TrainState]:
   """(seed (int32 scalar), hparams) -> TrainState, a pure function (jit it with
-  out_shardings); hparams: the optimizer's numbers as arrays (`Optimizer.at`; None: its
-  own), so that one compiled init serves every seed and learning rate; `lag`: with the
-  sign agreement's lag state."""
+  out_shardings); hparams: the optimizer's numbers as arrays, which its state holds
+  (`Optimizer.init`; None: its own), so that one compiled init serves every seed and
+  learning rate; `lag`: with the sign agreement's lag state."""
 
   def init(seed: jax.Array, hparams: Any = None) -> TrainState:
-    tx = opt.tx if hparams is None else opt.at(hparams).tx
     init_key = jax.random.split(jax.random.PRNGKey(seed))[0]
     params = init_params(spec, init_key, seq_len)
     zero = lambda dtype=jnp.int32: jnp.zeros((), dtype)
-    return TrainState(step=zero(), params=params, opt_state=tx.init(params),
+    return TrainState(step=zero(), params=params, opt_state=opt.init(params, hparams),
                       examples_seen=zero(), batch_size=zero(), lr=zero(jnp.float32),
                       snr=opt.snr.init(params), gns=opt.gns.init(params),
                       lag=lag_init(params) if lag else optax.EmptyState())

@@ -30,6 +30,7 @@ from pergrad.config.plan import RunPlan
 from pergrad.loss import make_loss_fn
 from pergrad.model import Transformer
 from pergrad.optim import Optimizer, diagnostics, gns_metrics
+from pergrad.optim.hparams import numbers
 from pergrad.stats import sign_agreement
 from pergrad.stats.sign_agreement import lag_init
 from pergrad.stats.types import GradStats
@@ -40,7 +41,7 @@ from pergrad.train.state import TrainState, make_init_fn
 
 
 def train_step(state: TrainState, batch: dict, heldout: GradStats | None = None, *, loss_fn,
-               opt: Optimizer, request: pstats.StatsRequest, backend: str, hparams=None,
+               opt: Optimizer, request: pstats.StatsRequest, backend: str,
                options: pstats.StatsOptions, log_request: pstats.StatsRequest | None = None,
                log_backend: str | None = None, sign_lag: float = 0.5,
                platform: str | None = None) -> tuple[TrainState, dict[str, jax.Array]]:
@@ -55,8 +56,8 @@ def train_step(state: TrainState, batch: dict, heldout: GradStats | None = None,
   directions against the held-out mean and its trailing mean (ρ = `sign_lag`), whose state
   `TrainState.lag` such a step updates and every other step carries through
   (`pergrad.train.heldout`). The update and the metrics above are the same operations with
-  or without them (module docstring). `hparams`: the optimizer's numbers as arrays
-  (`Optimizer.at`; None: the optimizer's own, compiled in). `backend`/`log_backend`:
+  or without them (module docstring). The optimizer's numbers (lr, β's, ε, ...) are those
+  its state holds (`pergrad.optim.hparams`), not constants. `backend`/`log_backend`:
   decided ones (`plain.decided`), not "auto"; `platform`: the mesh's (default JAX's).
 
   The update's statistics are those the optimizer and the trackers read (`plan.stats.request`;
@@ -69,7 +70,6 @@ def train_step(state: TrainState, batch: dict, heldout: GradStats | None = None,
   logged statistics are the update's own; otherwise a second backward pass at θ_{k−1} on the
   same batch (the cost of logging).
   """
-  opt = opt if hparams is None else opt.at(hparams)
   B = batch["inputs"].shape[0]  # static: one compiled step per batch size
   if pstats.backends.get(backend).statistics:  # in chunks where faster (`plain.chunked`)
     loss, stats = pstats.compute(loss_fn, state.params, batch, request,
@@ -78,14 +78,15 @@ def train_step(state: TrainState, batch: dict, heldout: GradStats | None = None,
     loss, stats = plain.mean_gradient(loss_fn, state.params, batch, request, options, backend,
                                       platform)
   grads = stats.mean
-  seen = state.examples_seen
+  seen, hparams = state.examples_seen, numbers(state.opt_state)
   updates, opt_state = opt.tx.update(grads, state.opt_state, state.params, grad_stats=stats,
                                      examples_seen=seen, batch_size=B)
   params = optax.apply_updates(state.params, updates)
   new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state,
                          examples_seen=seen + B, batch_size=jnp.int32(B),
-                         lr=opt.token_lr(seen, B), snr=opt.snr.update(state.snr, stats),
-                         gns=opt.gns.update(state.gns, stats), lag=state.lag)
+                         lr=opt.lr(state.opt_state, seen, B),
+                         snr=opt.snr.update(state.snr, stats, hparams),
+                         gns=opt.gns.update(state.gns, stats, hparams), lag=state.lag)
   metrics = {
       "loss": loss,
       "grad_norm": optax.tree.norm(grads),
@@ -141,7 +142,8 @@ class Steps:
     repl = mesh_lib.replicated(mesh)
     self.batch_sharding = mesh_lib.batch_sharding(mesh)
 
-    # The optimizer's numbers are arguments, not constants: one program per run shape.
+    # The optimizer's numbers are the init's arguments, which the optimizer state holds,
+    # not constants: one program per run shape.
     self.hparams = jax.device_put(opt.hparams.as_arrays(), repl)
     init = make_init_fn(plan.model, opt, plan.data.seq_len, lag=bool(sp.sign_agreement))
     self.abstract_state = jax.eval_shape(init, jnp.int32(0), self.hparams)
@@ -174,24 +176,21 @@ class Steps:
                                log_backend=log_backend, sign_lag=sp.sign_lag,
                                platform=platform)
 
-      def train_step_of(state, batch, hparams, *heldout):
-        return step(state, batch, *heldout, hparams=hparams)
-
       return jax.jit(
-          train_step_of,
-          in_shardings=(self.state_shardings, self.batch_sharding, repl)
+          step,
+          in_shardings=(self.state_shardings, self.batch_sharding)
           + ((repl,) if heldout else ()),
           out_shardings=(self.state_shardings, repl),
           # The batch is not donated: no output has its shape (XLA could not reuse it).
           donate_argnames=("state",))
 
     def compiled(fn, B, *heldout):  # ahead of time, before the loop
-      return fn.lower(self.abstract_sharded_state(), abstract_batch(B), self.hparams,
-                      *heldout).compile()
+      return fn.lower(self.abstract_sharded_state(), abstract_batch(B), *heldout).compile()
 
     self.train_jit = jit_step()
-    logged_jit = (jit_step(sp.log_request, sp.log_backend, self.sign is not None)
-                  if sp.log_request is not None else None)
+    self.logged_jit = logged_jit = (
+        jit_step(sp.log_request, sp.log_backend, self.sign is not None)
+        if sp.log_request is not None else None)
     heldout = (self.sign.abstract_stats,) if self.sign is not None else ()
     sizes = plan.batch.sizes if plan.batch.kind != "fixed" else (plan.batch.max_batch_size,)
     # One compiled pair per allowed batch size (buckets), so a batch schedule never
@@ -207,16 +206,16 @@ class Steps:
     """Update k (1-based) with the batch's size: the logging variant on statistics-logging
     steps, there with the sign agreement against the `heldout` batch (a global batch,
     `put_batch`) when the run logs it (`pergrad.train.heldout`)."""
-    B, hp = batch["inputs"].shape[0], self.hparams
+    B = batch["inputs"].shape[0]
     if not self.logs_at(k):
-      return self.train[B](state, batch, hp)
+      return self.train[B](state, batch)
     if self.sign is None:
-      return self.train_logged[B](state, batch, hp)
+      return self.train_logged[B](state, batch)
     if heldout is None:
       raise ValueError(f"step {k} logs the sign agreement (stats.sign_agreement="
                        f"{self.sign.n_h}) but got no held-out batch.")
     stats = self.sign.stats(state.params, heldout)  # at θ_{k-1}, before the donation
-    return self.train_logged[B](state, batch, hp, stats)
+    return self.train_logged[B](state, batch, stats)
 
   def abstract_sharded_state(self) -> TrainState:
     """ShapeDtypeStructs with shardings (the restore target for Orbax)."""

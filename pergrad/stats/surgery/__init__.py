@@ -30,7 +30,7 @@ import jax.numpy as jnp
 from pergrad.stats import registry, vmap
 from pergrad.stats.options import StatsOptions
 from pergrad.stats.request import StatsRequest
-from pergrad.stats.surgery import clip, dense, embed, frontends, norm, sites
+from pergrad.stats.surgery import clip, dense, embed, frontends, lifted, norm, sites
 from pergrad.stats.surgery.probes import F32, Call, Env
 from pergrad.stats.surgery.sites import Unsupported, make_plan
 from pergrad.stats.types import GradStats
@@ -83,15 +83,25 @@ def _surgery_pass(loss_fn, params, batch, request: StatsRequest, options: StatsO
     def handler(site, layer):
       if not site.selected:
         return plain_call(env, site, layer)
-      sub = {k: {leaf: probes[k][key] for leaf, key in zip(site.leaves, site.keys, strict=True)}
-             for k in stat_keys}
+      if site.lifted >= 0:  # inside scan / remat: placeholders (`lifted`)
+        sub = {k: {leaf: lifted.placeholder((site.lifted, k, leaf), (B,) if k in example_keys
+                                            else layer.params[leaf].shape)
+                   for leaf in site.leaves} for k in stat_keys}
+      else:
+        sub = {k: {leaf: probes[k][key] for leaf, key in zip(site.leaves, site.keys,
+                                                             strict=True)} for k in stat_keys}
       return HANDLERS[site.kind](env, Call(site=site, layer=layer, probes=sub))
 
     with frontends.route(sites.site_router(plan, p, handler if stat_keys else None,
                                            every=True)):
       return loss_fn(p, batch).mean()
 
-  loss, (grads, probe_cts) = jax.value_and_grad(objective, argnums=(0, 1))(params, probes)
+  if any(s.lifted >= 0 and s.proven and s.selected for s in plan.sites) and stat_keys:
+    loss, grads, probe_cts, lifted_cts = lifted.value_and_grad(objective, params, probes)
+    probe_cts = lifted.merged(probe_cts, lifted_cts, [s for s in plan.sites if s.lifted >= 0],
+                              example_keys, B, shapes)
+  else:
+    loss, (grads, probe_cts) = jax.value_and_grad(objective, argnums=(0, 1))(params, probes)
   return loss, GradStats(
       count=jnp.asarray(count, F32),
       sum=jax.tree.map(lambda g: g.astype(F32) * scale, grads),

@@ -8,8 +8,9 @@ once (abstractly, at plan time: nothing runs per step) with every layer call tha
 parameters replaced by an opaque primitive `layer_call_p`(x, *params), and returns the
 leaves it cannot show exact, each with its reason (the others are exact whatever those do:
 a leaf's statistics read only its own calls' inputs and output cotangents). Refused:
-  - a leaf used otherwise than as a `layer_call_p` parameter operand, through views and
-    into `jax.jit` (`_walk`: a raw matmul, a penalty, scan / remat / cond / custom_vjp);
+  - a leaf used otherwise than as a `layer_call_p` parameter operand, through views, into
+    `jax.jit` and remat bodies and, sliced, into scan bodies as xs (`_walk`, `lifted`: a raw
+    matmul, a penalty, a scan constant or carry, cond / custom_vjp);
   - a layer call under `jax.vmap` (its leaves), or differentiated inside loss_fn (the model);
   - a call the plan takes as shared across the batch (input without an example axis: a
     position table on arange(T)) whose input depends on the batch, or whose output is used
@@ -26,7 +27,7 @@ import jax
 import jax.extend.core as jcore
 from jax.interpreters import ad, batching
 
-from pergrad.stats.surgery import frontends
+from pergrad.stats.surgery import frontends, lifted
 
 
 class Unsupported(ValueError):
@@ -48,8 +49,8 @@ JIT = frozenset({"pjit", "jit"})
 layer_call_p = jcore.Primitive("pergrad_layer_call")
 
 
-def _abstract(x, *params, index, name, leaves, shape, dtype):
-  del x, params, index, name, leaves
+def _abstract(x, *params, shape, dtype, **_):
+  del x, params
   return jax.core.ShapedArray(shape, dtype)
 
 
@@ -79,9 +80,11 @@ batching.primitive_batchers[layer_call_p] = _under_vmap
 ad.primitive_jvps[layer_call_p] = _differentiated
 
 
-def prove(loss_fn, params, batch, keys, paths, outs, shared, keys_of) -> dict[str, str]:
-  """{leaf path: reason} of the leaves surgery cannot show exact for loss_fn (module
-  docstring); {}: every leaf is exact. Raises `Unsupported` for a model it cannot read.
+def prove(loss_fn, params, batch, keys, paths, outs, shared, keys_of) -> tuple[dict, dict]:
+  """({leaf path: reason} of the leaves surgery cannot show exact for loss_fn (module
+  docstring), {}: every leaf is exact; {lifted call number: {role: (leaf path, depth)}} of
+  the lifted calls (`lifted.lifts`) whose parameters are exactly leaves sliced `depth`
+  times by scans). Raises `Unsupported` for a model it cannot read.
 
   Args:
     keys, paths: every parameter leaf's key and "a/b" path, in tree order.
@@ -95,7 +98,7 @@ def prove(loss_fn, params, batch, keys, paths, outs, shared, keys_of) -> dict[st
 
   def run(p, b):
     ids = {id(v): k for k, v in zip(keys, jax.tree.leaves(p), strict=True)}
-    count = itertools.count()
+    count, serials = itertools.count(), itertools.count()
 
     def handler(call):
       roles = [r for r, v in call.params.items()  # constants of loss_fn: no site
@@ -104,14 +107,16 @@ def prove(loss_fn, params, batch, keys, paths, outs, shared, keys_of) -> dict[st
         return call.run()
       counted = bool(keys_of(call, ids))
       i = next(count) if counted else -1
+      j = next(serials) if not counted and lifted.lifts(call, ids) else -1
       if counted:
         shape, dtype = outs[i]
       else:
         out = jax.eval_shape(call.run)
         shape, dtype = out.shape, out.dtype
       leaves = tuple(path_of.get(ids.get(id(call.params[r])), f"{call.name} {r}") for r in roles)
-      return layer_call_p.bind(call.x, *(call.params[r] for r in roles), index=i,
-                               name=call.name, leaves=leaves, shape=shape, dtype=dtype)
+      return layer_call_p.bind(call.x, *(call.params[r] for r in roles), index=i, lifted=j,
+                               roles=tuple(roles), name=call.name, leaves=leaves,
+                               shape=shape, dtype=dtype)
 
     with frontends.route(handler):
       return loss_fn(p, b)
@@ -130,7 +135,8 @@ def prove(loss_fn, params, batch, keys, paths, outs, shared, keys_of) -> dict[st
     for name in leaves:
       refused.setdefault(name, reason)
   calls: dict[int, tuple] = {}
-  _walk(closed.jaxpr, leaf, dep, calls, refused)
+  lift = {"sliced": {v: (p, 0) for v, p in leaf.items()}, "calls": {}}
+  _walk(closed.jaxpr, leaf, dep, calls, refused, lift)
   B = next(x.shape[0] for x in jax.tree.leaves(batch) if x.ndim)
   walk = _SharedUses(set(shared), calls, dep, refused, B)
   walk(closed.jaxpr, {})
@@ -141,23 +147,27 @@ def prove(loss_fn, params, batch, keys, paths, outs, shared, keys_of) -> dict[st
         refused.setdefault(n, f"its layer call ({name}) has an input without an example axis "
                               "that depends on the batch (mixes examples, or is inside a "
                               "per-example transform)")
-  return refused
+  return refused, lift["calls"]
 
 
 def _vars(vs):
   return [v for v in vs if isinstance(v, jcore.Var)]
 
 
-def _walk(jaxpr, leaf: dict, dep: set, calls: dict, refused: dict) -> None:
+def _walk(jaxpr, leaf: dict, dep: set, calls: dict, refused: dict, lift: dict) -> None:
   """Follows every leaf's value through `jaxpr` (module docstring); fills `dep` (the vars
   that depend on the batch), calls[call index] = (whether the call's input depends on the
-  batch, its leaves, its name), and refused[leaf path] = the first reason.
+  batch, its leaves, its name), refused[leaf path] = the first reason, and lift["calls"]
+  (`prove`'s second result) from lift["sliced"] = {var: (leaf path, depth)}: the vars that
+  are exactly a leaf sliced `depth` times along its leading axes.
 
   Every use of a parameter leaf's value must be a `layer_call_p` operand in a parameter
   slot, through views (reshape, transpose, squeeze, expand_dims, dtype casts, copies:
-  `VIEWS`) and into `jax.jit` sub-jaxprs; any other use (a raw matmul `x @ W.T`, a penalty
-  ‖W‖² in the loss, the input of a layer, an operand of scan / remat / cond / custom_vjp,
-  where the plan would see one call for many) refuses the leaf, naming the use."""
+  `VIEWS`), into `jax.jit` and remat bodies, and into scan bodies as xs (sliced: `_scan`);
+  any other use (a raw matmul `x @ W.T`, a penalty ‖W‖² in the loss, the input of a layer,
+  a scan constant or carry, an operand of cond / custom_vjp, where the plan would see one
+  call for many) refuses the leaf, naming the use."""
+  sliced = lift["sliced"]
   for eqn in jaxpr.eqns:
     name = eqn.primitive.name
     ins = _vars(eqn.invars)
@@ -166,7 +176,10 @@ def _walk(jaxpr, leaf: dict, dep: set, calls: dict, refused: dict) -> None:
       if isinstance(x, jcore.Var) and x in leaf:
         refused.setdefault(leaf[x], f"it is the input of a layer call ({eqn.params['name']}), "
                                     "not one of its parameters")
-      if i < 0:
+      got = [sliced.get(v) if isinstance(v, jcore.Var) else None for v in eqn.invars[1:]]
+      if i < 0 and eqn.params["lifted"] >= 0 and all(got):
+        lift["calls"][eqn.params["lifted"]] = dict(zip(eqn.params["roles"], got, strict=True))
+      elif i < 0:
         for v in eqn.invars[1:]:
           if isinstance(v, jcore.Var) and v in leaf:
             refused.setdefault(leaf[v], f"its {eqn.params['name']} call gets it as a traced "
@@ -174,18 +187,15 @@ def _walk(jaxpr, leaf: dict, dep: set, calls: dict, refused: dict) -> None:
                                         "(pass each parameter array as it is in params)")
       calls[i] = (isinstance(x, jcore.Var) and x in dep, eqn.params["leaves"],
                   eqn.params["name"])
-    elif name in JIT:
-      inner = eqn.params["jaxpr"].jaxpr
-      inner_leaf = {iv: leaf[ov] for ov, iv in zip(eqn.invars, inner.invars, strict=True)
-                    if isinstance(ov, jcore.Var) and ov in leaf}
-      inner_dep = {iv for ov, iv in zip(eqn.invars, inner.invars, strict=True)
-                   if isinstance(ov, jcore.Var) and ov in dep}
-      _walk(inner, inner_leaf, inner_dep, calls, refused)
-      for iv, ov in zip(inner.outvars, eqn.outvars, strict=True):
-        if isinstance(iv, jcore.Var) and iv in inner_leaf:
-          leaf[ov] = inner_leaf[iv]
-        if isinstance(iv, jcore.Var) and iv in inner_dep:
-          dep.add(ov)
+    elif name == lifted.SCAN:
+      _scan(eqn, leaf, dep, calls, refused, lift)
+      continue
+    elif name in JIT or name in lifted.REMAT:
+      inner = eqn.params["jaxpr"]
+      inner = getattr(inner, "jaxpr", inner)
+      inner_leaf, inner_dep = _enter(eqn.invars, inner.invars, leaf, dep, sliced)
+      _walk(inner, inner_leaf, inner_dep, calls, refused, lift)
+      _leave(inner.outvars, eqn.outvars, inner_leaf, inner_dep, leaf, dep, sliced)
       continue
     elif name in VIEWS and ins and ins[0] in leaf:
       leaf[eqn.outvars[0]] = leaf[ins[0]]
@@ -197,6 +207,68 @@ def _walk(jaxpr, leaf: dict, dep: set, calls: dict, refused: dict) -> None:
                                       "layer's")
     if any(v in dep for v in ins):
       dep.update(eqn.outvars)
+
+
+def _enter(outer, inner, leaf, dep, sliced, shift=None):
+  """(leaf, dep) of a sub-jaxpr's invars from its operands; `sliced` follows, one level
+  deeper for the operands whose index is in `shift` (a scan's xs)."""
+  inner_leaf, inner_dep = {}, set()
+  for k, (ov, iv) in enumerate(zip(outer, inner, strict=True)):
+    if not isinstance(ov, jcore.Var):
+      continue
+    if ov in dep:
+      inner_dep.add(iv)
+    if ov in leaf:
+      inner_leaf[iv] = leaf[ov]
+    if ov in sliced and (shift is None or k in shift):
+      path, depth = sliced[ov]
+      sliced[iv] = (path, depth + (shift is not None))
+  return inner_leaf, inner_dep
+
+
+def _leave(inner, outer, inner_leaf, inner_dep, leaf, dep, sliced, carry=None):
+  """The outputs of a sub-jaxpr back to its equation's outvars; for a scan (`carry`: its
+  number of carries) a slice stacked again as ys is one level shallower."""
+  for k, (iv, ov) in enumerate(zip(inner, outer, strict=True)):
+    if not isinstance(iv, jcore.Var):
+      continue
+    if iv in inner_dep:
+      dep.add(ov)
+    if iv in inner_leaf:
+      leaf[ov] = inner_leaf[iv]
+    if iv in sliced and carry is None:
+      sliced[ov] = sliced[iv]
+    elif iv in sliced and k >= carry and sliced[iv][1] > 0:
+      sliced[ov] = (sliced[iv][0], sliced[iv][1] - 1)
+
+
+def _scan(eqn, leaf, dep, calls, refused, lift) -> None:
+  """A scan equation: a leaf enters its body only as xs, exactly (each iteration's layer
+  call then sees one slice W[l]: `lifted`); as a constant or carry, or a view of it as
+  xs, it is refused (one layer call for every iteration: weights shared across layers)."""
+  P = eqn.params
+  nc, nk = P["num_consts"], P["num_carry"]
+  body = P["jaxpr"].jaxpr
+  sliced = lift["sliced"]
+  for k, v in enumerate(eqn.invars):
+    if isinstance(v, jcore.Var) and v in leaf and (k < nc + nk or v not in sliced):
+      refused.setdefault(leaf[v], "it enters jax.lax.scan (nn.scan, nnx.scan) as a loop "
+                                  "constant or carry, or reshaped: one layer call for every "
+                                  "iteration (weights shared across layers); scan over the "
+                                  "stacked leaf as it is in params, leading axis the layers")
+  inner_leaf, inner_dep = _enter(eqn.invars, body.invars, leaf, dep, sliced,
+                                 shift=set(range(nc + nk, len(eqn.invars))))
+  while True:  # the carry depends on the batch once any iteration's output does
+    _walk(body, inner_leaf, inner_dep, calls, refused, lift)
+    more = {body.invars[nc + k] for k, v in enumerate(body.outvars[:nk])
+            if isinstance(v, jcore.Var) and v in inner_dep} - inner_dep
+    if not more:
+      break
+    inner_dep |= more
+  for v in body.outvars[:nk]:
+    if isinstance(v, jcore.Var) and v in inner_leaf:
+      refused.setdefault(inner_leaf[v], "it is carried out of jax.lax.scan")
+  _leave(body.outvars, eqn.outvars, inner_leaf, inner_dep, leaf, dep, sliced, nk)
 
 
 # Elementwise operations through which a shared call's output, promoted by one leading
@@ -267,6 +339,7 @@ def _what(eqn) -> str:
   name = eqn.primitive.name
   words = {"dot_general": "a matmul", "scan": "jax.lax.scan (nn.scan, nnx.scan)",
            "checkpoint": "jax.checkpoint / remat", "remat": "jax.checkpoint / remat",
+           "remat2": "jax.checkpoint / remat",
            "while": "a while loop", "cond": "jax.lax.cond",
            "custom_vjp_call": "a custom_vjp function", "custom_jvp_call": "a custom_jvp function"}
   return f"{name}: {words[name]}" if name in words else name

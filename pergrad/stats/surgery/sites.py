@@ -13,9 +13,8 @@ from a norm or embedding call's kind, else from leaf names (`Plan.rules`, `layer
 
 from __future__ import annotations
 
-import collections
 import dataclasses
-import functools
+import itertools
 
 import flax.linen as nn
 import jax
@@ -23,7 +22,8 @@ import numpy as np
 
 from pergrad.layer_types import LAYER_TYPES, TYPE_RULES, call_rules, selects
 from pergrad.stats.request import StatsRequest
-from pergrad.stats.surgery import frontends, proof
+from pergrad.stats.surgery import frontends, lifted, proof
+from pergrad.stats.surgery.memo import memo
 from pergrad.stats.surgery.proof import Unsupported, unsupported
 
 
@@ -47,6 +47,7 @@ class Site:
   out_features: int = 0  # dense: L, the product of the kernel's output axes
   plain_dot: bool = True  # dense: `LayerCall.forward` is the layer's own forward
   proven: bool = True  # every leaf of the call shown exact (`proof`); else it runs untouched
+  lifted: int = -1  # the number of a lifted call (inside scan / remat: `lifted`), else -1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,9 +120,9 @@ def copy_note(call, ids: dict) -> str:
     return ""
   where = f" at '{_name(call.path)}'" if call.path else ""
   return (f"the {copies[0]} of the {call.name} call{where} is not a leaf of params but "
-          "computed inside loss_fn (a transformed copy, e.g. w.astype(...); a slice in "
-          "jax.lax.scan or nn.scan; or a second model's parameters made from the leaves, e.g. "
-          "a teacher on stop_gradient(params)); pass each parameter array as it is in params, "
+          "computed inside loss_fn (a transformed copy, e.g. w.astype(...); a slice of a "
+          "reshaped stack in jax.lax.scan; or a second model's parameters made from the "
+          "leaves, e.g. a teacher on stop_gradient(params)); pass each parameter array as it is in params, "
           "or close over a frozen part as a constant")
 
 
@@ -132,58 +133,31 @@ def array_ids(p, keys) -> dict:
 
 def site_router(plan: Plan, p, handler, every: bool = False):
   """The routed handler of one trace: the i-th layer call with parameters is
-  plan.sites[i], sent to handler(site, LayerCall) when selected (else it runs untouched;
-  all run untouched when handler is None; every: send unselected ones too)."""
+  plan.sites[i] (the j-th lifted call, the site whose `lifted` is j), sent to
+  handler(site, LayerCall) when selected (else it runs untouched; all run untouched when
+  handler is None; every: send unselected ones too)."""
   ids = array_ids(p, plan.keys)
-  state = {"i": 0}
+  state = {"i": 0, "j": itertools.count()}
+  by_serial = {s.lifted: s for s in plan.sites if s.lifted >= 0}
 
   def route(layer):
     keys = call_keys(layer, ids)
-    if handler is None or not keys:
+    site = None
+    if handler is not None and not keys and lifted.lifts(layer, ids):
+      site = by_serial.get(next(state["j"]))
+    if handler is None or not (keys or site):
       return layer.run()
-    site = plan.sites[state["i"]]
-    state["i"] += 1
-    if (site.keys, site.attend) != (tuple(keys.values()), layer.attend):
+    if site is None:
+      site = plan.sites[state["i"]]
+      state["i"] += 1
+    if not site.lifted >= 0 and (site.keys, site.attend) != (tuple(keys.values()),
+                                                            layer.attend):
       raise RuntimeError(f"surgery: call order changed at {'/'.join(site.path)}")
     if not site.proven:
       return layer.run()
     return handler(site, layer) if site.selected or every else layer.run()
 
   return route
-
-
-# (what, loss_fn, params' and batch's shapes, request) -> a plan, rules, separability or
-# refusal: the traces run once per model and shape, not once per backend or `compute` call.
-_MEMO: collections.OrderedDict = collections.OrderedDict()
-MEMO_SIZE = 32
-
-
-def memo(fn):
-  """fn(loss_fn, params, batch, *rest), remembered (its result or its `Unsupported`) by
-  `loss_fn` (the object), the shapes and dtypes of params and batch, and rest (the request):
-  a step traced again, or `compute`'s auto check then the backend, trace the model once."""
-  @functools.wraps(fn)
-  def memoized(loss_fn, params, batch, *rest):
-    shapes = lambda t: (jax.tree.structure(t), tuple(
-        (tuple(getattr(x, "shape", ())), str(getattr(x, "dtype", type(x))))
-        for x in jax.tree.leaves(t)))
-    try:
-      key = (fn.__module__, fn.__name__, loss_fn, shapes(params), shapes(batch), *rest)
-      hash(key)
-    except TypeError:  # an unhashable loss_fn or tree: no memo
-      return fn(loss_fn, params, batch, *rest)
-    if key not in _MEMO:
-      try:
-        _MEMO[key] = fn(loss_fn, params, batch, *rest)
-      except Unsupported as e:
-        _MEMO[key] = e
-      while len(_MEMO) > MEMO_SIZE:
-        _MEMO.popitem(last=False)
-    _MEMO.move_to_end(key)
-    if isinstance(_MEMO[key], Unsupported):
-      raise _MEMO[key]
-    return _MEMO[key]
-  return memoized
 
 
 @memo
@@ -214,16 +188,21 @@ def make_plan(loss_fn, params, batch, request: StatsRequest) -> Plan:
   B = next(x.shape[0] for x in jax.tree.leaves(batch) if np.ndim(x))
   keys, paths, treedef = leaf_keys(params)
   try:
-    calls, owners, notes = _traced_sites(loss_fn, params, batch, B, keys)
+    calls, owners, notes, lifts = _traced_sites(loss_fn, params, batch, B, keys)
     by_key = dict(zip(keys, paths, strict=True))
-    sites, refused = _sites(calls, B)
-    refused = {by_key[k]: why for k, why in refused.items()}
+    sites, _ = _sites(calls, B)
     owned = {by_key[k]: w for k, w in owners.items()}
-    for path, why in proof.prove(
+    why_of, lifted_keys = proof.prove(
         loss_fn, jax.tree.map(_struct, params), jax.tree.map(_struct, batch), keys, paths,
         [(c1["y"], c1["dtype"]) for c1, _ in calls],
-        [i for i, s in enumerate(sites) if s.in_axis is None and s.proven],
-        call_keys).items():
+        [i for i, s in enumerate(sites) if s.in_axis is None and s.proven], call_keys)
+    calls = calls + lifted.resolved(lifts, lifted_keys, dict(zip(paths, keys, strict=True)))
+    sites, refused = _sites(calls, B)
+    refused = {by_key[k]: why for k, why in refused.items()}
+    for s in sites:
+      why = lifted.refusal(s, request)
+      refused.update({by_key[k]: why for k in s.keys if why and by_key[k] not in refused})
+    for path, why in why_of.items():
       if path not in refused:
         refused[path] = _in_words(why, owned.get(path), notes)
   except Unsupported:
@@ -295,13 +274,15 @@ def _trace_calls(loss_fn, params, batch, keys):
 
   def run(p, b):
     ids.update(array_ids(p, keys))
+    serials = itertools.count()
 
     def rec(call):
       out = call.run()
+      lift = next(serials) if lifted.lifts(call, ids) else -1
       note = copy_note(call, ids)
       if note and note not in notes:
         notes.append(note)
-      log.append(dict(keys=call_keys(call, ids), kind=call.kind, attend=call.attend,
+      log.append(dict(keys=call_keys(call, ids), lifted=lift, kind=call.kind, attend=call.attend,
                       attrs=call.attrs, name=call.name, x=tuple(call.x.shape),
                       y=tuple(getattr(out, "shape", ())), dtype=getattr(out, "dtype", None)))
       return out
@@ -341,7 +322,9 @@ def _traced_sites(loss_fn, params, batch, B: int, keys):
                                      jax.tree.map(lambda a: _struct(a, B), batch), keys)
   log2, _, _ = _trace_calls(loss_fn, p_abs, jax.tree.map(lambda a: _struct(a, B + 1), batch),
                          keys)
-  return [(c1, c2) for c1, c2 in zip(log1, log2, strict=True) if c1["keys"]], owners, notes
+  pairs = list(zip(log1, log2, strict=True))
+  return ([(c1, c2) for c1, c2 in pairs if c1["keys"]], owners, notes,
+          [(c1, c2) for c1, c2 in pairs if c1["lifted"] >= 0])
 
 
 def _sites(calls, B: int) -> tuple[list[Site], dict]:
@@ -355,7 +338,8 @@ def _sites(calls, B: int) -> tuple[list[Site], dict]:
       used.setdefault(k, []).append(c1)
   for k, cs in used.items():
     methods = ["attend" if c["attend"] else "__call__" for c in cs]
-    if len(cs) > 1 and (methods != ["__call__", "attend"] or cs[0]["kind"] != "embed"):
+    if len(cs) > 1 and (methods != ["__call__", "attend"] or cs[0]["kind"] != "embed"
+                        or any(c["lifted"] >= 0 for c in cs)):
       refused[k] = (
           f"'{_name(k[:-1])}' is used {len(cs)} times ({methods}): one {cs[0]['name']} layer "
           "called more than once on the same parameter arrays (shared weights); surgery "
@@ -369,7 +353,7 @@ def _sites(calls, B: int) -> tuple[list[Site], dict]:
       sites.append(Site(path=next(iter(c1["keys"].values()))[:-1], kind=c1["kind"],
                         leaves=tuple(c1["keys"]), keys=tuple(c1["keys"].values()),
                         selected=False, in_axis=None, out_axis=0, attend=c1["attend"],
-                        proven=False))
+                        proven=False, lifted=c1["lifted"]))
   return sites, refused
 
 
@@ -383,7 +367,7 @@ def _site(c1: dict, c2: dict, B: int, tied: bool) -> Site:
   ax = _example_axis(c1["x"], c2["x"], B, B + 1)
   nx = len(c1["x"])
   kw = dict(path=first[:-1], kind=kind, attend=attend, in_axis=ax, tied=tied, leaves=roles,
-            keys=tuple(c1["keys"][r] for r in roles), selected=False)
+            keys=tuple(c1["keys"][r] for r in roles), selected=False, lifted=c1["lifted"])
   contract = ()
   if kind == "dense":
     contract = kw["contract"] = a["contract"]

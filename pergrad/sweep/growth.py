@@ -9,8 +9,8 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from experiments.sweep import Block, Sweep
 from pergrad.analysis.runs import fmt, from_table
+from pergrad.sweep.grid import Block, Sweep
 
 
 def in_seeds(col: pd.Series, seeds) -> pd.Series:

@@ -30,14 +30,14 @@ import subprocess
 import tarfile
 from pathlib import Path
 
-from experiments.reuse import CARRIED, INDEX
-from experiments.sweep import REPO
 from pergrad.analysis.runs import DONE, HYDRA_CONFIG, run_status
 from pergrad.files import METRICS, SUMMARY, write_bytes
+from pergrad.sweep.presets import REPO
+from pergrad.sweep.reuse import CARRIED, INDEX
 
 RECORD = "reproduction.json"  # the record's name inside the archive
 ROOT, REPO_MARK = "<sweeps-root>", "<repo>"  # what the runs' text files say for those paths
-# A run directory's layout, as training writes it (experiments read pergrad through
+# A run directory's layout, as training writes it (pergrad.sweep reads pergrad through
 # pergrad.files and pergrad.analysis only; tests/test_carry.py holds these to pergrad's names:
 # pergrad.config.plan.CONFIG, pergrad.train.checkpoint.CHECKPOINTS, run_dir.RECORD).
 CONFIG, RECORD_DIR = "config.yaml", str(HYDRA_CONFIG.parent)

