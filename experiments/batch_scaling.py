@@ -164,8 +164,9 @@ def collapse(curves: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, float]:
                        ("B_ref", f"{sc} at B={int(b)}"), effect=m, margin=m)  # advantage: B − B_ref
     worst = float(np.max(np.abs(y[:, keep].mean(axis=0) - m_ref[keep]))) if keep.any() \
         else math.nan
-    out = (UNDETERMINED if not math.isfinite(m) or short or p.why else
-           COLLAPSES if p.within_margin and worst <= rules.GUARD * m
+    diverged = bool(np.isinf(y).any())
+    out = (UNDETERMINED if not math.isfinite(m) or short else BREAKS if diverged else
+           UNDETERMINED if p.why else COLLAPSES if p.within_margin and worst <= rules.GUARD * m
            else BREAKS if p.lo95 > m or p.hi95 < -m else UNDETERMINED)
     for s, row in zip(seeds, y, strict=False):
       d = np.abs(row - m_ref)
@@ -197,7 +198,7 @@ def judge(col: pd.DataFrame, mis: pd.DataFrame) -> tuple[str, dict, list, int | 
   pairs = [decide.compare(vals("sqrt"), vals(o), (f"sqrt at B={at}", f"{o} at B={at}"),
                           effect=m, margin=m) for o in ("linear", "none") if o in by]
   if not (sq[COLLAPSES] or sq[BREAKS]):
-    v = rules.UNDETERMINED
+    v = f"{rules.UNDETERMINED}: not separable (no √ arm collapses or breaks)"
   elif any(p.outcome == decide.LOSS for p in pairs) or not (sq[COLLAPSES] or sq[UNDETERMINED]):
     v = rules.NOT_REPRODUCED
   elif (sq[BREAKS] and any(ref_b < b < at for b in sq[COLLAPSES])

@@ -160,7 +160,7 @@ def test_gns_schedule_ties_and_single_seeds(tmp_path):
   rep, _ = _schedule_report(tmp_path, "tie", _schedule_table(arms))
   assert rep.verdict == "partly reproduced", rep.finding
   rep, _ = _schedule_report(tmp_path, "one", _schedule_table(arms, seeds=(1,), judged=(4,)))
-  assert rep.verdict == "undetermined: powered"
+  assert rep.verdict.startswith("undetermined: not separable")  # one seed: no interval
   rep, _ = _schedule_report(tmp_path, "none", _schedule_table(arms, seeds=(), judged=()))
   assert rep.verdict == "not measured"
   rep, _ = _schedule_report(tmp_path, "ranked", _schedule_table(arms, judged=()))
@@ -279,7 +279,8 @@ def test_gns_schedule_judges_a_fitted_ramp_not_run_by_the_arms_run(tmp_path, mon
   assert any(c.startswith("linear_fit not run:") and "linear_paper's" in c for c in rep.checks)
   monkeypatch.setattr(gs, "fit_ramp", lambda *a: {"batch.start": 8, "batch.ramp_tokens": 6_000})
   rep, _ = _schedule_report(tmp_path, "fit_missing", _schedule_table(arms))
-  assert rep.verdict == "undetermined: powered", rep.finding  # no runs: no power
+  assert rep.verdict == "partly reproduced", rep.finding  # linear_fit: no runs, not separable
+  assert "linear_fit vs fixed_16: not separable" in rep.ours
   assert not any(c.startswith("linear_fit not run") for c in rep.checks)
 
 
