@@ -20,8 +20,8 @@ from experiments import lr_search
 from experiments.declared import declared, declared_text
 from experiments.markdown import md_table
 from experiments.record import Experiment, register
-from experiments.verdict import gated, outcomes, pairs_md
-from pergrad.analysis import calibrate, guards, rules
+from experiments.verdict import calibration_of, gated, key, outcomes, pairs_md
+from pergrad.analysis import calibrate, decide, guards, rules
 from pergrad.analysis.plots import plot_curves, plt, savefig, style
 from pergrad.analysis.runs import read_csv, write_csv
 from pergrad.sweep import WARMUP, Block, Sweep, base_for, scale_value, with_warmup
@@ -48,14 +48,16 @@ MIN_MARGIN, MARGIN_SPREADS, FALLBACK_MARGIN = MIN_MARGIN_D.value, 3.0, FALLBACK_
 BELOW, ABOVE = declared(NAME, "below"), declared(NAME, "above")  # the regime, vs B_simple
 B_SIMPLE = "gns/total/b_simple"  # tracked in B_ref's runs (stats.gns)
 COLLAPSES, BREAKS, UNDETERMINED = "collapses", "breaks", "undetermined"
-RULE = (f"Over the second half of training's eval points, B collapses onto B_ref when "
-        f"{rules.EQUIV} (rules.equivalence); it breaks only when the 95% interval lies beyond "
-        f"the margin (or a seed diverged); else undetermined. The margin is fixed before the "
+RULE = (f"Over the second half of training's eval points, per seed, the average of B's curve "
+        "minus B_ref's (the same seeds: paired): B collapses onto B_ref when the 90% interval "
+        "of the mean gap lies within ±margin (TOST) and no point's seed-mean gap exceeds "
+        f"{rules.GUARD:g} margins; it breaks only when the 95% interval lies beyond the margin; "
+        "else undetermined. The margin is fixed before the "
         f"comparison from B_ref's margin seeds: {MARGIN_SPREADS:g} × the spread of their curve "
         f"averages, at least {MIN_MARGIN:g} nats ({FALLBACK_MARGIN:g} without margin seeds). "
         "Reproduced when √ collapses at every B below its smallest break, at some B above B_ref, "
         "some B breaks, and there √ beats linear and none (mean |gap| per seed, "
-        f"{rules.PAIR_WIN}); not reproduced when another scaling beats √ there or √ collapses "
+        f"{decide.READING}); not reproduced when another scaling beats √ there or √ collapses "
         "nowhere it was decided; undetermined when nothing was decided.")
 
 
@@ -147,27 +149,38 @@ def collapse(curves: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, float]:
                        if x > ref["examples_seen"].max() / 2))
   split = ref[SEED].isin(MARGIN_SEEDS["cpu"] + MARGIN_SEEDS["paper"])
   m = margin(_seed_curves(ref[split], xs)) if split.any() else FALLBACK_MARGIN
+  ref_seeds = sorted(ref[~split][SEED].unique())
   ref_y = _seed_curves(ref[~split], xs)
   m_ref = ref_y.mean(axis=0)
   rows, mis = [], []
   for (sc, b), runs in curves[curves[KEY] != ref_b].groupby([SCALING, KEY], sort=False):
     k = LONG_FACTOR if sc == LONG else 1  # as planned (a run cut short reads its points NaN)
     y = _seed_curves(runs, xs * k)
-    eq = rules.equivalence(y, ref_y, m)
-    short = eq.n_points < len(xs) and not np.isinf(y).any()  # a run stopped before a point
-    out = (UNDETERMINED if not math.isfinite(m) or short else COLLAPSES if eq.equivalent
-           else BREAKS if eq.equivalent is False and eq.beyond else UNDETERMINED)
-    for s, row in zip(sorted(runs[SEED].unique()), y, strict=False):
+    seeds = sorted(runs[SEED].unique())
+    keep = ~(np.isnan(y).any(axis=0) | np.isnan(ref_y).any(axis=0))
+    short = keep.sum() < len(xs) and not np.isinf(y).any()  # a run stopped before a point
+    p = decide.compare({float(s): r[keep].mean() for s, r in zip(ref_seeds, ref_y, strict=True)},
+                       {float(s): r[keep].mean() for s, r in zip(seeds, y, strict=True)},
+                       ("B_ref", f"{sc} at B={int(b)}"), effect=m, margin=m)  # advantage: B − B_ref
+    worst = float(np.max(np.abs(y[:, keep].mean(axis=0) - m_ref[keep]))) if keep.any() \
+        else math.nan
+    diverged = bool(np.isinf(y).any())
+    out = (UNDETERMINED if not math.isfinite(m) or short else BREAKS if diverged else
+           UNDETERMINED if p.why else COLLAPSES if p.within_margin and worst <= rules.GUARD * m
+           else BREAKS if p.lo95 > m or p.hi95 < -m else UNDETERMINED)
+    for s, row in zip(seeds, y, strict=False):
       d = np.abs(row - m_ref)
       mis.append({SCALING: sc, KEY: int(b), SEED: int(s),
                   "mean_abs_gap": math.inf if np.isinf(d).any() else float(np.nanmean(d))})
-    rows.append({SCALING: sc, KEY: int(b), "n_seeds": len(y), "gap": eq.gap, "lo95": eq.lo95,
-                 "hi95": eq.hi95, "lo": eq.lo, "hi": eq.hi, "max_abs_gap": eq.max_abs_gap,
-                 "outcome": out, "final_eval_loss": float(np.mean(y[:, -1])),
+    rows.append({SCALING: sc, KEY: int(b), "n_seeds": p.n, "gap": p.advantage, "lo95": p.lo95,
+                 "hi95": p.hi95, "lo": p.lo90, "hi": p.hi90, "sd_paired": p.sd_paired,
+                 "max_abs_gap": worst, "outcome": out, "final_eval_loss": float(np.mean(y[:, -1])),
                  "spread": spread(y)})
   rows.append({SCALING: "sqrt", KEY: ref_b, "n_seeds": len(ref_y), "outcome": "reference",
                "spread": spread(ref_y)})
-  return pd.DataFrame(rows), pd.DataFrame(mis), m
+  col = pd.DataFrame(rows)
+  col.attrs["margin"] = m
+  return col, pd.DataFrame(mis), m
 
 
 def judge(col: pd.DataFrame, mis: pd.DataFrame) -> tuple[str, dict, list, int | None]:
@@ -178,16 +191,19 @@ def judge(col: pd.DataFrame, mis: pd.DataFrame) -> tuple[str, dict, list, int | 
   sq = by.get("sqrt", {COLLAPSES: [], BREAKS: [], UNDETERMINED: []})
   sizes = sorted(int(b) for b in col[KEY].unique() if int(b) != ref_b)
   at = min(sq[BREAKS]) if sq[BREAKS] else (max(sizes) if sizes else None)
-  vals = lambda s: mis.loc[(mis[SCALING] == s) & (mis[KEY] == at), "mean_abs_gap"].tolist()
-  pairs = [rules.compare(vals("sqrt"), vals(o), (f"sqrt at B={at}", f"{o} at B={at}"))
-           for o in ("linear", "none") if o in by]
+  at_b = mis[mis[KEY] == at]
+  vals = lambda s: {float(r[SEED]): float(r["mean_abs_gap"])
+                    for r in at_b[at_b[SCALING] == s].to_dict("records")}
+  m = float(col.attrs.get("margin", math.nan))
+  pairs = [decide.compare(vals("sqrt"), vals(o), (f"sqrt at B={at}", f"{o} at B={at}"),
+                          effect=m, margin=m) for o in ("linear", "none") if o in by]
   if not (sq[COLLAPSES] or sq[BREAKS]):
-    v = rules.UNDETERMINED
-  elif any(p.outcome == rules.LOSS for p in pairs) or not (sq[COLLAPSES] or sq[UNDETERMINED]):
+    v = f"{rules.UNDETERMINED}: not separable (no √ arm collapses or breaks)"
+  elif any(p.outcome == decide.LOSS for p in pairs) or not (sq[COLLAPSES] or sq[UNDETERMINED]):
     v = rules.NOT_REPRODUCED
   elif (sq[BREAKS] and any(ref_b < b < at for b in sq[COLLAPSES])
         and all(b in sq[COLLAPSES] for b in sizes if b < at) and pairs
-        and all(p.outcome == rules.WIN for p in pairs)):
+        and all(p.outcome == decide.WIN for p in pairs)):
     v = rules.REPRODUCED
   else:
     v = rules.PARTLY
@@ -243,22 +259,21 @@ def regime(curves: pd.DataFrame) -> guards.Guard:
 def report(out_dir):
   col, mis, m = collapse(read_csv(Path(out_dir) / "curves.csv"))
   verdict, by, pairs, at = judge(col, mis)
-  ref = col[col["outcome"] == "reference"].iloc[0]
-  # each √ arm's equivalence at its own and B_ref's spread of curve averages, and each pair
-  # at the break at its arms' own spread of mean |gap| for a difference of one margin
-  cals = {f"sqrt at B={int(r[KEY])} vs B_ref": calibrate.calibrate(
-      "equivalence", float(r.get("spread", math.nan)), int(r["n_seeds"]), m,
-      n_b=int(ref["n_seeds"]), noise_b=float(ref["spread"]))
-      for r in col[(col[SCALING] == "sqrt") & (col["outcome"] != "reference")].to_dict("records")}
-  vals = lambda s: mis.loc[(mis[SCALING] == s) & (mis[KEY] == at), "mean_abs_gap"].tolist()
-  cals |= {f"{p.a} vs {p.b}": calibrate.of_arms(vals("sqrt"), vals(p.b.split(" at ")[0]), m)
-           for p in pairs}
+  # each √ arm's TOST at its paired sd (the design's power to show equivalence at a true gap
+  # of 0: a reading of absence), and each pair at the break (its power for one margin)
+  sq = col[(col[SCALING] == "sqrt") & (col["outcome"] != "reference")]
+  cals = {f"sqrt at B={int(r[KEY])} vs B_ref": calibrate.Calibration(
+      "paired equivalence", float(r["sd_paired"]), int(r["n_seeds"]), m, decide.ALPHA,
+      decide.power_equivalence(float(r["sd_paired"]), int(r["n_seeds"]), m))
+      for r in sq.to_dict("records")}
+  cals |= {key(p): calibration_of(p) for p in pairs}
+  decided = list(cals)  # an undetermined one is named in the verdict (partly, undetermined)
   ours = "; ".join(f"{sc}: collapses at B={by[sc][COLLAPSES]}, breaks at B={by[sc][BREAKS]}"
                    for sc in by) + (f" (margin ±{m:.3g})" if math.isfinite(m) else
                                     " (no margin: a margin seed diverged or stopped early)"
                                     ) + f"; at B={at}: {outcomes(pairs)}"
   checked = (*arm_guards(out_dir), regime(read_csv(Path(out_dir) / "curves.csv")))
-  return gated(verdict, cals, checked, rule=RULE, paper=PAPER, ours=ours,
+  return gated(verdict, cals, checked, decided=decided, rule=RULE, paper=PAPER, ours=ours,
                checks=(*(p.sentence() for p in pairs),
                        declared_text(MIN_MARGIN_D, FALLBACK_D, BELOW, ABOVE)),
                numbers_md=md_table(col) + ("\n\n" + pairs_md(pairs) if pairs else ""))

@@ -23,8 +23,8 @@ from experiments.declared import declared, declared_text
 from experiments.markdown import listing, sections
 from experiments.record import Experiment, Rung, register
 from experiments.report import not_measured
-from experiments.verdict import gated
-from pergrad.analysis import calibrate, guards, rules
+from experiments.verdict import calibration_of, gated
+from pergrad.analysis import decide, guards
 from pergrad.analysis.plots import plt, savefig, style
 from pergrad.analysis.runs import (
   DONE,
@@ -63,11 +63,10 @@ SEEDS = {"ci": (1,), "cpu": (1, 2, 3, 4, 5, 6), "paper": (1, 2, 3, 4, 5, 6)}
 N_EVALS = {"ci": 5, "cpu": 25, "paper": 25}
 RULE = (f"The ramp (B_max/8 to B_max linear in tokens over the budget) vs the fixed B_max run, "
         f"both at the fixed run's tuned lr and fresh seeds {SEEDS['cpu']}, in final eval loss at "
-        f"equal tokens: {rules.PAIR_WIN}; the effect it must detect is declared ({EFFECT.value:g} "
-        "nats). Reproduced if the ramp wins, not reproduced if it loses or ties with power "
-        "≥ 0.8, else undetermined. The token saving to the fixed run's final loss (seed-mean "
-        "curves) is the paper's figure, reported beside; the regime guard checks tokens per "
-        "parameter.")
+        f"equal tokens, paired on their shared seeds: {decide.READING} (margin and effect "
+        f"declared: {EFFECT.value:g} nats); {decide.VERDICT}. The token saving to the fixed "
+        "run's final loss (seed-mean curves) is the paper's figure, reported beside; the regime "
+        "guard checks tokens per parameter.")
 
 
 def max_batch_size(preset: str) -> int:
@@ -197,12 +196,11 @@ def report(out_dir: Path):
   if tt.empty:
     return not_measured(RULE, "the fixed B_max run has no fresh seeds at its chosen lr", NAME,
                         paper=PAPER)
-  losses = {k: g["final_eval_loss"].tolist() for k, g in tt.groupby("arm")}
-  pair = rules.compare(losses.get("ramp", []), losses.get("fixed", []), ("ramp", "fixed"))
-  verdict = (rules.REPRODUCED if pair.outcome == rules.WIN else rules.NOT_REPRODUCED
-             if pair.outcome in (rules.LOSS, rules.TIE) else rules.UNDETERMINED)
-  cals = {"ramp vs fixed": calibrate.of_arms(losses.get("ramp", []), losses.get("fixed", []),
-                                             EFFECT.value)}
+  losses = {k: dict(zip(g["train.seed"].astype(float), g["final_eval_loss"].astype(float),
+                        strict=True)) for k, g in tt.groupby("arm")}
+  pair = decide.compare(losses.get("ramp", {}), losses.get("fixed", {}), ("ramp", "fixed"),
+                        effect=EFFECT.value, margin=EFFECT.value)
+  verdict, cals = decide.verdict_of([pair]), {"ramp vs fixed": calibration_of(pair)}
   best = lr_search.load_best(out_dir)
   bracket, stable, _ = lr_search.guards_of(best, lambda r: "fixed")
   warm = lr_search.warm_of(read_csv(out_dir / "finals.csv"), arm, {"ramp", "fixed"})  # every run
@@ -214,9 +212,10 @@ def report(out_dir: Path):
   save = listing(((a, mean_tt.loc[a, "token_saving"]) for a in ("ramp",) if a in mean_tt.index),
                  lambda x: f"{100 * x:.1f}%" if math.isfinite(x) else
                  "no reference (the fixed run missed its own target)" if x != x else "not reached")
-  short, full = losses.get("short", []), losses.get("fixed", [])
+  short, full = list(losses.get("short", {}).values()), list(losses.get("fixed", {}).values())
   delta = float(np.mean(short) - np.mean(full)) if short and full else math.nan
   return gated(verdict, cals, (bracket, stable, warm, in_regime), rule=RULE,
+               decided=list(cals),
                paper=PAPER, ours=f"token saving to fixed B_max's final loss: {save or 'n/a'}; "
                f"ramp vs fixed: {pair.outcome}",
                checks=(pair.sentence(), f"fixed B_max at lr {best['optimizer.lr'].iloc[0]:g}",

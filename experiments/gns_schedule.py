@@ -23,7 +23,7 @@ from experiments.declared import declared, declared_text
 from experiments.markdown import listing, sections
 from experiments.record import Experiment, register
 from experiments.report import Report, not_measured
-from pergrad.analysis import calibrate, guards, rules
+from pergrad.analysis import decide, guards
 from pergrad.analysis.plots import plt, savefig, style
 from pergrad.analysis.runs import (
   aggregate,
@@ -74,10 +74,11 @@ PAPER = "18% fewer tokens to the fixed batch's final loss"
 EFFECT = declared(NAME, "effect")  # nats, configs/experiment/gns_schedule.yaml
 RULE = (f"Each GNS-guided schedule ({', '.join(GUIDED)}) at the best fixed arm's lr vs the best "
         "fixed arm (lowest mean final eval loss on its first fresh seeds, judged on its others) "
-        f"in final eval loss at equal tokens: {rules.PAIR_WIN}. The effect each pair must detect "
-        f"is declared ({EFFECT.value:g} nats, the paper's 18% in loss units); Δ18, the best fixed "
-        "arm's seed-mean final loss on 82% of the tokens minus on all, re-measures it beside. "
-        f"{rules.PAIRS_VERDICT.capitalize()} (each schedule a pair). Tokens and "
+        f"in final eval loss at equal tokens, paired on their shared seeds: {decide.READING}. "
+        f"The effect (and equivalence margin) of each pair is declared ({EFFECT.value:g} nats, "
+        "the paper's 18% in loss units); Δ18, the best fixed arm's seed-mean final loss on 82% "
+        "of the tokens minus on all, re-measures it beside. "
+        f"{decide.VERDICT.capitalize()} (each schedule a pair). Tokens and "
         "wall time to the fixed arm's final loss on seed-mean curves are reported, not judged.")
 
 
@@ -352,15 +353,17 @@ def report(out_dir: Path) -> Report:
   search = lr_search.load_best(out_dir)
   best = search[search["best_arm"]].iloc[0]
   base, target = f"fixed_{int(best[SIZE])}", float(tt["target"].iloc[0])
-  losses = {k: g["final_eval_loss"].tolist() for k, g in tt.groupby("arm")}
+  losses = {k: dict(zip(g["train.seed"].astype(float), g["final_eval_loss"].astype(float),
+                        strict=True)) for k, g in tt.groupby("arm")}
   fit = read_csv(out_dir / "ramp_fit.csv")
   why = str(fit["linear_fit"].iloc[0]) if "linear_fit" in fit and len(fit) else "launched"
   guided = [k for k in GUIDED if k != "linear_fit" or why == "launched" or k in losses]
-  _, pairs = rules.decide(losses, [(k, base) for k in guided])
-  short, full = losses.get(f"{base}_short", []), losses.get(base, [])  # Δ18 (inf: diverged)
+  pairs = [decide.compare(losses.get(k, {}), losses.get(base, {}), (k, base),
+                          effect=EFFECT.value, margin=EFFECT.value) for k in guided]
+  short = list(losses.get(f"{base}_short", {}).values())  # Δ18 (inf: diverged)
+  full = list(losses.get(base, {}).values())
   delta = float(np.mean(short) - np.mean(full)) if len(short) and len(full) else math.nan
-  cals = {f"{k} vs {base}": calibrate.of_arms(losses.get(k, []), full, EFFECT.value)
-          for k in guided}
+  cals = {verdict.key(p): verdict.calibration_of(p) for p in pairs}
   mean_tt = seed_mean_to_target(read_csv(out_dir / "curves.csv"), base, target)
   by_arm = tt.groupby("arm").agg(
       final_eval_loss=("final_eval_loss", "mean"), final_std=("final_eval_loss", "std"),
@@ -379,7 +382,8 @@ def report(out_dir: Path) -> Report:
             *(p.sentence() for p in pairs), f"Δ18 = {delta:.3g}", declared_text(EFFECT),
             *([f"linear_fit not run: {why}"] if "linear_fit" not in guided else []))
   return verdict.gated(
-      rules.verdict_of(pairs), cals, arm_guards(out_dir, search, best, guided),
+      decide.verdict_of(pairs), cals, arm_guards(out_dir, search, best, guided),
+      decided=list(cals),
       rule=RULE, paper=PAPER, checks=checks,
       ours=f"token (wall-time) saving to B={int(best[SIZE])}'s final loss: {save or 'n/a'}; "
       f"{verdict.outcomes(pairs)}",

@@ -158,10 +158,12 @@ def fit(star: pd.DataFrame) -> dict:
 def judge(f: dict) -> str:
   lo, hi = ALPHA.value - MARGIN.value, ALPHA.value + MARGIN.value
   if not math.isfinite(f["alpha"]):
-    return rules.UNDETERMINED
+    return f"{rules.UNDETERMINED}: not separable (α not measured)"
   if lo <= f["lo90"] and f["hi90"] <= hi:
     return rules.REPRODUCED
-  return rules.NOT_REPRODUCED if f["lo95"] > hi or f["hi95"] < lo else rules.UNDETERMINED
+  return (rules.NOT_REPRODUCED if f["lo95"] > hi or f["hi95"] < lo else
+          f"{rules.UNDETERMINED}: not separable (α vs {ALPHA.value:g}: neither within "
+          f"±{MARGIN.value:g} nor beyond)")
 
 
 def analyze(runs, out_dir: Path) -> None:
@@ -240,6 +242,7 @@ def report(out_dir: Path):
   ours = (f"α = {f['alpha']:.2f} [{f['lo95']:.2f}, {f['hi95']:.2f}] (95%) over B = "
           f"{sorted(int(b) for b in star[KEY].unique())}; √ scaling: α = {ALPHA.value:g}")
   return gated(judge(f), {"α vs 0.5": cal}, (bracket, stable, warm, regime(out_dir)),
+               decided=["α vs 0.5"],  # an open α names itself in the verdict
                rule=RULE, paper=PAPER, ours=ours,
                checks=(f"90% interval [{f['lo90']:.2f}, {f['hi90']:.2f}] against "
                        f"[{ALPHA.value - MARGIN.value:g}, {ALPHA.value + MARGIN.value:g}]",

@@ -130,14 +130,16 @@ def adam_lr(inputs, preset: str) -> dict:
       inputs, "preconditioner", {"optimizer.variant": "adam", "optimizer.clip_norm": None})}
 
 
-def by_label(best: pd.DataFrame, labeler: Callable[[dict], str]) -> dict[str, list[float]]:
-  """{label of a group: its fresh seeds' losses} from `load_best`."""
-  return {labeler(r): list(r["values"]) for r in best.to_dict("records")}
-
-
-def seeds_by_label(best: pd.DataFrame, labeler: Callable[[dict], str]) -> dict[str, list[float]]:
-  """{label of a group: its fresh seeds, in the order of `by_label`'s values} from `load_best`."""
-  return {labeler(r): _floats(r["fresh_seeds"]) for r in best.to_dict("records")}
+def by_label(best: pd.DataFrame, labeler: Callable[[dict], str], seeds=()) -> dict[str, dict]:
+  """{label of a group: {fresh seed: its final eval loss}} from `load_best`; a group diverged
+  at every lr ran no fresh seed: {each of `seeds` (the search's fresh seeds): inf}, a loss to
+  any arm on every seed it shares."""
+  out = {}
+  for r in best.to_dict("records"):
+    fresh, values = _floats(r["fresh_seeds"]), list(r["values"])
+    out[labeler(r)] = (dict(zip(fresh, values, strict=True)) if len(fresh) == len(values)
+                       else dict.fromkeys(map(float, seeds or fresh[:1] or [-1.0]), math.inf))
+  return out
 
 
 def _floats(cell) -> list[float]:

@@ -19,10 +19,10 @@ from experiments.markdown import listing, sections
 from experiments.record import Experiment, Inputs, Rung, register
 from experiments.report import not_measured
 from experiments.verdict import pairs_report
-from pergrad.analysis import calibrate, leafwise
+from pergrad.analysis import leafwise
+from pergrad.analysis.decide import READING, VERDICT
 from pergrad.analysis.leafwise import is_norm_leaf
 from pergrad.analysis.plots import plot_curves, plt, savefig, style
-from pergrad.analysis.rules import PAIR_WIN, PAIRS_VERDICT
 from pergrad.analysis.runs import DONE, fmt, from_table, read_csv, write_csv, x_examples
 from pergrad.sweep import SEEDS, Block, Sweep, base_for, family, scale_value, with_warmup
 
@@ -39,7 +39,7 @@ VIEWS = {"all leaves": "ratio_of_sums", "no norm": "ratio_of_sums_no_norm"}
 RULE = ("Per seed and cell (window: the first and the second half of the logged steps, both "
         "declared in advance; B: the scale's and 128; with and without the normalization "
         "layers), r = Σμ̂²/Σ(σ̂²/B) over the cell's leaves and steps (a ratio of sums). In each "
-        f"cell, r against 1 (higher: μ² dominates Adam's v), {PAIR_WIN}; {PAIRS_VERDICT} "
+        f"cell, r against 1 (higher: μ² dominates Adam's v), {READING}; {VERDICT} "
         "(each cell's μ² expected to win). The parameter-weighted medians of the leaves' r are "
         "reported beside.")
 PAPER = "v ≈ μ² + σ²/B dominated by μ² (qualitative)"
@@ -170,20 +170,20 @@ def report(out_dir: Path):
   if views is None:
     return not_measured(RULE, "the per-leaf μ̂², σ̂² or the leaves' parameter counts "
                         "(leaf_params.csv) are missing", NAME, checks=(whole,), numbers_md=numbers)
-  values, expected, cals, rows = {}, [], {}, []
+  values, expected, rows = {}, [], []
   sizes = [None, *sorted(int(b) for b in big["B"].unique())] if len(big) else [None]
   for b in sizes:
     for w in WINDOWS:
       v = leaf_views(out_dir, w, b)
       for name, col in ([] if v is None else VIEWS.items()):
         cell = f"{w} half, B={'ref' if b is None else b}, {name}"
-        r = v[col].dropna().tolist()
-        values[f"μ² ({cell})"], values[f"1 ({cell})"] = r, [1.0] * len(r)
+        r = {float(s): float(x) for s, x in zip(v["train.seed"], v[col], strict=True)
+             if np.isfinite(x)}
+        values[f"μ² ({cell})"], values[f"1 ({cell})"] = r, dict.fromkeys(r, 1.0)
         expected.append((f"μ² ({cell})", f"1 ({cell})"))
-        cals[f"μ² ({cell}) vs 1 ({cell})"] = calibrate.calibrate(
-            "pair", calibrate.std(r), len(r), EFFECT.value, n_b=len(r), noise_b=0.0)
         rows.append({"window": w, "B": "ref" if b is None else b, "view": name,
-                     "r_mean": float(np.mean(r)) if r else np.nan, "n_seeds": len(r),
+                     "r_mean": float(np.mean(list(r.values()))) if r else np.nan,
+                     "n_seeds": len(r),
                      "weighted_median": float(v["weighted_median" + (
                          "_no_norm" if col.endswith("_no_norm") else "")].mean())})
   m = views.mean(numeric_only=True)
@@ -191,7 +191,7 @@ def report(out_dir: Path):
                                          "norm_share_num", "norm_share_params"))
   size = lambda r: f"B={fmt(from_table(r.get('data.batch_size')) or 'ref')}"
   warm = lr_search.warm_of(fin, size, {size(r) for r in fin.to_dict("records")})
-  return pairs_report(values, expected, rule=RULE, paper=PAPER, effect=EFFECT.value, cals=cals,
+  return pairs_report(values, expected, rule=RULE, paper=PAPER, effect=EFFECT.value,
                       lower_is_better=False, checked=(warm,),
                       checks=(f"Second half at the scale's B, per leaf, mean over seeds: "
                               f"{shares}", whole, declared_text(EFFECT, WINDOWS_D)),

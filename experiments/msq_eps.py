@@ -17,20 +17,10 @@ from experiments import lr_search, preconditioner
 from experiments.declared import declared, declared_text
 from experiments.markdown import sections
 from experiments.record import Experiment, register
-from experiments.verdict import pairs_report
-from pergrad.analysis import calibrate, guards
-from pergrad.analysis.rules import (
-  LOSS,
-  NONINF,
-  NOT_REPRODUCED,
-  PAIR_WIN,
-  PARTLY,
-  REPRODUCED,
-  UNDETERMINED,
-  WIN,
-  compare,
-  noninferior,
-)
+from experiments.verdict import pairs_report, sequential_reading
+from pergrad.analysis import decide, guards
+from pergrad.analysis.decide import NONINFERIOR, NOT_SEPARABLE, READING, WIN, WORSE
+from pergrad.analysis.rules import NOT_REPRODUCED, PARTLY, REPRODUCED, UNDETERMINED
 from pergrad.analysis.runs import fmt, from_table, read_csv, stat_columns, write_csv
 from pergrad.sweep import Block, LrSearch, MoreSeeds, Sweep, base_for
 
@@ -46,11 +36,13 @@ SELECT, SEEDS = preconditioner.SELECT, preconditioner.SEEDS
 LOG_EVERY = {"ci": 10, "cpu": 50, "paper": 500}
 MARGIN, EFFECT = declared(NAME, "margin"), declared(NAME, "effect")
 INCONCLUSIVE = f"{UNDETERMINED}: neither within the margin of Adam nor worse beyond it"
-RULE = (f"MicroAdamMSQ vs Adam on the fresh seeds {SEEDS}: {NONINF} (margin {MARGIN.value:g} "
-        f"nats, declared). MicroAdamMSQ vs the ε-only control (ε = 1) and vs Adam at "
-        f"MicroAdamMSQ's ε: {PAIR_WIN} (the fresh seeds a pilot, as the preconditioner's: an "
-        "under-powered pair gets more seeds, its variances then read from the pilot alone). "
-        "Not reproduced if MicroAdamMSQ loses to Adam; "
+RULE = (f"MicroAdamMSQ vs Adam on the fresh seeds {SEEDS}, paired: non-inferior when the "
+        "one-sided 95% upper end of its excess loss is within the margin "
+        f"({MARGIN.value:g} nats, declared), worse when the lower end exceeds it. MicroAdamMSQ "
+        f"vs the ε-only control (ε = 1) and vs Adam at MicroAdamMSQ's ε: {READING} (the fresh "
+        "seeds the first look, as the preconditioner's: a pair still open gets seeds on both "
+        "arms, read by the same sequential design). Not reproduced if MicroAdamMSQ is worse "
+        "than Adam beyond the margin; "
         "reproduced if it is non-inferior to Adam and beats both controls; partly reproduced "
         "if it does not beat a control (ε can explain it); undetermined if the "
         "MicroAdamMSQ-Adam comparison is.")
@@ -116,8 +108,7 @@ def arms(out_dir: Path) -> dict[str, tuple[list[float], list[float]]]:
   seeds, the fixed runs."""
   fin = read_csv(Path(out_dir) / "finals.csv")
   best = lr_search.load_best(out_dir)
-  seeds = lr_search.seeds_by_label(best, label)
-  out = {k: (seeds[k], v) for k, v in lr_search.by_label(best, label).items()}
+  out = {k: (list(v), list(v.values())) for k, v in lr_search.by_label(best, label, SEEDS).items()}
   for v in (MSQ, ADAM):
     eps = fin["optimizer.eps"].astype(float)
     rows = fin[(fin["optimizer.variant"] == v) & ~np.isclose(eps, CONTROL_EPS)
@@ -163,7 +154,7 @@ def inherited(out_dir, ran: set[tuple[str, str, str]]) -> tuple[guards.Guard, ..
 
 def report(out_dir):
   seeds_values = arms(out_dir)
-  g = {k: values for k, (_, values) in seeds_values.items()}
+  g = {k: dict(zip(seeds, values, strict=True)) for k, (seeds, values) in seeds_values.items()}
   msq = next((n for n in g if n.startswith(MSQ)), MSQ)
   eps = msq.split("eps=")[-1]
   adam = next((n for n in g if n.startswith(ADAM + ",") and n.split("eps=")[-1] != eps), ADAM)
@@ -171,16 +162,17 @@ def report(out_dir):
 
   def verdict(pairs):
     head = pairs[0].outcome
-    return (NOT_REPRODUCED if head == LOSS else INCONCLUSIVE if head == UNDETERMINED
-            else REPRODUCED if all(p.outcome == WIN for p in pairs[1:]) else PARTLY)
+    return (NOT_REPRODUCED if head == WORSE else INCONCLUSIVE if head == NOT_SEPARABLE
+            else REPRODUCED if head == NONINFERIOR and all(p.outcome == WIN for p in pairs[1:])
+            else PARTLY)
 
-  get = lambda k: g.get(k, [])
-  comparisons = [noninferior(get(msq), get(adam), MARGIN.value, (msq, adam), pilot=len(SEEDS)),
-                 *(compare(get(msq), get(c), (msq, c), pilot=len(SEEDS)) for c in controls)]
-  cals = {f"{msq} vs {adam}": calibrate.of_arms(get(msq), get(adam), MARGIN.value,
-                                                "noninferiority", pilot=len(SEEDS)),
-          **{f"{msq} vs {c}": calibrate.of_arms(get(msq), get(c), EFFECT.value, pilot=len(SEEDS))
-             for c in controls}}
+  get = lambda k: g.get(k, {})
+  design = preconditioner.more_seeds_design()
+  comparisons = [decide.compare(get(msq), get(adam), (msq, adam), effect=MARGIN.value,
+                                margin=MARGIN.value, noninferiority=True),
+                 *(sequential_reading(decide.compare(get(msq), get(c), (msq, c),
+                                                     effect=EFFECT.value, margin=EFFECT.value),
+                                      get(msq), get(c), design) for c in controls)]
 
   shares = read_csv(Path(out_dir) / "eps_share.csv")
   cols = [c for c in (*GROUP, "train.seed", "eps_share", "eps_share_weighted") if c in shares]
@@ -201,7 +193,7 @@ def report(out_dir):
   return pairs_report(
       g, expected, rule=RULE, paper=PAPER,
       checked=(*inherited(out_dir, ran), bracket, stable, fixed, warm, pilot),
-      effect=EFFECT.value, verdict_fn=verdict, comparisons=comparisons, cals=cals,
+      effect=EFFECT.value, verdict_fn=verdict, comparisons=comparisons,
       checks=(declared_text(MARGIN, EFFECT),),
       numbers_md=lr_search.best_md(lr_search.load_best(out_dir), GROUP) + share_md)
 

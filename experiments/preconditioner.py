@@ -18,7 +18,7 @@ from experiments.declared import declared, declared_text
 from experiments.record import Experiment, register
 from experiments.verdict import pairs_report
 from pergrad.analysis import guards
-from pergrad.analysis.rules import PAIR_WIN, PAIRS_VERDICT
+from pergrad.analysis.decide import READING, VERDICT
 from pergrad.analysis.runs import fmt, from_table
 from pergrad.sweep import Block, LrSearch, MoreSeeds, Sweep, Tuned, base_for
 
@@ -39,17 +39,21 @@ EPS = {"adam": [1e-8], "micro_adam": [1e-8], "micro_adam_var": [1e-8],
 EPS_LIMITS = (1e-8, 1e-2)
 OPTIMUM = {"adam": 3e-2, "micro_adam": 3e-2, "micro_adam_var": 3e-2, "micro_adam_msq": 1e-2}
 EFFECT = declared(NAME, "effect")  # configs/experiment/preconditioner.yaml
-# The fresh seeds are a pilot (`more_seeds`): a pair under-powered there gets seeds up to
-# power 0.9 at the pilot's noises, at most 3× the pilot a side (≤ 40 more runs; the design's
-# power at the measured noises is simulated in tests/test_more_seeds.py).
+# The fresh seeds are the first look (`more_seeds`): a pair still open there gets seeds on both
+# arms up to 3× the pilot, read by the two-look sequential design (tests/test_more_seeds.py).
 MOST_SEEDS = 3 * len(SEEDS)
 RULE = (f"Each variant's lr is the best of a √2 grid on seeds {SELECT} (the same 3 lrs around "
         "each variant's optimum first, then extended past an edge until bracketed, so the grids "
         "may end unequal; MicroAdamMSQ's ε chosen the same way); within each clipping setting "
         f"each μ²-dominated variant must beat each σ²-dominated one on the fresh seeds {SEEDS} "
-        "(a pilot: a pair whose power is below 0.8 there gets more seeds, up to power 0.9 at the "
-        f"pilot's noise, at most {MOST_SEEDS} a side, its variances then read from the pilot "
-        f"alone): {PAIR_WIN}, at the effect declared before the run; {PAIRS_VERDICT}.")
+        f"(the first look: a pair still open there gets seeds on both arms up to {MOST_SEEDS}, "
+        "read by a two-look Pocock design whose overall false-alarm rate is <= 5%): "
+        f"{READING}, at the effect declared before the run; {VERDICT}.")
+
+
+def more_seeds_design():
+  """The sequential design the fresh seeds' comparisons are read by (`sweep.MoreSeeds`)."""
+  return MoreSeeds(None, EFFECT.value, most=MOST_SEEDS).design(len(SEEDS))
 
 
 def grid(lr: float, k: int = 1) -> list[float]:
@@ -139,12 +143,12 @@ figures = functools.partial(lr_search.figures, group_keys=GROUP, title="Adam pre
 def report(out_dir):
   every = lr_search.load_best(out_dir)
   best = chosen(every)
-  groups = lr_search.by_label(best, label)
+  groups = lr_search.by_label(best, label, SEEDS)
   expected = expected_pairs(best.to_dict("records"))
   used = {x for p in expected for x in p}
-  seeds = lr_search.seeds_by_label(best, label)
+  seeds = {k: list(v) for k, v in groups.items()}
   return pairs_report(groups, expected, rule=RULE, paper=PAPER, effect=EFFECT.value,
-                      planned=VARIANTS, pilot=len(SEEDS),
+                      planned=VARIANTS, design=more_seeds_design(),
                       numbers_md=lr_search.best_md(every, GROUP),
                       checked=(*lr_search.guards_of(best, label, used),
                                eps_bracketed(every, best),

@@ -100,8 +100,8 @@ def write_readme(exp: Experiment, out_dir: Path, report: Report, info: dict,
   (out_dir / "README.md").write_text(README.format(
       exp=exp, r=report, body=finding("", report.ours, report.checks), i=info, stated=stated,
       dirty="" if info["clean"] else
-      " with uncommitted changes", setup=report.setup_md or describe_setup(
-          exp, info["preset"], inputs), launch_min=info["launch_wall_s"] / 60,
+      " with uncommitted changes", setup=report.setup_md or info.get("setup_md") or
+      describe_setup(exp, info["preset"], inputs), launch_min=info["launch_wall_s"] / 60,
       figures="".join(f"![{p.name}]({p.name})\n" for p in sorted(out_dir.glob("*.png"))),
       compute_min=info["runs_compute_s"] / 60,
       files=", ".join(f"`{p.name}`" for p in sorted(out_dir.glob("*.csv*")))))

@@ -95,7 +95,9 @@ def run_experiment(name: str, preset: str, *, launcher: str = "basic", n_jobs: i
        f"diverged {len(log.diverged)}; "
        f"{wall:.0f} s")
   report = write_results(exp, sdir, out_dir, sweep, table, extra)
-  info = run_info(out_dir, name, preset, sdir, log, wall, command, launcher, prov, version)
+  setup = report.setup_md or report_md.describe_setup(exp, preset, inputs)  # read live sweeps
+  info = run_info(out_dir, name, preset, sdir, log, wall, command, launcher, prov, version,
+                  setup)
   report_md.write_readme(exp, out_dir, report, info, inputs)
   if out_dir.parent == RESULTS / preset:
     report_md.write_index(out_dir.parent, preset)
@@ -185,10 +187,11 @@ def diverged_runs(sdir: Path) -> list[str]:
 
 
 def run_info(out_dir, name, preset, sdir, log, wall, command, launcher, prov,
-             version=None) -> dict:
+             version=None, setup_md: str = "") -> dict:
   """run_info.json: the provenance at the start, the launches that made the results (with an
   earlier invocation's of the same sweep at the same training version, whatever its commit),
-  the runs' compute from their summaries."""
+  the runs' compute from their summaries, the README's setup as the live sweeps gave it (a
+  re-render from results/ alone reads it here)."""
   compute_s, n_done = 0.0, 0
   for s in Path(sdir).glob(f"*/{SUMMARY}"):
     try:
@@ -215,6 +218,6 @@ def run_info(out_dir, name, preset, sdir, log, wall, command, launcher, prov,
               reused=len(log.reused), reused_runs=list(log.reused),
               invocations=int(old.get("invocations", 1)) + 1 if same else 1,
               skipped=len(log.skipped), failed=log.failed, diverged=len(log.diverged),
-              date=datetime.datetime.now().isoformat(timespec="seconds"))
+              date=datetime.datetime.now().isoformat(timespec="seconds"), setup_md=setup_md)
   Path(out_dir, "run_info.json").write_text(json.dumps(info, indent=1))
   return info

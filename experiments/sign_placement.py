@@ -12,7 +12,8 @@ from experiments import lr_search
 from experiments.declared import declared, declared_text
 from experiments.record import Experiment, register
 from experiments.verdict import pairs_report
-from pergrad.analysis.rules import PAIR_WIN, PAIRS_VERDICT, adjacent
+from pergrad.analysis.decide import READING, VERDICT
+from pergrad.analysis.rules import adjacent
 from pergrad.sweep import Block, LrSearch, Sweep, base_for
 
 NAME = "sign_placement"
@@ -25,7 +26,7 @@ CHAINS = (("ema", "batch", "example"), ("ema", "batch", "token"))
 SEEDS = (1, 2, 3)  # their power at the measured noises: the report's "powered" guard
 EFFECT = declared(NAME, "effect")  # configs/experiment/sign_placement.yaml
 RULE = (f"Expected ema < batch < example and ema < batch < token in final eval loss on the "
-        f"fresh seeds; each adjacent pair: {PAIR_WIN}; {PAIRS_VERDICT}.")
+        f"fresh seeds; each adjacent pair: {READING}; {VERDICT}.")
 
 
 def sweep(preset: str) -> Sweep:
@@ -51,7 +52,7 @@ figures = functools.partial(lr_search.figures, group_keys=GROUP, title="sign pla
 
 def report(out_dir):
   best, label = lr_search.load_best(out_dir), lambda g: str(g["optimizer.placement"])
-  groups = lr_search.by_label(best, label)
+  groups = lr_search.by_label(best, label, SEEDS)
   expected = adjacent([p for p in c if p in groups] for c in CHAINS)
   return pairs_report(groups, expected, rule=RULE,
                       paper=PAPER, effect=EFFECT.value, numbers_md=lr_search.best_md(best, GROUP),

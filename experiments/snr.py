@@ -20,7 +20,7 @@ from experiments.markdown import fmt_num, listing, sections
 from experiments.record import Experiment, Inputs, register
 from experiments.report import not_measured
 from experiments.verdict import pairs_report
-from pergrad.analysis import calibrate, ema_gain, leafwise, rules
+from pergrad.analysis import decide, ema_gain, leafwise
 from pergrad.analysis.plots import plot_curves, plt, savefig, style
 from pergrad.analysis.runs import read_csv, write_csv, x_examples
 from pergrad.sweep import SEEDS, Block, Sweep, base_for, experiment_value, with_warmup
@@ -41,7 +41,7 @@ RULE = ("Per placement's runs, per seed and stage, each leaf's SNR² is its mean
         "the leaves other than the normalization layers (not the whole-model ratio of sums, which "
         "those layers dominate with 0.19 % of the parameters in the cpu runs). Expected ema > "
         "batch in every placement's runs (batch = B × example by construction, so that pair is "
-        f"not tested), each pair {rules.PAIR_WIN}: {rules.PAIRS_VERDICT}.")
+        f"not tested), each pair {decide.READING}: {decide.VERDICT}.")
 PAPER = "SNR per-example < batch < EMA (argument; the measured plot is not known)"
 EFFECT = declared(NAME, "effect")  # SNR²_ema − SNR²_batch in SNR²_batch (configs/experiment)
 GAIN = float(np.sqrt((1 + BETA) / (1 - BETA)))  # SNR_ema / SNR_batch for a constant mean
@@ -215,20 +215,22 @@ def report(out_dir: Path):
   for k in _placements(views):
     v, tag = (views, "") if k is None else (views[views[PLACEMENT] == k], f"{k}:")
     for st in ("snr2_ema", "snr2_batch"):
-      values[tag + st[5:]] = v[v["stage"] == st][VIEW].dropna().tolist()
+      at = v[v["stage"] == st]
+      values[tag + st[5:]] = {float(s): float(x) for s, x in zip(at["train.seed"], at[VIEW],
+                                                                  strict=True) if np.isfinite(x)}
     expected.append((tag + "ema", tag + "batch"))
-  # each placement's pair at its own seeds' spread (not the spread across placements), for
-  # an effect of EFFECT × that placement's batch SNR²
-  cals = {f"{a} vs {b}": calibrate.of_arms(values[a], values[b],
-                                           EFFECT.value * float(np.mean(values[b] or [math.nan])))
-          for a, b in expected}
+  # each placement's pair on its own seeds, paired (the same runs' two stages), for an effect
+  # (and margin) of EFFECT × that placement's batch SNR²
+  scale = lambda b: EFFECT.value * float(np.mean(list(values[b].values()) or [math.nan]))
+  pairs = [decide.compare(values[a], values[b], (a, b), effect=scale(b), margin=scale(b),
+                          lower_is_better=False) for a, b in expected]
   gain_text = "Per-leaf EMA gain (parameter-weighted median, no norm): " + listing(
       ("all runs" if k is None else k, float(g)) for k, g in gains.items())
   fin = read_csv(Path(out_dir) / "finals.csv")
   arm = lambda r: str(r.get(PLACEMENT, "run"))
   warm = lr_search.warm_of(fin, arm, {arm(r) for r in fin.to_dict("records")})
-  return pairs_report(values, expected, rule=RULE, paper=PAPER, effect=EFFECT.value, cals=cals,
-                      lower_is_better=False, checked=(warm,),
+  return pairs_report(values, expected, rule=RULE, paper=PAPER, effect=EFFECT.value,
+                      lower_is_better=False, comparisons=pairs, checked=(warm,),
                       checks=(gain_text, whole_text, sign_text, why_text, declared_text(EFFECT)),
                       numbers_md=sections("Per-leaf SNR² views (`_no_norm`: without the "
                                           "normalization layers):", views, numbers))

@@ -1,27 +1,32 @@
 """Verdicts after the validity guards: `gated`, and `pairs_report` for the experiments that
-compare pairs of arms with the pair rule."""
+compare arms on their shared seeds (`pergrad.analysis.decide`: paired, a detected difference
+decided whatever its power, absence by TOST or non-inferiority, else "not separable")."""
 
 from __future__ import annotations
 
 import dataclasses
-import itertools
+import math
 
 import pandas as pd
 
 from experiments.markdown import md_table
 from experiments.report import Report
-from pergrad.analysis import calibrate, guards, rules
+from pergrad.analysis import calibrate, decide, guards, rules, sequential
 
 
-def gated(verdict: str, cals, checked=(), moot=(), **kw) -> Report:
+def gated(verdict: str, cals, checked=(), moot=(), decided=(), **kw) -> Report:
   """The Report of `verdict` after the validity guards (`pergrad.analysis.guards`): those
-  `checked` by the experiment (bracketed, stable, warm, in_regime) and `powered` over `cals`
-  ({comparison: its `Calibration`}, or one; `moot`: those that cannot change the verdict); a
-  failed one makes the verdict "undetermined: <guard>". The claims table shows the weakest
-  comparison's error rates."""
+  `checked` by the experiment (bracketed, stable, warm, in_regime, same_budget) and `powered`
+  over `cals` ({comparison: its `Calibration`}, or one), which requires power only of a
+  comparison whose rule reads absence from a failure to detect: those `decided` (a detected
+  difference, a shown equivalence, or one left open that the verdict names itself: "not
+  separable") and those `moot` (unable to change the verdict) show their power beside. A
+  failed guard makes the verdict "undetermined: <guard>". The claims table shows the weakest
+  comparison's rates."""
   cals = cals if isinstance(cals, dict) else {"rule": cals}
-  every = (*checked, guards.powered(cals, moot=moot))
-  weakest = calibrate.weakest([c for k, c in cals.items() if k not in moot] or cals.values())
+  every = (*checked, guards.powered(cals, moot=moot, decided=decided))
+  spared = {*moot, *decided}
+  weakest = calibrate.weakest([c for k, c in cals.items() if k not in spared] or cals.values())
   shown = guards.apply(verdict, every)
   overridden = shown != verdict and not verdict.startswith(guards.UNDETERMINED)
   return Report(verdict=shown, rule_verdict=verdict if overridden else "",
@@ -30,13 +35,31 @@ def gated(verdict: str, cals, checked=(), moot=(), **kw) -> Report:
                 calibrations={k: c.row() for k, c in cals.items()}, **kw)
 
 
+def key(p: decide.Paired) -> str:
+  return f"{p.a} vs {p.b}"
+
+
+def calibration_of(p: decide.Paired) -> calibrate.Calibration:
+  """A paired comparison's error rates: the paired t's false alarm simulated at its paired sd
+  and seeds (`decide.calibrate`), the design's power for the declared effect."""
+  if p.why.startswith("a seed diverged"):
+    return calibrate.Calibration("paired", math.nan, p.n, p.effect, math.nan, math.nan,
+                                 source=calibrate.DIVERGED)
+  ok = p.n >= 2 and math.isfinite(p.sd_paired)
+  alarm = decide.calibrate(p.sd_paired, p.n, p.effect)["false_alarm"] if ok else math.nan
+  return calibrate.Calibration("paired", p.sd_paired, p.n, p.effect, alarm, p.power)
+
+
 def pairs_md(pairs) -> str:
-  """Comparisons as a table (expected better first; a loss in capitals)."""
+  """Comparisons as a table (expected better first; a loss in capitals): the paired advantage,
+  its 95% interval, the paired and unpaired noise side by side, the design's power."""
   return md_table(pd.DataFrame([{"expected better": p.a, "expected worse": p.b,
-                                 "outcome": "LOSS" if p.outcome == rules.LOSS else p.outcome,
-                                 "mean (better)": p.mean_a, "mean (worse)": p.mean_b,
-                                 "95% half-width": p.noise}
-                                for p in pairs]))
+                                 "outcome": p.outcome.upper() if p.outcome in (
+                                     decide.LOSS, decide.WORSE) else p.outcome,
+                                 "seeds": p.n, "advantage": p.advantage,
+                                 "95% interval": f"[{p.lo95:.4g}, {p.hi95:.4g}]",
+                                 "paired ±": p.half_paired, "unpaired ±": p.half_unpaired,
+                                 "power": p.power} for p in pairs]))
 
 
 def outcomes(pairs) -> str:
@@ -44,56 +67,44 @@ def outcomes(pairs) -> str:
 
 
 def groups(values: dict) -> str:
-  return "; ".join(f"{k}: {rules.summarize(v)}" for k, v in values.items())
+  return "; ".join(f"{k}: {rules.summarize(list(v.values()))}" for k, v in values.items())
 
 
-MOOT_MAX = 8  # under-powered comparisons whose outcomes `moot` enumerates (4^8 verdicts)
-
-
-def moot(verdict: str, pairs, cals: dict, verdict_fn=None) -> tuple[str, ...]:
-  """The under-powered comparisons (`cals`' keys "a vs b", power < `calibrate.MIN_POWER`) whose
-  outcomes cannot change the verdict: `verdict_fn` (default `rules.verdict_of`) of the pairs
-  gives the same verdict for every outcome (win, tie, loss, undetermined) of all of them
-  together, so `verdict` rests on the powered ones alone (e.g. a powered loss, where one loss
-  decides). Empty when any under-powered key is no pair, past MOOT_MAX of them, or when
-  `verdict` is not `verdict_fn`'s of `pairs`."""
-  fn = verdict_fn or rules.verdict_of
-  at = {f"{p.a} vs {p.b}": i for i, p in enumerate(pairs)}
-  weak = [k for k, c in cals.items() if c.source != calibrate.DIVERGED
-          and not c.power >= calibrate.MIN_POWER]
-  if not weak or len(weak) > MOOT_MAX or any(k not in at for k in weak) or fn(pairs) != verdict:
-    return ()
-  now, outs = verdict, (rules.WIN, rules.TIE, rules.LOSS, rules.UNDETERMINED)
-  for combo in itertools.product(outs, repeat=len(weak)):
-    swapped = list(pairs)
-    for k, o in zip(weak, combo, strict=True):
-      swapped[at[k]] = dataclasses.replace(swapped[at[k]], outcome=o)
-    if fn(swapped) != now:
-      return ()
-  return tuple(weak)
+def sequential_reading(p: decide.Paired, a, b, design: sequential.Design,
+                       lower_is_better: bool = True) -> decide.Paired:
+  """`p` read by the group-sequential `design` its seeds were added under
+  (`pergrad.sweep.more_seeds`) at its last look reached; a divergence or too few seeds keep
+  `decide.compare`'s reading."""
+  _, xa, xb, _ = decide.shared(a, b)
+  if p.why:
+    return p
+  out, _ = sequential.read((xb - xa) if lower_is_better else (xa - xb), design, p.margin)
+  return dataclasses.replace(p, outcome=str(out))
 
 
 def pairs_report(values: dict, expected: list, *, rule: str, paper: str, effect: float,
-                 numbers_md: str = "", checks=(), verdict_fn=None, planned=(),
-                 lower_is_better: bool = True, cals: dict | None = None, checked=(),
-                 comparisons=None, pilot: int | None = None) -> Report:
-  """`rules.decide` on `expected` (or `verdict_fn` on its pairs, or on `comparisons` made by
-  the experiment's own rules), after the guards `checked` and `powered`: each pair's rule at
-  its own arms' noise and seeds for `effect` (or `cals`, {"a vs b": Calibration}); names
-  `planned` groups not run. `pilot`: the seeds that chose how many followed
-  (`pergrad.sweep.more_seeds`), `rules.compare`'s."""
-  verdict, pairs = (rules.decide(values, expected, lower_is_better=lower_is_better, pilot=pilot)
-                    if expected else ("not tested", []))
-  if comparisons is not None:
-    pairs = list(comparisons)
-  if verdict_fn is not None:
-    verdict = verdict_fn(pairs)
+                 margin: float | None = None, numbers_md: str = "", checks=(), verdict_fn=None,
+                 planned=(), lower_is_better: bool = True, checked=(), comparisons=None,
+                 design: sequential.Design | None = None) -> Report:
+  """`decide.compare` of each `expected` pair (a expected better than b) of `values` ({arm:
+  {seed: value}}) on their shared seeds, absence by TOST at ±`margin` (default `effect`), power
+  reported for `effect`; read by the sequential `design` where seeds were added under one; or
+  the experiment's own `comparisons`. The verdict is `verdict_fn` (default `decide.verdict_of`)
+  of them, after the guards `checked` and `powered` (reported: an open pair reads "not
+  separable" in the verdict itself). Names `planned` groups not run."""
+  margin = effect if margin is None else margin
+  pairs = list(comparisons) if comparisons is not None else [
+      decide.compare(values.get(a, {}), values.get(b, {}), (a, b), effect=effect, margin=margin,
+                     lower_is_better=lower_is_better) for a, b in expected]
+  if design is not None and comparisons is None:
+    pairs = [sequential_reading(p, values.get(p.a, {}), values.get(p.b, {}), design,
+                                lower_is_better) for p in pairs]
+  fn = verdict_fn or decide.verdict_of
+  verdict = fn(pairs) if pairs else "not tested"
+  cals = {key(p): calibration_of(p) for p in pairs}
   used = {x for p in expected for x in p}
-  if cals is None:
-    cals = {f"{a} vs {b}": calibrate.of_arms(values.get(a, ()), values.get(b, ()), effect,
-                                             pilot=pilot) for a, b in expected}
   missing = [g for g in planned if g not in values]
-  return gated(verdict, cals, checked, moot=moot(verdict, pairs, cals, verdict_fn), rule=rule,
+  return gated(verdict, cals, checked, decided=[key(p) for p in pairs], rule=rule,
                paper=paper, ours=outcomes(pairs),
                checks=(groups({k: values[k] for k in values if k in used}),
                        *(p.sentence() for p in pairs), *checks,

@@ -25,11 +25,7 @@ def rerender(d: Path, tmp: Path) -> list[str]:
 
   info = json.loads((d / "run_info.json").read_text())
   exp = record.get(info["experiment"])
-  out = tmp / d.relative_to(REPO)
-  out.mkdir(parents=True, exist_ok=True)
-  for f in d.iterdir():
-    if f.is_file():
-      shutil.copy(f, out / f.name)
+  out = tmp / d.relative_to(REPO)  # the whole results/ tree is there (`differing`)
   rep = exp.report(out)
   runs = record.Inputs(REPO / "runs" / "sweeps", info["preset"], ())
   needs = bool(exp.needs) and not all(runs.sweep_dir(n).is_dir() for n in exp.needs)
@@ -45,6 +41,7 @@ def differing(keep: Path | None = None) -> list[str]:
 
   bad = []
   with tempfile.TemporaryDirectory() as t:
+    shutil.copytree(REPO / "results", Path(t) / "results")  # a report reads its neighbours
     for d in report_dirs():
       bad += rerender(d, Path(t))
     if keep is not None:

@@ -22,7 +22,7 @@ sys.path.insert(0, str(REPO))
 from experiments import batch_scaling as bs  # noqa: E402
 from experiments import lr_search, record  # noqa: E402
 from pergrad.analysis import calibrate, rules, runs  # noqa: E402
-from pergrad.analysis.runs import run_dirname  # noqa: E402
+from pergrad.analysis.runs import read_csv, run_dirname  # noqa: E402
 
 REF, EXAMPLES, EVAL_EXAMPLES, SIZES = bs.budget("cpu")
 
@@ -92,15 +92,18 @@ SEEDS3 = (-0.01, 0.0, 0.01)
 
 
 def _table(offset, seeds=SEEDS5, contrast=SEEDS3, diverge=(), above=(), margin=(),
-           b_simple=16.0):
+           b_simple=16.0, ref_seeds=None):
   """An `aggregate`-like table of eval curves: loss(x) = 4 + 3 exp(-x / 2500) +
   offset(b, scaling, x) + a seed offset (`seeds` under sqrt, `contrast` otherwise; `margin`:
-  B_ref's margin seeds 100, 101, ...); runs in `diverge` stop at 5,000 examples (NaN loss),
-  runs in `above` end at 7.5 > ln 1024; B_ref's runs track B_simple = `b_simple`."""
+  B_ref's margin seeds 100, 101, ...; `ref_seeds`: B_ref's own, default `seeds`: a seed's
+  offset shared by the arms, as a seed's init and data order are); runs in `diverge` stop at
+  5,000 examples (NaN loss), runs in `above` end at 7.5 > ln 1024; B_ref's runs track
+  B_simple = `b_simple`."""
   rows = []
   for b in SIZES:
     for scaling in (("sqrt",) if b == REF else bs.SCALINGS):
-      offsets = dict(enumerate(seeds if scaling == "sqrt" else contrast))
+      own = (ref_seeds or seeds) if b == REF else seeds
+      offsets = dict(enumerate(own if scaling == "sqrt" else contrast))
       if b == REF:
         offsets.update({100 + i: m for i, m in enumerate(margin)})
       for seed, so in offsets.items():
@@ -131,7 +134,7 @@ def _run_rule(tmp_path, table, warmup=lambda b: 20):
     (tmp_path / r["run"] / ".hydra" / "config.yaml").write_text(
         f"schedule:\n  warmup_steps: {warmup(r[bs.KEY])}\n")
   bs.analyze(record.Runs(tmp_path, table, fin), tmp_path)
-  col, mis, _ = bs.collapse(pd.read_csv(tmp_path / "curves.csv"))
+  col, mis, _ = bs.collapse(read_csv(tmp_path / "curves.csv"))
   return bs.report(tmp_path), bs.judge(col, mis), col
 
 
@@ -159,12 +162,10 @@ def test_rule_collapse_then_break_and_sqrt_wins(tmp_path):
   assert v == rep.verdict == "reproduced" and rep.rule == bs.RULE
   assert "breaks at B=[128]" in rep.ours and "(margin ±0.03)" in rep.ours  # no margin seeds
   assert _cell(col, "linear", 128)["outcome"] == B  # diverged: breaks
-  cal = rep.calibrations["sqrt at B=64 vs B_ref"]  # each comparison at its own arms' noise
-  assert cal["kind"] == "equivalence" and cal["n"] == cal["n_b"] == 5 and cal["power"] >= 0.8
+  cal = rep.calibrations["sqrt at B=64 vs B_ref"]  # each comparison at its own paired noise
+  assert cal["kind"] == "paired equivalence" and cal["n"] == 5
   assert rep.calibrations["sqrt at B=128 vs linear at B=128"]["source"] == "diverged"
-  weakest = rep.calibration  # the claims table's: the pair at the break, 5 vs 3 seeds
-  assert weakest["kind"] == "pair" and (weakest["n"], weakest["n_b"]) == (5, 3)
-  assert 0.8 <= weakest["power"] < cal["power"]
+  assert rep.calibrations["sqrt at B=128 vs none at B=128"]["kind"] == "paired"
   assert bs.figures(tmp_path)[0].exists()
 
 
@@ -195,15 +196,19 @@ def test_rule_curves_that_cross_are_not_a_collapse(tmp_path):
   assert 64 in by["sqrt"][U] and by["sqrt"][B] == [128]
 
 
-def test_rule_underpowered_comparisons_are_undetermined_not_breaks(tmp_path):
+def test_rule_noisy_pairs_are_undetermined_not_breaks(tmp_path):
+  # Each B's seeds differ from B_ref's by ±0.1 (paired sd 0.079): equal on average, but the
+  # TOST cannot show it within ±0.03 at 5 seeds (power ~0), nor is it beyond: undetermined,
+  # the break at 128 still a finding (partly reproduced, not "undetermined: powered").
   def offset(b, scaling, x):
     return 0.5 if b == 128 else 0.0 if scaling == "sqrt" else 0.3
 
-  loud = tuple(5 * s for s in SEEDS5)  # std 0.04: identical curves rarely pass
-  rep, (_, by, _, _), _ = _run_rule(tmp_path, _table(offset, seeds=loud, contrast=SEEDS3))
+  loud = tuple(5 * s for s in SEEDS5)
+  rep, (_, by, _, _), _ = _run_rule(tmp_path, _table(offset, seeds=loud, contrast=SEEDS3,
+                                                    ref_seeds=loud[::-1]))
   assert by["sqrt"] == {C: [], B: [128], U: [4, 8, 16, 64]}
-  assert rep.verdict == "undetermined: powered", rep.finding  # not "partly": no finding
-  assert rep.calibration["power"] < 0.8
+  assert rep.verdict == "partly reproduced", rep.finding
+  assert rep.calibrations["sqrt at B=64 vs B_ref"]["power"] < 0.8  # reported beside
 
 
 def test_rule_a_loss_above_ln_v_is_diverged(tmp_path):
@@ -233,14 +238,14 @@ def test_rule_without_break_or_seeds(tmp_path):
   rep, (_, by, _, at), _ = _run_rule(tmp_path, _table(same, contrast=(-0.005, 0.0, 0.005)))
   assert by["sqrt"][B] == [] and at == 128
   assert rep.verdict == "partly reproduced"  # collapses everywhere: no break seen
-  rep, _, _ = _run_rule(tmp_path, _table(same))  # contrasts of spread 0.01: power 0.79
-  assert rep.verdict == "undetermined: powered"
+  rep, _, _ = _run_rule(tmp_path, _table(same))  # √ beats the contrasts there at any power
+  assert rep.verdict == "partly reproduced"
   rep, _, _ = _run_rule(tmp_path, _table(same, contrast=(-0.005, 0.0, 0.005)),
                         warmup=lambda b: max(640 // b, 1))  # warmup counted in examples
   assert rep.verdict == "undetermined: warm" and "sqrt at B=128 warms up 5 steps" in \
       rep.guards_text()
   rep, (_, by, _, _), _ = _run_rule(tmp_path, _table(same, seeds=(0.0,), contrast=(0.0,)))
-  assert rep.verdict == "undetermined: powered"  # one seed: the noise is unknown
+  assert rep.verdict.startswith("undetermined: not separable")  # one seed: no interval
   assert by["sqrt"][U] == [4, 8, 16, 64, 128]
 
 
@@ -271,7 +276,7 @@ def test_the_2x_arm_is_read_at_the_same_share_of_its_schedule(tmp_path):
                 bs.KEY: 128, bs.REF: REF, bs.SCALING: "sqrt", bs.SEED: s, "train.steps": steps,
                 "step": k, "eval/loss": 4 + 3 * math.exp(-k * 128 / 2 / 2500) + so,
                 "train/loss": 4.0, "train/lr": 1e-2, bs.B_SIMPLE: np.nan}
-               for s, so in enumerate(SEEDS3) for k in range(0, steps + 1, EVAL_EXAMPLES // 128)]
+               for s, so in enumerate(SEEDS5) for k in range(0, steps + 1, EVAL_EXAMPLES // 128)]
   _, _, col = _run_rule(tmp_path, pd.concat([table, pd.DataFrame(long_rows)], ignore_index=True))
   long = _cell(col, bs.LONG, 128)
   assert long["outcome"] == C and abs(long["gap"]) < 1e-9, long.to_dict()
@@ -289,7 +294,7 @@ def test_a_margin_seed_that_stopped_early_leaves_nothing_decided(tmp_path):
   cut = (table[bs.SEED] == 102) & (table["step"] * table[bs.KEY] > 8_000)
   rep, (v, by, _, _), _ = _run_rule(tmp_path, table[~cut])
   assert "no margin: a margin seed diverged or stopped early" in rep.ours
-  assert by["sqrt"][C] == by["sqrt"][B] == [] and v == rules.UNDETERMINED
+  assert by["sqrt"][C] == by["sqrt"][B] == [] and v.startswith(rules.UNDETERMINED)
 
 
 def test_an_arm_with_a_run_stopped_part_way_is_undetermined(tmp_path):

@@ -16,6 +16,7 @@ sys.path.insert(0, str(REPO))
 from experiments import gns_ramp as gr  # noqa: E402
 from experiments import record  # noqa: E402
 from pergrad.analysis import runs  # noqa: E402
+from pergrad.analysis.runs import read_csv  # noqa: E402
 
 BUDGET, LR = 819_200, 0.02  # tokens, the fixed run's best lr
 
@@ -74,7 +75,7 @@ def test_gns_ramp_wins_and_saves_tokens(tmp_path):
                                             "powered"]  # one warm guard: every run
   short, _ = _report(tmp_path, "cold_ramp", _table(1.3), ramp_warmup=5)
   assert short.verdict == "undetermined: warm" and short.rule_verdict == "reproduced"
-  regime = pd.read_csv(d / "regime.csv")
+  regime = read_csv(d / "regime.csv")
   assert regime["n_params"].iloc[0] == 40_096
   assert 19 < regime["tokens_per_param"].iloc[0] < 21  # Chinchilla-proportioned
   assert "token saving to fixed B_max's final loss: ramp 2" in rep.ours  # 1 − 1/1.3 ≈ 23 %

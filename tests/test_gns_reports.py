@@ -15,6 +15,7 @@ sys.path.insert(0, str(REPO))
 
 from experiments import gns_layers, norm_cost  # noqa: E402
 from experiments.record import Runs  # noqa: E402
+from pergrad.analysis.runs import read_csv  # noqa: E402
 
 # --- norm_cost ---------------------------------------------------------------------------------
 
@@ -52,7 +53,7 @@ def test_norm_cost_verdicts(tmp_path):
         "surgery/norms@norm": [1.0] * REPS}
   rep = _norm_cost(tmp_path, "ok", ok, {"surgery/norms": 1.003})
   assert rep.verdict == "reproduced" and rep.rule == norm_cost.RULE
-  assert "baseline self-ratio q75" in rep.finding and rep.calibration["n"] == REPS
+  assert "self-ratio's 90% upper end" in rep.finding and rep.calibration["n"] == REPS
   assert rep.calibration["false_alarm"] <= 0.05 and rep.calibration["power"] >= 0.8
   # FLOPs over the bound: a failure whatever the time (all layers, and norm layers alone).
   rep = _norm_cost(tmp_path, "flops", ok, {"surgery/norms": 1.40})
@@ -60,28 +61,29 @@ def test_norm_cost_verdicts(tmp_path):
   rep = _norm_cost(tmp_path, "flops_norm", ok, {"surgery/norms@norm": 1.02})
   assert rep.verdict == "not reproduced"
   assert "normalization layers only: FLOPs 1.020× (fails)" in rep.finding
-  # Median within the bound but the quartiles straddle it: within noise, partly by the rule;
-  # at that spread a free variant would often not hold either: under-powered.
+  # The location's interval straddles the bound: within noise, partly reproduced; the low power
+  # at that spread is reported beside, not a gate.
   noisy = {**ok, "surgery/norms@norm": [0.98, 1.0, 1.005, 1.03, 1.04] * 2 + [1.0]}
   rep = _norm_cost(tmp_path, "noisy", noisy, {"surgery/norms": 1.003})
-  assert rep.rule_verdict == "partly reproduced" and "within noise" in rep.finding
-  assert rep.verdict == "undetermined: powered"
+  assert rep.verdict == "partly reproduced" and "within noise" in rep.finding
+  assert rep.rule_verdict == "" and rep.calibrations["normalization layers only"]["power"] < 0.8
   # Every rep above the bound: fails.
   slow = {**ok, "surgery/norms": [1.4, 1.41, 1.39, 1.42, 1.4] * 2 + [1.4]}
   rep = _norm_cost(tmp_path, "slow", slow, {"surgery/norms": 1.003})
-  assert rep.verdict == "not reproduced" and "(fails; baseline self-ratio" in rep.finding
+  assert rep.verdict == "not reproduced" and "(fails; rep quartiles" in rep.finding
 
 
 def test_norm_cost_is_powered_for_a_free_variant_not_a_faster_one(tmp_path):
   """The normalization layers' bound is 1.01: 'a variant 0.05 below its bound' would be one
   4 % faster than the plain step it adds work to. At the cpu run's self-ratio noise (IQR about
-  0.06) the rule cannot show a truly free variant within 1.01, so it is under-powered."""
+  0.06) the rule cannot show a truly free variant within 1.01: its power, reported beside,
+  is low, and the reading stays open (within noise: partly reproduced)."""
   wide = list(1.0 + 0.045 * np.linspace(-1.5, 1.5, REPS))
   ratios = {"surgery/norms": [1.0] * REPS, "surgery/norms@norm": wide}
   rep = _norm_cost(tmp_path, "free", ratios, {"surgery/norms": 1.003}, self_ratios=wide)
   cal = rep.calibrations["normalization layers only"]
   assert abs(cal["effect"] - 0.01) < 1e-12 and cal["power"] < 0.8  # at 1.00: the claim's
-  assert rep.verdict == "undetermined: powered", rep.verdict
+  assert rep.verdict == "partly reproduced", rep.verdict
   assert rep.calibrations["all layers"]["effect"] == norm_cost.EFFECT.value  # 1.35: 0.05 below
 
 
@@ -91,7 +93,7 @@ def test_norm_cost_paired_rows_and_summary(tmp_path):
   doc = _bench({"surgery/norms": [1.0, 1.1, 1.2, 1.3, 1.4]}, {"surgery/norms": 1.01})
   (d / "sweep" / "bench.json").write_text(json.dumps(doc))
   norm_cost.analyze(Runs(d / "sweep"), d)
-  pairs = pd.read_csv(d / "paired.csv")
+  pairs = read_csv(d / "paired.csv")
   assert len(pairs) == REPS + 5 and set(pairs["baseline"]) == {"contraction"}
   s = norm_cost.summary(pairs).set_index("variant")
   assert s.loc["surgery/norms", "time_median"] == 1.2
@@ -134,7 +136,7 @@ def _gns_report(tmp_path, name, table):
     (d / r / ".hydra" / "config.yaml").write_text("schedule:\n  warmup_steps: 20\n")
   gns_layers.analyze(Runs(d, table, pd.DataFrame({"run": table["run"].unique()})), d)
   assert gns_layers.figures(d)[0].exists()
-  return gns_layers.report(d), pd.read_csv(d / gns_layers.PART_WHOLE)
+  return gns_layers.report(d), read_csv(d / gns_layers.PART_WHOLE)
 
 
 def test_gns_layers_verdicts(tmp_path):

@@ -10,6 +10,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from pergrad.analysis.runs import read_csv
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
@@ -72,15 +74,15 @@ def _schedule_report(tmp_path, name, table, tokens_per_param=20.0):
   d = tmp_path / name
   d.mkdir()
   gns_schedule.analyze(record.Runs(d, table, runs.finals(table)), d)
-  assert pd.read_csv(d / "regime.csv")["n_params"].iloc[0] > 600_000  # the tiny model's
+  assert read_csv(d / "regime.csv")["n_params"].iloc[0] > 600_000  # the tiny model's
   if tokens_per_param is not None:
     pd.DataFrame([{"n_params": 640, "tokens": 12_800, "tokens_per_param": tokens_per_param}]
                  ).to_csv(d / "regime.csv", index=False)
   assert gns_schedule.figures(d)[0].exists()
-  tracked = pd.read_csv(d / "gns.csv")  # the figure's B_simple: each row at a known token count
+  tracked = read_csv(d / "gns.csv")  # the figure's B_simple: each row at a known token count
   assert tracked[["tokens", "arm"]].notna().all().all()
   tt = d / "to_target.csv"
-  return gns_schedule.report(d), pd.read_csv(tt) if tt.stat().st_size > 1 else pd.DataFrame()
+  return gns_schedule.report(d), read_csv(tt) if tt.stat().st_size > 1 else pd.DataFrame()
 
 
 def test_gns_schedule_crossing_interpolates_between_evaluations():
@@ -125,13 +127,13 @@ def test_gns_schedule_verdicts_against_the_best_fixed_arm(tmp_path):
   assert set(tt["train.seed"]) == {1, 2, 3, 4, 5, 6}  # the selection seed is never judged
   # the best arm, ranked on seeds 1-3, is judged on its others (its mean there is unbiased)
   assert set(tt.loc[tt["arm"] == "fixed_16", "train.seed"]) == {4, 5, 6}
-  best = pd.read_csv(tmp_path / "faster" / "best.csv")
+  best = read_csv(tmp_path / "faster" / "best.csv")
   assert best.loc[best["best_arm"], "data.batch_size"].tolist() == [16]
   assert best.set_index("data.batch_size")["optimizer.lr"].to_dict() == BEST_LR
   base = tt[tt["arm"] == "fixed_16"]  # the target: its seed-mean final loss
   np.testing.assert_allclose(tt["target"], base["final_eval_loss"].mean())
   assert np.isinf(tt[tt["arm"] == "fixed_64"]["tokens_to_target"]).all()  # slower arm
-  cur = pd.read_csv(tmp_path / "faster" / "curves.csv")
+  cur = read_csv(tmp_path / "faster" / "curves.csv")
   mean = runs.seed_mean_to_target(cur, "fixed_16", tt["target"].iloc[0]).set_index("arm")
   assert mean.loc["fixed_16", "token_saving"] == 0.0
   assert 0.28 < mean.loc["gns_norm", "token_saving"] < 0.4  # 1/1.5 of the tokens
@@ -140,7 +142,7 @@ def test_gns_schedule_verdicts_against_the_best_fixed_arm(tmp_path):
   assert rep.rule == gns_schedule.RULE and not any("common" in c for c in rep.checks)
   assert "token (wall-time) saving to B=16's final loss" in rep.ours
   assert "gns_norm 33% (time 20%)" in rep.ours  # schedules run 1.2x slower per token here
-  fit = pd.read_csv(tmp_path / "faster" / "ramp_fit.csv").iloc[0]  # B_simple = 5 + x/1000
+  fit = read_csv(tmp_path / "faster" / "ramp_fit.csv").iloc[0]  # B_simple = 5 + x/1000
   assert np.isclose(fit["a"], 5.0) and np.isclose(fit["b_per_token"], 1e-3)
   assert fit["batch.start"] == 8 and fit["batch.ramp_tokens"] == round((64 - 8) / 1e-3)
 
@@ -158,7 +160,7 @@ def test_gns_schedule_ties_and_single_seeds(tmp_path):
   rep, _ = _schedule_report(tmp_path, "tie", _schedule_table(arms))
   assert rep.verdict == "partly reproduced", rep.finding
   rep, _ = _schedule_report(tmp_path, "one", _schedule_table(arms, seeds=(1,), judged=(4,)))
-  assert rep.verdict == "undetermined: powered"
+  assert rep.verdict.startswith("undetermined: not separable")  # one seed: no interval
   rep, _ = _schedule_report(tmp_path, "none", _schedule_table(arms, seeds=(), judged=()))
   assert rep.verdict == "not measured"
   rep, _ = _schedule_report(tmp_path, "ranked", _schedule_table(arms, judged=()))
@@ -181,7 +183,7 @@ def test_gns_schedule_short_arm_resolves_a_tie(tmp_path):
   short = tt[tt["arm"] == "fixed_16_short"]["final_eval_loss"].mean()
   full = tt[tt["arm"] == "fixed_16"]["final_eval_loss"].mean()
   assert short - full > 0.05  # 3 + 4·exp(−3·0.82) vs 3 + 4·exp(−3)
-  best = pd.read_csv(tmp_path / "short" / "best.csv")  # the short arm is no fixed arm
+  best = read_csv(tmp_path / "short" / "best.csv")  # the short arm is no fixed arm
   assert sorted(best["data.batch_size"]) == [8, 16, 32, 64] and len(best) == 4
   rep, _ = _schedule_report(tmp_path, "no_short", _schedule_table(arms, noise=0.003))
   assert rep.verdict == "not reproduced", rep.finding  # the declared effect: powered
@@ -277,7 +279,8 @@ def test_gns_schedule_judges_a_fitted_ramp_not_run_by_the_arms_run(tmp_path, mon
   assert any(c.startswith("linear_fit not run:") and "linear_paper's" in c for c in rep.checks)
   monkeypatch.setattr(gs, "fit_ramp", lambda *a: {"batch.start": 8, "batch.ramp_tokens": 6_000})
   rep, _ = _schedule_report(tmp_path, "fit_missing", _schedule_table(arms))
-  assert rep.verdict == "undetermined: powered", rep.finding  # no runs: no power
+  assert rep.verdict == "partly reproduced", rep.finding  # linear_fit: no runs, not separable
+  assert "linear_fit vs fixed_16: not separable" in rep.ours
   assert not any(c.startswith("linear_fit not run") for c in rep.checks)
 
 
@@ -311,9 +314,9 @@ def test_gns_schedule_choice_and_fit_ignore_the_best_arms_follow_up_seeds(tmp_pa
             and f.get("batch.start") == 8 and g["batch.ramp_tokens"][0] != 12_800 * 64]
   assert len(fitted) == 1
   _schedule_report(tmp_path, "after", after)
-  best = pd.read_csv(tmp_path / "after" / "best.csv")
+  best = read_csv(tmp_path / "after" / "best.csv")
   assert best.loc[best["best_arm"], "data.batch_size"].tolist() == [16]
-  assert pd.read_csv(tmp_path / "after" / "ramp_fit.csv")["batch.ramp_tokens"].tolist() == fitted
+  assert read_csv(tmp_path / "after" / "ramp_fit.csv")["batch.ramp_tokens"].tolist() == fitted
 
 
 def test_gns_schedule_says_when_the_fixed_arms_share_no_fresh_seed(tmp_path):

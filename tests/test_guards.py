@@ -108,8 +108,12 @@ def test_lr_search_guards_read_best_csv_columns():
   assert not old.ok and "records no divergences" in old.why
 
 
+def _seeded(**arms) -> dict:
+  return {k: dict(enumerate(v)) for k, v in arms.items()}
+
+
 def test_a_report_shows_the_failed_guard_as_its_verdict():
-  vals = {"a": [4.00, 4.01, 4.00, 4.01, 4.00], "b": [4.10, 4.11, 4.10, 4.12, 4.11]}
+  vals = _seeded(a=[4.00, 4.01, 4.00, 4.01, 4.00], b=[4.10, 4.11, 4.10, 4.12, 4.11])
   rep = pairs_report(vals, [("a", "b")], rule="r", paper="p", effect=0.05)
   assert rep.verdict == R and [g["name"] for g in rep.guards] == ["powered"]
   rep = pairs_report(vals, [("a", "b")], rule="r", paper="p", effect=0.05,
@@ -128,20 +132,21 @@ def test_a_report_shows_the_failed_guard_as_its_verdict():
       vals, [("a", "b")], rule="r", paper="p", effect=0.05).to_json({})
 
 
-def test_an_under_powered_comparison_that_cannot_change_the_verdict_is_moot():
-  """One loss decides 'not reproduced': a well-powered loss beside a noisy win stands (before,
-  the win's power made it 'undetermined: powered', and dropping that arm's runs decided it).
-  Where the noisy comparison could change the verdict (all wins, a tie there would read
-  'partly'), the guard still fires."""
-  loss = {"a": [4.10, 4.11, 4.10, 4.11, 4.10], "b": [4.00, 4.01, 4.00, 4.01, 4.00]}
-  noisy_win = {"c": [3.2, 4.0, 3.5], "d": [4.4, 4.9, 5.2]}
-  rep = pairs_report({**loss, **noisy_win}, [("a", "b"), ("c", "d")], rule="r", paper="p",
-                     effect=0.05)
+def test_a_detected_difference_stands_at_any_power_and_an_open_pair_names_itself():
+  """Power qualifies a reading of absence only (issue 53): a 38-sigma win on 3 paired seeds is
+  decided although the unpaired design had little power; a tie at low power is "not
+  separable" (the verdict says so and names the pair), never "undetermined: powered"; an
+  equivalence shown by TOST is a finding (every pair equivalent: not reproduced)."""
+  win = _seeded(a=[2.00, 2.50, 3.00], b=[3.89, 4.41, 4.90])  # gaps 1.89 ± 0.01, a shared offset
+  rep = pairs_report(win, [("a", "b")], rule="r", paper="p", effect=0.05)
   powered = next(g for g in rep.guards if g["name"] == "powered")
-  assert rep.verdict == rules.NOT_REPRODUCED and powered["ok"], powered
-  assert "unable to change the verdict whatever their outcomes: c vs d" in powered["why"]
-  assert rep.calibrations["c vs d"]["power"] < 0.8 and rep.calibration["power"] >= 0.8
-  win = {"a": loss["b"], "b": loss["a"]}
-  rep = pairs_report({**win, **noisy_win}, [("a", "b"), ("c", "d")], rule="r", paper="p",
-                     effect=0.05)
-  assert rep.verdict == "undetermined: powered" and rep.rule_verdict == R
+  assert rep.verdict == rules.REPRODUCED and powered["ok"], powered
+  unpaired = calibrate.of_arms([2.00, 2.50, 3.00], [3.89, 4.41, 4.90], 0.05)
+  assert unpaired.power < 0.8  # the unpaired design could not have shown it at this noise
+  tie = _seeded(c=[3.2, 4.0, 3.5], d=[3.3, 3.9, 3.6])
+  rep = pairs_report(tie, [("c", "d")], rule="r", paper="p", effect=0.05)
+  assert rep.verdict == "undetermined: not separable (c vs d)" and rep.rule_verdict == ""
+  assert rep.calibrations["c vs d"]["power"] < 0.8 and "would settle at" in rep.finding
+  same = _seeded(e=[4.00, 4.50, 4.20, 4.30, 4.10, 4.40], f=[4.001, 4.499, 4.2, 4.301, 4.1, 4.4])
+  rep = pairs_report(same, [("e", "f")], rule="r", paper="p", effect=0.05)
+  assert rep.verdict == rules.NOT_REPRODUCED and "e vs f: equivalent" in rep.ours

@@ -19,6 +19,7 @@ from experiments import ladder, record, report_md  # noqa: E402
 from experiments.record import Inputs  # noqa: E402
 from experiments.runner import check_preset  # noqa: E402
 from pergrad import sweep  # noqa: E402
+from pergrad.analysis.runs import read_csv  # noqa: E402
 from pergrad.sweep import RUNG_PRESETS, scale_file, scale_value  # noqa: E402
 
 RUNGS = ladder.rungs()  # {experiment: its Rung}, in launch order
@@ -79,7 +80,7 @@ def test_reproduce_refuses_a_rung_for_other_experiments_in_one_line(tmp_path, ca
 def test_quantities_read_from_the_committed_csvs(tmp_path):
   """The committed ladder.csv's points of the family's own model are what its experiments'
   committed CSVs give now, and G3's saving is the one gns_ramp's report states."""
-  own = pd.read_csv(CPU / "ladder" / ladder.LADDER_CSV)
+  own = read_csv(CPU / "ladder" / ladder.LADDER_CSV)
   own = own[~own["on_ladder"].astype(bool)].set_index("experiment")["value"]
   assert set(own.index) == {"moments", "gns_layers", "lr_exponent"}
   for n in own.index:

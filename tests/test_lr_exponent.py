@@ -17,7 +17,7 @@ sys.path.insert(0, str(REPO))
 
 from experiments import lr_exponent as le  # noqa: E402
 from pergrad.analysis import calibrate  # noqa: E402
-from pergrad.analysis.runs import run_dirname  # noqa: E402
+from pergrad.analysis.runs import read_csv, run_dirname  # noqa: E402
 from pergrad.sweep import WARMUP, best_lr, follow_up_blocks  # noqa: E402
 
 SIZES = (4, 8, 16, 32, 64, 128)
@@ -79,7 +79,7 @@ def test_vertex_recovers_the_optimum_between_grid_points():
                                                 (1.0, "not reproduced")])
 def test_alpha_and_its_interval_decide(tmp_path, alpha, verdict):
   d = _out(tmp_path, alpha)
-  rep, f = le.report(d), le.fit(pd.read_csv(d / "lr_star.csv"))
+  rep, f = le.report(d), le.fit(read_csv(d / "lr_star.csv"))
   assert f["alpha"] == pytest.approx(alpha, abs=0.03) and f["lo95"] < alpha < f["hi95"]
   assert rep.verdict == verdict, (rep.verdict, rep.guards_text())
   assert rep.calibration["kind"] == "band" and rep.calibration["power"] >= 0.8
@@ -100,7 +100,7 @@ def test_each_seeds_lr_star_is_guarded_and_read_from_finished_runs(tmp_path):
   grid's edge (the seeds' mean inside it) fires `bracketed`; a seed diverged one lr above the
   other seed's lr* fires `stable`; an interrupted run's last eval is no final loss."""
   d = _out(tmp_path, 0.5)
-  fin = pd.read_csv(d / "finals.csv")
+  fin = read_csv(d / "finals.csv")
   b16 = fin[le.KEY] == 16
   lrs = sorted(fin.loc[b16, le.LR].unique())
   s0, s1 = b16 & (fin[le.SEED] == 0), b16 & (fin[le.SEED] == 1)
@@ -123,7 +123,7 @@ def test_each_seeds_lr_star_is_guarded_and_read_from_finished_runs(tmp_path):
 def test_the_regime_reads_b_refs_runs_at_lr_star_only(tmp_path):
   d = _out(tmp_path, 0.5)  # B_ref's run measures 16; another B's run 1e4, not read
   assert le.regime(d).ok and "min B / B_simple 0.25" in le.regime(d).why
-  bs = pd.read_csv(d / "b_simple.csv").assign(at_ref=False)
+  bs = read_csv(d / "b_simple.csv").assign(at_ref=False)
   bs.to_csv(d / "b_simple.csv", index=False)  # none at B_ref's lr*: not measured
   assert not le.regime(d).ok and "not measured" in le.regime(d).why
   assert le.reference_batch_size(["experiment=lr_exponent", "scale=cpu"]) == 32
@@ -194,7 +194,7 @@ def test_at_ref_marks_b_refs_runs_only(tmp_path):
                        "diverged": False, "final_step": 4}
                       for b, lr in ((32, 0.01), (32, 0.014), (64, 0.01), (16, 0.01))])
   le.analyze(Runs(tmp_path, table, fin), tmp_path)
-  bs = pd.read_csv(tmp_path / "b_simple.csv").set_index("run")
+  bs = read_csv(tmp_path / "b_simple.csv").set_index("run")
   assert bs["at_ref"].to_dict() == {"b16lr0.01s0": False, "b32lr0.01s0": True,
                                     "b32lr0.014s0": False, "b64lr0.01s0": False}
 

@@ -83,8 +83,9 @@ class Paired:
            WORSE: "is worse beyond the margin than"}[self.outcome]
     need = "; ".join(f"{k}: {v if v else f'> {MOST_SEEDS}'} seeds"
                      for k, v in self.seeds_to_settle.items())
-    return (f"{self.a} {rel} {self.b} ({self.why or f'advantage {f(self.advantage)} '}"
-            f"{'' if self.why else f'[{f(self.lo95)}, {f(self.hi95)}], n={self.n}'}; noise "
+    head = (self.why.rstrip("; ") if self.why else
+            f"advantage {f(self.advantage)} [{f(self.lo95)}, {f(self.hi95)}], n={self.n}")
+    return (f"{self.a} {rel} {self.b} ({head}; noise "
             f"paired ±{f(self.half_paired)} vs unpaired ±{f(self.half_unpaired)}; power "
             f"{f(self.power)} for {f(self.effect)}" + (f"; would settle at {need}" if need else "")
             + ")")

@@ -120,20 +120,27 @@ def in_regime(measured: Mapping[str, float], declared: Sequence[Regime]) -> Guar
   return _guard("in_regime", bad, "; ".join(good) or "no regime declared")
 
 
-def powered(cals: Mapping[str, Calibration], least: float = MIN_POWER, moot=()) -> Guard:
-  """Each comparison's rule (name -> its `Calibration`) has power ≥ `least`; one decided by a
-  diverged seed (source DIVERGED) has no noise to calibrate and is left to `stable`; those
-  named in `moot` cannot change the verdict whatever their outcomes (shown, not required)."""
+def powered(cals: Mapping[str, Calibration], least: float = MIN_POWER, moot=(),
+            decided=()) -> Guard:
+  """Each comparison read as absence (name -> its `Calibration`) has power ≥ `least`. Power
+  qualifies a reading of absence only: those `decided` (a difference detected, an equivalence
+  shown, each at its calibrated false-alarm rate) stand at any power, and those `moot` cannot
+  change the verdict whatever their outcomes (both shown, not required); one decided by a
+  diverged seed (source DIVERGED) has no noise to calibrate and is left to `stable`."""
   noisy = {k: c for k, c in cals.items() if c.source != DIVERGED}
   weak = [k for k, c in noisy.items() if not c.power >= least]
   bad = [f"{k}: power {_g(noisy[k].power) if math.isfinite(noisy[k].power) else 'unknown'} "
          f"for effect {_g(noisy[k].effect)}{_needs(noisy[k], least)}" for k in weak
-         if k not in moot]
+         if k not in moot and k not in decided]
   if not cals:
     bad = ["no comparison calibrated"]
-  div, spared = len(cals) - len(noisy), [k for k in weak if k in moot]
-  return _guard("powered", bad, f"every comparison's power ≥ {least:g} ({len(noisy) - len(spared)}"
+  div = len(cals) - len(noisy)
+  spared = [k for k in weak if k in moot and k not in decided]
+  low = [k for k in weak if k in decided]
+  return _guard("powered", bad, f"every comparison read as absence has power ≥ {least:g} "
+                f"({len(noisy) - len(spared) - len(low)}"
                 + (f"; {div} decided by a diverged seed" if div else "")
+                + (f"; decided whatever their power: {', '.join(low)}" if low else "")
                 + (f"; under-powered but unable to change the verdict whatever their outcomes: "
                    f"{', '.join(spared)}" if spared else "") + ")")
 

@@ -1,17 +1,15 @@
-"""More seeds where a comparison is under-powered: sample-size re-estimation after a pilot
-(an "internal pilot", Wittes & Brittain 1990; our design, not the papers').
+"""More seeds where a comparison is still open: group-sequential seeds on the paired gaps
+(issue 53; our design, not the papers').
 
-The fresh seeds of an lr search (`LrSearch.seeds`) are the pilot. A comparison of two groups
-(`MoreSeeds.pairs`) whose rule has power below `calibrate.MIN_POWER` at the two arms' pilot
-noises and the declared effect gets seeds up to the count at which the rule reaches
-`MoreSeeds.target`: the noisier arm's alone where that suffices, else both arms' alike, at
-most `MoreSeeds.most` a side; past that it is left as it is, and `guards.powered` says how many
-seeds it would need. The count reads the pilot's noises alone, never the arms' difference, and
-the pair rule then takes each arm's variance from its pilot alone (Stein's two-stage test,
-`rules.compare`'s `pilot`), so the false-alarm rate stays the rule's 5 % (tests/
-test_more_seeds.py simulates the two-stage design at the measured noises: with the variances of
-every seed it rises above). The count reads the pilot alone, so a search stopped and resumed
-anywhere asks for the same seeds.
+The fresh seeds of an lr search (`LrSearch.seeds`) are the first look. A compared pair of arms
+(`MoreSeeds.pairs`) is read on its per-seed gaps by `MoreSeeds.design`
+(`pergrad.analysis.sequential`: two looks, the pilot and the cap `MoreSeeds.most`, Pocock
+spending); one decided there (a difference, or equivalence within the margin) gets no more
+seeds; one still open gets seeds on both arms (the gaps are paired) up to the cap, where the
+report reads it with the same design (`experiments.verdict.pairs_report`'s `design`). The
+overall false-alarm rate stays ≤ 5 % (simulated in tests/test_more_seeds.py and
+tests/test_sequential.py). The count reads the pilot's seeds alone, so a search stopped and
+resumed anywhere asks for the same seeds.
 """
 
 from __future__ import annotations
@@ -19,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from pergrad.analysis import calibrate
+from pergrad.analysis import sequential
 from pergrad.analysis.runs import finished
 from pergrad.sweep.grid import Block, Sweep
 from pergrad.sweep.growth import first_stage_fixed, same
@@ -40,34 +38,17 @@ def pilot(fin: pd.DataFrame, arm: dict, seeds) -> list[float] | None:
 
 
 def needed(a, b, more: MoreSeeds) -> dict[int, int]:
-  """{side (0: `a`, 1: `b`): its seeds} at which the pair rule on pilots `a` and `b` (as many a
-  side), then tested with the pilot's variances (`rules.compare`'s `pilot`), reaches
-  `more.target` at the pilot's noises: the noisier side's alone where that suffices within
-  `more.most`, else both alike; {} when it is powered already, decided by a diverged seed, or
-  needs more than `more.most` a side."""
-  cal = calibrate.of_arms(a, b, more.effect)
-  if cal.source == calibrate.DIVERGED or not np.isfinite(cal.power) or (
-      cal.power >= calibrate.MIN_POWER):
+  """{side (0: `a`, 1: `b`): its seeds}: both arms at `more.most` when the pair's pilot gaps
+  (b − a, seed by seed) read "not separable" at the design's first look; {} when decided there
+  (a difference, or equivalence within `more.margin`), decided by a diverged seed, or when
+  the pilot is already at the cap."""
+  a, b = np.asarray(a, float), np.asarray(b, float)
+  if len(a) != len(b) or not (np.isfinite(a).all() and np.isfinite(b).all()):
     return {}
-  n0 = len(a)
-  ok = lambda na, nb: calibrate.calibrate("pair", cal.noise, na, more.effect, n_b=nb,
-                                          noise_b=cal.noise_b, pilot=n0).power >= more.target
-
-  def fewest(at) -> int | None:  # the fewest n in (n0, most] with ok(*at(n)): power grows with n
-    lo, hi = n0, more.most
-    if hi <= lo or not ok(*at(hi)):
-      return None
-    while hi - lo > 1:
-      mid = (lo + hi) // 2
-      lo, hi = (lo, mid) if ok(*at(mid)) else (mid, hi)
-    return hi
-
-  noisy = int(cal.noise_b > cal.noise)
-  alone = fewest(lambda n: (n, n0) if noisy == 0 else (n0, n))
-  if alone:
-    return {noisy: alone}
-  both = fewest(lambda n: (n, n))
-  return {0: both, 1: both} if both else {}
+  if len(a) >= more.most:
+    return {}
+  _, add = sequential.read(b - a, more.design(len(a)), more.margin)
+  return {0: len(a) + add, 1: len(a) + add} if add else {}
 
 
 def blocks(sweep: Sweep, fin: pd.DataFrame, best: pd.DataFrame, seed0

@@ -9,6 +9,8 @@ import math
 import numbers
 from typing import Callable
 
+from pergrad.analysis import sequential
+
 POLICY = ("each group's lr is chosen on its selection seeds alone and its numbers are the "
           "mean ± std of fresh seeds at that lr, never a selection seed")
 
@@ -45,22 +47,31 @@ class Tuned:
 
 @dataclasses.dataclass(frozen=True)
 class MoreSeeds:
-  """More seeds for an under-powered comparison (`pergrad.sweep.more_seeds`): `pairs(best)`, the
-  pairs of arms, each {key: value} of its group keys and lr (from `best`, `rounds.best_lr`'s
-  table, or an arm run at a fixed lr), that the report compares with the pair rule
-  (`rules.compare`) at the declared `effect`; `most`, the seeds a side never exceeded
-  (declared with the experiment); `target`, the power aimed at, above the guard's
-  `calibrate.MIN_POWER` so the noises re-measured on every seed keep it above."""
+  """Group-sequential seeds for a comparison still open after the pilot
+  (`pergrad.sweep.more_seeds`): `pairs(best)`, the pairs of arms, each {key: value} of its
+  group keys and lr (from `best`, `rounds.best_lr`'s table, or an arm run at a fixed lr), that
+  the report compares paired at the declared `effect`; `most`, the cap (seeds a side, declared
+  with the experiment); `margin`, the equivalence margin (default `effect`); `spending`, the
+  sequential design's (`pergrad.analysis.sequential.SPENDINGS`)."""
 
   pairs: Callable
   effect: float
   most: int
-  target: float = 0.9
+  margin: float | None = None
+  spending: str = "pocock"
+
+  def __post_init__(self):
+    if self.margin is None:
+      object.__setattr__(self, "margin", self.effect)
+
+  def design(self, pilot: int) -> sequential.Design:
+    """The two-look design: the pilot's seeds, then the cap."""
+    return sequential.design((pilot, self.most) if self.most > pilot else (pilot,),
+                             self.spending)
 
 
-# The fewest pilot seeds a side `MoreSeeds` accepts: the final test reads its variances from
-# the pilot alone (df pilot − 1; t.975 is 4.3 at 3 seeds, 2.8 at 5), so a smaller pilot needs
-# far more seeds after it for the same power.
+# The fewest pilot seeds `MoreSeeds` accepts: the first look's paired t has pilot − 1 degrees
+# of freedom (its critical value 4.3 at 3 seeds, 2.8 at 5), so a smaller pilot decides little.
 MIN_PILOT = 5
 
 
