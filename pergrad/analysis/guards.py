@@ -10,11 +10,11 @@ finding.
   warm        every arm gets ≥ MIN_WARMUP optimizer steps of warmup
   in_regime   the measured regime (B / B_simple, tokens per parameter, ...) lies in the range
               the claim declares it speaks of
-  powered     each comparison's rule has power ≥ `calibrate.MIN_POWER` at its own per-arm
-              noise and seeds for its declared effect, but for those shown `moot`: whatever
-              their outcomes, the verdict would be the same (`experiments.verdict.moot`)
-  pilot       where seeds followed a pilot (a two-stage test, `rules.compare`'s `pilot`), each
-              arm's values begin with exactly the pilot's seeds, whose variances the rule reads
+  powered     each comparison read as absence has power ≥ `calibrate.MIN_POWER` for its
+              declared effect; a detected difference, a shown equivalence or an open pair the
+              verdict names ("not separable") reports its power beside, never gated
+  pilot       where seeds followed a first look (a sequential design), each arm's values
+              begin with exactly the first look's seeds, which the design reads first
 """
 
 from __future__ import annotations
@@ -146,12 +146,11 @@ def powered(cals: Mapping[str, Calibration], least: float = MIN_POWER, moot=(),
 
 
 def pilot_first(arms: Mapping[str, Sequence[float]], pilot: Sequence[float]) -> Guard:
-  """Seeds added after a `pilot` (numbered past it) are read as a two-stage test: each side's
-  first len(pilot) values (arm -> its seeds, in the order of its values) are its pilot and the
-  variances come from them alone (`rules.compare`'s `pilot`, in effect once an arm has more
-  values than the pilot). So an arm with an added seed, or with any seed outside the pilot
-  while the two-stage test is in effect, starts with every pilot seed, in order: a pilot seed
-  missing, or another seed before it, would read the variances of the wrong runs."""
+  """Seeds added after a `pilot` (numbered past it) are read by a sequential design whose first
+  look is each side's first len(pilot) values (arm -> its seeds, in the order of its values).
+  So an arm with an added seed, or with any seed outside the pilot once seeds were added,
+  starts with every pilot seed, in order: a pilot seed missing, or another seed before it,
+  would read the first look on the wrong runs."""
   want = [float(s) for s in pilot]
   text = lambda seeds: "[" + ", ".join(f"{float(s):g}" for s in seeds) + "]"
   arms = {arm: [float(s) for s in seeds] for arm, seeds in arms.items()}
