@@ -21,7 +21,7 @@ sys.path.insert(0, str(REPO))
 
 from experiments import batch_scaling as bs  # noqa: E402
 from experiments import lr_search, record  # noqa: E402
-from pergrad.analysis import calibrate, rules, runs  # noqa: E402
+from pergrad.analysis import calibrate, decide, rules, runs  # noqa: E402
 from pergrad.analysis.runs import read_csv, run_dirname  # noqa: E402
 
 REF, EXAMPLES, EVAL_EXAMPLES, SIZES = bs.budget("cpu")
@@ -60,20 +60,23 @@ def test_batch_scaling_plan_gives_large_batches_enough_steps(tmp_path):
 
 # --------------------------------------------------------------------------- margin, error rate
 
-CPU_NOISE = dict(sigma=0.0131, rho=0.5, shared=0.7)  # B_ref's runs: s̄ ≈ 0.0115, 13 points
+PAIRED_SD = 0.009  # the cpu runs' paired sd of √ arms' curve-average gaps to B_ref (issue 53)
 
 
-def _pass_rate(n_seeds, margin, reps=600, seed=0):
-  rng = np.random.default_rng(seed)
-  ok = sum(bool(rules.equivalence(calibrate.simulate_curves(rng, n_seeds, 13, **CPU_NOISE),
-                                  calibrate.simulate_curves(rng, n_seeds, 13, **CPU_NOISE),
-                                  margin).equivalent) for _ in range(reps))
-  return ok / reps
+def _pass_rate(n_seeds, margin, sd=PAIRED_SD, reps=20000, seed=0):
+  """The share of identical arms that `decide.tost` shows equivalent on their per-seed gaps."""
+  gaps = np.random.default_rng(seed).normal(0.0, sd, (reps, n_seeds))
+  return float(np.mean(decide.tost(gaps, margin)))
 
 
 def test_seeds_and_margin_pass_identical_curves_at_the_cpu_noise():
-  assert _pass_rate(len(bs.SEEDS["cpu"]), bs.FALLBACK_MARGIN) >= 0.93
-  assert _pass_rate(3, 0.02) <= 0.35  # 3 seeds at 0.02: underpowered
+  assert _pass_rate(len(bs.SEEDS["cpu"]), bs.FALLBACK_MARGIN) >= 0.95
+  assert abs(_pass_rate(5, bs.FALLBACK_MARGIN) - decide.power_equivalence(
+      PAIRED_SD, 5, bs.FALLBACK_MARGIN)) < 0.01  # the power each report shows
+  assert _pass_rate(3, 0.01) <= 0.35  # 3 seeds at 0.01: underpowered
+  # and at the margin itself, the TOST's false equivalence stays at its 5 %
+  at_margin = np.random.default_rng(1).normal(bs.FALLBACK_MARGIN, PAIRED_SD, (20000, 5))
+  assert np.mean(decide.tost(at_margin, bs.FALLBACK_MARGIN)) <= 0.05 + 0.005
 
 
 def test_margin_is_fixed_from_the_margin_seeds():

@@ -12,7 +12,7 @@ import pytest
 from experiments import lr_search
 from experiments.report import Report
 from experiments.verdict import gated, pairs_report
-from pergrad.analysis import calibrate, guards, rules
+from pergrad.analysis import calibrate, decide, guards, rules
 from pergrad.sweep import WARMUP
 
 R = rules.REPRODUCED
@@ -70,12 +70,11 @@ def test_the_violations_are_named():
   assert not p.ok and p.why == ("adam's first seeds are [1, 2, 3, 4, 5], not the pilot "
                                 "[2, 3, 4, 5, 6]")
   assert not guards.powered({"x": _cal(math.nan)}).ok  # unknown power: not powered
-  weak = guards.powered({"batch vs token": calibrate.calibrate(
-      "pair", 0.076, 3, 0.05, n_b=3, noise_b=0.0057)})  # sign_placement's, stop 47
-  assert weak.why.startswith("batch vs token: power 0.1") and weak.why.endswith(
-      ", 21 seeds a side would reach 0.8")  # what "undetermined: powered" would take
-  assert guards.powered({"x": calibrate.calibrate("pair", 0.2, 3, 0.01)}).why.endswith(
-      "more than 64 seeds a side needed for 0.8")
+  weak = guards.powered({"batch vs token": calibrate.Calibration(
+      "paired", 0.076, 3, 0.05, 0.05, 0.12)})  # a reading of absence at power 0.12
+  assert not weak.ok and weak.why.startswith("batch vs token: power 0.12 for effect 0.05")
+  assert guards.powered({"batch vs token": calibrate.Calibration(
+      "paired", 0.076, 3, 0.05, 0.05, 0.12)}, decided=["batch vs token"]).ok  # decided
 
 
 def test_several_failed_guards_are_all_listed_and_not_measured_stays():
@@ -141,8 +140,8 @@ def test_a_detected_difference_stands_at_any_power_and_an_open_pair_names_itself
   rep = pairs_report(win, [("a", "b")], rule="r", paper="p", effect=0.05)
   powered = next(g for g in rep.guards if g["name"] == "powered")
   assert rep.verdict == rules.REPRODUCED and powered["ok"], powered
-  unpaired = calibrate.of_arms([2.00, 2.50, 3.00], [3.89, 4.41, 4.90], 0.05)
-  assert unpaired.power < 0.8  # the unpaired design could not have shown it at this noise
+  p = decide.compare(win["a"], win["b"], effect=0.05)
+  assert p.half_paired < 0.05 < 0.5 < p.half_unpaired  # the unpaired noise would hide much
   tie = _seeded(c=[3.2, 4.0, 3.5], d=[3.3, 3.9, 3.6])
   rep = pairs_report(tie, [("c", "d")], rule="r", paper="p", effect=0.05)
   assert rep.verdict == "undetermined: not separable (c vs d)" and rep.rule_verdict == ""

@@ -1,9 +1,8 @@
 """Each rule's error rates, by applying it to DRAWS synthetic experiments (fixed seed) at the
-noise an experiment measures: false_alarm (a true claim called false, e.g. identical arms
-called different) and power (an effect of the declared size detected; below MIN_POWER the
-verdict is "undetermined: powered", `pergrad.analysis.guards.powered`). Each comparison is
-calibrated at its own arms' noise and seeds (Welch: unequal variances, unequal n), never at a
-noise pooled across arms."""
+noise an experiment measures: false_alarm (a true claim called false) and power (an effect of
+the declared size detected; `pergrad.analysis.guards.powered` requires MIN_POWER of a reading
+of absence only). `Calibration` is the record every report shows; the kinds here are the
+fitted-slope band and the mean ± std threshold (paired comparisons: `decide.calibrate`)."""
 
 from __future__ import annotations
 
@@ -47,55 +46,6 @@ class Calibration:
             f"effect {self.effect:.3g}: false alarm {f(self.false_alarm)}, power {f(self.power)}")
 
 
-def _draws(noise, n, n_b, noise_b):
-  rng, nb = np.random.default_rng(0), n_b or n
-  sb = noise if noise_b is None or not np.isfinite(noise_b) else noise_b
-  return noise * rng.standard_normal((DRAWS, n)), sb * rng.standard_normal((DRAWS, nb))
-
-
-def pair(noise: float, n: int, effect: float, n_b: int | None = None,
-         noise_b: float | None = None, pilot: int | None = None) -> tuple[float, float]:
-  """`rules.compare` (lower is better) with A's seeds at std `noise`, B's at `noise_b` (`pilot`:
-  its variances from the first `pilot` seeds): P(win or loss | same mean), P(win | A lower by
-  effect)."""
-  a, b = _draws(noise, n, n_b, noise_b)
-  pilot = rules.pilot_of(pilot, n, n_b or n)
-  if pilot == rules.SHORT_OF_PILOT:  # `rules.compare` reads it undetermined
-    return math.nan, math.nan
-  _, lo, hi = rules.welch_interval(b, a, rules.PAIR_ALPHA, pilot)
-  fa = float(np.mean((lo > 0) | (hi < 0)))
-  _, lo, _ = rules.welch_interval(b + effect, a, rules.PAIR_ALPHA, pilot)
-  return fa, float(np.mean(lo > 0))
-
-
-def equivalence(noise: float, n: int, margin: float, n_b: int | None = None,
-                noise_b: float | None = None) -> tuple[float, float]:
-  """`rules.equivalence` on the seeds' curve averages (A's spread `noise`, B's `noise_b`; the
-  point guard left out): P(the interval lies beyond ±margin | gap = margin), P(equivalent | gap
-  = 0)."""
-  a, b = _draws(noise, n, n_b, noise_b)
-  _, lo, hi = rules.welch_interval(a + margin, b, rules.PAIR_ALPHA)
-  fa = float(np.mean((lo > margin) | (hi < -margin)))
-  _, lo, hi = rules.welch_interval(a, b, rules.ALPHA)
-  return fa, float(np.mean((lo >= -margin) & (hi <= margin)))
-
-
-def noninferiority(noise: float, n: int, margin: float, n_b: int | None = None,
-                   noise_b: float | None = None, pilot: int | None = None) -> tuple[float, float]:
-  """`rules.noninferior` (A's seeds at std `noise`, B's at `noise_b`; `pilot`: `pair`'s): the
-  larger of its two wrong calls with A worse by exactly the margin, P(non-inferior) and
-  P(loss: worse beyond the margin); and P(non-inferior | same mean)."""
-  a, b = _draws(noise, n, n_b, noise_b)
-  pilot = rules.pilot_of(pilot, n, n_b or n)
-  if pilot == rules.SHORT_OF_PILOT:  # `rules.noninferior` reads it undetermined
-    return math.nan, math.nan
-  _, _, hi = rules.welch_interval(a + margin, b, rules.ALPHA, pilot)
-  _, lo95, _ = rules.welch_interval(a + margin, b, rules.PAIR_ALPHA, pilot)
-  fa = max(float(np.mean(hi <= margin)), float(np.mean(lo95 > margin)))
-  _, _, hi = rules.welch_interval(a, b, rules.ALPHA, pilot)
-  return fa, float(np.mean(hi <= margin))
-
-
 def band(noise: float, n: int, margin: float) -> tuple[float, float]:
   """A fitted slope's 90% t-interval (n points, df n − 2, its standard error `noise`, estimated
   from the residuals) within ±margin of the claimed value: P(within | the slope off by the
@@ -115,63 +65,20 @@ def threshold(noise: float, n: int, level: float, claimed: float) -> tuple[float
   return float(np.mean(m + s < level)), float(np.mean(m - s >= level))
 
 
-def bound(noise: float, n: int, limit: float, effect: float, shapes: int = 1,
-          floor: float = -math.inf) -> tuple[float, float]:
-  """`rules.bound` as applied: the medians over `shapes` shapes of the quartiles of n per-rep
-  ratios each (rep noise `noise`), judged against max(limit, `floor`: the baseline's own
-  self-ratio q75): P(fails | true ratio at the limit), P(holds | true ratio `effect` below
-  it)."""
-  rng, lim = np.random.default_rng(0), max(limit, floor)
-  q = lambda true: rules.quartiles(true + noise * rng.standard_normal((DRAWS, shapes, n)), axis=2)
-  q25, _ = q(limit)
-  _, q75 = q(limit - effect)
-  return (float(np.mean(np.median(q25, axis=1) > lim)),
-          float(np.mean(np.median(q75, axis=1) <= lim)))
-
-
-KINDS = {"pair": pair, "equivalence": equivalence, "noninferiority": noninferiority,
-         "band": band, "threshold": threshold, "bound": bound}
-TWO_ARMS = ("pair", "equivalence", "noninferiority")  # rules comparing two arms' seeds
+KINDS = {"band": band, "threshold": threshold}
 
 
 def calibrate(kind: str, noise: float, n: int, *args, effect: float | None = None,
-              source: str = "measured", n_b: int | None = None, noise_b: float | None = None,
-              **kw) -> Calibration:
+              source: str = "measured") -> Calibration:
   """`KINDS[kind](noise, n, *args)` as a `Calibration` recording `effect` (default args[0])
-  (NaN rates without a finite noise or with < 2 seeds a side); `n_b`, `noise_b`: side B's
-  seeds and std (the `TWO_ARMS` rules; default: side A's)."""
+  (NaN rates without a finite positive noise or with < 2 seeds). Two arms compared on shared
+  seeds are calibrated by `pergrad.analysis.decide.calibrate`, time bounds by
+  `pergrad.analysis.timing.power`."""
   eff = float(effect if effect is not None else (args[0] if args else math.nan))
-  nb = int(n_b) if n_b is not None else int(n)
-  sb = float(noise_b) if noise_b is not None else float(noise)
-  two = kind in TWO_ARMS
-  if two:
-    kw = {**kw, "n_b": nb, "noise_b": sb}
-  ok = (np.isfinite(noise) and noise >= 0 and n >= 2 and (not two or (
-      np.isfinite(sb) and sb >= 0 and nb >= 2)) and (noise > 0 or (two and sb > 0)))
-  cal = functools.partial(Calibration, kind, float(noise), int(n), eff, source=source,
-                          noise_b=sb if two else math.nan, n_b=nb if two else 0)
-  if not ok:
+  cal = functools.partial(Calibration, kind, float(noise), int(n), eff, source=source)
+  if not (np.isfinite(noise) and noise > 0 and n >= 2):
     return cal(math.nan, math.nan)
-  return cal(*KINDS[kind](float(noise), int(n), *args, **kw))
-
-
-def std(values) -> float:
-  """The sample std (ddof 1) of one arm's finite values (NaN with < 2 or a diverged one)."""
-  x = np.asarray(values, float)
-  return float(np.std(x, ddof=1)) if len(x) > 1 and np.isfinite(x).all() else math.nan
-
-
-def of_arms(a, b, effect: float, kind: str = "pair", source: str = "measured",
-            pilot: int | None = None) -> Calibration:
-  """A `TWO_ARMS` rule's error rates for arms with values `a` and `b`, each at its own std and
-  seeds (`pilot`: the pair rule's, `rules.compare`; the stds then of the pilot seeds); with a
-  diverged seed on a side, NaN rates and source DIVERGED: the comparison is decided by the
-  divergence (a diverged seed loses), which `guards.stable` judges, not noise."""
-  if any(not np.isfinite(float(x)) for x in (*a, *b)):
-    source = DIVERGED
-  k = pilot if kind in ("pair", "noninferiority") and pilot else None  # [:None]: every value
-  return calibrate(kind, std(list(a)[:k]), len(a), effect, n_b=len(b), noise_b=std(list(b)[:k]),
-                   source=source, **({"pilot": k} if k else {}))
+  return cal(*KINDS[kind](float(noise), int(n), *args))
 
 
 def weakest(cals) -> Calibration | None:
@@ -181,36 +88,6 @@ def weakest(cals) -> Calibration | None:
   cals = [c for c in cals if c.source != DIVERGED] or cals
   key = lambda c: (math.isfinite(c.power), c.power if math.isfinite(c.power) else 0.0)
   return min(cals, key=key) if cals else None
-
-
-def seeds_for(noise: float, effect: float, kind: str = "pair", *args, target: float = MIN_POWER,
-              most: int = 12) -> int | None:
-  """The fewest seeds a side (2..most) at which the rule's power reaches `target`."""
-  for n in range(2, most + 1):
-    if calibrate(kind, noise, n, *(args or (effect,))).power >= target:
-      return n
-  return None
-
-
-def seeds_to_power(c: Calibration, target: float = MIN_POWER, most: int = 64) -> int | None:
-  """The fewest seeds a side (both sides alike, from the present count) at which `c`'s
-  `TWO_ARMS` rule reaches `target` power at `c`'s measured noises and declared effect (power
-  grows with n: doubled, then bisected); None for another kind, an unknown noise, or past
-  `most`."""
-  sb = c.noise_b if np.isfinite(c.noise_b) else c.noise  # NaN: as side A (`Calibration`)
-  if not (c.kind in TWO_ARMS and np.isfinite(c.noise) and np.isfinite(sb)
-          and (c.noise > 0 or sb > 0)):
-    return None
-  ok = lambda n: calibrate(c.kind, c.noise, n, c.effect, n_b=n, noise_b=sb).power >= target
-  lo = hi = max(c.n, c.n_b, 2)
-  while not ok(hi):
-    if hi >= most:
-      return None
-    lo, hi = hi, min(2 * hi, most)
-  while hi - lo > 1:  # power(lo) < target <= power(hi), or lo == hi at the start
-    mid = (lo + hi) // 2
-    lo, hi = (lo, mid) if ok(mid) else (mid, hi)
-  return hi
 
 
 def simulate_curves(rng, n_seeds: int, n_points: int, sigma: float, rho: float = 0.5,

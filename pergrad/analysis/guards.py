@@ -23,7 +23,7 @@ import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 
-from pergrad.analysis.calibrate import DIVERGED, MIN_POWER, TWO_ARMS, Calibration, seeds_to_power
+from pergrad.analysis.calibrate import DIVERGED, MIN_POWER, Calibration
 
 NAMES = ("bracketed", "stable", "warm", "in_regime", "powered", "pilot")
 MIN_WARMUP = 20  # optimizer steps
@@ -130,7 +130,7 @@ def powered(cals: Mapping[str, Calibration], least: float = MIN_POWER, moot=(),
   noisy = {k: c for k, c in cals.items() if c.source != DIVERGED}
   weak = [k for k, c in noisy.items() if not c.power >= least]
   bad = [f"{k}: power {_g(noisy[k].power) if math.isfinite(noisy[k].power) else 'unknown'} "
-         f"for effect {_g(noisy[k].effect)}{_needs(noisy[k], least)}" for k in weak
+         f"for effect {_g(noisy[k].effect)}" for k in weak
          if k not in moot and k not in decided]
   if not cals:
     bad = ["no comparison calibrated"]
@@ -161,15 +161,6 @@ def pilot_first(arms: Mapping[str, Sequence[float]], pilot: Sequence[float]) -> 
          for arm, seeds in past.items() if seeds[:len(want)] != want]
   return _guard("pilot", bad, f"every arm past the pilot starts with its {len(want)} seeds "
                 f"({len(past)} of {len(arms)} arms past it)")
-
-
-def _needs(c: Calibration, least: float) -> str:
-  """", ~N seeds a side would reach `least`" at the measured noises (`seeds_to_power`)."""
-  if c.kind not in TWO_ARMS or not math.isfinite(c.power):  # (power unknown: noise unknown)
-    return ""
-  n = seeds_to_power(c, least)
-  return (f", {n} seeds a side would reach {least:g}" if n else
-          f", more than 64 seeds a side needed for {least:g}")
 
 
 def apply(verdict: str, guards: Sequence[Guard]) -> str:
