@@ -7,7 +7,10 @@ backend of `pergrad.stats` can attach to it from outside (`nn.intercept_methods`
     logits_BxTxV = Transformer(cfg).apply({"params": params}, tokens_BxT)
 
 `apply` is a pure function of (params, tokens) and works on a single example
-under `jax.vmap`, which the vmap statistics backend relies on.
+under `jax.vmap`, which the vmap statistics backend relies on. With
+`ModelSpec.scan_layers` the blocks are one `nn.scan` over stacked parameters
+params["blocks"][...] of shape [L, ...] (block l's leaf is the slice l; `stack_blocks`
+converts an unscanned tree), each block under `nn.remat` (dots saveable).
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ class ModelSpec:
   use_bias: bool = False  # biases in dense and normalization layers
   param_dtype: str = "float32"  # dtype of the parameters
   compute_dtype: str = "float32"  # "bfloat16" for mixed precision
+  scan_layers: bool = False  # blocks as one nn.scan (stacked params [L, ...]) under remat
 
   def __post_init__(self):
     self.norm = Norm.check(self.norm, "model.norm")
@@ -149,6 +153,19 @@ class Block(nn.Module):
     return x_BxTxD
 
 
+SCANNED_BLOCKS = "blocks"  # the stacked blocks' subtree when ModelSpec.scan_layers
+
+
+def _scanned_blocks(s: ModelSpec, x_BxTxD: jax.Array) -> jax.Array:
+  """x <- block_l(x) for l < L as one `nn.scan` over params stacked on a leading [L] axis,
+  each block rematerialized in the backward pass except its matmul outputs."""
+  block = nn.remat(Block, policy=jax.checkpoint_policies.dots_saveable, prevent_cse=False)
+  body = lambda mdl, x, _: (mdl(x), None)
+  scan = nn.scan(body, variable_axes={"params": 0}, split_rngs={"params": True},
+                 length=s.n_layers)
+  return scan(block(s, name=SCANNED_BLOCKS), x_BxTxD, None)[0]
+
+
 class Transformer(nn.Module):
   """tokens_BxT (int32) -> logits_BxTxV (float32). Works unbatched too (tokens_T)."""
 
@@ -176,8 +193,11 @@ class Transformer(nn.Module):
           embedding_init=nn.initializers.normal(stddev=0.02), name="pos_embed",
       )
       x_BxTxD = x_BxTxD + pos(jnp.arange(T))
-    for i in range(s.n_layers):
-      x_BxTxD = Block(s, name=f"block_{i}")(x_BxTxD)
+    if s.scan_layers:
+      x_BxTxD = _scanned_blocks(s, x_BxTxD)
+    else:
+      for i in range(s.n_layers):
+        x_BxTxD = Block(s, name=f"block_{i}")(x_BxTxD)
     x_BxTxD = _norm(s, "norm_final")(x_BxTxD)
     if s.tie_embeddings:
       logits_BxTxV = embed.attend(x_BxTxD) * s.d_model**-0.5
@@ -193,6 +213,14 @@ def init_params(spec: ModelSpec, rng: jax.Array, seq_len: int | None = None):
   """Parameters of `Transformer(spec)` (a pure function of the key)."""
   tokens = jnp.zeros((1, seq_len or spec.seq_len), jnp.int32)
   return Transformer(spec).init(rng, tokens)["params"]
+
+
+def stack_blocks(params, n_layers: int):
+  """An unscanned tree {block_0..block_{L-1}, ...} -> the scanned model's tree, whose
+  params["blocks"] leaf is stack_l(params["block_l"] leaf) (leading axis [L])."""
+  blocks = [params[f"block_{i}"] for i in range(n_layers)]
+  rest = {k: v for k, v in params.items() if not k.startswith("block_")}
+  return {**rest, SCANNED_BLOCKS: jax.tree.map(lambda *x: jnp.stack(x), *blocks)}
 
 
 def count_params(params) -> int:
