@@ -37,7 +37,7 @@ def analyze(runs, out_dir):
 
 
 def report(out_dir):
-  loss = float(read_csv(Path(out_dir) / "finals.csv")["final_eval_loss"].iloc[0])
+  loss = float(pd.read_csv(Path(out_dir) / "finals.csv")["final_eval_loss"].iloc[0])
   return Report(verdict="measured", ours=f"final eval loss {loss:.3f}", rule="none: a toy")
 
 

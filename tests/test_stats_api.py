@@ -80,6 +80,20 @@ def test_invalid_inputs():
     _ = ps.GradStats(count=jnp.float32(3), sum=params).variance
 
 
+def test_a_microbatched_request_without_a_kind_has_an_empty_table_of_it():
+  """The microbatch loop of a request with no coordinate statistic (mean and norms: a GNS
+  tracker's) returns an empty coordinate table, not None (`has("sq")` crashed on it in
+  gns_ramp's ci run); likewise an empty example table without norms."""
+  params, loss_fn, batch = setup("untied-layernorm-learned", 4)
+  for backend in ("surgery", "vmap"):
+    _, stats = ps.compute(loss_fn, params, batch, want=("mean", "norms"), backend=backend,
+                          microbatch_size=2)
+    assert stats.has("norms") and not stats.has("sq") and stats.coordinate_stats == {}
+    _, stats = ps.compute(loss_fn, params, batch, want=("sq",), backend=backend,
+                          microbatch_size=2)
+    assert stats.has("sq") and not stats.has("norms") and stats.example_stats == {}
+
+
 def test_auto_backend_rule():
   R = ps.StatsRequest
   assert ps.resolve_backend(R(("mean",))) == "contraction"  # the plain step on CPU

@@ -324,18 +324,16 @@ class _NnxBlock(nnx.Module):
 @pytest.mark.extended  # ~1 min: four backends on a scanned NNX model
 def test_an_nnx_module_passed_as_params_works_on_every_backend():
   """compute(loss(model, batch), model, batch): the engine splits the module (nnx.scan,
-  nnx.remat, nnx.jit inside) and merges it inside the loss; vmap, auto and the loop give the
-  float64 loop's statistics, surgery refuses the scanned leaves by name; a loss closing over
-  the module is refused in one line saying how to pass it."""
+  nnx.remat, nnx.jit inside) and merges it inside the loss; surgery (through the scan and
+  remat, `surgery/lifted.py`), vmap, auto and the loop give the float64 loop's statistics; a
+  loss closing over the module is refused in one line saying how to pass it."""
   model, batch = _ScannedNnxLM(nnx.Rngs(0)), am.batch(4)
   loss_fn = lambda m, b: per_example_xent(m(b["inputs"]), b["targets"])
   merged, state = api.nnx_split(loss_fn, model)
   ref = am.reference64(merged, state, batch)
-  with pytest.raises(Unsupported, match="'blocks/.*scan"):
-    ps.compute(loss_fn, model, batch, want=ALL, backend="surgery")
   with warnings.catch_warnings():
     warnings.simplefilter("ignore")
-    for backend in ("auto", "vmap", "loop"):
+    for backend in ("surgery", "auto", "vmap", "loop"):
       _, stats = ps.compute(loss_fn, model, batch, want=ALL, backend=backend)
       assert am.mismatches(stats, ref) == [], backend
   closed = lambda p, b: per_example_xent(model(b["inputs"]), b["targets"])

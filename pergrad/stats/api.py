@@ -354,7 +354,7 @@ def _microbatched(chunk_fn: Callable, params: PyTree, batch: PyTree, microbatch_
   out = microbatching.microbatch(fn, argnums=1, microbatch_size=microbatch_size,
                                  accumulator=acc)(params, batch)
   stats = GradStats(count=out["count"], sum=out["sum"],
-                    coordinate_stats=out.get("coordinate_stats"),
-                    example_stats=out.get("example_stats"), granularity=seen[-1].granularity,
+                    coordinate_stats=out.get("coordinate_stats") or {},
+                    example_stats=out.get("example_stats") or {}, granularity=seen[-1].granularity,
                     rules=seen[-1].rules)
   return out["loss_sum"] / B, stats
