@@ -34,6 +34,7 @@ from scipy import stats as sps  # noqa: E402
 import pergrad.stats as ps  # noqa: E402
 from pergrad.bench.stats import PRESETS  # noqa: E402
 from pergrad.bench.xla_costs import compile_with_peak, memory_of  # noqa: E402
+from pergrad.files import write_json  # noqa: E402
 from pergrad.loss import make_loss_fn  # noqa: E402
 from pergrad.model import Transformer, init_params  # noqa: E402
 
@@ -108,11 +109,9 @@ def main(argv=None) -> dict:
   ap.add_argument("--out", default=None)
   a = ap.parse_args(argv)
   doc = run(a.preset, a.batch, a.reps)
-  text = json.dumps(doc, indent=1)
-  print(text)
+  print(json.dumps(doc, indent=1))
   if a.out:
-    with open(a.out, "w") as f:
-      f.write(text + "\n")
+    write_json(a.out, doc)  # the same text and newline, written whole
   return doc
 
 

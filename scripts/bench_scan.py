@@ -31,6 +31,7 @@ import numpy as np  # noqa: E402
 import pergrad.stats as ps  # noqa: E402
 from pergrad.bench import paired  # noqa: E402
 from pergrad.bench.xla_costs import compile_with_peak, memory_of  # noqa: E402
+from pergrad.files import write_json  # noqa: E402
 from pergrad.loss import make_loss_fn  # noqa: E402
 from pergrad.model import ModelSpec, Transformer, init_params, stack_blocks  # noqa: E402
 
@@ -126,11 +127,9 @@ def main(argv=None) -> dict:
              platform=jax.default_backend(), device=jax.devices()[0].device_kind,
              command="scripts/bench_scan.py " + " ".join(sys.argv[1:] if argv is None
                                                          else argv))
-  text = json.dumps(doc, indent=1)
-  print(text)
+  print(json.dumps(doc, indent=1))
   if a.out:
-    with open(a.out, "w") as f:
-      f.write(text + "\n")
+    write_json(a.out, doc)  # the same text and newline, written whole
   return doc
 
 
