@@ -17,14 +17,14 @@ import numpy as np
 import pandas as pd
 
 from experiments import lr_search
-from experiments.declared import declared, declared_text
-from experiments.markdown import md_table
-from experiments.record import Experiment, register
-from experiments.verdict import calibration_of, gated, key, outcomes, pairs_md
 from pergrad.analysis import calibrate, decide, guards, rules
+from pergrad.analysis.markdown import md_table
 from pergrad.analysis.plots import plot_curves, plt, savefig, style
 from pergrad.analysis.runs import read_csv, write_csv
+from pergrad.analysis.verdict import calibration_of, gated, key, outcomes, pairs_md
 from pergrad.sweep import WARMUP, Block, Sweep, base_for, scale_value, with_warmup
+from pergrad.sweep.declared import declared, declared_text
+from pergrad.sweep.record import Experiment, register
 
 NAME = "batch_scaling"
 TITLE = "square-root learning-rate scaling with batch size"

@@ -16,17 +16,17 @@ import numpy as np
 import pandas as pd
 
 from experiments import lr_search
-from experiments.declared import declared, declared_text
-from experiments.markdown import fmt_num, listing, sections
-from experiments.record import Experiment, Inputs, Rung, register
-from experiments.report import Report, not_measured
-from experiments.verdict import gated
 from pergrad.analysis import GNS_TOTAL, calibrate, layer_type, leafwise, smooth
 from pergrad.analysis.gns_terms import part_whole
+from pergrad.analysis.markdown import fmt_num, listing, sections
 from pergrad.analysis.plots import plot_curves, plt, savefig, style
+from pergrad.analysis.report import Report, not_measured
 from pergrad.analysis.rules import NOT_REPRODUCED, PARTLY, REPRODUCED, UNDETERMINED
 from pergrad.analysis.runs import read_csv, write_csv, x_examples
+from pergrad.analysis.verdict import gated
 from pergrad.sweep import SEEDS, Block, Sweep, base_for, experiment_value, family, with_warmup
+from pergrad.sweep.declared import declared, declared_text
+from pergrad.sweep.record import Experiment, Inputs, Rung, register
 
 NAME = "gns_layers"
 TITLE = "gradient noise scale per layer type; the normalization layers as predictor"

@@ -19,13 +19,10 @@ import numpy as np
 import pandas as pd
 
 from experiments import lr_search
-from experiments.declared import declared, declared_text
-from experiments.markdown import listing, sections
-from experiments.record import Experiment, Rung, register
-from experiments.report import not_measured
-from experiments.verdict import calibration_of, gated
 from pergrad.analysis import decide, guards
+from pergrad.analysis.markdown import listing, sections
 from pergrad.analysis.plots import plt, savefig, style
+from pergrad.analysis.report import not_measured
 from pergrad.analysis.runs import (
   DONE,
   eval_curves,
@@ -35,6 +32,7 @@ from pergrad.analysis.runs import (
   to_target,
   write_csv,
 )
+from pergrad.analysis.verdict import calibration_of, gated
 from pergrad.sweep import (
   Block,
   LrSearch,
@@ -47,6 +45,8 @@ from pergrad.sweep import (
   scale_value,
   with_warmup,
 )
+from pergrad.sweep.declared import declared, declared_text
+from pergrad.sweep.record import Experiment, Rung, register
 
 NAME = "gns_ramp"
 TITLE = "the paper's test: a linear batch-size ramp against the fixed B_max run"

@@ -18,13 +18,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from experiments import gns_ramp, lr_search, verdict
-from experiments.declared import declared, declared_text
-from experiments.markdown import listing, sections
-from experiments.record import Experiment, register
-from experiments.report import Report, not_measured
-from pergrad.analysis import decide, guards
+from experiments import gns_ramp, lr_search
+from pergrad.analysis import decide, guards, verdict
+from pergrad.analysis.markdown import listing, sections
 from pergrad.analysis.plots import plt, savefig, style
+from pergrad.analysis.report import Report, not_measured
 from pergrad.analysis.runs import (
   aggregate,
   eval_curves,
@@ -48,6 +46,8 @@ from pergrad.sweep import (
   scale_value,
   with_warmup,
 )
+from pergrad.sweep.declared import declared, declared_text
+from pergrad.sweep.record import Experiment, register
 
 NAME = "gns_schedule"
 TITLE = "batch-size schedules (GNS-guided, fitted ramp) against the best fixed batch"

@@ -2,7 +2,7 @@
 at the same tokens per parameter, one figure per claim with the trend and the paper's value
 marked, so that a "not reproduced" at one size says which way it moves.
 
-An experiment takes part by declaring a `Rung` (`experiments.record`): the quantity it reads
+An experiment takes part by declaring a `Rung` (`pergrad.sweep.record`): the quantity it reads
 from a rung's CSVs, the paper's value, the runs it launches at a rung. A rung is a scale preset
 `<family>_<rung>` (`configs/scale/`, written by `write_presets` from `plan`): the family's
 batch and sequence sizes, a smaller model (`RUNGS`), the steps that give it
@@ -27,10 +27,9 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from experiments.markdown import md_table, sections
-from experiments.record import Experiment, Rung, experiments, in_order, register
-from experiments.report import Report
+from pergrad.analysis.markdown import md_table, sections
 from pergrad.analysis.plots import plt, savefig, style
+from pergrad.analysis.report import Report
 from pergrad.analysis.runs import read_csv, write_csv
 from pergrad.sweep import (
   RUNG_PRESETS,
@@ -42,6 +41,7 @@ from pergrad.sweep import (
   scale_file,
   scale_value,
 )
+from pergrad.sweep.record import Experiment, Rung, experiments, in_order, register
 
 NAME = "ladder"
 RUNGS = {  # model overrides per family; each family's last rung is its own scale's model

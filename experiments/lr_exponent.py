@@ -24,14 +24,12 @@ import pandas as pd
 from scipy import stats as sps
 
 from experiments import lr_search
-from experiments.declared import declared, declared_text
-from experiments.markdown import md_table
-from experiments.record import Experiment, Inputs, Rung, register
-from experiments.report import not_measured
-from experiments.verdict import gated
 from pergrad.analysis import calibrate, guards, rules
+from pergrad.analysis.markdown import md_table
 from pergrad.analysis.plots import plt, savefig, style
+from pergrad.analysis.report import not_measured
 from pergrad.analysis.runs import finished, read_csv, write_csv
+from pergrad.analysis.verdict import gated
 from pergrad.sweep import (
   Block,
   LrSearch,
@@ -44,6 +42,8 @@ from pergrad.sweep import (
   scale_value,
   with_warmup,
 )
+from pergrad.sweep.declared import declared, declared_text
+from pergrad.sweep.record import Experiment, Inputs, Rung, register
 
 NAME = "lr_exponent"
 TITLE = "the exponent of the tuned learning rate in the batch size"

@@ -11,9 +11,9 @@ from typing import Callable, Sequence
 import numpy as np
 import pandas as pd
 
-from experiments.markdown import md_table
 from pergrad.analysis import guards
 from pergrad.analysis import plots as F
+from pergrad.analysis.markdown import md_table
 from pergrad.analysis.runs import (
   curves_at,
   fmt,
@@ -74,8 +74,8 @@ def load_best(out_dir: Path) -> pd.DataFrame:
 
 def tuned_best(inputs, experiment: str) -> pd.DataFrame:
   """`best_lr` of `experiment`'s own search, from its runs (FileNotFoundError if not run)."""
-  from experiments.record import get
   from pergrad.analysis.runs import aggregate
+  from pergrad.sweep.record import get
 
   sdir = inputs.sweep_dir(experiment)
   table = aggregate(sdir) if sdir.is_dir() else pd.DataFrame()

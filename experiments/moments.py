@@ -14,17 +14,17 @@ import numpy as np
 import pandas as pd
 
 from experiments import lr_search
-from experiments.declared import declared, declared_text
-from experiments.markdown import listing, sections
-from experiments.record import Experiment, Inputs, Rung, register
-from experiments.report import not_measured
-from experiments.verdict import pairs_report
 from pergrad.analysis import leafwise
 from pergrad.analysis.decide import READING, VERDICT
 from pergrad.analysis.leafwise import is_norm_leaf
+from pergrad.analysis.markdown import listing, sections
 from pergrad.analysis.plots import plot_curves, plt, savefig, style
+from pergrad.analysis.report import not_measured
 from pergrad.analysis.runs import DONE, fmt, from_table, read_csv, write_csv, x_examples
+from pergrad.analysis.verdict import pairs_report
 from pergrad.sweep import SEEDS, Block, Sweep, base_for, family, scale_value, with_warmup
+from pergrad.sweep.declared import declared, declared_text
+from pergrad.sweep.record import Experiment, Inputs, Rung, register
 
 NAME = "moments"
 TITLE = "μ², σ²/B and σ² in Adam's second moment over training"

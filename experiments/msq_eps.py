@@ -14,15 +14,15 @@ import numpy as np
 import pandas as pd
 
 from experiments import lr_search, preconditioner
-from experiments.declared import declared, declared_text
-from experiments.markdown import sections
-from experiments.record import Experiment, register
-from experiments.verdict import pairs_report, sequential_reading
 from pergrad.analysis import decide, guards
 from pergrad.analysis.decide import NONINFERIOR, NOT_SEPARABLE, READING, WIN, WORSE
+from pergrad.analysis.markdown import sections
 from pergrad.analysis.rules import NOT_REPRODUCED, PARTLY, REPRODUCED, UNDETERMINED
 from pergrad.analysis.runs import fmt, from_table, read_csv, stat_columns, write_csv
+from pergrad.analysis.verdict import pairs_report, sequential_reading
 from pergrad.sweep import Block, LrSearch, MoreSeeds, Sweep, base_for
+from pergrad.sweep.declared import declared, declared_text
+from pergrad.sweep.record import Experiment, register
 
 NAME = "msq_eps"
 TITLE = "MicroAdamMSQ: its μ² preconditioner or its ε floor?"

@@ -14,13 +14,10 @@ import numpy as np
 import pandas as pd
 
 from experiments import overhead
-from experiments.declared import declared, declared_text
-from experiments.markdown import md_table
-from experiments.record import Experiment, register
-from experiments.report import not_measured
-from experiments.verdict import gated
 from pergrad.analysis import timing
+from pergrad.analysis.markdown import md_table
 from pergrad.analysis.plots import plt, savefig
+from pergrad.analysis.report import not_measured
 from pergrad.analysis.rules import (
   FAILS,
   HOLDS,
@@ -30,6 +27,9 @@ from pergrad.analysis.rules import (
   quartiles,
 )
 from pergrad.analysis.runs import read_csv, write_csv
+from pergrad.analysis.verdict import gated
+from pergrad.sweep.declared import declared, declared_text
+from pergrad.sweep.record import Experiment, register
 
 NAME = "norm_cost"
 TITLE = "the cost of per-example gradient norms (all layers, normalization layers only)"

@@ -18,13 +18,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from experiments.declared import declared, declared_text
-from experiments.markdown import fmt_num, md_table
-from experiments.record import Experiment, register
-from experiments.report import not_measured
-from experiments.verdict import gated
 from pergrad.analysis import calibrate, timing
+from pergrad.analysis.markdown import fmt_num, md_table
 from pergrad.analysis.plots import plt, savefig
+from pergrad.analysis.report import not_measured
 from pergrad.analysis.rules import (
   FAILS,
   HOLDS,
@@ -35,7 +32,10 @@ from pergrad.analysis.rules import (
   quartiles,
 )
 from pergrad.analysis.runs import read_csv, write_csv
+from pergrad.analysis.verdict import gated
 from pergrad.sweep import How, LaunchLog
+from pergrad.sweep.declared import declared, declared_text
+from pergrad.sweep.record import Experiment, register
 
 NAME = "overhead"
 TITLE = "the cost of per-example gradient statistics"

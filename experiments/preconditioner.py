@@ -14,13 +14,13 @@ import math
 import numpy as np
 
 from experiments import lr_search
-from experiments.declared import declared, declared_text
-from experiments.record import Experiment, register
-from experiments.verdict import pairs_report
 from pergrad.analysis import guards
 from pergrad.analysis.decide import READING, VERDICT
 from pergrad.analysis.runs import fmt, from_table
+from pergrad.analysis.verdict import pairs_report
 from pergrad.sweep import Block, LrSearch, MoreSeeds, Sweep, Tuned, base_for
+from pergrad.sweep.declared import declared, declared_text
+from pergrad.sweep.record import Experiment, register
 
 NAME = "preconditioner"
 TITLE = "mean- vs variance-dominated Adam preconditioners"

@@ -8,9 +8,8 @@ import threading
 import time
 from pathlib import Path
 
-from experiments import record
-from experiments.report_md import portable_command
-from pergrad.sweep import REPO, recorded_version, training_version
+from pergrad.sweep import REPO, record, recorded_version, training_version
+from pergrad.sweep.report_md import portable_command
 
 
 class Record:

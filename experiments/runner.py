@@ -10,8 +10,6 @@ import json
 import time
 from pathlib import Path
 
-from experiments import report_md
-from experiments.record import Experiment, Inputs, Report, Runs, get, provenance
 from pergrad import sweep as sweeps
 from pergrad.analysis.runs import aggregate, fmt, run_status, write_csv
 from pergrad.files import METRICS, SUMMARY
@@ -35,8 +33,10 @@ from pergrad.sweep import (
   marked_finals,
   record_sweep,
   recorded_version,
+  report_md,
   training_version,
 )
+from pergrad.sweep.record import Experiment, Inputs, Report, Runs, get, provenance
 
 
 def check_preset(preset: str, name: str) -> None:

@@ -9,12 +9,12 @@ from __future__ import annotations
 import functools
 
 from experiments import lr_search
-from experiments.declared import declared, declared_text
-from experiments.record import Experiment, register
-from experiments.verdict import pairs_report
 from pergrad.analysis.decide import READING, VERDICT
 from pergrad.analysis.rules import adjacent
+from pergrad.analysis.verdict import pairs_report
 from pergrad.sweep import Block, LrSearch, Sweep, base_for
+from pergrad.sweep.declared import declared, declared_text
+from pergrad.sweep.record import Experiment, register
 
 NAME = "sign_placement"
 TITLE = "where to put the sign in signSGD"

@@ -15,15 +15,15 @@ import numpy as np
 import pandas as pd
 
 from experiments import lr_search
-from experiments.declared import declared, declared_text
-from experiments.markdown import fmt_num, listing, sections
-from experiments.record import Experiment, Inputs, register
-from experiments.report import not_measured
-from experiments.verdict import pairs_report
 from pergrad.analysis import decide, ema_gain, leafwise
+from pergrad.analysis.markdown import fmt_num, listing, sections
 from pergrad.analysis.plots import plot_curves, plt, savefig, style
+from pergrad.analysis.report import not_measured
 from pergrad.analysis.runs import read_csv, write_csv, x_examples
+from pergrad.analysis.verdict import pairs_report
 from pergrad.sweep import SEEDS, Block, Sweep, base_for, experiment_value, with_warmup
+from pergrad.sweep.declared import declared, declared_text
+from pergrad.sweep.record import Experiment, Inputs, register
 
 NAME = "snr"
 TITLE = "measured SNR at each stage of the sign chain"

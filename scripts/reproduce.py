@@ -33,11 +33,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from experiments import record as rec  # noqa: E402
-from experiments import report_md, runner  # noqa: E402
+from experiments import runner  # noqa: E402
 from experiments.reproduction import Record  # noqa: E402
 from pergrad import sweep as sweeps  # noqa: E402
-from pergrad.sweep import LAUNCHERS, PRESETS, RUNG_PRESETS  # noqa: E402
+from pergrad.sweep import (  # noqa: E402
+  LAUNCHERS,
+  PRESETS,
+  RUNG_PRESETS,
+  report_md,  # noqa: E402
+)
+from pergrad.sweep import record as rec  # noqa: E402
 
 
 def _render(preset: str) -> None:

@@ -150,7 +150,7 @@ def streams() -> tuple[tuple[str, ...], ...]:
   """The experiments of each ci stream (`Experiment.stream`): those that need none first (a
   need may run in the other stream), each part in `all`'s order."""
   sys.path.insert(0, str(REPO))
-  from experiments.record import experiments
+  from pergrad.sweep.record import experiments
 
   exps = experiments().values()
   return tuple(tuple(e.name for e in sorted((e for e in exps if e.stream == i),
@@ -165,7 +165,7 @@ class _CiSweeps:
   waits."""
 
   def __init__(self, tmp_path_factory):
-    from experiments.record import builtin
+    from pergrad.sweep.record import builtin
 
     self.streams = streams()
     wanted = sorted(n for n in builtin() if n not in ALONE)

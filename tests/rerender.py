@@ -21,7 +21,7 @@ def report_dirs(root: Path = REPO / "results") -> list[Path]:
 
 def rerender(d: Path, tmp: Path) -> list[str]:
   """The files of `d` (README.md, report.json) whose re-render differs."""
-  from experiments import record, report_md
+  from pergrad.sweep import record, report_md
 
   info = json.loads((d / "run_info.json").read_text())
   exp = record.get(info["experiment"])
@@ -37,7 +37,7 @@ def rerender(d: Path, tmp: Path) -> list[str]:
 
 def differing(keep: Path | None = None) -> list[str]:
   """The committed files that re-render otherwise; `keep`: a folder to hold the renders."""
-  from experiments import report_md
+  from pergrad.sweep import report_md
 
   bad = []
   with tempfile.TemporaryDirectory() as t:

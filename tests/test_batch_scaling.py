@@ -20,9 +20,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from experiments import batch_scaling as bs  # noqa: E402
-from experiments import lr_search, record  # noqa: E402
+from experiments import lr_search  # noqa: E402
 from pergrad.analysis import calibrate, decide, rules, runs  # noqa: E402
 from pergrad.analysis.runs import read_csv, run_dirname  # noqa: E402
+from pergrad.sweep import record  # noqa: E402
 
 REF, EXAMPLES, EVAL_EXAMPLES, SIZES = bs.budget("cpu")
 

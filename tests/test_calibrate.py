@@ -5,8 +5,8 @@ import time
 
 import pytest
 
-from experiments.report import finding
 from pergrad.analysis import calibrate, decide, rules, timing
+from pergrad.analysis.report import finding
 
 # (rule, noise measured in results/cpu (the paired sd of per-seed gaps, the per-rep log-ratio
 # sd), seeds or reps, the rule's effect / margin / extra arguments)

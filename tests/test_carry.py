@@ -171,7 +171,7 @@ def test_a_file_the_checkout_holds_as_committed_is_not_carried(tmp_path, stopped
 def test_a_commit_that_adds_only_results_keeps_the_experiments_it_finished(tmp_path):
   import subprocess
 
-  from experiments import record
+  from pergrad.sweep import record
 
   git = lambda *a: subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *a],
                                   cwd=tmp_path, capture_output=True, text=True,

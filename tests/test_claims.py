@@ -1,7 +1,7 @@
 """The claims are generated, and the experiment configs say everything.
 
 - README.md's claims block and results/cpu/README.md are what the committed
-  results/cpu/*/report.json render (`experiments.report_md`), so numbers cannot drift from data;
+  results/cpu/*/report.json render (`pergrad.sweep.report_md`), so numbers cannot drift from data;
   the same functions render constructed reports as expected.
 - Experiment configs set only what differs from the defaults (a default is repeated only
   where its comment says an experiment sweeps or reads it).
@@ -24,8 +24,8 @@ from omegaconf import OmegaConf
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from experiments import record, report_md  # noqa: E402
-from experiments.record import Experiment, Report  # noqa: E402
+from pergrad.sweep import record, report_md  # noqa: E402
+from pergrad.sweep.record import Experiment, Report  # noqa: E402
 
 # --------------------------------------------------------------------------- claims
 

@@ -25,7 +25,7 @@ from pergrad.analysis.runs import read_csv
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from experiments import record, runner  # noqa: E402
+from experiments import runner  # noqa: E402
 from pergrad.analysis import runs  # noqa: E402
 from pergrad.analysis.runs import run_dirname  # noqa: E402, read_csv
 from pergrad.sweep import (  # noqa: E402
@@ -34,9 +34,10 @@ from pergrad.sweep import (  # noqa: E402
   Block,
   LrSearch,
   Sweep,
-  best_lr,  # noqa: E402
+  best_lr,
   follow_up_blocks,
   launch,
+  record,
   record_sweep,
 )
 

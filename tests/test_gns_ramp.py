@@ -14,9 +14,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from experiments import gns_ramp as gr  # noqa: E402
-from experiments import record  # noqa: E402
 from pergrad.analysis import runs  # noqa: E402
 from pergrad.analysis.runs import read_csv  # noqa: E402
+from pergrad.sweep import record  # noqa: E402
 
 BUDGET, LR = 819_200, 0.02  # tokens, the fixed run's best lr
 

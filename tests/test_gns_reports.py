@@ -14,8 +14,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from experiments import gns_layers, norm_cost  # noqa: E402
-from experiments.record import Runs  # noqa: E402
 from pergrad.analysis.runs import read_csv  # noqa: E402
+from pergrad.sweep.record import Runs  # noqa: E402
 
 # --- norm_cost ---------------------------------------------------------------------------------
 

@@ -68,8 +68,9 @@ def _schedule_table(speedup: dict[str, float], seeds=(1, 2, 3), n_evals=25, budg
 def _schedule_report(tmp_path, name, table, tokens_per_param=20.0):
   """The report of `table` analysed; regime.csv then set to `tokens_per_param` (the fixture's
   runs are too short for any model's; None: as analysed, from the `tiny` model)."""
-  from experiments import gns_schedule, record
+  from experiments import gns_schedule
   from pergrad.analysis import runs
+  from pergrad.sweep import record
 
   d = tmp_path / name
   d.mkdir()

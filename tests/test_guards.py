@@ -10,9 +10,9 @@ import pandas as pd
 import pytest
 
 from experiments import lr_search
-from experiments.report import Report
-from experiments.verdict import gated, pairs_report
 from pergrad.analysis import calibrate, decide, guards, rules
+from pergrad.analysis.report import Report
+from pergrad.analysis.verdict import gated, pairs_report
 from pergrad.sweep import WARMUP
 
 R = rules.REPRODUCED

@@ -15,12 +15,18 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from experiments import ladder, record, report_md  # noqa: E402
-from experiments.record import Inputs  # noqa: E402
+from experiments import ladder  # noqa: E402
 from experiments.runner import check_preset  # noqa: E402
 from pergrad import sweep  # noqa: E402
 from pergrad.analysis.runs import read_csv  # noqa: E402
-from pergrad.sweep import RUNG_PRESETS, scale_file, scale_value  # noqa: E402
+from pergrad.sweep import (  # noqa: E402
+  RUNG_PRESETS,
+  record,
+  report_md,
+  scale_file,
+  scale_value,
+)
+from pergrad.sweep.record import Inputs  # noqa: E402
 
 RUNGS = ladder.rungs()  # {experiment: its Rung}, in launch order
 

@@ -180,7 +180,7 @@ def test_a_seed_whose_best_lr_is_at_its_grid_edge_extends_the_grid(tmp_path):
 def test_at_ref_marks_b_refs_runs_only(tmp_path):
   """A run at another B that shares a B_ref run's (seed, lr) is not B_ref's: the regime's
   B_simple reads B_ref's runs alone."""
-  from experiments.record import Runs
+  from pergrad.sweep.record import Runs
 
   rows = []
   for b, lr, s in ((32, 0.01, 0), (32, 0.014, 0), (64, 0.01, 0), (16, 0.01, 0)):

@@ -15,8 +15,12 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from experiments import preconditioner, verdict  # noqa: E402
-from pergrad.analysis import decide, sequential  # noqa: E402
+from experiments import preconditioner  # noqa: E402
+from pergrad.analysis import (  # noqa: E402
+  decide,
+  sequential,
+  verdict,
+)
 from pergrad.sweep import (  # noqa: E402
   MIN_PILOT,
   Block,

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from experiments.record import Experiment, Report, register
+from pergrad.sweep.record import Experiment, Report, register
 from pergrad.sweep import Block, Sweep, base_for
 
 
@@ -48,7 +48,8 @@ EXPERIMENT = register(Experiment(
 YAML = "# @package _global_\n# A toy.\ndefaults:\n  - override /optimizer: adam\n"
 CHECK = '''
 import json
-from experiments import claims, record
+from pergrad.sweep import claims
+from pergrad.sweep import record
 print(json.dumps({"builtin": record.builtin(), "rows": claims.claim_rows(),
                   "order": list(record.experiments())}))
 '''

@@ -16,7 +16,6 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from experiments import lr_search, msq_eps, preconditioner  # noqa: E402
-from experiments.record import Inputs, Runs  # noqa: E402
 from pergrad.analysis.runs import aggregate, read_csv, run_dirname  # noqa: E402
 from pergrad.sweep import (  # noqa: E402
   WARMUP,
@@ -28,6 +27,7 @@ from pergrad.sweep import (  # noqa: E402
   growth,
   marked_finals,
 )
+from pergrad.sweep.record import Inputs, Runs  # noqa: E402
 
 INF = math.inf
 LN_V = math.log(1024)  # the cpu preset's BPE vocabulary

@@ -1,4 +1,4 @@
-"""One experiment record (`experiments.record`): the README's recipe "An experiment" followed
+"""One experiment record (`pergrad.sweep.record`): the README's recipe "An experiment" followed
 from outside the package (a plugin module run by `scripts/reproduce.py`), dependencies
 re-derived from the needed experiment's runs, provenance and per-invocation costs, and
 the import surface of `experiments` (`pergrad.analysis`)."""
@@ -17,11 +17,16 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from experiments import record, report_md, runner  # noqa: E402
-from experiments.record import Experiment, Inputs, Report  # noqa: E402
+from experiments import runner  # noqa: E402
 from pergrad.analysis.runs import run_dirname  # noqa: E402
 from pergrad.registry import Registry  # noqa: E402
-from pergrad.sweep import LaunchLog, sweep_dir  # noqa: E402
+from pergrad.sweep import (  # noqa: E402
+  LaunchLog,
+  record,
+  report_md,
+  sweep_dir,
+)
+from pergrad.sweep.record import Experiment, Inputs, Report  # noqa: E402
 
 PLUGIN = textwrap.dedent('''\
     """A toy experiment: one ci-sized run, its final eval loss."""
@@ -29,7 +34,7 @@ PLUGIN = textwrap.dedent('''\
 
     import pandas as pd
 
-    from experiments.record import Experiment, Report, register
+    from pergrad.sweep.record import Experiment, Report, register
     from pergrad.sweep import Block, Sweep
 
 

@@ -14,9 +14,16 @@ from test_record import _reproduce_module
 
 sys.path.insert(0, str(REPO))
 
-from experiments import record, report_md, reproduction, runner  # noqa: E402
+from experiments import reproduction, runner  # noqa: E402
 from pergrad.analysis import runs  # noqa: E402
-from pergrad.sweep import Block, LaunchLog, default_sweep_dir, launch  # noqa: E402
+from pergrad.sweep import (  # noqa: E402
+  Block,
+  LaunchLog,
+  default_sweep_dir,
+  launch,
+  record,
+  report_md,
+)
 
 
 @pytest.fixture()

@@ -14,8 +14,13 @@ from omegaconf import OmegaConf
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from experiments import record  # noqa: E402
-from pergrad.sweep import PRESETS, RUNG_PRESETS, launch, scale_file  # noqa: E402
+from pergrad.sweep import (  # noqa: E402
+  PRESETS,
+  RUNG_PRESETS,
+  launch,
+  record,
+  scale_file,
+)
 
 # The scale of every preset as it was set before configs/scale/ (command-line overrides
 # of every run): `scale=<preset>` must resolve to exactly these values.

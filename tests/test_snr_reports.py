@@ -118,8 +118,8 @@ def test_snr_analyze_figures_report_from_a_table(tmp_path):
   """analyze -> figures -> report on a table shaped like runs.aggregate's, with the sign
   counts the train loop logs (which also give the leaves' parameter counts)."""
   from experiments import snr
-  from experiments.record import Runs
   from pergrad.analysis import leafwise
+  from pergrad.sweep.record import Runs
   leaves = {"dense/kernel": (1.0, 1000), "embed/embedding": (-0.01, 500),
             "norm/scale": (50.0, 4)}
   # per step: coords, agree_all, selected, agree, progress, mu2
@@ -265,8 +265,9 @@ def test_reports_with_a_rule_lose_the_old_rule_mark(tmp_path):
   state a rule."""
   import json
 
-  from experiments import moments, report_md, snr
-  from experiments.record import Report
+  from experiments import moments, snr
+  from pergrad.sweep import report_md
+  from pergrad.sweep.record import Report
   for name, mod in (("snr", snr), ("moments", moments)):
     rep = mod.report(tmp_path / "missing")
     assert rep.rule

@@ -51,7 +51,7 @@ import numpy as np  # noqa: E402
 from fuzz_check import check  # noqa: E402
 from fuzz_models import TABLES, build, draw, refused  # noqa: E402
 
-from experiments.record import provenance  # noqa: E402
+from pergrad.sweep.record import provenance  # noqa: E402
 
 # A fixed set covering every frontend, hazard and head (found by `draw`), for the main suite.
 MAIN_SEEDS = (5, 14, 24, 29, 36, 38, 43, 44, 0, 13, 58, 9, 28, 52)

@@ -6,7 +6,7 @@ The fresh seeds of an lr search (`LrSearch.seeds`) are the first look. A compare
 (`pergrad.analysis.sequential`: two looks, the pilot and the cap `MoreSeeds.most`, Pocock
 spending); one decided there (a difference, or equivalence within the margin) gets no more
 seeds; one still open gets seeds on both arms (the gaps are paired) up to the cap, where the
-report reads it with the same design (`experiments.verdict.pairs_report`'s `design`). The
+report reads it with the same design (`pergrad.analysis.verdict.pairs_report`'s `design`). The
 overall false-alarm rate stays ≤ 5 % (simulated in tests/test_more_seeds.py and
 tests/test_sequential.py). The count reads the pilot's seeds alone, so a search stopped and
 resumed anywhere asks for the same seeds.

@@ -4,7 +4,7 @@ papers, decided by the paper's own test, then one per comparison of ours beside 
 
 from __future__ import annotations
 
-from experiments.record import experiments
+from pergrad.sweep.record import experiments
 
 LEGEND = ("Rows C1-G3: the paper's own test, which decides the claim's verdict; rows marked "
           "\"ours\": our comparisons beside it, not counted toward the claim. A failed validity "

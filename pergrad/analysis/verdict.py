@@ -9,9 +9,9 @@ import math
 
 import pandas as pd
 
-from experiments.markdown import md_table
-from experiments.report import Report
 from pergrad.analysis import calibrate, decide, guards, rules, sequential
+from pergrad.analysis.markdown import md_table
+from pergrad.analysis.report import Report
 
 
 def gated(verdict: str, cals, checked=(), moot=(), decided=(), **kw) -> Report:

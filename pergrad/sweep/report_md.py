@@ -10,12 +10,12 @@ import re
 import sys
 from pathlib import Path
 
-from experiments.claims import LEGEND, claim_rows
-from experiments.record import Experiment, Inputs, Report, experiments
-from experiments.report import finding
 from pergrad.analysis.calibrate import Calibration
+from pergrad.analysis.report import finding
 from pergrad.analysis.runs import fmt, read_csv
 from pergrad.sweep import POLICY, REPO, scale_file
+from pergrad.sweep.claims import LEGEND, claim_rows
+from pergrad.sweep.record import Experiment, Inputs, Report, experiments
 
 RESOLVED = {"model": ("n_layers", "d_model", "n_heads", "d_ff", "vocab_size", "seq_len"),
             "data": ("name", "tokenizer", "vocab_size", "seq_len", "batch_size", "eval_batch_size"),

@@ -13,7 +13,7 @@ from typing import Callable
 
 import pandas as pd
 
-from experiments.report import Report
+from pergrad.analysis.report import Report
 from pergrad.registry import Registry
 from pergrad.sweep import REPO, sweep_dir
 
