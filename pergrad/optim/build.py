@@ -90,15 +90,8 @@ def build_optimizer(opt: configs.OptimizerConfig, sched: ScheduleConfig, *, tota
     Optimizer(tx, request, learning_rate, schedule, snr, gns, hparams, moments); raises
     ValueError on a bad setting, before any compute.
 
-  The chain is built once, its numbers (`Optimizer.hparams`) held in its state
-  (`pergrad.optim.hparams.inject`): `Optimizer.lr(opt_state, seen, B)` is the lr an update
-  applies. Beside the chain, not in it, sit the diagnostics' trackers (`Optimizer.snr`,
-  `Optimizer.gns`: `pergrad.optim.snr.track_snr`, `pergrad.optim.noise_scale.track_gns`),
-  whose states the train state holds (the optimizer state is the same with or without
-  them); they add to the request what they read ('sq'; per-example 'norms'). An Adam-family
-  direction says where its state is (`Direction.moments`), and `Optimizer.moments(opt_state)`
-  hands it to the diagnostics with the ε held. A builder may return a direction that clips ḡ
-  itself (`clips=True`), so that the statistics follow the clipping.
+  The chain is built once, its numbers held in its state (`pergrad.optim.hparams.inject`);
+  the diagnostics' trackers sit beside it (`_request`).
   """
   build = _builder(opt.name)
   if total_steps < 1:
@@ -130,15 +123,7 @@ def build_optimizer(opt: configs.OptimizerConfig, sched: ScheduleConfig, *, tota
     parts.append(scale_by_token_schedule(lr_schedule(hp), *by_tokens))
     return optax.chain(*parts)
 
-  request = StatsRequest(want=direction.request.want + (("sq",) if track_snr else ()),
-                         granularity=direction.request.granularity,
-                         per_example_clip=opt.per_example_clip)
-  if gns is not None:
-    if request.granularity != "example":
-      raise ValueError(
-          f"stats.gns needs per-example norms but the optimizer reads "
-          f"{request.granularity}-level statistics; turn stats.gns off for this optimizer.")
-    request = request.union(("norms",), "example", gns_layers)
+  request = _request(direction, opt, track_snr, gns, gns_layers)
   moments = (None if direction.moments is None else lambda opt_state: Moments(
       direction.moments(opt_state.inner_state[at_direction]), eps=numbers(opt_state).eps,
       eps_root=numbers(opt_state).eps_root))
@@ -148,6 +133,25 @@ def build_optimizer(opt: configs.OptimizerConfig, sched: ScheduleConfig, *, tota
                    snr=snr_tracker(None) if track_snr else OFF,
                    gns=gns if gns is not None else OFF, hparams=hp,
                    moments=moments or no_moments)
+
+
+def _request(direction, opt: configs.OptimizerConfig, track_snr: bool, gns: Tracker | None,
+             gns_layers: tuple[str, ...]) -> StatsRequest:
+  """The statistics a step computes: the direction's, and what the trackers beside the chain
+  read (`Optimizer.snr`: 'sq'; `Optimizer.gns`: per-example 'norms' of `gns_layers`). The
+  optimizer state is the same with or without the trackers; an Adam-family direction says
+  where its moments are (`Direction.moments`), a direction that clips ḡ itself says so
+  (`clips=True`) so that the statistics follow the clipping."""
+  request = StatsRequest(want=direction.request.want + (("sq",) if track_snr else ()),
+                         granularity=direction.request.granularity,
+                         per_example_clip=opt.per_example_clip)
+  if gns is None:
+    return request
+  if request.granularity != "example":
+    raise ValueError(
+        f"stats.gns needs per-example norms but the optimizer reads "
+        f"{request.granularity}-level statistics; turn stats.gns off for this optimizer.")
+  return request.union(("norms",), "example", gns_layers)
 
 
 def hparams_of(opt: configs.OptimizerConfig, sched: ScheduleConfig, *, total_steps: int,
