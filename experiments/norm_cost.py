@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from experiments import overhead
-from pergrad.analysis import timing
+from pergrad import bounds as timing
 from pergrad.analysis.markdown import md_table
 from pergrad.analysis.plots import plt, savefig
 from pergrad.analysis.report import not_measured

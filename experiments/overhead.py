@@ -18,7 +18,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from pergrad.analysis import calibrate, timing
+from pergrad import bounds as timing
+from pergrad.analysis import calibrate
 from pergrad.analysis.markdown import fmt_num, md_table
 from pergrad.analysis.plots import plt, savefig
 from pergrad.analysis.report import not_measured

@@ -73,7 +73,7 @@ def calibrate(kind: str, noise: float, n: int, *args, effect: float | None = Non
   """`KINDS[kind](noise, n, *args)` as a `Calibration` recording `effect` (default args[0])
   (NaN rates without a finite positive noise or with < 2 seeds). Two arms compared on shared
   seeds are calibrated by `pergrad.analysis.decide.calibrate`, time bounds by
-  `pergrad.analysis.timing.power`."""
+  `pergrad.bounds.power`."""
   eff = float(effect if effect is not None else (args[0] if args else math.nan))
   cal = functools.partial(Calibration, kind, float(noise), int(n), eff, source=source)
   if not (np.isfinite(noise) and noise > 0 and n >= 2):

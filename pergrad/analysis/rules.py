@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from pergrad.bounds import BOUND, FAILS, HOLDS, UNDETERMINED, WITHIN, bound, quartiles  # noqa: F401
+from pergrad.bounds import FAILS, HOLDS, UNDETERMINED, bound, quartiles  # noqa: F401
 
 REPRODUCED, NOT_REPRODUCED, PARTLY = "reproduced", "not reproduced", "partly reproduced"
 PAIR_ALPHA = 0.025  # per side: identical arms are called different ≤ 5 % of the time

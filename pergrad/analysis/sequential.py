@@ -3,8 +3,9 @@
 Looks at n_1 < … < n_K seeds (n_K the cap). At look k, with the per-seed gaps' mean d̄ and
 standard error se, a difference is decided when |d̄/se| > c_k; with a margin m, equivalence is
 shown when d̄ + e_k·se ≤ m and d̄ − e_k·se ≥ −m (TOST at e_k); else the next look, and at the
-cap "not separable". A decided comparison gets no more seeds. The critical values spend
-α = 0.05 of each wrong call over the looks:
+cap "not separable". A decided comparison gets no more seeds (`until_decided`: the same for
+the reps of a time bound, `pergrad.bounds`). The critical values spend α = 0.05 of each
+wrong call over the looks:
 
   bonferroni      c_k = t_{n_k−1}(1 − α/2K), e_k = t_{n_k−1}(1 − α/K) (the union bound)
   pocock          one nominal level at every look
@@ -21,10 +22,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from collections.abc import Callable
 
 import numpy as np
 from scipy import stats
 
+from pergrad import bounds
 from pergrad.analysis.decide import ALPHA, EQUIVALENT, LOSS, NOT_SEPARABLE, WIN
 
 SPENDINGS = ("bonferroni", "pocock", "obrien_fleming")
@@ -153,3 +156,18 @@ def simulate(des: Design, gap: float, sd: float, margin: float = math.nan,
     open_[idx[done]] = False
   rates = {k: float(np.mean(out == k)) for k in (WIN, LOSS, EQUIVALENT, NOT_SEPARABLE)}
   return {**rates, "mean_seeds": float(seeds.mean())}
+
+
+def until_decided(draw: Callable[[int], np.ndarray], bound: float, first: int = 5,
+                  cap: int = 41, looks: int = 4, spending: str = "pocock") -> bounds.Location:
+  """Reps from `draw(k)` (k more paired ratios) until `bounds.RULE` decides at a look of the
+  `design` from `first` to `cap` reps (each look at its one-sided critical value, so neither
+  wrong call exceeds 5 % over all the looks), or the cap: its last `Location`."""
+  des = design(looks_between(first, cap, looks), spending)
+  r = np.empty(0)
+  for n, crit in zip(des.looks, des.crit_equiv, strict=True):
+    r = np.concatenate([r, np.asarray(draw(n - len(r)), float)])
+    loc = bounds.location(r, bound, crit)
+    if loc.verdict != bounds.UNDETERMINED:
+      break
+  return loc
