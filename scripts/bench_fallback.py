@@ -8,8 +8,8 @@ vmap of the gradient with respect to the refused leaf alone) and "vmap" (per-exa
 gradients of every leaf); beside them "surgery" on the model without the penalty (what
 the proven leaves alone cost). Each is compiled once (XLA's peak of live buffers and its
 footprint, `pergrad.bench.xla_costs`), checked equal on every leaf, then timed in
-interleaved reps; the time ratio is the exp of the mean log paired ratio with its 95 % t
-interval. Prints one JSON document; --out writes it.
+interleaved reps; the time ratio is the location of the paired ratios with its 90 % interval
+(`pergrad.bench.paired.summary`). Prints one JSON document; --out writes it.
 
   .venv/bin/python scripts/bench_fallback.py --preset tiny --batch 32 --reps 10 \
       --out results/bench_fallback.json
@@ -29,9 +29,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-from scipy import stats as sps  # noqa: E402
 
 import pergrad.stats as ps  # noqa: E402
+from pergrad.bench.paired import paired_ratios, summary  # noqa: E402
 from pergrad.bench.stats import PRESETS  # noqa: E402
 from pergrad.bench.xla_costs import compile_with_peak, memory_of  # noqa: E402
 from pergrad.files import write_json  # noqa: E402
@@ -46,14 +46,6 @@ def penalised_loss(spec):
   """The preset's per-example loss plus 0.01·‖E_pos‖² (one leaf refused by surgery)."""
   base = make_loss_fn(Transformer(spec))
   return lambda p, b: base(p, b) + 0.01 * jnp.sum(jnp.square(p["pos_embed"]["embedding"]))
-
-
-def log_ratio_ci(a, b) -> dict:
-  """exp of the mean of log(a_i / b_i) and its 95 % t interval."""
-  d = np.log(np.asarray(a) / np.asarray(b))
-  half = sps.t.ppf(0.975, len(d) - 1) * d.std(ddof=1) / np.sqrt(len(d))
-  return dict(ratio=float(np.exp(d.mean())), ci=[float(np.exp(d.mean() - half)),
-                                                  float(np.exp(d.mean() + half))])
 
 
 def run(preset: str, B: int, reps: int) -> dict:
@@ -92,8 +84,8 @@ def run(preset: str, B: int, reps: int) -> dict:
       want=list(ALL), refused=[list(r) for r in plan.refused],
       n_leaves=len(plan.keys), max_rel_diff=worst,
       median_s={be: float(np.median(times[be])) for be in progs}, times=times,
-      costs=costs, time_ratio=log_ratio_ci(times[a], times[b]),
-      time_ratio_vs_surgery_alone=log_ratio_ci(times[a], times["surgery"]),
+      costs=costs, time_ratio=summary(paired_ratios(times[a], times[b])),
+      time_ratio_vs_surgery_alone=summary(paired_ratios(times[a], times["surgery"])),
       peak_ratio=(costs[a]["peak_bytes"] / costs[b]["peak_bytes"]
                   if costs[a]["peak_bytes"] and costs[b]["peak_bytes"] else None),
       mem_ratio=costs[a]["mem_bytes"] / costs[b]["mem_bytes"],

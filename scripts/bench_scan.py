@@ -6,7 +6,7 @@ compile_s: lower + compile of a fresh `jax.jit` of the step, at each depth in --
 At --paired-layers: the scanned model runs on the unrolled one's block parameters stacked
 (`stack_blocks`; max_rel_diff: the largest statistic difference over its leaf's scale),
 timed in the interleaved sequence U S U S ... U (`pergrad.bench.paired`): the paired
-ratios t_scanned / t_unrolled, median and quartiles; peak_ratio: XLA's peak of live
+ratios t_scanned / t_unrolled, median and location (`paired.summary`); peak_ratio: XLA's peak of live
 buffers, scanned over unrolled, and mem_ratio: its memory analysis
 (`pergrad.bench.xla_costs`). Prints one JSON document; --out writes it.
 
@@ -95,7 +95,7 @@ def paired_run(n_layers: int, B: int, T: int, reps: int) -> dict:
   ratios = paired.paired_ratios(var, paired.bracketed(base))
   cu, cs = costs["unrolled"], costs["scanned"]
   return dict(
-      n_layers=n_layers, reps=reps, time_ratio=paired.quartiles(ratios),
+      n_layers=n_layers, reps=reps, time_ratio=paired.summary(ratios),
       median_s=dict(unrolled=float(np.median(base)), scanned=float(np.median(var))),
       peak_ratio=(cs["peak_bytes"] / cu["peak_bytes"]
                   if cs["peak_bytes"] and cu["peak_bytes"] else None),

@@ -5,8 +5,9 @@
   .venv/bin/python scripts/bench_stats.py --quick            # smoke test (seconds)
 
 Prints one JSON document (rows, the plain-step baselines, the "done when" checks) on
-stdout, and tables and the checks on stderr (time checks with the quartiles [q25, q75] of
-their paired per-rep ratios; NOISE: the quartiles straddle the bound).
+stdout, and tables and the checks on stderr (time checks with the location of their paired
+per-rep ratios and its 90 % interval [lo, hi] against the bound; UNDET: the interval holds
+the bound, `pergrad.bounds.RULE`).
 """
 
 from __future__ import annotations
@@ -47,10 +48,10 @@ def main(argv=None) -> dict:
   print(json.dumps(doc))
   print("\n" + stats.table(doc["rows"]), file=sys.stderr)
   for c in doc["checks"]:
-    mark = {"holds": "OK   ", "fails": "FAIL ", "within noise": "NOISE"}[c["outcome"]]
+    mark = {"holds": "OK   ", "fails": "FAIL ", "undetermined": "UNDET"}[c["outcome"]]
     mark = mark if c["gating"] else ("ok   " if c["ok"] else "over ")
-    iqr = f' [{c["q25"]}, {c["q75"]}]' if "q25" in c else ""
-    print(f'{mark} {c["check"]:52} {c["value"]!s:>7}{iqr}  {c["where"]}', file=sys.stderr)
+    ci = f' [{c["lo"]}, {c["hi"]}] vs {c["bound"]}' if "lo" in c else ""
+    print(f'{mark} {c["check"]:52} {c["value"]!s:>7}{ci}  {c["where"]}', file=sys.stderr)
   if args.out:
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:

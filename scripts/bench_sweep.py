@@ -30,9 +30,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from pergrad.bench.paired import paired_ratios, quartiles  # noqa: E402
+from pergrad.bench.paired import paired_ratios, summary  # noqa: E402
 from pergrad.bench.sweep_cost import project  # noqa: E402
-from pergrad.bounds import bound  # noqa: E402
+from pergrad.bounds import location  # noqa: E402
 
 # Run in the version's checkout (its own experiments/ and pergrad/ first on sys.path).
 DRIVER = r"""
@@ -251,14 +251,14 @@ def summarize(turns: list[dict]) -> dict:
       "runs_trained": len(rows) / len(turns),
       "runs_reused": sum(len(t["logs"][e]["reused"]) for t in turns for e in t["logs"])
       / len(turns),
-      "fixed_s_first_run": quartiles([r["fixed_s"] for r in firsts]),
-      "fixed_s_later_runs": quartiles([r["fixed_s"] for r in later]),
+      "fixed_s_first_run": summary([r["fixed_s"] for r in firsts]),
+      "fixed_s_later_runs": summary([r["fixed_s"] for r in later]),
       "cache_hits_later_runs": hits if cached else None,
       "cache_misses_later_runs": sum(r["misses"] for r in cached) if cached else None,
       "cache_hit_share_later_runs": (hits / max(hits + sum(r["misses"] for r in cached), 1)
                                      if cached else None),
-      "tokens_per_s": quartiles([r["tokens_per_s"] for r in rows]),
-      "sweep_wall_s": quartiles([t["wall_s"] for t in turns]),
+      "tokens_per_s": summary([r["tokens_per_s"] for r in rows]),
+      "sweep_wall_s": summary([t["wall_s"] for t in turns]),
       "failed": [f for t in turns for e in t["logs"] for f in t["logs"][e]["failed"]],
   }
 
@@ -283,7 +283,7 @@ def at_floor(results: Path, turns: dict, floors: list[dict], fixed_before: float
   tps = lambda v, r: statistics.median(x["tokens_per_s"] for x in turns[v][r]["rows"])
   rounds = range(len(floors))
   ratios = {v: [floors[r]["tokens_per_s"] / tps(v, r) for r in rounds] for v in turns}
-  over = {v: quartiles(x) for v, x in ratios.items()}
+  over = {v: summary(x) for v, x in ratios.items()}
   lo, hi = 1.0, 100.0  # bisect the steps' speed-up whose projection is 2x
   for _ in range(40):
     mid = (lo + hi) / 2
@@ -292,10 +292,10 @@ def at_floor(results: Path, turns: dict, floors: list[dict], fixed_before: float
   at = project(results, fixed_s=(fixed_before, 0.0), speed=over["before"]["median"],
                reuses=True)
   last = floors[-1]
-  return {"floor": {"tokens_per_s": quartiles([f["tokens_per_s"] for f in floors]),
+  return {"floor": {"tokens_per_s": summary([f["tokens_per_s"] for f in floors]),
                     **{k: last[k] for k in ("chunk", "by_chunk", "dot_flops_per_step")},
-                    "flops_per_s": quartiles([f["flops_per_s"] for f in floors]),
-                    "square_matmul_flops_per_s": quartiles(
+                    "flops_per_s": summary([f["flops_per_s"] for f in floors]),
+                    "square_matmul_flops_per_s": summary(
                         [f["square_matmul_flops_per_s"] for f in floors]),
                     "over_before_tokens_per_s": over["before"],
                     "over_after_tokens_per_s": over["after"]},
@@ -306,11 +306,10 @@ def at_floor(results: Path, turns: dict, floors: list[dict], fixed_before: float
 
 def two_x_reading(ratios: list[float], need: float) -> str:
   """The rounds' floor / before tokens/s against the steps' speed-up a 2x projection needs,
-  by `pergrad.bounds.bound` on their quartiles: "unreachable" (q75 ≤ need), "reachable"
-  (q25 > need), else "undetermined: ..." (tests/test_bench.py simulates its error rates)."""
-  q = quartiles(ratios)
+  by `pergrad.bounds.location` (its 90 % interval): "unreachable" (the upper end under
+  need), "reachable" (the lower end over it), else "undetermined: ..."."""
   return {"holds": "unreachable", "fails": "reachable"}.get(
-      bound(q["median"], need, q["q25"], q["q75"]), "undetermined: the floor's rounds straddle the "
+      location(ratios, need).verdict, "undetermined: the floor's rounds' interval holds the "
       "speed-up 2x needs")
 
 
@@ -363,11 +362,11 @@ def main(argv=None) -> dict:
   stats = {v: summarize(t) for v, t in turns.items()}
   later = lambda v: [x["fixed_s"] for t in turns[v] for x in t["rows"][1:]]
   n = min(len(later("before")), len(later("after")))
-  ratio = quartiles(paired_ratios(later("after")[:n], later("before")[:n]))
+  ratio = summary(paired_ratios(later("after")[:n], later("before")[:n]))
   reuses = stats["after"]["runs_reused"] > 0
   tps = lambda v: [x["tokens_per_s"] for t in turns[v] for x in t["rows"]]
   m = min(len(tps("before")), len(tps("after")))
-  speed = quartiles(paired_ratios(tps("after")[:m], tps("before")[:m]))
+  speed = summary(paired_ratios(tps("after")[:m], tps("before")[:m]))
   fixed = (stats["before"]["fixed_s_later_runs"]["median"],
            stats["after"]["fixed_s_later_runs"]["median"])
   out = {"benchmark": "bench_sweep", "machine": "2 CPU cores, shared", "versions":

@@ -5,7 +5,7 @@ ratios and parity, what `chunk_for`'s rule rests on (`scripts/bench_throughput.p
 For one plan (model, batch size) and a plain backend, the direct ḡ of the whole batch
 and the sum over chunks of `chunk` examples are each jitted once, then timed in the
 bracketed order of `pergrad.bench.paired` (B V B V ... B) on the same random tokens: the
-ratio microbatched / direct per rep, with quartiles; and the largest relative difference
+ratio microbatched / direct per rep, its median and location (`paired.summary`); and the largest relative difference
 of the two ḡ over the leaves (max |a − b| / max |a| per leaf).
 """
 
@@ -17,11 +17,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pergrad.bench.paired import bracketed, paired_ratios, quartiles
+from pergrad.bench.paired import bracketed, paired_ratios, summary
 
 
 def plain_microbatch(plan, backend: str, chunk: int, reps: int = 10) -> dict:
-  """{"ratio": quartiles of microbatched / direct, "direct_s": median seconds, "max_rel_diff"}."""
+  """{"ratio": `summary` of microbatched / direct, "direct_s": median seconds, "max_rel_diff"}."""
   import pergrad.stats as pstats
   from pergrad.loss import make_loss_fn
   from pergrad.model import Transformer, init_params
@@ -49,5 +49,5 @@ def plain_microbatch(plan, backend: str, chunk: int, reps: int = 10) -> dict:
   for _ in range(reps):
     var.append(timed(micro)[0])
     base.append(timed(direct)[0])
-  return {"ratio": quartiles(paired_ratios(var, bracketed(base))),
+  return {"ratio": summary(paired_ratios(var, bracketed(base))),
           "direct_s": float(np.median(base)), "max_rel_diff": rel}

@@ -7,14 +7,15 @@ its params and optimizer state donated. Ours: the compiled plain step the traini
 runs (`pergrad.train.step.Steps.train[B]`: its plain backend, microbatching, metrics and
 state). Beside them, two controls that bound what a ratio can show:
   self   nanodo's step timed against a second copy of itself: the noise floor (no bound
-         on ours is tighter than its quartiles);
+         on ours is tighter than its interval's upper end, `pergrad.bounds.floored`);
   grad   nanodo's gradient alone (`jax.value_and_grad`, then θ − 1e-9 ḡ): the floor of any
          exact step of nanodo's FLOPs on the whole batch (the optimizer removed).
 One rep times `steps_per_rep` consecutive steps of each program (one step of the tiny model
 is tens of ms, too short against the machine's jitter), in rounds whose order alternates
 (nanodo, ours, self, grad; then reversed), so drift hits all alike; rep i gives
 ratio_i = t_i / t_nanodo,i, by wall clock and by the process's CPU time (`time.
-process_time`, all threads: steadier when other processes share the cores); quartiles.
+process_time`, all threads: steadier when other processes share the cores); each as its
+median and location (`paired.summary`).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from pergrad.bench.paired import paired_ratios, quartiles
+from pergrad.bench.paired import paired_ratios, summary
 
 
 def _timed(step, steps: int) -> tuple[float, float]:
@@ -37,7 +38,7 @@ def _timed(step, steps: int) -> tuple[float, float]:
 
 
 def versus_nanodo(plan, reps: int = 8, steps_per_rep: int = 5) -> dict:
-  """{"ratio", "cpu_ratio": quartiles of ours / nanodo-style; "self", "grad": those of the
+  """{"ratio", "cpu_ratio": `summary` of ours / nanodo-style; "self", "grad": those of the
   controls (module docstring), "nanodo_s": median seconds per step, "backend"}."""
   from pergrad.loss import make_loss_fn
   from pergrad.model import Transformer
@@ -91,7 +92,7 @@ def versus_nanodo(plan, reps: int = 8, steps_per_rep: int = 5) -> dict:
       w, c = _timed(programs[name], steps_per_rep)
       wall[name].append(w)
       cpu[name].append(c)
-  ratio = lambda t, k: quartiles(paired_ratios(t[k], t["nanodo"]))
+  ratio = lambda t, k: summary(paired_ratios(t[k], t["nanodo"]))
   return {"ratio": ratio(wall, "ours"), "cpu_ratio": ratio(cpu, "ours"),
           "self": {"ratio": ratio(wall, "self"), "cpu_ratio": ratio(cpu, "self")},
           "grad": {"ratio": ratio(wall, "grad"), "cpu_ratio": ratio(cpu, "grad")},

@@ -4,10 +4,10 @@ A benchmark times each variant right beside its baseline: after one untimed pair
 sequence B V B V ... V B (n variant reps bracketed by n + 1 baseline reps), so that every
 timed call follows a call of the other program and drift and contention hit both alike;
 rep i gives the paired ratio r_i = t_variant,i / t_base,i (t_base,i: the mean of its two
-neighbours, `bracketed`). Reported: the median of the r_i and their quartiles (q25, q75),
-on which `pergrad.bounds.bound` judges a time bound. The baseline of a shape is the
-fastest of several programs computing the same gradient
-(`fastest`: least median time over interleaved reps).
+neighbours, `bracketed`). Reported (`summary`): the median of the r_i, and their location
+(geometric mean) with its 90 % interval, on which `pergrad.bounds.location` judges a time
+bound. The baseline of a shape is the fastest of several programs computing the same
+gradient (`fastest`: least median time over interleaved reps).
 """
 
 from __future__ import annotations
@@ -27,11 +27,12 @@ def paired_ratios(times: Sequence[float], base_times: Sequence[float]) -> list[f
   return [float(t) / float(t0) for t, t0 in zip(times, base_times, strict=True)]
 
 
-def quartiles(xs: Sequence[float]) -> dict:
-  """{"median", "q25", "q75"} of xs: q25 and q75 are `pergrad.bounds.quartiles`' order
-  statistics, the ones a time bound is judged on (one definition of a quartile)."""
-  q25, q75 = bounds.quartiles(xs)
-  return dict(median=float(np.median(np.asarray(xs, float))), q25=float(q25), q75=float(q75))
+def summary(xs: Sequence[float]) -> dict:
+  """{"median", "location", "lo", "hi", "n"} of positive xs: their median and
+  `pergrad.bounds.location` (geometric mean, its 90 % interval; NaN under 2 of them)."""
+  loc = bounds.location(xs)
+  return dict(median=float(np.median(np.asarray(xs, float))), location=loc.ratio, lo=loc.lo,
+              hi=loc.hi, n=loc.n)
 
 
 def fastest(times: Mapping[str, Sequence[float]]) -> str:

@@ -5,7 +5,9 @@ fastest plain step of the same shape (`pergrad.bench.baselines`, checked to comp
 gradient; the least median time over interleaved reps), timed between runs of it, B V B ...
 V B (`pergrad.bench.paired`). Reported per variant: flops_ratio (XLA's cost analysis over
 the least plain candidate's; surgery's traced with unrolled scans, since XLA counts a loop
-body once), the paired time ratios' median and quartiles (time_ratio, _q25, _q75), peak_bytes
+body once), the paired time ratios' median (time_ratio), location with its 90 % interval
+(time_location, time_lo, time_hi: `pergrad.bounds.location`, what a time check judges) and,
+for the `overhead` report, quartiles (time_ratio_q25, _q75: spread, never judged), peak_bytes
 (XLA's peak of live buffers, `pergrad.bench.xla_costs`) and mem_bytes (XLA's memory analysis;
 mem_ratio_wo_outputs without the statistics' own result trees), each over the least plain
 candidate's, rss_mb (process-wide, indicative), time_vs_micro_grad and
@@ -158,15 +160,17 @@ def _time(c, params, batch) -> float:
 
 def _add_ratios(rows: list[dict], cand_times: dict, least: dict, spec, tokens: int,
                 peak_flops: float | None) -> None:
-  """Each timed row's paired time ratios and their quartiles, its ratios to the least
+  """Each timed row's paired time ratios and their summary, its ratios to the least
   FLOPs, peak and memory of the plain candidates, and its MFU (`tokens` a step)."""
   micro = {r["stats"]: float(np.median(r["times"])) for r in rows if r["backend"] == "micro_grad"}
   vag = float(np.median(cand_times.get("value_and_grad", [np.nan])))
   for r in rows:
     r["time_s"] = float(np.median(r["times"]))
     r["time_ratios"] = [round(x, 4) for x in paired.paired_ratios(r["times"], r["base_times"])]
-    q = paired.quartiles(r["time_ratios"])
-    r["time_ratio"], r["time_ratio_q25"], r["time_ratio_q75"] = q["median"], q["q25"], q["q75"]
+    q = paired.summary(r["time_ratios"])
+    r["time_ratio"], r["time_location"], r["time_lo"], r["time_hi"] = (
+        q["median"], q["location"], q["lo"], q["hi"])
+    r["time_ratio_q25"], r["time_ratio_q75"] = map(float, bounds.quartiles(r["time_ratios"]))
     r["time_vs_value_and_grad"] = r["time_s"] / vag
     r["flops_ratio"] = r["flops"] / least["flops"]["flops"]
     lp, lm = least["peak_bytes"], least["mem_bytes"]
@@ -246,13 +250,17 @@ def bench_group(preset: str, B: int, stat_sets: Sequence[str], layout_first: boo
   return rows, baseline
 
 
-def _time_check(check: str, where: str, r: dict, bound: float, scale: float = 1.0) -> dict:
-  """A time bound on the median paired ratio (over `scale`), judged on its quartiles."""
-  q25, med, q75 = (r[k] / scale for k in ("time_ratio_q25", "time_ratio", "time_ratio_q75"))
-  outcome = bounds.bound(med, bound, q25, q75)
-  return dict(check=check, where=where, value=round(med, 3), q25=round(q25, 3),
-              q75=round(q75, 3), outcome=outcome,
-              ok=None if outcome == "within noise" else outcome == "holds", gating=True)
+def _time_check(check: str, where: str, r: dict, bound: float, scale: float = 1.0,
+                self_ratios=None) -> dict:
+  """A time bound on the paired ratios (over `scale`) by `pergrad.bounds.location`, the bound
+  floored at the baseline's self-ratio interval (`pergrad.bounds.floored`)."""
+  loc = bounds.location(np.asarray(r["time_ratios"], float) / scale,
+                        bounds.floored(bound, self_ratios))
+  return dict(check=check, where=where, value=round(loc.ratio, 3), lo=round(loc.lo, 3),
+              hi=round(loc.hi, 3), bound=round(loc.bound, 3),
+              median=round(r["time_ratio"] / scale, 3), outcome=loc.verdict,
+              ok=None if loc.verdict == bounds.UNDETERMINED else loc.verdict == bounds.HOLDS,
+              gating=True)
 
 
 def _bound_check(check: str, where: str, value: float | None, bound: float,
@@ -266,18 +274,22 @@ def checks(rows: list[dict]) -> list[dict]:
   """The "done when" conditions, evaluated on the measured rows.
 
   FLOP and memory bounds are exact (XLA's accounting); a time bound is judged on the
-  paired per-rep ratios to the fastest plain step: "holds" when their q75 is within it,
-  "fails" when their q25 is above it, "within noise" (ok None) when they straddle it.
-  gating=False marks a figure shown beside a condition, not the condition itself.
+  location of the paired per-rep ratios to the fastest plain step (`pergrad.bounds.RULE`;
+  "undetermined": ok None), the bound floored at the fastest step's own self-ratio interval
+  (its row timed against itself). gating=False marks a figure shown beside a condition, not
+  the condition itself.
   """
   out = []
+  selfs = {(r["preset"], r["B"]): r["time_ratios"] for r in rows
+           if r.get("candidate") and r["backend"] == r.get("baseline")}
   for r in rows:
+    own = selfs.get((r["preset"], r["B"]))
     where = f'{r["preset"]} B={r["B"]} {r["backend"]}/{r["granularity"]}/{r["stats"]}'
     surgery = r["backend"] == "surgery"
     norms = surgery and r["granularity"] == "example" and r["stats"] == "norms"
     if surgery and r["granularity"] == "token" and r["stats"] == "sq+sign" or norms:
       out.append(_time_check("surgery time_ratio <= 1.15 * flops_ratio", where, r, 1.15,
-                             r["flops_ratio"]))
+                             r["flops_ratio"], own))
     if surgery and r["granularity"] == "token":
       out.append(_bound_check("surgery per-token peak_ratio <= 1.1", where, r["peak_ratio"],
                               1.1))
@@ -287,7 +299,7 @@ def checks(rows: list[dict]) -> list[dict]:
       out.append(_bound_check("all-layer per-example norms: flops_ratio <= 1.05", where,
                               r["flops_ratio"], 1.05))
       out.append(_time_check("all-layer per-example norms: time_ratio <= 1.03", where, r,
-                             1.03))
+                             1.03, self_ratios=own))
     if surgery and r["stats"] == "clip":
       out.append(_bound_check("per-example clipping: flops_ratio <= 1.15", where,
                               r["flops_ratio"], 1.15))
@@ -297,7 +309,7 @@ def checks(rows: list[dict]) -> list[dict]:
       out.append(_bound_check("normalization-layer norms only: flops_ratio <= 1.01", where,
                               r["flops_ratio"], 1.01))
       out.append(_time_check("normalization-layer norms only: time_ratio <= 1.01", where, r,
-                             1.01))
+                             1.01, self_ratios=own))
     if r["backend"] == "vmap" and r["time_vs_micro_grad"] is not None:
       out.append(_bound_check("vmap time <= micro_grad time (medians)", where,
                               r["time_vs_micro_grad"], 1.0))
@@ -305,15 +317,15 @@ def checks(rows: list[dict]) -> list[dict]:
 
 
 def table(rows: list[dict]) -> str:
-  """Ratios to the fastest plain step ("t/base": median paired ratio [q25, q75])."""
+  """Ratios to the fastest plain step ("t/base": the paired ratios' location [90 % interval])."""
   head = (f'{"preset":7} {"B":>3} {"backend":16} {"gran":8} {"stats":10} {"time_s":>8} '
-          f'{"t/base [q25, q75]":>19} {"flop/base":>9} {"peak/base":>9} {"mem/base":>8} '
+          f'{"t/base [90%]":>19} {"flop/base":>9} {"peak/base":>9} {"mem/base":>8} '
           f'{"mem-out":>7} {"t/micro":>7} {"rss_mb":>7}')
   lines = [head, "-" * len(head)]
   for r in rows:
     tm = "" if r["time_vs_micro_grad"] is None else f'{r["time_vs_micro_grad"]:.2f}'
     pk = "" if r["peak_ratio"] is None else f'{r["peak_ratio"]:.2f}'
-    tr = f'{r["time_ratio"]:.2f} [{r["time_ratio_q25"]:.2f}, {r["time_ratio_q75"]:.2f}]'
+    tr = f'{r["time_location"]:.2f} [{r["time_lo"]:.2f}, {r["time_hi"]:.2f}]'
     lines.append(
         f'{r["preset"]:7} {r["B"]:>3} {r["backend"]:16} {r["granularity"]:8} {r["stats"]:10} '
         f'{r["time_s"]:8.4f} {tr:>19} {r["flops_ratio"]:9.3f} {pk:>9} '
