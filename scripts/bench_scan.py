@@ -6,8 +6,8 @@ compile_s: lower + compile of a fresh `jax.jit` of the step, at each depth in --
 At --paired-layers: the scanned model runs on the unrolled one's block parameters stacked
 (`stack_blocks`; max_rel_diff: the largest statistic difference over its leaf's scale),
 timed in the interleaved sequence U S U S ... U (`pergrad.bench.paired`): the paired
-ratios t_scanned / t_unrolled, median and location (`paired.summary`); peak_ratio: XLA's peak of live
-buffers, scanned over unrolled, and mem_ratio: its memory analysis
+ratios t_scanned / t_unrolled, median and location (`paired.summary`); peak_ratio: XLA's
+peak of live buffers, scanned over unrolled, and mem_ratio: its memory analysis
 (`pergrad.bench.xla_costs`). Prints one JSON document; --out writes it.
 
   .venv/bin/python scripts/bench_scan.py --out results/bench_scan.json

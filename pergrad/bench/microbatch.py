@@ -5,8 +5,8 @@ ratios and parity, what `chunk_for`'s rule rests on (`scripts/bench_throughput.p
 For one plan (model, batch size) and a plain backend, the direct ḡ of the whole batch
 and the sum over chunks of `chunk` examples are each jitted once, then timed in the
 bracketed order of `pergrad.bench.paired` (B V B V ... B) on the same random tokens: the
-ratio microbatched / direct per rep, its median and location (`paired.summary`); and the largest relative difference
-of the two ḡ over the leaves (max |a − b| / max |a| per leaf).
+ratio microbatched / direct per rep, its median and location (`paired.summary`); and the
+largest relative difference of the two ḡ over the leaves (max |a − b| / max |a| per leaf).
 """
 
 from __future__ import annotations
