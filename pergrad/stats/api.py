@@ -31,7 +31,7 @@ import jax
 from flax import nnx
 from optax import microbatching
 
-from pergrad.stats import alone, backends, registry, separable
+from pergrad.stats import alone, backends, registry, separable, surgery
 from pergrad.stats.options import StatsOptions
 from pergrad.stats.request import StatsRequest
 from pergrad.stats.surgery.memo import memo
@@ -95,20 +95,23 @@ def surgery_or_vmap(loss_fn, params, batch, request: StatsRequest,
                     platform: str | None = None) -> str:
   """"surgery" where its proof shows every leaf exact for loss_fn (`surgery.proof`, at
   trace time); "surgery_vmap" where it shows some (the refused leaves' per-example
-  gradients from vmap; example granularity, no clipping) off CPU; else "vmap"; the last
-  two with a one-time warning naming the refused leaf and the use; the refusal itself
-  where no other backend serves the request (per-token statistics), or both refusals where
-  vmap's per-example losses are not the batch's (`alone.check_alone`: both fallbacks run
-  examples alone). On XLA:CPU whole-model vmap is the fallback: it took less time and peak
-  memory than surgery_vmap (results/bench_fallback.json, `scripts/bench_fallback.py`), the
-  per-example activations that the refused leaf's own vmap pass replays outweighing the
-  per-example weight gradients that surgery saves; not yet measured on an accelerator."""
+  gradients read through their example-free slice, `surgery/cuts.py`, or from vmap;
+  example granularity, no clipping); else "vmap"; the last two with a one-time warning
+  naming the refused leaf and the use; the refusal itself where no other backend serves
+  the request (per-token statistics), or both refusals where vmap's per-example losses are
+  not the batch's (`alone.check_alone`: both fallbacks run examples alone). On XLA:CPU
+  surgery_vmap only where every refused leaf is read through its slice: there it took less
+  time and peak memory than whole-model vmap, and with a refused leaf left to the whole-loss
+  vmap more (results/bench_fallback.json, `scripts/bench_fallback.py`); not yet measured on
+  an accelerator."""
   try:
     plan = make_plan(loss_fn, params, batch, request)
     if not plan.refused:
       return "surgery"
     e = plan.refusal()
-    partial = len(plan.refused) < len(plan.keys) and (platform or jax.default_backend()) != "cpu"
+    partial = len(plan.refused) < len(plan.keys) and (
+        (platform or jax.default_backend()) != "cpu"
+        or set(surgery.cut_paths(loss_fn, params, batch, request)) == set(dict(plan.refused)))
   except Unsupported as err:
     e, partial = err, False
   for which in ("surgery_vmap",) * partial + ("vmap",):

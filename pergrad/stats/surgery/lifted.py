@@ -90,15 +90,17 @@ def _where(jaxpr, lengths: tuple, out: dict) -> dict:
   return out
 
 
-def evaluate(jaxpr, consts, args, probes: dict) -> list:
+def evaluate(jaxpr, consts, args, probes: dict, edit=None) -> list:
   """jaxpr's outputs on args, each placeholder taking probes[tag] (scan: sliced as xs;
-  remat: passed as arguments; jit: inlined), every other equation bound as it is."""
+  remat: passed as arguments; jit: inlined), every other equation bound as it is, the
+  operands of the i-th (top-level) one replaced by edit(i, operands) where edit is given."""
   env = {}
   read = lambda v: v.val if isinstance(v, jcore.Literal) else env[v]
   env.update(zip(jaxpr.constvars, consts, strict=True))
   env.update(zip(jaxpr.invars, args, strict=True))
-  for eqn in jaxpr.eqns:
+  for i, eqn in enumerate(jaxpr.eqns):
     ins, name = [read(v) for v in eqn.invars], eqn.primitive.name
+    ins = ins if edit is None else edit(i, ins)
     inner = _inner(eqn)
     if eqn.primitive is placeholder_p:
       outs = [probes[eqn.params["tag"]]]
@@ -151,18 +153,20 @@ def _scan(eqn, ins, probes: dict) -> list:
   return [*carry, *ys]
 
 
-def value_and_grad(objective, params, probes):
-  """(loss, ∇params, ∇probes, {tag: ∇ of its stacked placeholder}) of objective(params,
-  probes), whose lifted layer calls' probes are placeholders (module docstring)."""
-  closed = jax.make_jaxpr(objective)(params, probes)
+def value_and_grad(closed, params, probes, batch, extra=None, edit=None):
+  """(loss, ∇params, ∇probes, {tag: ∇ of its stacked placeholder}, ∇extra) of the closed
+  jaxpr of objective(params, probes, batch), whose lifted layer calls' probes are
+  placeholders (module docstring), evaluated with edit(i, operands, extra) (`evaluate`)."""
   where = _where(closed.jaxpr, (), {})
   zeros = {t: jnp.zeros(lengths + shape, F32) for t, (lengths, shape) in where.items()}
 
-  def flat(p, pr, z):
-    return evaluate(closed.jaxpr, closed.consts, jax.tree.leaves((p, pr)), z)[0]
+  def flat(p, pr, z, x):
+    ed = None if edit is None else (lambda i, ins: edit(i, ins, x))
+    return evaluate(closed.jaxpr, closed.consts, jax.tree.leaves((p, pr, batch)), z, ed)[0]
 
-  loss, (g, pc, zc) = jax.value_and_grad(flat, argnums=(0, 1, 2))(params, probes, zeros)
-  return loss, g, pc, zc
+  loss, (g, pc, zc, xc) = jax.value_and_grad(flat, argnums=(0, 1, 2, 3))(
+      params, probes, zeros, extra if extra is not None else {})
+  return loss, g, pc, zc, xc
 
 
 def merged(probe_cts: dict, lifted_cts: dict, sites, example_keys, B: int, shapes: dict):
