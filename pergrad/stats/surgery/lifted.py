@@ -38,16 +38,33 @@ def lifts(call, ids: dict) -> bool:
                              for v in given)
 
 
-def resolved(lifts, lifted_keys: dict, key_of: dict) -> list:
+def resolved(lifts, lifted_keys: dict, key_of: dict, inside: dict) -> list:
   """The records of the lifted calls the proof resolved (`proof.prove`), with their leaves'
-  keys; a lifted call it did not see (a trace the model discards) has no site."""
+  keys and the primitives around them; a lifted call it did not see (a trace the model
+  discards) has no site."""
   out = []
   for c1, c2 in lifts:
     got = lifted_keys.get(c1["lifted"])
     if got:
       keys = {r: key_of[path] for r, (path, _) in got.items()}
-      out.append(({**c1, "keys": keys}, {**c2, "keys": keys}))
+      where = inside.get(c1["lifted"], ())
+      out.append(({**c1, "keys": keys, "inside": where}, {**c2, "keys": keys, "inside": where}))
   return out
+
+
+# How a refusal names each lifting primitive.
+WORDS = {SCAN: "jax.lax.scan (nn.scan, nnx.scan)", "jit": "jax.jit", "pjit": "jax.jit",
+         **{r: "jax.checkpoint (remat)" for r in REMAT}}
+
+
+def inside(site) -> str:
+  """The primitives around a lifted call, in words, outermost first ("a / b")."""
+  words = []
+  for name in site.inside:
+    w = WORDS.get(name, name)
+    if w not in words:
+      words.append(w)
+  return " / ".join(words) or "a lifted transform"
 
 
 def refusal(site, request) -> str:
@@ -56,10 +73,9 @@ def refusal(site, request) -> str:
   if site.lifted < 0:
     return ""
   if site.in_axis is None:
-    return ("its layer call inside jax.lax.scan / jax.checkpoint has an input without an "
-            "example axis")
+    return f"its layer call inside {inside(site)} has an input without an example axis"
   if request.per_example_clip is not None:
-    return "per-example clipping of a layer call inside jax.lax.scan / jax.checkpoint"
+    return f"per-example clipping of a layer call inside {inside(site)}"
   return ""
 
 
