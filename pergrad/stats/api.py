@@ -240,22 +240,11 @@ def compute(
   if request is None:
     request = StatsRequest(want=want, granularity=granularity,
                            per_example_clip=per_example_clip)
-  options = StatsOptions() if options is None else options
-  if microbatch_size is not None:
-    if options.microbatch_size not in (None, microbatch_size):
-      raise ValueError(
-          f"microbatch_size={microbatch_size} and options.microbatch_size="
-          f"{options.microbatch_size} disagree; give one of them.")
-    options = dataclasses.replace(options, microbatch_size=microbatch_size)
+  options = _options(options, microbatch_size)
   which = resolve_backend(request, backend)
   B = batch_size(batch)
   check_microbatch(options.microbatch_size, B)
-  reads_params(loss_fn, params, batch)
-  out = jax.eval_shape(loss_fn, params, batch)
-  if getattr(out, "shape", None) != (B,):
-    raise ValueError(
-        f"loss_fn must return per-example losses of shape ({B},), got "
-        f"{getattr(out, 'shape', out)}; use pergrad.loss.make_loss_fn (no mean over the batch).")
+  check_losses(loss_fn, params, batch, B)
   if not request.mean_only:  # every backend's per-example statistics need separable losses
     separable.check(loss_fn, params, batch)
   which = decide(loss_fn, params, batch, request, backend)
@@ -274,6 +263,29 @@ def compute(
   if not entry.statistics:  # ḡ alone
     return loss, stats
   return loss, stats.replace(rules=rules, layers=request.layers)
+
+
+def _options(options: StatsOptions | None, microbatch_size: int | None) -> StatsOptions:
+  """`options` (default: `StatsOptions()`) with `compute`'s microbatch_size shortcut."""
+  options = StatsOptions() if options is None else options
+  if microbatch_size is None:
+    return options
+  if options.microbatch_size not in (None, microbatch_size):
+    raise ValueError(
+        f"microbatch_size={microbatch_size} and options.microbatch_size="
+        f"{options.microbatch_size} disagree; give one of them.")
+  return dataclasses.replace(options, microbatch_size=microbatch_size)
+
+
+def check_losses(loss_fn, params, batch, B: int) -> None:
+  """ValueError (one line) unless loss_fn reads params (`reads_params`) and returns
+  per-example losses of shape (B,)."""
+  reads_params(loss_fn, params, batch)
+  out = jax.eval_shape(loss_fn, params, batch)
+  if getattr(out, "shape", None) != (B,):
+    raise ValueError(
+        f"loss_fn must return per-example losses of shape ({B},), got "
+        f"{getattr(out, 'shape', out)}; use pergrad.loss.make_loss_fn (no mean over the batch).")
 
 
 # (loss_fn, graphdef) -> (loss of the parameter state, its cell holding the other state).
@@ -357,7 +369,7 @@ def _microbatched(chunk_fn: Callable, params: PyTree, batch: PyTree, microbatch_
   out = microbatching.microbatch(fn, argnums=1, microbatch_size=microbatch_size,
                                  accumulator=acc)(params, batch)
   stats = GradStats(count=out["count"], sum=out["sum"],
-                    coordinate_stats=out.get("coordinate_stats") or {},
-                    example_stats=out.get("example_stats") or {}, granularity=seen[-1].granularity,
+                    coordinate_stats=out.get("coordinate_stats"),
+                    example_stats=out.get("example_stats"), granularity=seen[-1].granularity,
                     rules=seen[-1].rules)
   return out["loss_sum"] / B, stats
