@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import test_scan
 import test_stats_exact as tse
 
 import pergrad.stats as ps
@@ -65,6 +66,15 @@ def _gain_params():
                                                      jnp.float32)}
 
 
+def _scanned(remat=True):
+  """A lax.scan over stacked layers (`test_scan`) beside a bare leaf in a penalty: the
+  lifted calls' placeholders and the cut in one pass."""
+  loss_fn, params = test_scan._plain(remat)
+  gain = jnp.linspace(0.5, 1.5, D, dtype=jnp.float32)
+  return (lambda p, b: loss_fn(p, b) + 0.05 * jnp.sum(jnp.square(p["gain"])),
+          {**params, "gain": gain})
+
+
 CASES = {  # name -> (loss_fn, params, B, the refused leaves served by cuts, by vmap)
     "penalty": (tse._penalty, tse._plain_params(), 4, {"up/bias"}, {"up/kernel"}),
     "raw_tie": (tse._raw_tie, tse._plain_params(), 4, {"up/bias"}, {"up/kernel"}),
@@ -74,6 +84,7 @@ CASES = {  # name -> (loss_fn, params, B, the refused leaves served by cuts, by 
     "explicit_broadcast": (*_positions(explicit=True, penalty=False), 4, set(),
                            {"wpe/embedding"}),
     "time_major_B_eq_T": (_time_major, _gain_params(), T, {"gain"}, set()),
+    "scan_penalty": (*_scanned(), 4, {"gain"}, set()),
 }
 
 

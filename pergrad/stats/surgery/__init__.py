@@ -106,12 +106,16 @@ def _surgery_pass(loss_fn, params, batch, request: StatsRequest, options: StatsO
 
 
 def _cuts(loss_fn, params, batch, request, options, plan, closed, leaves) -> cuts.Cuts:
-  """`cuts.find` of `leaves` on `closed`, the objective's jaxpr at B, and its trace at B+1."""
+  """`cuts.find` of `leaves` on `closed`, the objective's jaxpr at B, and its trace at B+1
+  (none where that trace fails: a model bound to its batch size keeps the whole-loss vmap)."""
   B = plan.B
   obj1, probes1 = _objective(loss_fn, params, request, options, dataclasses.replace(plan, B=B + 1))
   batch1 = jax.tree.map(lambda x: jax.ShapeDtypeStruct((B + 1,) + x.shape[1:], x.dtype), batch)
-  return cuts.find(closed, jax.make_jaxpr(obj1)(params, probes1, batch1), len(plan.keys),
-                   leaves, B)
+  try:
+    closed1 = jax.make_jaxpr(obj1)(params, probes1, batch1)
+  except Exception:  # noqa: BLE001 - no cut: the exact whole-loss vmap serves the leaves
+    return cuts.Cuts()
+  return cuts.find(closed, closed1, len(plan.keys), leaves, B)
 
 
 @memo
