@@ -62,8 +62,7 @@ def draw(seed: int) -> dict:
   head = str(rng.choice(["dense", "attend", "raw_tie"])) if tokens else "dense"
   hazard = str(rng.choice(HAZARDS))
   if hazard in ("vmapped", "remat") and frontend == "linen":
-    hazard = "none"  # Linen's nn.vmap and a remat body outside a scan are not fuzzed
-  # a scanned stack's step under remat: 1 in 2 (its own stream; `fuzz_scan`)
+    hazard = "none"  # not fuzzed: Linen's nn.vmap, a remat body outside a scan (`fuzz_scan`)
   remat = bool(hazard == "scan" and np.random.default_rng(seed + 70_000).random() < 1 / 2)
   if hazard == "keyword" and frontend == "plain":
     hazard = "none"
