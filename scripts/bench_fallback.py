@@ -4,14 +4,16 @@
 The model: a preset's Transformer whose per-example loss adds a penalty on the position
 table (λ‖E_pos‖², so surgery's proof refuses that one leaf). Both programs compute every
 statistic (mean, sq, sign, norms) exactly: "surgery_vmap" (surgery for the proven leaves,
-vmap of the gradient with respect to the refused leaf alone) and "vmap" (per-example
-gradients of every leaf); beside them "surgery" on the model without the penalty (what
-the proven leaves alone cost). Each is compiled once (XLA's peak of live buffers and its
-footprint, `pergrad.bench.xla_costs`), checked equal on every leaf, then timed in
-interleaved reps; the time ratio is the location of the paired ratios with its 90 % interval
-(`pergrad.bench.paired.summary`). Prints one JSON document; --out writes it.
+the refused leaf's per-example gradients through its example-free slice, `surgery/cuts.py`,
+where it can be read: "cut" lists those leaves; else vmap of the gradient with respect to
+it alone) and "vmap" (per-example gradients of every leaf); beside them "surgery" on the
+model without the penalty (what the proven leaves alone cost). Each is compiled once
+(XLA's peak of live buffers and its footprint, `pergrad.bench.xla_costs`), checked equal
+on every leaf, then timed in interleaved reps; the time ratio is the location of the paired
+ratios with its 90 % interval (`pergrad.bench.paired.summary`). Prints one JSON document;
+--out writes it.
 
-  .venv/bin/python scripts/bench_fallback.py --preset tiny --batch 32 --reps 10 \
+  .venv/bin/python scripts/bench_fallback.py --preset tiny --batch 32 --reps 8 \
       --out results/bench_fallback.json
 """
 
@@ -37,6 +39,7 @@ from pergrad.bench.xla_costs import compile_with_peak, memory_of  # noqa: E402
 from pergrad.files import write_json  # noqa: E402
 from pergrad.loss import make_loss_fn  # noqa: E402
 from pergrad.model import Transformer, init_params  # noqa: E402
+from pergrad.stats import surgery  # noqa: E402
 
 ALL = ("mean", "sq", "sign", "norms")
 BACKENDS = ("surgery_vmap", "vmap")  # on the penalised model; "surgery": the plain one
@@ -82,6 +85,7 @@ def run(preset: str, B: int, reps: int) -> dict:
   return dict(
       preset=preset, spec=dataclasses.asdict(spec) | {"T": T}, batch_size=B, reps=reps,
       want=list(ALL), refused=[list(r) for r in plan.refused],
+      cut=list(surgery.cut_paths(loss_fn, params, batch, ps.StatsRequest(ALL))),
       n_leaves=len(plan.keys), max_rel_diff=worst,
       median_s={be: float(np.median(times[be])) for be in progs}, times=times,
       costs=costs, time_ratio=summary(paired_ratios(times[a], times[b])),

@@ -41,9 +41,15 @@ def check(seed: int) -> dict:
     for be in ("vmap", "loop") + ("auto",) * (not accepted):
       if _accepts(call, params, batch, be, "alone" if be != "auto" else "no backend"):
         bad.append(f"{be} did not refuse a loss whose examples alone are not its rows")
+  # Clipped: by vmap where examples alone are rows, else by surgery where it clips (not
+  # through a scan or remat): elsewhere auto refuses it.
+  clip_call = lambda p, b, **kw: call(p, b, per_example_clip=C, **kw)
+  clipped = alone or (accepted and _accepts(clip_call, params, batch, "surgery", "clipping"))
+  if not clipped and _accepts(clip_call, params, batch, "auto", "no backend"):
+    bad.append("auto clipped a loss that no backend clips exactly")
   # auto is surgery where surgery accepts (then vmap is checked beside it), vmap elsewhere.
   runs = {f"{be}/{clip}": (be, clip) for be in ("auto",) * (alone or accepted)
-          + ("vmap",) * (accepted and alone) for clip in (None, C)}
+          + ("vmap",) * (accepted and alone) for clip in (None, C)[:1 + clipped]}
 
   def every(p, b):
     out = {k: call(p, b, want=ALL, backend=be, per_example_clip=clip)[1]

@@ -19,6 +19,7 @@ import numpy as np
 from flax import nnx
 
 sys.path.insert(0, str(Path(__file__).parent))
+import fuzz_scan  # noqa: E402
 from fuzz_trees import as_passed  # noqa: E402
 
 from pergrad.loss import per_example_xent  # noqa: E402
@@ -39,12 +40,10 @@ TREES = ("nested", "frozen", "extra")
 # in 6 of those that do not mix examples): divided by the batch's size; a dropout mask drawn
 # for the batch with one fixed key. vmap and the loop must refuse them; surgery is exact.
 PER_BATCH = ("batch_size", "dropout")
-# Tables looked up on ids without the example axis, drawn from their own stream (1 model in
-# 4): "positions" (added to h, broadcast against the batch: exact), "alibi" (a [D, 1] table
-# on arange(D), sliced to [D], scales h), "relative" (T5-style: a [2T-1, 1] table on the
-# [T, T] relative positions, a bias mixing h's tokens; features without a token axis take
-# "positions"): surgery refuses those two leaves alone, auto takes them from vmap and the
-# others from surgery.
+# Tables on ids without the example axis (own stream, 1 model in 4): "positions" (added to h:
+# exact), "alibi" ([D, 1] on arange(D), sliced to [D], scales h), "relative" (T5-style: [2T-1,
+# 1] on [T, T] relative positions, a bias mixing h's tokens; "positions" without tokens):
+# surgery refuses those two leaves alone, auto serves them by its per-leaf fallback.
 TABLES = ("positions", "alibi", "relative")
 
 
@@ -62,9 +61,9 @@ def draw(seed: int) -> dict:
     blocks.append((kind, norm if kind == "norm" else None))
   head = str(rng.choice(["dense", "attend", "raw_tie"])) if tokens else "dense"
   hazard = str(rng.choice(HAZARDS))
-  if (hazard == "scan" and frontend != "plain") or (hazard in ("vmapped", "remat")
-                                                      and frontend == "linen"):
-    hazard = "none"  # Linen's own lifted transforms are not fuzzed
+  if hazard in ("vmapped", "remat") and frontend == "linen":
+    hazard = "none"  # not fuzzed: Linen's nn.vmap, a remat body outside a scan (`fuzz_scan`)
+  remat = bool(hazard == "scan" and np.random.default_rng(seed + 70_000).random() < 1 / 2)
   if hazard == "keyword" and frontend == "plain":
     hazard = "none"
   mix = np.random.default_rng(seed + 20_000)
@@ -80,8 +79,8 @@ def draw(seed: int) -> dict:
   module = (frontend == "nnx" and tree == "as_is"
             and np.random.default_rng(seed + 60_000).random() < 1 / 2)
   return dict(seed=seed, frontend=frontend, tokens=tokens, blocks=blocks, head=head,
-              hazard=hazard, mixing=mixing, tree=tree, per_batch=per_batch, table=table,
-              module=module)
+              hazard=hazard, scan_remat=remat, mixing=mixing, tree=tree, per_batch=per_batch,
+              table=table, module=module)
 
 
 def _has_params(block) -> bool:
@@ -203,8 +202,7 @@ class _Plain:
     return taps.layer_norm(h, q.get("scale"), q.get("bias"))
 
   def scan(self, h):
-    step = lambda c, q: (jnp.tanh(taps.dense(c, q["kernel"], q["bias"])), None)
-    return jax.lax.scan(step, h, self.p["stack"])[0]
+    return fuzz_scan.plain(self.p["stack"], h, self.m["scan_remat"])
 
 
 def _plain_params(m, rng):
@@ -262,6 +260,9 @@ class _NnxOps:
   def norm(self, i, h):
     return self._call(getattr(self.mod, f"d{i}"), h)
 
+  def scan(self, h):
+    return fuzz_scan.nnx_scan(self.mod.stack, h, self.mod.m["scan_remat"])
+
 
 class _NnxModel(nnx.Module):
   def __init__(self, m, rngs):
@@ -274,6 +275,8 @@ class _NnxModel(nnx.Module):
         "head"] * (m["head"] == "dense")
     for name in names:
       setattr(self, f"d{name}", nnx.Linear(_in(name), _out(name), rngs=rngs))
+    if m["hazard"] == "scan":
+      self.stack = fuzz_scan.nnx_stack(D, rngs)
     for i, (kind, norm) in enumerate(m["blocks"]):
       if kind == "norm":
         variant, scale, bias = norm
@@ -331,6 +334,9 @@ class _LinenModel(nn.Module):
         make = (lambda: nn.RMSNorm(use_scale=scale, name=f"d{i}")) if variant == "rms" else (
             lambda: nn.LayerNorm(use_scale=scale, use_bias=bias, name=f"d{i}"))
         return self._call(self._layer(i, make), h)
+
+      def scan(self, h):
+        return self._layer("stack", lambda: fuzz_scan.linen(D, m["scan_remat"]))(h, None)[0]
 
     return _forward(m, Ops(), x)
 

@@ -198,3 +198,13 @@ def test_what_the_proof_cannot_read_is_refused_by_name(loss_fn, leaf, words):
   assert words in dict(plan.refused)[leaf]
   with pytest.raises(Unsupported, match=f"'{leaf}'.*{words}"):
     ps.compute(loss_fn, params, _batch(), ps.StatsRequest(ALL), backend="surgery")
+
+
+@pytest.mark.parametrize("remat", [False, True], ids=["plain", "remat"])
+def test_clipping_through_a_scan_is_refused_naming_the_lifting_primitives(remat):
+  """The refusal names what lifts the call: the scan, and the checkpoint inside it."""
+  loss_fn, params = _plain(remat)
+  request = ps.StatsRequest(ALL, per_example_clip=1.0)
+  why = dict(make_plan(loss_fn, params, _batch(), request).refused)["stack/w"]
+  assert ("jax.lax.scan (nn.scan, nnx.scan) / jax.checkpoint (remat)" if remat else
+          "inside jax.lax.scan (nn.scan, nnx.scan)\n") in why + "\n", why

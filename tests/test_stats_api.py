@@ -92,6 +92,8 @@ def test_a_microbatched_request_without_a_kind_has_an_empty_table_of_it():
     _, stats = ps.compute(loss_fn, params, batch, want=("sq",), backend=backend,
                           microbatch_size=2)
     assert stats.has("sq") and not stats.has("norms") and stats.example_stats == {}
+  empty = ps.GradStats(count=jnp.float32(2), coordinate_stats=None, example_stats=None)
+  assert (empty.coordinate_stats, empty.example_stats) == ({}, {})  # the class coerces None
 
 
 def test_auto_backend_rule():

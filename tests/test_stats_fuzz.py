@@ -5,7 +5,8 @@ tokens through an embedding or features without a token axis; 1-3 blocks of dens
 `DenseGeneral`/`LinearGeneral` (two contracted axes), `nnx.Einsum`, LayerNorm/RMSNorm with
 and without scale or bias; an output layer (dense, tied `attend`, or a tie written as a raw
 matmul x Eᵀ); and at most one hazard: a parameter penalty in the per-example loss, a layer
-shared by two calls, the body `jax.vmap`-ed per example, a `lax.scan` over stacked layers,
+shared by two calls, the body `jax.vmap`-ed per example, a scan over stacked layers in the
+frontend's own way (`lax.scan`, `nnx.scan`, `nn.scan`; its step under remat or not),
 `jax.checkpoint`, or keyword inputs; and, one model in six, a way to mix examples (the
 hidden state centred, sorted or cumsummed over the batch, the loss normalised by the
 batch's mean loss or token count); one in four, a table looked up on ids without the
@@ -54,7 +55,7 @@ from fuzz_models import TABLES, build, draw, refused  # noqa: E402
 from pergrad.sweep.record import provenance  # noqa: E402
 
 # A fixed set covering every frontend, hazard and head (found by `draw`), for the main suite.
-MAIN_SEEDS = (5, 14, 24, 29, 36, 38, 43, 44, 0, 13, 58, 9, 28, 52)
+MAIN_SEEDS = (5, 14, 24, 29, 36, 38, 43, 44, 0, 13, 58, 9, 28, 52, 53, 75, 68)
 
 
 @pytest.mark.parametrize("seed", MAIN_SEEDS)
@@ -69,6 +70,9 @@ def test_the_main_seeds_cover_every_frontend_hazard_and_head():
   assert {m["tokens"] for m in models} == {True, False}
   assert {m["hazard"] for m in models} >= {"none", "keyword", "vmapped", "scan", "remat",
                                             "penalty"}
+  assert {(m["frontend"], m["scan_remat"]) for m in models if m["hazard"] == "scan"} >= {
+      ("plain", False), ("linen", True), ("nnx", True)}  # nn.scan, nnx.scan with remat
+  assert any(m["hazard"] == "scan" and m["per_batch"] for m in models)  # clipping: refused
   assert any(refused(m) for m in models) and any(not refused(m) for m in models)
   assert {m["mixing"] for m in models} > {None}  # a model that mixes examples
   assert {m["tree"] for m in models} == {"as_is", "nested", "frozen", "extra"}

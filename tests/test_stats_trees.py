@@ -247,7 +247,7 @@ def test_the_per_leaf_fallback_checks_that_examples_alone_are_their_rows():
                      r"constant"):
     jax.eval_shape(lambda p, b: ps.compute(loss_fn, p, b, want=ALL, backend="surgery_vmap"),
                    params, batch)
-  for platform in ("cpu", "gpu"):  # auto's fallback: vmap on CPU, surgery_vmap elsewhere
+  for platform in ("cpu", "gpu"):  # auto's fallback: vmap (or surgery_vmap off CPU)
     with pytest.raises(Unsupported, match=r"no backend is exact.*'mlp/kernel'.*not the same "
                        r"alone"):
       ps.decide(loss_fn, params, batch, ps.StatsRequest(want=ALL), "auto", platform)

@@ -31,7 +31,7 @@ import jax
 from flax import nnx
 from optax import microbatching
 
-from pergrad.stats import alone, backends, registry, separable
+from pergrad.stats import alone, backends, registry, separable, surgery
 from pergrad.stats.options import StatsOptions
 from pergrad.stats.request import StatsRequest
 from pergrad.stats.surgery.memo import memo
@@ -95,20 +95,23 @@ def surgery_or_vmap(loss_fn, params, batch, request: StatsRequest,
                     platform: str | None = None) -> str:
   """"surgery" where its proof shows every leaf exact for loss_fn (`surgery.proof`, at
   trace time); "surgery_vmap" where it shows some (the refused leaves' per-example
-  gradients from vmap; example granularity, no clipping) off CPU; else "vmap"; the last
-  two with a one-time warning naming the refused leaf and the use; the refusal itself
-  where no other backend serves the request (per-token statistics), or both refusals where
-  vmap's per-example losses are not the batch's (`alone.check_alone`: both fallbacks run
-  examples alone). On XLA:CPU whole-model vmap is the fallback: it took less time and peak
-  memory than surgery_vmap (results/bench_fallback.json, `scripts/bench_fallback.py`), the
-  per-example activations that the refused leaf's own vmap pass replays outweighing the
-  per-example weight gradients that surgery saves; not yet measured on an accelerator."""
+  gradients read through their example-free slice, `surgery/cuts.py`, or from vmap;
+  example granularity, no clipping); else "vmap"; the last two with a one-time warning
+  naming the refused leaf and the use; the refusal itself where no other backend serves
+  the request (per-token statistics), or both refusals where vmap's per-example losses are
+  not the batch's (`alone.check_alone`: both fallbacks run examples alone). On XLA:CPU
+  surgery_vmap only where every refused leaf is read through its slice: there it took less
+  time and peak memory than whole-model vmap, and with a refused leaf left to the whole-loss
+  vmap more (results/bench_fallback.json, `scripts/bench_fallback.py`); not yet measured on
+  an accelerator."""
   try:
     plan = make_plan(loss_fn, params, batch, request)
     if not plan.refused:
       return "surgery"
     e = plan.refusal()
-    partial = len(plan.refused) < len(plan.keys) and (platform or jax.default_backend()) != "cpu"
+    partial = len(plan.refused) < len(plan.keys) and (
+        (platform or jax.default_backend()) != "cpu"
+        or set(surgery.cut_paths(loss_fn, params, batch, request)) == set(dict(plan.refused)))
   except Unsupported as err:
     e, partial = err, False
   for which in ("surgery_vmap",) * partial + ("vmap",):
@@ -237,22 +240,11 @@ def compute(
   if request is None:
     request = StatsRequest(want=want, granularity=granularity,
                            per_example_clip=per_example_clip)
-  options = StatsOptions() if options is None else options
-  if microbatch_size is not None:
-    if options.microbatch_size not in (None, microbatch_size):
-      raise ValueError(
-          f"microbatch_size={microbatch_size} and options.microbatch_size="
-          f"{options.microbatch_size} disagree; give one of them.")
-    options = dataclasses.replace(options, microbatch_size=microbatch_size)
+  options = _options(options, microbatch_size)
   which = resolve_backend(request, backend)
   B = batch_size(batch)
   check_microbatch(options.microbatch_size, B)
-  reads_params(loss_fn, params, batch)
-  out = jax.eval_shape(loss_fn, params, batch)
-  if getattr(out, "shape", None) != (B,):
-    raise ValueError(
-        f"loss_fn must return per-example losses of shape ({B},), got "
-        f"{getattr(out, 'shape', out)}; use pergrad.loss.make_loss_fn (no mean over the batch).")
+  check_losses(loss_fn, params, batch, B)
   if not request.mean_only:  # every backend's per-example statistics need separable losses
     separable.check(loss_fn, params, batch)
   which = decide(loss_fn, params, batch, request, backend)
@@ -271,6 +263,29 @@ def compute(
   if not entry.statistics:  # ḡ alone
     return loss, stats
   return loss, stats.replace(rules=rules, layers=request.layers)
+
+
+def _options(options: StatsOptions | None, microbatch_size: int | None) -> StatsOptions:
+  """`options` (default: `StatsOptions()`) with `compute`'s microbatch_size shortcut."""
+  options = StatsOptions() if options is None else options
+  if microbatch_size is None:
+    return options
+  if options.microbatch_size not in (None, microbatch_size):
+    raise ValueError(
+        f"microbatch_size={microbatch_size} and options.microbatch_size="
+        f"{options.microbatch_size} disagree; give one of them.")
+  return dataclasses.replace(options, microbatch_size=microbatch_size)
+
+
+def check_losses(loss_fn, params, batch, B: int) -> None:
+  """ValueError (one line) unless loss_fn reads params (`reads_params`) and returns
+  per-example losses of shape (B,)."""
+  reads_params(loss_fn, params, batch)
+  out = jax.eval_shape(loss_fn, params, batch)
+  if getattr(out, "shape", None) != (B,):
+    raise ValueError(
+        f"loss_fn must return per-example losses of shape ({B},), got "
+        f"{getattr(out, 'shape', out)}; use pergrad.loss.make_loss_fn (no mean over the batch).")
 
 
 # (loss_fn, graphdef) -> (loss of the parameter state, its cell holding the other state).
@@ -354,7 +369,7 @@ def _microbatched(chunk_fn: Callable, params: PyTree, batch: PyTree, microbatch_
   out = microbatching.microbatch(fn, argnums=1, microbatch_size=microbatch_size,
                                  accumulator=acc)(params, batch)
   stats = GradStats(count=out["count"], sum=out["sum"],
-                    coordinate_stats=out.get("coordinate_stats") or {},
-                    example_stats=out.get("example_stats") or {}, granularity=seen[-1].granularity,
+                    coordinate_stats=out.get("coordinate_stats"),
+                    example_stats=out.get("example_stats"), granularity=seen[-1].granularity,
                     rules=seen[-1].rules)
   return out["loss_sum"] / B, stats

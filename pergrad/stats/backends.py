@@ -15,7 +15,7 @@ sees one chunk of `options.microbatch_size` examples as its batch. Built in:
   vmap            per-example gradients by `jax.vmap(jax.grad)`, reduced in the same jit
   surgery         one backward pass with custom VJPs that emit the statistics (and
                   per-example clipping without a second backward: `surgery/clip.py`)
-  surgery_vmap    surgery for the leaves its proof shows exact, vmap for the refused ones
+  surgery_vmap    surgery for the proven leaves; refused ones by `surgery/cuts.py` or vmap
   loop            a Python loop over examples: a reference for tests
 `register_backend` adds one (a user's, from a plugin module).
 """

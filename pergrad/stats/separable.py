@@ -122,7 +122,9 @@ def _check_at(loss_fn, params, batch, n: int) -> None:
 
   def losses(p_given, b_given):
     p, stacked = points(p_given, b_given)
-    return jax.lax.map(lambda x: loss_fn(p, x), stacked)
+    # params rebuilt inside the map's body (tree.map): NNX Variables of that trace level,
+    # which nnx.scan / nnx.remat inside the loss require
+    return jax.lax.map(lambda x: loss_fn(jax.tree.map(lambda a: a, p), x), stacked)
 
   # lowered and run apart from any enclosing trace (compute may be called inside jax.jit)
   got = np.asarray(jax.jit(losses).lower(*given).compile(fast_options())(*given))

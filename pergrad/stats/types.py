@@ -55,6 +55,12 @@ class GradStats:
   # () = `pergrad.layer_types.TYPE_RULES`), for `selects` and `noise.groups_of(rules=...)`.
   rules: tuple = flax.struct.field(pytree_node=False, default=())
 
+  def __post_init__(self):
+    """A table given as None holds no statistic of its kind: {}."""
+    for name in ("coordinate_stats", "example_stats"):
+      if getattr(self, name) is None:
+        object.__setattr__(self, name, {})
+
   # --- generic access ---------------------------------------------------------
   def selects(self, path: str) -> bool:
     """Whether the statistics of the leaf at `path` ("block_0/attn/query/kernel") were

@@ -44,12 +44,17 @@ def example_loss(loss_fn):
 def vmap_stats(loss_fn, params, batch, request: StatsRequest, options: StatsOptions):
   """(mean loss, GradStats) of `batch` from materialised per-example gradients, in the
   layout `options.vmap_layout`."""
-  want, per_example_clip = request.want, request.per_example_clip
-  layout = options.vmap_layout
-  axis = -1 if layout == "last" else 0
+  axis = -1 if options.vmap_layout == "last" else 0
   losses_B, grads = jax.vmap(jax.value_and_grad(example_loss(loss_fn)),
                              in_axes=(None, 0), out_axes=(0, axis))(params, batch)
-  B = losses_B.shape[0]
+  return losses_B.mean(), reduced(grads, losses_B.shape[0], request, options)
+
+
+def reduced(grads, B: int, request: StatsRequest, options: StatsOptions) -> GradStats:
+  """GradStats of per-example gradients `grads` (example axis last for layout "last",
+  first for "first": `options.vmap_layout`), B examples."""
+  want, per_example_clip = request.want, request.per_example_clip
+  layout = options.vmap_layout
 
   def bsum(x, w_B=None):  # Σ_b w_b x_b over the example axis
     if layout == "last":
@@ -87,11 +92,10 @@ def vmap_stats(loss_fn, params, batch, request: StatsRequest, options: StatsOpti
       vals = jax.tree.map(functools.partial(example_sum, st.phi), grads)
     w = weights(st.clip_power)
     example_stats[k] = vals if w is None else jax.tree.map(lambda n, w=w: n * w, vals)
-  stats = GradStats(
+  return GradStats(
       count=jnp.asarray(B, jnp.float32),
       sum=jax.tree.map(lambda g: bsum(g, w_B), grads),
       coordinate_stats=coordinate_stats,
       example_stats=example_stats,
       granularity="example",
   )
-  return losses_B.mean(), stats

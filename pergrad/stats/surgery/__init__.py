@@ -30,7 +30,8 @@ import jax.numpy as jnp
 from pergrad.stats import registry, vmap
 from pergrad.stats.options import StatsOptions
 from pergrad.stats.request import StatsRequest
-from pergrad.stats.surgery import clip, dense, embed, frontends, lifted, norm, sites
+from pergrad.stats.surgery import clip, cuts, dense, embed, frontends, lifted, norm, sites
+from pergrad.stats.surgery.memo import memo
 from pergrad.stats.surgery.probes import F32, Call, Env
 from pergrad.stats.surgery.sites import Unsupported, make_plan
 from pergrad.stats.types import GradStats
@@ -59,26 +60,92 @@ def surgery_stats(loss_fn, params, batch, request: StatsRequest, options: StatsO
   plan = make_plan(loss_fn, params, batch, request)
   if plan.refused:
     raise plan.refusal()
-  return _surgery_pass(loss_fn, params, batch, request, options, plan)
+  return _surgery_pass(loss_fn, params, batch, request, options, plan)[:2]
 
 
-def _surgery_pass(loss_fn, params, batch, request: StatsRequest, options: StatsOptions, plan):
+def _surgery_pass(loss_fn, params, batch, request: StatsRequest, options: StatsOptions, plan,
+                  cut_leaves=()):
   """`surgery_stats` on `plan`, whose refused leaves' calls run untouched (their
-  statistics zeros: `surgery_vmap_stats` fills them)."""
-  want, granularity = request.want, request.granularity
+  statistics zeros: `surgery_vmap_stats` fills them); with (loss, stats) the `cuts.Cuts` of
+  the refused leaves `cut_leaves` (indices in tree order) and their per-example gradients
+  (example axis as `vmap.reduced` reads it), read from this pass (`cuts`)."""
   if request.per_example_clip is not None:
-    return clip.clipped_stats(loss_fn, params, batch, request, options, plan)
-  B, token = plan.B, granularity == "token"
+    loss, stats = clip.clipped_stats(loss_fn, params, batch, request, options, plan)
+    return loss, stats, cuts.Cuts(), []
+  B, token = plan.B, request.granularity == "token"
   count = B * plan.T if token else B
-  scale = float(count)
+  stat_keys = list(registry.select(request.want))
+  example_keys = set(registry.select(request.want, "example"))
+  shapes = dict(zip(plan.keys, (x.shape for x in jax.tree.leaves(params)), strict=True))
+  objective, probes = _objective(loss_fn, params, request, options, plan)
+  cut, per_example = cuts.Cuts(), []
+  lifts = any(s.lifted >= 0 and s.proven and s.selected for s in plan.sites) and stat_keys
+  closed = jax.make_jaxpr(objective)(params, probes, batch) if cut_leaves or lifts else None
+  if cut_leaves:
+    cut = _cuts(loss_fn, params, batch, request, options, plan, closed, cut_leaves)
+  if cut.leaves or lifts:
+    loss, grads, probe_cts, lifted_cts, cut_cts = lifted.value_and_grad(
+        closed, params, probes, batch, cuts.zeros(cut), cuts.edit(cut))
+    probe_cts = lifted.merged(probe_cts, lifted_cts, [s for s in plan.sites if s.lifted >= 0],
+                              example_keys, B, shapes)
+    if cut.leaves:
+      per_example = cuts.per_example(cut, closed, jax.tree.leaves((params, probes, batch)),
+                                     cut_cts, B, -1 if options.vmap_layout == "last" else 0)
+  else:
+    loss, (grads, probe_cts) = jax.value_and_grad(objective, argnums=(0, 1))(params, probes,
+                                                                             batch)
+  return loss, GradStats(
+      count=jnp.asarray(count, F32),
+      sum=jax.tree.map(lambda g: g.astype(F32) * float(count), grads),
+      coordinate_stats={k: plan.tree(probe_cts[k]) for k in stat_keys if k not in example_keys},
+      example_stats={k: plan.tree(probe_cts[k]) for k in stat_keys if k in example_keys},
+      granularity=request.granularity,
+      layers=tuple(request.layers),
+      rules=plan.rules,
+  ), cut, per_example
+
+
+def _cuts(loss_fn, params, batch, request, options, plan, closed, leaves) -> cuts.Cuts:
+  """`cuts.find` of `leaves` on `closed`, the objective's jaxpr at B, and its trace at B+1
+  (none where that trace fails: a model bound to its batch size keeps the whole-loss vmap)."""
+  B = plan.B
+  obj1, probes1 = _objective(loss_fn, params, request, options, dataclasses.replace(plan, B=B + 1))
+  batch1 = jax.tree.map(lambda x: jax.ShapeDtypeStruct((B + 1,) + x.shape[1:], x.dtype), batch)
+  try:
+    closed1 = jax.make_jaxpr(obj1)(params, probes1, batch1)
+  except Exception:  # noqa: BLE001 - no cut: the exact whole-loss vmap serves the leaves
+    return cuts.Cuts()
+  return cuts.find(closed, closed1, len(plan.keys), leaves, B)
+
+
+@memo
+def cut_paths(loss_fn, params, batch, request: StatsRequest) -> tuple[str, ...]:
+  """The refused leaves whose per-example gradients `surgery_vmap_stats` reads through their
+  example-free slice (`cuts`), from abstract traces (params and batch may be shapes)."""
+  plan = make_plan(loss_fn, params, batch, request)
+  _, paths, _ = sites.leaf_keys(params)
+  leaves = tuple(i for i, p in enumerate(paths) if p in dict(plan.refused))
+  if not leaves:
+    return ()
+  objective, probes = _objective(loss_fn, params, request, StatsOptions(), plan)
+  closed = jax.make_jaxpr(objective)(params, probes, batch)
+  got = _cuts(loss_fn, params, batch, request, StatsOptions(), plan, closed, leaves)
+  return tuple(paths[i] for i in got.leaves)
+
+
+def _objective(loss_fn, params, request: StatsRequest, options: StatsOptions, plan):
+  """(objective(params, probes, batch) -> mean loss with every layer call routed to its
+  handler, the zero probes), at the plan's batch size."""
+  want, B, token = request.want, plan.B, request.granularity == "token"
   stat_keys = list(registry.select(want))
   example_keys = set(registry.select(want, "example"))
   shapes = dict(zip(plan.keys, (x.shape for x in jax.tree.leaves(params)), strict=True))
   probes = {k: {key: jnp.zeros((B,) if k in example_keys else shp, F32)
                 for key, shp in shapes.items()} for k in stat_keys}
 
-  def objective(p, probes):
-    env = Env(B=B, token=token, want=want, scale=scale, options=options, sites=plan.sites)
+  def objective(p, probes, batch):
+    env = Env(B=B, token=token, want=want, scale=float(B * plan.T if token else B),
+              options=options, sites=plan.sites)
 
     def handler(site, layer):
       if not site.selected:
@@ -96,49 +163,47 @@ def _surgery_pass(loss_fn, params, batch, request: StatsRequest, options: StatsO
                                            every=True)):
       return loss_fn(p, batch).mean()
 
-  if any(s.lifted >= 0 and s.proven and s.selected for s in plan.sites) and stat_keys:
-    loss, grads, probe_cts, lifted_cts = lifted.value_and_grad(objective, params, probes)
-    probe_cts = lifted.merged(probe_cts, lifted_cts, [s for s in plan.sites if s.lifted >= 0],
-                              example_keys, B, shapes)
-  else:
-    loss, (grads, probe_cts) = jax.value_and_grad(objective, argnums=(0, 1))(params, probes)
-  return loss, GradStats(
-      count=jnp.asarray(count, F32),
-      sum=jax.tree.map(lambda g: g.astype(F32) * scale, grads),
-      coordinate_stats={k: plan.tree(probe_cts[k]) for k in stat_keys if k not in example_keys},
-      example_stats={k: plan.tree(probe_cts[k]) for k in stat_keys if k in example_keys},
-      granularity=granularity,
-      layers=tuple(request.layers),
-      rules=plan.rules,
-  )
-
+  return objective, probes
 
 
 def surgery_vmap_stats(loss_fn, params, batch, request: StatsRequest, options: StatsOptions):
-  """Surgery for the leaves its proof shows exact, vmap for the others: one surgery pass
-  with the refused leaves' calls untouched, then their per-example gradients alone,
-  jax.vmap(jax.grad) of loss_b with respect to those leaves (the rest held constant),
-  reduced as the vmap backend does (`vmap.vmap_stats`). Exact on every leaf; example
-  granularity, no per-example clipping (the clip weights need every leaf's norm first)."""
+  """Surgery for the leaves its proof shows exact, and for the refused ones, per example:
+  through their example-free slice from the same backward pass where `cuts` can read it
+  (B × the slice), else jax.vmap(jax.grad) of loss_b with respect to those leaves alone
+  (the rest held constant; B × the network); both reduced as the vmap backend does
+  (`vmap.reduced`). Exact on every leaf; example granularity, no per-example clipping
+  (the clip weights need every leaf's norm first)."""
   plan = make_plan(loss_fn, params, batch, request)
-  loss, stats = _surgery_pass(loss_fn, params, batch, request, options, plan)
+  _, paths, _ = sites.leaf_keys(params)
+  refused = dict(plan.refused)
+  loss, stats, cut, per_example = _surgery_pass(
+      loss_fn, params, batch, request, options, plan,
+      tuple(i for i, p in enumerate(paths) if p in refused))
   if not plan.refused:
     return loss, stats
-  _, paths, _ = sites.leaf_keys(params)
   flat = dict(zip(plan.keys, jax.tree.leaves(params), strict=True))
-  gone = {k for k, p in zip(plan.keys, paths, strict=True) if p in dict(plan.refused)}
-  alone = {k: flat[k] for k in plan.keys if k in gone}
+  fast = {plan.keys[i]: g for i, g in zip(cut.leaves, per_example, strict=True)}
+  gone = {k for k, p in zip(plan.keys, paths, strict=True) if p in refused and k not in fast}
+  part = {}
+  if fast:
+    part["fast"] = vmap.reduced(fast, plan.B, request, options)
+  if gone:
+    def loss_alone(r, b):
+      return loss_fn(plan.tree({**flat, **r}), b)
+    _, part["slow"] = vmap.vmap_stats(loss_alone, {k: flat[k] for k in gone}, batch, request,
+                                      options)
 
-  def loss_alone(r, b):
-    return loss_fn(plan.tree({**flat, **r}), b)
+  def swap(tree, got):
+    return plan.tree({k: got[k] if k in got else v for k, v in zip(
+        plan.keys, jax.tree.leaves(tree), strict=True)})
 
-  _, part = vmap.vmap_stats(loss_alone, alone, batch, request, options)
-  swap = lambda tree, new: plan.tree({k: new[k] if k in gone else v for k, v in zip(
-      plan.keys, jax.tree.leaves(tree), strict=True)})
   return loss, stats.replace(
-      coordinate_stats={k: swap(v, part.coordinate_stats[k])
+      coordinate_stats={k: swap(v, {key: p.coordinate_stats[k][key] for p in part.values()
+                                    for key in p.coordinate_stats[k]})
                         for k, v in stats.coordinate_stats.items()},
-      example_stats={k: swap(v, part.example_stats[k]) for k, v in stats.example_stats.items()})
+      example_stats={k: swap(v, {key: p.example_stats[k][key] for p in part.values()
+                                 for key in p.example_stats[k]})
+                     for k, v in stats.example_stats.items()})
 
 
 def plain_call(env: Env, site, layer):

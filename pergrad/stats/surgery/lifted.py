@@ -38,16 +38,33 @@ def lifts(call, ids: dict) -> bool:
                              for v in given)
 
 
-def resolved(lifts, lifted_keys: dict, key_of: dict) -> list:
+def resolved(lifts, lifted_keys: dict, key_of: dict, inside: dict) -> list:
   """The records of the lifted calls the proof resolved (`proof.prove`), with their leaves'
-  keys; a lifted call it did not see (a trace the model discards) has no site."""
+  keys and the primitives around them; a lifted call it did not see (a trace the model
+  discards) has no site."""
   out = []
   for c1, c2 in lifts:
     got = lifted_keys.get(c1["lifted"])
     if got:
       keys = {r: key_of[path] for r, (path, _) in got.items()}
-      out.append(({**c1, "keys": keys}, {**c2, "keys": keys}))
+      where = inside.get(c1["lifted"], ())
+      out.append(({**c1, "keys": keys, "inside": where}, {**c2, "keys": keys, "inside": where}))
   return out
+
+
+# How a refusal names each lifting primitive.
+WORDS = {SCAN: "jax.lax.scan (nn.scan, nnx.scan)", "jit": "jax.jit", "pjit": "jax.jit",
+         **{r: "jax.checkpoint (remat)" for r in REMAT}}
+
+
+def inside(site) -> str:
+  """The primitives around a lifted call, in words, outermost first ("a / b")."""
+  words = []
+  for name in site.inside:
+    w = WORDS.get(name, name)
+    if w not in words:
+      words.append(w)
+  return " / ".join(words) or "a lifted transform"
 
 
 def refusal(site, request) -> str:
@@ -56,10 +73,9 @@ def refusal(site, request) -> str:
   if site.lifted < 0:
     return ""
   if site.in_axis is None:
-    return ("its layer call inside jax.lax.scan / jax.checkpoint has an input without an "
-            "example axis")
+    return f"its layer call inside {inside(site)} has an input without an example axis"
   if request.per_example_clip is not None:
-    return "per-example clipping of a layer call inside jax.lax.scan / jax.checkpoint"
+    return f"per-example clipping of a layer call inside {inside(site)}"
   return ""
 
 
@@ -90,15 +106,17 @@ def _where(jaxpr, lengths: tuple, out: dict) -> dict:
   return out
 
 
-def evaluate(jaxpr, consts, args, probes: dict) -> list:
+def evaluate(jaxpr, consts, args, probes: dict, edit=None) -> list:
   """jaxpr's outputs on args, each placeholder taking probes[tag] (scan: sliced as xs;
-  remat: passed as arguments; jit: inlined), every other equation bound as it is."""
+  remat: passed as arguments; jit: inlined), every other equation bound as it is, the
+  operands of the i-th (top-level) one replaced by edit(i, operands) where edit is given."""
   env = {}
   read = lambda v: v.val if isinstance(v, jcore.Literal) else env[v]
   env.update(zip(jaxpr.constvars, consts, strict=True))
   env.update(zip(jaxpr.invars, args, strict=True))
-  for eqn in jaxpr.eqns:
+  for i, eqn in enumerate(jaxpr.eqns):
     ins, name = [read(v) for v in eqn.invars], eqn.primitive.name
+    ins = ins if edit is None else edit(i, ins)
     inner = _inner(eqn)
     if eqn.primitive is placeholder_p:
       outs = [probes[eqn.params["tag"]]]
@@ -151,18 +169,20 @@ def _scan(eqn, ins, probes: dict) -> list:
   return [*carry, *ys]
 
 
-def value_and_grad(objective, params, probes):
-  """(loss, ∇params, ∇probes, {tag: ∇ of its stacked placeholder}) of objective(params,
-  probes), whose lifted layer calls' probes are placeholders (module docstring)."""
-  closed = jax.make_jaxpr(objective)(params, probes)
+def value_and_grad(closed, params, probes, batch, extra=None, edit=None):
+  """(loss, ∇params, ∇probes, {tag: ∇ of its stacked placeholder}, ∇extra) of the closed
+  jaxpr of objective(params, probes, batch), whose lifted layer calls' probes are
+  placeholders (module docstring), evaluated with edit(i, operands, extra) (`evaluate`)."""
   where = _where(closed.jaxpr, (), {})
   zeros = {t: jnp.zeros(lengths + shape, F32) for t, (lengths, shape) in where.items()}
 
-  def flat(p, pr, z):
-    return evaluate(closed.jaxpr, closed.consts, jax.tree.leaves((p, pr)), z)[0]
+  def flat(p, pr, z, x):
+    ed = None if edit is None else (lambda i, ins: edit(i, ins, x))
+    return evaluate(closed.jaxpr, closed.consts, jax.tree.leaves((p, pr, batch)), z, ed)[0]
 
-  loss, (g, pc, zc) = jax.value_and_grad(flat, argnums=(0, 1, 2))(params, probes, zeros)
-  return loss, g, pc, zc
+  loss, (g, pc, zc, xc) = jax.value_and_grad(flat, argnums=(0, 1, 2, 3))(
+      params, probes, zeros, extra if extra is not None else {})
+  return loss, g, pc, zc, xc
 
 
 def merged(probe_cts: dict, lifted_cts: dict, sites, example_keys, B: int, shapes: dict):

@@ -80,11 +80,13 @@ batching.primitive_batchers[layer_call_p] = _under_vmap
 ad.primitive_jvps[layer_call_p] = _differentiated
 
 
-def prove(loss_fn, params, batch, keys, paths, outs, shared, keys_of) -> tuple[dict, dict]:
+def prove(loss_fn, params, batch, keys, paths, outs, shared, keys_of) -> tuple[dict, dict,
+                                                                                dict]:
   """({leaf path: reason} of the leaves surgery cannot show exact for loss_fn (module
   docstring), {}: every leaf is exact; {lifted call number: {role: (leaf path, depth)}} of
   the lifted calls (`lifted.lifts`) whose parameters are exactly leaves sliced `depth`
-  times by scans). Raises `Unsupported` for a model it cannot read.
+  times by scans; {lifted call number: the primitives around it, outermost first}). Raises
+  `Unsupported` for a model it cannot read.
 
   Args:
     keys, paths: every parameter leaf's key and "a/b" path, in tree order.
@@ -135,7 +137,8 @@ def prove(loss_fn, params, batch, keys, paths, outs, shared, keys_of) -> tuple[d
     for name in leaves:
       refused.setdefault(name, reason)
   calls: dict[int, tuple] = {}
-  lift = {"sliced": {v: (p, 0) for v, p in leaf.items()}, "calls": {}}
+  lift = {"sliced": {v: (p, 0) for v, p in leaf.items()}, "calls": {}, "inside": {},
+          "stack": []}
   _walk(closed.jaxpr, leaf, dep, calls, refused, lift)
   B = next(x.shape[0] for x in jax.tree.leaves(batch) if x.ndim)
   walk = _SharedUses(set(shared), calls, dep, refused, B)
@@ -147,7 +150,7 @@ def prove(loss_fn, params, batch, keys, paths, outs, shared, keys_of) -> tuple[d
         refused.setdefault(n, f"its layer call ({name}) has an input without an example axis "
                               "that depends on the batch (mixes examples, or is inside a "
                               "per-example transform)")
-  return refused, lift["calls"]
+  return refused, lift["calls"], lift["inside"]
 
 
 def _vars(vs):
@@ -179,6 +182,7 @@ def _walk(jaxpr, leaf: dict, dep: set, calls: dict, refused: dict, lift: dict) -
       got = [sliced.get(v) if isinstance(v, jcore.Var) else None for v in eqn.invars[1:]]
       if i < 0 and eqn.params["lifted"] >= 0 and all(got):
         lift["calls"][eqn.params["lifted"]] = dict(zip(eqn.params["roles"], got, strict=True))
+        lift["inside"][eqn.params["lifted"]] = tuple(lift["stack"])
       elif i < 0:
         for v in eqn.invars[1:]:
           if isinstance(v, jcore.Var) and v in leaf:
@@ -188,13 +192,17 @@ def _walk(jaxpr, leaf: dict, dep: set, calls: dict, refused: dict, lift: dict) -
       calls[i] = (isinstance(x, jcore.Var) and x in dep, eqn.params["leaves"],
                   eqn.params["name"])
     elif name == lifted.SCAN:
+      lift["stack"].append(name)
       _scan(eqn, leaf, dep, calls, refused, lift)
+      lift["stack"].pop()
       continue
     elif name in JIT or name in lifted.REMAT:
       inner = eqn.params["jaxpr"]
       inner = getattr(inner, "jaxpr", inner)
       inner_leaf, inner_dep = _enter(eqn.invars, inner.invars, leaf, dep, sliced)
+      lift["stack"].append(name)
       _walk(inner, inner_leaf, inner_dep, calls, refused, lift)
+      lift["stack"].pop()
       _leave(inner.outvars, eqn.outvars, inner_leaf, inner_dep, leaf, dep, sliced)
       continue
     elif name in VIEWS and ins and ins[0] in leaf:

@@ -48,6 +48,7 @@ class Site:
   plain_dot: bool = True  # dense: `LayerCall.forward` is the layer's own forward
   proven: bool = True  # every leaf of the call shown exact (`proof`); else it runs untouched
   lifted: int = -1  # the number of a lifted call (inside scan / remat: `lifted`), else -1
+  inside: tuple[str, ...] = ()  # a lifted call: the primitives around it, outermost first
 
 
 @dataclasses.dataclass(frozen=True)
@@ -192,11 +193,12 @@ def make_plan(loss_fn, params, batch, request: StatsRequest) -> Plan:
     by_key = dict(zip(keys, paths, strict=True))
     sites, _ = _sites(calls, B)
     owned = {by_key[k]: w for k, w in owners.items()}
-    why_of, lifted_keys = proof.prove(
+    why_of, lifted_keys, inside = proof.prove(
         loss_fn, jax.tree.map(_struct, params), jax.tree.map(_struct, batch), keys, paths,
         [(c1["y"], c1["dtype"]) for c1, _ in calls],
         [i for i, s in enumerate(sites) if s.in_axis is None and s.proven], call_keys)
-    calls = calls + lifted.resolved(lifts, lifted_keys, dict(zip(paths, keys, strict=True)))
+    calls = calls + lifted.resolved(lifts, lifted_keys, dict(zip(paths, keys, strict=True)),
+                                    inside)
     sites, refused = _sites(calls, B)
     refused = {by_key[k]: why for k, why in refused.items()}
     for s in sites:
@@ -367,7 +369,8 @@ def _site(c1: dict, c2: dict, B: int, tied: bool) -> Site:
   ax = _example_axis(c1["x"], c2["x"], B, B + 1)
   nx = len(c1["x"])
   kw = dict(path=first[:-1], kind=kind, attend=attend, in_axis=ax, tied=tied, leaves=roles,
-            keys=tuple(c1["keys"][r] for r in roles), selected=False, lifted=c1["lifted"])
+            keys=tuple(c1["keys"][r] for r in roles), selected=False, lifted=c1["lifted"],
+            inside=c1.get("inside", ()))
   contract = ()
   if kind == "dense":
     contract = kw["contract"] = a["contract"]
