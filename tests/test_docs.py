@@ -66,3 +66,15 @@ def test_no_measured_figure_in_code():
            for line, text in prose(f.read_text()) if MEASURED.search(text)]
   assert not found, ("measured figures in code (put them in results/*.json or the README and "
                      "point there):\n" + "\n".join(found))
+
+
+MAX_FUNCTION_LINES = 80  # outside scripts/, whose `main`s read top to bottom
+
+
+def test_no_function_over_80_lines():
+  long = [f"{f.relative_to(REPO)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1})"
+          for root in ("pergrad", "experiments", "tests") for f in (REPO / root).rglob("*.py")
+          for node in ast.walk(ast.parse(f.read_text()))
+          if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+          and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES]
+  assert not long, f"functions over {MAX_FUNCTION_LINES} lines (split them into steps): {long}"
