@@ -40,6 +40,7 @@ from pergrad.files import write_json  # noqa: E402
 from pergrad.loss import make_loss_fn  # noqa: E402
 from pergrad.model import Transformer, init_params  # noqa: E402
 from pergrad.stats import surgery  # noqa: E402
+from pergrad.sweep.record import provenance  # noqa: E402
 
 ALL = ("mean", "sq", "sign", "norms")
 BACKENDS = ("surgery_vmap", "vmap")  # on the penalised model; "surgery": the plain one
@@ -94,7 +95,7 @@ def run(preset: str, B: int, reps: int) -> dict:
                   if costs[a]["peak_bytes"] and costs[b]["peak_bytes"] else None),
       mem_ratio=costs[a]["mem_bytes"] / costs[b]["mem_bytes"],
       platform=jax.default_backend(), device=jax.devices()[0].device_kind,
-      command="scripts/bench_fallback.py " + " ".join(sys.argv[1:]))
+      command="scripts/bench_fallback.py " + " ".join(sys.argv[1:]), **provenance())
 
 
 def main(argv=None) -> dict:

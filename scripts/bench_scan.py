@@ -34,6 +34,7 @@ from pergrad.bench.xla_costs import compile_with_peak, memory_of  # noqa: E402
 from pergrad.files import write_json  # noqa: E402
 from pergrad.loss import make_loss_fn  # noqa: E402
 from pergrad.model import ModelSpec, Transformer, init_params, stack_blocks  # noqa: E402
+from pergrad.sweep.record import provenance  # noqa: E402
 
 ALL = ("mean", "sq", "sign", "norms")
 WIDTHS = dict(d_model=32, n_heads=2, d_ff=64, vocab_size=64)
@@ -126,7 +127,8 @@ def main(argv=None) -> dict:
              paired=paired_run(a.paired_layers, a.batch, a.seq_len, a.reps),
              platform=jax.default_backend(), device=jax.devices()[0].device_kind,
              command="scripts/bench_scan.py " + " ".join(sys.argv[1:] if argv is None
-                                                         else argv))
+                                                         else argv),
+             **provenance())
   print(json.dumps(doc, indent=1))
   if a.out:
     write_json(a.out, doc)  # the same text and newline, written whole
