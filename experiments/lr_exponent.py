@@ -9,7 +9,7 @@ vertex leaves them), from its finished runs;
 the guards check each seed's lr* (the quantity fitted), not only the seeds' mean. α is the
 least-squares slope on log B of log lr* averaged over the seeds at each B, its interval
 Student's t on those B-level residuals (n = the number of B): the seeds at one B share its
-grid and its examples (`data.seed`), so their lr* are not independent and a fit over every
+grid, so their lr* are not independent and a fit over every
 (B, seed) would read a too-narrow interval (a shared per-B deviation of 0.1 in ln lr beside
 0.03 per seed: 71 % coverage for a nominal 90 %; tests/test_lr_exponent.py simulates it).
 """
