@@ -35,6 +35,7 @@ MSQ, ADAM, CONTROL_EPS, CONTROL = "micro_adam_msq", "adam", 1.0, "control (adam,
 SELECT, SEEDS = preconditioner.SELECT, preconditioner.SEEDS
 LOG_EVERY = {"ci": 10, "cpu": 50, "paper": 500}
 MARGIN, EFFECT = declared(NAME, "margin"), declared(NAME, "effect")
+MOST_SEEDS = int(declared(NAME, "seed_cap").value)  # a pair still open: seeds up to it
 INCONCLUSIVE = f"{UNDETERMINED}: neither within the margin of Adam nor worse beyond it"
 RULE = (f"MicroAdamMSQ vs Adam on the fresh seeds {SEEDS}, paired: non-inferior when the "
         "one-sided 95% upper end of its excess loss is within the margin "
@@ -70,7 +71,7 @@ def sweep(preset: str, inputs=None) -> Sweep:
   def compared(searched) -> list[tuple[dict, dict]]:  # MicroAdamMSQ vs each control, at its lr
     return [(msq, {k: from_table(r[k]) for k in (*GROUP, "optimizer.lr")})
             for r in searched.to_dict("records") if r["optimizer.variant"] == ADAM]
-  more = MoreSeeds(compared, EFFECT.value, most=preconditioner.MOST_SEEDS)
+  more = MoreSeeds(compared, EFFECT.value, most=MOST_SEEDS)
   # cpu: 2 × 5 fixed + 2 × (3 lrs × 1 selection + 5 fresh) = 26 runs (+ more seeds)
   return Sweep(base, (*ctrl, *fixed), LrSearch(GROUP, factor=2 ** 0.5, max_extend=2, seeds=SEEDS,
                                                more=more),
@@ -167,7 +168,7 @@ def report(out_dir):
             else PARTLY)
 
   get = lambda k: g.get(k, {})
-  design = preconditioner.more_seeds_design()
+  design = MoreSeeds(None, EFFECT.value, most=MOST_SEEDS).design(len(SEEDS))
   comparisons = [decide.compare(get(msq), get(adam), (msq, adam), effect=MARGIN.value,
                                 margin=MARGIN.value, noninferiority=True),
                  *(sequential_reading(decide.compare(get(msq), get(c), (msq, c),

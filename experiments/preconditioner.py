@@ -40,8 +40,8 @@ EPS_LIMITS = (1e-8, 1e-2)
 OPTIMUM = {"adam": 3e-2, "micro_adam": 3e-2, "micro_adam_var": 3e-2, "micro_adam_msq": 1e-2}
 EFFECT = declared(NAME, "effect")  # configs/experiment/preconditioner.yaml
 # The fresh seeds are the first look (`more_seeds`): a pair still open there gets seeds on both
-# arms up to 3× the pilot, read by the two-look sequential design (tests/test_more_seeds.py).
-MOST_SEEDS = 3 * len(SEEDS)
+# arms up to the declared cap, read by the two-look sequential design (tests/test_more_seeds.py).
+MOST_SEEDS = int(declared(NAME, "seed_cap").value)
 RULE = (f"Each variant's lr is the best of a √2 grid on seeds {SELECT} (the same 3 lrs around "
         "each variant's optimum first, then extended past an edge until bracketed, so the grids "
         "may end unequal; MicroAdamMSQ's ε chosen the same way); within each clipping setting "

@@ -129,6 +129,11 @@ def launch_sweep(exp: Experiment, preset: str, sdir: Path, inputs: Inputs, how: 
     if blocks := exp.follow_up(preset, sdir):
       how.echo(f"{tag} follow-up stage: {len(blocks)} block(s)")
       launch_blocks(sdir, sweep.base, blocks, **kw)
+    if sweep.lr_search is not None and sweep.lr_search.more is not None:  # an arm whose pilot
+      blocks, kind = follow_up_blocks(sweep, marked_finals(aggregate(sdir), sweep.base, how.extra))
+      if kind == "seeds" and blocks:  # ran in that stage: its more seeds, as a round's
+        how.echo(f"{tag} more seeds after the follow-up stage")
+        launch_blocks(sdir, sweep.base, blocks, **kw)
   table = aggregate(sdir)
   log.diverged = diverged_runs(sdir)
   if not how.dry_run:
