@@ -23,6 +23,7 @@ import pandas as pd
 
 from experiments import lr_search
 from pergrad.analysis import decide, guards
+from pergrad.analysis.budget import guard as same_budget
 from pergrad.analysis.markdown import listing, sections
 from pergrad.analysis.plots import plt, savefig, style
 from pergrad.analysis.report import not_measured
@@ -246,7 +247,8 @@ def report(out_dir: Path):
   short, full = list(losses.get("short", {}).values()), list(losses.get("fixed", {}).values())
   delta = float(np.mean(short) - np.mean(full)) if short and full else math.nan
   pilot = guards.pilot_first({"ramp": sorted(ramp), "fixed": sorted(fixed)}, SEEDS["cpu"])
-  return gated(verdict, cals, (bracket, stable, warm, in_regime, pilot), rule=RULE,
+  checked = (bracket, stable, warm, in_regime, pilot, same_budget(out_dir))
+  return gated(verdict, cals, checked, rule=RULE,
                decided=list(cals),
                paper=PAPER, ours=f"token saving to fixed B_max's final loss: {save or 'n/a'}; "
                f"ramp vs fixed: {pair.outcome}",

@@ -20,6 +20,7 @@ import pandas as pd
 
 from experiments import gns_ramp, lr_search
 from pergrad.analysis import decide, guards, verdict
+from pergrad.analysis.budget import guard as same_budget
 from pergrad.analysis.markdown import listing, sections
 from pergrad.analysis.plots import plt, savefig, style
 from pergrad.analysis.report import Report, not_measured
@@ -382,7 +383,8 @@ def report(out_dir: Path) -> Report:
             *(p.sentence() for p in pairs), f"Δ18 = {delta:.3g}", declared_text(EFFECT),
             *([f"linear_fit not run: {why}"] if "linear_fit" not in guided else []))
   return verdict.gated(
-      decide.verdict_of(pairs), cals, arm_guards(out_dir, search, best, guided),
+      decide.verdict_of(pairs), cals, (*arm_guards(out_dir, search, best, guided),
+                                       same_budget(out_dir)),
       decided=list(cals),
       rule=RULE, paper=PAPER, checks=checks,
       ours=f"token (wall-time) saving to B={int(best[SIZE])}'s final loss: {save or 'n/a'}; "

@@ -15,6 +15,7 @@ import pandas as pd
 
 from experiments import lr_search, preconditioner
 from pergrad.analysis import decide, guards
+from pergrad.analysis.budget import guard as same_budget
 from pergrad.analysis.decide import NONINFERIOR, NOT_SEPARABLE, READING, WIN, WORSE
 from pergrad.analysis.markdown import sections
 from pergrad.analysis.rules import NOT_REPRODUCED, PARTLY, REPRODUCED, UNDETERMINED
@@ -193,7 +194,8 @@ def report(out_dir):
                              SEEDS)
   return pairs_report(
       g, expected, rule=RULE, paper=PAPER,
-      checked=(*inherited(out_dir, ran), bracket, stable, fixed, warm, pilot),
+      checked=(*inherited(out_dir, ran), bracket, stable, fixed, warm, pilot,
+               same_budget(out_dir)),
       effect=EFFECT.value, verdict_fn=verdict, comparisons=comparisons,
       checks=(declared_text(MARGIN, EFFECT),),
       numbers_md=lr_search.best_md(lr_search.load_best(out_dir), GROUP) + share_md)

@@ -15,6 +15,7 @@ import numpy as np
 
 from experiments import lr_search
 from pergrad.analysis import guards
+from pergrad.analysis.budget import guard as same_budget
 from pergrad.analysis.decide import READING, VERDICT
 from pergrad.analysis.runs import fmt, from_table
 from pergrad.analysis.verdict import pairs_report
@@ -153,7 +154,8 @@ def report(out_dir):
                       checked=(*lr_search.guards_of(best, label, used),
                                eps_bracketed(every, best),
                                guards.pilot_first({k: seeds[k] for k in used if k in seeds},
-                                                  SEEDS)),
+                                                  SEEDS),
+                               same_budget(out_dir)),
                       checks=(lr_search.edges_note(every, label), declared_text(EFFECT)))
 
 

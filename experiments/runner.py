@@ -22,6 +22,7 @@ from pergrad.sweep import (
   How,
   LaunchLog,
   RunIndex,
+  budgets,
   config_extras,
   default_results_dir,
   default_sweep_dir,
@@ -165,7 +166,9 @@ def write_results(exp: Experiment, sdir: Path, out_dir: Path, sweep, table, extr
       raise RuntimeError(f"no run of {sdir} wrote {METRICS}; see the log above.")
     table.attrs["overrides"] = [f"{k}={fmt(v)}" for k, v in sweep.base.items()] + list(
         config_extras(extra))
-    exp.analyze(Runs(sdir, table, marked_finals(table, sweep.base, extra)), out_dir)
+    fin = marked_finals(table, sweep.base, extra)
+    exp.analyze(Runs(sdir, table, fin), out_dir)
+    budgets.write(sweep, sdir, fin, out_dir, table.attrs["overrides"])  # same_budget reads it
   else:
     exp.analyze(Runs(sdir), out_dir)
   exp.figures(out_dir)

@@ -12,6 +12,7 @@ import functools
 
 from experiments import lr_search
 from pergrad.analysis import guards
+from pergrad.analysis.budget import guard as same_budget
 from pergrad.analysis.decide import READING, VERDICT
 from pergrad.analysis.rules import adjacent
 from pergrad.analysis.runs import from_table
@@ -79,7 +80,8 @@ def report(out_dir):
   return pairs_report(groups, expected, rule=RULE, design=design(),
                       paper=PAPER, effect=EFFECT.value, numbers_md=lr_search.best_md(best, GROUP),
                       checks=(lr_search.edges_note(best, label), declared_text(EFFECT)),
-                      checked=(*lr_search.guards_of(best, label, used), pilot),
+                      checked=(*lr_search.guards_of(best, label, used), pilot,
+                               same_budget(out_dir)),
                       planned=tuple(dict.fromkeys(sum(CHAINS, ()))))
 
 

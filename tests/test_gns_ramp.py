@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from conftest import as_planned
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -56,7 +57,7 @@ def _report(tmp_path, name, table, overrides=("experiment=gns_ramp", "scale=cpu"
   table.attrs["overrides"] = list(overrides)
   gr.analyze(record.Runs(d, table, fin), d)
   assert gr.figures(d)[0].exists()
-  return gr.report(d), d
+  return gr.report(as_planned(d)), d
 
 
 def test_gns_ramp_plan_is_the_papers():
@@ -72,7 +73,7 @@ def test_gns_ramp_wins_and_saves_tokens(tmp_path):
   rep, d = _report(tmp_path, "faster", _table(1.3))
   assert rep.verdict == "reproduced", (rep.finding, rep.guards_text())
   assert [g["name"] for g in rep.guards] == ["bracketed", "stable", "warm", "in_regime",
-                                            "pilot", "powered"]  # one warm guard: every run
+                                            "pilot", "same_budget", "powered"]  # one warm guard
   short, _ = _report(tmp_path, "cold_ramp", _table(1.3), ramp_warmup=5)
   assert short.verdict == "undetermined: warm" and short.rule_verdict == "reproduced"
   regime = read_csv(d / "regime.csv")

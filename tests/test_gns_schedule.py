@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from conftest import as_planned
 
 from pergrad.analysis.runs import read_csv
 
@@ -83,7 +84,8 @@ def _schedule_report(tmp_path, name, table, tokens_per_param=20.0):
   tracked = read_csv(d / "gns.csv")  # the figure's B_simple: each row at a known token count
   assert tracked[["tokens", "arm"]].notna().all().all()
   tt = d / "to_target.csv"
-  return gns_schedule.report(d), read_csv(tt) if tt.stat().st_size > 1 else pd.DataFrame()
+  rep = gns_schedule.report(as_planned(d))
+  return rep, read_csv(tt) if tt.stat().st_size > 1 else pd.DataFrame()
 
 
 def test_gns_schedule_crossing_interpolates_between_evaluations():

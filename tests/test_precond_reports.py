@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import as_planned
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -96,7 +97,7 @@ def test_a_loss_above_ln_v_counts_as_diverged_in_the_search(tmp_path):
   chosen = preconditioner.chosen(lr_search.load_best(out))
   assert dict(zip(chosen["optimizer.variant"], chosen["optimizer.eps"], strict=True)) == {
       "micro_adam_msq": 1e-4, "adam": 1e-8, "micro_adam": 1e-8}
-  rep = preconditioner.report(out)
+  rep = preconditioner.report(as_planned(out))
   assert rep.rule == preconditioner.RULE and "√2 grid" in rep.rule
   assert "micro_adam_msq: 4.004 ± 0.0016 (n=5)" in rep.finding  # at ε = 1e-4, seeds 2-6
   assert "micro_adam_msq beats micro_adam" in rep.finding and rep.rule_verdict == "reproduced"
@@ -162,20 +163,20 @@ def test_an_eps_chosen_over_one_whose_lr_search_ended_at_an_edge_is_not_brackete
   assert "ε 0.0001 was chosen over ε ['0.001'], whose lr searches ended at a grid edge" in g.why
   # msq_eps runs at that choice: it inherits the guard, and without the preconditioner's
   # search beside it nothing vouches for its ε and lrs.
-  rep = msq_eps.report(_msq_out(tmp_path, MSQ, TIGHT, CTRL, matched=CTRL))
+  rep = msq_eps.report(as_planned(_msq_out(tmp_path, MSQ, TIGHT, CTRL, matched=CTRL)))
   assert rep.verdict == "undetermined: bracketed", rep.finding
   assert "preconditioner's search: micro_adam_msq's ε 0.0001 was chosen" in rep.guards_text()
   _precond_best(tmp_path)
-  assert msq_eps.report(tmp_path / "me").verdict != "undetermined: bracketed"
+  assert msq_eps.report(as_planned(tmp_path / "me")).verdict != "undetermined: bracketed"
   # ...for the arms it ran only: a preconditioner search re-run since, choosing another lr
   best = read_csv(tmp_path / preconditioner.NAME / "best.csv")
   best.loc[best["optimizer.variant"] == "adam", "optimizer.lr"] = 0.06
   best.to_csv(tmp_path / preconditioner.NAME / "best.csv", index=False)
-  rep = msq_eps.report(tmp_path / "me")
+  rep = msq_eps.report(as_planned(tmp_path / "me"))
   assert rep.verdict == "undetermined: bracketed"
   assert "this sweep ran [('adam', '1e-08', '0.03')]" in rep.guards_text()
   (tmp_path / preconditioner.NAME / "best.csv").unlink()
-  rep = msq_eps.report(tmp_path / "me")
+  rep = msq_eps.report(as_planned(tmp_path / "me"))
   assert rep.verdict == "undetermined: bracketed"
   assert "no preconditioner/best.csv" in rep.guards_text()
 
@@ -215,7 +216,7 @@ def _msq_out(tmp_path, msq, adam, control, share_msq=0.9, matched=None) -> Path:
 
 
 def test_msq_eps_msq_like_momentum_is_partly_reproduced(tmp_path):
-  rep = msq_eps.report(_msq_out(tmp_path, MSQ, TIGHT, MSQ))
+  rep = msq_eps.report(as_planned(_msq_out(tmp_path, MSQ, TIGHT, MSQ)))
   assert rep.verdict == "partly reproduced" and rep.rule == msq_eps.RULE
   assert "micro_adam_msq, eps=0.0001 is non-inferior to adam, eps=1e-08" in rep.finding
   assert "micro_adam_msq, eps=0.0001 is equivalent to control (adam, eps=1)" in rep.finding
@@ -244,7 +245,7 @@ NOISY = [4.00, 4.02, 4.04, 4.02, 4.00]
     ([4.01], NOISY, CTRL, None, msq_eps.INCONCLUSIVE),  # one shared seed: no interval
 ])
 def test_msq_eps_verdicts(tmp_path, msq, adam, control, matched, verdict):
-  rep = msq_eps.report(_msq_out(tmp_path, msq, adam, control, 0.1, matched))
+  rep = msq_eps.report(as_planned(_msq_out(tmp_path, msq, adam, control, 0.1, matched)))
   assert rep.verdict == verdict, rep.finding
   assert rep.calibration["effect"] == msq_eps.MARGIN.value == msq_eps.EFFECT.value
   if matched is not None:
@@ -270,7 +271,7 @@ def test_an_arm_past_its_pilot_is_read_only_when_the_pilot_comes_first(tmp_path,
   fin.to_csv(out / "finals.csv", index=False)
   best_lr(fin, msq_eps.GROUP, "optimizer.lr", select_seed=msq_eps.SELECT).to_csv(
       out / "best.csv", index=False)
-  rep = msq_eps.report(out)
+  rep = msq_eps.report(as_planned(out))
   assert rep.verdict == verdict, rep.finding
   pilot = next(g for g in rep.guards if g["name"] == "pilot")
   assert pilot["ok"] == (drop is None)
@@ -282,14 +283,14 @@ def test_an_arm_past_its_pilot_is_read_only_when_the_pilot_comes_first(tmp_path,
 def test_msq_eps_at_the_margin_is_inconclusive_and_says_why(tmp_path):
   """MicroAdamMSQ 0.02 worse than Adam, to ± 0.002: neither shown within the margin nor
   beyond it, a verdict that says so (every guard passing)."""
-  rep = msq_eps.report(_msq_out(tmp_path, [4.020, 4.021, 4.022, 4.021, 4.020], TIGHT, CTRL,
-                                matched=CTRL))
+  out = _msq_out(tmp_path, [4.020, 4.021, 4.022, 4.021, 4.020], TIGHT, CTRL, matched=CTRL)
+  rep = msq_eps.report(as_planned(out))
   assert rep.verdict == msq_eps.INCONCLUSIVE, rep.finding
   assert rep.verdict.startswith("undetermined: ") and all(g["ok"] for g in rep.guards)
 
 
 def test_msq_eps_without_adam_is_undetermined(tmp_path):
-  rep = msq_eps.report(_msq_out(tmp_path, [4.0, 4.1], [], [4.3, 4.3, 4.3]))
+  rep = msq_eps.report(as_planned(_msq_out(tmp_path, [4.0, 4.1], [], [4.3, 4.3, 4.3])))
   assert rep.verdict == msq_eps.INCONCLUSIVE and "is not separable from adam" in rep.finding
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import as_planned
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -76,14 +77,15 @@ def _placements(tmp_path, **fresh) -> dict:
       rows += group_runs({"optimizer.placement": p}, diverged_all=True)
     else:
       rows += group_runs({"optimizer.placement": p}, vals, seed0=min(vals) if vals else 4.0)
-  return sign_placement.report(write(tmp_path / "sp", rows, sign_placement.GROUP))
+  return sign_placement.report(as_planned(write(tmp_path / "sp", rows, sign_placement.GROUP)))
 
 
 def test_sign_placement_clear_win(tmp_path):
   rep = _placements(tmp_path, ema=[4.00, 4.01, 4.02], batch=[4.30, 4.31, 4.29],
                     example=[5.30, 5.31, 5.29], token=[6.10, 6.12, 6.11])
   assert rep.verdict == "reproduced"
-  assert [g["name"] for g in rep.guards] == ["bracketed", "stable", "warm", "pilot", "powered"]
+  assert [g["name"] for g in rep.guards] == ["bracketed", "stable", "warm", "pilot", "same_budget",
+                                            "powered"]
   assert all(g["ok"] for g in rep.guards)
   assert rep.rule == sign_placement.RULE and rep.rule.startswith(RULE_START)
   assert rep.finding.startswith("reproduced: ema vs batch: win; batch vs example: win")
@@ -172,7 +174,7 @@ def test_reported_numbers_exclude_the_selection_seed(tmp_path):
   assert var["select_loss"] == pytest.approx(3.90)
   assert var["loss_mean"] == pytest.approx(4.38) and var["n_seeds"] == 5
   assert var["loss_std"] == pytest.approx(0.0158, abs=1e-4) and var["fresh_seeds"] == "1 2 3 4 5"
-  rep = preconditioner.report(out)
+  rep = preconditioner.report(as_planned(out))
   assert "micro_adam_var: 4.380 ± 0.016 (n=5)" in rep.finding
   assert "adam beats micro_adam_var (advantage 0.39 [" in rep.finding
   # With seed 0 averaged in, var would read 4.26; it must not appear as a reported mean.
@@ -199,7 +201,7 @@ def _variants(tmp_path, fresh: dict, clip=(None,)) -> dict:
       g = {"optimizer.variant": v, "optimizer.clip_norm": c}
       rows += (group_runs(g, diverged_all=True) if vals == "diverged"
                else group_runs(g, vals, seed0=min(vals, default=4.0)))
-  return preconditioner.report(write(tmp_path / "pc", rows, preconditioner.GROUP))
+  return preconditioner.report(as_planned(write(tmp_path / "pc", rows, preconditioner.GROUP)))
 
 
 def test_preconditioner_mean_dominated_win(tmp_path):
