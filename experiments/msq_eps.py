@@ -73,7 +73,7 @@ def sweep(preset: str, inputs=None) -> Sweep:
     return [(msq, {k: from_table(r[k]) for k in (*GROUP, "optimizer.lr")})
             for r in searched.to_dict("records") if r["optimizer.variant"] == ADAM]
   more = MoreSeeds(compared, EFFECT.value, most=MOST_SEEDS)
-  # cpu: 2 × 5 fixed + 2 × (3 lrs × 1 selection + 5 fresh) = 26 runs (+ more seeds)
+  # cpu: 2 × 5 fixed + 2 × (3 lrs × 2 selection + 5 fresh) = 32 runs (+ more seeds)
   return Sweep(base, (*ctrl, *fixed), LrSearch(GROUP, factor=2 ** 0.5, max_extend=2, seeds=SEEDS,
                                                more=more),
                wall_estimate_min=21 if preset == "cpu" else None)

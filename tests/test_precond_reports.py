@@ -65,7 +65,7 @@ def test_a_loss_above_ln_v_counts_as_diverged_in_the_search(tmp_path):
   runs |= {_point("micro_adam_msq", 1e-3, lr, s): [7.5, 5.0, 4.2 + abs(math.log10(lr / 3e-3))]
            for lr in (1e-3, 3e-3, 1e-2) for s in preconditioner.SELECT}
   runs |= {_point("adam", 1e-8, 3e-3, s): [7.5, 5.0, 4.1 + 0.001 * s]
-           for s in (0, *preconditioner.SEEDS)}
+           for s in (*preconditioner.SELECT, *preconditioner.SEEDS)}
   runs |= {_point("adam", 1e-8, lr, s): [7.5, 5.0, 4.3] for lr in (1e-3, 1e-2)
            for s in preconditioner.SELECT}
   runs |= {_point("micro_adam", 1e-8, lr, s): [7.5, 5.0, 4.3 + 0.01 * s + (lr != 3e-3) * 0.1]
@@ -90,7 +90,7 @@ def test_a_loss_above_ln_v_counts_as_diverged_in_the_search(tmp_path):
   preconditioner.analyze(Runs(out, table, fin), out)
   assert (read_csv(out / "finals.csv")[WARMUP] == 20).all()
   best = read_csv(out / "best.csv")
-  assert set(best["select_seed"]) == {0}  # one selection seed
+  assert set(best["select_seed"]) == {"0 1"}  # the mean of both selection seeds
   msq = best[best["optimizer.variant"] == "micro_adam_msq"].set_index("optimizer.eps")
   assert msq.loc[1e-5, "all_diverged"] and not msq.loc[1e-4, "all_diverged"]
   assert msq.loc[1e-4, "fresh_seeds"] == "2 3 4 5 6"
@@ -261,7 +261,6 @@ def test_an_arm_past_its_pilot_is_read_only_when_the_pilot_comes_first(tmp_path,
   out = _msq_out(tmp_path, five, [x - 0.001 for x in five], [x + 0.3 for x in five],
                  matched=[x + 0.3 for x in five])
   fin = read_csv(out / "finals.csv")
-  fin = fin[fin["train.seed"] != 1]  # (the fixture searches on seeds 0 and 1; SELECT is 0)
   ctrl = (fin["optimizer.eps"] == 1.0) & (fin["optimizer.lr"] == 1.0)
   added = fin[ctrl & (fin["train.seed"] == 2)]
   fin = pd.concat([fin, added.assign(**{"train.seed": [7]}), added.assign(**{"train.seed": [8]})],
@@ -338,7 +337,32 @@ def test_msq_eps_runs_at_the_eps_and_lr_preconditioner_chose(tmp_path):
   matched = [p for p in pts if p["optimizer.variant"] == "adam" and p["optimizer.eps"] == 1e-4]
   assert sorted({p["optimizer.lr"] for p in matched}) == preconditioner.grid(3e-2, 1)
   assert {p["train.seed"] for p in matched} == set(msq_eps.SELECT)
-  assert growth.select_seeds(sw) == msq_eps.SELECT == (0,) and sw.base["stats.log_every"] == 50
-  # 2 fixed arms x 5 fresh seeds + 2 controls x 3 lrs x 1 selection seed (their 5 fresh
-  # seeds each come in the follow-up: 26 runs without extensions)
-  assert len(pts) == 2 * 5 + 2 * 3
+  assert growth.select_seeds(sw) == msq_eps.SELECT == (0, 1) and sw.base["stats.log_every"] == 50
+  # 2 fixed arms x 5 fresh seeds + 2 controls x 3 lrs x 2 selection seeds (their 5 fresh
+  # seeds each come in the follow-up: 32 runs without extensions)
+  assert len(pts) == 2 * 5 + 2 * 3 * 2
+
+
+def test_no_tuned_value_is_chosen_on_fewer_than_all_selection_seeds():
+  """The preconditioner (and msq_eps, which inherits its seeds) selects on ≥ 2 seeds; `best_lr`
+  scores an lr on the mean over every selection seed, and an lr one of them has not run is not
+  a candidate (seed 0 alone would pick 1e-3; seed 1 has no run there): so ε too is chosen on
+  the mean over all of them (`preconditioner.chosen` reads select_loss)."""
+  assert len(preconditioner.SELECT) >= 2 and msq_eps.SELECT == preconditioner.SELECT
+  assert not set(preconditioner.SELECT) & set(preconditioner.SEEDS)
+  g = {"optimizer.variant": "micro_adam_msq", "optimizer.clip_norm": None}
+  rows = [{**g, "optimizer.eps": eps, "optimizer.lr": lr, "train.seed": s,
+           "final_eval_loss": v, "status": "completed"}
+          for eps, lr, s, v in ((1e-4, 1e-3, 0, 3.90), (1e-4, 3e-3, 0, 4.00), (1e-4, 3e-3, 1, 4.02),
+                                (1e-4, 1e-2, 0, 4.10), (1e-4, 1e-2, 1, 4.10),
+                                (1e-5, 3e-3, 0, 4.05), (1e-5, 3e-3, 1, 3.96),
+                                (1e-5, 1e-3, 0, 4.2), (1e-5, 1e-3, 1, 4.2),
+                                (1e-5, 1e-2, 0, 4.2), (1e-5, 1e-2, 1, 4.2))]
+  best = best_lr(pd.DataFrame(rows), preconditioner.GROUP, "optimizer.lr",
+                 select_seed=preconditioner.SELECT)
+  by = best.set_index("optimizer.eps")
+  assert by.loc[1e-4, "optimizer.lr"] == 3e-3 and by.loc[1e-4, "grid"] == "0.003 0.01"
+  assert by.loc[1e-4, "select_loss"] == pytest.approx(4.01)
+  assert set(best["select_seed"]) == {"0 1"}
+  # seed 0 alone would choose ε 1e-4 (4.00 < 4.05); the mean of both chooses 1e-5 (4.005)
+  assert float(preconditioner.chosen(best)["optimizer.eps"].iloc[0]) == 1e-5
