@@ -64,6 +64,7 @@ EFFECT, TPP = declared(NAME, "effect"), declared(NAME, "tokens_per_param")
 SPAN = declared(NAME, "tokens_per_param_span")
 MOST_SEEDS = int(declared(NAME, "seed_cap").value)  # ramp vs fixed still open: seeds up to it
 SIZE, STEPS, SELECT_SEED, SHORT = "data.batch_size", "train.steps", 0, 0.82
+MAX_EXTEND = 4  # the fixed run's lr grid grows ≤ 4 × 2 past an edge (2 stopped at its top)
 GROUP = ("batch.kind", STEPS)  # the short arm: a group of its own (its steps in its name)
 SEEDS = {"ci": (1,), "cpu": (1, 2, 3, 4, 5, 6), "paper": (1, 2, 3, 4, 5, 6)}
 N_EVALS = {"ci": 5, "cpu": 25, "paper": 25}
@@ -99,8 +100,8 @@ def sweep(preset: str) -> Sweep:
                  "train.seed": [SELECT_SEED]})
   more = None if ci else MoreSeeds(functools.partial(compared, preset), EFFECT.value,
                                    most=MOST_SEEDS)
-  search = LrSearch(GROUP, factor=2.0, max_extend=0 if ci else 2, seeds=SEEDS[family(preset)],
-                    more=more)
+  search = LrSearch(GROUP, factor=2.0, max_extend=0 if ci else MAX_EXTEND,
+                    seeds=SEEDS[family(preset)], more=more)
   return Sweep(base, (block,), search, wall_estimate_min={"ci": 0.5, "cpu": 8}.get(preset))
 
 

@@ -66,7 +66,7 @@ def test_gns_ramp_plan_is_the_papers():
   assert b["data.batch_size"] == 64 and b["batch.start"] == 8  # B_max / 8 (the paper: / 7.5)
   assert b["batch.sizes"] == [8, 16, 24, 32, 40, 48, 56, 64]  # a ramp, not powers of two
   assert sw.blocks[0].grid["train.steps"] == [200] and b["schedule.warmup_steps"] >= 20
-  assert len(sw.lr_search.seeds) == 6 and sw.lr_search.max_extend == 2
+  assert len(sw.lr_search.seeds) == 6 and sw.lr_search.max_extend == gr.MAX_EXTEND == 4
 
 
 def test_gns_ramp_wins_and_saves_tokens(tmp_path):
@@ -145,3 +145,25 @@ def test_an_open_ramp_vs_fixed_gets_seeds_on_both_arms_at_their_budget():
   assert all(b.grid["train.seed"] == want for b in added)
   ramp_block = next(b for b in added if b.grid["batch.kind"] == ["linear"])
   assert {k: v[0] for k, v in ramp_block.grid.items() if k != "train.seed"} == ramp
+
+
+def test_the_fixed_runs_lr_grid_grows_past_its_edge_up_to_its_cap():
+  """lr_search's growth (`follow_up_blocks`): the fixed B_max run's best lr at the grid's top
+  adds the next lr (×2, at the first stage's budget), until MAX_EXTEND lrs past it, where the
+  search stops and the report's `bracketed` guard reads it undetermined."""
+  from pergrad.sweep import follow_up_blocks
+
+  sw = gr.sweep("cpu")
+  first = sw.blocks[0]
+  steps = int(first.grid[gr.STEPS][0])
+  row = lambda lr: {"batch.kind": "fixed", gr.STEPS: steps, "optimizer.lr": lr, "train.seed": 0,
+                    "final_eval_loss": 5.0 - lr, "status": "completed", "diverged": False}
+  grid = list(first.grid["optimizer.lr"])
+  for _ in range(gr.MAX_EXTEND):
+    blocks, kind = follow_up_blocks(sw, pd.DataFrame([row(x) for x in grid]))
+    assert kind == "extend" and blocks[0].grid["optimizer.lr"] == [grid[-1] * 2]
+    assert blocks[0].grid[gr.STEPS] == [steps] and blocks[0].grid["train.seed"] == [0]
+    grid.append(grid[-1] * 2)
+  blocks, kind = follow_up_blocks(sw, pd.DataFrame([row(x) for x in grid]))
+  assert kind != "extend"  # the cap: its fresh seeds at the edge, the guard reads it
+  assert all(b.grid["optimizer.lr"] == [grid[-1]] for b in blocks)
