@@ -76,7 +76,7 @@ def sweep(preset: str, inputs=None) -> Sweep:
   # cpu: 2 × 5 fixed + 2 × (3 lrs × 2 selection + 5 fresh) = 32 runs (+ more seeds)
   return Sweep(base, (*ctrl, *fixed), LrSearch(GROUP, factor=2 ** 0.5, max_extend=2, seeds=SEEDS,
                                                more=more),
-               wall_estimate_min=21 if preset == "cpu" else None)
+               wall_estimate_min=26 if preset == "cpu" else None)
 
 
 def label(g: dict) -> str:

@@ -83,7 +83,7 @@ def sweep(preset: str) -> Sweep:
   # optimum, so every ε group's lr must be bracketed, not the chosen one's only (eps_bracketed).
   return Sweep(base, blocks, LrSearch(GROUP, factor=math.sqrt(2), max_extend=4, seeds=SEEDS,
                                       tuned=eps, more=more),
-               wall_estimate_min=26 if preset == "cpu" else None)
+               wall_estimate_min=36 if preset == "cpu" else None)
 
 
 def expected_pairs(records) -> list[tuple[str, str]]:

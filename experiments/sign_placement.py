@@ -64,7 +64,7 @@ def sweep(preset: str) -> Sweep:
                  for k, v in grids.items())
   more = MoreSeeds(compared, EFFECT.value, most=MOST_SEEDS)
   return Sweep(base, blocks, LrSearch(GROUP, max_extend=3, seeds=SEEDS, more=more),
-               wall_estimate_min=18 if preset == "cpu" else None)
+               wall_estimate_min=24 if preset == "cpu" else None)  # 32 runs (+ seeds)
 
 
 analyze = functools.partial(lr_search.analyze, group_keys=GROUP)
