@@ -18,6 +18,7 @@ import pandas as pd
 
 from experiments import lr_search
 from pergrad.analysis import calibrate, decide, guards, rules
+from pergrad.analysis.budget import guard as same_budget
 from pergrad.analysis.markdown import md_table
 from pergrad.analysis.plots import plot_curves, plt, savefig, style
 from pergrad.analysis.runs import read_csv, write_csv
@@ -272,7 +273,8 @@ def report(out_dir):
                    for sc in by) + (f" (margin ±{m:.3g})" if math.isfinite(m) else
                                     " (no margin: a margin seed diverged or stopped early)"
                                     ) + f"; at B={at}: {outcomes(pairs)}"
-  checked = (*arm_guards(out_dir), regime(read_csv(Path(out_dir) / "curves.csv")))
+  checked = (*arm_guards(out_dir), regime(read_csv(Path(out_dir) / "curves.csv")),
+             same_budget(out_dir))
   return gated(verdict, cals, checked, decided=decided, rule=RULE, paper=PAPER, ours=ours,
                checks=(*(p.sentence() for p in pairs),
                        declared_text(MIN_MARGIN_D, FALLBACK_D, BELOW, ABOVE)),

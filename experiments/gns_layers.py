@@ -17,6 +17,7 @@ import pandas as pd
 
 from experiments import lr_search
 from pergrad.analysis import GNS_TOTAL, calibrate, layer_type, leafwise, smooth
+from pergrad.analysis.budget import guard as same_budget
 from pergrad.analysis.gns_terms import part_whole
 from pergrad.analysis.markdown import fmt_num, listing, sections
 from pergrad.analysis.plots import plot_curves, plt, savefig, style
@@ -187,7 +188,7 @@ def report(out_dir: Path) -> Report:
           f"(a shared drift alone) is {fmt_num(cross)}; the within-seed r exceeds it in "
           f"{sum(r > cross for r in rs)} of {len(rs)} seeds" if np.isfinite(cross) else
           "ours, beside: the r a shared drift alone gives, not measured (fewer than two seeds)")
-  return gated(decide(rs), cal, (warm,), rule=RULE, paper=PAPER,
+  return gated(decide(rs), cal, (warm, same_budget(out_dir)), rule=RULE, paper=PAPER,
                ours=f"r(complement, norm) = {f('r_complement')} at α = {ALPHA:g}",
                checks=(f"slope {f('slope_complement')}; the norm group holds {f('share_g2')} of "
                        f"Σ|G|² and {f('share_s')} of ΣS, so the part-whole r of the total "

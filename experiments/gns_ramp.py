@@ -6,12 +6,15 @@ As the authors' code runs it: both arms at the fixed B_max run's tuned lr (facto
 seed 0, extended until bracketed), the lr schedule indexed by tokens, the same tokens; the
 model is sized so the budget is ~20 tokens per parameter (configs/experiment/gns_ramp.yaml).
 Arms: fixed_<B_max>, ramp (sizes every B_max/8 from B_max/8), short (fixed_<B_max> on 82 % of
-the tokens: Δ18, beside). The stronger comparison, against the best fixed batch, is
-gns_schedule's ("beyond the paper").
+the tokens: Δ18, beside). The fresh seeds are the first look: ramp vs fixed still open there
+gets seeds on both arms up to the cap declared in the YAML (`pergrad.sweep.more_seeds`, after
+the ramp's pilot: `experiments.runner`). The stronger comparison, against the best fixed batch,
+is gns_schedule's ("beyond the paper").
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from pathlib import Path
 
@@ -20,6 +23,7 @@ import pandas as pd
 
 from experiments import lr_search
 from pergrad.analysis import decide, guards
+from pergrad.analysis.budget import guard as same_budget
 from pergrad.analysis.markdown import listing, sections
 from pergrad.analysis.plots import plt, savefig, style
 from pergrad.analysis.report import not_measured
@@ -32,10 +36,11 @@ from pergrad.analysis.runs import (
   to_target,
   write_csv,
 )
-from pergrad.analysis.verdict import calibration_of, gated
+from pergrad.analysis.verdict import calibration_of, gated, sequential_reading
 from pergrad.sweep import (
   Block,
   LrSearch,
+  MoreSeeds,
   Sweep,
   base_for,
   best_lr,
@@ -57,13 +62,17 @@ CLAIM = ("A batch-size ramp linear in tokens from B_max/7.5 (the paper's 2 to 15
 PAPER = "18% fewer tokens to the fixed B_max run's final loss"
 EFFECT, TPP = declared(NAME, "effect"), declared(NAME, "tokens_per_param")
 SPAN = declared(NAME, "tokens_per_param_span")
+MOST_SEEDS = int(declared(NAME, "seed_cap").value)  # ramp vs fixed still open: seeds up to it
 SIZE, STEPS, SELECT_SEED, SHORT = "data.batch_size", "train.steps", 0, 0.82
+MAX_EXTEND = 4  # the fixed run's lr grid grows ≤ 4 × 2 past an edge (2 stopped at its top)
 GROUP = ("batch.kind", STEPS)  # the short arm: a group of its own (its steps in its name)
 SEEDS = {"ci": (1,), "cpu": (1, 2, 3, 4, 5, 6), "paper": (1, 2, 3, 4, 5, 6)}
 N_EVALS = {"ci": 5, "cpu": 25, "paper": 25}
 RULE = (f"The ramp (B_max/8 to B_max linear in tokens over the budget) vs the fixed B_max run, "
         f"both at the fixed run's tuned lr and fresh seeds {SEEDS['cpu']}, in final eval loss at "
-        f"equal tokens, paired on their shared seeds: {decide.READING} (margin and effect "
+        f"equal tokens, paired on their shared seeds (the first look: still open there, seeds "
+        f"on both arms up to {MOST_SEEDS}, read by a two-look Pocock design whose overall "
+        f"false-alarm rate is <= 5%): {decide.READING} (margin and effect "
         f"declared: {EFFECT.value:g} nats); {decide.VERDICT}. The token saving to the fixed "
         "run's final loss (seed-mean curves) is the paper's figure, reported beside; the regime "
         "guard checks tokens per parameter.")
@@ -89,8 +98,33 @@ def sweep(preset: str) -> Sweep:
   lrs = ([float(experiment_value(NAME, "optimizer.lr"))] if ci else [5e-3, 1e-2, 2e-2, 4e-2])
   block = Block({"batch.kind": ["fixed"], STEPS: [steps], "optimizer.lr": lrs,
                  "train.seed": [SELECT_SEED]})
-  search = LrSearch(GROUP, factor=2.0, max_extend=0 if ci else 2, seeds=SEEDS[family(preset)])
+  more = None if ci else MoreSeeds(functools.partial(compared, preset), EFFECT.value,
+                                   most=MOST_SEEDS)
+  search = LrSearch(GROUP, factor=2.0, max_extend=0 if ci else MAX_EXTEND,
+                    seeds=SEEDS[family(preset)], more=more)
   return Sweep(base, (block,), search, wall_estimate_min={"ci": 0.5, "cpu": 8}.get(preset))
+
+
+def design():
+  """The sequential design ramp vs fixed is read by (`sweep.MoreSeeds`: the cpu and paper
+  pilot, then the cap)."""
+  return MoreSeeds(None, EFFECT.value, most=MOST_SEEDS).design(len(SEEDS["cpu"]))
+
+
+def ramp_arm(preset: str, lr: float, steps: int) -> dict:
+  """The ramp's settings at the fixed run's chosen lr and steps (the run's own budget)."""
+  tokens = steps * max_batch_size(preset) * int(scale_value(preset, "data.seq_len"))
+  return {"batch.kind": "linear", "batch.ramp_tokens": tokens, STEPS: steps, "optimizer.lr": lr}
+
+
+def compared(preset: str, best) -> list[tuple[dict, dict]]:
+  """(fixed B_max, ramp) at the fixed run's chosen lr: the pair `MoreSeeds` adds seeds to."""
+  row = best[best["batch.kind"] == "fixed"].to_dict("records")
+  if not row:
+    return []
+  lr, steps = float(row[0]["optimizer.lr"]), int(row[0][STEPS])
+  return [({"batch.kind": "fixed", STEPS: steps, "optimizer.lr": lr},
+           ramp_arm(preset, lr, steps))]
 
 
 def rung_model(preset: str) -> dict:
@@ -110,12 +144,10 @@ def follow_up(preset: str, sweep_dir: Path) -> tuple[Block, ...]:
   best = fixed_best(finals(table)) if not table.empty else None
   if best is None:
     return ()
-  lr, seeds, base = [float(best["optimizer.lr"])], list(SEEDS[family(preset)]), sweep(preset).base
-  steps = int(best[STEPS])
-  tokens = steps * base[SIZE] * int(scale_value(preset, "data.seq_len"))
-  return (Block({"batch.kind": ["linear"], "batch.ramp_tokens": [tokens], "optimizer.lr": lr,
-                 "train.seed": seeds}, fixed={STEPS: steps}),
-          Block({"batch.kind": ["fixed"], STEPS: [int(round(SHORT * steps))], "optimizer.lr": lr,
+  lr, seeds, steps = float(best["optimizer.lr"]), list(SEEDS[family(preset)]), int(best[STEPS])
+  ramp = {k: [v] for k, v in ramp_arm(preset, lr, steps).items()}  # its steps in its name
+  return (Block({**ramp, "train.seed": seeds}),
+          Block({"batch.kind": ["fixed"], STEPS: [int(round(SHORT * steps))], "optimizer.lr": [lr],
                  "train.seed": seeds[:3]}))
 
 
@@ -198,8 +230,9 @@ def report(out_dir: Path):
                         paper=PAPER)
   losses = {k: dict(zip(g["train.seed"].astype(float), g["final_eval_loss"].astype(float),
                         strict=True)) for k, g in tt.groupby("arm")}
-  pair = decide.compare(losses.get("ramp", {}), losses.get("fixed", {}), ("ramp", "fixed"),
-                        effect=EFFECT.value, margin=EFFECT.value)
+  ramp, fixed = losses.get("ramp", {}), losses.get("fixed", {})
+  pair = decide.compare(ramp, fixed, ("ramp", "fixed"), effect=EFFECT.value, margin=EFFECT.value)
+  pair = sequential_reading(pair, ramp, fixed, design())  # ci's one seed: its own reading
   verdict, cals = decide.verdict_of([pair]), {"ramp vs fixed": calibration_of(pair)}
   best = lr_search.load_best(out_dir)
   bracket, stable, _ = lr_search.guards_of(best, lambda r: "fixed")
@@ -214,7 +247,9 @@ def report(out_dir: Path):
                  "no reference (the fixed run missed its own target)" if x != x else "not reached")
   short, full = list(losses.get("short", {}).values()), list(losses.get("fixed", {}).values())
   delta = float(np.mean(short) - np.mean(full)) if short and full else math.nan
-  return gated(verdict, cals, (bracket, stable, warm, in_regime), rule=RULE,
+  pilot = guards.pilot_first({"ramp": sorted(ramp), "fixed": sorted(fixed)}, SEEDS["cpu"])
+  checked = (bracket, stable, warm, in_regime, pilot, same_budget(out_dir))
+  return gated(verdict, cals, checked, rule=RULE,
                decided=list(cals),
                paper=PAPER, ours=f"token saving to fixed B_max's final loss: {save or 'n/a'}; "
                f"ramp vs fixed: {pair.outcome}",

@@ -20,6 +20,7 @@ import pandas as pd
 
 from experiments import gns_ramp, lr_search
 from pergrad.analysis import decide, guards, verdict
+from pergrad.analysis.budget import guard as same_budget
 from pergrad.analysis.markdown import listing, sections
 from pergrad.analysis.plots import plt, savefig, style
 from pergrad.analysis.report import Report, not_measured
@@ -60,7 +61,7 @@ GUIDED = ("gns_norm", "linear_paper", "linear_fit")  # the claim's schedules (th
 BASELINES = ("warmup", "seesaw")  # published schedules, reported beside
 RAMP_TOL = 0.01  # a ramp within 1% of the budget is the paper's (runs overshoot it < 1 batch)
 WARMUP_SHARE = 0.25  # warmup: the share of the budget over which B grows
-SELECT_SEED = 0
+SELECT_SEED, MAX_EXTEND = 0, 3  # every fixed arm's lr grid grows ≤ 3 × 2 past an edge
 SEEDS = {"ci": (1,), "cpu": (1, 2, 3, 4, 5, 6), "paper": (1, 2, 3, 4, 5, 6)}  # fresh: judged on
 N_OTHER = 3  # fresh seeds of the fixed arms other than the best, and of the warmup baseline
 N_EVALS = {"ci": 5, "cpu": 25, "paper": 25}
@@ -117,7 +118,7 @@ def sweep(preset: str) -> Sweep:
       for b in fixed)
   sizes_b = Tuned(SIZE, ("batch.kind",), 2.0, B_LIMITS[0], B_LIMITS[1] * max_batch_size,
                   metric="loss_mean", extra=lambda b: per_size(int(b)))
-  search = LrSearch(GROUP, factor=2.0, max_extend=0 if preset == "ci" else 1,
+  search = LrSearch(GROUP, factor=2.0, max_extend=0 if preset == "ci" else MAX_EXTEND,
                     seeds=SEEDS[preset][:N_OTHER], tuned=sizes_b)
   return Sweep(base, blocks, search, wall_estimate_min={"ci": 1.0, "cpu": 43}.get(preset))
 
@@ -332,11 +333,11 @@ def figures(out_dir: Path) -> list[Path]:
 
 
 def arm_guards(out_dir: Path, search: pd.DataFrame, best, guided) -> tuple:
-  """The best arm's B and lr inside their grids, the compared arms' lr one step below any
-  divergence, each ≥ 20 warmup steps, the budget the paper's (`gns_ramp.regime_guard`)."""
+  """Every fixed arm's lr in its grid (B is chosen over them), the best B in its grid, the compared
+  arms' lr a step below any divergence, ≥ 20 warmup steps, the paper's budget (`gns_ramp`)."""
   label = lambda r: f"fixed_{int(r[SIZE])}" if r["batch.kind"] == "fixed" else r["batch.kind"]
   base = f"fixed_{int(best[SIZE])}"
-  lr, stable, _ = lr_search.guards_of(search, label, {base})
+  lr, stable = lr_search.guards_of(search, label)[0], lr_search.guards_of(search, label, {base})[1]
   sizes_b = guards.bracketed({base: (search[SIZE].astype(float), float(best[SIZE]))}, "B")
   fin = read_csv(out_dir / "finals.csv")
   fin = fin[(fin["train.seed"] != SELECT_SEED) & ~is_short(fin)]
@@ -382,7 +383,8 @@ def report(out_dir: Path) -> Report:
             *(p.sentence() for p in pairs), f"Δ18 = {delta:.3g}", declared_text(EFFECT),
             *([f"linear_fit not run: {why}"] if "linear_fit" not in guided else []))
   return verdict.gated(
-      decide.verdict_of(pairs), cals, arm_guards(out_dir, search, best, guided),
+      decide.verdict_of(pairs), cals, (*arm_guards(out_dir, search, best, guided),
+                                       same_budget(out_dir)),
       decided=list(cals),
       rule=RULE, paper=PAPER, checks=checks,
       ours=f"token (wall-time) saving to B={int(best[SIZE])}'s final loss: {save or 'n/a'}; "

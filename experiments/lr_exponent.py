@@ -9,7 +9,7 @@ vertex leaves them), from its finished runs;
 the guards check each seed's lr* (the quantity fitted), not only the seeds' mean. α is the
 least-squares slope on log B of log lr* averaged over the seeds at each B, its interval
 Student's t on those B-level residuals (n = the number of B): the seeds at one B share its
-grid and its examples (`data.seed`), so their lr* are not independent and a fit over every
+grid, so their lr* are not independent and a fit over every
 (B, seed) would read a too-narrow interval (a shared per-B deviation of 0.1 in ln lr beside
 0.03 per seed: 71 % coverage for a nominal 90 %; tests/test_lr_exponent.py simulates it).
 """
@@ -25,6 +25,7 @@ from scipy import stats as sps
 
 from experiments import lr_search
 from pergrad.analysis import calibrate, guards, rules
+from pergrad.analysis.budget import guard as same_budget
 from pergrad.analysis.markdown import md_table
 from pergrad.analysis.plots import plt, savefig, style
 from pergrad.analysis.report import not_measured
@@ -241,7 +242,8 @@ def report(out_dir: Path):
       calibrate.calibrate("band", math.nan, f["n"], MARGIN.value)
   ours = (f"α = {f['alpha']:.2f} [{f['lo95']:.2f}, {f['hi95']:.2f}] (95%) over B = "
           f"{sorted(int(b) for b in star[KEY].unique())}; √ scaling: α = {ALPHA.value:g}")
-  return gated(judge(f), {"α vs 0.5": cal}, (bracket, stable, warm, regime(out_dir)),
+  checked = (bracket, stable, warm, regime(out_dir), same_budget(out_dir))
+  return gated(judge(f), {"α vs 0.5": cal}, checked,
                decided=["α vs 0.5"],  # an open α names itself in the verdict
                rule=RULE, paper=PAPER, ours=ours,
                checks=(f"90% interval [{f['lo90']:.2f}, {f['hi90']:.2f}] against "

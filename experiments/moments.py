@@ -15,6 +15,7 @@ import pandas as pd
 
 from experiments import lr_search
 from pergrad.analysis import leafwise
+from pergrad.analysis.budget import guard as same_budget
 from pergrad.analysis.decide import READING, VERDICT
 from pergrad.analysis.leafwise import is_norm_leaf
 from pergrad.analysis.markdown import listing, sections
@@ -192,7 +193,7 @@ def report(out_dir: Path):
   size = lambda r: f"B={fmt(from_table(r.get('data.batch_size')) or 'ref')}"
   warm = lr_search.warm_of(fin, size, {size(r) for r in fin.to_dict("records")})
   return pairs_report(values, expected, rule=RULE, paper=PAPER, effect=EFFECT.value,
-                      lower_is_better=False, checked=(warm,),
+                      lower_is_better=False, checked=(warm, same_budget(out_dir)),
                       checks=(f"Second half at the scale's B, per leaf, mean over seeds: "
                               f"{shares}", whole, declared_text(EFFECT, WINDOWS_D)),
                       numbers_md=sections("r per cell (ratio of sums, mean over seeds; the "

@@ -15,6 +15,7 @@ import pandas as pd
 
 from experiments import lr_search, preconditioner
 from pergrad.analysis import decide, guards
+from pergrad.analysis.budget import guard as same_budget
 from pergrad.analysis.decide import NONINFERIOR, NOT_SEPARABLE, READING, WIN, WORSE
 from pergrad.analysis.markdown import sections
 from pergrad.analysis.rules import NOT_REPRODUCED, PARTLY, REPRODUCED, UNDETERMINED
@@ -35,6 +36,7 @@ MSQ, ADAM, CONTROL_EPS, CONTROL = "micro_adam_msq", "adam", 1.0, "control (adam,
 SELECT, SEEDS = preconditioner.SELECT, preconditioner.SEEDS
 LOG_EVERY = {"ci": 10, "cpu": 50, "paper": 500}
 MARGIN, EFFECT = declared(NAME, "margin"), declared(NAME, "effect")
+MOST_SEEDS = int(declared(NAME, "seed_cap").value)  # a pair still open: seeds up to it
 INCONCLUSIVE = f"{UNDETERMINED}: neither within the margin of Adam nor worse beyond it"
 RULE = (f"MicroAdamMSQ vs Adam on the fresh seeds {SEEDS}, paired: non-inferior when the "
         "one-sided 95% upper end of its excess loss is within the margin "
@@ -70,11 +72,11 @@ def sweep(preset: str, inputs=None) -> Sweep:
   def compared(searched) -> list[tuple[dict, dict]]:  # MicroAdamMSQ vs each control, at its lr
     return [(msq, {k: from_table(r[k]) for k in (*GROUP, "optimizer.lr")})
             for r in searched.to_dict("records") if r["optimizer.variant"] == ADAM]
-  more = MoreSeeds(compared, EFFECT.value, most=preconditioner.MOST_SEEDS)
-  # cpu: 2 × 5 fixed + 2 × (3 lrs × 1 selection + 5 fresh) = 26 runs (+ more seeds)
+  more = MoreSeeds(compared, EFFECT.value, most=MOST_SEEDS)
+  # cpu: 2 × 5 fixed + 2 × (3 lrs × 2 selection + 5 fresh) = 32 runs (+ more seeds)
   return Sweep(base, (*ctrl, *fixed), LrSearch(GROUP, factor=2 ** 0.5, max_extend=2, seeds=SEEDS,
                                                more=more),
-               wall_estimate_min=21 if preset == "cpu" else None)
+               wall_estimate_min=26 if preset == "cpu" else None)
 
 
 def label(g: dict) -> str:
@@ -167,7 +169,7 @@ def report(out_dir):
             else PARTLY)
 
   get = lambda k: g.get(k, {})
-  design = preconditioner.more_seeds_design()
+  design = MoreSeeds(None, EFFECT.value, most=MOST_SEEDS).design(len(SEEDS))
   comparisons = [decide.compare(get(msq), get(adam), (msq, adam), effect=MARGIN.value,
                                 margin=MARGIN.value, noninferiority=True),
                  *(sequential_reading(decide.compare(get(msq), get(c), (msq, c),
@@ -192,7 +194,8 @@ def report(out_dir):
                              SEEDS)
   return pairs_report(
       g, expected, rule=RULE, paper=PAPER,
-      checked=(*inherited(out_dir, ran), bracket, stable, fixed, warm, pilot),
+      checked=(*inherited(out_dir, ran), bracket, stable, fixed, warm, pilot,
+               same_budget(out_dir)),
       effect=EFFECT.value, verdict_fn=verdict, comparisons=comparisons,
       checks=(declared_text(MARGIN, EFFECT),),
       numbers_md=lr_search.best_md(lr_search.load_best(out_dir), GROUP) + share_md)

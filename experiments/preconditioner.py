@@ -15,6 +15,7 @@ import numpy as np
 
 from experiments import lr_search
 from pergrad.analysis import guards
+from pergrad.analysis.budget import guard as same_budget
 from pergrad.analysis.decide import READING, VERDICT
 from pergrad.analysis.runs import fmt, from_table
 from pergrad.analysis.verdict import pairs_report
@@ -31,7 +32,7 @@ PAPER = "μ²-dominated ≥ Adam > MicroAdam, MicroAdamVar (qualitative; no figu
 GROUP = ("optimizer.variant", "optimizer.clip_norm", "optimizer.eps")
 MEAN_DOMINATED, VAR_DOMINATED = ("adam", "micro_adam_msq"), ("micro_adam", "micro_adam_var")
 VARIANTS = MEAN_DOMINATED + VAR_DOMINATED
-SELECT, SEEDS = (0,), (2, 3, 4, 5, 6)
+SELECT, SEEDS = (0, 1), (2, 3, 4, 5, 6)  # an lr and ε chosen on the mean of both
 EPS = {"adam": [1e-8], "micro_adam": [1e-8], "micro_adam_var": [1e-8],
        "micro_adam_msq": [1e-6, 1e-5, 1e-4]}  # MSQ's ε is a floor of √v: tuned, bracketed
 # MSQ's ε grid extends ×10 past an edge, at most twice a side, within [Adam's own 1e-8, 1e-2]:
@@ -40,12 +41,13 @@ EPS_LIMITS = (1e-8, 1e-2)
 OPTIMUM = {"adam": 3e-2, "micro_adam": 3e-2, "micro_adam_var": 3e-2, "micro_adam_msq": 1e-2}
 EFFECT = declared(NAME, "effect")  # configs/experiment/preconditioner.yaml
 # The fresh seeds are the first look (`more_seeds`): a pair still open there gets seeds on both
-# arms up to 3× the pilot, read by the two-look sequential design (tests/test_more_seeds.py).
-MOST_SEEDS = 3 * len(SEEDS)
-RULE = (f"Each variant's lr is the best of a √2 grid on seeds {SELECT} (the same 3 lrs around "
-        "each variant's optimum first, then extended past an edge until bracketed, so the grids "
-        "may end unequal; MicroAdamMSQ's ε chosen the same way); within each clipping setting "
-        f"each μ²-dominated variant must beat each σ²-dominated one on the fresh seeds {SEEDS} "
+# arms up to the declared cap, read by the two-look sequential design (tests/test_more_seeds.py).
+MOST_SEEDS = int(declared(NAME, "seed_cap").value)
+RULE = (f"Each variant's lr is the best of a √2 grid on the mean of seeds {SELECT} (the same 3 "
+        "lrs around each variant's optimum first, then extended past an edge until bracketed, so "
+        "the grids may end unequal; MicroAdamMSQ's ε chosen the same way); within each clipping "
+        "setting each μ²-dominated variant must beat each σ²-dominated one on the fresh seeds "
+        f"{SEEDS} "
         f"(the first look: a pair still open there gets seeds on both arms up to {MOST_SEEDS}, "
         "read by a two-look Pocock design whose overall false-alarm rate is <= 5%): "
         f"{READING}, at the effect declared before the run; {VERDICT}.")
@@ -73,7 +75,7 @@ def sweep(preset: str) -> Sweep:
   blocks = tuple(Block({"optimizer.variant": [v], "optimizer.clip_norm": clips,
                         "optimizer.eps": EPS[v], "optimizer.lr": grid(OPTIMUM[v] * scale),
                         "train.seed": list(SELECT)}) for v in VARIANTS)
-  # cpu: 6 (variant, ε) groups × (3 lrs × 1 selection + 5 fresh) = 48 runs (+ extensions)
+  # cpu: 6 (variant, ε) groups × (3 lrs × 2 selection + 5 fresh) = 66 runs (+ extensions)
   eps = Tuned("optimizer.eps", ("optimizer.variant", "optimizer.clip_norm"), factor=10.0,
               low=EPS_LIMITS[0], high=EPS_LIMITS[1])
   more = MoreSeeds(compared, EFFECT.value, most=MOST_SEEDS)
@@ -81,7 +83,7 @@ def sweep(preset: str) -> Sweep:
   # optimum, so every ε group's lr must be bracketed, not the chosen one's only (eps_bracketed).
   return Sweep(base, blocks, LrSearch(GROUP, factor=math.sqrt(2), max_extend=4, seeds=SEEDS,
                                       tuned=eps, more=more),
-               wall_estimate_min=26 if preset == "cpu" else None)
+               wall_estimate_min=36 if preset == "cpu" else None)
 
 
 def expected_pairs(records) -> list[tuple[str, str]]:
@@ -153,7 +155,8 @@ def report(out_dir):
                       checked=(*lr_search.guards_of(best, label, used),
                                eps_bracketed(every, best),
                                guards.pilot_first({k: seeds[k] for k in used if k in seeds},
-                                                  SEEDS)),
+                                                  SEEDS),
+                               same_budget(out_dir)),
                       checks=(lr_search.edges_note(every, label), declared_text(EFFECT)))
 
 

@@ -22,6 +22,7 @@ from pergrad.sweep import (
   How,
   LaunchLog,
   RunIndex,
+  budgets,
   config_extras,
   default_results_dir,
   default_sweep_dir,
@@ -129,6 +130,11 @@ def launch_sweep(exp: Experiment, preset: str, sdir: Path, inputs: Inputs, how: 
     if blocks := exp.follow_up(preset, sdir):
       how.echo(f"{tag} follow-up stage: {len(blocks)} block(s)")
       launch_blocks(sdir, sweep.base, blocks, **kw)
+    if sweep.lr_search is not None and sweep.lr_search.more is not None:  # an arm whose pilot
+      blocks, kind = follow_up_blocks(sweep, marked_finals(aggregate(sdir), sweep.base, how.extra))
+      if kind == "seeds" and blocks:  # ran in that stage: its more seeds, as a round's
+        how.echo(f"{tag} more seeds after the follow-up stage")
+        launch_blocks(sdir, sweep.base, blocks, **kw)
   table = aggregate(sdir)
   log.diverged = diverged_runs(sdir)
   if not how.dry_run:
@@ -160,7 +166,9 @@ def write_results(exp: Experiment, sdir: Path, out_dir: Path, sweep, table, extr
       raise RuntimeError(f"no run of {sdir} wrote {METRICS}; see the log above.")
     table.attrs["overrides"] = [f"{k}={fmt(v)}" for k, v in sweep.base.items()] + list(
         config_extras(extra))
-    exp.analyze(Runs(sdir, table, marked_finals(table, sweep.base, extra)), out_dir)
+    fin = marked_finals(table, sweep.base, extra)
+    exp.analyze(Runs(sdir, table, fin), out_dir)
+    budgets.write(sweep, sdir, fin, out_dir, table.attrs["overrides"])  # same_budget reads it
   else:
     exp.analyze(Runs(sdir), out_dir)
   exp.figures(out_dir)

@@ -2,6 +2,8 @@
 
 Placements (`pergrad.optim`): `example` EMA(mean_i sign g_i), `token` the same per token,
 `batch` EMA(sign ḡ), `ema` sign(EMA ḡ), each at the lr its search chose on seed 0 (`lr_search`).
+The fresh seeds are the first look: an adjacent pair still open there gets seeds on both arms up
+to the cap declared in configs/experiment/sign_placement.yaml (`pergrad.sweep.more_seeds`).
 """
 
 from __future__ import annotations
@@ -9,10 +11,13 @@ from __future__ import annotations
 import functools
 
 from experiments import lr_search
+from pergrad.analysis import guards
+from pergrad.analysis.budget import guard as same_budget
 from pergrad.analysis.decide import READING, VERDICT
 from pergrad.analysis.rules import adjacent
+from pergrad.analysis.runs import from_table
 from pergrad.analysis.verdict import pairs_report
-from pergrad.sweep import Block, LrSearch, Sweep, base_for
+from pergrad.sweep import Block, LrSearch, MoreSeeds, Sweep, base_for
 from pergrad.sweep.declared import declared, declared_text
 from pergrad.sweep.record import Experiment, register
 
@@ -23,10 +28,25 @@ CLAIM = ("The later the sign in the chain per-example -> batch mean -> EMA, the 
 PAPER = "SignEMA best, per-example sign worst (qualitative; no figure)"
 GROUP = ("optimizer.placement",)
 CHAINS = (("ema", "batch", "example"), ("ema", "batch", "token"))
-SEEDS = (1, 2, 3)  # their power at the measured noises: the report's "powered" guard
+SEEDS = (1, 2, 3, 4, 5)  # the first look (`pergrad.sweep.MIN_PILOT` seeds)
 EFFECT = declared(NAME, "effect")  # configs/experiment/sign_placement.yaml
+MOST_SEEDS = int(declared(NAME, "seed_cap").value)
 RULE = (f"Expected ema < batch < example and ema < batch < token in final eval loss on the "
-        f"fresh seeds; each adjacent pair: {READING}; {VERDICT}.")
+        f"fresh seeds (the first look: a pair still open there gets seeds on both arms up to "
+        f"{MOST_SEEDS}, read by a two-look Pocock design whose overall false-alarm rate is "
+        f"<= 5%); each adjacent pair: {READING}; {VERDICT}.")
+
+
+def design():
+  """The sequential design the fresh seeds' comparisons are read by (`sweep.MoreSeeds`)."""
+  return MoreSeeds(None, EFFECT.value, most=MOST_SEEDS).design(len(SEEDS))
+
+
+def compared(best) -> list[tuple[dict, dict]]:
+  """The adjacent pairs `report` compares, each placement at its chosen lr."""
+  arm = {str(r["optimizer.placement"]): {k: from_table(r[k]) for k in (*GROUP, "optimizer.lr")}
+         for r in best.to_dict("records")}
+  return [(arm[a], arm[b]) for a, b in adjacent([p for p in c if p in arm] for c in CHAINS)]
 
 
 def sweep(preset: str) -> Sweep:
@@ -42,8 +62,9 @@ def sweep(preset: str) -> Sweep:
             "batch": [1e-2, 3e-2, 1e-1], "ema": [1e-3, 3e-3, 1e-2]})
   blocks = tuple(Block({"optimizer.placement": [k], "optimizer.lr": v, "train.seed": [0]})
                  for k, v in grids.items())
-  return Sweep(base, blocks, LrSearch(GROUP, max_extend=3, seeds=SEEDS),
-               wall_estimate_min=18 if preset == "cpu" else None)
+  more = MoreSeeds(compared, EFFECT.value, most=MOST_SEEDS)
+  return Sweep(base, blocks, LrSearch(GROUP, max_extend=3, seeds=SEEDS, more=more),
+               wall_estimate_min=24 if preset == "cpu" else None)  # 32 runs (+ seeds)
 
 
 analyze = functools.partial(lr_search.analyze, group_keys=GROUP)
@@ -54,10 +75,13 @@ def report(out_dir):
   best, label = lr_search.load_best(out_dir), lambda g: str(g["optimizer.placement"])
   groups = lr_search.by_label(best, label, SEEDS)
   expected = adjacent([p for p in c if p in groups] for c in CHAINS)
-  return pairs_report(groups, expected, rule=RULE,
+  used = {x for p in expected for x in p}
+  pilot = guards.pilot_first({k: list(groups[k]) for k in used if k in groups}, SEEDS)
+  return pairs_report(groups, expected, rule=RULE, design=design(),
                       paper=PAPER, effect=EFFECT.value, numbers_md=lr_search.best_md(best, GROUP),
                       checks=(lr_search.edges_note(best, label), declared_text(EFFECT)),
-                      checked=lr_search.guards_of(best, label, {x for p in expected for x in p}),
+                      checked=(*lr_search.guards_of(best, label, used), pilot,
+                               same_budget(out_dir)),
                       planned=tuple(dict.fromkeys(sum(CHAINS, ()))))
 
 

@@ -16,6 +16,7 @@ import pandas as pd
 
 from experiments import lr_search
 from pergrad.analysis import decide, ema_gain, leafwise
+from pergrad.analysis.budget import guard as same_budget
 from pergrad.analysis.markdown import fmt_num, listing, sections
 from pergrad.analysis.plots import plot_curves, plt, savefig, style
 from pergrad.analysis.report import not_measured
@@ -230,7 +231,8 @@ def report(out_dir: Path):
   arm = lambda r: str(r.get(PLACEMENT, "run"))
   warm = lr_search.warm_of(fin, arm, {arm(r) for r in fin.to_dict("records")})
   return pairs_report(values, expected, rule=RULE, paper=PAPER, effect=EFFECT.value,
-                      lower_is_better=False, comparisons=pairs, checked=(warm,),
+                      lower_is_better=False, comparisons=pairs,
+                      checked=(warm, same_budget(out_dir)),
                       checks=(gain_text, whole_text, sign_text, why_text, declared_text(EFFECT)),
                       numbers_md=sections("Per-leaf SNR² views (`_no_norm`: without the "
                                           "normalization layers):", views, numbers))

@@ -267,6 +267,9 @@ def main(argv=None) -> int:
   if record is not None:
     d = record.finish()
     print(f"[all] {d['wall_s'] / 60:.1f} min at commit {d['commit']}")
+    if len(at := rec.report_commits(sweeps.RESULTS / a.preset)) > 1:  # e.g. a rung that failed
+      errors.append(f"reports at {len(at)} analysis commits: " + "; ".join(
+          f"{c[:7]}: {', '.join(v)}" for c, v in at.items() if c != d["commit"]))
   if wrote_results or a.render_readme:
     _render(a.preset)
   if failed:

@@ -215,3 +215,29 @@ def _ci_sweeps_job(request, tmp_path_factory):
 def ci_sweeps(_ci_sweeps_job) -> dict:
   """The ci sweeps of every experiment (`_CiSweeps`), once they are done."""
   return _ci_sweeps_job.result()
+
+
+def as_planned(out_dir):
+  """`out_dir` with a budget.csv beside its constructed finals.csv: every completed run at the
+  budget its comparison declares (the steps and warmup it recorded), so that a report's other
+  rules are tested alone (tests/test_budget.py tests the `same_budget` guard itself)."""
+  import pandas as pd
+
+  from pergrad.analysis.runs import read_csv
+
+  fin = read_csv(Path(out_dir) / "finals.csv")
+  if fin.empty:
+    return out_dir
+  if "run" not in fin:  # a table without run names: one per row
+    fin = fin.assign(run=[f"run{i}" for i in range(len(fin))])
+  if "status" in fin:
+    fin = fin[fin["status"] == "completed"]
+  rows = [{"run": r["run"], **{k: r[c] for k, c in (("steps", "final_step"),
+                                                       ("warmup_steps", "warmup_steps"))
+                                if c in r and pd.notna(r[c])}} for r in fin.to_dict("records")]
+  df = pd.DataFrame(rows)
+  for k in ("steps", "warmup_steps"):
+    if k in df:
+      df[f"declared_{k}"] = df[k]
+  df.to_csv(Path(out_dir) / "budget.csv", index=False)
+  return out_dir

@@ -150,3 +150,13 @@ def test_configs_live_in_one_folder_shipped_as_a_package():
   packages = {".".join(p.parent.relative_to(REPO).parts)
               for p in (REPO / "pergrad").rglob("__init__.py")}
   assert set(tool["setuptools"]["packages"]) == packages | {"pergrad.configs"}
+
+
+@pytest.mark.parametrize("overrides, want", [
+    ((), 0), (("train.seed=3",), 3), (("train.seed=3", "data.seed=7"), 7),
+    (("experiment=sign_placement", "train.seed=2"), 2)])
+def test_the_data_order_follows_the_training_seed_unless_set(overrides, want):
+  """A seed draws the init and the data order (common to every arm at that seed); an
+  explicit data.seed is honoured."""
+  plan = build_plan(compose(list(overrides)))
+  assert plan.data.seed == want and plan.config["data"]["seed"] == want

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from conftest import as_planned
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -56,7 +57,7 @@ def _report(tmp_path, name, table, overrides=("experiment=gns_ramp", "scale=cpu"
   table.attrs["overrides"] = list(overrides)
   gr.analyze(record.Runs(d, table, fin), d)
   assert gr.figures(d)[0].exists()
-  return gr.report(d), d
+  return gr.report(as_planned(d)), d
 
 
 def test_gns_ramp_plan_is_the_papers():
@@ -65,14 +66,14 @@ def test_gns_ramp_plan_is_the_papers():
   assert b["data.batch_size"] == 64 and b["batch.start"] == 8  # B_max / 8 (the paper: / 7.5)
   assert b["batch.sizes"] == [8, 16, 24, 32, 40, 48, 56, 64]  # a ramp, not powers of two
   assert sw.blocks[0].grid["train.steps"] == [200] and b["schedule.warmup_steps"] >= 20
-  assert len(sw.lr_search.seeds) == 6 and sw.lr_search.max_extend == 2
+  assert len(sw.lr_search.seeds) == 6 and sw.lr_search.max_extend == gr.MAX_EXTEND == 4
 
 
 def test_gns_ramp_wins_and_saves_tokens(tmp_path):
   rep, d = _report(tmp_path, "faster", _table(1.3))
   assert rep.verdict == "reproduced", (rep.finding, rep.guards_text())
   assert [g["name"] for g in rep.guards] == ["bracketed", "stable", "warm", "in_regime",
-                                            "powered"]  # one warm guard: every run
+                                            "pilot", "same_budget", "powered"]  # one warm guard
   short, _ = _report(tmp_path, "cold_ramp", _table(1.3), ramp_warmup=5)
   assert short.verdict == "undetermined: warm" and short.rule_verdict == "reproduced"
   regime = read_csv(d / "regime.csv")
@@ -113,3 +114,56 @@ def test_the_reference_reaches_its_own_target_whatever_the_float_order():
   never = pd.DataFrame([dict(run="f", arm="fixed", **{"train.seed": 1}, lr=1e-2, step=1,
                              tokens=1e3, train_time_s=1.0, eval_loss=4.0, batch_size=8)])
   assert np.isnan(runs.seed_mean_to_target(never, "fixed", 3.0)["token_saving"].iloc[0])
+
+
+def test_an_open_ramp_vs_fixed_gets_seeds_on_both_arms_at_their_budget():
+  """The ramp's pilot (run in the follow-up stage) and the fixed run's fresh seeds are the
+  first look; open there, both arms get seeds up to the YAML's cap (`MoreSeeds`, the same
+  mechanism as the preconditioner's), the ramp at its own steps and ramp tokens."""
+  from pergrad.sweep import follow_up_blocks
+
+  sw = gr.sweep("cpu")
+  steps = int(sw.blocks[0].grid[gr.STEPS][0])
+  ramp = gr.ramp_arm("cpu", LR, steps)
+  noisy = (4.10, 3.95, 4.02, 3.93, 4.08, 3.99)  # ramp − fixed straddles 0: open
+  rows = [{"batch.kind": "fixed", gr.STEPS: steps, "optimizer.lr": lr, "train.seed": 0,
+           "final_eval_loss": 4.0 + abs(lr - LR), "status": "completed", "diverged": False}
+          for lr in sw.blocks[0].grid["optimizer.lr"] + [LR]]
+  rows += [{"batch.kind": "fixed", gr.STEPS: steps, "optimizer.lr": LR, "train.seed": s,
+            "final_eval_loss": 4.0, "status": "completed", "diverged": False}
+           for s in gr.SEEDS["cpu"]]
+  fin = pd.DataFrame(rows, columns=[*rows[0], "batch.ramp_tokens"])
+  blocks, kind = follow_up_blocks(sw, fin)  # before the follow-up stage: the ramp awaited
+  assert kind == "pilot" and all(b.grid["batch.kind"] == ["fixed"] for b in blocks)
+  fin = pd.concat([fin, pd.DataFrame([{**ramp, "train.seed": s, "final_eval_loss": v,
+                                       "status": "completed", "diverged": False}
+                                      for s, v in zip(gr.SEEDS["cpu"], noisy, strict=True)])])
+  blocks, kind = follow_up_blocks(sw, fin)
+  added = [b for b in blocks if min(b.grid["train.seed"]) > max(gr.SEEDS["cpu"])]
+  assert kind == "seeds" and len(added) == 2
+  want = list(range(7, 7 + gr.MOST_SEEDS - len(gr.SEEDS["cpu"])))
+  assert all(b.grid["train.seed"] == want for b in added)
+  ramp_block = next(b for b in added if b.grid["batch.kind"] == ["linear"])
+  assert {k: v[0] for k, v in ramp_block.grid.items() if k != "train.seed"} == ramp
+
+
+def test_the_fixed_runs_lr_grid_grows_past_its_edge_up_to_its_cap():
+  """lr_search's growth (`follow_up_blocks`): the fixed B_max run's best lr at the grid's top
+  adds the next lr (×2, at the first stage's budget), until MAX_EXTEND lrs past it, where the
+  search stops and the report's `bracketed` guard reads it undetermined."""
+  from pergrad.sweep import follow_up_blocks
+
+  sw = gr.sweep("cpu")
+  first = sw.blocks[0]
+  steps = int(first.grid[gr.STEPS][0])
+  row = lambda lr: {"batch.kind": "fixed", gr.STEPS: steps, "optimizer.lr": lr, "train.seed": 0,
+                    "final_eval_loss": 5.0 - lr, "status": "completed", "diverged": False}
+  grid = list(first.grid["optimizer.lr"])
+  for _ in range(gr.MAX_EXTEND):
+    blocks, kind = follow_up_blocks(sw, pd.DataFrame([row(x) for x in grid]))
+    assert kind == "extend" and blocks[0].grid["optimizer.lr"] == [grid[-1] * 2]
+    assert blocks[0].grid[gr.STEPS] == [steps] and blocks[0].grid["train.seed"] == [0]
+    grid.append(grid[-1] * 2)
+  blocks, kind = follow_up_blocks(sw, pd.DataFrame([row(x) for x in grid]))
+  assert kind != "extend"  # the cap: its fresh seeds at the edge, the guard reads it
+  assert all(b.grid["optimizer.lr"] == [grid[-1]] for b in blocks)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from conftest import as_planned
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -136,7 +137,7 @@ def _gns_report(tmp_path, name, table):
     (d / r / ".hydra" / "config.yaml").write_text("schedule:\n  warmup_steps: 20\n")
   gns_layers.analyze(Runs(d, table, pd.DataFrame({"run": table["run"].unique()})), d)
   assert gns_layers.figures(d)[0].exists()
-  return gns_layers.report(d), read_csv(d / gns_layers.PART_WHOLE)
+  return gns_layers.report(as_planned(d)), read_csv(d / gns_layers.PART_WHOLE)
 
 
 def test_gns_layers_verdicts(tmp_path):
@@ -168,7 +169,7 @@ def test_gns_layers_verdicts(tmp_path):
   assert gns_layers.decide([0.95, 0.7, 0.99]) == "partly reproduced"
   # An analysis without the complement regression: re-run.
   (tmp_path / "one" / gns_layers.PART_WHOLE).unlink()
-  rep = gns_layers.report(tmp_path / "one")
+  rep = gns_layers.report(as_planned(tmp_path / "one"))
   assert rep.verdict == "not measured" and "re-run" in rep.finding
 
 

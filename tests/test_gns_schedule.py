@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from conftest import as_planned
 
 from pergrad.analysis.runs import read_csv
 
@@ -83,7 +84,8 @@ def _schedule_report(tmp_path, name, table, tokens_per_param=20.0):
   tracked = read_csv(d / "gns.csv")  # the figure's B_simple: each row at a known token count
   assert tracked[["tokens", "arm"]].notna().all().all()
   tt = d / "to_target.csv"
-  return gns_schedule.report(d), read_csv(tt) if tt.stat().st_size > 1 else pd.DataFrame()
+  rep = gns_schedule.report(as_planned(d))
+  return rep, read_csv(tt) if tt.stat().st_size > 1 else pd.DataFrame()
 
 
 def test_gns_schedule_crossing_interpolates_between_evaluations():
@@ -366,3 +368,22 @@ def test_judging_the_best_fixed_arm_on_seeds_it_was_not_ranked_on_keeps_the_rate
   se = math.sqrt(0.025 * 0.975 / n)
   assert loses["other seeds"] / n <= 0.025 + 3 * se, loses
   assert loses["same seeds"] / n > 0.025 + 3 * se, loses
+
+
+def test_a_fixed_arm_whose_lr_ends_at_its_grid_edge_leaves_the_b_choice_undetermined(tmp_path):
+  """B is chosen over every fixed arm's loss at its own best lr: a rival arm whose lr search
+  ended at an edge holds an upper bound of its loss only, so `bracketed` fails naming it (its
+  grid grows past the edge first, up to MAX_EXTEND extensions: `lr_search`'s growth)."""
+  from experiments import gns_schedule as gs
+
+  assert gs.sweep("cpu").lr_search.max_extend == gs.MAX_EXTEND >= 2
+  rep, _ = _schedule_report(tmp_path, "bracketed", _schedule_table({"gns_norm": 1.1}))
+  assert "bracketed" not in rep.verdict, rep.guards_text()
+  d = tmp_path / "bracketed"
+  best = read_csv(d / "best.csv")
+  rival = (best["data.batch_size"] == 32) & (best["batch.kind"] == "fixed")
+  best.loc[rival, "optimizer.lr"] = max(float(x) for x in best.loc[rival, "grid"].iloc[0].split())
+  best.to_csv(d / "best.csv", index=False)
+  rep = gs.report(as_planned(d))
+  assert rep.verdict.startswith("undetermined: bracketed"), rep.verdict
+  assert "fixed_32's lr 0.04 is the highest" in rep.guards_text()

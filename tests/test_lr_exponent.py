@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import as_planned
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -79,7 +80,7 @@ def test_vertex_recovers_the_optimum_between_grid_points():
                                                 (1.0, "not reproduced")])
 def test_alpha_and_its_interval_decide(tmp_path, alpha, verdict):
   d = _out(tmp_path, alpha)
-  rep, f = le.report(d), le.fit(read_csv(d / "lr_star.csv"))
+  rep, f = le.report(as_planned(d)), le.fit(read_csv(d / "lr_star.csv"))
   assert f["alpha"] == pytest.approx(alpha, abs=0.03) and f["lo95"] < alpha < f["hi95"]
   assert rep.verdict == verdict, (rep.verdict, rep.guards_text())
   assert rep.calibration["kind"] == "band" and rep.calibration["power"] >= 0.8
@@ -87,9 +88,9 @@ def test_alpha_and_its_interval_decide(tmp_path, alpha, verdict):
 
 
 def test_guards_fire_off_the_grid_and_out_of_regime(tmp_path):
-  steep = le.report(_out(tmp_path, 1.0, centre_alpha=0.5))  # lr* leaves √-centred grids
+  steep = le.report(as_planned(_out(tmp_path, 1.0, centre_alpha=0.5)))  # lr* leaves √-centred grids
   assert "bracketed" in steep.verdict and "B=4" in steep.guards_text()
-  narrow = le.report(_out(tmp_path, 0.5, b_simple=2.0))  # every B above B_simple
+  narrow = le.report(as_planned(_out(tmp_path, 0.5, b_simple=2.0)))  # every B above B_simple
   assert narrow.verdict == "undetermined: in_regime"
   assert "min B / B_simple 2" in narrow.guards_text()
   assert calibrate.calibrate("band", 0.2, 12, 0.15).power < 0.8  # a loose fit: unpowered

@@ -153,3 +153,18 @@ def test_an_arm_run_at_a_fixed_lr_is_read_from_the_finals():
           ] == [[5e-3]]
   _, kind = follow_up_blocks(sweep, fin[fin["train.seed"] != 5])  # pilot unfinished
   assert kind == "pilot"
+
+
+def test_sign_placement_declares_its_cap_and_adds_seeds_by_the_same_design():
+  """sign_placement's adjacent pairs get more seeds by `MoreSeeds` (cap from its YAML), the
+  report reads them by the same two-look design."""
+  from experiments import sign_placement as sp
+
+  ls = sp.sweep("cpu").lr_search
+  assert ls.more is not None and ls.more.most == sp.MOST_SEEDS == 15 and ls.seeds == sp.SEEDS
+  assert sp.design() == ls.more.design(len(sp.SEEDS))
+  best = pd.DataFrame([{"optimizer.placement": p, "optimizer.lr": 1e-2}
+                       for p in ("ema", "batch", "example", "token")])
+  pairs = [(a["optimizer.placement"], b["optimizer.placement"]) for a, b in ls.more.pairs(best)]
+  assert pairs == [("ema", "batch"), ("batch", "example"), ("batch", "token")]
+  assert preconditioner.MOST_SEEDS == 15  # declared in configs/experiment/preconditioner.yaml

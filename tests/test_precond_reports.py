@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import as_planned
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -64,7 +65,7 @@ def test_a_loss_above_ln_v_counts_as_diverged_in_the_search(tmp_path):
   runs |= {_point("micro_adam_msq", 1e-3, lr, s): [7.5, 5.0, 4.2 + abs(math.log10(lr / 3e-3))]
            for lr in (1e-3, 3e-3, 1e-2) for s in preconditioner.SELECT}
   runs |= {_point("adam", 1e-8, 3e-3, s): [7.5, 5.0, 4.1 + 0.001 * s]
-           for s in (0, *preconditioner.SEEDS)}
+           for s in (*preconditioner.SELECT, *preconditioner.SEEDS)}
   runs |= {_point("adam", 1e-8, lr, s): [7.5, 5.0, 4.3] for lr in (1e-3, 1e-2)
            for s in preconditioner.SELECT}
   runs |= {_point("micro_adam", 1e-8, lr, s): [7.5, 5.0, 4.3 + 0.01 * s + (lr != 3e-3) * 0.1]
@@ -89,14 +90,14 @@ def test_a_loss_above_ln_v_counts_as_diverged_in_the_search(tmp_path):
   preconditioner.analyze(Runs(out, table, fin), out)
   assert (read_csv(out / "finals.csv")[WARMUP] == 20).all()
   best = read_csv(out / "best.csv")
-  assert set(best["select_seed"]) == {0}  # one selection seed
+  assert set(best["select_seed"]) == {"0 1"}  # the mean of both selection seeds
   msq = best[best["optimizer.variant"] == "micro_adam_msq"].set_index("optimizer.eps")
   assert msq.loc[1e-5, "all_diverged"] and not msq.loc[1e-4, "all_diverged"]
   assert msq.loc[1e-4, "fresh_seeds"] == "2 3 4 5 6"
   chosen = preconditioner.chosen(lr_search.load_best(out))
   assert dict(zip(chosen["optimizer.variant"], chosen["optimizer.eps"], strict=True)) == {
       "micro_adam_msq": 1e-4, "adam": 1e-8, "micro_adam": 1e-8}
-  rep = preconditioner.report(out)
+  rep = preconditioner.report(as_planned(out))
   assert rep.rule == preconditioner.RULE and "√2 grid" in rep.rule
   assert "micro_adam_msq: 4.004 ± 0.0016 (n=5)" in rep.finding  # at ε = 1e-4, seeds 2-6
   assert "micro_adam_msq beats micro_adam" in rep.finding and rep.rule_verdict == "reproduced"
@@ -162,20 +163,20 @@ def test_an_eps_chosen_over_one_whose_lr_search_ended_at_an_edge_is_not_brackete
   assert "ε 0.0001 was chosen over ε ['0.001'], whose lr searches ended at a grid edge" in g.why
   # msq_eps runs at that choice: it inherits the guard, and without the preconditioner's
   # search beside it nothing vouches for its ε and lrs.
-  rep = msq_eps.report(_msq_out(tmp_path, MSQ, TIGHT, CTRL, matched=CTRL))
+  rep = msq_eps.report(as_planned(_msq_out(tmp_path, MSQ, TIGHT, CTRL, matched=CTRL)))
   assert rep.verdict == "undetermined: bracketed", rep.finding
   assert "preconditioner's search: micro_adam_msq's ε 0.0001 was chosen" in rep.guards_text()
   _precond_best(tmp_path)
-  assert msq_eps.report(tmp_path / "me").verdict != "undetermined: bracketed"
+  assert msq_eps.report(as_planned(tmp_path / "me")).verdict != "undetermined: bracketed"
   # ...for the arms it ran only: a preconditioner search re-run since, choosing another lr
   best = read_csv(tmp_path / preconditioner.NAME / "best.csv")
   best.loc[best["optimizer.variant"] == "adam", "optimizer.lr"] = 0.06
   best.to_csv(tmp_path / preconditioner.NAME / "best.csv", index=False)
-  rep = msq_eps.report(tmp_path / "me")
+  rep = msq_eps.report(as_planned(tmp_path / "me"))
   assert rep.verdict == "undetermined: bracketed"
   assert "this sweep ran [('adam', '1e-08', '0.03')]" in rep.guards_text()
   (tmp_path / preconditioner.NAME / "best.csv").unlink()
-  rep = msq_eps.report(tmp_path / "me")
+  rep = msq_eps.report(as_planned(tmp_path / "me"))
   assert rep.verdict == "undetermined: bracketed"
   assert "no preconditioner/best.csv" in rep.guards_text()
 
@@ -215,7 +216,7 @@ def _msq_out(tmp_path, msq, adam, control, share_msq=0.9, matched=None) -> Path:
 
 
 def test_msq_eps_msq_like_momentum_is_partly_reproduced(tmp_path):
-  rep = msq_eps.report(_msq_out(tmp_path, MSQ, TIGHT, MSQ))
+  rep = msq_eps.report(as_planned(_msq_out(tmp_path, MSQ, TIGHT, MSQ)))
   assert rep.verdict == "partly reproduced" and rep.rule == msq_eps.RULE
   assert "micro_adam_msq, eps=0.0001 is non-inferior to adam, eps=1e-08" in rep.finding
   assert "micro_adam_msq, eps=0.0001 is equivalent to control (adam, eps=1)" in rep.finding
@@ -244,7 +245,7 @@ NOISY = [4.00, 4.02, 4.04, 4.02, 4.00]
     ([4.01], NOISY, CTRL, None, msq_eps.INCONCLUSIVE),  # one shared seed: no interval
 ])
 def test_msq_eps_verdicts(tmp_path, msq, adam, control, matched, verdict):
-  rep = msq_eps.report(_msq_out(tmp_path, msq, adam, control, 0.1, matched))
+  rep = msq_eps.report(as_planned(_msq_out(tmp_path, msq, adam, control, 0.1, matched)))
   assert rep.verdict == verdict, rep.finding
   assert rep.calibration["effect"] == msq_eps.MARGIN.value == msq_eps.EFFECT.value
   if matched is not None:
@@ -260,7 +261,6 @@ def test_an_arm_past_its_pilot_is_read_only_when_the_pilot_comes_first(tmp_path,
   out = _msq_out(tmp_path, five, [x - 0.001 for x in five], [x + 0.3 for x in five],
                  matched=[x + 0.3 for x in five])
   fin = read_csv(out / "finals.csv")
-  fin = fin[fin["train.seed"] != 1]  # (the fixture searches on seeds 0 and 1; SELECT is 0)
   ctrl = (fin["optimizer.eps"] == 1.0) & (fin["optimizer.lr"] == 1.0)
   added = fin[ctrl & (fin["train.seed"] == 2)]
   fin = pd.concat([fin, added.assign(**{"train.seed": [7]}), added.assign(**{"train.seed": [8]})],
@@ -270,7 +270,7 @@ def test_an_arm_past_its_pilot_is_read_only_when_the_pilot_comes_first(tmp_path,
   fin.to_csv(out / "finals.csv", index=False)
   best_lr(fin, msq_eps.GROUP, "optimizer.lr", select_seed=msq_eps.SELECT).to_csv(
       out / "best.csv", index=False)
-  rep = msq_eps.report(out)
+  rep = msq_eps.report(as_planned(out))
   assert rep.verdict == verdict, rep.finding
   pilot = next(g for g in rep.guards if g["name"] == "pilot")
   assert pilot["ok"] == (drop is None)
@@ -282,14 +282,14 @@ def test_an_arm_past_its_pilot_is_read_only_when_the_pilot_comes_first(tmp_path,
 def test_msq_eps_at_the_margin_is_inconclusive_and_says_why(tmp_path):
   """MicroAdamMSQ 0.02 worse than Adam, to ± 0.002: neither shown within the margin nor
   beyond it, a verdict that says so (every guard passing)."""
-  rep = msq_eps.report(_msq_out(tmp_path, [4.020, 4.021, 4.022, 4.021, 4.020], TIGHT, CTRL,
-                                matched=CTRL))
+  out = _msq_out(tmp_path, [4.020, 4.021, 4.022, 4.021, 4.020], TIGHT, CTRL, matched=CTRL)
+  rep = msq_eps.report(as_planned(out))
   assert rep.verdict == msq_eps.INCONCLUSIVE, rep.finding
   assert rep.verdict.startswith("undetermined: ") and all(g["ok"] for g in rep.guards)
 
 
 def test_msq_eps_without_adam_is_undetermined(tmp_path):
-  rep = msq_eps.report(_msq_out(tmp_path, [4.0, 4.1], [], [4.3, 4.3, 4.3]))
+  rep = msq_eps.report(as_planned(_msq_out(tmp_path, [4.0, 4.1], [], [4.3, 4.3, 4.3])))
   assert rep.verdict == msq_eps.INCONCLUSIVE and "is not separable from adam" in rep.finding
 
 
@@ -337,7 +337,32 @@ def test_msq_eps_runs_at_the_eps_and_lr_preconditioner_chose(tmp_path):
   matched = [p for p in pts if p["optimizer.variant"] == "adam" and p["optimizer.eps"] == 1e-4]
   assert sorted({p["optimizer.lr"] for p in matched}) == preconditioner.grid(3e-2, 1)
   assert {p["train.seed"] for p in matched} == set(msq_eps.SELECT)
-  assert growth.select_seeds(sw) == msq_eps.SELECT == (0,) and sw.base["stats.log_every"] == 50
-  # 2 fixed arms x 5 fresh seeds + 2 controls x 3 lrs x 1 selection seed (their 5 fresh
-  # seeds each come in the follow-up: 26 runs without extensions)
-  assert len(pts) == 2 * 5 + 2 * 3
+  assert growth.select_seeds(sw) == msq_eps.SELECT == (0, 1) and sw.base["stats.log_every"] == 50
+  # 2 fixed arms x 5 fresh seeds + 2 controls x 3 lrs x 2 selection seeds (their 5 fresh
+  # seeds each come in the follow-up: 32 runs without extensions)
+  assert len(pts) == 2 * 5 + 2 * 3 * 2
+
+
+def test_no_tuned_value_is_chosen_on_fewer_than_all_selection_seeds():
+  """The preconditioner (and msq_eps, which inherits its seeds) selects on ≥ 2 seeds; `best_lr`
+  scores an lr on the mean over every selection seed, and an lr one of them has not run is not
+  a candidate (seed 0 alone would pick 1e-3; seed 1 has no run there): so ε too is chosen on
+  the mean over all of them (`preconditioner.chosen` reads select_loss)."""
+  assert len(preconditioner.SELECT) >= 2 and msq_eps.SELECT == preconditioner.SELECT
+  assert not set(preconditioner.SELECT) & set(preconditioner.SEEDS)
+  g = {"optimizer.variant": "micro_adam_msq", "optimizer.clip_norm": None}
+  rows = [{**g, "optimizer.eps": eps, "optimizer.lr": lr, "train.seed": s,
+           "final_eval_loss": v, "status": "completed"}
+          for eps, lr, s, v in ((1e-4, 1e-3, 0, 3.90), (1e-4, 3e-3, 0, 4.00), (1e-4, 3e-3, 1, 4.02),
+                                (1e-4, 1e-2, 0, 4.10), (1e-4, 1e-2, 1, 4.10),
+                                (1e-5, 3e-3, 0, 4.05), (1e-5, 3e-3, 1, 3.96),
+                                (1e-5, 1e-3, 0, 4.2), (1e-5, 1e-3, 1, 4.2),
+                                (1e-5, 1e-2, 0, 4.2), (1e-5, 1e-2, 1, 4.2))]
+  best = best_lr(pd.DataFrame(rows), preconditioner.GROUP, "optimizer.lr",
+                 select_seed=preconditioner.SELECT)
+  by = best.set_index("optimizer.eps")
+  assert by.loc[1e-4, "optimizer.lr"] == 3e-3 and by.loc[1e-4, "grid"] == "0.003 0.01"
+  assert by.loc[1e-4, "select_loss"] == pytest.approx(4.01)
+  assert set(best["select_seed"]) == {"0 1"}
+  # seed 0 alone would choose ε 1e-4 (4.00 < 4.05); the mean of both chooses 1e-5 (4.005)
+  assert float(preconditioner.chosen(best)["optimizer.eps"].iloc[0]) == 1e-5

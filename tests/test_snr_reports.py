@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from conftest import as_planned
 
 from pergrad.analysis.runs import read_csv
 
@@ -72,17 +73,17 @@ def test_snr_report_verdicts(tmp_path):
   }
   for k, ((e, b, ne, nb, spread), want) in enumerate(cases.items()):
     d = _snr_csvs(tmp_path / str(k), stages(e, b), stages(ne, nb), spread)
-    rep = snr.report(d)
+    rep = snr.report(as_planned(d))
     assert rep.verdict.startswith(want), (k, rep.finding)
     assert rep.rule == snr.RULE and "EMA gain" in rep.finding
     assert "ema:batch" not in rep.finding and "batch:example" not in rep.finding
     assert "Sign agreement with E g: not logged" in rep.finding
   # One seed: nothing is significant.
   d = _snr_csvs(tmp_path / "one", stages(4.0, 1.0), stages(4.0, 1.0), 0.1, seeds=1)
-  assert snr.report(d).verdict == "undetermined: not separable (ema vs batch)"
+  assert snr.report(as_planned(d)).verdict == "undetermined: not separable (ema vs batch)"
   # Without the parameter counts: not measured, re-run (the whole model still reported).
   (d / "leaf_params.csv").unlink()
-  rep = snr.report(d)
+  rep = snr.report(as_planned(d))
   assert rep.verdict == "not measured" and "re-run" in rep.finding and rep.rule
 
 
@@ -145,7 +146,7 @@ def test_snr_analyze_figures_report_from_a_table(tmp_path):
   sizes = read_csv(tmp_path / "leaf_params.csv").set_index("leaf")["n_params"]
   assert sizes.to_dict() == {"dense/kernel": 1000, "embed/embedding": 500, "norm/scale": 4}
   assert all(p.exists() for p in snr.figures(tmp_path))
-  rep = snr.report(tmp_path)
+  rep = snr.report(as_planned(tmp_path))
   assert rep.verdict == "reproduced" and "1.726" in rep.finding  # gain √(3.01/1.01)
   assert rep.rule == snr.RULE
   # Pooled over the second half (steps 15, 20) and over seeds the ratios are the per-step
@@ -225,15 +226,16 @@ def test_moments_judges_both_halves_at_both_batch_sizes(tmp_path):
   # dominates the sums): both halves are judged, so not reproduced, and every cell (2 windows
   # × 2 B × with/without norm) is in the table; only the second half without norm loses
   d = _moments_csvs(tmp_path / "flip", 3.0, 3.0, 0.1, late=0.3, sizes=(None, 128))
-  rep = moments.report(d)
+  rep = moments.report(as_planned(d))
   assert rep.verdict == "not reproduced", rep.finding
   assert rep.ours.count(": win") == 6 and rep.ours.count(": loss") == 2
   assert "(second half, B=128, no norm): loss" in rep.ours
   assert len(rep.calibrations) == 8 and "| second | 128 | no norm | 0.300 |" in rep.numbers_md
   assert "| first | ref | all leaves | 3.000 |" in rep.numbers_md
-  same = moments.report(_moments_csvs(tmp_path / "same", 3.0, 3.0, 0.1, sizes=(None, 128)))
+  same = moments.report(as_planned(_moments_csvs(tmp_path / "same", 3.0, 3.0, 0.1,
+                                                 sizes=(None, 128))))
   assert same.verdict == "reproduced" and len(same.calibrations) == 8
-  cold = moments.report(_moments_csvs(tmp_path / "cold", 3.0, 3.0, 0.1, warmup=5))
+  cold = moments.report(as_planned(_moments_csvs(tmp_path / "cold", 3.0, 3.0, 0.1, warmup=5)))
   assert cold.verdict == "undetermined: warm" and "B=ref warms up 5 steps" in cold.guards_text()
 
 
@@ -245,7 +247,7 @@ def test_moments_report_verdicts(tmp_path):
            (0.3, 20.0, 0.1): "not reproduced"}
   for k, ((leaf, norm, spread), want) in enumerate(cases.items()):
     d = _moments_csvs(tmp_path / str(k), leaf, norm, spread)
-    rep = moments.report(d)
+    rep = moments.report(as_planned(d))
     assert rep.verdict.startswith(want), (k, rep.finding)
     assert rep.rule == moments.RULE and "Rule:" not in rep.finding
     assert all(p.exists() for p in moments.figures(d))
@@ -254,9 +256,9 @@ def test_moments_report_verdicts(tmp_path):
   views = moments.leaf_views(d)
   np.testing.assert_allclose(views["weighted_median_no_norm"], 0.3 + _offsets(0.1, 3))
   np.testing.assert_allclose(views["norm_share_params"], 10 / 5010)
-  assert moments.report(tmp_path / "nothing").verdict == "not measured"
+  assert moments.report(as_planned(tmp_path / "nothing")).verdict == "not measured"
   (d / "leaf_params.csv").unlink()
-  rep = moments.report(d)
+  rep = moments.report(as_planned(d))
   assert rep.verdict == "not measured" and "re-run" in rep.finding
 
 
@@ -269,7 +271,7 @@ def test_reports_with_a_rule_lose_the_old_rule_mark(tmp_path):
   from pergrad.sweep import report_md
   from pergrad.sweep.record import Report
   for name, mod in (("snr", snr), ("moments", moments)):
-    rep = mod.report(tmp_path / "missing")
+    rep = mod.report(as_planned(tmp_path / "missing"))
     assert rep.rule
     (tmp_path / name).mkdir()
     (tmp_path / name / "report.json").write_text(
@@ -325,7 +327,7 @@ def test_moments_with_a_run_not_finished_is_not_measured(tmp_path):
   d = _moments_csvs(tmp_path / "cut", 3.0, 3.0, 0.1)
   fin = read_csv(d / "finals.csv").assign(status=["completed", "partial", "diverged"])
   fin.to_csv(d / "finals.csv", index=False)
-  rep = moments.report(d)
+  rep = moments.report(as_planned(d))
   assert rep.verdict == "not measured" and "runs not finished: ['s1bNone']" in rep.ours
   fin.assign(status="completed").to_csv(d / "finals.csv", index=False)
-  assert moments.report(d).verdict == "reproduced"
+  assert moments.report(as_planned(d)).verdict == "reproduced"

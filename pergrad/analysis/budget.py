@@ -75,3 +75,26 @@ def same_budget(records: Mapping[str, Mapping], declared: Budget | Mapping[str, 
     bad = ["no compared run"]
   return Guard("same_budget", not bad, "; ".join(bad) if bad else
                f"every compared run ({checked}) has its declared budget")
+
+
+# per run: its recorded budget and its declared one (pergrad.sweep.budgets)
+BUDGET_CSV = "budget.csv"
+
+
+def guard(out_dir, runs=None) -> Guard:
+  """`same_budget` over budget.csv in `out_dir` (`pergrad.sweep.budgets`: each completed run's
+  recorded budget and the one its comparison declares; `runs`: those compared, None: every
+  run there). Fails without budget.csv: the compared runs' budgets are then unchecked."""
+  from pergrad.analysis.runs import read_csv
+
+  df = read_csv(Path(out_dir) / BUDGET_CSV)
+  if df.empty and not (Path(out_dir) / BUDGET_CSV).exists():
+    return Guard("same_budget", False, f"no {BUDGET_CSV}: the compared runs' budgets were not "
+                 "recorded beside these results (analysed before same_budget); re-run")
+  if runs is not None:
+    df = df[df["run"].isin(list(runs))]
+  num = lambda v: None if v is None or (isinstance(v, float) and math.isnan(v)) else int(v)
+  recs = {r["run"]: {k: num(r.get(k)) for k in FIELDS} for r in df.to_dict("records")}
+  want = {r["run"]: Budget(**{k: num(r.get(f"declared_{k}")) for k in FIELDS})
+          for r in df.to_dict("records")}
+  return same_budget(recs, want)

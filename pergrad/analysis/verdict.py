@@ -79,6 +79,9 @@ def sequential_reading(p: decide.Paired, a, b, design: sequential.Design,
   if p.why:
     return p
   out, _ = sequential.read((xb - xa) if lower_is_better else (xa - xb), design, p.margin)
+  if len(xa) < design.looks[0]:  # fewer than the pilot: its first look is still to come
+    return dataclasses.replace(p, outcome=str(out), seeds_to_settle={
+        "the design's first look": design.looks[0]})
   return dataclasses.replace(p, outcome=str(out))
 
 

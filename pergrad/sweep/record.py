@@ -191,3 +191,16 @@ def provenance(repo: Path = REPO) -> dict:
   except (OSError, subprocess.CalledProcessError):
     return {"commit": "unknown", "clean": False}
   return {"commit": head, "clean": not status}
+
+
+def report_commits(results_root) -> dict[str, list[str]]:
+  """{analysis commit: the report directories (relative to `results_root`) whose report.json
+  records it} over every report.json under `results_root`, the ladder's rungs included ("none":
+  a report without one). A reproduction's reports share one commit."""
+  import json
+
+  out: dict[str, list[str]] = {}
+  for f in sorted(Path(results_root).rglob("report.json")):
+    commit = json.loads(f.read_text()).get("commit") or "none"
+    out.setdefault(commit, []).append(str(f.parent.relative_to(results_root)))
+  return out

@@ -15,7 +15,7 @@ from pergrad.analysis.report import finding
 from pergrad.analysis.runs import fmt, read_csv
 from pergrad.sweep import POLICY, REPO, scale_file
 from pergrad.sweep.claims import LEGEND, claim_rows
-from pergrad.sweep.record import Experiment, Inputs, Report, experiments
+from pergrad.sweep.record import Experiment, Inputs, Report, experiments, report_commits
 
 RESOLVED = {"model": ("n_layers", "d_model", "n_heads", "d_ff", "vocab_size", "seq_len"),
             "data": ("name", "tokenizer", "vocab_size", "seq_len", "batch_size", "eval_batch_size"),
@@ -329,6 +329,10 @@ def reproduction_lines(results_root: Path) -> list[str]:
     resumed += (f"; at commits {', '.join(f'`{c[:7]}` ×{k}' for c, k in commits.items())}, "
                 f"whose training code is the same (training version `{d.get('train_version')}`"
                 ": the same runs), every report analysed at the last")
+  if len(at := report_commits(results_root)) > 1:  # a report a later analysis did not redo
+    resumed += (f"; its reports carry {len(at)} analysis commits, not one ("
+                + ", ".join(f"`{c[:7]}`: {', '.join(v) if len(v) < 4 else f'{len(v)} reports'}"
+                            for c, v in at.items()) + ")")
   end = (f"finished {d['finished']}" if d.get("finished")
          else "NOT finished (stopped" + (f" during `{d['running']['name']}`"
                                          if d.get("running") else "") + ")")

@@ -73,6 +73,10 @@ def best_lr(fin: pd.DataFrame, group_keys: Sequence[str], lr_key: str,
     if s0.empty:  # no selection run in this group: nothing was selected
       continue
     per_lr = s0.groupby(lr_key)[metric].mean().sort_index()
+    if has_seed:  # an lr is scored on every selection seed, never on fewer (a run missing)
+      per_lr = per_lr[s0.groupby(lr_key)[seed_key].nunique().reindex(per_lr.index) >= len(sel)]
+      if per_lr.empty:
+        continue
     lrs = list(per_lr.index)
     finite = np.isfinite(per_lr.to_numpy(dtype=float))
     best = per_lr.idxmin() if finite.any() else lrs[0]
