@@ -2,16 +2,19 @@
 
 Every arm: the same examples, every layer type's GNS tracked, warmup and evaluations at the same
 examples. Arms: fixed B = 8 ... 64 (extended ×2 past the best at an edge, `B_LIMITS`), each at
-its lr (factor-2 grid on seed 0, extended once), the best (on seeds 1-3) the baseline, judged on
-seeds 4-6; gns_norm (B follows the norm layers' B_simple); linear_paper (a ramp over the budget
-from B_max/8); linear_fit (the ramp fitted to the best fixed arm's B_simple, `fitted_arm`);
-warmup (Merrill et al. 2025, our reading: from B_max/8 over the first quarter, lr × √ratio;
-beside); seesaw (arXiv 2510.14717; beside); short (the best fixed arm on 82 % of the examples:
-Δ18). Schedules at the best arm's lr on 6 fresh seeds. Curves to the target: `runs.to_target`.
+its lr (factor-2 grid on seed 0, extended up to 3 times), the best (on seeds 1-3) the baseline,
+judged on seeds 4-8 (the first look: a pair still open there gets seeds on both arms up to the
+YAML's cap, `pergrad.sweep.more_seeds`); gns_norm (B follows the norm layers' B_simple);
+linear_paper (a ramp over the budget from B_max/8); linear_fit (the ramp fitted to the best
+fixed arm's B_simple, `fitted_arm`); warmup (Merrill et al. 2025, our reading: from B_max/8
+over the first quarter, lr × √ratio; beside); seesaw (arXiv 2510.14717; beside); short (the
+best fixed arm on 82 % of the examples: Δ18). Schedules at the best arm's lr on 8 fresh seeds.
+Curves to the target: `runs.to_target`.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from pathlib import Path
 
@@ -19,8 +22,9 @@ import numpy as np
 import pandas as pd
 
 from experiments import gns_ramp, lr_search
-from pergrad.analysis import decide, guards, verdict
+from pergrad.analysis import decide, gns_terms, guards, verdict
 from pergrad.analysis.budget import guard as same_budget
+from pergrad.analysis.gns_terms import RAMP_TOL, fitted_arm
 from pergrad.analysis.markdown import listing, sections
 from pergrad.analysis.plots import plt, savefig, style
 from pergrad.analysis.report import Report, not_measured
@@ -34,15 +38,18 @@ from pergrad.analysis.runs import (
   seed_mean,
   seed_mean_to_target,
   to_target,
+  to_target_by_arm,
   write_csv,
 )
 from pergrad.sweep import (
   Block,
   LrSearch,
+  MoreSeeds,
   Sweep,
   Tuned,
   base_for,
   best_lr,
+  common_seeds,
   experiment_value,
   scale_value,
   with_warmup,
@@ -59,23 +66,24 @@ SIZE, PER_SIZE = "data.batch_size", ("train.steps", "train.eval_every", "schedul
 GROUP = ("batch.kind", SIZE, *PER_SIZE)  # a fixed arm (in its runs' names: lr_search copies it)
 GUIDED = ("gns_norm", "linear_paper", "linear_fit")  # the claim's schedules (the verdict's)
 BASELINES = ("warmup", "seesaw")  # published schedules, reported beside
-RAMP_TOL = 0.01  # a ramp within 1% of the budget is the paper's (runs overshoot it < 1 batch)
 WARMUP_SHARE = 0.25  # warmup: the share of the budget over which B grows
 SELECT_SEED, MAX_EXTEND = 0, 3  # every fixed arm's lr grid grows ≤ 3 × 2 past an edge
-SEEDS = {"ci": (1,), "cpu": (1, 2, 3, 4, 5, 6), "paper": (1, 2, 3, 4, 5, 6)}  # fresh: judged on
-N_OTHER = 3  # fresh seeds of the fixed arms other than the best, and of the warmup baseline
+SEEDS = {"ci": (1,), "cpu": tuple(range(1, 9)), "paper": tuple(range(1, 9))}  # fresh: judged on
+N_OTHER = 3  # fresh seeds of the fixed arms other than the best; the best's others: first look
 N_EVALS = {"ci": 5, "cpu": 25, "paper": 25}
 # The fixed sizes extend ×2 past the best one at an edge (ranked as `fixed_search` ranks), at
 # most twice a side, within B = 2 ... 2·B_max (smallest B, largest as a multiple of B_max).
 B_LIMITS = (2, 2)
-PAPER_SAVING = 0.18
-SHORT = 1 - PAPER_SAVING  # the short arm's share of the examples
+SHORT = 1 - 0.18  # the short arm's share of the examples: the paper's 18 % saving
 WARMUP = 20  # steps of the α = 0.95 EMA left out of the fit (1 / (1 − α))
 PAPER = "18% fewer tokens to the fixed batch's final loss"
 EFFECT = declared(NAME, "effect")  # nats, configs/experiment/gns_schedule.yaml
+MOST_SEEDS = int(declared(NAME, "seed_cap").value)  # a pair still open: seeds up to it
 RULE = (f"Each GNS-guided schedule ({', '.join(GUIDED)}) at the best fixed arm's lr vs the best "
-        "fixed arm (lowest mean final eval loss on its first fresh seeds, judged on its others) "
-        f"in final eval loss at equal tokens, paired on their shared seeds: {decide.READING}. "
+        "fixed arm (lowest mean final eval loss on its first fresh seeds, judged on its others: "
+        f"the first look, a pair still open there gets seeds on both arms up to {MOST_SEEDS}, "
+        "read by a two-look Pocock design whose overall false-alarm rate is <= 5%) in final "
+        f"eval loss at equal tokens, paired on their shared seeds: {decide.READING}. "
         f"The effect (and equivalence margin) of each pair is declared ({EFFECT.value:g} nats, "
         "the paper's 18% in loss units); Δ18, the best fixed arm's seed-mean final loss on 82% "
         "of the tokens minus on all, re-measures it beside. "
@@ -118,9 +126,38 @@ def sweep(preset: str) -> Sweep:
       for b in fixed)
   sizes_b = Tuned(SIZE, ("batch.kind",), 2.0, B_LIMITS[0], B_LIMITS[1] * max_batch_size,
                   metric="loss_mean", extra=lambda b: per_size(int(b)))
+  more = None if preset == "ci" else MoreSeeds(  # first look: the best arm's follow-up seeds
+      functools.partial(guided_pairs, preset), EFFECT.value, most=MOST_SEEDS,
+      first=SEEDS[preset][N_OTHER:], reads_finals=True)
   search = LrSearch(GROUP, factor=2.0, max_extend=0 if preset == "ci" else MAX_EXTEND,
-                    seeds=SEEDS[preset][:N_OTHER], tuned=sizes_b)
-  return Sweep(base, blocks, search, wall_estimate_min={"ci": 1.0, "cpu": 43}.get(preset))
+                    seeds=SEEDS[preset][:N_OTHER], tuned=sizes_b, more=more)
+  return Sweep(base, blocks, search, wall_estimate_min={"ci": 1.0, "cpu": 50}.get(preset))
+
+
+def design():  # the sequential design the schedules' pairs are read by (`sweep.MoreSeeds`)
+  return MoreSeeds(None, EFFECT.value, most=MOST_SEEDS).design(len(SEEDS["cpu"][N_OTHER:]))
+
+
+def guided_pairs(preset: str, _best, fin: pd.DataFrame) -> list[tuple[dict, dict]]:
+  """(each GUIDED schedule run, the best fixed arm) at the best arm's lr (`fixed_search`, as
+  `follow_up` chose it): the pairs `MoreSeeds` adds seeds to (none before the follow-up)."""
+  best = fixed_search(fin)[1]
+  if best is None:
+    return []
+  lr, tokens = float(best["optimizer.lr"]), paper_tokens(preset)
+  names = ("batch.kind", "batch.gns_group", "batch.start", "batch.ramp_tokens")  # in run names
+  runs = finished(fin)[lambda d: (d["batch.kind"] != "fixed") & np.isclose(
+      d["optimizer.lr"].astype(float), lr)].drop_duplicates([k for k in names if k in fin])
+  arms = [{k: from_table(r[k]) for k in names if k in r and from_table(r[k]) is not None}
+          for r in runs.to_dict("records") if arm({**r, "_budget": tokens}) in GUIDED]
+  fixed = {"batch.kind": "fixed", SIZE: int(best[SIZE]), **{k: int(best[k]) for k in PER_SIZE}}
+  return [({**a, "optimizer.lr": lr}, {**fixed, "optimizer.lr": lr}) for a in arms]
+
+
+def paper_tokens(preset: str) -> int:
+  """Every arm's tokens: train.steps × B_ref sequences of T tokens."""
+  return sizes(preset)[0] * int(scale_value(preset, "train.steps")) * int(
+      scale_value(preset, "data.seq_len"))
 
 
 def fixed_search(fin: pd.DataFrame) -> tuple[pd.DataFrame, dict | None]:
@@ -136,14 +173,6 @@ def fixed_search(fin: pd.DataFrame) -> tuple[pd.DataFrame, dict | None]:
   return search, None if best.empty else lr_search.ranked(best).iloc[0].to_dict()
 
 
-def common_seeds(search: pd.DataFrame) -> list:
-  """The fresh seeds every fixed arm with fresh seeds ran at its chosen lr (the search's
-  seeds round gives each arm the same ones; `follow_up` adds more to the best arm only)."""
-  sets = [set(str(s).split()) for s, n in zip(search["fresh_seeds"], search["n_seeds"],
-                                              strict=True) if n > 0] if len(search) else []
-  return sorted(int(float(s)) for s in set.intersection(*sets)) if sets else []
-
-
 def is_short(df: pd.DataFrame) -> pd.Series:
   """Fixed runs with fewer examples than the fixed arms' budget (the short arm)."""
   fixed = df["batch.kind"] == "fixed"
@@ -157,11 +186,9 @@ def full_fixed(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def fit_ramp(table: pd.DataFrame, best: dict, max_batch_size: int) -> dict | None:
-  """B_simple ≈ a + b·tokens by least squares on the seed-mean total B_simple of the best fixed
-  arm's runs on its `fresh_seeds` (the common seeds, `fixed_search`) past WARMUP steps (or a
-  short run's first quarter); the ramp starts at the largest power-of-two size ≤ a in
-  [B_max/8, B_max] (B_max = max_batch_size) and reaches B_max after (B_max − start)/b tokens
-  (b ≤ 0: 100 budgets). None without 3 points."""
+  """`gns_terms.linear_ramp` of the seed-mean total B_simple of the best fixed arm's runs on its
+  `fresh_seeds` (the common seeds, `fixed_search`) past WARMUP steps (or a short run's first
+  quarter), B_max = max_batch_size. None without 3 points."""
   t = full_fixed(table)
   rows = t[np.isclose(t[SIZE].astype(float), float(best[SIZE]))
            & np.isclose(t["optimizer.lr"].astype(float), float(best["optimizer.lr"]))
@@ -172,15 +199,7 @@ def fit_ramp(table: pd.DataFrame, best: dict, max_batch_size: int) -> dict | Non
   warmup = min(WARMUP, int(rows["step"].max()) // 4)  # short (ci) runs: their first quarter
   pts = rows[rows["step"] > warmup].dropna(subset=[key, "train/tokens_seen"])
   mean = pts.groupby("train/tokens_seen")[key].mean()
-  x, y = mean.index.to_numpy(float), mean.to_numpy(float)
-  if len(x) < 3 or not np.isfinite(y).all():
-    return None
-  b, a = np.polyfit(x, y, 1)
-  start = max([s for s in (max_batch_size >> i for i in range(4)) if s <= a]
-              or [max_batch_size >> 3])
-  ramp = min((max_batch_size - start) / b if b > 0 else math.inf, 100 * float(x.max()))
-  return {"batch.start": int(start), "batch.ramp_tokens": int(round(ramp)),
-          "a": float(a), "b_per_token": float(b)}
+  return gns_terms.linear_ramp(mean.index.to_numpy(float), mean.to_numpy(float), max_batch_size)
 
 
 def follow_up(preset: str, sweep_dir: Path) -> tuple[Block, ...]:
@@ -191,8 +210,7 @@ def follow_up(preset: str, sweep_dir: Path) -> tuple[Block, ...]:
   if best is None:
     return ()
   lr, seeds = [float(best["optimizer.lr"])], list(SEEDS[preset])
-  ref, max_batch_size, _ = sizes(preset)  # each arm: train.steps × B_ref sequences of T tokens
-  tokens = ref * int(scale_value(preset, "train.steps")) * int(scale_value(preset, "data.seq_len"))
+  max_batch_size, tokens = sizes(preset)[1], paper_tokens(preset)
   ramp = lambda start, tok, seeds=seeds, **kw: Block(
       {"batch.kind": ["linear"], "batch.ramp_tokens": [int(tok)], **kw, "optimizer.lr": lr,
        "train.seed": seeds}, fixed={"batch.start": start})
@@ -213,24 +231,9 @@ def follow_up(preset: str, sweep_dir: Path) -> tuple[Block, ...]:
     return tuple(blocks[:3])
   fit = fit_ramp(table, best, max_batch_size)
   if (tok := fitted_arm(fit, tokens, max_batch_size)[0]) is not None:  # the fit's own ramp
-    blocks.append(ramp(fit["batch.start"], tok))
+    fitted = ramp(fit["batch.start"], tok)  # its start in its name: `guided_pairs` reads it
+    blocks.append(Block({**fitted.grid, "batch.start": [int(fit["batch.start"])]}))
   return tuple(blocks)
-
-
-def fitted_arm(fit: dict | None, tokens: float, max_batch_size: int) -> tuple[int | None, str]:
-  """(ramp tokens, "launched") of the fit, run as fitted over the budget `tokens` (ending below
-  max_batch_size if longer), or (None, why not): no fit, the paper's ramp, or a B that never
-  grows."""
-  if fit is None:
-    return None, "no fit (fewer than 3 points of B_simple)"
-  start, tok = int(fit["batch.start"]), int(fit["batch.ramp_tokens"])
-  said = f"the fit's ramp ({tok:,} tokens from B = {start}, budget {int(tokens):,})"
-  if start == max_batch_size // 8 and abs(tok / tokens - 1) <= RAMP_TOL:
-    return None, f"{said} is linear_paper's"
-  if (start >= max_batch_size
-      or start + (max_batch_size - start) * tokens / tok < min(2 * start, max_batch_size)):
-    return None, f"{said} stays at B = {start} within the budget: fixed_{start}"
-  return tok, "launched"
 
 
 def arm(row: dict) -> str:
@@ -359,20 +362,17 @@ def report(out_dir: Path) -> Report:
   fit = read_csv(out_dir / "ramp_fit.csv")
   why = str(fit["linear_fit"].iloc[0]) if "linear_fit" in fit and len(fit) else "launched"
   guided = [k for k in GUIDED if k != "linear_fit" or why == "launched" or k in losses]
-  pairs = [decide.compare(losses.get(k, {}), losses.get(base, {}), (k, base),
-                          effect=EFFECT.value, margin=EFFECT.value) for k in guided]
-  short = list(losses.get(f"{base}_short", {}).values())  # Δ18 (inf: diverged)
-  full = list(losses.get(base, {}).values())
+  get = lambda k: losses.get(k, {})
+  pairs = [verdict.sequential_reading(decide.compare(get(k), get(base), (k, base), effect=EFFECT
+                                                     .value, margin=EFFECT.value),
+                                      get(k), get(base), design()) for k in guided]  # ci: 1 seed
+  pilot = guards.pilot_first({k: decide.shared(get(k), get(base))[0] for k in (*guided, base)},
+                             SEEDS["cpu"][N_OTHER:])  # each arm's seeds judged against base's
+  short, full = list(get(f"{base}_short").values()), list(get(base).values())  # Δ18
   delta = float(np.mean(short) - np.mean(full)) if len(short) and len(full) else math.nan
   cals = {verdict.key(p): verdict.calibration_of(p) for p in pairs}
   mean_tt = seed_mean_to_target(read_csv(out_dir / "curves.csv"), base, target)
-  by_arm = tt.groupby("arm").agg(
-      final_eval_loss=("final_eval_loss", "mean"), final_std=("final_eval_loss", "std"),
-      updates=("updates", "mean"), time_total_s=("time_total_s", "mean"), seeds=("run", "count"),
-      not_reached=("tokens_to_target", lambda x: int((~np.isfinite(x)).sum()))
-  ).reset_index().merge(mean_tt, on="arm")
-  for c in ("tokens_to_target", "time_to_target_s", "token_saving", "time_saving"):
-    by_arm[c] = by_arm[c].astype(object).where(np.isfinite(by_arm[c].astype(float)), "not reached")
+  by_arm = to_target_by_arm(tt, mean_tt)
   saving = mean_tt.set_index("arm")[["token_saving", "time_saving"]]
   pct = lambda x: (f"{100 * x:.0f}%" if math.isfinite(x) else "no reference" if x != x
                    else "not reached")
@@ -384,7 +384,7 @@ def report(out_dir: Path) -> Report:
             *([f"linear_fit not run: {why}"] if "linear_fit" not in guided else []))
   return verdict.gated(
       decide.verdict_of(pairs), cals, (*arm_guards(out_dir, search, best, guided),
-                                       same_budget(out_dir)),
+                                       same_budget(out_dir), pilot),
       decided=list(cals),
       rule=RULE, paper=PAPER, checks=checks,
       ours=f"token (wall-time) saving to B={int(best[SIZE])}'s final loss: {save or 'n/a'}; "

@@ -22,7 +22,7 @@ BEST_LR = {8: 0.005, 16: 0.01, 32: 0.02, 64: 0.02}
 
 def _schedule_table(speedup: dict[str, float], seeds=(1, 2, 3), n_evals=25, budget=12_800,
                     fixed=FIXED, short: float | None = None, noise: float = 0.0, rng=None,
-                    judged=(4, 5, 6)):
+                    judged=(4, 5, 6, 7, 8)):
   """Eval losses L(x) = 3 + 4·exp(−3·s·x / budget) at the same tokens in every arm, with a
   per-seed jitter of the rate s (−1, 0, +1 % over each three seeds). Fixed arms: seed 0 at
   three lrs (the others 10 % slower), then `seeds` at the best, and B = 16 (the best) also
@@ -127,9 +127,9 @@ def test_gns_schedule_verdicts_against_the_best_fixed_arm(tmp_path):
   assert rep.verdict == "reproduced", rep.finding
   assert set(tt["arm"]) == {"fixed_8", "fixed_16", "fixed_32", "fixed_64", *arms}
   assert all(g["ok"] for g in rep.guards), rep.guards_text()
-  assert set(tt["train.seed"]) == {1, 2, 3, 4, 5, 6}  # the selection seed is never judged
+  assert set(tt["train.seed"]) == set(range(1, 9))  # the selection seed is never judged
   # the best arm, ranked on seeds 1-3, is judged on its others (its mean there is unbiased)
-  assert set(tt.loc[tt["arm"] == "fixed_16", "train.seed"]) == {4, 5, 6}
+  assert set(tt.loc[tt["arm"] == "fixed_16", "train.seed"]) == {4, 5, 6, 7, 8}
   best = read_csv(tmp_path / "faster" / "best.csv")
   assert best.loc[best["best_arm"], "data.batch_size"].tolist() == [16]
   assert best.set_index("data.batch_size")["optimizer.lr"].to_dict() == BEST_LR
@@ -291,9 +291,8 @@ def test_gns_schedule_choice_and_fit_ignore_the_best_arms_follow_up_seeds(tmp_pa
     return [(b.grid, b.fixed) for b in gs.follow_up("cpu", None)]
   first = blocks(table)
   assert blocks(after) == first  # resumed after the best arm's follow-up seeds: the same runs
-  fitted = [g["batch.ramp_tokens"][0] for g, f in first
-            if g.get("batch.kind") == ["linear"] and "batch.lr_scaling" not in g
-            and f.get("batch.start") == 8 and g["batch.ramp_tokens"][0] != 12_800 * 64]
+  fitted = [g["batch.ramp_tokens"][0] for g, _ in first  # the fit's start: in its runs' names
+            if g.get("batch.kind") == ["linear"] and g.get("batch.start") == [8]]
   assert len(fitted) == 1
   _schedule_report(tmp_path, "after", after)
   best = read_csv(tmp_path / "after" / "best.csv")
@@ -387,3 +386,31 @@ def test_a_fixed_arm_whose_lr_ends_at_its_grid_edge_leaves_the_b_choice_undeterm
   rep = gs.report(as_planned(d))
   assert rep.verdict.startswith("undetermined: bracketed"), rep.verdict
   assert "fixed_32's lr 0.04 is the highest" in rep.guards_text()
+
+
+def test_an_open_schedule_gets_seeds_on_both_arms_a_decided_one_none():
+  """The best fixed arm's follow-up seeds 4-8 are the first look (`MoreSeeds.first`, cap from
+  the YAML): a schedule vs that arm still open there asks for seeds on both arms up to the cap
+  (by the same two-look design the report reads), a decided one asks for none."""
+  from experiments import gns_schedule as gs
+  from pergrad.analysis import runs
+  from pergrad.sweep import follow_up_blocks
+
+  sw = gs.sweep("cpu")
+  assert sw.lr_search.pilot_seeds == (4, 5, 6, 7, 8) and sw.lr_search.more.most == gs.MOST_SEEDS
+  assert gs.design() == sw.lr_search.more.design(5) and gs.MOST_SEEDS == 15
+  fin = runs.finals(_schedule_table({"gns_norm": 1.5, "linear_paper": 1.0}))
+  ramp = (fin["batch.kind"] == "linear") & fin["train.seed"].between(4, 8)
+  fixed = fin[(fin["run"].str.startswith("fixed_16,")) & (fin["optimizer.lr"] == BEST_LR[16])]
+  base = fixed.set_index("train.seed")["final_eval_loss"]
+  fin.loc[ramp, "final_eval_loss"] = [base[s] + d for s, d in zip(
+      fin.loc[ramp, "train.seed"], (0.05, -0.05, 0.04, -0.045, 0.01), strict=True)]  # open
+  blocks, kind = follow_up_blocks(sw, fin)
+  added = [b for b in blocks if min(b.grid["train.seed"]) > 8]
+  assert kind == "seeds" and sorted(b.grid["batch.kind"][0] for b in added) == ["fixed", "linear"]
+  assert all(b.grid["train.seed"] == list(range(9, 9 + gs.MOST_SEEDS - 5)) for b in added)
+  assert next(b for b in added if b.grid["batch.kind"] == ["fixed"]).grid["data.batch_size"] == [16]
+  fin.loc[ramp, "final_eval_loss"] = base[[4, 5, 6, 7, 8]].to_numpy() - 0.3  # decided: none
+  assert not [b for b in follow_up_blocks(sw, fin)[0] if min(b.grid["train.seed"]) > 8]
+  waiting = fin[~((fin["batch.kind"] == "gns") & (fin["train.seed"] == 8))]  # first look unrun
+  assert follow_up_blocks(sw, waiting)[1] == "pilot"

@@ -4,6 +4,8 @@
     resmooth(run_dir, alpha)       smooth on a run's logged gns/<group>/{G2,S} terms
     ema_gain(snr2_ema, snr2_batch) SNR_ema / SNR_batch from the logged SNR²s
     part_whole(...)                B = S/|G|² of a group against the total's, regressed
+    linear_ramp(tokens, b_simple)  the batch-size ramp a straight line through B_simple gives
+    fitted_arm(fit, tokens, B_max) whether that ramp runs as an arm of its own (gns_schedule)
 """
 
 from __future__ import annotations
@@ -102,3 +104,37 @@ def part_whole(g2_total, s_total, g2_group, s_group) -> PartWhole:
   med = lambda p, w: float(np.median(p / w)) if len(p) else math.nan
   return PartWhole(rc, slc, ic, rt, slt, share(gg[ok], gt[ok]), share(sg[ok], st[ok]),
                    med(gg[ok], gt[ok]), med(sg[ok], st[ok]), int(ok.sum()))
+
+
+RAMP_TOL = 0.01  # a ramp within 1% of the budget is the paper's (runs overshoot it < 1 batch)
+
+
+def linear_ramp(x, y, max_batch_size: int) -> dict | None:
+  """B_simple y ≈ a + b·x (x: tokens) by least squares; the ramp starts at the largest
+  power-of-two size ≤ a in [B_max/8, B_max] (B_max = max_batch_size) and reaches B_max after
+  (B_max − start)/b tokens (b ≤ 0: 100 × the last x). None without 3 finite points."""
+  x, y = np.asarray(x, float), np.asarray(y, float)
+  if len(x) < 3 or not np.isfinite(y).all():
+    return None
+  b, a = np.polyfit(x, y, 1)
+  start = max([s for s in (max_batch_size >> i for i in range(4)) if s <= a]
+              or [max_batch_size >> 3])
+  ramp = min((max_batch_size - start) / b if b > 0 else math.inf, 100 * float(x.max()))
+  return {"batch.start": int(start), "batch.ramp_tokens": int(round(ramp)),
+          "a": float(a), "b_per_token": float(b)}
+
+
+def fitted_arm(fit: dict | None, tokens: float, max_batch_size: int) -> tuple[int | None, str]:
+  """(ramp tokens, "launched") of the fit, run as fitted over the budget `tokens` (ending below
+  max_batch_size if longer), or (None, why not): no fit, the paper's ramp, or a B that never
+  grows."""
+  if fit is None:
+    return None, "no fit (fewer than 3 points of B_simple)"
+  start, tok = int(fit["batch.start"]), int(fit["batch.ramp_tokens"])
+  said = f"the fit's ramp ({tok:,} tokens from B = {start}, budget {int(tokens):,})"
+  if start == max_batch_size // 8 and abs(tok / tokens - 1) <= RAMP_TOL:
+    return None, f"{said} is linear_paper's"
+  if (start >= max_batch_size
+      or start + (max_batch_size - start) * tokens / tok < min(2 * start, max_batch_size)):
+    return None, f"{said} stays at B = {start} within the budget: fixed_{start}"
+  return tok, "launched"

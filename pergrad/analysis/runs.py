@@ -295,6 +295,20 @@ CURVES = ["run", "arm", "train.seed", "lr", "step", "tokens", "eval_loss", "trai
           "batch_size"]
 
 
+def to_target_by_arm(tt: pd.DataFrame, mean_tt: pd.DataFrame) -> pd.DataFrame:
+  """Per arm of a `to_target` table: its final loss (mean, std), updates, wall time, seeds and
+  seeds that never reached the target, beside `mean_tt` (`seed_mean_to_target`; an infinite
+  figure reads "not reached")."""
+  by_arm = tt.groupby("arm").agg(
+      final_eval_loss=("final_eval_loss", "mean"), final_std=("final_eval_loss", "std"),
+      updates=("updates", "mean"), time_total_s=("time_total_s", "mean"), seeds=("run", "count"),
+      not_reached=("tokens_to_target", lambda x: int((~np.isfinite(x)).sum()))
+  ).reset_index().merge(mean_tt, on="arm")
+  for c in ("tokens_to_target", "time_to_target_s", "token_saving", "time_saving"):
+    by_arm[c] = by_arm[c].astype(object).where(np.isfinite(by_arm[c].astype(float)), "not reached")
+  return by_arm
+
+
 def eval_curves(table: pd.DataFrame, arm_of) -> pd.DataFrame:
   """`CURVES` per run and evaluation, `arm_of(the run's rows)` its arm (time and batch size
   interpolated from the train records that log them)."""

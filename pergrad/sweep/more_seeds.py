@@ -1,7 +1,8 @@
 """More seeds where a comparison is still open: group-sequential seeds on the paired gaps
 (issue 53; our design, not the papers').
 
-The fresh seeds of an lr search (`LrSearch.seeds`) are the first look. A compared pair of arms
+The fresh seeds of an lr search (`LrSearch.seeds`), or those the experiment names
+(`MoreSeeds.first`), are the first look. A compared pair of arms
 (`MoreSeeds.pairs`) is read on its per-seed gaps by `MoreSeeds.design`
 (`pergrad.analysis.sequential`: two looks, the pilot and the cap `MoreSeeds.most`, Pocock
 spending); one decided there (a difference, or equivalence within the margin) gets no more
@@ -55,16 +56,17 @@ def blocks(sweep: Sweep, fin: pd.DataFrame, best: pd.DataFrame, seed0
            ) -> tuple[list[Block], bool]:
   """(the blocks of the added seeds, waiting): waiting while a compared arm's pilot is
   unfinished. An arm's added seeds continue past every seed the search uses."""
-  ls = sweep.lr_search
-  pairs = [tuple(tuple(sorted(arm.items())) for arm in p) for p in ls.more.pairs(best)]
-  pilots = {arm: pilot(fin, dict(arm), ls.seeds) for p in pairs for arm in p}
+  ls, first_look = sweep.lr_search, sweep.lr_search.pilot_seeds
+  found = ls.more.pairs(best, fin) if ls.more.reads_finals else ls.more.pairs(best)
+  pairs = [tuple(tuple(sorted(arm.items())) for arm in p) for p in found]
+  pilots = {arm: pilot(fin, dict(arm), first_look) for p in pairs for arm in p}
   if any(v is None for v in pilots.values()):
     return [], True
   want: dict = {}
   for pair in pairs:
     for side, n in needed(*(pilots[arm] for arm in pair), ls.more).items():
       want[pair[side]] = max(want.get(pair[side], 0), n)
-  first = max(int(s) for s in (*seed0, *ls.seeds)) + 1
+  first = max(int(s) for s in (*seed0, *ls.seeds, *first_look)) + 1
   return [Block({**{k: [v] for k, v in arm}, ls.seed_key: list(range(
-      first, first + n - len(ls.seeds)))}, fixed=first_stage_fixed(sweep, dict(arm)))
+      first, first + n - len(first_look)))}, fixed=first_stage_fixed(sweep, dict(arm)))
           for arm, n in sorted(want.items(), key=str)], False

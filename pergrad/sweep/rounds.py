@@ -115,6 +115,14 @@ def best_lr(fin: pd.DataFrame, group_keys: Sequence[str], lr_key: str,
   return pd.DataFrame(rows)
 
 
+def common_seeds(best: pd.DataFrame) -> list:
+  """The fresh seeds every group of `best_lr`'s table with fresh seeds ran at its chosen lr
+  (a seeds round gives each group the same ones; an experiment may add more to one)."""
+  sets = [set(str(s).split()) for s, n in zip(best["fresh_seeds"], best["n_seeds"],
+                                              strict=True) if n > 0] if len(best) else []
+  return sorted(int(float(s)) for s in set.intersection(*sets)) if sets else []
+
+
 WARMUP = "warmup_steps"  # a run's warmup in optimizer steps, read from its Hydra config
 
 

@@ -52,13 +52,18 @@ class MoreSeeds:
   group keys and lr (from `best`, `rounds.best_lr`'s table, or an arm run at a fixed lr), that
   the report compares paired at the declared `effect`; `most`, the cap (seeds a side, declared
   with the experiment); `margin`, the equivalence margin (default `effect`); `spending`, the
-  sequential design's (`pergrad.analysis.sequential.SPENDINGS`)."""
+  sequential design's (`pergrad.analysis.sequential.SPENDINGS`); `first`, the first look's
+  seeds (default: the lr search's fresh seeds), for an experiment that judges its pairs on
+  other seeds (gns_schedule: the best arm's follow-up seeds); `reads_finals`: `pairs(best,
+  fin)`, the pairs read from the finished runs too (arms run after the lr search)."""
 
   pairs: Callable
   effect: float
   most: int
   margin: float | None = None
   spending: str = "pocock"
+  first: tuple | None = None
+  reads_finals: bool = False
 
   def __post_init__(self):
     if self.margin is None:
@@ -98,9 +103,15 @@ class LrSearch:
   each_seed: bool = False
 
   def __post_init__(self):
-    if self.more is not None and len(self.seeds) < MIN_PILOT:
-      raise ValueError(f"LrSearch: more seeds after a pilot of {len(self.seeds)} seeds; the "
-                       f"pilot needs ≥ {MIN_PILOT} (pergrad.sweep.MIN_PILOT): give `seeds` more.")
+    if self.more is not None and len(self.pilot_seeds) < MIN_PILOT:
+      raise ValueError(f"LrSearch: more seeds after a pilot of {len(self.pilot_seeds)} seeds; "
+                       f"the pilot needs ≥ {MIN_PILOT} (pergrad.sweep.MIN_PILOT): give `seeds` "
+                       "(or `MoreSeeds.first`) more.")
+
+  @property
+  def pilot_seeds(self) -> tuple:
+    """The first look's seeds of `more`: its own `first`, else the fresh seeds."""
+    return tuple(self.seeds if self.more is None or self.more.first is None else self.more.first)
 
   @property
   def rounds(self) -> int:
