@@ -168,3 +168,33 @@ def test_sign_placement_declares_its_cap_and_adds_seeds_by_the_same_design():
   pairs = [(a["optimizer.placement"], b["optimizer.placement"]) for a, b in ls.more.pairs(best)]
   assert pairs == [("ema", "batch"), ("batch", "example"), ("batch", "token")]
   assert preconditioner.MOST_SEEDS == 15  # declared in configs/experiment/preconditioner.yaml
+
+
+def test_an_open_schedule_gets_seeds_on_both_arms_a_decided_one_none():
+  """The best fixed arm's follow-up seeds 4-8 are the first look (`MoreSeeds.first`, cap from
+  the YAML): a schedule vs that arm still open there asks for seeds on both arms up to the cap
+  (by the same two-look design the report reads), a decided one asks for none."""
+  from test_gns_schedule import BEST_LR, _schedule_table
+
+  from experiments import gns_schedule as gs
+  from pergrad.analysis import runs
+  from pergrad.sweep import follow_up_blocks
+
+  sw = gs.sweep("cpu")
+  assert sw.lr_search.pilot_seeds == (4, 5, 6, 7, 8) and sw.lr_search.more.most == gs.MOST_SEEDS
+  assert gs.design() == sw.lr_search.more.design(5) and gs.MOST_SEEDS == 15
+  fin = runs.finals(_schedule_table({"gns_norm": 1.5, "linear_paper": 1.0}))
+  ramp = (fin["batch.kind"] == "linear") & fin["train.seed"].between(4, 8)
+  fixed = fin[(fin["run"].str.startswith("fixed_16,")) & (fin["optimizer.lr"] == BEST_LR[16])]
+  base = fixed.set_index("train.seed")["final_eval_loss"]
+  fin.loc[ramp, "final_eval_loss"] = [base[s] + d for s, d in zip(
+      fin.loc[ramp, "train.seed"], (0.05, -0.05, 0.04, -0.045, 0.01), strict=True)]  # open
+  blocks, kind = follow_up_blocks(sw, fin)
+  added = [b for b in blocks if min(b.grid["train.seed"]) > 8]
+  assert kind == "seeds" and sorted(b.grid["batch.kind"][0] for b in added) == ["fixed", "linear"]
+  assert all(b.grid["train.seed"] == list(range(9, 9 + gs.MOST_SEEDS - 5)) for b in added)
+  assert next(b for b in added if b.grid["batch.kind"] == ["fixed"]).grid["data.batch_size"] == [16]
+  fin.loc[ramp, "final_eval_loss"] = base[[4, 5, 6, 7, 8]].to_numpy() - 0.3  # decided: none
+  assert not [b for b in follow_up_blocks(sw, fin)[0] if min(b.grid["train.seed"]) > 8]
+  waiting = fin[~((fin["batch.kind"] == "gns") & (fin["train.seed"] == 8))]  # first look unrun
+  assert follow_up_blocks(sw, waiting)[1] == "pilot"
