@@ -21,7 +21,7 @@ difference. A seed diverged (non-finite) on one side only loses that side the co
 from __future__ import annotations
 
 import dataclasses
-import itertools
+import functools
 import math
 from collections.abc import Mapping
 
@@ -135,25 +135,36 @@ def sign_flip_p(d) -> float:
   """Two-sided exact p of the sign-flip test on mean(d) (every sign pattern up to 16 seeds,
   65,536 random ones past)."""
   d = np.asarray(d, float)
-  n = len(d)
-  if n == 0:
+  if len(d) == 0:
     return math.nan
+  null = np.abs(_signs(len(d)) @ d)
+  return float(np.mean(null >= abs(d.sum()) * (1 - 1e-12)))
+
+
+@functools.lru_cache(maxsize=None)
+def _signs(n: int) -> np.ndarray:
+  """The sign patterns of `sign_flip_p`: all 2^n up to n = 16, 65,536 random ones past."""
   if n <= 16:
-    signs = np.array(list(itertools.product((1.0, -1.0), repeat=n)))
+    signs = 1.0 - 2.0 * ((np.arange(2 ** n)[:, None] >> np.arange(n)) & 1)
   else:
     signs = np.random.default_rng(0).choice((1.0, -1.0), size=(65536, n))
-  null = np.abs(signs @ d)
-  return float(np.mean(null >= abs(d.sum()) * (1 - 1e-12)))
+  signs.setflags(write=False)
+  return signs
 
 
 def power_difference(sd: float, n: int, effect: float) -> float:
   """P(the 95% paired interval excludes 0 | true advantage `effect`), exact (noncentral t)."""
   if not (n >= 2 and sd > 0 and math.isfinite(sd)):
     return math.nan
-  df, nc = n - 1, effect / (sd / math.sqrt(n))
+  return float(_powers_difference(sd, np.asarray([n]), effect)[0])
+
+
+def _powers_difference(sd: float, n_N: np.ndarray, effect: float) -> np.ndarray:
+  """`power_difference` at each n of n_N (all ≥ 2, sd > 0), in one scipy call."""
+  df, nc = n_N - 1, effect / (sd / np.sqrt(n_N))
   crit = stats.t.ppf(1 - ALPHA / 2, df)
-  p = float(stats.nct.sf(crit, df, nc) + stats.nct.cdf(-crit, df, nc))
-  return p if math.isfinite(p) else float(abs(nc) > crit)  # (nct fails far in the tail)
+  p = stats.nct.sf(crit, df, nc) + stats.nct.cdf(-crit, df, nc)
+  return np.where(np.isfinite(p), p, np.abs(nc) > crit)  # (nct fails far in the tail)
 
 
 def power_equivalence(sd: float, n: int, margin: float, gap: float = 0.0) -> float:
@@ -175,7 +186,10 @@ def seeds_to_settle(sd: float, gap: float, margin: float = math.nan,
   "equivalence" without a margin or with |gap| ≥ margin, where no seeds show it)."""
   def fewest(ok):
     return next((n for n in range(2, most + 1) if ok(n)), None)
-  out = {"difference": fewest(lambda n: power_difference(sd, n, abs(gap)) >= target)}
+  n_N = np.arange(2, most + 1)
+  ok_N = (_powers_difference(sd, n_N, abs(gap)) >= target if sd > 0 and math.isfinite(sd)
+          else np.zeros(len(n_N), bool))
+  out = {"difference": int(n_N[ok_N][0]) if ok_N.any() else None}
   if math.isfinite(margin) and abs(gap) < margin:
     out["equivalence"] = fewest(lambda n: power_equivalence(sd, n, margin, gap) >= target)
   return out
