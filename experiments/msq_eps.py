@@ -54,7 +54,7 @@ def sweep(preset: str, inputs=None) -> Sweep:
   base = base_for(NAME, preset, **{"stats.log_every": LOG_EVERY[preset]})
   if preset == "ci":
     return Sweep(base, (Block({"optimizer.variant": [MSQ], "optimizer.eps": [1e-4],
-                               "optimizer.lr": [3e-3], "train.seed": [0]}),),
+                               "optimizer.lr": [3e-3], "train.seed": list(SELECT)}),),
                  LrSearch(GROUP, max_extend=0), wall_estimate_min=0.5)
   best = preconditioner.chosen(lr_search.tuned_best(inputs, "preconditioner"))
   best = best[best["optimizer.clip_norm"].isna()].set_index("optimizer.variant")

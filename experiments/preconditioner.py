@@ -68,7 +68,7 @@ def sweep(preset: str) -> Sweep:
   if preset == "ci":
     return Sweep(base, (Block({"optimizer.variant": ["adam"],
                                "optimizer.clip_norm": [None], "optimizer.eps": [1e-8],
-                               "optimizer.lr": [3e-3], "train.seed": [0]}),),
+                               "optimizer.lr": [3e-3], "train.seed": list(SELECT)}),),
                  LrSearch(GROUP, max_extend=0), wall_estimate_min=0.5)
   clips = [None, 1.0] if preset == "paper" else [None]
   scale = 0.1 if preset == "paper" else 1.0
