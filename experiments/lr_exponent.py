@@ -78,7 +78,7 @@ def sweep(preset: str, inputs: Inputs | None = None) -> Sweep:
   blocks = tuple(Block(
       {KEY: [b], LR: [float(f"{lr_ref * math.sqrt(b / ref) * 2 ** (i / 2):.3g}")
                       for i in (range(-2, 3) if not ci else (0,))],  # √2 apart
-       SEED: list(SELECT if not ci else SELECT[:1])},
+       SEED: list(SELECT)},
       fixed={"train.steps": examples // b, "train.eval_every": max(examples // b // 8, 1),
              "schedule.warmup_steps": max(warm // b, 1),
              "logging.log_every": max(examples // b // 50, 1)}) for b in sizes)
