@@ -36,7 +36,6 @@ from pergrad.sweep import (
   LrSearch,
   Sweep,
   base_for,
-  best_lr,
   factor_of,
   family,
   is_rung,
@@ -174,7 +173,7 @@ def analyze(runs, out_dir: Path) -> None:
   out_dir = Path(out_dir)
   fin = with_warmup(runs.finals, runs.sweep_dir)
   write_csv(fin, out_dir / "finals.csv")
-  write_csv(best_lr(fin, (KEY,), LR, select_seed=SELECT), out_dir / "best.csv")
+  lr_search.write_best(fin, runs.sweep, out_dir, (KEY,), LR)
   star = lr_star(fin)
   write_csv(star, out_dir / "lr_star.csv")
   t, ref = runs.table, reference_batch_size(runs.table.attrs.get("overrides") or [])
@@ -242,7 +241,8 @@ def report(out_dir: Path):
       calibrate.calibrate("band", math.nan, f["n"], MARGIN.value)
   ours = (f"α = {f['alpha']:.2f} [{f['lo95']:.2f}, {f['hi95']:.2f}] (95%) over B = "
           f"{sorted(int(b) for b in star[KEY].unique())}; √ scaling: α = {ALPHA.value:g}")
-  checked = (bracket, stable, warm, regime(out_dir), same_budget(out_dir))
+  checked = (bracket, stable, warm, lr_search.selected(best), regime(out_dir),
+             same_budget(out_dir))
   return gated(judge(f), {"α vs 0.5": cal}, checked,
                decided=["α vs 0.5"],  # an open α names itself in the verdict
                rule=RULE, paper=PAPER, ours=ours,

@@ -65,11 +65,22 @@ def stable_of(fin: pd.DataFrame, labeler: Callable[[dict], str], labels) -> guar
 
 
 def load_best(out_dir: Path) -> pd.DataFrame:
-  """best.csv with `values`: the fresh seeds' losses, [inf] for a group diverged at every lr."""
+  """best.csv with `values`: the fresh seeds' losses, [inf] for a group diverged at every lr;
+  `attrs["unscored"]`: the groups that chose no lr (unscored.csv, `selected`)."""
   best = read_csv(Path(out_dir) / "best.csv")
   best["values"] = [_floats(v) or ([math.inf] if r else [])  # a cell "4.01 inf", empty or NaN
                     for v, r in zip(best["fresh_losses"], best["all_diverged"], strict=True)]
+  path = Path(out_dir) / UNSCORED
+  best.attrs["unscored"] = list(read_csv(path)["group"]) if path.is_file() else []
   return best
+
+
+UNSCORED = "unscored.csv"  # `best_lr`'s groups with no lr every selection seed finished
+
+
+def selected(best: pd.DataFrame) -> guards.Guard:
+  """`guards.selected` of a `load_best` table: no searched group left without a chosen lr."""
+  return guards.selected(best.attrs.get("unscored", []))
 
 
 def tuned_best(inputs, experiment: str) -> pd.DataFrame:
@@ -158,13 +169,13 @@ def edges_note(best: pd.DataFrame, labeler: Callable[[dict], str]) -> str:
 
 
 def analyze(runs, out_dir: Path, group_keys: Sequence[str], lr_key: str = "optimizer.lr",
-            seed_key: str = "train.seed", select_seed=None) -> None:
-  """finals.csv (each run's warmup from its config), best.csv (`best_lr`) and curves.csv (at
-  the chosen lr: the fresh seeds', else the selection seeds')."""
+            seed_key: str = "train.seed") -> None:
+  """finals.csv (each run's warmup from its config), best.csv (`best_lr` on the selection seeds
+  of the plan the runs came from, `select_seeds`), unscored.csv (its groups that chose no lr,
+  if any) and curves.csv (at the chosen lr: the fresh seeds', else the selection seeds')."""
   out_dir, table, fin = Path(out_dir), runs.table, with_warmup(runs.finals, runs.sweep_dir)
   write_csv(fin, out_dir / "finals.csv")
-  best = best_lr(fin, group_keys, lr_key, seed_key, select_seed=select_seed)
-  write_csv(best, out_dir / "best.csv")
+  best = write_best(fin, runs.sweep, out_dir, group_keys, lr_key, seed_key)
   own = ["select_seed", "n_seeds"]  # the group's, carried to its curves
   cols = ["train/loss", "eval/loss", "train/lr", "train/grad_norm", *own]
   curves = curves_at(table, best, [*group_keys, lr_key], cols)
@@ -173,6 +184,18 @@ def analyze(runs, out_dir: Path, group_keys: Sequence[str], lr_key: str = "optim
                  for x, s in zip(curves[seed_key], curves["select_seed"], strict=True)]
     curves = curves[~((curves["n_seeds"] > 0) & np.array(selection, bool))]
   write_csv(curves.drop(columns=own, errors="ignore"), out_dir / "curves.csv")
+
+
+def write_best(fin: pd.DataFrame, sweep: Sweep | None, out_dir: Path, group_keys: Sequence[str],
+               lr_key: str = "optimizer.lr", seed_key: str = "train.seed") -> pd.DataFrame:
+  """best.csv: `best_lr` of `fin` on `sweep`'s selection seeds (no sweep: each group's lowest
+  seed); unscored.csv: the groups that chose no lr, if any (`selected` reads it)."""
+  best = best_lr(fin, group_keys, lr_key, seed_key,
+                 select_seed=select_seeds(sweep) if sweep is not None else None)
+  write_csv(best, Path(out_dir) / "best.csv")
+  if best.attrs["unscored"]:
+    write_csv(pd.DataFrame({"group": best.attrs["unscored"]}), Path(out_dir) / UNSCORED)
+  return best
 
 
 def figures(out_dir: Path, group_keys: Sequence[str], title: str,

@@ -97,7 +97,7 @@ def eps_share(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def analyze(runs, out_dir):
-  lr_search.analyze(runs, out_dir, GROUP, select_seed=SELECT)
+  lr_search.analyze(runs, out_dir, GROUP)
   write_csv(eps_share(runs.table), Path(out_dir) / "eps_share.csv")
 
 
@@ -151,7 +151,7 @@ def inherited(out_dir, ran: set[tuple[str, str, str]]) -> tuple[guards.Guard, ..
   bracket, stable, _ = lr_search.guards_of(best, preconditioner.label)
   eps = preconditioner.eps_bracketed(every, best)
   return tuple(guards.Guard(x.name, x.ok, f"{preconditioner.NAME}'s search: {x.why}")
-               for x in (bracket, stable, eps))
+               for x in (bracket, stable, eps, lr_search.selected(every)))
 
 
 def report(out_dir):
@@ -195,7 +195,7 @@ def report(out_dir):
   return pairs_report(
       g, expected, rule=RULE, paper=PAPER,
       checked=(*inherited(out_dir, ran), bracket, stable, fixed, warm, pilot,
-               same_budget(out_dir)),
+               lr_search.selected(best), same_budget(out_dir)),
       effect=EFFECT.value, verdict_fn=verdict, comparisons=comparisons,
       checks=(declared_text(MARGIN, EFFECT),),
       numbers_md=lr_search.best_md(lr_search.load_best(out_dir), GROUP) + share_md)

@@ -138,7 +138,7 @@ def eps_bracketed(every, best) -> guards.Guard:
       "bracketed", False, "; ".join(([grid.why] if not grid.ok else []) + open_))
 
 
-analyze = functools.partial(lr_search.analyze, group_keys=GROUP, select_seed=SELECT)
+analyze = functools.partial(lr_search.analyze, group_keys=GROUP)
 figures = functools.partial(lr_search.figures, group_keys=GROUP, title="Adam preconditioners")
 
 
@@ -153,7 +153,7 @@ def report(out_dir):
                       planned=VARIANTS, design=more_seeds_design(),
                       numbers_md=lr_search.best_md(every, GROUP),
                       checked=(*lr_search.guards_of(best, label, used),
-                               eps_bracketed(every, best),
+                               eps_bracketed(every, best), lr_search.selected(every),
                                guards.pilot_first({k: seeds[k] for k in used if k in seeds},
                                                   SEEDS),
                                same_budget(out_dir)),

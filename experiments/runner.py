@@ -167,7 +167,7 @@ def write_results(exp: Experiment, sdir: Path, out_dir: Path, sweep, table, extr
     table.attrs["overrides"] = [f"{k}={fmt(v)}" for k, v in sweep.base.items()] + list(
         config_extras(extra))
     fin = marked_finals(table, sweep.base, extra)
-    exp.analyze(Runs(sdir, table, fin), out_dir)
+    exp.analyze(Runs(sdir, table, fin, sweep), out_dir)
     budgets.write(sweep, sdir, fin, out_dir, table.attrs["overrides"])  # same_budget reads it
   else:
     exp.analyze(Runs(sdir), out_dir)

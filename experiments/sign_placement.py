@@ -81,7 +81,7 @@ def report(out_dir):
                       paper=PAPER, effect=EFFECT.value, numbers_md=lr_search.best_md(best, GROUP),
                       checks=(lr_search.edges_note(best, label), declared_text(EFFECT)),
                       checked=(*lr_search.guards_of(best, label, used), pilot,
-                               same_budget(out_dir)),
+                               lr_search.selected(best), same_budget(out_dir)),
                       planned=tuple(dict.fromkeys(sum(CHAINS, ()))))
 
 

@@ -87,7 +87,7 @@ def test_a_loss_above_ln_v_counts_as_diverged_in_the_search(tmp_path):
   for r in fin["run"]:  # each run's warmup, as Hydra records its config
     (out / r / ".hydra").mkdir(parents=True)
     (out / r / ".hydra" / "config.yaml").write_text("schedule:\n  warmup_steps: 20\n")
-  preconditioner.analyze(Runs(out, table, fin), out)
+  preconditioner.analyze(Runs(out, table, fin, preconditioner.sweep("cpu")), out)
   assert (read_csv(out / "finals.csv")[WARMUP] == 20).all()
   best = read_csv(out / "best.csv")
   assert set(best["select_seed"]) == {"0 1"}  # the mean of both selection seeds
@@ -366,3 +366,37 @@ def test_no_tuned_value_is_chosen_on_fewer_than_all_selection_seeds():
   assert set(best["select_seed"]) == {"0 1"}
   # seed 0 alone would choose ε 1e-4 (4.00 < 4.05); the mean of both chooses 1e-5 (4.005)
   assert float(preconditioner.chosen(best)["optimizer.eps"].iloc[0]) == 1e-5
+
+
+def test_a_group_that_no_lr_of_every_selection_seed_finished_chooses_nothing(tmp_path):
+  """The selection seeds come from the plan the runs came from; a variant whose seed 1 never
+  finished chooses no lr (never one on seed 0 alone), and the report reads it as
+  "undetermined: selected", naming the group, instead of comparing the arms left."""
+  sel, fresh = preconditioner.SELECT, preconditioner.SEEDS
+  runs = {_point("adam", 1e-8, lr, s): [7.5, 5.0, 4.1 + abs(math.log10(lr / 3e-3))]
+          for lr in (1e-3, 3e-3, 1e-2) for s in sel}
+  runs |= {_point("adam", 1e-8, 3e-3, s): [7.5, 5.0, 4.1 + 0.001 * s] for s in fresh}
+  runs |= {_point("micro_adam_var", 1e-8, lr, s): [7.5, 5.0, 4.5 + abs(math.log10(lr / 3e-3))]
+           for lr in (1e-3, 3e-3, 1e-2) for s in sel}
+  runs |= {_point("micro_adam_var", 1e-8, 3e-3, s): [7.5, 5.0, 4.5 + 0.001 * s] for s in fresh}
+  runs |= {_point("micro_adam", 1e-8, lr, 0): [7.5, 5.0, 4.3] for lr in (1e-3, 3e-3, 1e-2)}
+  table = _table(runs)
+  fin = marked_finals(table, CPU)
+  best = best_lr(fin, preconditioner.GROUP, "optimizer.lr", select_seed=sel)
+  assert list(best["optimizer.variant"]) == ["adam", "micro_adam_var"]
+  assert best.attrs["unscored"] == ["variant=micro_adam, clip_norm=null, eps=1e-08: no lr ran "
+                                    "on every selection seed (0 1; finished: 0)"]
+  alone = best_lr(fin[fin["optimizer.variant"] == "micro_adam"], preconditioner.GROUP,
+                  "optimizer.lr", select_seed=sel)
+  assert alone.empty and {"select_loss", "fresh_seeds", W} <= set(alone.columns)
+  out = tmp_path / "pc"
+  for r in fin["run"]:
+    (out / r / ".hydra").mkdir(parents=True)
+    (out / r / ".hydra" / "config.yaml").write_text("schedule:\n  warmup_steps: 20\n")
+  preconditioner.analyze(Runs(out, table, fin, preconditioner.sweep("cpu")), out)
+  assert set(read_csv(out / "best.csv")["select_seed"]) == {"0 1"}
+  guard = lr_search.selected(lr_search.load_best(out))
+  assert not guard.ok and guard.why == best.attrs["unscored"][0]
+  rep = preconditioner.report(as_planned(out))  # adam beats micro_adam_var by 0.4: decided
+  assert "adam beats micro_adam_var" in rep.finding and rep.rule_verdict == "reproduced"
+  assert rep.verdict == "undetermined: selected"  # ...but micro_adam was never compared

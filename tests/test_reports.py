@@ -84,8 +84,8 @@ def test_sign_placement_clear_win(tmp_path):
   rep = _placements(tmp_path, ema=[4.00, 4.01, 4.02], batch=[4.30, 4.31, 4.29],
                     example=[5.30, 5.31, 5.29], token=[6.10, 6.12, 6.11])
   assert rep.verdict == "reproduced"
-  assert [g["name"] for g in rep.guards] == ["bracketed", "stable", "warm", "pilot", "same_budget",
-                                            "powered"]
+  assert [g["name"] for g in rep.guards] == ["bracketed", "stable", "warm", "pilot", "selected",
+                                            "same_budget", "powered"]
   assert all(g["ok"] for g in rep.guards)
   assert rep.rule == sign_placement.RULE and rep.rule.startswith(RULE_START)
   assert rep.finding.startswith("reproduced: ema vs batch: win; batch vs example: win")

@@ -15,6 +15,8 @@ finding.
               verdict names ("not separable") reports its power beside, never gated
   pilot       where seeds followed a first look (a sequential design), each arm's values
               begin with exactly the first look's seeds, which the design reads first
+  selected    every searched group's lr was chosen on all its selection seeds (a group none
+              of whose lrs every selection seed finished chose nothing, and is not compared)
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from collections.abc import Mapping, Sequence
 
 from pergrad.analysis.calibrate import DIVERGED, MIN_POWER, Calibration
 
-NAMES = ("bracketed", "stable", "warm", "in_regime", "powered", "pilot")
+NAMES = ("bracketed", "stable", "warm", "in_regime", "powered", "pilot", "selected")
 MIN_WARMUP = 20  # optimizer steps
 UNDETERMINED = "undetermined"
 NOT_DECIDED = ("not measured", "not tested")  # verdicts no guard can change
@@ -161,6 +163,13 @@ def pilot_first(arms: Mapping[str, Sequence[float]], pilot: Sequence[float]) -> 
          for arm, seeds in past.items() if seeds[:len(want)] != want]
   return _guard("pilot", bad, f"every arm past the pilot starts with its {len(want)} seeds "
                 f"({len(past)} of {len(arms)} arms past it)")
+
+
+def selected(unscored: Sequence[str]) -> Guard:
+  """Fails when a searched group chose no lr (`rounds.best_lr`'s `unscored` lines): its arm
+  is missing from every comparison, which a verdict on the others would hide."""
+  return Guard("selected", not unscored, "; ".join(unscored) if unscored else
+               "every group's lr chosen on all its selection seeds")
 
 
 def apply(verdict: str, guards: Sequence[Guard]) -> str:

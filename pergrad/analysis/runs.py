@@ -108,7 +108,8 @@ def run_table(run_dir: Path) -> pd.DataFrame:
   return pd.DataFrame(sorted(rows.values(), key=lambda r: r["step"]))
 
 
-def _coerce(v: str):
+def table_value(v: str):
+  """An override's text as a table holds it: null/None -> NaN, else int, float or the text."""
   if v in ("null", "None"):
     return np.nan
   for t in (int, float):
@@ -134,7 +135,7 @@ def aggregate(sweep_dir: Path) -> pd.DataFrame:
     if df.empty:  # no metrics.jsonl, or no record in it
       continue
     for k, v in parse_dirname(name).items():
-      df.insert(0, k, _coerce(v))
+      df.insert(0, k, table_value(v))
     df.insert(0, "status", run_status(rd))
     df.insert(0, "run", name)
     frames.append(df)

@@ -19,7 +19,14 @@ from typing import Sequence
 import pandas as pd
 
 from pergrad.analysis import budget as budget_lib
-from pergrad.analysis.runs import _coerce, finished, fmt, from_table, parse_dirname, write_csv
+from pergrad.analysis.runs import (
+  finished,
+  fmt,
+  from_table,
+  parse_dirname,
+  table_value,
+  write_csv,
+)
 from pergrad.sweep.grid import Sweep
 from pergrad.sweep.growth import same
 
@@ -70,7 +77,8 @@ def table(sweep: Sweep, sweep_dir: Path, fin: pd.DataFrame,
   rows = []
   done = finished(fin)
   for run in (done[done["status"] == "completed"]["run"] if "status" in done else done["run"]):
-    point = {k: from_table(_coerce(v)) for k, v in parse_dirname(run).items() if k not in SEED_KEYS}
+    point = {k: from_table(table_value(v)) for k, v in parse_dirname(run).items()
+             if k not in SEED_KEYS}
     want = declared(planned(sweep, point, tuple(overrides))).declared()
     rec = budget_lib.record(Path(sweep_dir) / run)
     rows.append({"run": run, **rec, **{f"declared_{k}": v for k, v in want.items()}})

@@ -15,7 +15,7 @@ import pandas as pd
 
 from pergrad.analysis.report import Report
 from pergrad.registry import Registry
-from pergrad.sweep import REPO, sweep_dir
+from pergrad.sweep import REPO, Sweep, sweep_dir
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +40,7 @@ class Runs:
   sweep_dir: Path
   table: pd.DataFrame | None = None
   finals: pd.DataFrame | None = None
+  sweep: Sweep | None = None  # the plan the runs came from (its selection seeds, `select_seeds`)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -60,8 +60,10 @@ def best_lr(fin: pd.DataFrame, group_keys: Sequence[str], lr_key: str,
   """Per group (a missing key reads as None): the lr chosen on the selection seeds (`select_seed`,
   one or a tuple; else the group's lowest), `select_loss` there, the fresh seeds' losses at it
   (a diverged seed makes the mean inf), the lr grid, its edges (`each_seed`: also where one
-  selection seed's own lowest loss is at an edge) and divergences."""
-  rows = []
+  selection seed's own lowest loss is at an edge) and divergences. A group with selection runs
+  but no lr that every selection seed finished chooses nothing: it is named in
+  `attrs["unscored"]` (`unscored_line`), never chosen on fewer seeds."""
+  rows, unscored = [], []
   completed = finished(fin)
   completed = completed.assign(**{k: None for k in group_keys if k not in completed})
   has_seed = seed_key in completed
@@ -76,6 +78,8 @@ def best_lr(fin: pd.DataFrame, group_keys: Sequence[str], lr_key: str,
     if has_seed:  # an lr is scored on every selection seed, never on fewer (a run missing)
       per_lr = per_lr[s0.groupby(lr_key)[seed_key].nunique().reindex(per_lr.index) >= len(sel)]
       if per_lr.empty:
+        unscored.append(unscored_line(dict(zip(group_keys, gvals, strict=False)), sel,
+                                      s0[seed_key]))
         continue
     lrs = list(per_lr.index)
     finite = np.isfinite(per_lr.to_numpy(dtype=float))
@@ -112,7 +116,22 @@ def best_lr(fin: pd.DataFrame, group_keys: Sequence[str], lr_key: str,
             g.loc[~np.isfinite(g[metric].astype(float)), lr_key].astype(float)))),
         WARMUP: float(g[WARMUP].min()) if WARMUP in g else math.nan,
     })
-  return pd.DataFrame(rows)
+  out = pd.DataFrame(rows, columns=None if rows else [*group_keys, lr_key, *BEST_COLUMNS, WARMUP])
+  out.attrs["unscored"] = unscored
+  return out
+
+
+BEST_COLUMNS = ("select_seed", "select_loss", "loss_mean", "loss_std", "n_seeds", "fresh_seeds",
+                "fresh_losses", "at_edge", "edge", "grid", "n_diverged", "all_diverged",
+                "diverged_lrs")  # `best_lr`'s columns past the group keys and the lr
+
+
+def unscored_line(group: dict, select: Sequence, ran: pd.Series) -> str:
+  """'<group>: no lr ran on every selection seed (<select>; finished: <seeds>)'."""
+  name = ", ".join(f"{k.split('.')[-1]}={fmt(from_table(v))}" for k, v in group.items())
+  seeds = lambda xs: " ".join(fmt(from_table(x)) for x in sorted(set(xs)))
+  return (f"{name}: no lr ran on every selection seed ({seeds(select)}; finished: "
+          f"{seeds(ran) or 'none'})")
 
 
 def common_seeds(best: pd.DataFrame) -> list:
