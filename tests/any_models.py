@@ -79,6 +79,17 @@ class NnxLM(nnx.Module):
     return self.wte.attend(h) if self.tied else self.head(h)
 
 
+class NnxResidualBlock(nnx.Module):
+  """x + tanh(W LN(x) + b) at width `d`: the block the scanned NNX test models stack."""
+
+  def __init__(self, d: int, rngs: nnx.Rngs):
+    self.ln = nnx.LayerNorm(d, rngs=rngs)
+    self.lin = nnx.Linear(d, d, rngs=rngs)
+
+  def __call__(self, x):
+    return x + jnp.tanh(self.lin(self.ln(x)))
+
+
 def plain_lm(params, ids, tied: bool = False):
   """The same model as a function of a params dict, its layers through `taps`."""
   p = params

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from any_models import NnxResidualBlock
 from flax import linen as nn
 from flax import nnx
 
@@ -74,15 +75,6 @@ def _linen(remat):
 
 
 # --- NNX nnx.scan ----------------------------------------------------------------------------
-class _NnxBlock(nnx.Module):
-  def __init__(self, rngs):
-    self.norm = nnx.LayerNorm(D, rngs=rngs)
-    self.lin = nnx.Linear(D, D, rngs=rngs)
-
-  def __call__(self, h):
-    return h + jnp.tanh(self.lin(self.norm(h)))
-
-
 class _NnxLM(nnx.Module):
   def __init__(self, remat, rngs):
     self.remat = remat
@@ -91,7 +83,7 @@ class _NnxLM(nnx.Module):
     @nnx.split_rngs(splits=L)
     @nnx.vmap(in_axes=(0,), out_axes=0)
     def blocks(r):
-      return _NnxBlock(r)
+      return NnxResidualBlock(D, r)
     self.blocks = blocks(rngs)
     self.head = nnx.Linear(D, V, rngs=rngs)
 

@@ -300,7 +300,7 @@ class _ScannedNnxLM(nnx.Module):
     @nnx.split_rngs(splits=n_layers)
     @nnx.vmap(in_axes=(0,), out_axes=0)
     def blocks(rngs):
-      return _NnxBlock(rngs)
+      return am.NnxResidualBlock(D, rngs)
 
     self.blocks = blocks(rngs)
     self.head = nnx.Linear(D, V, rngs=rngs)
@@ -312,15 +312,6 @@ class _ScannedNnxLM(nnx.Module):
       return block(x).astype(x.dtype)  # the carry keeps its dtype (float64 in the reference)
 
     return nnx.jit(lambda head, h: head(h))(self.head, body(self.wte(ids), self.blocks))
-
-
-class _NnxBlock(nnx.Module):
-  def __init__(self, rngs):
-    self.ln = nnx.LayerNorm(D, rngs=rngs)
-    self.lin = nnx.Linear(D, D, rngs=rngs)
-
-  def __call__(self, x):
-    return x + jnp.tanh(self.lin(self.ln(x)))
 
 
 @pytest.mark.extended  # ~1 min: four backends on a scanned NNX model
