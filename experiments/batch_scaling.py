@@ -58,8 +58,11 @@ RULE = (f"Over the second half of training's eval points, per seed, the average 
         f"averages, at least {MIN_MARGIN:g} nats ({FALLBACK_MARGIN:g} without margin seeds). "
         "Reproduced when √ collapses at every B below its smallest break, at some B above B_ref, "
         "some B breaks, and there √ beats linear and none (mean |gap| per seed, "
-        f"{decide.READING}); not reproduced when another scaling beats √ there or √ collapses "
-        "nowhere it was decided; undetermined when nothing was decided.")
+        f"{decide.READING}); partly reproduced when √ collapses at some B but not all of that "
+        "holds (no break seen, a B below the break left open, or a contrast not beaten); not "
+        "reproduced when another scaling beats √ at the break, or √ was decided at every B and "
+        "collapses at none; undetermined (not separable) when √ collapses at no B and some B "
+        "is left open, or nothing was decided.")
 
 
 def budget(preset: str) -> tuple[int, int, int, tuple]:
@@ -202,6 +205,9 @@ def judge(col: pd.DataFrame, mis: pd.DataFrame) -> tuple[str, dict, list, int | 
     v = f"{rules.UNDETERMINED}: not separable (no √ arm collapses or breaks)"
   elif any(p.outcome == decide.LOSS for p in pairs) or not (sq[COLLAPSES] or sq[UNDETERMINED]):
     v = rules.NOT_REPRODUCED
+  elif not sq[COLLAPSES]:  # the collapse half of the claim is open, not partly shown
+    v = (f"{rules.UNDETERMINED}: not separable (√ collapses at no B; neither collapse nor "
+         f"break shown at B={sq[UNDETERMINED]})")
   elif (sq[BREAKS] and any(ref_b < b < at for b in sq[COLLAPSES])
         and all(b in sq[COLLAPSES] for b in sizes if b < at) and pairs
         and all(p.outcome == decide.WIN for p in pairs)):

@@ -202,8 +202,9 @@ def test_rule_curves_that_cross_are_not_a_collapse(tmp_path):
 
 def test_rule_noisy_pairs_are_undetermined_not_breaks(tmp_path):
   # Each B's seeds differ from B_ref's by ±0.1 (paired sd 0.079): equal on average, but the
-  # TOST cannot show it within ±0.03 at 5 seeds (power ~0), nor is it beyond: undetermined,
-  # the break at 128 still a finding (partly reproduced, not "undetermined: powered").
+  # TOST cannot show it within ±0.03 at 5 seeds (power ~0), nor is it beyond: undetermined.
+  # The break at 128 is a finding (not "undetermined: powered"), but √ collapses nowhere, so
+  # the claim's collapse half is open: not separable, naming the open sizes (not "partly").
   def offset(b, scaling, x):
     return 0.5 if b == 128 else 0.0 if scaling == "sqrt" else 0.3
 
@@ -211,7 +212,9 @@ def test_rule_noisy_pairs_are_undetermined_not_breaks(tmp_path):
   rep, (_, by, _, _), _ = _run_rule(tmp_path, _table(offset, seeds=loud, contrast=SEEDS3,
                                                     ref_seeds=loud[::-1]))
   assert by["sqrt"] == {C: [], B: [128], U: [4, 8, 16, 64]}
-  assert rep.verdict == "partly reproduced", rep.finding
+  assert rep.verdict == ("undetermined: not separable (√ collapses at no B; neither collapse "
+                         "nor break shown at B=[4, 8, 16, 64])"), rep.finding
+  assert "breaks at B=[128]" in rep.finding
   assert rep.calibrations["sqrt at B=64 vs B_ref"]["power"] < 0.8  # reported beside
 
 
