@@ -52,8 +52,9 @@ COLLAPSES, BREAKS, UNDETERMINED = "collapses", "breaks", "undetermined"
 RULE = (f"Over the second half of training's eval points, per seed, the average of B's curve "
         "minus B_ref's (the same seeds: paired): B collapses onto B_ref when the 90% interval "
         "of the mean gap lies within ±margin (TOST) and no point's seed-mean gap exceeds "
-        f"{rules.GUARD:g} margins; it breaks only when the 95% interval lies beyond the margin; "
-        "else undetermined. The margin is fixed before the "
+        f"{rules.GUARD:g} margins; it breaks when the 95% interval lies beyond the margin or a "
+        "seed diverged; else (and where a run stopped before an eval point) undetermined. The "
+        "margin is fixed before the "
         f"comparison from B_ref's margin seeds: {MARGIN_SPREADS:g} × the spread of their curve "
         f"averages, at least {MIN_MARGIN:g} nats ({FALLBACK_MARGIN:g} without margin seeds). "
         "Reproduced when √ collapses at every B below its smallest break, at some B above B_ref, "
@@ -203,7 +204,8 @@ def judge(col: pd.DataFrame, mis: pd.DataFrame) -> tuple[str, dict, list, int | 
                           effect=m, margin=m) for o in ("linear", "none") if o in by]
   if not (sq[COLLAPSES] or sq[BREAKS]):
     v = f"{rules.UNDETERMINED}: not separable (no √ arm collapses or breaks)"
-  elif any(p.outcome == decide.LOSS for p in pairs) or not (sq[COLLAPSES] or sq[UNDETERMINED]):
+  elif (sq[BREAKS] and any(p.outcome == decide.LOSS for p in pairs)) or not (
+      sq[COLLAPSES] or sq[UNDETERMINED]):  # a contrast beating √ counts at √'s break only
     v = rules.NOT_REPRODUCED
   elif not sq[COLLAPSES]:  # the collapse half of the claim is open, not partly shown
     v = (f"{rules.UNDETERMINED}: not separable (√ collapses at no B; neither collapse nor "

@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from experiments import lr_search
-from pergrad.analysis import decide, guards
+from pergrad.analysis import decide, guards, sequential
 from pergrad.analysis.budget import guard as same_budget
 from pergrad.analysis.markdown import listing, sections
 from pergrad.analysis.plots import plt, savefig, style
@@ -71,8 +71,8 @@ N_EVALS = {"ci": 5, "cpu": 25, "paper": 25}
 RULE = (f"The ramp (B_max/8 to B_max linear in tokens over the budget) vs the fixed B_max run, "
         f"both at the fixed run's tuned lr and fresh seeds {SEEDS['cpu']}, in final eval loss at "
         f"equal tokens, paired on their shared seeds (the first look: still open there, seeds "
-        f"on both arms up to {MOST_SEEDS}, read by a two-look Pocock design whose overall "
-        f"false-alarm rate is <= 5%): {decide.READING} (margin and effect "
+        f"on both arms up to {MOST_SEEDS}, {sequential.READING}): {decide.READING} (margin and "
+        "effect "
         f"declared: {EFFECT.value:g} nats); {decide.VERDICT}. The token saving to the fixed "
         "run's final loss (seed-mean curves) is the paper's figure, reported beside; the regime "
         "guard checks tokens per parameter.")

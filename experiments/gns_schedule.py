@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from experiments import gns_ramp, lr_search
-from pergrad.analysis import decide, gns_terms, guards, verdict
+from pergrad.analysis import decide, gns_terms, guards, sequential, verdict
 from pergrad.analysis.budget import guard as same_budget
 from pergrad.analysis.gns_terms import RAMP_TOL, fitted_arm
 from pergrad.analysis.markdown import listing, sections
@@ -82,12 +82,12 @@ MOST_SEEDS = int(declared(NAME, "seed_cap").value)  # a pair still open: seeds u
 RULE = (f"Each GNS-guided schedule ({', '.join(GUIDED)}) at the best fixed arm's lr vs the best "
         "fixed arm (lowest mean final eval loss on its first fresh seeds, judged on its others: "
         f"the first look, a pair still open there gets seeds on both arms up to {MOST_SEEDS}, "
-        "read by a two-look Pocock design whose overall false-alarm rate is <= 5%) in final "
-        f"eval loss at equal tokens, paired on their shared seeds: {decide.READING}. "
-        f"The effect (and equivalence margin) of each pair is declared ({EFFECT.value:g} nats, "
-        "the paper's 18% in loss units); Δ18, the best fixed arm's seed-mean final loss on 82% "
-        "of the tokens minus on all, re-measures it beside. "
-        f"{decide.VERDICT.capitalize()} (each schedule a pair). Tokens and "
+        f"{sequential.READING}) in final eval loss at equal tokens, paired on their shared "
+        f"seeds: {decide.READING}. Each pair's effect (and margin): {EFFECT.value:g} nats, "
+        "declared (the paper's 18% in loss units); Δ18, the best fixed arm's seed-mean final "
+        "loss on 82% of the tokens minus on all, re-measures it beside. "
+        f"{decide.VERDICT.capitalize()} (each schedule a pair; linear_fit only where the fit "
+        "launched its ramp, else left out with the fit's reason named). Tokens and "
         "wall time to the fixed arm's final loss on seed-mean curves are reported, not judged.")
 
 

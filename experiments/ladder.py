@@ -65,8 +65,9 @@ RULE = ("Per claim and rung, the quantity from that rung's run of the claim's ex
         "that experiment's own verdict (its validity guards first); the trend is the sign of "
         "the change in the distance to the paper's value (|value − paper|; for C3c and G2, whose "
         "paper value is a floor, how far below it) from the smallest to the largest rung whose "
-        "verdict is decided, the rungs left out named: 'toward' or 'away', 'undetermined: "
-        "<guard> at <rung>' when fewer than two rungs are decided. Descriptive (no interval): "
+        "verdict is decided, the rungs left out named: 'toward', 'away' or 'flat' (equal "
+        "distances, as for a floor met at both ends), 'undetermined: <guard> at <rung>' when "
+        "fewer than two rungs are decided. Descriptive (no interval): "
         "no claim is decided here.")
 
 

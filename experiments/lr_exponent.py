@@ -62,7 +62,8 @@ RULE = (f"α is the least-squares slope of log lr* (the seeds' mean at each B) o
         "reproduced when its 95% interval lies wholly outside that band, else undetermined. "
         "Guards: every lr* inside its grid, no diverged seed at it, ≥ 20 warmup steps, the B "
         f"range from ≤ {BELOW.value:g} to ≥ {ABOVE.value:g} × the measured B_simple (B_ref's "
-        "runs at each seed's lr*, second half), and the rule's power for an α of exactly 0.5.")
+        "runs at each seed's lowest-loss grid lr, second half). Reported beside, not a guard: "
+        "the rule's power for an α of exactly 0.5.")
 
 
 def sweep(preset: str, inputs: Inputs | None = None) -> Sweep:

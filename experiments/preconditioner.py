@@ -14,7 +14,7 @@ import math
 import numpy as np
 
 from experiments import lr_search
-from pergrad.analysis import guards
+from pergrad.analysis import guards, sequential
 from pergrad.analysis.budget import guard as same_budget
 from pergrad.analysis.decide import READING, VERDICT
 from pergrad.analysis.runs import fmt, from_table
@@ -49,8 +49,7 @@ RULE = (f"Each variant's lr is the best of a √2 grid on the mean of seeds {SEL
         "setting each μ²-dominated variant must beat each σ²-dominated one on the fresh seeds "
         f"{SEEDS} "
         f"(the first look: a pair still open there gets seeds on both arms up to {MOST_SEEDS}, "
-        "read by a two-look Pocock design whose overall false-alarm rate is <= 5%): "
-        f"{READING}, at the effect declared before the run; {VERDICT}.")
+        f"{sequential.READING}): {READING}, at the effect declared before the run; {VERDICT}.")
 
 
 def more_seeds_design():

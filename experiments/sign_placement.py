@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 
 from experiments import lr_search
-from pergrad.analysis import guards
+from pergrad.analysis import guards, sequential
 from pergrad.analysis.budget import guard as same_budget
 from pergrad.analysis.decide import READING, VERDICT
 from pergrad.analysis.rules import adjacent
@@ -33,8 +33,7 @@ EFFECT = declared(NAME, "effect")  # configs/experiment/sign_placement.yaml
 MOST_SEEDS = int(declared(NAME, "seed_cap").value)
 RULE = (f"Expected ema < batch < example and ema < batch < token in final eval loss on the "
         f"fresh seeds (the first look: a pair still open there gets seeds on both arms up to "
-        f"{MOST_SEEDS}, read by a two-look Pocock design whose overall false-alarm rate is "
-        f"<= 5%); each adjacent pair: {READING}; {VERDICT}.")
+        f"{MOST_SEEDS}, {sequential.READING}); each adjacent pair: {READING}; {VERDICT}.")
 
 
 def design():

@@ -317,3 +317,26 @@ def test_an_arm_with_a_run_stopped_part_way_is_undetermined(tmp_path):
   _, (_, by, _, _), col = _run_rule(tmp_path, table[~cut])
   assert _cell(col, "sqrt", 16)["outcome"] == U and 16 not in by["sqrt"][C]
   assert _cell(col, "sqrt", 8)["outcome"] == C  # the others as before
+
+
+def test_a_contrast_beating_sqrt_without_a_break_is_partly_not_refuted():
+  """The rule's "not reproduced when another scaling beats √ at the break": with no break seen
+  (√ collapses everywhere), the contrasts are compared at the largest B, and linear beating √
+  there leaves the claim partly reproduced (no break, a contrast not beaten), not refuted."""
+  sizes = (4, 8, 16, 64, 128)
+  col = pd.DataFrame([{bs.SCALING: "sqrt", bs.KEY: b, "outcome": bs.COLLAPSES} for b in sizes]
+                     + [{bs.SCALING: sc, bs.KEY: 128, "outcome": bs.UNDETERMINED}
+                        for sc in ("linear", "none")]
+                     + [{bs.SCALING: "sqrt", bs.KEY: REF, "outcome": "reference"}])
+  col.attrs["margin"] = 0.03
+  rng = np.random.default_rng(0)
+  gap = {"sqrt": 0.02, "linear": 0.001, "none": 0.5}
+  mis = pd.DataFrame([{bs.SCALING: sc, bs.KEY: 128, bs.SEED: s,
+                       "mean_abs_gap": g + 0.001 * rng.standard_normal()}
+                      for sc, g in gap.items() for s in bs.SEEDS["cpu"]])
+  verdict, by, pairs, at = bs.judge(col, mis)
+  assert at == 128 and by["sqrt"][bs.BREAKS] == []
+  assert [p.outcome for p in pairs] == [decide.LOSS, decide.WIN]
+  assert verdict == rules.PARTLY
+  col.loc[(col[bs.SCALING] == "sqrt") & (col[bs.KEY] == 128), "outcome"] = bs.BREAKS
+  assert bs.judge(col, mis)[0] == rules.NOT_REPRODUCED  # the same loss at √'s break refutes

@@ -72,6 +72,11 @@ def test_norm_cost_verdicts(tmp_path):
   slow = {**ok, "surgery/norms": [1.4, 1.41, 1.39, 1.42, 1.4] * 2 + [1.4]}
   rep = _norm_cost(tmp_path, "slow", slow, {"surgery/norms": 1.003})
   assert rep.verdict == "not reproduced" and "(fails; rep quartiles" in rep.finding
+  # A bound not measured holds nothing: the all-layer bound alone holding is partly.
+  rep = _norm_cost(tmp_path, "one", {"surgery/norms": ok["surgery/norms"]},
+                   {"surgery/norms": 1.003})
+  assert "normalization layers only: not measured" in rep.finding
+  assert rep.verdict == "partly reproduced", rep.verdict
 
 
 def test_norm_cost_is_powered_for_a_free_variant_not_a_faster_one(tmp_path):

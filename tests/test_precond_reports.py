@@ -373,15 +373,13 @@ def test_a_group_that_no_lr_of_every_selection_seed_finished_chooses_nothing(tmp
   finished chooses no lr (never one on seed 0 alone), and the report reads it as
   "undetermined: selected", naming the group, instead of comparing the arms left."""
   sel, fresh = preconditioner.SELECT, preconditioner.SEEDS
-  runs = {_point("adam", 1e-8, lr, s): [7.5, 5.0, 4.1 + abs(math.log10(lr / 3e-3))]
-          for lr in (1e-3, 3e-3, 1e-2) for s in sel}
-  runs |= {_point("adam", 1e-8, 3e-3, s): [7.5, 5.0, 4.1 + 0.001 * s] for s in fresh}
-  runs |= {_point("micro_adam_var", 1e-8, lr, s): [7.5, 5.0, 4.5 + abs(math.log10(lr / 3e-3))]
-           for lr in (1e-3, 3e-3, 1e-2) for s in sel}
-  runs |= {_point("micro_adam_var", 1e-8, 3e-3, s): [7.5, 5.0, 4.5 + 0.001 * s] for s in fresh}
+  runs = {_point(v, 1e-8, lr, s): [7.5, 5.0, base + abs(math.log10(lr / 3e-3))]
+          for v, base in (("adam", 4.1), ("micro_adam_var", 4.5)) for lr in (1e-3, 3e-3, 1e-2)
+          for s in sel}
+  runs |= {_point(v, 1e-8, 3e-3, s): [7.5, 5.0, base + 0.001 * s]
+           for v, base in (("adam", 4.1), ("micro_adam_var", 4.5)) for s in fresh}
   runs |= {_point("micro_adam", 1e-8, lr, 0): [7.5, 5.0, 4.3] for lr in (1e-3, 3e-3, 1e-2)}
-  table = _table(runs)
-  fin = marked_finals(table, CPU)
+  fin = marked_finals(table := _table(runs), CPU)
   best = best_lr(fin, preconditioner.GROUP, "optimizer.lr", select_seed=sel)
   assert list(best["optimizer.variant"]) == ["adam", "micro_adam_var"]
   assert best.attrs["unscored"] == ["variant=micro_adam, clip_norm=null, eps=1e-08: no lr ran "

@@ -58,3 +58,29 @@ def test_bad_design_is_one_clear_error():
     S.looks_between(1, 5, 3)
   assert S.looks_between(3, 12, 4) == LOOKS
   assert math.isfinite(S.design((5,), "pocock").crit[0])
+
+
+def test_a_reading_by_the_design_shows_the_design_s_interval():
+  """A pair read by the two-look design shows the interval its outcome was read on (every look
+  at the design's critical t, wider than one look's 95%): a gap whose 95% t-interval excludes
+  0 but whose design interval does not reads not separable, and says so consistently."""
+  from pergrad.analysis import verdict
+
+  des = S.design((5, 15), "pocock")
+  gaps = np.array([0.10, 0.01, 0.08, 0.03, 0.06])  # t ≈ 3.43 at 5 seeds: past t(.975) = 2.78
+  a = {float(s): 4.0 for s in range(5)}
+  b = {float(s): 4.0 + g for s, g in enumerate(gaps)}
+  one_look = D.compare(a, b, ("a", "b"), effect=0.05, margin=0.05)
+  m, se = gaps.mean(), gaps.std(ddof=1) / math.sqrt(5)
+  assert one_look.outcome == D.WIN and m / se < des.crit[0]  # 2.78 < t < 3.5x
+  p = verdict.sequential_reading(one_look, a, b, des)
+  assert p.outcome == D.NOT_SEPARABLE and p.lo95 < 0 < p.hi95
+  assert p.lo95 == pytest.approx(m - des.crit[0] * se) and p.hi95 == pytest.approx(
+      m + des.crit[0] * se)
+  assert f"pocock look 1 of 2 (5 seeds), |t| > {des.crit[0]:.3g}" in p.sentence()
+  short = verdict.sequential_reading(D.compare(dict(list(a.items())[:4]),
+                                               dict(list(b.items())[:4]), ("a", "b"),
+                                               effect=0.05, margin=0.05),
+                                     dict(list(a.items())[:4]), dict(list(b.items())[:4]), des)
+  assert short.outcome == D.NOT_SEPARABLE and "short of the pocock design's first look" in \
+      short.sentence()

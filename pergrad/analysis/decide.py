@@ -72,6 +72,13 @@ class Paired:
   seeds_to_settle: dict = dataclasses.field(default_factory=dict)
   dropped: tuple = ()  # seeds not shared by both arms
   why: str = ""
+  reading: str = ""  # how lo95/hi95 (lo90/hi90) were read: "" one look's 95% (90%) t; else
+  # the sequential design's look and critical t (`verdict.sequential_reading`)
+
+  def interval(self) -> str:
+    """'[lo, hi]' of the difference reading, its design named where one read it."""
+    f = lambda x: "n/a" if not math.isfinite(x) else f"{x:.3g}"
+    return f"[{f(self.lo95)}, {f(self.hi95)}]" + (f" ({self.reading})" if self.reading else "")
 
   def row(self) -> dict:
     return dataclasses.asdict(self)
@@ -84,7 +91,7 @@ class Paired:
     need = "; ".join(f"{k}: {v if v else f'> {MOST_SEEDS}'} seeds"
                      for k, v in self.seeds_to_settle.items())
     head = (self.why.rstrip("; ") if self.why else
-            f"advantage {f(self.advantage)} [{f(self.lo95)}, {f(self.hi95)}], n={self.n}")
+            f"advantage {f(self.advantage)} {self.interval()}, n={self.n}")
     return (f"{self.a} {rel} {self.b} ({head}; noise "
             f"paired ±{f(self.half_paired)} vs unpaired ±{f(self.half_unpaired)}; power "
             f"{f(self.power)} for {f(self.effect)}" + (f"; would settle at {need}" if need else "")

@@ -31,6 +31,10 @@ from pergrad import bounds
 from pergrad.analysis.decide import ALPHA, EQUIVALENT, LOSS, NOT_SEPARABLE, WIN
 
 SPENDINGS = ("bonferroni", "pocock", "obrien_fleming")
+READING = ("read by a two-look Pocock design whose overall false-alarm rate is <= 5%: every "
+           "look, the first included, at the design's critical t (wider than one look's 95% "
+           "interval; the interval shown is the design's), a pair short of the first look's "
+           "seeds not separable")
 DRAWS = 100000
 CALIBRATED = 0.9 * ALPHA
 

@@ -57,7 +57,7 @@ def pairs_md(pairs) -> str:
                                  "outcome": p.outcome.upper() if p.outcome in (
                                      decide.LOSS, decide.WORSE) else p.outcome,
                                  "seeds": p.n, "advantage": p.advantage,
-                                 "95% interval": f"[{p.lo95:.4g}, {p.hi95:.4g}]",
+                                 "interval (95%, or the design's)": p.interval(),
                                  "paired ±": p.half_paired, "unpaired ±": p.half_unpaired,
                                  "power": p.power} for p in pairs]))
 
@@ -73,16 +73,26 @@ def groups(values: dict) -> str:
 def sequential_reading(p: decide.Paired, a, b, design: sequential.Design,
                        lower_is_better: bool = True) -> decide.Paired:
   """`p` read by the group-sequential `design` its seeds were added under
-  (`pergrad.sweep.more_seeds`) at its last look reached; a divergence or too few seeds keep
-  `decide.compare`'s reading."""
+  (`pergrad.sweep.more_seeds`) at its last look reached (every look, the first included, at
+  the design's critical t: its intervals replace the one-look 95%/90% ones); a divergence
+  keeps `decide.compare`'s reading; fewer seeds than the first look read not separable."""
   _, xa, xb, _ = decide.shared(a, b)
   if p.why:
     return p
-  out, _ = sequential.read((xb - xa) if lower_is_better else (xa - xb), design, p.margin)
+  d = (xb - xa) if lower_is_better else (xa - xb)
+  out, _ = sequential.read(d, design, p.margin)
   if len(xa) < design.looks[0]:  # fewer than the pilot: its first look is still to come
     return dataclasses.replace(p, outcome=str(out), seeds_to_settle={
-        "the design's first look": design.looks[0]})
-  return dataclasses.replace(p, outcome=str(out))
+        "the design's first look": design.looks[0]}, reading=(
+        f"short of the {design.spending} design's first look at {design.looks[0]} seeds"))
+  k = max(i for i, n in enumerate(design.looks) if n <= len(d))
+  x = d[:design.looks[k]]
+  m, se = float(x.mean()), float(x.std(ddof=1) / math.sqrt(len(x)))
+  return dataclasses.replace(
+      p, outcome=str(out), lo95=m - design.crit[k] * se, hi95=m + design.crit[k] * se,
+      lo90=m - design.crit_equiv[k] * se, hi90=m + design.crit_equiv[k] * se,
+      reading=f"{design.spending} look {k + 1} of {len(design.looks)} ({len(x)} seeds), "
+              f"|t| > {design.crit[k]:.3g}")
 
 
 def pairs_report(values: dict, expected: list, *, rule: str, paper: str, effect: float,
