@@ -46,7 +46,8 @@ RULE = (f"At the tracker's EMA decay α = {ALPHA:g}, the Pearson r between the s
         f"/ (|G|²_tot − |G|²_norm)) and that of the normalization layers over training (past "
         f"t = 1/(1−α)) is high when the seeds' mean r minus their std is ≥ {R_MIN:g} (our "
         f"threshold): reproduced then, not reproduced when the mean plus the std is < "
-        f"{R_MIN:g}, partly reproduced otherwise, undetermined with < 2 seeds. The total's "
+        f"{R_MIN:g}, partly reproduced otherwise (the rule's power for r = {CLAIMED_R:g} gates "
+        "only this reading, reported beside the others), undetermined with < 2 seeds. The total's "
         "own r with the norm group is part-whole (the group is in the total) and is reported, "
         "not used.")
 
@@ -188,7 +189,9 @@ def report(out_dir: Path) -> Report:
           f"(a shared drift alone) is {fmt_num(cross)}; the within-seed r exceeds it in "
           f"{sum(r > cross for r in rs)} of {len(rs)} seeds" if np.isfinite(cross) else
           "ours, beside: the r a shared drift alone gives, not measured (fewer than two seeds)")
-  return gated(decide(rs), cal, (warm, same_budget(out_dir)), rule=RULE, paper=PAPER,
+  verdict = decide(rs)  # a threshold crossed either way is decided at any power; power gates
+  return gated(verdict, cal, (warm, same_budget(out_dir)), rule=RULE, paper=PAPER,  # the rest
+               decided=["rule"] if verdict in (REPRODUCED, NOT_REPRODUCED) else (),
                ours=f"r(complement, norm) = {f('r_complement')} at α = {ALPHA:g}",
                checks=(f"slope {f('slope_complement')}; the norm group holds {f('share_g2')} of "
                        f"Σ|G|² and {f('share_s')} of ΣS, so the part-whole r of the total "

@@ -164,9 +164,18 @@ def test_gns_layers_verdicts(tmp_path):
   at = reg[np.isclose(reg["alpha"], gns_layers.ALPHA)]
   assert (at["r_total"] > 0.9).all() and (at["r_complement"] < 0.9).all(), at
   assert gns_layers.decide(at["r_total"].tolist()) == "reproduced"  # total-on-norm would pass
-  assert rep.verdict.startswith(("not reproduced", "undetermined: powered")), rep.finding
+  # (the rule alone: partly, neither side of the threshold decided: its power gates it)
+  assert rep.verdict == "undetermined: powered", rep.finding
   assert "part-whole r of the total" in rep.finding
   assert rep.calibration["kind"] == "threshold" and rep.calibration["n"] == 3
+  # r well below the threshold on every seed, but spread: a decided "not reproduced" stands
+  # whatever the power for r = 0.95 at that spread (reported beside, not a gate)
+  path = tmp_path / "part_whole" / gns_layers.PART_WHOLE
+  low = reg.copy()
+  low.loc[np.isclose(low["alpha"], gns_layers.ALPHA), "r_complement"] = [0.1, 0.6, 0.2]
+  low.to_csv(path, index=False)
+  rep = gns_layers.report(as_planned(tmp_path / "part_whole"))
+  assert rep.verdict == "not reproduced" and rep.calibration["power"] < 0.8, rep.calibration
   rep, _ = _gns_report(tmp_path, "one", _gns_table((0,), coupled=True))
   assert rep.verdict == "undetermined: powered"
   assert gns_layers.decide([0.95, 0.97, 0.96]) == "reproduced"
