@@ -23,6 +23,7 @@ from pergrad.analysis.runs import fmt, from_table, read_csv, stat_columns, write
 from pergrad.analysis.verdict import pairs_report, sequential_reading
 from pergrad.sweep import Block, LrSearch, MoreSeeds, Sweep, base_for
 from pergrad.sweep.declared import declared, declared_text
+from pergrad.sweep.more_seeds import NONINFERIORITY
 from pergrad.sweep.record import Experiment, register
 
 NAME = "msq_eps"
@@ -38,13 +39,14 @@ LOG_EVERY = {"ci": 10, "cpu": 50, "paper": 500}
 MARGIN, EFFECT = declared(NAME, "margin"), declared(NAME, "effect")
 MOST_SEEDS = int(declared(NAME, "seed_cap").value)  # a pair still open: seeds up to it
 INCONCLUSIVE = f"{UNDETERMINED}: neither within the margin of Adam nor worse beyond it"
-RULE = (f"MicroAdamMSQ vs Adam on the fresh seeds {SEEDS}, paired: non-inferior when the "
-        "one-sided 95% upper end of its excess loss is within the margin "
-        f"({MARGIN.value:g} nats, declared), worse when the two-sided 95% interval's lower end "
-        "exceeds it. MicroAdamMSQ "
-        f"vs the ε-only control (ε = 1) and vs Adam at MicroAdamMSQ's ε: {READING} (the fresh "
-        "seeds the first look, as the preconditioner's: a pair still open gets seeds on both "
-        f"arms up to {MOST_SEEDS}, {sequential.READING}). Not reproduced if MicroAdamMSQ is worse "
+RULE = (f"Every pair on the fresh seeds {SEEDS}, paired, the first look (as the "
+        "preconditioner's: a pair still open there gets seeds on both arms up to "
+        f"{MOST_SEEDS}, {sequential.READING}). MicroAdamMSQ vs Adam: non-inferior when the "
+        "one-sided upper end of its excess loss is within the margin "
+        f"({MARGIN.value:g} nats, declared), worse when the two-sided interval's lower end "
+        "exceeds it, else open. MicroAdamMSQ "
+        f"vs the ε-only control (ε = 1) and vs Adam at MicroAdamMSQ's ε: {READING}. "
+        "Not reproduced if MicroAdamMSQ is worse "
         "than Adam beyond the margin; "
         "reproduced if it is non-inferior to Adam and beats both controls; partly reproduced "
         "if it does not beat a control (ε can explain it; a control not run is not beaten); "
@@ -70,10 +72,14 @@ def sweep(preset: str, inputs=None) -> Sweep:
                  "optimizer.lr": preconditioner.grid(lr_adam), "train.seed": list(SELECT)}))
   msq = {"optimizer.variant": MSQ, "optimizer.eps": eps_msq,
          "optimizer.lr": float(best.loc[MSQ, "optimizer.lr"])}
+  adam = {"optimizer.variant": ADAM, "optimizer.eps": float(best.loc[ADAM, "optimizer.eps"]),
+          "optimizer.lr": lr_adam}  # the fixed Adam arm, MicroAdamMSQ's non-inferiority pair
 
-  def compared(searched) -> list[tuple[dict, dict]]:  # MicroAdamMSQ vs each control, at its lr
-    return [(msq, {k: from_table(r[k]) for k in (*GROUP, "optimizer.lr")})
-            for r in searched.to_dict("records") if r["optimizer.variant"] == ADAM]
+  def compared(searched) -> list[tuple]:  # MicroAdamMSQ vs Adam, and vs each control at its lr
+    keys = (*GROUP, "optimizer.lr")
+    return [(msq, adam, NONINFERIORITY), *((msq, {k: from_table(r[k]) for k in keys})
+                                           for r in searched.to_dict("records")
+                                           if r["optimizer.variant"] == ADAM)]
   more = MoreSeeds(compared, EFFECT.value, most=MOST_SEEDS)
   # cpu: 2 × 5 fixed + 2 × (3 lrs × 2 selection + 5 fresh) = 32 runs (+ more seeds)
   return Sweep(base, (*ctrl, *fixed), LrSearch(GROUP, factor=2 ** 0.5, max_extend=2, seeds=SEEDS,
@@ -173,8 +179,10 @@ def report(out_dir):
 
   get = lambda k: g.get(k, {})
   design = MoreSeeds(None, EFFECT.value, most=MOST_SEEDS).design(len(SEEDS))
-  comparisons = [decide.compare(get(msq), get(adam), (msq, adam), effect=MARGIN.value,
-                                margin=MARGIN.value, noninferiority=True),
+  comparisons = [sequential_reading(decide.compare(get(msq), get(adam), (msq, adam),
+                                                 effect=MARGIN.value, margin=MARGIN.value,
+                                                 noninferiority=True),
+                                  get(msq), get(adam), design, noninferiority=True),
                  *(sequential_reading(decide.compare(get(msq), get(c), (msq, c),
                                                      effect=EFFECT.value, margin=EFFECT.value),
                                       get(msq), get(c), design) for c in controls)]

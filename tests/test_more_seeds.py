@@ -198,3 +198,45 @@ def test_an_open_schedule_gets_seeds_on_both_arms_a_decided_one_none():
   assert not [b for b in follow_up_blocks(sw, fin)[0] if min(b.grid["train.seed"]) > 8]
   waiting = fin[~((fin["batch.kind"] == "gns") & (fin["train.seed"] == 8))]  # first look unrun
   assert follow_up_blocks(sw, waiting)[1] == "pilot"
+
+
+def _noninferior_calls(rng, sd, gap, margin, most, reps) -> tuple[float, float]:
+  """(non-inferior, worse) shares of `reps` simulated msq_eps-like pairs read sequentially for
+  non-inferiority (pilot, `needed` with kind NONINFERIORITY, the report's reading); `gap`: A's
+  true excess loss over B."""
+  more, n0, ni, worse = MoreSeeds(None, margin, most), MIN_PILOT, 0, 0
+  for _ in range(reps):
+    b = 4.0 + 0.05 * rng.standard_normal(most)
+    a = b + gap + sd * rng.standard_normal(most)
+    n = more_seeds.needed(list(a[:n0]), list(b[:n0]), more, more_seeds.NONINFERIORITY).get(0, n0)
+    out, _ = sequential.read_noninferior(b[:n] - a[:n], more.design(n0), margin)  # the report's
+    ni, worse = ni + (out == decide.NONINFERIOR), worse + (out == decide.WORSE)
+  return ni / reps, worse / reps
+
+
+def test_a_noninferiority_pair_gets_seeds_by_its_own_reading_and_keeps_its_rates():
+  """msq_eps's MicroAdamMSQ vs Adam: open means neither non-inferior nor worse at the margin.
+  A pilot non-inferior but not separable by difference or equivalence gets no seeds as a
+  non-inferiority pair (it would as a difference pair); simulated at its 0.02 margin and a
+  paired sd of 0.02 (cap 15): a false 'non-inferior' at a true excess of the margin and a
+  false 'worse' there stay <= 5 %, and a truly equal pair is shown non-inferior more often
+  than by its pilot alone."""
+  more = MoreSeeds(None, 0.02, most=15)
+  b = np.array([4.0, 4.02, 3.98, 4.01, 3.99])
+  a = b - np.array([0.01, -0.005, 0.025, 0.015, 0.005])  # A better by 0.01: ≥ −0.02 shown
+  assert more_seeds.needed(list(a), list(b), more) == {0: 15, 1: 15}  # open as a difference
+  assert more_seeds.needed(list(a), list(b), more, more_seeds.NONINFERIORITY) == {}
+  va, vb = dict(enumerate(a)), dict(enumerate(b))  # the report reads it so (`verdict`)
+  p = verdict.sequential_reading(decide.compare(va, vb, effect=0.02, margin=0.02,
+                                                noninferiority=True), va, vb, more.design(5),
+                                 noninferiority=True)
+  assert p.outcome == decide.NONINFERIOR and "pocock look 1 of 2" in p.sentence()
+  rng, reps = np.random.default_rng(3), 4000
+  se = math.sqrt(0.05 * 0.95 / reps)
+  ni, _ = _noninferior_calls(rng, 0.02, 0.02, 0.02, 15, reps)  # on the margin: not non-inferior
+  assert ni <= decide.ALPHA + 2 * se, ni
+  _, worse = _noninferior_calls(rng, 0.02, 0.02, 0.02, 15, reps)  # ... and not beyond it
+  assert worse <= decide.ALPHA + 2 * se, worse
+  ni_two_looks, _ = _noninferior_calls(rng, 0.02, 0.0, 0.02, 15, reps)
+  ni_pilot, _ = _noninferior_calls(rng, 0.02, 0.0, 0.02, MIN_PILOT, reps)
+  assert ni_two_looks > ni_pilot + 0.2, (ni_two_looks, ni_pilot)

@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from experiments import lr_search, msq_eps, preconditioner  # noqa: E402
-from pergrad.analysis.runs import aggregate, read_csv, run_dirname  # noqa: E402
+from pergrad.analysis.runs import read_csv, run_dirname  # noqa: E402
 from pergrad.sweep import (  # noqa: E402
   WARMUP,
   Block,
@@ -326,7 +326,6 @@ def test_msq_eps_runs_at_the_eps_and_lr_preconditioner_chose(tmp_path):
   _fake_run(d, {"optimizer.variant": "adam", "optimizer.clip_norm": None, "optimizer.eps": 1e-8,
                 "optimizer.lr": 0.1, "train.seed": 0}, 17368.0)  # above ln V: diverged
   inputs = Inputs(tmp_path, "cpu")
-  assert len(aggregate(d)) > 0
   assert lr_search.tuned_lr(inputs, "preconditioner",
                             {"optimizer.variant": "adam", "optimizer.clip_norm": None}) == 3e-2
   sw = msq_eps.sweep("cpu", inputs)
@@ -338,9 +337,10 @@ def test_msq_eps_runs_at_the_eps_and_lr_preconditioner_chose(tmp_path):
   assert sorted({p["optimizer.lr"] for p in matched}) == preconditioner.grid(3e-2, 1)
   assert {p["train.seed"] for p in matched} == set(msq_eps.SELECT)
   assert growth.select_seeds(sw) == msq_eps.SELECT == (0, 1) and sw.base["stats.log_every"] == 50
-  # 2 fixed arms x 5 fresh seeds + 2 controls x 3 lrs x 2 selection seeds (their 5 fresh
-  # seeds each come in the follow-up: 32 runs without extensions)
-  assert len(pts) == 2 * 5 + 2 * 3 * 2
+  # 2 fixed arms x 5 seeds + 2 controls x 3 lrs x 2 selection seeds (+ their 5 fresh later)
+  ni = {"optimizer.variant": "adam", "optimizer.eps": 1e-8, "optimizer.lr": 3e-2}  # Adam's arm
+  assert len(pts) == 2 * 5 + 2 * 3 * 2 and [p[1:] for p in sw.lr_search.more.pairs(
+      pd.DataFrame(columns=msq_eps.GROUP))] == [(ni, "noninferiority")]
 
 
 def test_no_tuned_value_is_chosen_on_fewer_than_all_selection_seeds():

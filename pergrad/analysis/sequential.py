@@ -28,7 +28,15 @@ import numpy as np
 from scipy import stats
 
 from pergrad import bounds
-from pergrad.analysis.decide import ALPHA, EQUIVALENT, LOSS, NOT_SEPARABLE, WIN
+from pergrad.analysis.decide import (
+  ALPHA,
+  EQUIVALENT,
+  LOSS,
+  NONINFERIOR,
+  NOT_SEPARABLE,
+  WIN,
+  WORSE,
+)
 
 SPENDINGS = ("bonferroni", "pocock", "obrien_fleming")
 READING = ("read by a two-look Pocock design whose overall false-alarm rate is <= 5%: every "
@@ -126,6 +134,26 @@ def read(d, des: Design, margin: float = math.nan) -> tuple[str, int]:
     return NOT_SEPARABLE, des.looks[0] - len(d)
   k = at[-1]
   out = _read_at(d[None, :des.looks[k]], des.crit[k], des.crit_equiv[k], margin)[0]
+  if out != NOT_SEPARABLE or k == len(des.looks) - 1:
+    return out, 0
+  return out, des.looks[k + 1] - len(d)
+
+
+def read_noninferior(d, des: Design, margin: float) -> tuple[str, int]:
+  """(outcome, seeds to add) for A's advantage gaps `d` against a loss of `margin`, at the
+  design's last look ≤ len(d): non-inferior when d̄ − e_k·se ≥ −margin (one-sided at the
+  design's equivalence critical t, calibrated one-sided: `design`), worse when d̄ + c_k·se <
+  −margin (its difference critical t); else the seeds to the next look, "not separable" at
+  the cap."""
+  d = np.asarray(d, float)
+  at = [i for i, n in enumerate(des.looks) if n <= len(d)]
+  if not at:
+    return NOT_SEPARABLE, des.looks[0] - len(d)
+  k = at[-1]
+  x = d[:des.looks[k]]
+  m, se = float(x.mean()), float(x.std(ddof=1) / math.sqrt(len(x)))
+  out = (NONINFERIOR if m - des.crit_equiv[k] * se >= -margin else
+         WORSE if m + des.crit[k] * se < -margin else NOT_SEPARABLE)
   if out != NOT_SEPARABLE or k == len(des.looks) - 1:
     return out, 0
   return out, des.looks[k + 1] - len(d)

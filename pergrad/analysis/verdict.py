@@ -71,16 +71,20 @@ def groups(values: dict) -> str:
 
 
 def sequential_reading(p: decide.Paired, a, b, design: sequential.Design,
-                       lower_is_better: bool = True) -> decide.Paired:
+                       lower_is_better: bool = True, noninferiority: bool = False
+                       ) -> decide.Paired:
   """`p` read by the group-sequential `design` its seeds were added under
   (`pergrad.sweep.more_seeds`) at its last look reached (every look, the first included, at
   the design's critical t: its intervals replace the one-look 95%/90% ones); a divergence
-  keeps `decide.compare`'s reading; fewer seeds than the first look read not separable."""
+  keeps `decide.compare`'s reading; fewer seeds than the first look read not separable.
+  `noninferiority`: A non-inferior at the margin or worse beyond it
+  (`sequential.read_noninferior`)."""
   _, xa, xb, _ = decide.shared(a, b)
   if p.why:
     return p
   d = (xb - xa) if lower_is_better else (xa - xb)
-  out, _ = sequential.read(d, design, p.margin)
+  read = sequential.read_noninferior if noninferiority else sequential.read
+  out, _ = read(d, design, p.margin)
   if len(xa) < design.looks[0]:  # fewer than the pilot: its first look is still to come
     return dataclasses.replace(p, outcome=str(out), seeds_to_settle={
         "the design's first look": design.looks[0]}, reading=(

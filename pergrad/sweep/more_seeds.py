@@ -24,6 +24,8 @@ from pergrad.sweep.grid import Block, Sweep
 from pergrad.sweep.growth import first_stage_fixed, same
 from pergrad.sweep.search import MoreSeeds
 
+DIFFERENCE, NONINFERIORITY = "difference", "noninferiority"  # how a pair is read (`needed`)
+
 
 def pilot(fin: pd.DataFrame, arm: dict, seeds) -> list[float] | None:
   """An arm's ({key: value} of its group and lr) final losses on the pilot seeds, in seed
@@ -38,17 +40,19 @@ def pilot(fin: pd.DataFrame, arm: dict, seeds) -> list[float] | None:
                                                    for v in vals]
 
 
-def needed(a, b, more: MoreSeeds) -> dict[int, int]:
+def needed(a, b, more: MoreSeeds, kind: str = DIFFERENCE) -> dict[int, int]:
   """{side (0: `a`, 1: `b`): its seeds}: both arms at `more.most` when the pair's pilot gaps
   (b − a, seed by seed) read "not separable" at the design's first look; {} when decided there
-  (a difference, or equivalence within `more.margin`), decided by a diverged seed, or when
-  the pilot is already at the cap."""
+  (a difference, or equivalence within `more.margin`; for a pair of `kind` NONINFERIORITY,
+  non-inferior or worse beyond the margin, `sequential.read_noninferior`), decided by a
+  diverged seed, or when the pilot is already at the cap."""
   a, b = np.asarray(a, float), np.asarray(b, float)
   if len(a) != len(b) or not (np.isfinite(a).all() and np.isfinite(b).all()):
     return {}
   if len(a) >= more.most:
     return {}
-  _, add = sequential.read(b - a, more.design(len(a)), more.margin)
+  read = sequential.read_noninferior if kind == NONINFERIORITY else sequential.read
+  _, add = read(b - a, more.design(len(a)), more.margin)
   return {0: len(a) + add, 1: len(a) + add} if add else {}
 
 
@@ -58,13 +62,14 @@ def blocks(sweep: Sweep, fin: pd.DataFrame, best: pd.DataFrame, seed0
   unfinished. An arm's added seeds continue past every seed the search uses."""
   ls, first_look = sweep.lr_search, sweep.lr_search.pilot_seeds
   found = ls.more.pairs(best, fin) if ls.more.reads_finals else ls.more.pairs(best)
-  pairs = [tuple(tuple(sorted(arm.items())) for arm in p) for p in found]
-  pilots = {arm: pilot(fin, dict(arm), first_look) for p in pairs for arm in p}
+  pairs = [(tuple(tuple(sorted(arm.items())) for arm in p[:2]),
+            p[2] if len(p) > 2 else DIFFERENCE) for p in found]  # (a, b) or (a, b, kind)
+  pilots = {arm: pilot(fin, dict(arm), first_look) for p, _ in pairs for arm in p}
   if any(v is None for v in pilots.values()):
     return [], True
   want: dict = {}
-  for pair in pairs:
-    for side, n in needed(*(pilots[arm] for arm in pair), ls.more).items():
+  for pair, kind in pairs:
+    for side, n in needed(*(pilots[arm] for arm in pair), ls.more, kind).items():
       want[pair[side]] = max(want.get(pair[side], 0), n)
   first = max(int(s) for s in (*seed0, *ls.seeds, *first_look)) + 1
   return [Block({**{k: [v] for k, v in arm}, ls.seed_key: list(range(

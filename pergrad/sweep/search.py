@@ -50,12 +50,13 @@ class MoreSeeds:
   """Group-sequential seeds for a comparison still open after the pilot
   (`pergrad.sweep.more_seeds`): `pairs(best)`, the pairs of arms, each {key: value} of its
   group keys and lr (from `best`, `rounds.best_lr`'s table, or an arm run at a fixed lr), that
-  the report compares paired at the declared `effect`; `most`, the cap (seeds a side, declared
-  with the experiment); `margin`, the equivalence margin (default `effect`); `spending`, the
-  sequential design's (`pergrad.analysis.sequential.SPENDINGS`); `first`, the first look's
-  seeds (default: the lr search's fresh seeds), for an experiment that judges its pairs on
-  other seeds (gns_schedule: the best arm's follow-up seeds); `reads_finals`: `pairs(best,
-  fin)`, the pairs read from the finished runs too (arms run after the lr search)."""
+  the report compares paired at the declared `effect` (a pair `(a, b, "noninferiority")` is
+  read for non-inferiority of a at the margin, `more_seeds.needed`); `most`, the cap (seeds a
+  side, declared with the experiment); `margin`, the equivalence margin (default `effect`);
+  `spending`, the sequential design's (`pergrad.analysis.sequential.SPENDINGS`); `first`, the
+  first look's seeds (default: the lr search's fresh seeds), for an experiment that judges its
+  pairs on other seeds (gns_schedule: the best arm's follow-up seeds); `reads_finals`:
+  `pairs(best, fin)`, the pairs read from the finished runs too (arms run after the search)."""
 
   pairs: Callable
   effect: float
