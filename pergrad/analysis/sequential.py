@@ -139,6 +139,17 @@ def read(d, des: Design, margin: float = math.nan) -> tuple[str, int]:
   return out, des.looks[k + 1] - len(d)
 
 
+def look(d, des: Design) -> tuple[int, float, float] | None:
+  """(k, d̄, se) of the gaps `d` at the design's last look k ≤ len(d) (its first looks[k]
+  seeds); None before the first look."""
+  d = np.asarray(d, float)
+  at = [i for i, n in enumerate(des.looks) if n <= len(d)]
+  if not at:
+    return None
+  x = d[:des.looks[at[-1]]]
+  return at[-1], float(x.mean()), float(x.std(ddof=1) / math.sqrt(len(x)))
+
+
 def read_noninferior(d, des: Design, margin: float) -> tuple[str, int]:
   """(outcome, seeds to add) for A's advantage gaps `d` against a loss of `margin`, at the
   design's last look ≤ len(d): non-inferior when d̄ − e_k·se ≥ −margin (one-sided at the
@@ -146,12 +157,9 @@ def read_noninferior(d, des: Design, margin: float) -> tuple[str, int]:
   −margin (its difference critical t); else the seeds to the next look, "not separable" at
   the cap."""
   d = np.asarray(d, float)
-  at = [i for i, n in enumerate(des.looks) if n <= len(d)]
-  if not at:
+  if (at := look(d, des)) is None:
     return NOT_SEPARABLE, des.looks[0] - len(d)
-  k = at[-1]
-  x = d[:des.looks[k]]
-  m, se = float(x.mean()), float(x.std(ddof=1) / math.sqrt(len(x)))
+  k, m, se = at
   out = (NONINFERIOR if m - des.crit_equiv[k] * se >= -margin else
          WORSE if m + des.crit[k] * se < -margin else NOT_SEPARABLE)
   if out != NOT_SEPARABLE or k == len(des.looks) - 1:

@@ -89,13 +89,11 @@ def sequential_reading(p: decide.Paired, a, b, design: sequential.Design,
     return dataclasses.replace(p, outcome=str(out), seeds_to_settle={
         "the design's first look": design.looks[0]}, reading=(
         f"short of the {design.spending} design's first look at {design.looks[0]} seeds"))
-  k = max(i for i, n in enumerate(design.looks) if n <= len(d))
-  x = d[:design.looks[k]]
-  m, se = float(x.mean()), float(x.std(ddof=1) / math.sqrt(len(x)))
+  k, m, se = sequential.look(d, design)
   return dataclasses.replace(
       p, outcome=str(out), lo95=m - design.crit[k] * se, hi95=m + design.crit[k] * se,
       lo90=m - design.crit_equiv[k] * se, hi90=m + design.crit_equiv[k] * se,
-      reading=f"{design.spending} look {k + 1} of {len(design.looks)} ({len(x)} seeds), "
+      reading=f"{design.spending} look {k + 1} of {len(design.looks)} ({design.looks[k]} seeds), "
               f"|t| > {design.crit[k]:.3g}")
 
 
