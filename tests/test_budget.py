@@ -110,3 +110,29 @@ def test_a_report_with_one_run_at_another_budget_reads_undetermined_naming_it(tm
   rep = sign_placement.report(out)
   assert rep.verdict == "undetermined: same_budget" and rep.rule_verdict == "reproduced"
   assert f"{wrong}: steps 1600, declared 400" in rep.guards_text()
+
+
+def test_a_variable_batch_run_may_end_past_its_budget_by_less_than_a_batch():
+  """A ramp ends at the first update that reaches E (`pergrad.train.batch_schedule`): its
+  comparison declares E + up to B_max − 1 examples, and the guard names the overshoot it
+  admitted; a shortfall, a larger overshoot, or any overshoot of a fixed-B run fails."""
+  from pergrad.sweep import budgets
+
+  over = ("experiment=gns_ramp", "scale=cpu")
+  fixed = budgets.declared((*over, "batch.kind=fixed"))
+  ramp = budgets.declared((*over, "batch.kind=linear", "batch.ramp_tokens=819200"))
+  assert fixed.examples_over == 0 and fixed.steps is not None
+  assert ramp.examples == fixed.examples and ramp.steps is None
+  b_max = ramp.examples_over + 1
+  assert ramp.examples == b_max * fixed.steps
+  rec = lambda e: {"examples": e, "steps": 7, "warmup_steps": ramp.warmup_steps,
+                   "n_params": ramp.n_params}
+  E = ramp.examples
+  g = B.same_budget({"r1": rec(E + b_max // 2), "r2": rec(E)}, ramp)
+  assert g.ok and "1 variable-batch run(s)" in g.why and f"≤ {b_max // 2} examples" in g.why
+  assert B.same_budget({"r": rec(E + b_max - 1)}, ramp).ok
+  for e in (E + b_max, E - 1):
+    g = B.same_budget({"r": rec(e)}, ramp)
+    assert not g.ok and f"r: examples {e}, declared {E} (+ at most {b_max - 1})" in g.why
+  g = B.same_budget({"f": {**rec(E + 1), "steps": fixed.steps}}, fixed)
+  assert not g.ok and f"f: examples {E + 1}, declared {E}" in g.why

@@ -3,6 +3,11 @@ own record says (summary.json: examples seen, steps run, parameters; the config 
 warmup steps), never as its name or the sweep's plan says. A budget field left None is not
 part of the comparison's budget; a declared field a run does not record fails the guard (a
 value not recorded is never assumed).
+
+Examples are exact for a fixed batch size. A variable-batch run (a ramp, a GNS-guided schedule)
+ends at the first update that reaches its budget E (`pergrad.train.batch_schedule`), so it
+sees E + o examples with 0 ≤ o < its last batch ≤ B_max: its comparison declares that
+overshoot (`examples_over` = B_max − 1), and the guard names the largest one it admitted.
 """
 
 from __future__ import annotations
@@ -28,9 +33,11 @@ class Budget:
   steps: int | None = None
   warmup_steps: int | None = None
   n_params: int | None = None
+  examples_over: int | None = None  # examples ∈ [examples, examples + examples_over]
 
   def declared(self) -> dict:
-    return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+    """The declared fields of `FIELDS` (examples_over qualifies examples)."""
+    return {k: getattr(self, k) for k in FIELDS if getattr(self, k) is not None}
 
 
 def record(run_dir) -> dict:
@@ -60,21 +67,31 @@ def same_budget(records: Mapping[str, Mapping], declared: Budget | Mapping[str, 
                 ) -> Guard:
   """The guard over runs (run -> its `record`) against the comparison's `declared` budget (one
   for every run, or run -> its own, e.g. per batch size): fails naming each run whose
-  recorded value differs from a declared one, or does not record it."""
-  bad, checked = [], 0
+  recorded value differs from a declared one (examples: lies outside [examples, examples +
+  examples_over]), or does not record it; passing, it names the largest overshoot admitted."""
+  bad, over = [], []
   for run, rec in records.items():
-    want = (declared if isinstance(declared, Budget) else declared[run]).declared()
-    checked += 1
-    for k, v in want.items():
+    budget = declared if isinstance(declared, Budget) else declared[run]
+    for k, v in budget.declared().items():
       got = rec.get(k)
+      slack = int(budget.examples_over or 0) if k == "examples" else 0
       if got is None:
         bad.append(f"{run}: {k} not recorded (declared {v})")
-      elif int(got) != int(v):
-        bad.append(f"{run}: {k} {int(got)}, declared {int(v)}")
+      elif not 0 <= int(got) - int(v) <= slack:
+        bad.append(f"{run}: {k} {int(got)}, declared {int(v)}"
+                   + (f" (+ at most {slack})" if slack else ""))
+      elif int(got) > int(v):
+        over.append((int(got) - int(v), int(v)))
   if not records:
     bad = ["no compared run"]
-  return Guard("same_budget", not bad, "; ".join(bad) if bad else
-               f"every compared run ({checked}) has its declared budget")
+  if bad:
+    return Guard("same_budget", False, "; ".join(bad))
+  why = f"every compared run ({len(records)}) has its declared budget"
+  if over:
+    o, e = max(over)
+    why += (f"; {len(over)} variable-batch run(s) end past it at the first update that reaches "
+            f"it, by ≤ {o} examples ({100 * o / e:.2g} % of {e})")
+  return Guard("same_budget", True, why)
 
 
 # per run: its recorded budget and its declared one (pergrad.sweep.budgets)
@@ -95,6 +112,6 @@ def guard(out_dir, runs=None) -> Guard:
     df = df[df["run"].isin(list(runs))]
   num = lambda v: None if v is None or (isinstance(v, float) and math.isnan(v)) else int(v)
   recs = {r["run"]: {k: num(r.get(k)) for k in FIELDS} for r in df.to_dict("records")}
-  want = {r["run"]: Budget(**{k: num(r.get(f"declared_{k}")) for k in FIELDS})
+  want = {r["run"]: Budget(**{k: num(r.get(f"declared_{k}")) for k in (*FIELDS, "examples_over")})
           for r in df.to_dict("records")}
   return same_budget(recs, want)

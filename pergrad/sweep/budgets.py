@@ -7,7 +7,8 @@ settings of the sweep's blocks whose values admit the run (an lr search's block 
 group's grid or adds its seeds must inherit its first-stage block's: so a run of such a block
 declares the first-stage block's budget, `growth.first_stage_fixed`), and the run's own swept
 values (its name). A run of a later stage declares its own settings. Fields: steps (a fixed
-batch size only), examples = steps × B_max, warmup steps, model parameters.
+batch size only), examples = steps × B_max (a variable batch size: up to B_max − 1 more, its
+last update's overshoot: examples_over), warmup steps, model parameters.
 """
 
 from __future__ import annotations
@@ -67,23 +68,26 @@ def declared(overrides: tuple) -> budget_lib.Budget:
   return budget_lib.Budget(examples=p.train.steps * p.batch.max_batch_size,
                            steps=p.train.steps if fixed else None,
                            warmup_steps=int(p.config["schedule"]["warmup_steps"]),
-                           n_params=n_params(overrides))
+                           n_params=n_params(overrides),
+                           examples_over=0 if fixed else p.batch.max_batch_size - 1)
 
 
 def table(sweep: Sweep, sweep_dir: Path, fin: pd.DataFrame,
           overrides: Sequence[str] = ()) -> pd.DataFrame:
   """One row per completed run of `fin`: run, its recorded budget (`budget.record`: <field>)
-  and its declared one (declared_<field>)."""
+  and its declared one (declared_<field>, declared_examples_over)."""
   rows = []
   done = finished(fin)
   for run in (done[done["status"] == "completed"]["run"] if "status" in done else done["run"]):
     point = {k: from_table(table_value(v)) for k, v in parse_dirname(run).items()
              if k not in SEED_KEYS}
-    want = declared(planned(sweep, point, tuple(overrides))).declared()
+    want = declared(planned(sweep, point, tuple(overrides)))
     rec = budget_lib.record(Path(sweep_dir) / run)
-    rows.append({"run": run, **rec, **{f"declared_{k}": v for k, v in want.items()}})
+    rows.append({"run": run, **rec, **{f"declared_{k}": v for k, v in want.declared().items()},
+                 "declared_examples_over": want.examples_over})
   return pd.DataFrame(rows, columns=["run", *budget_lib.FIELDS,
-                                     *(f"declared_{k}" for k in budget_lib.FIELDS)])
+                                     *(f"declared_{k}" for k in budget_lib.FIELDS),
+                                     "declared_examples_over"])
 
 
 def write(sweep: Sweep, sweep_dir: Path, fin: pd.DataFrame, out_dir: Path,
