@@ -118,13 +118,17 @@ def launch_sweep(exp: Experiment, preset: str, sdir: Path, inputs: Inputs, how: 
   if not analyze_only:
     launch_blocks(sdir, sweep.base, sweep.blocks, **kw)
   rounds = sweep.lr_search.rounds if sweep.lr_search else 0
+  ran = lambda: len(log.launched) + len(log.reused) + len(log.failed)
   for r in range(0 if how.dry_run or analyze_only else rounds):
     fin = marked_finals(aggregate(sdir), sweep.base, how.extra)
     blocks, kind = follow_up_blocks(sweep, fin)
+    before = ran()
     if blocks:
       how.echo(f"{tag} follow-up round {r}: {kind}")
       launch_blocks(sdir, sweep.base, blocks, **kw)
-    if kind not in ("extend", "pilot"):
+    # a round is a function of the finished runs: one that ran none would repeat itself (a
+    # resumed sweep waiting on a pilot that only the follow-up stage below runs)
+    if kind not in ("extend", "pilot") or ran() == before:
       break
   if exp.follow_up is not None and not (how.dry_run or analyze_only):
     if blocks := exp.follow_up(preset, sdir):
