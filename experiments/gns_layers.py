@@ -167,6 +167,22 @@ def decide(rs: list[float]) -> str:
   return REPRODUCED if m - s >= R_MIN else NOT_REPRODUCED if m + s < R_MIN else PARTLY
 
 
+def settle_text(rs: list[float]) -> str:
+  """The seeds that would settle a reading neither side of R_MIN decides: the fewest at which
+  the rule's power for r = CLAIMED_R reaches MIN_POWER at the seeds' measured std."""
+  sd = float(np.std(rs, ddof=1)) if len(rs) > 1 else float("nan")
+  need = calibrate.seeds_for_power("threshold", sd, len(rs) + 1, R_MIN, CLAIMED_R)
+  at = f"at the seeds' std {fmt_num(sd)}, the rule's power for r = {CLAIMED_R:g}"
+  if not np.isfinite(sd):
+    return "seeds that would settle it: not measured (fewer than two seeds)"
+  if need:
+    return (f"seeds that would settle it: {need} ({at} reaches {calibrate.MIN_POWER:g} there; "
+            f"this design runs {len(rs)}, declared in this module, with no sequential seeds)")
+  return (f"no number of seeds up to 64 settles it: {at} is "
+          f"{fmt_num(calibrate.threshold(sd, 64, R_MIN, CLAIMED_R)[1])} at 64 (the rule compares "
+          "mean − std, the seeds' spread, with the threshold: seeds sharpen it little)")
+
+
 def report(out_dir: Path) -> Report:
   reg = read_csv(Path(out_dir) / PART_WHOLE)
   if reg.empty or "r_complement" not in reg:
@@ -190,6 +206,7 @@ def report(out_dir: Path) -> Report:
           f"{sum(r > cross for r in rs)} of {len(rs)} seeds" if np.isfinite(cross) else
           "ours, beside: the r a shared drift alone gives, not measured (fewer than two seeds)")
   verdict = decide(rs)  # a threshold crossed either way is decided at any power; power gates
+  settle = settle_text(rs) if verdict == PARTLY else None
   return gated(verdict, cal, (warm, same_budget(out_dir)), rule=RULE, paper=PAPER,  # the rest
                decided=["rule"] if verdict in (REPRODUCED, NOT_REPRODUCED) else (),
                ours=f"r(complement, norm) = {f('r_complement')} at α = {ALPHA:g}",
@@ -197,7 +214,7 @@ def report(out_dir: Path) -> Report:
                        f"Σ|G|² and {f('share_s')} of ΣS, so the part-whole r of the total "
                        f"{f('r_total')} is not evidence", "Share of the parameters per type: "
                        + listing(by_type.items(), lambda v: f"{100 * v:.3g} %"),
-                       null, declared_text(R_MIN_D, CLAIMED_D)),
+                       null, *([settle] if settle else ()), declared_text(R_MIN_D, CLAIMED_D)),
                numbers_md=sections("Regressions on the norm layers' B_simple (per seed, by α):",
                                    reg, "By α:", by_alpha))
 

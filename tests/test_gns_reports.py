@@ -168,6 +168,7 @@ def test_gns_layers_verdicts(tmp_path):
   assert rep.verdict == "undetermined: powered", rep.finding
   assert "part-whole r of the total" in rep.finding
   assert rep.calibration["kind"] == "threshold" and rep.calibration["n"] == 3
+  assert "settle" in rep.finding, rep.finding
   # r well below the threshold on every seed, but spread: a decided "not reproduced" stands
   # whatever the power for r = 0.95 at that spread (reported beside, not a gate)
   path = tmp_path / "part_whole" / gns_layers.PART_WHOLE
@@ -218,3 +219,19 @@ def test_the_shared_drift_line_says_when_it_is_not_measured(tmp_path):
   assert any("not measured (fewer than two seeds)" in c for c in one.checks)
   three, _ = _gns_report(tmp_path, "three", _gns_table([0, 1, 2], coupled=True))
   assert any("of 3 seeds" in c and "nan" not in c for c in three.checks if "shared" in c)
+
+
+def test_seeds_for_power_is_the_fewest_that_reach_it():
+  """`calibrate.seeds_for_power`: the threshold rule's power at the returned n reaches 0.8 and
+  at n − 1 does not; a spread as wide as the threshold's distance from the claim: none up to
+  64 (gns_layers' clean run: std 0.045, power 0.64 at 3 seeds, 0.79 at 64); gns_layers names
+  the one or the other."""
+  from pergrad.analysis import calibrate
+
+  n = calibrate.seeds_for_power("threshold", 0.02, 3, 0.9, 0.95)
+  assert n is not None and calibrate.threshold(0.02, n, 0.9, 0.95)[1] >= 0.8
+  assert n == 3 or calibrate.threshold(0.02, n - 1, 0.9, 0.95)[1] < 0.8
+  assert calibrate.seeds_for_power("threshold", 0.045, 4, 0.9, 0.95) is None
+  assert calibrate.seeds_for_power("threshold", float("nan"), 4, 0.9, 0.95) is None
+  assert gns_layers.settle_text([0.93, 0.95, 0.97]).startswith("seeds that would settle it: 4 ")
+  assert "no number of seeds up to 64" in gns_layers.settle_text([0.925, 0.875, 0.964])

@@ -81,6 +81,17 @@ def calibrate(kind: str, noise: float, n: int, *args, effect: float | None = Non
   return cal(*KINDS[kind](float(noise), int(n), *args))
 
 
+def seeds_for_power(kind: str, noise: float, n: int, *args, least: float = MIN_POWER,
+                    most: int = 64) -> int | None:
+  """The fewest seeds ≥ `n` at which `KINDS[kind]` at `noise` has power ≥ `least` (None: not
+  within `most`, or no finite positive noise): the seeds a design would need to settle what its
+  power left open."""
+  if not (np.isfinite(noise) and noise > 0):
+    return None
+  return next((k for k in range(max(int(n), 2), most + 1)
+               if KINDS[kind](float(noise), k, *args)[1] >= least), None)
+
+
 def weakest(cals) -> Calibration | None:
   """The calibration with the lowest power (unknown first; those decided by a diverged seed
   only when there is no other), the one the claims table shows."""
