@@ -6,10 +6,17 @@ examples (the warmup long enough for `guards.MIN_WARMUP` steps at the largest B)
 at Adam's tuned lr. The `sqrt_2x` arm (the largest B at twice the examples, where the curves
 separate) tells "large B has too few steps in this budget" (its gap closes with more examples)
 from "√ scaling breaks at large B" (it does not). lr_exponent fits lr*(B) ∝ B^α beside.
+
+The first seeds are a pilot, the first look of a two-look Pocock design (`design`,
+`pergrad.analysis.sequential`): a reading still open there (√ at B vs B_ref, or a contrast at
+√'s break) gets seeds on both of its arms up to the cap declared in
+configs/experiment/batch_scaling.yaml (`follow_up`, chosen from the pilot's runs alone), and
+every reading is the design's at the look it stopped (`verdict.staged`).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from pathlib import Path
 
@@ -17,15 +24,16 @@ import numpy as np
 import pandas as pd
 
 from experiments import lr_search
-from pergrad.analysis import calibrate, decide, guards, rules
+from pergrad.analysis import calibrate, decide, guards, rules, sequential, verdict
 from pergrad.analysis.budget import guard as same_budget
 from pergrad.analysis.markdown import md_table
 from pergrad.analysis.plots import plot_curves, plt, savefig, style
-from pergrad.analysis.runs import read_csv, write_csv
+from pergrad.analysis.runs import aggregate, finished, read_csv, write_csv
 from pergrad.analysis.verdict import calibration_of, gated, key, outcomes, pairs_md
-from pergrad.sweep import WARMUP, Block, Sweep, base_for, scale_value, with_warmup
+from pergrad.sweep import WARMUP, Block, MoreSeeds, Sweep, base_for, scale_value, with_warmup
 from pergrad.sweep.declared import declared, declared_text
 from pergrad.sweep.record import Experiment, register
+from pergrad.sweep.rounds import marked_finals
 
 NAME = "batch_scaling"
 TITLE = "square-root learning-rate scaling with batch size"
@@ -40,30 +48,35 @@ LONG, LONG_FACTOR = "sqrt_2x", 2  # √ scaling at twice the examples (the large
 SIZES = {"ci": [8, 32], "cpu": [4, 8, 16, 64, 128],  # cpu: spans B_simple (its report's guard)
          "paper": [32, 64, 128, 256, 512, 1024, 2048]}
 LONG_SIZES = {"ci": [], "cpu": [128], "paper": [2048]}
-SEEDS = {"ci": [0], "cpu": [0, 1, 2, 3, 4], "paper": [0, 1, 2, 3, 4]}
+SEEDS = {"ci": [0], "cpu": [0, 1, 2, 3, 4], "paper": [0, 1, 2, 3, 4]}  # the pilot (√ arms)
 MARGIN_SEEDS = {"ci": [], "cpu": [100, 101, 102], "paper": [100, 101, 102]}  # B_ref only
-CONTRAST_SEEDS = {"ci": [], "cpu": [0, 1, 2], "paper": [0, 1, 2]}
+CONTRAST_SEEDS = {"ci": [], "cpu": [0, 1, 2, 3, 4], "paper": [0, 1, 2, 3, 4]}  # ⊂ SEEDS
+PILOT, CONTRAST_PILOT = len(SEEDS["cpu"]), len(CONTRAST_SEEDS["cpu"])  # first looks (= paper)
+MOST_SEEDS = int(declared(NAME, "seed_cap").value)  # a reading open at its first look: up to it
 MIN_STEPS, N_EVALS = {"ci": 4, "cpu": 100, "paper": 200}, {"ci": 4, "cpu": 25, "paper": 40}
 MIN_MARGIN_D, FALLBACK_D = declared(NAME, "min_margin"), declared(NAME, "fallback_margin")
 MIN_MARGIN, MARGIN_SPREADS, FALLBACK_MARGIN = MIN_MARGIN_D.value, 3.0, FALLBACK_D.value
 BELOW, ABOVE = declared(NAME, "below"), declared(NAME, "above")  # the regime, vs B_simple
 B_SIMPLE = "gns/total/b_simple"  # tracked in B_ref's runs (stats.gns)
 COLLAPSES, BREAKS, UNDETERMINED = "collapses", "breaks", "undetermined"
-RULE = (f"Over the second half of training's eval points, per seed, the average of B's curve "
-        "minus B_ref's (the same seeds: paired): B collapses onto B_ref when the 90% interval "
-        "of the mean gap lies within ±margin (TOST) and no point's seed-mean gap exceeds "
-        f"{rules.GUARD:g} margins; it breaks when the 95% interval lies beyond the margin or a "
-        "seed diverged; else (and where a run stopped before an eval point) undetermined. The "
-        "margin is fixed before the "
+RULE = ("Over the second half of training's eval points, per seed, the average of B's curve "
+        "minus B_ref's (the same seeds: paired): B collapses onto B_ref when the design's "
+        "equivalence interval of the mean gap lies within ±margin (TOST) and no point's seed-mean "
+        f"gap exceeds {rules.GUARD:g} margins; it breaks when its difference interval lies beyond "
+        "the margin or a seed diverged; else (and where a run stopped before an eval point) "
+        f"undetermined. Each reading and contrast below: {sequential.READING}; the first look is "
+        f"the pilot's {PILOT} seeds, one open there gets the same seeds on B's and B_ref's arms "
+        f"up to {MOST_SEEDS} (open at the cap: undetermined). The margin is fixed before the "
         f"comparison from B_ref's margin seeds: {MARGIN_SPREADS:g} × the spread of their curve "
         f"averages, at least {MIN_MARGIN:g} nats ({FALLBACK_MARGIN:g} without margin seeds). "
         "Reproduced when √ collapses at every B below its smallest break, at some B above B_ref, "
-        "some B breaks, and there √ beats linear and none (mean |gap| per seed, "
-        f"{decide.READING}); partly reproduced when √ collapses at some B but not all of that "
-        "holds (no break seen, a B below the break left open, or a contrast not beaten); not "
-        "reproduced when another scaling beats √ at the break, or √ was decided at every B and "
-        "collapses at none; undetermined (not separable) when √ collapses at no B and some B "
-        "is left open, or nothing was decided.")
+        "some B breaks, and there √ beats linear and none (mean |gap| per seed to B_ref's pilot "
+        f"mean curve, {decide.READING}; by the same design from {CONTRAST_PILOT} seeds, both "
+        f"arms of a contrast open there to {MOST_SEEDS} shared seeds); partly reproduced when √ "
+        "collapses at some B but not all of that holds (no break seen, a B below the break left "
+        "open, or a contrast not beaten); not reproduced when another scaling beats √ at the "
+        "break, or √ was decided at every B and collapses at none; undetermined (not separable) "
+        "when √ collapses at no B and some B is left open, or nothing was decided.")
 
 
 def budget(preset: str) -> tuple[int, int, int, tuple]:
@@ -76,37 +89,47 @@ def budget(preset: str) -> tuple[int, int, int, tuple]:
   return ref, ex, ex // N_EVALS[preset], sizes
 
 
-def sweep(preset: str, inputs=None) -> Sweep:
+def block(preset: str, b: int, scalings, seeds, factor: int = 1) -> Block:
+  """`scalings` at batch size `b` on `seeds`, every run of an arm (first stage, `follow_up`) on
+  its budget: factor × `budget`'s examples (factor ≠ 1, the long arm: train.steps in the grid),
+  the same eval points and warmup in examples (≥ `guards.MIN_WARMUP` steps at the largest B,
+  but at ci); B_ref's runs track B_simple (stats.gns, the regime guard)."""
   ref, ex, every, sizes = budget(preset)
-  warm = max(ref * int(scale_value(preset, "schedule.warmup_steps")),  # in examples, the same
-             guards.MIN_WARMUP * max(sizes) if preset != "ci" else 0)  # for every B
+  warm = max(ref * int(scale_value(preset, "schedule.warmup_steps")),
+             guards.MIN_WARMUP * max(sizes) if preset != "ci" else 0)
+  steps = factor * ex // b
+  fixed = {"train.steps": steps, "train.eval_every": every // b,
+           "logging.log_every": max(steps // 40, 1), "train.checkpoint_every": max(steps // 4, 1),
+           "schedule.warmup_steps": max(warm // b, 1), **({"stats.gns": True} if b == ref else {})}
+  grid = {KEY: [b], REF: [ref], SCALING: list(scalings), SEED: list(seeds)}
+  if factor != 1:
+    grid["train.steps"] = [fixed.pop("train.steps")]
+  return Block(grid, fixed=fixed)
 
-  def block(b, scalings, seeds, examples=ex, **more):
-    steps = examples // b
-    fixed = {"train.steps": steps, "train.eval_every": every // b,
-             "logging.log_every": max(steps // 40, 1), "train.checkpoint_every": max(steps // 4, 1),
-             "schedule.warmup_steps": max(warm // b, 1), **more}
-    grid = {KEY: [b], REF: [ref], SCALING: list(scalings), SEED: list(seeds)}
-    if examples != ex:  # the long arm: train.steps in the grid gives it its own run directories
-      grid["train.steps"] = [fixed.pop("train.steps")]
-    return Block(grid, fixed=fixed)
 
-  # B_ref's runs track B_simple (stats.gns) for the regime guard
-  blocks = [block(ref, ["sqrt"], SEEDS[preset] + MARGIN_SEEDS[preset], **{"stats.gns": True})]
+def contrast_seeds(preset: str, b: int, ref: int) -> list:
+  """The contrasts' first seeds at `b`: 2 below B_ref (never where √ breaks, never judged),
+  above it the pilot's (`MIN_PILOT`: a first look at 3 seeds needs |t| > 6.45)."""
+  return CONTRAST_SEEDS[preset][:2 if b < ref else None]
+
+
+def sweep(preset: str, inputs=None) -> Sweep:
+  ref, _, _, sizes = budget(preset)
+  blocks = [block(preset, ref, ["sqrt"], SEEDS[preset] + MARGIN_SEEDS[preset])]
   for b in (b for b in sizes if b != ref):
-    blocks.append(block(b, ["sqrt"], SEEDS[preset]))
-    if CONTRAST_SEEDS[preset]:  # below B_ref (never where √ breaks, the pair judged): 2 seeds
-      blocks.append(block(b, SCALINGS[1:], CONTRAST_SEEDS[preset][:2 if b < ref else None]))
-  blocks += [block(b, ["sqrt"], SEEDS[preset][:3], LONG_FACTOR * ex)  # beside, not judged
+    blocks.append(block(preset, b, ["sqrt"], SEEDS[preset]))
+    if CONTRAST_SEEDS[preset]:
+      blocks.append(block(preset, b, SCALINGS[1:], contrast_seeds(preset, b, ref)))
+  blocks += [block(preset, b, ["sqrt"], SEEDS[preset][:3], LONG_FACTOR)  # beside, not judged
              for b in LONG_SIZES[preset]]
-  # cpu: 57 runs of 12,800 examples + 3 of 25,600 at B = 128
+  # cpu: 65 runs of 12,800 examples + 3 of 25,600 at B = 128 (then `follow_up`'s seeds)
   return Sweep(base_for(NAME, preset, **lr_search.adam_lr(inputs, preset)), tuple(blocks),
                wall_estimate_min={"ci": 1.0, "cpu": 50}.get(preset))
 
 
-def analyze(runs, out_dir):
-  t, fin = runs.table.copy(), with_warmup(runs.finals, runs.sweep_dir)
-  write_csv(fin, Path(out_dir) / "finals.csv")
+def curves_of(table: pd.DataFrame, fin: pd.DataFrame) -> pd.DataFrame:
+  """curves.csv: eval points, examples seen, divergence (`fin`), B_ref; the long arm as LONG."""
+  t = table.copy()
   t["examples_seen"] = t["step"] * t[KEY]
   t["diverged"] = t["run"].map(dict(zip(fin["run"], fin["diverged"], strict=False))).fillna(False)
   if "train.steps" in t:  # only the long arm has it in its run name
@@ -114,17 +137,61 @@ def analyze(runs, out_dir):
   t.insert(1, "ref", int(t[REF].dropna().iloc[0]))
   cols = ["run", "ref", KEY, SCALING, SEED, "step", "examples_seen", "diverged", "eval/loss",
           "train/lr", B_SIMPLE]
-  write_csv(t[[c for c in cols if c in t]], Path(out_dir) / "curves.csv")
+  return t[[c for c in cols if c in t]]
 
 
-def _seed_curves(g: pd.DataFrame, xs) -> np.ndarray:
-  """seeds × len(xs) eval losses (a diverged run +inf everywhere, a point not reached NaN)."""
-  out = []
-  for _, r in g.groupby(SEED):
+def analyze(runs, out_dir):
+  fin = with_warmup(runs.finals, runs.sweep_dir)
+  write_csv(fin, Path(out_dir) / "finals.csv")
+  write_csv(curves_of(runs.table, fin), Path(out_dir) / "curves.csv")
+
+
+def follow_up(preset: str, sweep_dir) -> tuple[Block, ...]:
+  """Seeds (past every seed run, margin seeds aside) up to MOST_SEEDS a side on both arms of
+  each reading open at its first look: √ at B and B_ref's √ for a collapse reading, √ and the
+  contrast at √'s break (`judge`) for a contrast. Read from the pilot's seeds alone, so a sweep
+  stopped and resumed anywhere asks for the same; () at ci, and until every pilot run a reading
+  needs has finished."""
+  table = aggregate(sweep_dir) if preset != "ci" else pd.DataFrame()
+  if table.empty:
+    return ()
+  fin = marked_finals(table, base_for(NAME, preset))
+  curves = curves_of(table, fin)
+  ref, _, _, sizes = budget(preset)
+  done = finished(fin)
+  done = done[done["train.steps"].isna()] if "train.steps" in done else done  # not the long arm
+  done = set(zip(done[KEY].astype(int), done[SCALING], done[SEED].astype(int), strict=True))
+  need = {(b, "sqrt", s) for b in sizes for s in SEEDS[preset]}
+  if not need | {(ref, "sqrt", s) for s in MARGIN_SEEDS[preset]} <= done:
+    return ()
+  col, mis, m = collapse(curves[curves[SEED].isin(SEEDS[preset] + MARGIN_SEEDS[preset])])
+  at = judge(col, mis)[3]
+  if not {(at, sc, s) for sc in SCALINGS[1:] for s in contrast_seeds(preset, at, ref)} <= done:
+    return ()
+  first = max(SEEDS[preset]) + 1  # past every seed run (the contrasts' ⊂ SEEDS)
+  more = list(range(first, first + MOST_SEEDS - len(SEEDS[preset])))
+  want = {(b, "sqrt"): more for b in col.attrs["open"]}
+  want |= {(ref, "sqrt"): more} if want else {}
+  for o, _, open_ in contrasts(mis, at, m, set(col[SCALING])):
+    if open_:
+      want |= {(at, "sqrt"): more, (at, o): [
+          s for s in SEEDS[preset] if s not in contrast_seeds(preset, at, ref)] + more}
+  return tuple(block(preset, b, [sc], seeds) for (b, sc), seeds in sorted(want.items()))
+
+
+def _seed_curves(g: pd.DataFrame, xs) -> dict:
+  """{seed: its eval losses at xs} (a diverged run +inf everywhere, a point not reached NaN)."""
+  out = {}
+  for s, r in g.groupby(SEED):
     ev = r.dropna(subset=["eval/loss"]).drop_duplicates("examples_seen", keep="last")
     y = ev.set_index("examples_seen")["eval/loss"].reindex(xs).to_numpy(float)
-    out.append(np.full(len(xs), np.inf) if bool(r["diverged"].any()) else y)
-  return np.array(out).reshape(len(out), len(xs))
+    out[float(s)] = np.full(len(xs), np.inf) if bool(r["diverged"].any()) else y
+  return out
+
+
+def _rows(by_seed: dict, n: int) -> np.ndarray:
+  """seeds × n: the curves of `_seed_curves`, in seed order."""
+  return np.array([by_seed[s] for s in sorted(by_seed)]).reshape(len(by_seed), n)
 
 
 def margin(ref_margin: np.ndarray) -> float:
@@ -144,48 +211,90 @@ def spread(y_SxP: np.ndarray) -> float:
   return float(np.std(avg, ddof=1)) if len(avg) > 1 and np.isfinite(avg).all() else math.nan
 
 
+def design(pilot: int) -> sequential.Design:
+  """The two-look Pocock design of `pilot` seeds, then MOST_SEEDS (`sweep.MoreSeeds`)."""
+  return MoreSeeds(None, math.nan, most=MOST_SEEDS).design(pilot)
+
+
+def _read(ref: dict, arm: dict, m: float, names: tuple, des, n: int) -> tuple:
+  """(Paired, outcome, worst, open) of B's curves ({seed: n points}) vs B_ref's on the seeds both
+  ran: d_s = mean over the points all reached of B − B_ref, `decide.compare`d (by `des`; None:
+  one look); worst = max over points |mean_s gap|; open: undetermined by the intervals alone."""
+  seeds = sorted(set(ref) & set(arm))
+  r, y = (_rows({s: x[s] for s in seeds}, n) for x in (ref, arm))
+  keep = ~(np.isnan(y).any(axis=0) | np.isnan(r).any(axis=0))
+  short = keep.sum() < len(keep) and not np.isinf(y).any()  # a run stopped before a point
+  a_, b_ = ({s: row[keep].mean() for s, row in zip(seeds, x, strict=True)} for x in (r, y))
+  p = decide.compare(a_, b_, names, effect=m, margin=m)
+  if des is not None:
+    p = verdict.sequential_reading(p, a_, b_, des)
+  with np.errstate(invalid="ignore"):
+    worst = float(np.max(np.abs((y - r)[:, keep].mean(axis=0)))) if keep.any() and len(seeds) \
+        else math.nan
+  read = math.isfinite(m) and not short and not np.isinf(y).any() and not p.why and (
+      des is None or p.n >= des.looks[0])
+  out = (UNDETERMINED if not math.isfinite(m) or short else BREAKS if np.isinf(y).any() else
+         UNDETERMINED if not read else
+         COLLAPSES if p.lo90 >= -m and p.hi90 <= m and worst <= rules.GUARD * m
+         else BREAKS if p.lo95 > m or p.hi95 < -m else UNDETERMINED)
+  return p, out, worst, read and out == UNDETERMINED
+
+
 def collapse(curves: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, float]:
-  """(summary per scaling and B, per-seed mean |gap| to B_ref's seed-mean curve, margin),
-  over the second half's eval points (`LONG`, on k× the examples: at k× those, the same
-  share of its schedule); B_ref's margin seeds only set the margin (NaN: nothing decided)."""
+  """(summary per scaling and B, per-seed mean |gap| to B_ref's pilot mean curve, margin),
+  over the second half's eval points (`LONG`, on k× the examples: at k× those, the same share
+  of its schedule); B_ref's margin seeds only set the margin (NaN: nothing decided). √ at B is
+  read by `design(PILOT)` (`verdict.staged`; attrs["open"]: the B open at its first look); the
+  contrasts' and LONG's rows, beside the verdict, once on their first seeds."""
   ref_b = int(curves["ref"].iloc[0])
   ref = curves[curves[KEY] == ref_b]
   xs = np.array(sorted(x for x in ref.dropna(subset=["eval/loss"])["examples_seen"].unique()
                        if x > ref["examples_seen"].max() / 2))
   split = ref[SEED].isin(MARGIN_SEEDS["cpu"] + MARGIN_SEEDS["paper"])
-  m = margin(_seed_curves(ref[split], xs)) if split.any() else FALLBACK_MARGIN
-  ref_seeds = sorted(ref[~split][SEED].unique())
-  ref_y = _seed_curves(ref[~split], xs)
-  m_ref = ref_y.mean(axis=0)
-  rows, mis = [], []
+  m = margin(_rows(_seed_curves(ref[split], xs), len(xs))) if split.any() else FALLBACK_MARGIN
+  ref_c = _seed_curves(ref[~split], xs)
+  ref_y = _rows(ref_c, len(xs))
+  m_ref = ref_y[:PILOT].mean(axis=0)  # the pilot's: the same whatever seeds are added
+  rows, mis, opened = [], [], []
   for (sc, b), runs in curves[curves[KEY] != ref_b].groupby([SCALING, KEY], sort=False):
     k = LONG_FACTOR if sc == LONG else 1  # as planned (a run cut short reads its points NaN)
-    y = _seed_curves(runs, xs * k)
-    seeds = sorted(runs[SEED].unique())
-    keep = ~(np.isnan(y).any(axis=0) | np.isnan(ref_y).any(axis=0))
-    short = keep.sum() < len(xs) and not np.isinf(y).any()  # a run stopped before a point
-    p = decide.compare({float(s): r[keep].mean() for s, r in zip(ref_seeds, ref_y, strict=True)},
-                       {float(s): r[keep].mean() for s, r in zip(seeds, y, strict=True)},
-                       ("B_ref", f"{sc} at B={int(b)}"), effect=m, margin=m)  # advantage: B − B_ref
-    worst = float(np.max(np.abs(y[:, keep].mean(axis=0) - m_ref[keep]))) if keep.any() \
-        else math.nan
-    diverged = bool(np.isinf(y).any())
-    out = (UNDETERMINED if not math.isfinite(m) or short else BREAKS if diverged else
-           UNDETERMINED if p.why else COLLAPSES if p.within_margin and worst <= rules.GUARD * m
-           else BREAKS if p.lo95 > m or p.hi95 < -m else UNDETERMINED)
-    for s, row in zip(seeds, y, strict=False):
+    arm = _seed_curves(runs, xs * k)
+    read = functools.partial(_read, m=m, names=("B_ref", f"{sc} at B={int(b)}"),
+                             des=design(PILOT) if sc == "sqrt" else None, n=len(xs))
+    if sc == "sqrt":
+      p, out, worst, open_ = verdict.staged(read, ref_c, arm, PILOT)
+      opened += [int(b)] if open_ else []
+    else:  # one look on its first seeds (2 below B_ref, 3 above)
+      first = sorted(arm)[:len(contrast_seeds("cpu", b, ref_b))]
+      p, out, worst, _ = read(ref_c, {s: arm[s] for s in first})
+    y = _rows(arm, len(xs))
+    for s, row in arm.items():
       d = np.abs(row - m_ref)
       mis.append({SCALING: sc, KEY: int(b), SEED: int(s),
                   "mean_abs_gap": math.inf if np.isinf(d).any() else float(np.nanmean(d))})
     rows.append({SCALING: sc, KEY: int(b), "n_seeds": p.n, "gap": p.advantage, "lo95": p.lo95,
                  "hi95": p.hi95, "lo": p.lo90, "hi": p.hi90, "sd_paired": p.sd_paired,
-                 "max_abs_gap": worst, "outcome": out, "final_eval_loss": float(np.mean(y[:, -1])),
-                 "spread": spread(y)})
+                 "max_abs_gap": worst, "outcome": out, "reading": p.reading or "one look",
+                 "final_eval_loss": float(np.mean(y[:, -1])), "spread": spread(y)})
   rows.append({SCALING: "sqrt", KEY: ref_b, "n_seeds": len(ref_y), "outcome": "reference",
                "spread": spread(ref_y)})
   col = pd.DataFrame(rows)
-  col.attrs["margin"] = m
+  col.attrs["margin"], col.attrs["open"] = m, opened
   return col, pd.DataFrame(mis), m
+
+
+def contrasts(mis: pd.DataFrame, at, m: float, scalings) -> list[tuple]:
+  """[(scaling, √ vs it at B=`at` on per-seed mean |gap|, open: not separable by its intervals,
+  no seed diverged)] for linear and none where `scalings` has them, by `design(CONTRAST_PILOT)`
+  (`verdict.staged`)."""
+  def read(a, b, o):
+    p = verdict.sequential_reading(decide.compare(a, b, (f"sqrt at B={at}", f"{o} at B={at}"),
+                                                  effect=m, margin=m), a, b, design(CONTRAST_PILOT))
+    return p, p.outcome == decide.NOT_SEPARABLE and not p.why
+  vals = lambda s: {float(r[SEED]): float(r["mean_abs_gap"])
+                    for r in mis[(mis[KEY] == at) & (mis[SCALING] == s)].to_dict("records")}
+  return [(o, *verdict.staged(functools.partial(read, o=o), vals("sqrt"), vals(o), CONTRAST_PILOT))
+          for o in ("linear", "none") if o in scalings]
 
 
 def judge(col: pd.DataFrame, mis: pd.DataFrame) -> tuple[str, dict, list, int | None]:
@@ -196,12 +305,7 @@ def judge(col: pd.DataFrame, mis: pd.DataFrame) -> tuple[str, dict, list, int | 
   sq = by.get("sqrt", {COLLAPSES: [], BREAKS: [], UNDETERMINED: []})
   sizes = sorted(int(b) for b in col[KEY].unique() if int(b) != ref_b)
   at = min(sq[BREAKS]) if sq[BREAKS] else (max(sizes) if sizes else None)
-  at_b = mis[mis[KEY] == at]
-  vals = lambda s: {float(r[SEED]): float(r["mean_abs_gap"])
-                    for r in at_b[at_b[SCALING] == s].to_dict("records")}
-  m = float(col.attrs.get("margin", math.nan))
-  pairs = [decide.compare(vals("sqrt"), vals(o), (f"sqrt at B={at}", f"{o} at B={at}"),
-                          effect=m, margin=m) for o in ("linear", "none") if o in by]
+  pairs = [p for _, p, _ in contrasts(mis, at, float(col.attrs.get("margin", math.nan)), by)]
   if not (sq[COLLAPSES] or sq[BREAKS]):
     v = f"{rules.UNDETERMINED}: not separable (no √ arm collapses or breaks)"
   elif (sq[BREAKS] and any(p.outcome == decide.LOSS for p in pairs)) or not (
@@ -267,7 +371,7 @@ def regime(curves: pd.DataFrame) -> guards.Guard:
 
 def report(out_dir):
   col, mis, m = collapse(read_csv(Path(out_dir) / "curves.csv"))
-  verdict, by, pairs, at = judge(col, mis)
+  v, by, pairs, at = judge(col, mis)
   # each √ arm's TOST at its paired sd (the design's power to show equivalence at a true gap
   # of 0: a reading of absence), and each pair at the break (its power for one margin)
   sq = col[(col[SCALING] == "sqrt") & (col["outcome"] != "reference")]
@@ -283,7 +387,7 @@ def report(out_dir):
                                     ) + f"; at B={at}: {outcomes(pairs)}"
   checked = (*arm_guards(out_dir), regime(read_csv(Path(out_dir) / "curves.csv")),
              same_budget(out_dir))
-  return gated(verdict, cals, checked, decided=decided, rule=RULE, paper=PAPER, ours=ours,
+  return gated(v, cals, checked, decided=decided, rule=RULE, paper=PAPER, ours=ours,
                checks=(*(p.sentence() for p in pairs),
                        declared_text(MIN_MARGIN_D, FALLBACK_D, BELOW, ABOVE)),
                numbers_md=md_table(col) + ("\n\n" + pairs_md(pairs) if pairs else ""))
@@ -292,4 +396,4 @@ def report(out_dir):
 EXPERIMENT = register(Experiment(
     name=NAME, title=TITLE, claim=CLAIM, row='C4. √B lr scaling collapses the curves',
     papers_test=True, rank=5, stream=1, sweep=sweep, analyze=analyze, figures=figures,
-    report=report, needs=("preconditioner",)))
+    report=report, needs=("preconditioner",), follow_up=follow_up))

@@ -1,31 +1,36 @@
 """G2 (Gray et al. 2024): the gradient noise scale per layer type over training, and the
 normalization layers' GNS as a predictor of the rest of the model's.
 
-Adam at its tuned lr, per-example norms of every layer every step (`stats.gns`), 3 seeds. The
-raw per-type terms |G|²_est, S_est are re-smoothed offline (`pergrad.analysis.smooth`) at
-several decays α; `RULE` regresses the complement's B_simple on the norm group's
-(`gns_terms.part_whole`); both drift as the loss falls, so r reads "tracks", not independence.
+Adam at its tuned lr, per-example norms of every layer every step (`stats.gns`), 5 seeds (the
+first look), more up to the cap declared in configs/experiment/gns_layers.yaml where the
+reading is still open there (`follow_up`). The raw per-type terms |G|²_est, S_est are
+re-smoothed offline (`pergrad.analysis.smooth`) at several decays α; `RULE` regresses the
+complement's B_simple on the norm group's (`gns_terms.part_whole`) and reads the location of
+the seeds' Fisher-z r against the threshold; both drift as the loss falls, so r reads
+"tracks", not independence.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from experiments import lr_search
-from pergrad.analysis import GNS_TOTAL, calibrate, layer_type, leafwise, smooth
+from pergrad.analysis import GNS_TOTAL, calibrate, layer_type, leafwise, sequential, smooth
 from pergrad.analysis.budget import guard as same_budget
+from pergrad.analysis.decide import LOSS, WIN, seeds_to_settle
 from pergrad.analysis.gns_terms import part_whole
 from pergrad.analysis.markdown import fmt_num, listing, sections
 from pergrad.analysis.plots import plot_curves, plt, savefig, style
 from pergrad.analysis.report import Report, not_measured
-from pergrad.analysis.rules import NOT_REPRODUCED, PARTLY, REPRODUCED, UNDETERMINED
-from pergrad.analysis.runs import read_csv, write_csv, x_examples
+from pergrad.analysis.rules import NOT_REPRODUCED, REPRODUCED, UNDETERMINED
+from pergrad.analysis.runs import aggregate, finals, finished, read_csv, write_csv, x_examples
 from pergrad.analysis.verdict import gated
-from pergrad.sweep import SEEDS, Block, Sweep, base_for, experiment_value, family, with_warmup
+from pergrad.sweep import Block, Sweep, base_for, experiment_value, family, is_rung, with_warmup
 from pergrad.sweep.declared import declared, declared_text
 from pergrad.sweep.record import Experiment, Inputs, Rung, register
 
@@ -37,25 +42,37 @@ CLAIM = ("The gradient noise scale of the normalization layers alone predicts th
 ALPHA = float(experiment_value(NAME, "stats.gns_alpha"))
 ALPHAS = (0.9, ALPHA, 0.98, 0.99)
 R_MIN_D, CLAIMED_D = declared(NAME, "r_min"), declared(NAME, "claimed_r")  # configs/experiment
-R_MIN, CLAIMED_R = R_MIN_D.value, CLAIMED_D.value
+SEED_CAP = declared(NAME, "seed_cap")
+R_MIN, CLAIMED_R, MOST_SEEDS = R_MIN_D.value, CLAIMED_D.value, int(SEED_CAP.value)
+SEEDS = {"ci": (0,), "cpu": (0, 1, 2, 3, 4), "paper": (0, 1, 2, 3, 4)}  # the first look
+RUNG_SEEDS = (0, 1, 2)  # a ladder rung reads the mean r only (`ladder_value`), no verdict
+CLAIMED_GAP = math.atanh(CLAIMED_R) - math.atanh(R_MIN)  # the power's effect, in Fisher z
 PAPER = "norm-layer GNS predicts the total GNS (high correlation, linear)"
 NORM = "norm"
 PART_WHOLE = "gns_part_whole.csv"
 RULE = (f"At the tracker's EMA decay α = {ALPHA:g}, the Pearson r between the smoothed "
         f"B_simple of the complement (total minus the normalization layers: (S_tot − S_norm) "
         f"/ (|G|²_tot − |G|²_norm)) and that of the normalization layers over training (past "
-        f"t = 1/(1−α)) is high when the seeds' mean r minus their std is ≥ {R_MIN:g} (our "
-        f"threshold): reproduced then, not reproduced when the mean plus the std is < "
-        f"{R_MIN:g}, partly reproduced otherwise (the rule's power for r = {CLAIMED_R:g} gates "
-        "only this reading, reported beside the others), undetermined with < 2 seeds. The total's "
-        "own r with the norm group is part-whole (the group is in the total) and is reported, "
-        "not used.")
+        f"t = 1/(1−α)), per seed, as Fisher z − atanh({R_MIN:g}) (our threshold; z is near "
+        f"normal where r is not); the seeds' mean of it read by a two-look Pocock design (the "
+        f"first {len(SEEDS['cpu'])} seeds, then up to {MOST_SEEDS} where the first look leaves "
+        "it open; overall false alarm ≤ 5%, each look at the design's critical t): reproduced "
+        f"when the mean lies above atanh({R_MIN:g}), not reproduced when below, else "
+        "undetermined: not separable (naming the seeds that would settle it); the design's "
+        f"power for r = {CLAIMED_R:g} is reported beside. The total's own r with the norm group "
+        "is part-whole (the group is in the total) and is reported, not used.")
+
+
+def design() -> sequential.Design:
+  """The two-look design the seeds' r is read by: the first look's seeds, then the cap."""
+  return sequential.design((len(SEEDS["cpu"]), MOST_SEEDS))
 
 
 def sweep(preset: str, inputs: Inputs | None = None) -> Sweep:
   """Adam at its tuned lr (cpu, paper) with every step's GNS terms logged, seeds."""
   return Sweep(base_for(NAME, preset, **lr_search.adam_lr(inputs, preset)),
-               (Block({"train.seed": list(SEEDS[family(preset)])}),),
+               (Block({"train.seed": list(RUNG_SEEDS if is_rung(preset)
+                                          else SEEDS[family(preset)])}),),
                wall_estimate_min={"ci": 0.3, "cpu": 4}.get(preset))
 
 
@@ -158,29 +175,88 @@ def cross_seed_r(pairs: dict) -> float:
   return float(np.mean(rs)) if rs else float("nan")
 
 
+def gaps(rs) -> np.ndarray:
+  """Each seed's Fisher z of r minus the threshold's: atanh(r) − atanh(R_MIN) (r clipped inside
+  ±1); the seeds' mean of it above 0 is a mean r above R_MIN."""
+  r = np.clip(np.asarray(rs, float), -1 + 1e-9, 1 - 1e-9)
+  return np.arctanh(r) - math.atanh(R_MIN)
+
+
+def read(rs) -> tuple[str, int]:
+  """(outcome, seeds to add) of the seeds' r (in seed order) by `design`: win (above R_MIN),
+  loss (below) or not separable, at the design's last look ≤ len(rs) (`sequential.read`)."""
+  return sequential.read(gaps(rs), design())
+
+
 def decide(rs: list[float]) -> str:
-  """`RULE` on the seeds' r: mean − std ≥ R_MIN, mean + std < R_MIN, else partly."""
+  """`RULE` on the seeds' r (in seed order; non-finite dropped)."""
   rs = [r for r in rs if np.isfinite(r)]
-  if len(rs) < 2:
-    return UNDETERMINED
-  m, s = float(np.mean(rs)), float(np.std(rs, ddof=1))
-  return REPRODUCED if m - s >= R_MIN else NOT_REPRODUCED if m + s < R_MIN else PARTLY
+  out, _ = read(rs)
+  if len(rs) < design().looks[0]:
+    return f"{UNDETERMINED}: not separable (fewer seeds than the first look's {design().looks[0]})"
+  return {WIN: REPRODUCED, LOSS: NOT_REPRODUCED}.get(out, f"{UNDETERMINED}: not separable")
 
 
-def settle_text(rs: list[float]) -> str:
-  """The seeds that would settle a reading neither side of R_MIN decides: the fewest at which
-  the rule's power for r = CLAIMED_R reaches MIN_POWER at the seeds' measured std."""
-  sd = float(np.std(rs, ddof=1)) if len(rs) > 1 else float("nan")
-  need = calibrate.seeds_for_power("threshold", sd, len(rs) + 1, R_MIN, CLAIMED_R)
-  at = f"at the seeds' std {fmt_num(sd)}, the rule's power for r = {CLAIMED_R:g}"
-  if not np.isfinite(sd):
-    return "seeds that would settle it: not measured (fewer than two seeds)"
-  if need:
-    return (f"seeds that would settle it: {need} ({at} reaches {calibrate.MIN_POWER:g} there; "
-            f"this design runs {len(rs)}, declared in this module, with no sequential seeds)")
-  return (f"no number of seeds up to 64 settles it: {at} is "
-          f"{fmt_num(calibrate.threshold(sd, 64, R_MIN, CLAIMED_R)[1])} at 64 (the rule compares "
-          "mean − std, the seeds' spread, with the threshold: seeds sharpen it little)")
+def calibration(rs) -> calibrate.Calibration:
+  """The design's error rates at the seeds' Fisher-z spread (`sequential.simulate`): false
+  alarm (win or loss at a mean r of R_MIN: no spread enters), power (win at r = CLAIMED_R)."""
+  z = gaps([r for r in rs if np.isfinite(r)])
+  sd = float(np.std(z, ddof=1)) if len(z) > 1 else math.nan
+  rates = lambda gap: sequential.simulate(design(), gap, sd)
+  ok = math.isfinite(sd) and sd > 0
+  return calibrate.Calibration(
+      "sequential location (Fisher z)", sd, len(z), CLAIMED_GAP,
+      rates(0.0)[WIN] + rates(0.0)[LOSS] if ok else math.nan, rates(CLAIMED_GAP)[WIN] if ok
+      else math.nan)
+
+
+def location_text(rs) -> str:
+  """The seeds' mean r (back from the mean Fisher z) and the design's interval at its look."""
+  z = gaps([r for r in rs if np.isfinite(r)])
+  if (at := sequential.look(z, design())) is None:
+    return f"{len(z)} seeds, short of the design's first look at {design().looks[0]}"
+  k, m, se = at
+  c, back = design().crit[k], lambda x: math.tanh(x + math.atanh(R_MIN))
+  return (f"mean r (Fisher z) {fmt_num(back(m))} [{fmt_num(back(m - c * se))}, "
+          f"{fmt_num(back(m + c * se))}] at look {k + 1} of {len(design().looks)} "
+          f"({design().looks[k]} seeds, |t| > {c:.3g}) against {R_MIN:g}")
+
+
+def settle_text(rs) -> str:
+  """What would settle a reading the design left open: before the cap, its own added seeds;
+  at it, the fewest seeds at which a one-look t on the seeds' Fisher-z gaps detects their
+  observed mean with power 0.8 (`decide.seeds_to_settle`), or none up to 64."""
+  z = gaps([r for r in rs if np.isfinite(r)])
+  if len(z) < design().cap:
+    return (f"seeds that would settle it: the design's own, up to {design().cap} (its "
+            "follow-up stage adds them where the first look leaves the reading open)")
+  sd = float(np.std(z, ddof=1))
+  need = seeds_to_settle(sd, float(np.mean(z)))["difference"]
+  at = (f"a one-look t at the seeds' Fisher-z spread {fmt_num(sd)} and mean gap "
+        f"{fmt_num(float(np.mean(z)))} from atanh({R_MIN:g})")
+  return (f"seeds that would settle it: {need} ({at} detects it with power 0.8 there; the "
+          f"declared cap is {design().cap})" if need else
+          f"no number of seeds up to 64 settles it: {at} (a mean r this near {R_MIN:g})")
+
+
+def follow_up(preset: str, sweep_dir: Path) -> tuple[Block, ...]:
+  """Seeds up to MOST_SEEDS when the first look's seeds (all finished) leave the reading open;
+  a function of those seeds alone, so a sweep stopped and resumed asks for the same."""
+  pilot = SEEDS.get(family(preset), ())
+  if family(preset) == "ci" or is_rung(preset):
+    return ()
+  table = aggregate(sweep_dir)
+  done = finished(finals(table)) if not table.empty else pd.DataFrame()
+  if done.empty or not set(pilot) <= {int(s) for s in done["train.seed"]}:
+    return ()
+  first = table[table["run"].isin(done["run"]) & table["train.seed"].isin(pilot)]
+  reg = regression(smoothed(terms(first), ALPHA), ALPHA).sort_values("train.seed")
+  rs = reg["r_complement"].tolist() if len(reg) else []
+  if len(rs) < len(pilot) or not np.isfinite(rs).all():
+    return ()
+  _, add = read(rs)
+  start = max(pilot) + 1
+  return (Block({"train.seed": list(range(start, start + add))}),) if add else ()
 
 
 def report(out_dir: Path) -> Report:
@@ -188,10 +264,9 @@ def report(out_dir: Path) -> Report:
   if reg.empty or "r_complement" not in reg:
     return not_measured(RULE, f"{PART_WHOLE} is missing or empty (no gns/norm and gns/total "
                         "terms, or runs too short for 3 steps past the EMA warm-up)", NAME)
-  at = reg[np.isclose(reg["alpha"], ALPHA)]
+  at = reg[np.isclose(reg["alpha"], ALPHA)].sort_values("train.seed")
   rs = at["r_complement"].dropna().tolist()
-  cal = calibrate.calibrate("threshold", float(np.std(rs, ddof=1)) if len(rs) > 1 else np.nan,
-                            len(rs), R_MIN, CLAIMED_R, effect=CLAIMED_R)
+  cal = calibration(rs)
   f = lambda c: ", ".join(fmt_num(float(x)) for x in at[c])
   sizes = leafwise.read_sizes(out_dir) or {}
   by_type = pd.Series(sizes, dtype=float).groupby(layer_type).sum() / max(sum(sizes.values()), 1)
@@ -205,16 +280,18 @@ def report(out_dir: Path) -> Report:
           f"(a shared drift alone) is {fmt_num(cross)}; the within-seed r exceeds it in "
           f"{sum(r > cross for r in rs)} of {len(rs)} seeds" if np.isfinite(cross) else
           "ours, beside: the r a shared drift alone gives, not measured (fewer than two seeds)")
-  verdict = decide(rs)  # a threshold crossed either way is decided at any power; power gates
-  settle = settle_text(rs) if verdict == PARTLY else None
-  return gated(verdict, cal, (warm, same_budget(out_dir)), rule=RULE, paper=PAPER,  # the rest
-               decided=["rule"] if verdict in (REPRODUCED, NOT_REPRODUCED) else (),
-               ours=f"r(complement, norm) = {f('r_complement')} at α = {ALPHA:g}",
+  verdict = decide(rs)  # decided at any power; an open reading names itself (not separable)
+  settle = settle_text(rs) if verdict.startswith(UNDETERMINED) else None
+  return gated(verdict, cal, (warm, same_budget(out_dir)), rule=RULE, paper=PAPER,
+               decided=["rule"],  # the design's power for r = CLAIMED_R: reported beside
+               ours=(f"r(complement, norm) = {f('r_complement')} at α = {ALPHA:g}; "
+                     f"{location_text(rs)}"),
                checks=(f"slope {f('slope_complement')}; the norm group holds {f('share_g2')} of "
                        f"Σ|G|² and {f('share_s')} of ΣS, so the part-whole r of the total "
                        f"{f('r_total')} is not evidence", "Share of the parameters per type: "
                        + listing(by_type.items(), lambda v: f"{100 * v:.3g} %"),
-                       null, *([settle] if settle else ()), declared_text(R_MIN_D, CLAIMED_D)),
+                       null, *([settle] if settle else ()),
+                       declared_text(R_MIN_D, CLAIMED_D, SEED_CAP)),
                numbers_md=sections("Regressions on the norm layers' B_simple (per seed, by α):",
                                    reg, "By α:", by_alpha))
 
@@ -235,4 +312,4 @@ RUNG = Rung("G2", "G2: r(complement, norm layers)", 0.95, ladder_value, rung_run
 EXPERIMENT = register(Experiment(
     name=NAME, title=TITLE, claim=CLAIM, row="G2. The norm layers' GNS predicts the total",
     papers_test=True, rank=9, stream=1, sweep=sweep, analyze=analyze, figures=figures,
-    report=report, needs=("preconditioner",), rung=RUNG))
+    report=report, needs=("preconditioner",), rung=RUNG, follow_up=follow_up))

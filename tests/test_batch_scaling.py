@@ -38,7 +38,7 @@ def test_batch_scaling_plan_gives_large_batches_enough_steps(tmp_path):
   sw = bs.sweep("cpu", inputs)
   assert sw.wall_estimate_min <= 50
   pts = [pt for b in sw.blocks for pt in b.points()]
-  assert len(pts) == len({run_dirname(pt) for pt in pts}) == 8 + 5 * 5 + 3 * 2 * 2 + 2 * 2 * 3 + 3
+  assert len(pts) == len({run_dirname(pt) for pt in pts}) == 8 + 5 * 5 + 5 * 2 * 2 + 2 * 2 * 3 + 3
   ref = [pt for pt in pts if pt[bs.KEY] == REF]  # 5 judged seeds + 3 margin seeds, sqrt only
   assert sorted(pt[bs.SEED] for pt in ref) == [*bs.SEEDS["cpu"], *bs.MARGIN_SEEDS["cpu"]]
   assert {pt[bs.SCALING] for pt in ref} == {"sqrt"}
@@ -95,7 +95,7 @@ SEEDS5 = (-0.01, -0.005, 0.0, 0.005, 0.01)  # std 0.0079 per group, one offset p
 SEEDS3 = (-0.01, 0.0, 0.01)
 
 
-def _table(offset, seeds=SEEDS5, contrast=SEEDS3, diverge=(), above=(), margin=(),
+def _table(offset, seeds=SEEDS5, contrast=SEEDS5, diverge=(), above=(), margin=(),
            b_simple=16.0, ref_seeds=None):
   """An `aggregate`-like table of eval curves: loss(x) = 4 + 3 exp(-x / 2500) +
   offset(b, scaling, x) + a seed offset (`seeds` under sqrt, `contrast` otherwise; `margin`:

@@ -6,7 +6,7 @@ import time
 import pytest
 
 from pergrad import bounds
-from pergrad.analysis import calibrate, decide
+from pergrad.analysis import calibrate, decide, sequential
 from pergrad.analysis.report import finding
 
 # (rule, noise measured in results/cpu (the paired sd of per-seed gaps, the per-rep log-ratio
@@ -16,7 +16,8 @@ CASES = {
     "paired: sign_placement, 3 fresh seeds, 0.05 nats": ("paired", 0.009, 3, (0.05,)),
     "paired: gns_schedule, 6 seeds, Δ18 = 0.043": ("paired", 0.023, 6, (0.043,)),
     "TOST: batch_scaling, 5 seeds, margin 0.03": ("tost", 0.009, 5, (0.03,)),
-    "threshold: gns_layers r ≥ 0.9, claimed 0.95": ("threshold", 0.0196, 3, (0.9, 0.95)),
+    "sequential: gns_layers Fisher z vs atanh 0.9, 5 then 15 seeds": ("sequential", 0.32, 5,
+                                                                      ((5, 15), 0.36)),
     "location: overhead vmap ≤ 1.17, 11 reps": ("location", 0.04, 11, (1.17, 0.05)),
 }
 
@@ -33,6 +34,11 @@ def _rates(kind, noise, n, args) -> tuple[float, float]:
     limit, effect = args
     return (bounds.power(noise, n, limit, limit)[bounds.HOLDS],
             bounds.power(noise, n, limit - effect, limit)[bounds.HOLDS])
+  if kind == "sequential":
+    looks, effect = args
+    des = sequential.design(looks)
+    null, alt = sequential.simulate(des, 0.0, noise), sequential.simulate(des, effect, noise)
+    return null[decide.WIN] + null[decide.LOSS], alt[decide.WIN]
   cal = calibrate.calibrate(kind, noise, n, *args)
   return cal.false_alarm, cal.power
 

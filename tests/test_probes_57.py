@@ -5,6 +5,8 @@ behaves honestly), `--dry-run` and the real run agree, and nothing already writt
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from conftest import compose, run_cli
 from hydra.errors import MissingConfigException
@@ -295,3 +297,21 @@ def test_reproduce_ends_a_bad_override_or_a_garbage_archive_in_one_line(tmp_path
     repro.main(["all", "--preset", "ci", "--carry-in", str(garbage), "--sweeps-root", str(root)])
   assert e.value.code == f"error: {line}" and not root.exists()
   assert "Traceback" not in capsys.readouterr().err
+
+
+def test_a_finished_variable_batch_run_is_not_past_its_own_budget(tmp_path):
+  """A batch schedule stops at the first update reaching E = train.steps x B_max, so a finished
+  ramp holds up to B_max − 1 examples past E: re-invoked with its own train.steps it is not
+  'trained past' (it was refused, advising one more step); one step fewer still is."""
+  from types import SimpleNamespace
+
+  from pergrad.train.run_dir import check_not_past, is_past
+
+  d = tmp_path / "ramp"
+  d.mkdir()
+  (d / "summary.json").write_text(json.dumps({"status": "completed", "examples_seen": 12832}))
+  check_not_past(d, SimpleNamespace(steps=100), 128)  # E = 12,800: its own budget
+  with pytest.raises(ValueError, match=r"trained past train.steps=99 \(12,832 examples"):
+    check_not_past(d, SimpleNamespace(steps=99), 128)
+  assert not is_past(100 * 8, 100, 8) and is_past(101 * 8, 100, 8)  # fixed B: exact
+  assert not is_past(100 * 128 + 127, 100, 128) and is_past(100 * 128 + 128, 100, 128)

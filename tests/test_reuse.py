@@ -136,6 +136,17 @@ def test_training_version_follows_the_training_code_only(tmp_path):
   (tmp_path / "experiments/new.py").write_text("n = 1\n")
   assert training_version(tmp_path) == v0
   seen = {v0}
+  # an experiment's declared block (stated effects, caps: the analysis's) leaves it too
+  (tmp_path / "configs/config.yaml").write_text(
+      "a: 1\ndeclared:  # stated\n  seed_cap:\n    value: 15\n    why: \"x\n      y\"\n")
+  assert training_version(tmp_path) == v0
+  (tmp_path / "configs/config.yaml").write_text("a: 1\ndeclared:\n  seed_cap:\n    value: 9\n")
+  assert training_version(tmp_path) == v0
+  git("add", ".")
+  git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "declared")
+  assert training_version(tmp_path, "HEAD") == v0
+  (tmp_path / "configs/config.yaml").write_text("a: 1\ndeclared:\n  x: 1\nb: 2\n")
+  assert training_version(tmp_path) != v0  # a key after the block is the run's again
   for path, text in (("pergrad/model.py", "x = 2\n"), ("configs/config.yaml", "a: 2\n"),
                      ("pergrad/new.py", "n = 1\n")):  # changed, changed, untracked
     (tmp_path / path).write_text(text)

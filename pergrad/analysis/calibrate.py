@@ -1,8 +1,9 @@
 """Each rule's error rates, by applying it to DRAWS synthetic experiments (fixed seed) at the
 noise an experiment measures: false_alarm (a true claim called false) and power (an effect of
 the declared size detected; `pergrad.analysis.guards.powered` requires MIN_POWER of a reading
-of absence only). `Calibration` is the record every report shows; the kinds here are the
-fitted-slope band and the mean ± std threshold (paired comparisons: `decide.calibrate`)."""
+of absence only). `Calibration` is the record every report shows; the kind here is the
+fitted-slope band (paired comparisons: `decide.calibrate`; group-sequential designs:
+`sequential.simulate`)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ class Calibration:
   """A rule's simulated error rates at `noise` (per-seed std) with `n` seeds (side A), and
   `noise_b`, `n_b` on side B where the rule compares two arms (NaN, 0: as side A)."""
 
-  kind: str  # pair | equivalence | noninferiority | band | threshold | bound
+  kind: str  # paired | paired equivalence | band | bound location | sequential location (Fisher z)
   noise: float
   n: int
   effect: float  # the declared effect (or margin), in the measurement's units
@@ -58,14 +59,7 @@ def band(noise: float, n: int, margin: float) -> tuple[float, float]:
   return within(err + margin), within(err)
 
 
-def threshold(noise: float, n: int, level: float, claimed: float) -> tuple[float, float]:
-  """Mean ± std against `level` (true value `claimed`): P(mean + s < level), P(mean − s ≥ level)."""
-  x = claimed + noise * np.random.default_rng(0).standard_normal((DRAWS, n))
-  m, s = x.mean(1), x.std(1, ddof=1)
-  return float(np.mean(m + s < level)), float(np.mean(m - s >= level))
-
-
-KINDS = {"band": band, "threshold": threshold}
+KINDS = {"band": band}
 
 
 def calibrate(kind: str, noise: float, n: int, *args, effect: float | None = None,
@@ -79,17 +73,6 @@ def calibrate(kind: str, noise: float, n: int, *args, effect: float | None = Non
   if not (np.isfinite(noise) and noise > 0 and n >= 2):
     return cal(math.nan, math.nan)
   return cal(*KINDS[kind](float(noise), int(n), *args))
-
-
-def seeds_for_power(kind: str, noise: float, n: int, *args, least: float = MIN_POWER,
-                    most: int = 64) -> int | None:
-  """The fewest seeds ≥ `n` at which `KINDS[kind]` at `noise` has power ≥ `least` (None: not
-  within `most`, or no finite positive noise): the seeds a design would need to settle what its
-  power left open."""
-  if not (np.isfinite(noise) and noise > 0):
-    return None
-  return next((k for k in range(max(int(n), 2), most + 1)
-               if KINDS[kind](float(noise), k, *args)[1] >= least), None)
 
 
 def weakest(cals) -> Calibration | None:

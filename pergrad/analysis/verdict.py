@@ -125,3 +125,16 @@ def pairs_report(values: dict, expected: list, *, rule: str, paper: str, effect:
                        *(p.sentence() for p in pairs), *checks,
                        *([f"Not run in this preset: {missing}"] if missing else [])),
                numbers_md=numbers_md + ("\n\n" + pairs_md(pairs) if pairs else ""))
+
+
+def staged(read, a, b, pilot: int) -> tuple:
+  """`read(a, b)` ({seed: value} each; the last item it returns: whether the reading is open)
+  as a group-sequential design stops: on the first look's seeds (the first `pilot` seeds both
+  arms ran, in seed order: seeds are added past the pilot's) and, only where that reading is
+  open and more seeds were added, on every seed both ran (`sequential_reading` then reads its
+  last look reached). A reading decided at its first look stays so, whatever seeds another
+  comparison added to its arms."""
+  common = sorted(set(map(float, a)) & set(map(float, b)))
+  first = lambda v: {s: x for s, x in v.items() if float(s) in common[:pilot]}
+  r = read(first(a), first(b))
+  return read(a, b) if len(common) > pilot and r[-1] else r

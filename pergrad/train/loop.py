@@ -41,7 +41,13 @@ from pergrad.train.interrupt import Interrupts
 from pergrad.train.metrics import MetricsLogger, read_records
 from pergrad.train.progress import Clock, Progress, print_summary
 from pergrad.train.recorder import History, NonFiniteLossError, Recorder
-from pergrad.train.run_dir import check_not_past, locked, raise_past, write_failed_summary
+from pergrad.train.run_dir import (
+  check_not_past,
+  is_past,
+  locked,
+  raise_past,
+  write_failed_summary,
+)
 
 if TYPE_CHECKING:
   from pergrad.train.step import Steps
@@ -171,7 +177,7 @@ def _setup(plan: RunPlan, out_dir: Path, hydra_info: dict | None, echo, t_begin:
   if state is None:
     state = steps.init(np.int32(plan.train.seed))
   seen, batch_size = map(int, jax.device_get((state.examples_seen, state.batch_size)))  # last
-  if seen > plan.train.steps * plan.batch.max_batch_size:
+  if is_past(seen, plan.train.steps, plan.batch.max_batch_size):
     raise_past(out_dir, plan.train.steps, seen, plan.batch.max_batch_size)
   if start:
     echo(f"[pergrad] resuming {out_dir} from the checkpoint of step {start}.")

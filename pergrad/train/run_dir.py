@@ -172,11 +172,11 @@ def _holder(text: str) -> str:
 
 
 def check_not_past(run_dir: Path, train, max_batch_size: int) -> None:
-  """ValueError (one line) when `run_dir`'s run has seen more examples than train.steps x
-  `max_batch_size` (a run with a constant schedule may be resumed with more steps, extended,
-  never with fewer than it has trained): the examples its summary records at a stop that
-  saved a checkpoint, or its metrics record up to its newest checkpoint. The loop checks the
-  restored state again (`pergrad.train.loop`)."""
+  """ValueError (one line) when `run_dir`'s run has trained past train.steps x
+  `max_batch_size` examples (`is_past`; a run with a constant schedule may be resumed with
+  more steps, extended, never with fewer than it has trained): the examples its summary
+  records at a stop that saved a checkpoint, or its metrics record up to its newest
+  checkpoint. The loop checks the restored state again (`pergrad.train.loop`)."""
   run_dir = Path(run_dir)
   directory = run_dir / CHECKPOINTS
   saved = [int(p.name) for p in directory.glob("*") if p.name.isdigit()] if directory.is_dir() \
@@ -187,13 +187,21 @@ def check_not_past(run_dir: Path, train, max_batch_size: int) -> None:
   summary = read_json(run_dir / SUMMARY) if (run_dir / SUMMARY).exists() else {}
   if summary.get("status") in ("completed", "interrupted"):
     seen = max(seen, summary.get("examples_seen") or 0)
-  if seen > train.steps * max_batch_size:
+  if is_past(seen, train.steps, max_batch_size):
     raise_past(run_dir, train.steps, seen, max_batch_size)
+
+
+def is_past(seen: int, steps: int, max_batch_size: int) -> bool:
+  """Whether `seen` examples are more than a run of `steps` x `max_batch_size` trains: a
+  batch schedule stops at the first update reaching that budget E (`batch_schedule`), so a
+  finished run holds [E, E + max_batch_size − 1] (exactly E at a fixed batch size); past is
+  seen ≥ E + max_batch_size."""
+  return seen >= (steps + 1) * max_batch_size
 
 
 def raise_past(run_dir: Path, steps: int, seen: int, max_batch_size: int) -> None:
   raise ValueError(
       f"{run_dir} holds a run trained past train.steps={steps} ({seen:,} examples, "
       f"{seen / max_batch_size:g} steps of {max_batch_size}); a run is never shortened: set "
-      f"train.steps={-(-seen // max_batch_size)} or more to keep (or extend) it, or set another "
+      f"train.steps={seen // max_batch_size} or more to keep (or extend) it, or set another "
       "train.out_dir.")
