@@ -7,11 +7,9 @@ at Adam's tuned lr. The `sqrt_2x` arm (the largest B at twice the examples, wher
 separate) tells "large B has too few steps in this budget" (its gap closes with more examples)
 from "√ scaling breaks at large B" (it does not). lr_exponent fits lr*(B) ∝ B^α beside.
 
-The first seeds are a pilot, the first look of a two-look Pocock design (`design`,
-`pergrad.analysis.sequential`): a reading still open there (√ at B vs B_ref, or a contrast at
-√'s break) gets seeds on both of its arms up to the cap declared in
-configs/experiment/batch_scaling.yaml (`follow_up`, chosen from the pilot's runs alone), and
-every reading is the design's at the look it stopped (`verdict.staged`).
+The first seeds are the first look of a two-look Pocock design (`design`): a reading open
+there (√ at B vs B_ref, a contrast at √'s break) gets seeds on both arms up to the YAML's cap
+(`follow_up`, from the pilot's runs alone), read at the look it stopped (`verdict.staged`).
 """
 
 from __future__ import annotations
@@ -108,8 +106,7 @@ def block(preset: str, b: int, scalings, seeds, factor: int = 1) -> Block:
 
 
 def contrast_seeds(preset: str, b: int, ref: int) -> list:
-  """The contrasts' first seeds at `b`: 2 below B_ref (never where √ breaks, never judged),
-  above it the pilot's (`MIN_PILOT`: a first look at 3 seeds needs |t| > 6.45)."""
+  """The contrasts' first seeds at `b`: 2 below B_ref (never judged), the pilot's above."""
   return CONTRAST_SEEDS[preset][:2 if b < ref else None]
 
 
@@ -189,8 +186,7 @@ def _seed_curves(g: pd.DataFrame, xs) -> dict:
   return out
 
 
-def _rows(by_seed: dict, n: int) -> np.ndarray:
-  """seeds × n: the curves of `_seed_curves`, in seed order."""
+def _rows(by_seed: dict, n: int) -> np.ndarray:  # seeds × n, in seed order
   return np.array([by_seed[s] for s in sorted(by_seed)]).reshape(len(by_seed), n)
 
 
@@ -370,23 +366,28 @@ def regime(curves: pd.DataFrame) -> guards.Guard:
 
 
 def report(out_dir):
-  col, mis, m = collapse(read_csv(Path(out_dir) / "curves.csv"))
+  curves = read_csv(Path(out_dir) / "curves.csv")
+  col, mis, m = collapse(curves)
   v, by, pairs, at = judge(col, mis)
-  # each √ arm's TOST at its paired sd (the design's power to show equivalence at a true gap
-  # of 0: a reading of absence), and each pair at the break (its power for one margin)
-  sq = col[(col[SCALING] == "sqrt") & (col["outcome"] != "reference")]
+  # each √ arm's collapse, a reading of absence: false collapse, power at a gap of 0 (by its
+  # design over its looks; one look's short of the first); each pair at the break
+  rates = lambda sd, n: (sequential.equivalence_rates(design(PILOT), sd, m) if n >= PILOT and
+                         sd > 0 and math.isfinite(m) else (decide.ALPHA, decide.power_equivalence(
+                             sd, n, m)))
+  sq = col[(col[SCALING] == "sqrt") & (col["outcome"] != "reference")].to_dict("records")
   cals = {f"sqrt at B={int(r[KEY])} vs B_ref": calibrate.Calibration(
-      "paired equivalence", float(r["sd_paired"]), int(r["n_seeds"]), m, decide.ALPHA,
-      decide.power_equivalence(float(r["sd_paired"]), int(r["n_seeds"]), m))
-      for r in sq.to_dict("records")}
+      "paired equivalence", r["sd_paired"], int(r["n_seeds"]), m,
+      *rates(r["sd_paired"], int(r["n_seeds"]))) for r in sq}
   cals |= {key(p): calibration_of(p) for p in pairs}
   decided = list(cals)  # an undetermined one is named in the verdict (partly, undetermined)
   ours = "; ".join(f"{sc}: collapses at B={by[sc][COLLAPSES]}, breaks at B={by[sc][BREAKS]}"
                    for sc in by) + (f" (margin ±{m:.3g})" if math.isfinite(m) else
                                     " (no margin: a margin seed diverged or stopped early)"
                                     ) + f"; at B={at}: {outcomes(pairs)}"
-  checked = (*arm_guards(out_dir), regime(read_csv(Path(out_dir) / "curves.csv")),
-             same_budget(out_dir))
+  arms = {f"{sc} at B={b}": sorted(g[SEED].unique()) for (sc, b), g in curves.groupby(
+      [SCALING, KEY]) if sc != LONG}  # B_ref's margin seeds (100, ...) sort last
+  checked = (*arm_guards(out_dir), regime(curves), same_budget(out_dir),
+             guards.pilot_first(arms, SEEDS["cpu"]))
   return gated(v, cals, checked, decided=decided, rule=RULE, paper=PAPER, ours=ours,
                checks=(*(p.sentence() for p in pairs),
                        declared_text(MIN_MARGIN_D, FALLBACK_D, BELOW, ABOVE)),

@@ -20,7 +20,15 @@ import numpy as np
 import pandas as pd
 
 from experiments import lr_search
-from pergrad.analysis import GNS_TOTAL, calibrate, layer_type, leafwise, sequential, smooth
+from pergrad.analysis import (
+  GNS_TOTAL,
+  calibrate,
+  guards,
+  layer_type,
+  leafwise,
+  sequential,
+  smooth,
+)
 from pergrad.analysis.budget import guard as same_budget
 from pergrad.analysis.decide import LOSS, WIN, seeds_to_settle
 from pergrad.analysis.gns_terms import part_whole
@@ -282,7 +290,8 @@ def report(out_dir: Path) -> Report:
           "ours, beside: the r a shared drift alone gives, not measured (fewer than two seeds)")
   verdict = decide(rs)  # decided at any power; an open reading names itself (not separable)
   settle = settle_text(rs) if verdict.startswith(UNDETERMINED) else None
-  return gated(verdict, cal, (warm, same_budget(out_dir)), rule=RULE, paper=PAPER,
+  pilot = guards.pilot_first({"seeds": at["train.seed"].tolist()}, SEEDS["cpu"])
+  return gated(verdict, cal, (warm, same_budget(out_dir), pilot), rule=RULE, paper=PAPER,
                decided=["rule"],  # the design's power for r = CLAIMED_R: reported beside
                ours=(f"r(complement, norm) = {f('r_complement')} at α = {ALPHA:g}; "
                      f"{location_text(rs)}"),

@@ -226,3 +226,13 @@ def test_an_arm_short_of_the_first_look_stays_undetermined(tmp_path, n):
   rep, (_, by, _, _), col = _run_rule(tmp_path, _design_table(lambda b, sc, s: s < n))
   assert by["sqrt"][bs.UNDETERMINED] == [4, 8, 16, 64, 128]
   assert rep.verdict.startswith("undetermined: not separable")
+
+
+def test_an_arm_past_the_pilot_without_a_pilot_seed_fails_the_pilot_guard(tmp_path):
+  """√ at 64 with added seeds but its pilot seed 3 gone (a failed run): the design's first look
+  would read seed 5 among the pilot's; the `pilot` guard names the arm."""
+  t = _design_table(_added)
+  gone = (t[bs.KEY] == 64) & (t[bs.SCALING] == "sqrt") & (t[bs.SEED] == 3)
+  rep, _, _ = _run_rule(tmp_path, t[~gone].reset_index(drop=True))
+  assert rep.verdict == "undetermined: pilot", rep.finding
+  assert any(g["name"] == "pilot" and "sqrt at B=64" in g["why"] for g in rep.guards)

@@ -213,6 +213,15 @@ def test_gns_layers_rule_false_alarm_and_power_by_simulation():
   assert cal.false_alarm <= 0.05 and 0 <= cal.power <= 1 and cal.n == des.cap
 
 
+def test_gns_layers_first_look_must_be_the_first_five_seeds(tmp_path):
+  """Seeds added past the first look, with a first-look seed missing (its run failed): the
+  design would read its first look on an added seed; the `pilot` guard names it."""
+  rep, _ = _gns_report(tmp_path, "gap", _gns_table((0, 1, 2, 4, 5, 6), coupled=True))
+  assert rep.verdict == "undetermined: pilot", rep.finding
+  rep, _ = _gns_report(tmp_path, "whole", _gns_table(range(7), coupled=True))
+  assert rep.verdict == "reproduced", rep.finding
+
+
 def test_gns_layers_follow_up_adds_seeds_only_to_an_open_first_look(tmp_path, monkeypatch):
   """The follow-up stage reads the first look's seeds alone: open there -> seeds 5..14 (the
   cap), decided -> none, a first-look seed unfinished -> none yet; seeds already added do not

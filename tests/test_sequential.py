@@ -84,3 +84,26 @@ def test_a_reading_by_the_design_shows_the_design_s_interval():
                                      dict(list(a.items())[:4]), dict(list(b.items())[:4]), des)
   assert short.outcome == D.NOT_SEPARABLE and "short of the pocock design's first look" in \
       short.sentence()
+
+
+def test_a_reading_by_the_design_reports_the_design_s_power_and_false_alarm():
+  """A pair read by the two-look design reports the design's rates over both looks at its
+  paired sd (`sequential.simulate`), not one look's: the false alarm ≤ 5 % (Pocock's
+  calibration), the power for the declared effect as simulated; a one-look pair keeps the
+  one-look rates."""
+  from pergrad.analysis import verdict
+
+  des = S.design((5, 15), "pocock")
+  gaps = np.array([0.10, 0.01, 0.08, 0.03, 0.06])
+  a = {float(s): 4.0 for s in range(5)}
+  b = {float(s): 4.0 + g for s, g in enumerate(gaps)}
+  one_look = D.compare(a, b, ("a", "b"), effect=0.05, margin=0.05)
+  p = verdict.sequential_reading(one_look, a, b, des)
+  sd = float(np.std(gaps, ddof=1))
+  assert p.power == S.simulate(des, 0.05, sd)[D.WIN] != one_look.power
+  cal = verdict.calibration_of(p)
+  null = S.simulate(des, 0.0, sd)
+  assert cal.false_alarm == null[D.WIN] + null[D.LOSS] <= 0.05 and cal.power == p.power
+  assert math.isnan(one_look.false_alarm)
+  assert verdict.calibration_of(one_look).false_alarm == pytest.approx(
+      D.calibrate(sd, 5, 0.05)["false_alarm"])

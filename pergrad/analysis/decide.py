@@ -74,6 +74,8 @@ class Paired:
   why: str = ""
   reading: str = ""  # how lo95/hi95 (lo90/hi90) were read: "" one look's 95% (90%) t; else
   # the sequential design's look and critical t (`verdict.sequential_reading`)
+  false_alarm: float = math.nan  # a design's simulated rate (`verdict.sequential_reading`);
+  # NaN: one look's, `calibrate`
 
   def interval(self) -> str:
     """'[lo, hi]' of the difference reading, its design named where one read it."""

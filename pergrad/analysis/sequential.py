@@ -198,6 +198,13 @@ def simulate(des: Design, gap: float, sd: float, margin: float = math.nan,
   return {**rates, "mean_seeds": float(seeds.mean())}
 
 
+def equivalence_rates(des: Design, sd: float, margin: float) -> tuple[float, float]:
+  """A reading of absence by `des` over its looks at paired sd `sd` (`simulate`): (shown
+  equivalent | true gap = margin: the false equivalence, shown equivalent | gap 0: the power)."""
+  eq = lambda gap: simulate(des, gap, sd, margin)[EQUIVALENT]
+  return eq(margin), eq(0.0)
+
+
 def until_decided(draw: Callable[[int], np.ndarray], bound: float, first: int = 5,
                   cap: int = 41, looks: int = 4, spending: str = "pocock") -> bounds.Location:
   """Reps from `draw(k)` (k more paired ratios) until `bounds.RULE` decides at a look of the

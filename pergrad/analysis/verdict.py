@@ -41,12 +41,14 @@ def key(p: decide.Paired) -> str:
 
 def calibration_of(p: decide.Paired) -> calibrate.Calibration:
   """A paired comparison's error rates: the paired t's false alarm simulated at its paired sd
-  and seeds (`decide.calibrate`), the design's power for the declared effect."""
+  and seeds (`decide.calibrate`), or its sequential design's over all looks
+  (`sequential_reading`), and the design's power for the declared effect."""
   if p.why.startswith("a seed diverged"):
     return calibrate.Calibration("paired", math.nan, p.n, p.effect, math.nan, math.nan,
                                  source=calibrate.DIVERGED)
   ok = p.n >= 2 and math.isfinite(p.sd_paired)
-  alarm = decide.calibrate(p.sd_paired, p.n, p.effect)["false_alarm"] if ok else math.nan
+  alarm = p.false_alarm if math.isfinite(p.false_alarm) else (
+      decide.calibrate(p.sd_paired, p.n, p.effect)["false_alarm"] if ok else math.nan)
   return calibrate.Calibration("paired", p.sd_paired, p.n, p.effect, alarm, p.power)
 
 
@@ -78,7 +80,9 @@ def sequential_reading(p: decide.Paired, a, b, design: sequential.Design,
   the design's critical t: its intervals replace the one-look 95%/90% ones); a divergence
   keeps `decide.compare`'s reading; fewer seeds than the first look read not separable.
   `noninferiority`: A non-inferior at the margin or worse beyond it
-  (`sequential.read_noninferior`)."""
+  (`sequential.read_noninferior`). A difference reading's power (win | the declared effect)
+  and false alarm (win or loss | no gap) are the design's over its looks, simulated at the
+  paired sd (`sequential.simulate`), not one look's."""
   _, xa, xb, _ = decide.shared(a, b)
   if p.why:
     return p
@@ -90,9 +94,13 @@ def sequential_reading(p: decide.Paired, a, b, design: sequential.Design,
         "the design's first look": design.looks[0]}, reading=(
         f"short of the {design.spending} design's first look at {design.looks[0]} seeds"))
   k, m, se = sequential.look(d, design)
+  rates = {} if noninferiority or not (math.isfinite(p.sd_paired) and p.sd_paired > 0) else {
+      "false_alarm": sum(sequential.simulate(design, 0.0, p.sd_paired)[o]
+                         for o in (decide.WIN, decide.LOSS)),
+      "power": sequential.simulate(design, p.effect, p.sd_paired)[decide.WIN]}
   return dataclasses.replace(
       p, outcome=str(out), lo95=m - design.crit[k] * se, hi95=m + design.crit[k] * se,
-      lo90=m - design.crit_equiv[k] * se, hi90=m + design.crit_equiv[k] * se,
+      lo90=m - design.crit_equiv[k] * se, hi90=m + design.crit_equiv[k] * se, **rates,
       reading=f"{design.spending} look {k + 1} of {len(design.looks)} ({design.looks[k]} seeds), "
               f"|t| > {design.crit[k]:.3g}")
 
