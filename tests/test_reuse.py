@@ -271,3 +271,20 @@ def test_a_run_is_reused_only_whole_and_a_link_to_a_lost_run_is_run_again(tmp_pa
                      f"{(root / 'b' / 'ci' / name).resolve()} is gone; running it again.")
   assert runs.run_status(root / "c" / "ci" / name) == "completed"
   assert not (root / "c" / "ci" / name / "metrics.jsonl").is_symlink()
+
+
+def test_no_run_reads_a_configs_declared_block():
+  """`training_version` leaves a config's `declared:` block out: valid only while no training
+  code reads it (the schema field alone, resumable: outside a run's identity). A run that read
+  a declared value would change with it at an unchanged version: this test names it."""
+  import re
+
+  from pergrad.sweep.reuse import NOT_TRAINING
+
+  reads = re.compile(r"\.declared\b|\[\s*[\"']declared[\"']\s*\]|get\(\s*[\"']declared[\"']")
+  found = [f"{p.relative_to(REPO)}:{i}" for p in sorted((REPO / "pergrad").rglob("*.py"))
+           if not str(p.relative_to(REPO)).startswith(NOT_TRAINING)
+           for i, line in enumerate(p.read_text().splitlines(), 1) if reads.search(line)]
+  assert found == []
+  schema = (REPO / "pergrad/config/schema.py").read_text()
+  assert re.search(r"^\s*declared: Any = resumable\(None\)", schema, re.M)
