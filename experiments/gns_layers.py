@@ -210,12 +210,13 @@ def calibration(rs) -> calibrate.Calibration:
   alarm (win or loss at a mean r of R_MIN: no spread enters), power (win at r = CLAIMED_R)."""
   z = gaps([r for r in rs if np.isfinite(r)])
   sd = float(np.std(z, ddof=1)) if len(z) > 1 else math.nan
-  rates = lambda gap: sequential.simulate(design(), gap, sd)
-  ok = math.isfinite(sd) and sd > 0
+  if not (math.isfinite(sd) and sd > 0):
+    return calibrate.Calibration("sequential location (Fisher z)", sd, len(z), CLAIMED_GAP,
+                                 math.nan, math.nan)
+  null = sequential.simulate(design(), 0.0, sd)
   return calibrate.Calibration(
-      "sequential location (Fisher z)", sd, len(z), CLAIMED_GAP,
-      rates(0.0)[WIN] + rates(0.0)[LOSS] if ok else math.nan, rates(CLAIMED_GAP)[WIN] if ok
-      else math.nan)
+      "sequential location (Fisher z)", sd, len(z), CLAIMED_GAP, null[WIN] + null[LOSS],
+      sequential.simulate(design(), CLAIMED_GAP, sd)[WIN])
 
 
 def location_text(rs) -> str:
