@@ -21,6 +21,7 @@ from pergrad.analysis.report import not_measured
 from pergrad.analysis.rules import (
   FAILS,
   NOT_REPRODUCED,
+  UNDETERMINED,
   quartiles,
 )
 from pergrad.analysis.runs import read_csv, write_csv
@@ -42,25 +43,28 @@ BENCH = {k: {**v, "stat_sets": ("norms",), "layout_first": False} for k, v in {
 BOUNDS = (("surgery/norms", "all layers", overhead.flop_bound("norms")),
           ("surgery/norms@norm", "normalization layers only", 1.01))
 EFFECT = declared(NAME, "effect")  # configs/experiment/norm_cost.yaml (capped at bound − 1)
+REP_CAP = declared(NAME, "rep_cap")
 RULE = (f"All-layer norms within {BOUNDS[0][2]:.3g}× and normalization-layer norms within "
         f"{BOUNDS[1][2]:g}× the fastest plain step in FLOPs and time; per shape, {timing.BOUND}; "
         "the median shape's verdict, and FLOPs' median, over shapes: reproduced if every "
         "bound holds, not reproduced if one fails, partly reproduced if one holds (a bound not "
-        "measured holds nothing), else undetermined: not separable.")
-
-
-launch = functools.partial(overhead.launch, benches=BENCH)
+        "measured holds nothing), else undetermined: not separable. " + overhead.REPS)
 describe_setup = functools.partial(overhead.describe_setup, benches=BENCH)
+
+
+def paired_rows(df: pd.DataFrame) -> pd.DataFrame:
+  """One row per variant and rep: its paired time ratio (paired.csv)."""
+  return pd.DataFrame([
+      {"preset": r["preset"], "B": r["B"], "variant": f"{r['backend']}/{r['stats']}",
+       "baseline": r["baseline"], "rep": i, "time_ratio": x, "flops_ratio": r["flops_ratio"],
+       "peak_ratio": r["peak_ratio"]}
+      for r in df.to_dict("records") for i, x in enumerate(json.loads(str(r["time_ratios"])))])
 
 
 def analyze(runs, out_dir):
   write_csv(overhead.bench_table(runs, out_dir), Path(out_dir) / "norm_cost.csv")
   df = read_csv(Path(out_dir) / "norm_cost.csv")  # the time ratios as the CSV holds them
-  rows = [{"preset": r["preset"], "B": r["B"], "variant": f"{r['backend']}/{r['stats']}",
-           "baseline": r["baseline"], "rep": i, "time_ratio": x, "flops_ratio": r["flops_ratio"],
-           "peak_ratio": r["peak_ratio"]}
-          for r in df.to_dict("records") for i, x in enumerate(eval(str(r["time_ratios"])))]  # noqa: S307
-  write_csv(pd.DataFrame(rows), Path(out_dir) / "paired.csv")
+  write_csv(paired_rows(df), Path(out_dir) / "paired.csv")
 
 
 def summary(pairs: pd.DataFrame) -> pd.DataFrame:
@@ -86,22 +90,38 @@ def figures(out_dir):
   return [savefig(fig, Path(out_dir) / "norm_cost.png")]
 
 
-def report(out_dir):
-  s = summary(read_csv(Path(out_dir) / "paired.csv"))
+def measured(pairs: pd.DataFrame, crit: float | None = None) -> tuple[pd.DataFrame, dict]:
+  """(`summary` of the paired reps; {bound: `overhead.judged` at `crit`})."""
+  s = summary(pairs)
   t = s.rename(columns={"time_median": "time_ratio", "time_q25": "time_ratio_q25",
                         "time_q75": "time_ratio_q75"})
   t["backend"] = t["variant"].str.split("/").str[0]
-  ms = {what: overhead.judged(t, t[t["variant"] == v], limit) for v, what, limit in BOUNDS}
+  return s, {what: overhead.judged(t, t[t["variant"] == v], limit, crit=crit)
+             for v, what, limit in BOUNDS}
+
+
+def is_open(df: pd.DataFrame, crit: float) -> bool:
+  """A measured time bound undetermined at the look of critical t `crit` (`overhead.launch`)."""
+  return any(m["time_outcome"] == UNDETERMINED for m in measured(paired_rows(df), crit)[1].values()
+             if np.isfinite(m["flops"]))
+
+
+launch = functools.partial(overhead.launch, benches=BENCH, is_open=is_open, cap=REP_CAP)
+
+
+def report(out_dir):
+  des, crit, reps_text = overhead.reading(read_csv(Path(out_dir) / "norm_cost.csv"))
+  s, ms = measured(read_csv(Path(out_dir) / "paired.csv"), crit)
   done = {what: m for what, m in ms.items() if np.isfinite(m["flops"])}
   checks = tuple(overhead.text(w, m) if w in done else f"{w}: not measured" for w, m in ms.items())
   if not done:
     return not_measured(RULE, "", paper=PAPER, checks=checks, numbers_md=md_table(s))
   outs = {what: overhead.side(m) for what, m in done.items()}
-  cals = {what: overhead.time_calibration(m, int(s["reps"].median()), EFFECT.value)
+  cals = {what: overhead.time_calibration(m, int(s["reps"].median()), EFFECT.value, des)
           for what, m in done.items()}  # each bound's own (a free variant at 1.01's)
   verdict = NOT_REPRODUCED if FAILS in outs.values() else overhead.of_sides(
       outs, missing=[w for w in ms if w not in done])
-  return gated(verdict, cals, checks=(*checks, declared_text(EFFECT)),
+  return gated(verdict, cals, checks=(*checks, reps_text, declared_text(EFFECT, REP_CAP)),
                decided=list(cals),  # an undetermined bound reads partly reproduced
                rule=RULE, paper=PAPER, numbers_md=md_table(s),
                ours=", ".join(f"{w}: {o}" for w, o in outs.items()))

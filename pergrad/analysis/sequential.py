@@ -218,3 +218,22 @@ def until_decided(draw: Callable[[int], np.ndarray], bound: float, first: int = 
     if loc.verdict != bounds.UNDETERMINED:
       break
   return loc
+
+
+def bound_rates(des: Design, log_sd: float, ratio: float, bound: float,
+                draws: int = 20000) -> dict:
+  """`until_decided`'s rates over the looks of `des`, at a true location `ratio` and per-rep
+  log-ratio sd `log_sd`: {holds, fails, undetermined, mean_reps} (fixed seed)."""
+  x = math.log(ratio) + log_sd * np.random.default_rng(0).standard_normal((draws, des.cap))
+  out = np.full(draws, bounds.UNDETERMINED, dtype=object)
+  reps = np.full(draws, des.cap)
+  open_ = np.ones(draws, bool)
+  for n, c in zip(des.looks, des.crit_equiv, strict=True):
+    idx = np.flatnonzero(open_)
+    v = bounds._judge(x[idx, :n], bound, c)[3]  # the one home of the rule  # noqa: SLF001
+    done = v != bounds.UNDETERMINED
+    out[idx[done]], reps[idx[done]] = v[done], n
+    open_[idx[done]] = False
+  return {**{k: float(np.mean(out == k)) for k in (bounds.HOLDS, bounds.FAILS,
+                                                   bounds.UNDETERMINED)},
+          "mean_reps": float(reps.mean())}
