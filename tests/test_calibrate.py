@@ -58,3 +58,10 @@ def test_finding_template():
   cal = calibrate.calibrate("band", 0.05, 8, 0.15)
   text = finding("reproduced", "a vs b: win", ["a beats b (1 vs 2, noise 0.1)"], cal)
   assert text.startswith("reproduced: a vs b: win. a beats b") and "false alarm" in text
+
+
+def test_a_calibration_names_what_its_n_counts():
+  """A time bound's n counts paired reps, a fitted band's its points, a comparison's seeds."""
+  text = lambda kind: calibrate.Calibration(kind, 0.05, 11, 0.05, 0.04, 0.9).text()
+  assert "11 reps" in text("bound location") and "11 points" in text("band")
+  assert "11 seeds" in text("paired") and "seeds" not in text("bound location")

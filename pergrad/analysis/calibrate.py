@@ -19,6 +19,7 @@ from pergrad.analysis import rules
 DRAWS = 4000
 MIN_POWER = 0.8
 DIVERGED = "diverged"  # a Calibration's source when a seed diverged: no noise to calibrate
+UNITS = {"bound location": "reps", "band": "points"}  # what a kind's n counts (else seeds)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,9 +42,10 @@ class Calibration:
 
   def text(self) -> str:
     f = lambda x: "n/a" if not math.isfinite(x) else f"{x:.2f}"
-    two = (f" vs {self.noise_b:.3g} ({self.n_b} seeds)"
+    of = UNITS.get(self.kind, "seeds")  # what `n` counts
+    two = (f" vs {self.noise_b:.3g} ({self.n_b} {of})"
            if self.n_b and (self.n_b != self.n or self.noise_b != self.noise) else "")
-    return (f"{self.kind} rule at {self.source} noise {self.noise:.3g}, {self.n} seeds{two}, "
+    return (f"{self.kind} rule at {self.source} noise {self.noise:.3g}, {self.n} {of}{two}, "
             f"effect {self.effect:.3g}: false alarm {f(self.false_alarm)}, power {f(self.power)}")
 
 
