@@ -110,7 +110,7 @@ launch = functools.partial(overhead.launch, benches=BENCH, is_open=is_open, cap=
 
 
 def report(out_dir):
-  des, crit, reps_text = overhead.reading(read_csv(Path(out_dir) / "norm_cost.csv"))
+  des, crit, reps_text, _ = overhead.reading(read_csv(Path(out_dir) / "norm_cost.csv"))
   s, ms = measured(read_csv(Path(out_dir) / "paired.csv"), crit)
   done = {what: m for what, m in ms.items() if np.isfinite(m["flops"])}
   checks = tuple(overhead.text(w, m) if w in done else f"{w}: not measured" for w, m in ms.items())

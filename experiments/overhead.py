@@ -283,16 +283,17 @@ def text(what: str, m: dict) -> str:
           f"({m['peak_outcome']})")
 
 
-def reading(df: pd.DataFrame) -> tuple[sequential.Design | None, float | None, str]:
+def reading(df: pd.DataFrame) -> tuple[sequential.Design | None, float | None, str, int]:
   """(the reps' design: the looks the launch recorded, else one look at the reps run; the
-  critical t of the look the reps reached, None where none matches: one look's; a sentence)."""
+  critical t of the look the reps reached, None where none matches: one look's; a sentence;
+  the reps counted)."""
   reps = int(np.median([len(json.loads(str(x))) for x in df["time_ratios"]])) if len(df) else 0
   looks = tuple(json.loads(str(df["rep_looks"].iloc[0]))) if "rep_looks" in df else (reps,)
   if reps < 2 or looks[0] < 2 or reps not in looks:
-    return None, None, f"Reps: {reps} (one look)."
+    return None, None, f"Reps: {reps} (one look).", reps
   des, k = sequential.design(looks), looks.index(reps)
   return des, des.crit_equiv[k], (f"Reps: {reps} of up to {des.cap} (look {k + 1} of "
-                                  f"{len(looks)}, one-sided t > {des.crit_equiv[k]:.3g}).")
+                                  f"{len(looks)}, one-sided t > {des.crit_equiv[k]:.3g})."), reps
 
 
 def time_calibration(m: dict, reps: int, effect: float = EFFECT,
@@ -336,11 +337,10 @@ def report(out_dir):
   df = read_csv(Path(out_dir) / "overhead.csv")
   if "time_ratio_q25" not in df or "backend" not in df:
     return not_measured(RULE, "the benchmark has no paired time ratios")
-  des, crit, reps_text = reading(df)
+  des, crit, reps_text, reps = reading(df)
   tok, vm, (s, v) = *rows_judged(df), paper_sides(df, crit)
   outs = side(s), side(v)
   verdict = of_sides({"surgery per-token sq+sign": outs[0], "vmap": outs[1]})
-  reps = int(np.median([len(json.loads(x)) for x in df["time_ratios"]]))
   beside = (judged(df, tok, flop_bound("sq+sign"), crit=crit),
             judged(df, vm, VMAP_TIME, VMAP_PEAK, crit=crit))
   sides = (("surgery per-token sq+sign", s, outs[0]), ("vmap", v, outs[1]))
